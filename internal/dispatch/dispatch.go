@@ -1,0 +1,83 @@
+// Package dispatch delivers items one at a time per key, in the order they
+// were pushed, with different keys proceeding independently.
+//
+// The Manager pushes under its own lock (so the push order is the order in
+// which changes were applied) and a lane's worker delivers with no lock held.
+package dispatch
+
+import "sync"
+
+// Lanes holds one FIFO lane per key. A lane has at most one worker; the
+// worker exits when its lane is empty, and the next Push starts a new one.
+type Lanes[T any] struct {
+	spawn   func(func()) bool
+	deliver func(key string, item T)
+
+	mu    sync.Mutex // guards lanes
+	lanes map[string]*lane[T]
+}
+
+type lane[T any] struct {
+	items   []T
+	working bool
+}
+
+// New returns Lanes that start workers with spawn (which reports false when
+// no goroutine may be started any more) and hand each item to deliver.
+func New[T any](spawn func(func()) bool, deliver func(key string, item T)) *Lanes[T] {
+	return &Lanes[T]{spawn: spawn, deliver: deliver, lanes: make(map[string]*lane[T])}
+}
+
+// Push appends item to key's lane. It never calls deliver itself, so it is
+// safe to call while holding a lock that deliver's callee may take.
+func (l *Lanes[T]) Push(key string, item T) {
+	l.mu.Lock()
+	ln := l.lanes[key]
+	if ln == nil {
+		ln = &lane[T]{}
+		l.lanes[key] = ln
+	}
+	ln.items = append(ln.items, item)
+	if ln.working {
+		l.mu.Unlock()
+		return
+	}
+	ln.working = true
+	l.mu.Unlock()
+	if !l.spawn(func() { l.work(key, ln) }) {
+		l.mu.Lock()
+		ln.working = false
+		l.mu.Unlock()
+	}
+}
+
+func (l *Lanes[T]) work(key string, ln *lane[T]) {
+	for {
+		l.mu.Lock()
+		if len(ln.items) == 0 {
+			ln.working = false
+			if l.lanes[key] == ln {
+				delete(l.lanes, key)
+			}
+			l.mu.Unlock()
+			return
+		}
+		item := ln.items[0]
+		var zero T
+		ln.items[0] = zero
+		ln.items = ln.items[1:]
+		l.mu.Unlock()
+		l.deliver(key, item)
+	}
+}
+
+// Pending reports how many items are pushed and not yet handed to deliver.
+func (l *Lanes[T]) Pending() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ln := range l.lanes {
+		n += len(ln.items)
+	}
+	return n
+}

@@ -1,0 +1,83 @@
+// Package group tracks the goroutines a Manager owns.
+//
+// A Group is a counter kept under a mutex rather than a sync.WaitGroup: the
+// Manager starts goroutines (aborts, deliveries) while it is already shutting
+// down, and WaitGroup forbids an Add that races a Wait. Here Go may be called
+// at any time until Close, and Wait returns when the count reaches zero.
+package group
+
+import (
+	"context"
+	"sync"
+)
+
+// Group counts running goroutines. The zero value is ready to use.
+type Group struct {
+	mu     sync.Mutex // guards n, closed, idle
+	n      int
+	closed bool
+	idle   chan struct{} // closed when n drops to zero; nil while nobody waits
+}
+
+// Go runs f on a new goroutine and reports true, or reports false without
+// running f once the group is closed.
+func (g *Group) Go(f func()) bool {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return false
+	}
+	g.n++
+	g.mu.Unlock()
+	go func() {
+		defer g.done()
+		f()
+	}()
+	return true
+}
+
+func (g *Group) done() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n--
+	if g.n == 0 && g.idle != nil {
+		close(g.idle)
+		g.idle = nil
+	}
+}
+
+// Running reports how many goroutines are running now.
+func (g *Group) Running() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.n
+}
+
+// Wait blocks until no goroutine of the group is running, or ctx ends.
+// Goroutines started by goroutines of the group are waited for too.
+func (g *Group) Wait(ctx context.Context) error {
+	for {
+		g.mu.Lock()
+		if g.n == 0 {
+			g.mu.Unlock()
+			return nil
+		}
+		if g.idle == nil {
+			g.idle = make(chan struct{})
+		}
+		idle := g.idle
+		g.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Close makes every later Go refuse. Goroutines already running go on.
+func (g *Group) Close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}

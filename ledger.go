@@ -1,0 +1,361 @@
+package bgtask
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// The ledger is the one source of truth: an append-only sequence of records
+// per task, from which every attempt and every task-level field is a
+// projection. Records are applied by ledger.apply and nowhere else; the four
+// helpers below (startAttempt, bindSession, scheduleRetry, finalize, plus
+// setPending for pending sub-states) are its only callers. A journal will
+// later persist exactly these records, and restart will be a replay.
+
+// recordKind says what a record did.
+type recordKind uint8
+
+const (
+	recTaskLaunched   recordKind = iota + 1 // a task and its spec
+	recAttemptCreated                       // a new attempt, pending; it becomes current
+	recAttemptPending                       // a pending attempt's reason changed
+	recSessionBound                         // a pending attempt got its session and runs
+	recAttemptFinal                         // an attempt reached a terminal status
+	recRetryScheduled                       // the current attempt failed and the next was chosen
+	recSessionOrphan                        // a session was created for an attempt no longer current
+)
+
+var recordKindNames = [...]string{
+	recTaskLaunched:   "task_launched",
+	recAttemptCreated: "attempt_created",
+	recAttemptPending: "attempt_pending",
+	recSessionBound:   "session_bound",
+	recAttemptFinal:   "attempt_finalized",
+	recRetryScheduled: "retry_scheduled",
+	recSessionOrphan:  "session_orphaned",
+}
+
+func (k recordKind) String() string {
+	if int(k) < len(recordKindNames) && recordKindNames[k] != "" {
+		return recordKindNames[k]
+	}
+	return fmt.Sprintf("record(%d)", k)
+}
+
+// record is one immutable ledger entry. Attempt records carry the whole new
+// version of the attempt, so applying one is a replacement, checked against
+// the state machine.
+type record struct {
+	seq     uint64
+	kind    recordKind
+	at      time.Time
+	taskID  string
+	spec    *taskInfo // recTaskLaunched
+	attempt Attempt   // attempt records: the new version
+	session string    // recSessionOrphan
+	note    string    // recRetryScheduled: the failure that caused it
+}
+
+// taskInfo is what a task was launched with; it never changes.
+type taskInfo struct {
+	id          string
+	parent      string
+	description string
+	agent       string
+	prompt      string
+	models      []Model
+	maxAttempts int // resolved: > 0
+	launchedAt  time.Time
+}
+
+// modelFor returns the model of attempt number n (1-based): the chain in
+// order, the last model reused past its end.
+func (ti *taskInfo) modelFor(n int) Model {
+	return ti.models[min(n, len(ti.models))-1]
+}
+
+// entry is one task in the ledger: its records and their projection.
+type entry struct {
+	info     *taskInfo
+	records  []record
+	attempts []Attempt // the latest version of each attempt, in order
+	current  int       // index into attempts of the current attempt
+	revision uint64    // number of projection changes applied
+	rt       runtime   // process-local run state; never in the ledger
+}
+
+func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
+
+// terminal reports whether the task has ended: its current attempt is
+// terminal (a retry makes the next attempt current in the same step).
+func (e *entry) terminal() bool { return e.cur().Status.Terminal() }
+
+// attemptRef locates an attempt.
+type attemptRef struct {
+	e     *entry
+	index int
+}
+
+func (r attemptRef) attempt() *Attempt { return &r.e.attempts[r.index] }
+func (r attemptRef) isCurrent() bool   { return r.e.current == r.index }
+
+// Errors the ledger returns for refused writes. They mean a caller bug, not
+// an input the user gave, and are logged at error level by the Manager.
+var (
+	errTerminalAttempt = errors.New("bgtask: ledger: write to a terminal attempt refused")
+	errNotCurrent      = errors.New("bgtask: ledger: write to an attempt that is not current refused")
+	errBadTransition   = errors.New("bgtask: ledger: transition not allowed")
+)
+
+// ledger holds every task and the indexes that resolve events.
+type ledger struct {
+	seq       uint64
+	ids       IDGenerator
+	tasks     map[string]*entry
+	byAttempt map[string]attemptRef // attemptID → attempt
+	bySession map[string]attemptRef // sessionID → the attempt it was created for
+}
+
+func newLedger(ids IDGenerator) *ledger {
+	return &ledger{
+		ids:       ids,
+		tasks:     make(map[string]*entry),
+		byAttempt: make(map[string]attemptRef),
+		bySession: make(map[string]attemptRef),
+	}
+}
+
+// apply validates rec, appends it and updates the projection. It is the only
+// writer of attempts and indexes.
+func (l *ledger) apply(rec record) (*entry, error) {
+	var e *entry
+	if rec.kind == recTaskLaunched {
+		if _, dup := l.tasks[rec.taskID]; dup {
+			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.taskID)
+		}
+		e = &entry{info: rec.spec, current: -1}
+		l.tasks[rec.taskID] = e
+	} else {
+		e = l.tasks[rec.taskID]
+		if e == nil {
+			return nil, fmt.Errorf("%w: %q", ErrUnknownTask, rec.taskID)
+		}
+	}
+	if err := l.check(e, rec); err != nil {
+		return e, err
+	}
+	l.seq++
+	rec.seq = l.seq
+	e.records = append(e.records, rec)
+	switch rec.kind {
+	case recAttemptCreated:
+		e.attempts = append(e.attempts, rec.attempt)
+		e.current = len(e.attempts) - 1
+		l.byAttempt[rec.attempt.ID] = attemptRef{e: e, index: e.current}
+		e.revision++
+	case recAttemptPending, recSessionBound, recAttemptFinal:
+		ref := l.byAttempt[rec.attempt.ID]
+		e.attempts[ref.index] = rec.attempt
+		if rec.kind == recSessionBound {
+			l.bySession[rec.attempt.SessionID] = ref
+		}
+		e.revision++
+	case recSessionOrphan:
+		l.bySession[rec.session] = l.byAttempt[rec.attempt.ID]
+	}
+	return e, nil
+}
+
+// check refuses a record the state machine does not allow. Terminal attempts
+// are immutable: any write to one is refused here, not trusted to callers.
+func (l *ledger) check(e *entry, rec record) error {
+	switch rec.kind {
+	case recTaskLaunched:
+		return nil
+	case recAttemptCreated:
+		if e.current >= 0 && !e.cur().Status.Terminal() {
+			return fmt.Errorf("%w: attempt %s is still %s", errBadTransition, e.cur().ID, e.cur().Status)
+		}
+		if _, dup := l.byAttempt[rec.attempt.ID]; dup {
+			return fmt.Errorf("bgtask: attempt id %q is already in use", rec.attempt.ID)
+		}
+		if rec.attempt.Status != StatusPending || rec.attempt.Number != len(e.attempts)+1 {
+			return fmt.Errorf("%w: a new attempt must be pending and number %d", errBadTransition, len(e.attempts)+1)
+		}
+		return nil
+	case recRetryScheduled:
+		return nil
+	}
+	ref, ok := l.byAttempt[rec.attempt.ID]
+	if !ok || ref.e != e {
+		return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
+	}
+	old := ref.attempt()
+	if rec.kind == recSessionOrphan {
+		if _, taken := l.bySession[rec.session]; taken {
+			return fmt.Errorf("bgtask: session %q is already indexed", rec.session)
+		}
+		return nil
+	}
+	if old.Status.Terminal() {
+		return fmt.Errorf("%w: attempt %s is %s", errTerminalAttempt, old.ID, old.Status)
+	}
+	if !ref.isCurrent() {
+		return fmt.Errorf("%w: attempt %s", errNotCurrent, old.ID)
+	}
+	if !canTransition(old.Status, rec.attempt.Status) {
+		return fmt.Errorf("%w: %s → %s", errBadTransition, old.Status, rec.attempt.Status)
+	}
+	if rec.attempt.Number != old.Number || rec.attempt.Token != old.Token || rec.attempt.Model != old.Model {
+		return fmt.Errorf("bgtask: ledger: attempt %s identity changed", old.ID)
+	}
+	if old.SessionID != "" && rec.attempt.SessionID != old.SessionID {
+		return fmt.Errorf("bgtask: ledger: attempt %s is bound to session %s", old.ID, old.SessionID)
+	}
+	if rec.kind == recSessionBound {
+		if rec.attempt.SessionID == "" {
+			return errors.New("bgtask: ledger: bind with an empty session id")
+		}
+		if prev, taken := l.bySession[rec.attempt.SessionID]; taken && prev.attempt().ID != old.ID {
+			return fmt.Errorf("bgtask: session %q already belongs to attempt %s", rec.attempt.SessionID, prev.attempt().ID)
+		}
+	}
+	return nil
+}
+
+// launch records a new task and its first attempt, pending.
+func (l *ledger) launch(info *taskInfo) (*entry, error) {
+	e, err := l.apply(record{kind: recTaskLaunched, at: info.launchedAt, taskID: info.id, spec: info})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := l.startAttempt(e, info.launchedAt); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// startAttempt creates the next attempt of e, pending (awaiting session), on
+// the next model of the chain, and makes it current.
+func (l *ledger) startAttempt(e *entry, at time.Time) (Attempt, error) {
+	n := len(e.attempts) + 1
+	a := Attempt{
+		ID:      l.ids.NewID(IDAttempt),
+		Number:  n,
+		Token:   l.ids.NewID(IDToken),
+		Model:   e.info.modelFor(n),
+		Status:  StatusPending,
+		Pending: PendingAwaitingSession,
+	}
+	_, err := l.apply(record{kind: recAttemptCreated, at: at, taskID: e.info.id, attempt: a})
+	return a, err
+}
+
+// setPending changes why the current pending attempt waits.
+func (l *ledger) setPending(e *entry, attemptID string, reason PendingReason, at time.Time) error {
+	a, err := l.version(e, attemptID)
+	if err != nil {
+		return err
+	}
+	a.Status = StatusPending
+	a.Pending = reason
+	_, err = l.apply(record{kind: recAttemptPending, at: at, taskID: e.info.id, attempt: a})
+	return err
+}
+
+// bindSession binds sessionID to exactly attemptID, which must be the
+// current attempt and pending; the attempt runs from at.
+func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time) error {
+	a, err := l.version(e, attemptID)
+	if err != nil {
+		return err
+	}
+	a.SessionID = sessionID
+	a.Status = StatusRunning
+	a.Pending = ""
+	a.StartedAt = at
+	_, err = l.apply(record{kind: recSessionBound, at: at, taskID: e.info.id, attempt: a})
+	return err
+}
+
+// orphanSession indexes a session that was created for attemptID after that
+// attempt stopped being current, so its events resolve (and are stale).
+func (l *ledger) orphanSession(e *entry, attemptID, sessionID string, at time.Time) error {
+	ref, ok := l.byAttempt[attemptID]
+	if !ok || ref.e != e {
+		return fmt.Errorf("bgtask: ledger: unknown attempt %q", attemptID)
+	}
+	_, err := l.apply(record{kind: recSessionOrphan, at: at, taskID: e.info.id, attempt: *ref.attempt(), session: sessionID})
+	return err
+}
+
+// finalize moves attemptID to a terminal status. errText is recorded for
+// error, result for completed.
+func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, result string, at time.Time) error {
+	if !status.Terminal() {
+		return fmt.Errorf("%w: finalize to %s", errBadTransition, status)
+	}
+	a, err := l.version(e, attemptID)
+	if err != nil {
+		return err
+	}
+	a.Status = status
+	a.Pending = ""
+	a.Error = errText
+	a.Result = result
+	a.CompletedAt = at
+	_, err = l.apply(record{kind: recAttemptFinal, at: at, taskID: e.info.id, attempt: a})
+	return err
+}
+
+// scheduleRetry finalizes the current attempt as error with errText, then
+// creates the next attempt pending on the next model and makes it current:
+// the order the timeline relies on.
+func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, next Attempt, err error) {
+	failedID := e.cur().ID
+	if err := l.finalize(e, failedID, StatusError, errText, "", at); err != nil {
+		return Attempt{}, Attempt{}, err
+	}
+	if _, err := l.apply(record{kind: recRetryScheduled, at: at, taskID: e.info.id, attempt: *e.cur(), note: errText}); err != nil {
+		return Attempt{}, Attempt{}, err
+	}
+	failed = *e.cur()
+	next, err = l.startAttempt(e, at)
+	return failed, next, err
+}
+
+// version returns a copy of the attempt's latest version for a helper to
+// modify; apply checks the result.
+func (l *ledger) version(e *entry, attemptID string) (Attempt, error) {
+	ref, ok := l.byAttempt[attemptID]
+	if !ok || ref.e != e {
+		return Attempt{}, fmt.Errorf("bgtask: ledger: unknown attempt %q", attemptID)
+	}
+	return *ref.attempt(), nil
+}
+
+// project is the one projection of an entry onto the Task snapshot: every
+// task-level status field is read from the current attempt.
+func (e *entry) project() Task {
+	cur := e.cur()
+	return Task{
+		ID:               e.info.id,
+		ParentSessionID:  e.info.parent,
+		Description:      e.info.description,
+		Agent:            e.info.agent,
+		Status:           cur.Status,
+		Pending:          cur.Pending,
+		SessionID:        cur.SessionID,
+		Model:            cur.Model,
+		StartedAt:        cur.StartedAt,
+		CompletedAt:      cur.CompletedAt,
+		Error:            cur.Error,
+		Result:           cur.Result,
+		CurrentAttemptID: cur.ID,
+		Attempts:         slices.Clone(e.attempts),
+		Revision:         e.revision,
+		LaunchedAt:       e.info.launchedAt,
+	}
+}

@@ -1,0 +1,1091 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bgtask/bgtask/internal/clock"
+	"github.com/bgtask/bgtask/internal/dispatch"
+	"github.com/bgtask/bgtask/internal/errclass"
+	"github.com/bgtask/bgtask/internal/group"
+	"github.com/google/uuid"
+)
+
+// Sentinel errors. Match them with errors.Is; several are wrapped with
+// detail.
+var (
+	// ErrUnknownTask: no task has that id.
+	ErrUnknownTask = errors.New("bgtask: unknown task")
+	// ErrUnknownSession: an event named a session (or attempt) that no task
+	// knows and no session start in flight may be creating.
+	ErrUnknownSession = errors.New("bgtask: unknown session")
+	// ErrStaleEvent: an event resolved to an attempt that is superseded or
+	// terminal, or carried a token that is not the current run's. It
+	// changed nothing.
+	ErrStaleEvent = errors.New("bgtask: stale event")
+	// ErrBranchClosing: new work was refused because its parent session is
+	// inside a branch being closed.
+	ErrBranchClosing = errors.New("bgtask: branch is closing")
+	// ErrShutdown: the Manager is shutting down or shut down.
+	ErrShutdown = errors.New("bgtask: manager is shut down")
+	// ErrInvalidSpec: Launch was given a bad Spec; the error is a
+	// *SpecError naming the field.
+	ErrInvalidSpec = errors.New("bgtask: invalid spec")
+	// ErrInvalidEvent: Observe was given an event with no session or
+	// attempt, or an unknown kind.
+	ErrInvalidEvent = errors.New("bgtask: invalid event")
+)
+
+// SpecError says which field of a Spec is wrong. It matches ErrInvalidSpec.
+type SpecError struct {
+	Field  string // e.g. "Models[1].ID"
+	Reason string
+}
+
+func (e *SpecError) Error() string {
+	return "bgtask: invalid spec: " + e.Field + ": " + e.Reason
+}
+
+// Is reports whether target is ErrInvalidSpec.
+func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec }
+
+// Task is a snapshot of one background task: a copy, safe to keep and to
+// hand to other goroutines. Status, Pending, SessionID, Model, StartedAt,
+// CompletedAt, Error and Result are the current attempt's.
+type Task struct {
+	ID              string `json:"id"`
+	ParentSessionID string `json:"parentSessionID"`
+	Description     string `json:"description,omitempty"`
+	Agent           string `json:"agent,omitempty"`
+
+	Status      Status        `json:"status"`
+	Pending     PendingReason `json:"pendingReason,omitempty"`
+	SessionID   string        `json:"sessionID,omitempty"`
+	Model       Model         `json:"model"`
+	StartedAt   time.Time     `json:"startedAt,omitzero"`
+	CompletedAt time.Time     `json:"completedAt,omitzero"`
+	Error       string        `json:"error,omitempty"`
+	// Result is the completed attempt's final answer text.
+	Result string `json:"result,omitempty"`
+
+	CurrentAttemptID string    `json:"currentAttemptID"`
+	Attempts         []Attempt `json:"attempts"`
+	// Revision grows by one for every change applied to the task.
+	Revision   uint64    `json:"revision"`
+	LaunchedAt time.Time `json:"launchedAt,omitzero"`
+}
+
+// Current returns the current attempt.
+func (t Task) Current() Attempt {
+	for _, a := range t.Attempts {
+		if a.ID == t.CurrentAttemptID {
+			return a
+		}
+	}
+	return Attempt{}
+}
+
+// Spec describes a task to launch.
+type Spec struct {
+	// ParentSessionID is the chat session that launched the task and
+	// receives its notifications. Required.
+	ParentSessionID string
+	Description     string
+	Agent           string
+	Prompt          string
+	// Models is the fallback chain: Models[0] first, then the rest in
+	// order. Required, each with a Provider and an ID.
+	Models []Model
+	// MaxAttempts caps the attempts. 0 means one attempt per model; a
+	// larger value than len(Models) reuses the last model for the rest.
+	MaxAttempts int
+}
+
+func (s Spec) validate() error {
+	switch {
+	case s.ParentSessionID == "":
+		return &SpecError{Field: "ParentSessionID", Reason: "is empty"}
+	case len(s.Models) == 0:
+		return &SpecError{Field: "Models", Reason: "has no model"}
+	case s.MaxAttempts < 0:
+		return &SpecError{Field: "MaxAttempts", Reason: "is negative (" + strconv.Itoa(s.MaxAttempts) + ")"}
+	}
+	for i, m := range s.Models {
+		field := "Models[" + strconv.Itoa(i) + "]"
+		if m.Provider == "" {
+			return &SpecError{Field: field + ".Provider", Reason: "is empty"}
+		}
+		if m.ID == "" {
+			return &SpecError{Field: field + ".ID", Reason: "is empty"}
+		}
+	}
+	return nil
+}
+
+// Host creates and stops child sessions. The Manager calls it from
+// goroutines it owns, never while holding its lock, so a Host may call back
+// into the Manager (Observe, Launch, Cancel, …) from inside a call. Every
+// call gets a context that ends when the Manager shuts down and that carries
+// the run it serves (RunFromContext); a Host must return once it ends.
+type Host interface {
+	// StartSession creates the child session for one attempt and starts its
+	// prompt. The returned session is bound to exactly req.AttemptID.
+	StartSession(ctx context.Context, req SessionRequest) (sessionID string, err error)
+	// AbortSession stops a child session. nil means it has stopped.
+	AbortSession(ctx context.Context, sessionID string) error
+}
+
+// SessionRequest is what StartSession is asked to run.
+type SessionRequest struct {
+	TaskID          string
+	AttemptID       string
+	AttemptNumber   int
+	Token           string // the run token of the attempt
+	ParentSessionID string
+	Model           Model
+	Agent, Prompt   string
+}
+
+// EventKind is what a child session reported.
+type EventKind string
+
+const (
+	// SessionBusy: the child is generating. Liveness only; never ends a run.
+	SessionBusy EventKind = "busy"
+	// SessionIdle: the child's turn ended; Text is its final answer ("" if
+	// none). The attempt completes.
+	SessionIdle EventKind = "idle"
+	// SessionError: the child's turn failed; Err says why. The task retries
+	// on the next model or ends in error.
+	SessionError EventKind = "error"
+	// SessionInterrupted: the child's run was interrupted and has stopped.
+	SessionInterrupted EventKind = "interrupted"
+	// SessionDeleted: the child session is gone; the task is cancelled.
+	SessionDeleted EventKind = "deleted"
+	// SessionCompacted: context compaction happened. Never changes status.
+	SessionCompacted EventKind = "compacted"
+)
+
+func (k EventKind) valid() bool {
+	switch k {
+	case SessionBusy, SessionIdle, SessionError, SessionInterrupted, SessionDeleted, SessionCompacted:
+		return true
+	}
+	return false
+}
+
+// Event is a lifecycle event of a child session.
+type Event struct {
+	SessionID string
+	// AttemptID, when set, resolves the event directly; it may be used
+	// before the session is bound. The binding itself always comes from
+	// StartSession's return.
+	AttemptID string
+	// Token, when set, must name the attempt's run, or the event is stale.
+	Token string
+	Kind  EventKind
+	Text  string    // SessionIdle: the final answer
+	Err   error     // SessionError: the failure
+	At    time.Time // when it happened; zero means now
+}
+
+// NotificationKind says what a notification tells the parent.
+type NotificationKind string
+
+const (
+	// NotifyRetryScheduled: an attempt failed and the next model was chosen.
+	NotifyRetryScheduled NotificationKind = "retry_scheduled"
+	// NotifyRetrySessionReady: a retry attempt's session was created.
+	NotifyRetrySessionReady NotificationKind = "retry_session_ready"
+	// NotifyFinalSummary: the task ended (completed, error, cancelled or
+	// interrupt); sent exactly once per task, after its other notifications.
+	NotifyFinalSummary NotificationKind = "final_summary"
+)
+
+// Notification is a message for the parent chat session.
+type Notification struct {
+	Kind            NotificationKind `json:"kind"`
+	ParentSessionID string           `json:"parentSessionID"`
+	TaskID          string           `json:"taskID"`
+	Task            Task             `json:"task"` // snapshot when it was produced
+	Text            string           `json:"text"` // rendered for the parent chat
+}
+
+// Notifier receives notifications. Notifications for one parent session are
+// delivered one at a time in the order they were produced; the Manager's
+// lock is never held during Notify, so a Notifier may call the Manager.
+type Notifier interface {
+	Notify(ctx context.Context, n Notification) error
+}
+
+// NotifierFunc adapts a function to Notifier.
+type NotifierFunc func(ctx context.Context, n Notification) error
+
+// Notify calls f.
+func (f NotifierFunc) Notify(ctx context.Context, n Notification) error { return f(ctx, n) }
+
+// Clock is the Manager's time source; see WithClock.
+type Clock = clock.Clock
+
+// Timer is a Clock's timer.
+type Timer = clock.Timer
+
+// IDKind says what an id is for.
+type IDKind string
+
+const (
+	IDTask    IDKind = "task"
+	IDAttempt IDKind = "attempt"
+	IDToken   IDKind = "run"
+)
+
+// IDGenerator makes ids. It must be safe for concurrent use, must not call
+// into the Manager, and must never return the same id twice for a kind.
+type IDGenerator interface {
+	NewID(kind IDKind) string
+}
+
+type uuidIDs struct{}
+
+func (uuidIDs) NewID(kind IDKind) string {
+	if kind == IDToken {
+		return "run_" + uuid.NewString()
+	}
+	return uuid.NewString()
+}
+
+// SequentialIDs returns an IDGenerator making "task-1", "attempt-1",
+// "run-1", … with a counter per kind: deterministic ids for tests and
+// examples. Tokens from two such generators are not distinct; use it only
+// where one Manager lives.
+func SequentialIDs() IDGenerator { return &seqIDs{} }
+
+type seqIDs struct{ task, attempt, run atomic.Uint64 }
+
+func (s *seqIDs) NewID(kind IDKind) string {
+	var n uint64
+	switch kind {
+	case IDTask:
+		n = s.task.Add(1)
+	case IDAttempt:
+		n = s.attempt.Add(1)
+	default:
+		n = s.run.Add(1)
+	}
+	return string(kind) + "-" + strconv.FormatUint(n, 10)
+}
+
+// Option configures a Manager.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	notifier   Notifier
+	logger     *slog.Logger
+	clock      Clock
+	ids        IDGenerator
+	retryable  func(error) bool
+	retryDelay func(attempt int) time.Duration
+	holdLimit  int
+}
+
+// WithNotifier sends notifications to n. Default: none are sent.
+func WithNotifier(n Notifier) Option { return optionFunc(func(c *config) { c.notifier = n }) }
+
+// WithLogger logs through l: rejected events at debug, failed host and
+// notifier calls at warn and error. Default: nothing is logged.
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
+
+// WithClock reads time and makes timers from c. Default: the wall clock.
+func WithClock(c Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
+
+// WithIDs makes task, attempt and run ids with g. Default: random UUIDs.
+func WithIDs(g IDGenerator) Option { return optionFunc(func(c *config) { c.ids = g }) }
+
+// WithRetryable decides which errors move a task to its next model,
+// replacing DefaultRetryable. A Permanent error is never retried, whatever f
+// says. A failed session start reaches f as a *StartError.
+func WithRetryable(f func(error) bool) Option {
+	return optionFunc(func(c *config) { c.retryable = f })
+}
+
+// WithRetryDelay waits f(n) before starting attempt n (n ≥ 2) of a retry.
+// The attempt is pending with PendingRetryDelay meanwhile, and Cancel ends
+// the wait. Default: no delay. Backoff returns a ready-made f.
+func WithRetryDelay(f func(attempt int) time.Duration) Option {
+	return optionFunc(func(c *config) { c.retryDelay = f })
+}
+
+// WithHoldLimit bounds how many events for not-yet-bound sessions are held
+// while session starts are in flight. Default: 1024. An event beyond it is
+// refused with ErrUnknownSession.
+func WithHoldLimit(n int) Option { return optionFunc(func(c *config) { c.holdLimit = n }) }
+
+// runtime is the process-local state of a task's current run. It is not in
+// the ledger and is never persisted.
+type runtime struct {
+	starting   bool          // StartSession for the current attempt is in flight
+	preparing  bool          // a retry waits for the old session's abort or its delay
+	stopWanted Status        // cancelled or interrupt: a stop was asked for; no retry follows
+	stopToken  string        // the run the stop request observed
+	delayStop  chan struct{} // closed to end a retry delay early
+	done       chan struct{} // closed when the task becomes terminal
+	changed    chan struct{} // closed and cleared on every change; nil while nobody waits
+	lastEvent  time.Time
+}
+
+// heldEvent is an event kept until the session or attempt it names is bound.
+type heldEvent struct {
+	ev        Event
+	attemptID string // set when it resolved by AttemptID
+}
+
+// Manager supervises background tasks. It is safe for concurrent use. Create
+// it with New and stop it with Shutdown.
+type Manager struct {
+	host Host
+	cfg  config
+
+	// life is the Manager's lifetime, not a request's: host and notifier
+	// calls derive their contexts from it, and Shutdown cancels it.
+	life       context.Context
+	cancelLife context.CancelFunc
+
+	group group.Group
+	lanes *dispatch.Lanes[Notification]
+
+	notifyFailures atomic.Uint64
+
+	mu        sync.Mutex // guards everything below
+	led       *ledger
+	order     []*entry // tasks in launch order
+	held      []heldEvent
+	starting  int                 // session starts in flight
+	aborts    map[string]*abortOp // in-flight aborts by run token
+	closing   bool                // Shutdown began: no new work
+	anyChange chan struct{}       // manager-wide change signal, like runtime.changed
+}
+
+// New returns a Manager that runs child sessions through host.
+func New(host Host, opts ...Option) *Manager {
+	if host == nil {
+		panic("bgtask: New with a nil Host")
+	}
+	cfg := config{holdLimit: 1024}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.clock == nil {
+		cfg.clock = clock.Real{}
+	}
+	if cfg.ids == nil {
+		cfg.ids = uuidIDs{}
+	}
+	if cfg.retryable == nil {
+		cfg.retryable = DefaultRetryable
+	}
+	if cfg.holdLimit <= 0 {
+		cfg.holdLimit = 1024
+	}
+	m := &Manager{host: host, cfg: cfg, led: newLedger(cfg.ids), aborts: make(map[string]*abortOp)}
+	m.life, m.cancelLife = context.WithCancel(context.Background())
+	m.lanes = dispatch.New(m.group.Go, m.deliver)
+	return m
+}
+
+// Launch records a task and its first attempt (pending) and returns its
+// snapshot. The child session is started on a goroutine the Manager owns;
+// Launch does not wait for it.
+func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
+	if err := ctx.Err(); err != nil {
+		return Task{}, err
+	}
+	if err := spec.validate(); err != nil {
+		return Task{}, err
+	}
+	maxAttempts := spec.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = len(spec.Models)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return Task{}, ErrShutdown
+	}
+	now := m.now()
+	info := &taskInfo{
+		id:          m.cfg.ids.NewID(IDTask),
+		parent:      spec.ParentSessionID,
+		description: spec.Description,
+		agent:       spec.Agent,
+		prompt:      spec.Prompt,
+		models:      slices.Clone(spec.Models),
+		maxAttempts: maxAttempts,
+		launchedAt:  now,
+	}
+	e, err := m.led.launch(info)
+	if err != nil {
+		return Task{}, err
+	}
+	e.rt.done = make(chan struct{})
+	m.order = append(m.order, e)
+	m.spawnStart(e, *e.cur())
+	return e.project(), nil
+}
+
+// Task returns a snapshot of the task with that id.
+func (m *Manager) Task(id string) (Task, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.led.tasks[id]
+	if e == nil {
+		return Task{}, false
+	}
+	return e.project(), true
+}
+
+// Tasks returns snapshots of every task, in launch order.
+func (m *Manager) Tasks() []Task {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Task, len(m.order))
+	for i, e := range m.order {
+		out[i] = e.project()
+	}
+	return out
+}
+
+// Wait blocks until the task is terminal and returns its snapshot, or
+// returns ctx's error first.
+func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
+	m.mu.Lock()
+	e := m.led.tasks[id]
+	if e == nil {
+		m.mu.Unlock()
+		return Task{}, fmt.Errorf("%w: %q", ErrUnknownTask, id)
+	}
+	done := e.rt.done
+	m.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return Task{}, ctx.Err()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return e.project(), nil
+}
+
+// Observe applies a child session's lifecycle event. It returns nil when the
+// event was applied or held until its session is bound; ErrStaleEvent when
+// it belongs to a superseded or terminal attempt (or names an old run
+// token); ErrUnknownSession when no task knows the session. Rejected events
+// change nothing and are logged at debug level.
+func (m *Manager) Observe(ev Event) error {
+	if !ev.Kind.valid() {
+		return fmt.Errorf("%w: unknown kind %q", ErrInvalidEvent, ev.Kind)
+	}
+	if ev.SessionID == "" && ev.AttemptID == "" {
+		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidEvent)
+	}
+	m.mu.Lock()
+	who, err := m.observeLocked(ev)
+	m.mu.Unlock()
+	if err != nil {
+		m.logRejected(ev, who, err)
+	}
+	return err
+}
+
+// resolved names the attempt an event resolved to, for logging.
+type resolved struct{ taskID, attemptID string }
+
+// observeLocked resolves ev to an attempt identity and, if it is the current
+// live run, applies it. m.mu is held.
+func (m *Manager) observeLocked(ev Event) (resolved, error) {
+	var ref attemptRef
+	var ok bool
+	if ev.AttemptID != "" {
+		ref, ok = m.led.byAttempt[ev.AttemptID]
+	} else {
+		ref, ok = m.led.bySession[ev.SessionID]
+	}
+	if !ok {
+		if ev.AttemptID == "" && m.starting > 0 {
+			return resolved{}, m.hold(ev, "")
+		}
+		return resolved{}, ErrUnknownSession
+	}
+	a := ref.attempt()
+	who := resolved{taskID: ref.e.info.id, attemptID: a.ID}
+	if !ref.isCurrent() || a.Status.Terminal() ||
+		(ev.Token != "" && ev.Token != a.Token) ||
+		(ev.SessionID != "" && a.SessionID != "" && ev.SessionID != a.SessionID) {
+		return who, ErrStaleEvent
+	}
+	if a.Status == StatusPending {
+		if ref.e.rt.starting {
+			return who, m.hold(ev, a.ID)
+		}
+		return who, ErrStaleEvent // no child can be running for it
+	}
+	m.apply(ref.e, ev)
+	return who, nil
+}
+
+// hold keeps ev until a start in flight binds its session or attempt.
+func (m *Manager) hold(ev Event, attemptID string) error {
+	if len(m.held) >= m.cfg.holdLimit {
+		return fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, len(m.held))
+	}
+	m.held = append(m.held, heldEvent{ev: ev, attemptID: attemptID})
+	return nil
+}
+
+// takeHeld removes and returns, in arrival order, the held events for the
+// attempt or its session.
+func (m *Manager) takeHeld(attemptID, sessionID string) []Event {
+	var out []Event
+	kept := m.held[:0]
+	for _, h := range m.held {
+		if h.attemptID == attemptID || (h.attemptID == "" && sessionID != "" && h.ev.SessionID == sessionID) {
+			out = append(out, h.ev)
+			continue
+		}
+		kept = append(kept, h)
+	}
+	clear(m.held[len(kept):])
+	m.held = kept
+	return out
+}
+
+// apply applies an event to the current running attempt of e. m.mu is held.
+func (m *Manager) apply(e *entry, ev Event) {
+	at := ev.At
+	if at.IsZero() {
+		at = m.now()
+	}
+	e.rt.lastEvent = at
+	a := e.cur()
+	switch ev.Kind {
+	case SessionBusy, SessionCompacted:
+		// Liveness only: the run goes on.
+	case SessionIdle:
+		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
+	case SessionError:
+		err := ev.Err
+		if err == nil {
+			err = errors.New("session error with no detail")
+		}
+		m.fail(e, err, at)
+	case SessionInterrupted:
+		m.finalize(e, a.ID, StatusInterrupt, "", "", at)
+	case SessionDeleted:
+		m.finalize(e, a.ID, StatusCancelled, "session deleted", "", at)
+	}
+}
+
+// fail ends the current attempt of e with err: a retry on the next model
+// when err is retryable and no stop was asked for, else the task's error.
+func (m *Manager) fail(e *entry, err error, at time.Time) {
+	a := e.cur()
+	text := err.Error()
+	if e.rt.stopWanted != "" || m.closing || a.Number >= e.info.maxAttempts || !m.retryable(err) {
+		m.finalize(e, a.ID, StatusError, text, "", at)
+		return
+	}
+	was := e.terminal()
+	failed, next, lerr := m.led.scheduleRetry(e, text, at)
+	if lerr != nil {
+		m.ledgerBug(e, lerr)
+		return
+	}
+	m.changed(e, was)
+	m.notify(e, NotifyRetryScheduled, retryScheduledText(failed, next))
+	m.prepareRetry(e, failed, next)
+}
+
+// retryable applies the classifier; Permanent always wins.
+func (m *Manager) retryable(err error) bool {
+	if IsPermanent(err) {
+		return false
+	}
+	return m.cfg.retryable(err)
+}
+
+// prepareRetry starts next: at once, or after the failed session's abort
+// and the retry delay, on a goroutine that gives up if next stops being
+// current meanwhile.
+func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
+	var delay time.Duration
+	if m.cfg.retryDelay != nil {
+		delay = m.cfg.retryDelay(next.Number)
+	}
+	if failed.SessionID == "" && delay <= 0 {
+		m.spawnStart(e, next)
+		return
+	}
+	if delay > 0 {
+		if err := m.led.setPending(e, next.ID, PendingRetryDelay, m.now()); err != nil {
+			m.ledgerBug(e, err)
+			return
+		}
+		m.changed(e, false)
+	}
+	stop := make(chan struct{})
+	e.rt.preparing = true
+	e.rt.delayStop = stop
+	ok := m.group.Go(func() {
+		if failed.SessionID != "" {
+			ctx := withRun(m.life, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
+			if err := m.callAbort(ctx, failed.SessionID); err != nil {
+				m.cfg.logger.Warn("bgtask: abort of failed attempt's session failed",
+					"task", e.info.id, "attempt", failed.ID, "session", failed.SessionID, "err", err)
+			}
+		}
+		if delay > 0 {
+			t := m.cfg.clock.NewTimer(delay)
+			select {
+			case <-t.C():
+			case <-stop:
+				t.Stop()
+			}
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if e.rt.delayStop == stop {
+			e.rt.preparing = false
+			e.rt.delayStop = nil
+		}
+		ref := m.led.byAttempt[next.ID]
+		if !ref.isCurrent() || ref.attempt().Status != StatusPending || ref.attempt().Token != next.Token {
+			return // the run was replaced or ended meanwhile
+		}
+		if e.rt.stopWanted != "" {
+			m.finalize(e, next.ID, e.rt.stopWanted, "", "", m.now())
+			return
+		}
+		if delay > 0 {
+			if err := m.led.setPending(e, next.ID, PendingAwaitingSession, m.now()); err != nil {
+				m.ledgerBug(e, err)
+				return
+			}
+			m.changed(e, false)
+		}
+		m.spawnStart(e, next)
+	})
+	if !ok {
+		e.rt.preparing = false
+		e.rt.delayStop = nil
+		m.finalize(e, next.ID, StatusInterrupt, "", "", m.now())
+	}
+}
+
+// spawnStart runs StartSession for attempt a of e on an owned goroutine.
+func (m *Manager) spawnStart(e *entry, a Attempt) {
+	req := SessionRequest{
+		TaskID:          e.info.id,
+		AttemptID:       a.ID,
+		AttemptNumber:   a.Number,
+		Token:           a.Token,
+		ParentSessionID: e.info.parent,
+		Model:           a.Model,
+		Agent:           e.info.agent,
+		Prompt:          e.info.prompt,
+	}
+	e.rt.starting = true
+	m.starting++
+	ok := m.group.Go(func() {
+		ctx := withRun(m.life, RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, callStart)
+		sid, err := m.callStart(ctx, req)
+		m.started(e, a, sid, err)
+	})
+	if !ok {
+		e.rt.starting = false
+		m.starting--
+		m.finalize(e, a.ID, StatusInterrupt, "", "", m.now())
+	}
+}
+
+func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			sid, err = "", Permanent(fmt.Errorf("bgtask: Host.StartSession panicked: %v", r))
+		}
+	}()
+	return m.host.StartSession(ctx, req)
+}
+
+// logLine is a log record kept until the lock is released.
+type logLine struct {
+	ev  Event
+	who resolved
+	err error
+}
+
+// started takes StartSession's result for attempt a of e.
+func (m *Manager) started(e *entry, a Attempt, sid string, err error) {
+	m.mu.Lock()
+	var logs []logLine
+	defer func() {
+		m.mu.Unlock()
+		for _, l := range logs {
+			m.logRejected(l.ev, l.who, l.err)
+		}
+	}()
+	m.starting--
+	ref := m.led.byAttempt[a.ID]
+	live := ref.isCurrent() && ref.attempt().Token == a.Token && ref.attempt().Status == StatusPending
+	if live {
+		e.rt.starting = false
+	}
+	if err == nil && sid == "" {
+		err = Permanent(errors.New("bgtask: Host.StartSession returned no session id"))
+	}
+	if err == nil {
+		if owner, taken := m.led.bySession[sid]; taken {
+			err = Permanent(fmt.Errorf("bgtask: Host.StartSession returned session %s, which belongs to attempt %s", sid, owner.attempt().ID))
+			sid = ""
+		}
+	}
+	replay := func() {
+		for _, ev := range m.takeHeld(a.ID, sid) {
+			if who, rerr := m.observeLocked(ev); rerr != nil {
+				logs = append(logs, logLine{ev: ev, who: who, err: rerr})
+			}
+		}
+	}
+	defer m.dropUnclaimed(&logs)
+	switch {
+	case err != nil && live:
+		replay() // held events for an attempt that never ran: stale
+		m.startFailed(e, a, err)
+	case err != nil:
+		replay()
+	case live:
+		if berr := m.led.bindSession(e, a.ID, sid, m.now()); berr != nil {
+			m.ledgerBug(e, berr)
+			return
+		}
+		m.changed(e, false)
+		if a.Number > 1 {
+			m.notify(e, NotifyRetrySessionReady, retrySessionReadyText(*e.cur()))
+		}
+		replay()
+		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && e.rt.stopWanted != "" {
+			m.abortRun(e, *cur)
+		}
+	default:
+		// Created for an attempt that is no longer current: index it so its
+		// events resolve (as stale), abort it, never adopt it.
+		if oerr := m.led.orphanSession(e, a.ID, sid, m.now()); oerr != nil {
+			m.ledgerBug(e, oerr)
+		}
+		replay()
+		m.abortOrphan(e, a, sid)
+	}
+}
+
+// dropUnclaimed discards held session events once no start is in flight:
+// nothing can bind their sessions any more.
+func (m *Manager) dropUnclaimed(logs *[]logLine) {
+	if m.starting > 0 || len(m.held) == 0 {
+		return
+	}
+	for _, h := range m.held {
+		*logs = append(*logs, logLine{ev: h.ev, err: ErrUnknownSession})
+	}
+	clear(m.held)
+	m.held = m.held[:0]
+}
+
+// startFailed records a failed session start of the current attempt a.
+func (m *Manager) startFailed(e *entry, a Attempt, err error) {
+	now := m.now()
+	if lerr := m.led.setPending(e, a.ID, PendingSessionFailed, now); lerr != nil {
+		m.ledgerBug(e, lerr)
+		return
+	}
+	m.changed(e, false)
+	if e.rt.stopWanted != "" {
+		// No child exists: the stop asked for is already true.
+		m.finalize(e, a.ID, e.rt.stopWanted, "", "", now)
+		return
+	}
+	m.fail(e, &StartError{Model: a.Model, Err: err}, now)
+}
+
+// finalize ends attempt id of e with status. m.mu is held.
+func (m *Manager) finalize(e *entry, id string, status Status, errText, result string, at time.Time) {
+	was := e.terminal()
+	if err := m.led.finalize(e, id, status, errText, result, at); err != nil {
+		m.ledgerBug(e, err)
+		return
+	}
+	m.changed(e, was)
+}
+
+// changed runs after every applied change to e: it wakes waiters and, when
+// the task has just become terminal, sends the final summary and closes
+// done. "The task became terminal" is the trigger, not "an attempt did".
+func (m *Manager) changed(e *entry, wasTerminal bool) {
+	if e.rt.changed != nil {
+		close(e.rt.changed)
+		e.rt.changed = nil
+	}
+	m.signal()
+	if wasTerminal || !e.terminal() {
+		return
+	}
+	if e.rt.delayStop != nil {
+		close(e.rt.delayStop)
+		e.rt.delayStop = nil
+	}
+	m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
+	close(e.rt.done)
+}
+
+// signal wakes everyone waiting on a manager-wide change.
+func (m *Manager) signal() {
+	if m.anyChange != nil {
+		close(m.anyChange)
+		m.anyChange = nil
+	}
+}
+
+// waitChange returns a channel closed at e's next change. m.mu is held.
+func (e *entry) waitChange() <-chan struct{} {
+	if e.rt.changed == nil {
+		e.rt.changed = make(chan struct{})
+	}
+	return e.rt.changed
+}
+
+// waitAny returns a channel closed at the next change of any task. m.mu is
+// held.
+func (m *Manager) waitAny() <-chan struct{} {
+	if m.anyChange == nil {
+		m.anyChange = make(chan struct{})
+	}
+	return m.anyChange
+}
+
+// notify queues a notification for e's parent, in production order.
+func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
+	if m.cfg.notifier == nil {
+		return
+	}
+	m.lanes.Push(e.info.parent, Notification{
+		Kind:            kind,
+		ParentSessionID: e.info.parent,
+		TaskID:          e.info.id,
+		Task:            e.project(),
+		Text:            text,
+	})
+}
+
+// deliver hands n to the notifier, on the parent's lane goroutine.
+func (m *Manager) deliver(_ string, n Notification) {
+	cur := n.Task.Current()
+	ctx := withRun(m.life, RunRef{TaskID: n.TaskID, AttemptID: cur.ID, Token: cur.Token}, callNotify)
+	err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("bgtask: Notifier panicked: %v", r)
+			}
+		}()
+		return m.cfg.notifier.Notify(ctx, n)
+	}()
+	if err != nil {
+		m.notifyFailures.Add(1)
+		m.cfg.logger.Error("bgtask: notification not delivered",
+			"task", n.TaskID, "parent", n.ParentSessionID, "kind", string(n.Kind), "err", err)
+	}
+}
+
+// NotifyFailures reports how many notifications the Notifier refused.
+func (m *Manager) NotifyFailures() uint64 { return m.notifyFailures.Load() }
+
+func (m *Manager) now() time.Time { return m.cfg.clock.Now() }
+
+// ledgerBug logs a write the ledger refused: a bug in the Manager, never
+// trusted away.
+func (m *Manager) ledgerBug(e *entry, err error) {
+	m.cfg.logger.Error("bgtask: ledger refused a write", "task", e.info.id, "err", err)
+}
+
+func (m *Manager) logRejected(ev Event, who resolved, err error) {
+	ctx := context.Background()
+	if !m.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	m.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "bgtask: event ignored",
+		slog.String("reason", err.Error()),
+		slog.String("kind", string(ev.Kind)),
+		slog.String("task", who.taskID),
+		slog.String("attempt", who.attemptID),
+		slog.String("session", ev.SessionID),
+		slog.String("eventAttempt", ev.AttemptID))
+}
+
+// Shutdown refuses new work (ErrShutdown), aborts every running child
+// through the host and records it interrupt (with its final summary), waits
+// for the notifications already produced to be delivered, then cancels the
+// contexts of host and notifier calls still outstanding and returns once no
+// goroutine of the Manager is left.
+//
+// ctx bounds the graceful part: when it ends, Shutdown cancels the
+// outstanding contexts at once and still waits for the goroutines to return
+// (a Host or Notifier that ignores its context holds Shutdown up). A child
+// whose abort failed stays in its live state and is named in the returned
+// error, as are notifications left undelivered. Shutdown may be called more
+// than once; later calls wait like the first.
+func (m *Manager) Shutdown(ctx context.Context) error {
+	m.mu.Lock()
+	if !m.closing {
+		m.closing = true
+		now := m.now()
+		for _, e := range m.order {
+			if e.terminal() {
+				continue
+			}
+			if e.rt.stopWanted == "" {
+				e.rt.stopWanted, e.rt.stopToken = StatusInterrupt, e.cur().Token
+			}
+			m.stopRun(e, now)
+		}
+	}
+	m.mu.Unlock()
+
+	var errs []error
+	if err := m.awaitStops(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.group.Wait(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("bgtask: shutdown: waiting for deliveries: %w", err))
+	}
+	m.cancelLife()
+	m.join()
+	if n := m.lanes.Pending(); n > 0 {
+		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered", n))
+	}
+	return errors.Join(errs...)
+}
+
+// join waits until no goroutine of the Manager runs and closes the group so
+// none starts again. Every spawn happens under m.mu, so the check and the
+// close are one step.
+func (m *Manager) join() {
+	for {
+		_ = m.group.Wait(context.Background())
+		m.mu.Lock()
+		if m.group.Running() == 0 {
+			m.group.Close()
+			m.mu.Unlock()
+			return
+		}
+		m.mu.Unlock()
+	}
+}
+
+// awaitStops waits until no session start or abort is in flight, then
+// reports the tasks that are still live (their abort failed).
+func (m *Manager) awaitStops(ctx context.Context) error {
+	for {
+		m.mu.Lock()
+		busy := m.starting > 0 || len(m.aborts) > 0
+		var live []string
+		if !busy {
+			for _, e := range m.order {
+				if !e.terminal() {
+					live = append(live, e.info.id+" (session "+e.cur().SessionID+")")
+				}
+			}
+		}
+		ch := m.waitAny()
+		m.mu.Unlock()
+		if !busy {
+			if len(live) > 0 {
+				return fmt.Errorf("bgtask: shutdown: children did not stop: %v", live)
+			}
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("bgtask: shutdown: %w", ctx.Err())
+		}
+	}
+}
+
+// StartError is a failed session start: StartSession returned an error
+// before a child session existed. DefaultRetryable retries it unless its
+// cause is permanent or not worth retrying (context overflow, validation,
+// aborted).
+type StartError struct {
+	Model Model
+	Err   error
+}
+
+func (e *StartError) Error() string {
+	return "session start failed on " + e.Model.String() + ": " + e.Err.Error()
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as not retryable: a task whose attempt fails with it
+// ends in error instead of moving to its next model, whatever WithRetryable
+// says. The mark survives wrapping. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err or anything it wraps was marked Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// DefaultRetryable is the classifier used unless WithRetryable replaces it.
+// It retries rate limits (429), overload (503, 529, "overloaded"), other
+// 5xx, a forbidden or unauthorized provider (403, 401), a model not found
+// (404) and timeouts, recognised from a StatusCode() int or HTTPStatus()
+// int method anywhere in the chain or from common provider messages; and a
+// failed session start (*StartError) unless its cause is known not to be
+// worth retrying. Context-length, validation and aborted errors, and
+// anything unrecognised, are not retried.
+func DefaultRetryable(err error) bool {
+	if err == nil || IsPermanent(err) {
+		return false
+	}
+	var se *StartError
+	if errors.As(err, &se) {
+		switch errclass.Classify(se.Err) {
+		case errclass.ContextOverflow, errclass.Validation, errclass.Aborted:
+			return false
+		}
+		return true
+	}
+	return errclass.Classify(err).Retryable()
+}
