@@ -202,6 +202,9 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 		if servesRun(ctx, token) {
 			return ErrStopPending
 		}
+		if m.testHookWaiting != nil {
+			m.testHookWaiting(id)
+		}
 		select {
 		case <-wait:
 		case <-ctx.Done():

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -365,6 +367,10 @@ type Manager struct {
 	lanes *dispatch.Lanes[Notification]
 
 	notifyFailures atomic.Uint64
+
+	// testHookWaiting, when set (tests only, before use), is called when
+	// Cancel is about to block.
+	testHookWaiting func(taskID string)
 
 	mu        sync.Mutex // guards everything below
 	led       *ledger
@@ -1088,4 +1094,28 @@ func DefaultRetryable(err error) bool {
 		return true
 	}
 	return errclass.Classify(err).Retryable()
+}
+
+// Backoff returns a retry delay for WithRetryDelay: base before attempt 2,
+// doubling for each later attempt, never more than max. jitter in [0, 1]
+// takes up to that fraction off each delay at random, so tasks that failed
+// together do not retry together; 0 means none. A base ≤ 0 means no delay.
+func Backoff(base, max time.Duration, jitter float64) func(attempt int) time.Duration {
+	jitter = math.Min(math.Max(jitter, 0), 1)
+	return func(attempt int) time.Duration {
+		if base <= 0 {
+			return 0
+		}
+		d := base
+		for i := 2; i < attempt && d < max; i++ {
+			d *= 2
+		}
+		if max > 0 && d > max {
+			d = max
+		}
+		if jitter > 0 {
+			d -= time.Duration(jitter * rand.Float64() * float64(d))
+		}
+		return d
+	}
 }

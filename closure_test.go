@@ -1,0 +1,298 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestCancelStopsRunningChild(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	got := h.task(task.ID)
+	assert.Equal(t, StatusCancelled, got.Status, "Cancel returns only after the abort was confirmed")
+	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
+	assert.Len(t, got.Attempts, 1)
+}
+
+func TestFailedAbortKeepsTaskRunning(t *testing.T) {
+	abortErr := errors.New("host: session busy, cannot abort")
+	fail := true
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		if fail {
+			return abortErr
+		}
+		return nil
+	}})
+	task := h.launch("a/one", "b/two")
+	h.settle()
+
+	err := h.m.Cancel(context.Background(), task.ID)
+	require.ErrorIs(t, err, abortErr)
+	got := h.task(task.ID)
+	assert.Equal(t, StatusRunning, got.Status, "a failed abort is no evidence the child stopped")
+	h.settle()
+	assert.Empty(t, h.rec.Kinds(task.ID), "no final summary for a live task")
+
+	// Compaction and busy afterwards change nothing; a later error does not
+	// retry because a stop was asked for.
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionCompacted}))
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
+
+	fail = false
+	h.host.mu.Lock()
+	h.host.mu.Unlock()
+	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
+}
+
+func TestCompletionBeatsInFlightAbort(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		close(entered)
+		<-release
+		return nil
+	}})
+	task := h.launch("a/one")
+	h.settle()
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- h.m.Cancel(context.Background(), task.ID) }()
+	<-entered
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle, Text: "finished first"}))
+	close(release)
+	require.NoError(t, <-cancelled)
+	got := h.task(task.ID)
+	assert.Equal(t, StatusCompleted, got.Status, "the child's own evidence wins")
+	assert.Equal(t, "finished first", got.Result)
+	h.settle()
+	assert.Equal(t, []NotificationKind{NotifyFinalSummary}, h.rec.Kinds(task.ID))
+}
+
+func TestCancelDuringSessionCreation(t *testing.T) {
+	tests := []struct {
+		name        string
+		startErr    error
+		wantSession string
+		wantAborts  []string
+	}{
+		{name: "session arrives and is aborted", wantSession: "ses-1", wantAborts: []string{"ses-1"}},
+		{name: "start fails", startErr: errRateLimited, wantSession: "", wantAborts: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			entered := make(chan struct{})
+			release := make(chan struct{})
+			h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+				close(entered)
+				<-release
+				if tt.startErr != nil {
+					return "", tt.startErr
+				}
+				return sid, nil
+			}})
+			waiting := make(chan string, 1)
+			h.m.testHookWaiting = func(id string) { waiting <- id }
+			task := h.launch("a/one", "b/two")
+			<-entered
+			cancelled := make(chan error, 1)
+			go func() { cancelled <- h.m.Cancel(context.Background(), task.ID) }()
+			<-waiting // Cancel recorded the stop and waits for the start
+			close(release)
+			require.NoError(t, <-cancelled)
+			got := h.wait(task.ID)
+			assert.Equal(t, StatusCancelled, got.Status)
+			assert.Equal(t, tt.wantSession, got.SessionID)
+			assert.Len(t, got.Attempts, 1, "no retry after a cancel")
+			h.settle()
+			assert.Equal(t, tt.wantAborts, h.host.Aborts())
+		})
+	}
+}
+
+func TestCancelDuringSessionCreationWhoseAbortFailsBindsTheLiveSession(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	h := newHarness(t, &testHost{
+		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+			close(entered)
+			<-release
+			return sid, nil
+		},
+		abort: func(ctx context.Context, sid string) error { return errors.New("cannot") },
+	})
+	waiting := make(chan string, 1)
+	h.m.testHookWaiting = func(id string) { waiting <- id }
+	task := h.launch("a/one")
+	<-entered
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- h.m.Cancel(context.Background(), task.ID) }()
+	<-waiting
+	close(release)
+	err := <-cancelled
+	require.Error(t, err)
+	got := h.task(task.ID)
+	assert.Equal(t, StatusRunning, got.Status, "alive, and the truth wins")
+	assert.Equal(t, "ses-1", got.SessionID)
+}
+
+func TestCancelEdgeCases(t *testing.T) {
+	h := newHarness(t, nil)
+	assert.ErrorIs(t, h.m.Cancel(context.Background(), "missing"), ErrUnknownTask)
+	task := h.launch("a/one")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}))
+	done := h.wait(task.ID)
+	require.NoError(t, h.m.Cancel(context.Background(), task.ID), "terminal: nil, nothing changes")
+	assert.Equal(t, done, h.task(task.ID))
+	assert.Empty(t, h.host.Aborts())
+}
+
+func TestCancelContextEndsBeforeAbortLands(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		close(entered)
+		<-release
+		return nil
+	}})
+	task := h.launch("a/one")
+	h.settle()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- h.m.Cancel(ctx, task.ID) }()
+	<-entered
+	cancel()
+	assert.ErrorIs(t, <-errc, context.Canceled)
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
+	close(release)
+	assert.Equal(t, StatusCancelled, h.wait(task.ID).Status, "the abort's outcome is recorded when it lands")
+}
+
+func TestConcurrentCancelsShareOneAbort(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		close(entered) // a second abort call would panic here
+		<-release
+		return nil
+	}})
+	task := h.launch("a/one")
+	h.settle()
+	waiting := make(chan string, 2)
+	h.m.testHookWaiting = func(id string) { waiting <- id }
+	errc := make(chan error, 2)
+	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	<-entered
+	<-waiting
+	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	<-waiting // the second Cancel joined the abort in flight
+	close(release)
+	require.NoError(t, <-errc)
+	require.NoError(t, <-errc)
+	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
+}
+
+func TestCancelFromInsideStartSessionDoesNotWaitOnItself(t *testing.T) {
+	var m *Manager
+	cancelErr := make(chan error, 1)
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		ref, ok := RunFromContext(ctx)
+		if !ok || ref.AttemptID != req.AttemptID {
+			return "", errors.New("start context does not carry its run")
+		}
+		cancelErr <- m.Cancel(ctx, req.TaskID)
+		return sid, nil
+	}})
+	m = h.m
+	task := h.launch("a/one")
+	assert.ErrorIs(t, <-cancelErr, ErrStopPending)
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusCancelled, got.Status, "the session was aborted on arrival")
+	h.settle()
+	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
+}
+
+func TestCancelFromInsideAbortSessionDoesNotWaitOnItself(t *testing.T) {
+	var m *Manager
+	inner := make(chan error, 1)
+	var taskID string
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		inner <- m.Cancel(ctx, taskID)
+		return nil
+	}})
+	m = h.m
+	task := h.launch("a/one")
+	taskID = task.ID
+	h.settle()
+	require.NoError(t, m.Cancel(context.Background(), task.ID))
+	assert.ErrorIs(t, <-inner, ErrStopPending)
+	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
+}
+
+func TestReentrantNotifierAndHostCallbacks(t *testing.T) {
+	var m *Manager
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		// A host reading and launching from inside its callback.
+		if _, ok := m.Task(req.TaskID); !ok {
+			return "", errors.New("task not visible from the host")
+		}
+		_ = m.Tasks()
+		return sid, nil
+	}})
+	m = h.m
+	var child Task
+	var childErr error
+	h.rec.hook = func(ctx context.Context, n Notification) error {
+		_ = m.Tasks()
+		if n.Kind == NotifyRetryScheduled {
+			// A notifier launching follow-up work and cancelling from inside
+			// its callback.
+			child, childErr = m.Launch(ctx, Spec{ParentSessionID: n.Task.SessionID + "-child-parent", Models: mustModels(t, "c/three")})
+			if childErr == nil {
+				childErr = m.Cancel(ctx, child.ID)
+			}
+		}
+		return nil
+	}
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errRateLimited}))
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionIdle}))
+	assert.Equal(t, StatusCompleted, h.wait(task.ID).Status)
+	h.settle()
+	require.NoError(t, childErr)
+	assert.Equal(t, StatusCancelled, h.task(child.ID).Status)
+}
+
+func TestSessionForAttemptNoLongerCurrentIsAbortedNotAdopted(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		close(entered)
+		<-release
+		return sid, nil
+	}})
+	task := h.launch("a/one")
+	<-entered
+	// The attempt ends while its start is in flight (as a closure or a
+	// restart would end it).
+	h.m.mu.Lock()
+	e := h.m.led.tasks[task.ID]
+	h.m.finalize(e, e.cur().ID, StatusCancelled, "", "", t0)
+	h.m.mu.Unlock()
+	close(release)
+	h.settle()
+	got := h.task(task.ID)
+	assert.Equal(t, StatusCancelled, got.Status)
+	assert.Empty(t, got.SessionID, "never adopted")
+	assert.Equal(t, []string{"ses-1"}, h.host.Aborts(), "aborted on arrival")
+	assert.ErrorIs(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}), ErrStaleEvent, "its events resolve, as stale")
+}

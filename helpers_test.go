@@ -1,0 +1,265 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask/internal/clock"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var t0 = time.Date(2026, 4, 27, 12, 0, 0, 0, time.UTC)
+
+// testHost is a scripted Host. By default StartSession returns "ses-N" in
+// call order and AbortSession succeeds; start and abort replace that.
+type testHost struct {
+	mu     sync.Mutex
+	n      int
+	start  func(ctx context.Context, req SessionRequest, sid string) (string, error)
+	abort  func(ctx context.Context, sid string) error
+	starts []SessionRequest
+	aborts []string
+}
+
+func (h *testHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
+	h.mu.Lock()
+	h.n++
+	sid := fmt.Sprintf("ses-%d", h.n)
+	h.starts = append(h.starts, req)
+	start := h.start
+	h.mu.Unlock()
+	if start != nil {
+		return start(ctx, req, sid)
+	}
+	return sid, nil
+}
+
+func (h *testHost) AbortSession(ctx context.Context, sid string) error {
+	h.mu.Lock()
+	h.aborts = append(h.aborts, sid)
+	abort := h.abort
+	h.mu.Unlock()
+	if abort != nil {
+		return abort(ctx, sid)
+	}
+	return nil
+}
+
+func (h *testHost) Aborts() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.aborts...)
+}
+
+func (h *testHost) Starts() []SessionRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]SessionRequest(nil), h.starts...)
+}
+
+// recorder is a Notifier that keeps what it was sent.
+type recorder struct {
+	mu   sync.Mutex
+	got  []Notification
+	hook func(ctx context.Context, n Notification) error
+}
+
+func (r *recorder) Notify(ctx context.Context, n Notification) error {
+	r.mu.Lock()
+	r.got = append(r.got, n)
+	hook := r.hook
+	r.mu.Unlock()
+	if hook != nil {
+		return hook(ctx, n)
+	}
+	return nil
+}
+
+func (r *recorder) All() []Notification {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Notification(nil), r.got...)
+}
+
+func (r *recorder) Kinds(taskID string) []NotificationKind {
+	var out []NotificationKind
+	for _, n := range r.All() {
+		if taskID == "" || n.TaskID == taskID {
+			out = append(out, n.Kind)
+		}
+	}
+	return out
+}
+
+// logSink keeps log records for assertions.
+type logSink struct {
+	mu   sync.Mutex
+	recs []map[string]string
+}
+
+func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
+func (s *logSink) Handle(_ context.Context, r slog.Record) error {
+	m := map[string]string{"msg": r.Message, "level": r.Level.String()}
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	s.mu.Lock()
+	s.recs = append(s.recs, m)
+	s.mu.Unlock()
+	return nil
+}
+func (s *logSink) WithAttrs([]slog.Attr) slog.Handler { return s }
+func (s *logSink) WithGroup(string) slog.Handler      { return s }
+func (s *logSink) Records() []map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]map[string]string(nil), s.recs...)
+}
+
+type harness struct {
+	t     *testing.T
+	m     *Manager
+	host  *testHost
+	rec   *recorder
+	clock *clock.Fake
+	logs  *logSink
+}
+
+// newHarness builds a Manager on a test host with deterministic ids, a fake
+// clock, a recording notifier and a capturing logger. It is shut down when
+// the test ends.
+func newHarness(t *testing.T, host *testHost, opts ...Option) *harness {
+	t.Helper()
+	if host == nil {
+		host = &testHost{}
+	}
+	h := &harness{t: t, host: host, rec: &recorder{}, clock: clock.NewFake(t0), logs: &logSink{}}
+	all := append([]Option{
+		WithIDs(SequentialIDs()),
+		WithClock(h.clock),
+		WithNotifier(h.rec),
+		WithLogger(slog.New(h.logs)),
+	}, opts...)
+	h.m = New(host, all...)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = h.m.Shutdown(ctx)
+	})
+	return h
+}
+
+// settle waits until no goroutine of the Manager runs: every start, abort
+// and delivery that was set off has finished. Tests use it only with hosts
+// that do not block.
+func (h *harness) settle() {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(h.t, h.m.group.Wait(ctx), "manager goroutines did not finish")
+}
+
+func (h *harness) launch(models ...string) Task {
+	h.t.Helper()
+	return h.launchSpec(Spec{ParentSessionID: "parent", Description: "look things up", Prompt: "do it", Models: mustModels(h.t, models...)})
+}
+
+func (h *harness) launchSpec(spec Spec) Task {
+	h.t.Helper()
+	task, err := h.m.Launch(context.Background(), spec)
+	require.NoError(h.t, err)
+	return task
+}
+
+func (h *harness) task(id string) Task {
+	h.t.Helper()
+	task, ok := h.m.Task(id)
+	require.True(h.t, ok, "task %s", id)
+	return task
+}
+
+func (h *harness) wait(id string) Task {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	task, err := h.m.Wait(ctx, id)
+	require.NoError(h.t, err)
+	return task
+}
+
+func (h *harness) observe(ev Event) error {
+	h.t.Helper()
+	err := h.m.Observe(ev)
+	checkInvariants(h.t, h.m)
+	return err
+}
+
+func mustModels(t testing.TB, ss ...string) []Model {
+	t.Helper()
+	out := make([]Model, len(ss))
+	for i, s := range ss {
+		m, err := ParseModel(s)
+		require.NoError(t, err)
+		out[i] = m
+	}
+	return out
+}
+
+// checkInvariants checks the ledger invariants on every task: at most one
+// non-terminal attempt and it is current; the projection equals the current
+// attempt; the revision equals the count of projection changes recorded.
+func checkInvariants(t testing.TB, m *Manager) {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.order {
+		live := 0
+		for i, a := range e.attempts {
+			if !a.Status.Terminal() {
+				live++
+				if i != e.current {
+					t.Fatalf("task %s: non-terminal attempt %s is not current", e.info.id, a.ID)
+				}
+			}
+			if a.Number != i+1 {
+				t.Fatalf("task %s: attempt %d numbered %d", e.info.id, i+1, a.Number)
+			}
+		}
+		if live > 1 {
+			t.Fatalf("task %s: %d non-terminal attempts", e.info.id, live)
+		}
+		task := e.project()
+		cur := e.attempts[e.current]
+		if task.Status != cur.Status || task.SessionID != cur.SessionID || task.Model != cur.Model ||
+			task.Error != cur.Error || !task.StartedAt.Equal(cur.StartedAt) || !task.CompletedAt.Equal(cur.CompletedAt) ||
+			task.CurrentAttemptID != cur.ID {
+			t.Fatalf("task %s: projection %+v differs from current attempt %+v", e.info.id, task, cur)
+		}
+		var changes uint64
+		for _, r := range e.records {
+			switch r.kind {
+			case recAttemptCreated, recAttemptPending, recSessionBound, recAttemptFinal:
+				changes++
+			}
+		}
+		if changes != e.revision {
+			t.Fatalf("task %s: revision %d, but %d changes recorded", e.info.id, e.revision, changes)
+		}
+		if e.terminal() {
+			select {
+			case <-e.rt.done:
+			default:
+				t.Fatalf("task %s is terminal but Wait is not released", e.info.id)
+			}
+		}
+	}
+}
+
+var errForbidden = errors.New("Forbidden: Selected provider is forbidden")
+var errRateLimited = errors.New("Too Many Requests")
