@@ -150,7 +150,9 @@ func newHarness(t *testing.T, host *testHost, opts ...Option) *harness {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = h.m.Shutdown(ctx)
+		if err := h.m.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Shutdown hung: %v", err)
+		}
 	})
 	return h
 }

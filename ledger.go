@@ -78,12 +78,13 @@ func (ti *taskInfo) modelFor(n int) Model {
 
 // entry is one task in the ledger: its records and their projection.
 type entry struct {
+	// The fields read by every event come first, to share a cache line.
+	current  int       // index into attempts of the current attempt
+	attempts []Attempt // the latest version of each attempt, in order
+	rt       runtime   // process-local run state; never in the ledger
+	revision uint64    // number of projection changes applied
 	info     *taskInfo
 	records  []record
-	attempts []Attempt // the latest version of each attempt, in order
-	current  int       // index into attempts of the current attempt
-	revision uint64    // number of projection changes applied
-	rt       runtime   // process-local run state; never in the ledger
 }
 
 func (e *entry) cur() *Attempt { return &e.attempts[e.current] }

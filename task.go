@@ -336,6 +336,7 @@ func WithHoldLimit(n int) Option { return optionFunc(func(c *config) { c.holdLim
 // runtime is the process-local state of a task's current run. It is not in
 // the ledger and is never persisted.
 type runtime struct {
+	lastEvent  time.Time     // when the current run last reported anything
 	starting   bool          // StartSession for the current attempt is in flight
 	preparing  bool          // a retry waits for the old session's abort or its delay
 	stopWanted Status        // cancelled or interrupt: a stop was asked for; no retry follows
@@ -343,7 +344,6 @@ type runtime struct {
 	delayStop  chan struct{} // closed to end a retry delay early
 	done       chan struct{} // closed when the task becomes terminal
 	changed    chan struct{} // closed and cleared on every change; nil while nobody waits
-	lastEvent  time.Time
 }
 
 // heldEvent is an event kept until the session or attempt it names is bound.
@@ -536,20 +536,24 @@ func (m *Manager) observeLocked(ev Event) (resolved, error) {
 		return resolved{}, ErrUnknownSession
 	}
 	a := ref.attempt()
-	who := resolved{taskID: ref.e.info.id, attemptID: a.ID}
 	if !ref.isCurrent() || a.Status.Terminal() ||
 		(ev.Token != "" && ev.Token != a.Token) ||
 		(ev.SessionID != "" && a.SessionID != "" && ev.SessionID != a.SessionID) {
-		return who, ErrStaleEvent
+		return ref.who(), ErrStaleEvent
 	}
 	if a.Status == StatusPending {
 		if ref.e.rt.starting {
-			return who, m.hold(ev, a.ID)
+			return ref.who(), m.hold(ev, a.ID)
 		}
-		return who, ErrStaleEvent // no child can be running for it
+		return ref.who(), ErrStaleEvent // no child can be running for it
 	}
 	m.apply(ref.e, ev)
-	return who, nil
+	return resolved{}, nil
+}
+
+// who names the attempt for a log line.
+func (r attemptRef) who() resolved {
+	return resolved{taskID: r.e.info.id, attemptID: r.attempt().ID}
 }
 
 // hold keeps ev until a start in flight binds its session or attempt.

@@ -1,0 +1,207 @@
+package bgtask
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// benchHost starts sessions at once, named after the attempt, and lets a
+// script report events from inside StartSession (early events, held until
+// the bind).
+type benchHost struct {
+	m       *Manager
+	onStart func(m *Manager, req SessionRequest, sid string)
+	n       atomic.Uint64
+}
+
+func (h *benchHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
+	sid := "ses-" + strconv.FormatUint(h.n.Add(1), 10)
+	if h.onStart != nil {
+		h.onStart(h.m, req, sid)
+	}
+	return sid, nil
+}
+
+func (h *benchHost) AbortSession(ctx context.Context, sid string) error { return nil }
+
+// runningTasks returns a Manager with n running tasks; with superseded, each
+// task's first attempt failed and its second runs. It returns the current
+// and the superseded session of every task.
+func runningTasks(b *testing.B, n int, superseded bool) (m *Manager, current, old []string) {
+	b.Helper()
+	host := &benchHost{}
+	m = New(host, WithIDs(SequentialIDs()))
+	host.m = m
+	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	ids := make([]string, n)
+	for i := range n {
+		task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids[i] = task.ID
+	}
+	if err := m.group.Wait(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	if superseded {
+		for _, id := range ids {
+			task, _ := m.Task(id)
+			if err := m.Observe(Event{SessionID: task.SessionID, Kind: SessionError, Err: errRateLimited}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := m.group.Wait(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		task, _ := m.Task(id)
+		if task.Status != StatusRunning {
+			b.Fatalf("task %s is %s", id, task.Status)
+		}
+		current = append(current, task.SessionID)
+		if superseded {
+			old = append(old, task.Attempts[0].SessionID)
+		}
+	}
+	return m, current, old
+}
+
+var sizes = []int{1_000, 10_000, 100_000}
+
+// shuffled returns a copy of ss in a fixed random order: events arrive for
+// tasks in no particular order, so the benchmarks do not walk memory in
+// allocation order.
+func shuffled(ss []string) []string {
+	out := slices.Clone(ss)
+	r := rand.New(rand.NewPCG(1, 2))
+	r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+// BenchmarkObserveApplied: a busy event applied to the current attempt.
+func BenchmarkObserveApplied(b *testing.B) {
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("tasks=%d", n), func(b *testing.B) {
+			m, cur, _ := runningTasks(b, n, false)
+			evs := make([]Event, len(cur))
+			for i, s := range shuffled(cur) {
+				evs[i] = Event{SessionID: s, Kind: SessionBusy}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if err := m.Observe(evs[i%len(evs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkObserveStale: an event from a superseded attempt's session.
+func BenchmarkObserveStale(b *testing.B) {
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("tasks=%d", n), func(b *testing.B) {
+			m, _, old := runningTasks(b, n, true)
+			evs := make([]Event, len(old))
+			for i, s := range shuffled(old) {
+				evs[i] = Event{SessionID: s, Kind: SessionError, Err: errRateLimited}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if err := m.Observe(evs[i%len(evs)]); err != ErrStaleEvent {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkObserveUnknown: an event for a session no task knows.
+func BenchmarkObserveUnknown(b *testing.B) {
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("tasks=%d", n), func(b *testing.B) {
+			m, _, _ := runningTasks(b, n, false)
+			ev := Event{SessionID: "ses-nobody", Kind: SessionBusy}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := m.Observe(ev); err != ErrUnknownSession {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkLifecycle: launch → the first model fails → retry on the second
+// → it completes, with a host that answers at once; the events come early,
+// from inside StartSession, and are held until each bind.
+func BenchmarkLifecycle(b *testing.B) {
+	host := &benchHost{onStart: func(m *Manager, req SessionRequest, sid string) {
+		ev := Event{AttemptID: req.AttemptID, Kind: SessionIdle, Text: "ok"}
+		if req.AttemptNumber == 1 {
+			ev = Event{AttemptID: req.AttemptID, Kind: SessionError, Err: errRateLimited}
+		}
+		if err := m.Observe(ev); err != nil {
+			panic(err)
+		}
+	}}
+	m := New(host)
+	host.m = m
+	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		task, err := m.Launch(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		got, err := m.Wait(ctx, task.ID)
+		if err != nil || got.Status != StatusCompleted || len(got.Attempts) != 2 {
+			b.Fatalf("%v %+v", err, got)
+		}
+	}
+}
+
+// BenchmarkBaselineMapUpdate is the floor Observe is measured against: a
+// bare mutex-protected map lookup and field write, with the same keys and
+// the same access pattern as BenchmarkObserveApplied.
+func BenchmarkBaselineMapUpdate(b *testing.B) {
+	type rec struct {
+		status string
+		last   int64
+	}
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("tasks=%d", n), func(b *testing.B) {
+			var mu sync.Mutex
+			m := make(map[string]*rec, n)
+			keys := make([]string, n)
+			for i := range n {
+				keys[i] = "ses-" + strconv.Itoa(i+1)
+				m[keys[i]] = &rec{status: "running"}
+			}
+			keys = shuffled(keys)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				mu.Lock()
+				r := m[keys[i%n]]
+				if r.status == "running" {
+					r.last = int64(i)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+}

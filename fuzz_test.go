@@ -1,0 +1,146 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// FuzzEventSequences drives a Manager with a random sequence of launches,
+// events (current, superseded, unknown, by attempt id, with stale tokens),
+// failing starts and aborts, and cancels, and checks the ledger invariants
+// after every step: at most one non-terminal attempt and it is current;
+// terminal attempts never change; task fields equal the current attempt's;
+// revisions only grow; a terminal task has exactly one final summary, last.
+func FuzzEventSequences(f *testing.F) {
+	f.Add([]byte{0, 2, 1, 0, 2, 1, 1, 0})
+	f.Add([]byte{0, 3, 1, 2, 1, 2, 1, 0, 3, 0})
+	f.Add([]byte{0, 1, 4, 1, 1, 5, 3, 0, 1, 1})
+	f.Add([]byte{0, 2, 2, 1, 1, 1, 1, 4, 1, 2, 3, 1})
+	f.Fuzz(func(t *testing.T, script []byte) {
+		if len(script) > 200 {
+			return
+		}
+		runScript(t, script)
+	})
+}
+
+func runScript(t *testing.T, script []byte) {
+	failStarts, failAborts := false, false
+	host := &testHost{
+		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+			if failStarts {
+				return "", errRateLimited
+			}
+			return sid, nil
+		},
+		abort: func(ctx context.Context, sid string) error {
+			if failAborts {
+				return errors.New("abort refused")
+			}
+			return nil
+		},
+	}
+	h := newHarness(t, host, WithHoldLimit(8))
+	m := h.m
+	frozen := map[string]Attempt{}
+	revs := map[string]uint64{}
+	var ids []string
+	next := func() byte {
+		if len(script) == 0 {
+			return 0
+		}
+		b := script[0]
+		script = script[1:]
+		return b
+	}
+	kinds := []EventKind{SessionBusy, SessionIdle, SessionError, SessionInterrupted, SessionDeleted, SessionCompacted}
+	errs := []error{errRateLimited, errForbidden, Permanent(errRateLimited), errors.New("context_length_exceeded")}
+	for len(script) > 0 {
+		op := next() % 6
+		switch op {
+		case 0: // launch with 1..3 models
+			n := int(next()%3) + 1
+			models := []string{"a/1", "b/2", "c/3"}[:n]
+			task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, models...), MaxAttempts: int(next() % 4)})
+			if err != nil {
+				t.Fatalf("launch: %v", err)
+			}
+			ids = append(ids, task.ID)
+		case 1, 2: // an event for some attempt of some task
+			if len(ids) == 0 {
+				continue
+			}
+			task := h.task(ids[int(next())%len(ids)])
+			a := task.Attempts[int(next())%len(task.Attempts)]
+			ev := Event{Kind: kinds[int(next())%len(kinds)], Err: errs[int(next())%len(errs)], Text: "t"}
+			switch next() % 4 {
+			case 0:
+				ev.SessionID = a.SessionID
+			case 1:
+				ev.AttemptID = a.ID
+			case 2:
+				ev.SessionID, ev.Token = a.SessionID, "run-stale"
+			case 3:
+				ev.SessionID = fmt.Sprintf("ses-unknown-%d", next())
+			}
+			if ev.SessionID == "" && ev.AttemptID == "" {
+				continue
+			}
+			before := task
+			err := m.Observe(ev)
+			if err != nil {
+				if after := h.task(task.ID); after.Revision != before.Revision {
+					t.Fatalf("rejected event %+v changed revision %d → %d", ev, before.Revision, after.Revision)
+				}
+			}
+		case 3: // cancel
+			if len(ids) == 0 {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := m.Cancel(ctx, ids[int(next())%len(ids)]); errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Cancel hung: %v", err)
+			}
+			cancel()
+		case 4:
+			failStarts = !failStarts
+		case 5:
+			failAborts = !failAborts
+		}
+		h.settle()
+		checkInvariants(t, m)
+		for _, task := range m.Tasks() {
+			if task.Revision < revs[task.ID] {
+				t.Fatalf("task %s revision went back %d → %d", task.ID, revs[task.ID], task.Revision)
+			}
+			revs[task.ID] = task.Revision
+			for _, a := range task.Attempts {
+				if old, ok := frozen[a.ID]; ok && old != a {
+					t.Fatalf("terminal attempt changed:\n%+v\n%+v", old, a)
+				}
+				if a.Status.Terminal() {
+					frozen[a.ID] = a
+				}
+			}
+		}
+	}
+	for _, task := range m.Tasks() {
+		kinds := h.rec.Kinds(task.ID)
+		finals := 0
+		for _, k := range kinds {
+			if k == NotifyFinalSummary {
+				finals++
+			}
+		}
+		want := 0
+		if task.Status.Terminal() {
+			want = 1
+		}
+		if finals != want || (finals == 1 && kinds[len(kinds)-1] != NotifyFinalSummary) {
+			t.Fatalf("task %s (%s): notifications %v", task.ID, task.Status, kinds)
+		}
+	}
+}

@@ -1,0 +1,152 @@
+package bgtask
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var allStatuses = []Status{StatusPending, StatusRunning, StatusCompleted, StatusError, StatusCancelled, StatusInterrupt}
+
+func TestTransitionTable(t *testing.T) {
+	allowed := map[[2]Status]bool{
+		{StatusPending, StatusPending}:   true,
+		{StatusPending, StatusRunning}:   true,
+		{StatusPending, StatusError}:     true,
+		{StatusPending, StatusCancelled}: true,
+		{StatusPending, StatusInterrupt}: true,
+		{StatusRunning, StatusCompleted}: true,
+		{StatusRunning, StatusError}:     true,
+		{StatusRunning, StatusCancelled}: true,
+		{StatusRunning, StatusInterrupt}: true,
+	}
+	for _, from := range allStatuses {
+		for _, to := range allStatuses {
+			assert.Equal(t, allowed[[2]Status{from, to}], canTransition(from, to), "%s → %s", from, to)
+		}
+		if from.Terminal() {
+			for _, to := range allStatuses {
+				assert.False(t, canTransition(from, to), "terminal %s must not move to %s", from, to)
+			}
+		}
+	}
+}
+
+func TestStatusTerminal(t *testing.T) {
+	for _, s := range allStatuses {
+		want := s != StatusPending && s != StatusRunning
+		assert.Equal(t, want, s.Terminal(), s)
+	}
+	assert.False(t, Status("bogus").Terminal())
+}
+
+func newTestLedger(t *testing.T) (*ledger, *entry) {
+	t.Helper()
+	l := newLedger(SequentialIDs())
+	e, err := l.launch(&taskInfo{id: "task-1", parent: "p", models: mustModels(t, "a/one", "b/two"), maxAttempts: 2, launchedAt: t0})
+	require.NoError(t, err)
+	return l, e
+}
+
+func TestLedgerRefusesWritesToTerminalAttempts(t *testing.T) {
+	l, e := newTestLedger(t)
+	first := e.cur().ID
+	require.NoError(t, l.bindSession(e, first, "ses-1", t0))
+	require.NoError(t, l.finalize(e, first, StatusCompleted, "", "answer", t0))
+	frozen := *e.cur()
+	rev := e.revision
+	records := len(e.records)
+
+	assert.ErrorIs(t, l.finalize(e, first, StatusError, "late", "", t0), errTerminalAttempt)
+	assert.ErrorIs(t, l.finalize(e, first, StatusCompleted, "", "other", t0), errTerminalAttempt)
+	assert.ErrorIs(t, l.setPending(e, first, PendingQueued, t0), errTerminalAttempt)
+	assert.ErrorIs(t, l.bindSession(e, first, "ses-9", t0), errTerminalAttempt)
+	assert.Equal(t, frozen, *e.cur(), "the terminal attempt is unchanged")
+	assert.Equal(t, rev, e.revision)
+	assert.Len(t, e.records, records, "refused writes append nothing")
+}
+
+func TestLedgerRefusesWritesToSupersededAttempts(t *testing.T) {
+	l, e := newTestLedger(t)
+	first := e.cur().ID
+	require.NoError(t, l.bindSession(e, first, "ses-1", t0))
+	failed, next, err := l.scheduleRetry(e, "Too Many Requests", t0)
+	require.NoError(t, err)
+	assert.Equal(t, first, failed.ID)
+	assert.Equal(t, StatusError, failed.Status)
+	assert.Equal(t, next.ID, e.cur().ID)
+	assert.Equal(t, StatusPending, next.Status)
+	assert.Equal(t, "b/two", next.Model.String())
+
+	assert.ErrorIs(t, l.bindSession(e, first, "ses-2", t0), errTerminalAttempt)
+	require.NoError(t, l.bindSession(e, next.ID, "ses-2", t0))
+	assert.Error(t, l.bindSession(e, next.ID, "ses-3", t0), "bound twice")
+}
+
+func TestLedgerRetryOrderIsFinalizeThenCreate(t *testing.T) {
+	l, e := newTestLedger(t)
+	require.NoError(t, l.bindSession(e, e.cur().ID, "ses-1", t0))
+	_, _, err := l.scheduleRetry(e, "x", t0)
+	require.NoError(t, err)
+	var kinds []recordKind
+	for _, r := range e.records {
+		kinds = append(kinds, r.kind)
+	}
+	assert.Equal(t, []recordKind{
+		recTaskLaunched, recAttemptCreated, recSessionBound,
+		recAttemptFinal, recRetryScheduled, recAttemptCreated,
+	}, kinds)
+	for i := 1; i < len(e.records); i++ {
+		assert.Greater(t, e.records[i].seq, e.records[i-1].seq, "sequence grows")
+	}
+}
+
+func TestLedgerRefusesASecondLiveAttemptAndDuplicateSessions(t *testing.T) {
+	l, e := newTestLedger(t)
+	_, err := l.startAttempt(e, t0)
+	assert.ErrorIs(t, err, errBadTransition, "a new attempt while the current one is live")
+	require.NoError(t, l.bindSession(e, e.cur().ID, "ses-1", t0))
+
+	_, other := func() (*ledger, *entry) {
+		o, err := l.launch(&taskInfo{id: "task-2", parent: "p", models: mustModels(t, "a/one"), maxAttempts: 1, launchedAt: t0})
+		require.NoError(t, err)
+		return l, o
+	}()
+	assert.Error(t, l.bindSession(other, other.cur().ID, "ses-1", t0), "a session belongs to one attempt")
+	_, err = l.launch(&taskInfo{id: "task-2", parent: "p", models: mustModels(t, "a/one"), maxAttempts: 1})
+	assert.Error(t, err, "task ids are unique")
+}
+
+func TestLedgerRefusesPendingToCompleted(t *testing.T) {
+	l, e := newTestLedger(t)
+	assert.ErrorIs(t, l.finalize(e, e.cur().ID, StatusCompleted, "", "x", t0), errBadTransition)
+	assert.ErrorIs(t, l.finalize(e, e.cur().ID, StatusRunning, "", "", t0), errBadTransition)
+}
+
+func TestModelStringAndParse(t *testing.T) {
+	tests := []struct {
+		give    string
+		want    Model
+		wantErr bool
+	}{
+		{give: "openai/gpt-5.4-mini", want: Model{Provider: "openai", ID: "gpt-5.4-mini"}},
+		{give: "openrouter/meta/llama-4", want: Model{Provider: "openrouter", ID: "meta/llama-4"}},
+		{give: "gpt-5", wantErr: true},
+		{give: "/x", wantErr: true},
+		{give: "x/", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.give, func(t *testing.T) {
+			got, err := ParseModel(tt.give)
+			if tt.wantErr {
+				assert.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.give, got.String())
+		})
+	}
+	assert.Equal(t, "anthropic/claude-sonnet-4.5 (thinking)", Model{Provider: "anthropic", ID: "claude-sonnet-4.5", Variant: "thinking"}.String())
+}
