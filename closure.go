@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -22,13 +23,13 @@ type RunRef struct {
 	Token     string
 }
 
-// ErrStopPending is returned by Cancel when it is called, with the context a
-// Host call was given, for the very run that call is serving: waiting for
-// that run to stop would wait on the caller itself. The stop is recorded and
-// takes effect as soon as the callback returns (a session being started is
-// aborted on arrival; an abort in flight is joined); Wait reports the
-// outcome.
-var ErrStopPending = errors.New("bgtask: stop requested from a callback serving the same run; it completes after the callback returns")
+// ErrStopPending is returned by Cancel and Shutdown when they are called
+// with the context a callback was given and would have to wait for that very
+// callback to return: Cancel from a Host call serving the run it would stop,
+// Shutdown from any Host or Notifier call. The stop is recorded and goes on
+// (a session being started is aborted on arrival; an abort in flight is
+// joined); Wait, or a later call from outside the callback, sees the end.
+var ErrStopPending = errors.New("bgtask: stop requested from a callback it would wait for; it completes after the callback returns")
 
 // callKind says which callback a context was made for.
 type callKind uint8
@@ -88,7 +89,7 @@ func (m *Manager) abortRun(e *entry, a Attempt) *abortOp {
 	ok := m.group.Go(func() {
 		err := m.callAbort(withRun(m.life, op.run, callAbort), op.session)
 		m.mu.Lock()
-		defer m.mu.Unlock()
+		defer m.unlock()
 		m.aborted(e, op, err)
 	})
 	if !ok {
@@ -107,8 +108,9 @@ func (m *Manager) aborted(e *entry, op *abortOp, err error) {
 	switch {
 	case err != nil:
 		if live {
-			m.cfg.logger.Warn("bgtask: abort failed; the child is still running",
-				"task", op.run.TaskID, "attempt", op.run.AttemptID, "session", op.session, "err", err)
+			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
+				slog.String("task", op.run.TaskID), slog.String("attempt", op.run.AttemptID),
+				slog.String("session", op.session), slog.String("err", err.Error()))
 		}
 		m.changed(e, e.terminal())
 	case live:
@@ -150,7 +152,7 @@ func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
 func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 	a := *e.cur()
 	switch {
-	case a.Status == StatusPending && !e.rt.starting:
+	case a.Status == StatusPending && !e.rt.starting():
 		m.finalize(e, a.ID, e.rt.stopWanted, "", "", now)
 	case a.Status == StatusRunning:
 		return m.abortRun(e, a)
@@ -176,28 +178,28 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 		m.mu.Lock()
 		e := m.led.tasks[id]
 		if e == nil {
-			m.mu.Unlock()
+			m.unlock()
 			return fmt.Errorf("%w: %q", ErrUnknownTask, id)
 		}
 		a := *e.cur()
 		if e.terminal() || (token != "" && a.Token != token) {
-			m.mu.Unlock()
+			m.unlock()
 			return nil
 		}
 		token = a.Token
 		if e.rt.stopWanted == "" {
-			e.rt.stopWanted, e.rt.stopToken = StatusCancelled, a.Token
+			e.rt.stopWanted = StatusCancelled
 		}
 		op := m.stopRun(e, m.now())
 		if e.terminal() {
-			m.mu.Unlock()
+			m.unlock()
 			return nil
 		}
 		wait := e.waitChange()
 		if op != nil {
 			wait = op.done
 		}
-		m.mu.Unlock()
+		m.unlock()
 
 		if servesRun(ctx, token) {
 			return ErrStopPending
@@ -213,7 +215,7 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 		if op != nil && op.err != nil {
 			m.mu.Lock()
 			live := !e.terminal() && e.cur().Token == token
-			m.mu.Unlock()
+			m.unlock()
 			if live {
 				return fmt.Errorf("bgtask: cancel task %s: abort session %s: %w", id, op.session, op.err)
 			}

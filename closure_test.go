@@ -287,7 +287,7 @@ func TestSessionForAttemptNoLongerCurrentIsAbortedNotAdopted(t *testing.T) {
 	h.m.mu.Lock()
 	e := h.m.led.tasks[task.ID]
 	h.m.finalize(e, e.cur().ID, StatusCancelled, "", "", t0)
-	h.m.mu.Unlock()
+	h.m.unlock()
 	close(release)
 	h.settle()
 	got := h.task(task.ID)

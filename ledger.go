@@ -9,10 +9,13 @@ import (
 
 // The ledger is the one source of truth: an append-only sequence of records
 // per task, from which every attempt and every task-level field is a
-// projection. Records are applied by ledger.apply and nowhere else; the four
-// helpers below (startAttempt, bindSession, scheduleRetry, finalize, plus
-// setPending for pending sub-states) are its only callers. A journal will
-// later persist exactly these records, and restart will be a replay.
+// projection. Records are applied by ledger.apply and nowhere else, and its
+// check refuses what the attempt state machine forbids (any write to a
+// terminal attempt among them). The helpers that build records are the only
+// callers of apply: launch and scheduleRetry (which start attempts),
+// bindSession, setPending, finalize, and orphanSession (an index entry for a
+// session that was never adopted). A journal will later persist exactly
+// these records, and restart will be a replay.
 
 // recordKind says what a record did.
 type recordKind uint8
@@ -215,6 +218,20 @@ func (l *ledger) check(e *entry, rec record) error {
 	if old.SessionID != "" && rec.attempt.SessionID != old.SessionID {
 		return fmt.Errorf("bgtask: ledger: attempt %s is bound to session %s", old.ID, old.SessionID)
 	}
+	switch rec.kind {
+	case recAttemptPending:
+		if rec.attempt.Status != StatusPending || rec.attempt.Pending == "" {
+			return fmt.Errorf("%w: a pending record must be pending with a reason", errBadTransition)
+		}
+	case recAttemptFinal:
+		if !rec.attempt.Status.Terminal() || rec.attempt.CompletedAt.IsZero() {
+			return fmt.Errorf("%w: a final record must be terminal with a completion time", errBadTransition)
+		}
+	case recSessionBound:
+		if rec.attempt.Status != StatusRunning || old.SessionID != "" {
+			return fmt.Errorf("%w: a bind must move an unbound attempt to running", errBadTransition)
+		}
+	}
 	if rec.kind == recSessionBound {
 		if rec.attempt.SessionID == "" {
 			return errors.New("bgtask: ledger: bind with an empty session id")
@@ -226,32 +243,44 @@ func (l *ledger) check(e *entry, rec record) error {
 	return nil
 }
 
-// launch records a new task and its first attempt, pending.
+// launch records a new task and its first attempt, pending. Ids are checked
+// before anything is recorded, so a refused launch leaves no trace.
 func (l *ledger) launch(info *taskInfo) (*entry, error) {
+	if _, dup := l.tasks[info.id]; dup || info.id == "" {
+		return nil, fmt.Errorf("bgtask: IDGenerator returned task id %q, which is empty or in use", info.id)
+	}
+	first, err := l.newAttempt(1, info.modelFor(1))
+	if err != nil {
+		return nil, err
+	}
 	e, err := l.apply(record{kind: recTaskLaunched, at: info.launchedAt, taskID: info.id, spec: info})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := l.startAttempt(e, info.launchedAt); err != nil {
+	if _, err := l.apply(record{kind: recAttemptCreated, at: info.launchedAt, taskID: info.id, attempt: first}); err != nil {
 		return nil, err
 	}
 	return e, nil
 }
 
-// startAttempt creates the next attempt of e, pending (awaiting session), on
-// the next model of the chain, and makes it current.
-func (l *ledger) startAttempt(e *entry, at time.Time) (Attempt, error) {
-	n := len(e.attempts) + 1
+// newAttempt makes attempt number n, pending (awaiting session), with fresh
+// ids that no attempt uses yet.
+func (l *ledger) newAttempt(n int, model Model) (Attempt, error) {
 	a := Attempt{
 		ID:      l.ids.NewID(IDAttempt),
 		Number:  n,
 		Token:   l.ids.NewID(IDToken),
-		Model:   e.info.modelFor(n),
+		Model:   model,
 		Status:  StatusPending,
 		Pending: PendingAwaitingSession,
 	}
-	_, err := l.apply(record{kind: recAttemptCreated, at: at, taskID: e.info.id, attempt: a})
-	return a, err
+	if _, dup := l.byAttempt[a.ID]; dup || a.ID == "" {
+		return Attempt{}, fmt.Errorf("bgtask: IDGenerator returned attempt id %q, which is empty or in use", a.ID)
+	}
+	if a.Token == "" {
+		return Attempt{}, errors.New("bgtask: IDGenerator returned an empty run token")
+	}
+	return a, nil
 }
 
 // setPending changes why the current pending attempt waits.
@@ -313,18 +342,25 @@ func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, re
 
 // scheduleRetry finalizes the current attempt as error with errText, then
 // creates the next attempt pending on the next model and makes it current:
-// the order the timeline relies on.
+// the order the timeline relies on. The next attempt's ids are made first,
+// so a refusal leaves the current attempt untouched.
 func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, next Attempt, err error) {
-	failedID := e.cur().ID
-	if err := l.finalize(e, failedID, StatusError, errText, "", at); err != nil {
+	n := len(e.attempts) + 1
+	next, err = l.newAttempt(n, e.info.modelFor(n))
+	if err != nil {
 		return Attempt{}, Attempt{}, err
 	}
-	if _, err := l.apply(record{kind: recRetryScheduled, at: at, taskID: e.info.id, attempt: *e.cur(), note: errText}); err != nil {
+	if err := l.finalize(e, e.cur().ID, StatusError, errText, "", at); err != nil {
 		return Attempt{}, Attempt{}, err
 	}
 	failed = *e.cur()
-	next, err = l.startAttempt(e, at)
-	return failed, next, err
+	if _, err := l.apply(record{kind: recRetryScheduled, at: at, taskID: e.info.id, attempt: failed, note: errText}); err != nil {
+		return Attempt{}, Attempt{}, err
+	}
+	if _, err := l.apply(record{kind: recAttemptCreated, at: at, taskID: e.info.id, attempt: next}); err != nil {
+		return Attempt{}, Attempt{}, err
+	}
+	return failed, next, nil
 }
 
 // version returns a copy of the attempt's latest version for a helper to

@@ -104,7 +104,9 @@ func TestLedgerRetryOrderIsFinalizeThenCreate(t *testing.T) {
 
 func TestLedgerRefusesASecondLiveAttemptAndDuplicateSessions(t *testing.T) {
 	l, e := newTestLedger(t)
-	_, err := l.startAttempt(e, t0)
+	extra, err := l.newAttempt(2, e.info.modelFor(2))
+	require.NoError(t, err)
+	_, err = l.apply(record{kind: recAttemptCreated, at: t0, taskID: e.info.id, attempt: extra})
 	assert.ErrorIs(t, err, errBadTransition, "a new attempt while the current one is live")
 	require.NoError(t, l.bindSession(e, e.cur().ID, "ses-1", t0))
 
@@ -149,4 +151,41 @@ func TestModelStringAndParse(t *testing.T) {
 		})
 	}
 	assert.Equal(t, "anthropic/claude-sonnet-4.5 (thinking)", Model{Provider: "anthropic", ID: "claude-sonnet-4.5", Variant: "thinking"}.String())
+}
+
+func TestLedgerTiesRecordKindToStatus(t *testing.T) {
+	l, e := newTestLedger(t)
+	a := *e.cur()
+	bad := []record{
+		{kind: recAttemptPending, attempt: func() Attempt { x := a; x.Pending = ""; return x }()},
+		{kind: recAttemptFinal, attempt: func() Attempt { x := a; x.Status = StatusError; return x }()}, // no CompletedAt
+		{kind: recSessionBound, attempt: func() Attempt { x := a; x.SessionID = "s"; return x }()},     // still pending
+	}
+	for _, r := range bad {
+		r.taskID, r.at = e.info.id, t0
+		_, err := l.apply(r)
+		assert.ErrorIs(t, err, errBadTransition, r.kind.String())
+	}
+	assert.Equal(t, a, *e.cur())
+}
+
+type dupIDs struct{}
+
+func (dupIDs) NewID(kind IDKind) string { return string(kind) + "-same" }
+
+func TestDuplicateIDsAreRefusedBeforeAnythingIsRecorded(t *testing.T) {
+	l := newLedger(dupIDs{})
+	e, err := l.launch(&taskInfo{id: "t1", parent: "p", models: mustModels(t, "a/one", "b/two"), maxAttempts: 2, launchedAt: t0})
+	require.NoError(t, err)
+	_, err = l.launch(&taskInfo{id: "t1", parent: "p", models: mustModels(t, "a/one"), maxAttempts: 1, launchedAt: t0})
+	assert.Error(t, err)
+	_, err = l.launch(&taskInfo{id: "t2", parent: "p", models: mustModels(t, "a/one"), maxAttempts: 1, launchedAt: t0})
+	assert.Error(t, err, "attempt id reused")
+	assert.NotContains(t, l.tasks, "t2", "a refused launch leaves no trace")
+
+	require.NoError(t, l.bindSession(e, e.cur().ID, "ses-1", t0))
+	before := *e.cur()
+	_, _, err = l.scheduleRetry(e, "x", t0)
+	assert.Error(t, err)
+	assert.Equal(t, before, *e.cur(), "a refused retry leaves the current attempt running")
 }

@@ -328,28 +328,53 @@ func WithRetryDelay(f func(attempt int) time.Duration) Option {
 	return optionFunc(func(c *config) { c.retryDelay = f })
 }
 
-// WithHoldLimit bounds how many events for not-yet-bound sessions are held
-// while session starts are in flight. Default: 1024. An event beyond it is
-// refused with ErrUnknownSession.
+// WithHoldLimit bounds the events held while session starts are in flight:
+// at most n events for sessions not yet bound (all together), and at most n
+// per attempt for events that name their AttemptID. Default: 1024. An event
+// beyond the bound is refused with ErrUnknownSession. A session event is
+// held only until every start that was in flight when it arrived has
+// returned; an Event that carries AttemptID is never crowded out by events
+// for other sessions, so hosts that know the attempt should send it.
 func WithHoldLimit(n int) Option { return optionFunc(func(c *config) { c.holdLimit = n }) }
 
 // runtime is the process-local state of a task's current run. It is not in
 // the ledger and is never persisted.
 type runtime struct {
 	lastEvent  time.Time     // when the current run last reported anything
-	starting   bool          // StartSession for the current attempt is in flight
-	preparing  bool          // a retry waits for the old session's abort or its delay
+	startSeq   uint64        // the StartSession in flight for the current attempt; 0: none
+	heldN      int           // events held by attempt id for the current attempt
 	stopWanted Status        // cancelled or interrupt: a stop was asked for; no retry follows
-	stopToken  string        // the run the stop request observed
 	delayStop  chan struct{} // closed to end a retry delay early
 	done       chan struct{} // closed when the task becomes terminal
 	changed    chan struct{} // closed and cleared on every change; nil while nobody waits
 }
 
+func (rt *runtime) starting() bool { return rt.startSeq != 0 }
+
+// observation is an event with what was decided about it before the lock
+// was taken: whether its error is retryable (the classifier is user code
+// and never runs under the lock).
+type observation struct {
+	ev    Event
+	retry bool
+}
+
 // heldEvent is an event kept until the session or attempt it names is bound.
 type heldEvent struct {
-	ev        Event
+	obs       observation
 	attemptID string // set when it resolved by AttemptID
+	// horizon is the last start issued when the event arrived: only those
+	// starts can bind its session, so once all of them have returned it is
+	// dropped.
+	horizon uint64
+}
+
+// logRec is a log line queued while m.mu is held and emitted after it is
+// released: the logger is user code too.
+type logRec struct {
+	level slog.Level
+	msg   string
+	attrs []slog.Attr
 }
 
 // Manager supervises background tasks. It is safe for concurrent use. Create
@@ -376,10 +401,13 @@ type Manager struct {
 	led       *ledger
 	order     []*entry // tasks in launch order
 	held      []heldEvent
-	starting  int                 // session starts in flight
+	heldBySes int                 // held events keyed by session (bounded by holdLimit)
+	startSeq  uint64              // last session start issued
+	inflight  map[uint64]struct{} // session starts in flight, by seq
 	aborts    map[string]*abortOp // in-flight aborts by run token
 	closing   bool                // Shutdown began: no new work
 	anyChange chan struct{}       // manager-wide change signal, like runtime.changed
+	logq      []logRec            // log lines to emit once m.mu is released
 }
 
 // New returns a Manager that runs child sessions through host.
@@ -406,10 +434,36 @@ func New(host Host, opts ...Option) *Manager {
 	if cfg.holdLimit <= 0 {
 		cfg.holdLimit = 1024
 	}
-	m := &Manager{host: host, cfg: cfg, led: newLedger(cfg.ids), aborts: make(map[string]*abortOp)}
+	m := &Manager{
+		host:     host,
+		cfg:      cfg,
+		led:      newLedger(cfg.ids),
+		aborts:   make(map[string]*abortOp),
+		inflight: make(map[uint64]struct{}),
+	}
 	m.life, m.cancelLife = context.WithCancel(context.Background())
 	m.lanes = dispatch.New(m.group.Go, m.deliver)
 	return m
+}
+
+// unlock releases m.mu, then emits the log lines queued while it was held.
+func (m *Manager) unlock() {
+	if len(m.logq) == 0 {
+		m.mu.Unlock()
+		return
+	}
+	q := m.logq
+	m.logq = nil
+	m.mu.Unlock()
+	ctx := context.Background()
+	for _, r := range q {
+		m.cfg.logger.LogAttrs(ctx, r.level, r.msg, r.attrs...)
+	}
+}
+
+// logLocked queues a log line; m.mu is held and released with unlock.
+func (m *Manager) logLocked(level slog.Level, msg string, attrs ...slog.Attr) {
+	m.logq = append(m.logq, logRec{level: level, msg: msg, attrs: attrs})
 }
 
 // Launch records a task and its first attempt (pending) and returns its
@@ -427,7 +481,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		maxAttempts = len(spec.Models)
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if m.closing {
 		return Task{}, ErrShutdown
 	}
@@ -455,7 +509,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 // Task returns a snapshot of the task with that id.
 func (m *Manager) Task(id string) (Task, bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	e := m.led.tasks[id]
 	if e == nil {
 		return Task{}, false
@@ -466,7 +520,7 @@ func (m *Manager) Task(id string) (Task, bool) {
 // Tasks returns snapshots of every task, in launch order.
 func (m *Manager) Tasks() []Task {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	out := make([]Task, len(m.order))
 	for i, e := range m.order {
 		out[i] = e.project()
@@ -480,26 +534,29 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	m.mu.Lock()
 	e := m.led.tasks[id]
 	if e == nil {
-		m.mu.Unlock()
+		m.unlock()
 		return Task{}, fmt.Errorf("%w: %q", ErrUnknownTask, id)
 	}
 	done := e.rt.done
-	m.mu.Unlock()
+	m.unlock()
 	select {
 	case <-done:
 	case <-ctx.Done():
 		return Task{}, ctx.Err()
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	return e.project(), nil
 }
 
 // Observe applies a child session's lifecycle event. It returns nil when the
-// event was applied or held until its session is bound; ErrStaleEvent when
-// it belongs to a superseded or terminal attempt (or names an old run
-// token); ErrUnknownSession when no task knows the session. Rejected events
-// change nothing and are logged at debug level.
+// event was applied, or held until the session a start in flight creates is
+// bound; ErrStaleEvent when it belongs to a superseded or terminal attempt,
+// names an old run token, or names an attempt no child can be running for;
+// ErrUnknownSession when no task knows the session (or too many events are
+// held already); ErrInvalidEvent for an event with neither session nor
+// attempt, or an unknown kind. Rejected events change nothing and are logged
+// at debug level with the task, attempt and session ids.
 func (m *Manager) Observe(ev Event) error {
 	if !ev.Kind.valid() {
 		return fmt.Errorf("%w: unknown kind %q", ErrInvalidEvent, ev.Kind)
@@ -507,9 +564,16 @@ func (m *Manager) Observe(ev Event) error {
 	if ev.SessionID == "" && ev.AttemptID == "" {
 		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidEvent)
 	}
+	o := observation{ev: ev}
+	if ev.Kind == SessionError {
+		if o.ev.Err == nil {
+			o.ev.Err = errors.New("session error with no detail")
+		}
+		o.retry = m.retryable(o.ev.Err)
+	}
 	m.mu.Lock()
-	who, err := m.observeLocked(ev)
-	m.mu.Unlock()
+	who, err := m.observeLocked(o)
+	m.unlock()
 	if err != nil {
 		m.logRejected(ev, who, err)
 	}
@@ -519,9 +583,10 @@ func (m *Manager) Observe(ev Event) error {
 // resolved names the attempt an event resolved to, for logging.
 type resolved struct{ taskID, attemptID string }
 
-// observeLocked resolves ev to an attempt identity and, if it is the current
-// live run, applies it. m.mu is held.
-func (m *Manager) observeLocked(ev Event) (resolved, error) {
+// observeLocked resolves an event to an attempt identity and, if it is the
+// current live run, applies it. m.mu is held.
+func (m *Manager) observeLocked(o observation) (resolved, error) {
+	ev := o.ev
 	var ref attemptRef
 	var ok bool
 	if ev.AttemptID != "" {
@@ -530,8 +595,13 @@ func (m *Manager) observeLocked(ev Event) (resolved, error) {
 		ref, ok = m.led.bySession[ev.SessionID]
 	}
 	if !ok {
-		if ev.AttemptID == "" && m.starting > 0 {
-			return resolved{}, m.hold(ev, "")
+		if ev.AttemptID == "" && len(m.inflight) > 0 {
+			if m.heldBySes >= m.cfg.holdLimit {
+				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.heldBySes)
+			}
+			m.heldBySes++
+			m.held = append(m.held, heldEvent{obs: o, horizon: m.startSeq})
+			return resolved{}, nil
 		}
 		return resolved{}, ErrUnknownSession
 	}
@@ -542,12 +612,18 @@ func (m *Manager) observeLocked(ev Event) (resolved, error) {
 		return ref.who(), ErrStaleEvent
 	}
 	if a.Status == StatusPending {
-		if ref.e.rt.starting {
-			return ref.who(), m.hold(ev, a.ID)
+		e := ref.e
+		if !e.rt.starting() {
+			return ref.who(), ErrStaleEvent // no child can be running for it
 		}
-		return ref.who(), ErrStaleEvent // no child can be running for it
+		if e.rt.heldN >= m.cfg.holdLimit {
+			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, e.rt.heldN, a.ID)
+		}
+		e.rt.heldN++
+		m.held = append(m.held, heldEvent{obs: o, attemptID: a.ID, horizon: m.startSeq})
+		return resolved{}, nil
 	}
-	m.apply(ref.e, ev)
+	m.apply(ref.e, o)
 	return resolved{}, nil
 }
 
@@ -556,51 +632,70 @@ func (r attemptRef) who() resolved {
 	return resolved{taskID: r.e.info.id, attemptID: r.attempt().ID}
 }
 
-// hold keeps ev until a start in flight binds its session or attempt.
-func (m *Manager) hold(ev Event, attemptID string) error {
-	if len(m.held) >= m.cfg.holdLimit {
-		return fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, len(m.held))
-	}
-	m.held = append(m.held, heldEvent{ev: ev, attemptID: attemptID})
-	return nil
-}
-
 // takeHeld removes and returns, in arrival order, the held events for the
 // attempt or its session.
-func (m *Manager) takeHeld(attemptID, sessionID string) []Event {
-	var out []Event
+func (m *Manager) takeHeld(e *entry, attemptID, sessionID string) []observation {
+	var out []observation
 	kept := m.held[:0]
 	for _, h := range m.held {
-		if h.attemptID == attemptID || (h.attemptID == "" && sessionID != "" && h.ev.SessionID == sessionID) {
-			out = append(out, h.ev)
+		switch {
+		case h.attemptID == attemptID:
+			e.rt.heldN--
+		case h.attemptID == "" && sessionID != "" && h.obs.ev.SessionID == sessionID:
+			m.heldBySes--
+		default:
+			kept = append(kept, h)
 			continue
 		}
-		kept = append(kept, h)
+		out = append(out, h.obs)
 	}
 	clear(m.held[len(kept):])
 	m.held = kept
 	return out
 }
 
+// expireHeld drops the session events that no start still in flight can
+// claim: every start issued before they arrived has returned.
+func (m *Manager) expireHeld() {
+	if m.heldBySes == 0 {
+		return
+	}
+	oldest := m.startSeq + 1
+	for seq := range m.inflight {
+		oldest = min(oldest, seq)
+	}
+	kept := m.held[:0]
+	for _, h := range m.held {
+		if h.attemptID == "" && h.horizon < oldest {
+			m.heldBySes--
+			m.rejectedLocked(h.obs.ev, resolved{}, ErrUnknownSession)
+			continue
+		}
+		kept = append(kept, h)
+	}
+	clear(m.held[len(kept):])
+	m.held = kept
+}
+
 // apply applies an event to the current running attempt of e. m.mu is held.
-func (m *Manager) apply(e *entry, ev Event) {
+func (m *Manager) apply(e *entry, o observation) {
+	ev := o.ev
+	a := e.cur()
 	at := ev.At
 	if at.IsZero() {
 		at = m.now()
 	}
+	if at.Before(a.StartedAt) { // an early event, replayed at the bind
+		at = a.StartedAt
+	}
 	e.rt.lastEvent = at
-	a := e.cur()
 	switch ev.Kind {
 	case SessionBusy, SessionCompacted:
 		// Liveness only: the run goes on.
 	case SessionIdle:
 		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
 	case SessionError:
-		err := ev.Err
-		if err == nil {
-			err = errors.New("session error with no detail")
-		}
-		m.fail(e, err, at)
+		m.fail(e, ev.Err, o.retry, at)
 	case SessionInterrupted:
 		m.finalize(e, a.ID, StatusInterrupt, "", "", at)
 	case SessionDeleted:
@@ -609,26 +704,30 @@ func (m *Manager) apply(e *entry, ev Event) {
 }
 
 // fail ends the current attempt of e with err: a retry on the next model
-// when err is retryable and no stop was asked for, else the task's error.
-func (m *Manager) fail(e *entry, err error, at time.Time) {
+// when err is retryable (decided before the lock) and nothing forbids it,
+// else the task's error.
+func (m *Manager) fail(e *entry, err error, retry bool, at time.Time) {
 	a := e.cur()
 	text := err.Error()
-	if e.rt.stopWanted != "" || m.closing || a.Number >= e.info.maxAttempts || !m.retryable(err) {
+	if !retry || e.rt.stopWanted != "" || m.closing || a.Number >= e.info.maxAttempts {
 		m.finalize(e, a.ID, StatusError, text, "", at)
 		return
 	}
-	was := e.terminal()
 	failed, next, lerr := m.led.scheduleRetry(e, text, at)
 	if lerr != nil {
 		m.ledgerBug(e, lerr)
+		if !e.terminal() { // the next attempt could not be made: end here
+			m.finalize(e, a.ID, StatusError, text, "", at)
+		}
 		return
 	}
-	m.changed(e, was)
+	m.changed(e, false)
 	m.notify(e, NotifyRetryScheduled, retryScheduledText(failed, next))
 	m.prepareRetry(e, failed, next)
 }
 
-// retryable applies the classifier; Permanent always wins.
+// retryable applies the classifier; Permanent always wins. It runs user
+// code: never call it with m.mu held.
 func (m *Manager) retryable(err error) bool {
 	if IsPermanent(err) {
 		return false
@@ -636,28 +735,20 @@ func (m *Manager) retryable(err error) bool {
 	return m.cfg.retryable(err)
 }
 
-// prepareRetry starts next: at once, or after the failed session's abort
-// and the retry delay, on a goroutine that gives up if next stops being
+// prepareRetry starts next: at once, or — when the failed attempt has a
+// session to abort or a retry delay may apply — on a goroutine that aborts
+// the old session, waits out the delay, and gives up if next stopped being
 // current meanwhile.
 func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
-	var delay time.Duration
-	if m.cfg.retryDelay != nil {
-		delay = m.cfg.retryDelay(next.Number)
-	}
-	if failed.SessionID == "" && delay <= 0 {
+	if failed.SessionID == "" && m.cfg.retryDelay == nil {
 		m.spawnStart(e, next)
 		return
 	}
-	if delay > 0 {
-		if err := m.led.setPending(e, next.ID, PendingRetryDelay, m.now()); err != nil {
-			m.ledgerBug(e, err)
-			return
-		}
-		m.changed(e, false)
+	// live reports whether next is still the task's current, pending run.
+	live := func() bool {
+		ref := m.led.byAttempt[next.ID]
+		return ref.isCurrent() && ref.attempt().Status == StatusPending && ref.attempt().Token == next.Token
 	}
-	stop := make(chan struct{})
-	e.rt.preparing = true
-	e.rt.delayStop = stop
 	ok := m.group.Go(func() {
 		if failed.SessionID != "" {
 			ctx := withRun(m.life, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
@@ -666,7 +757,23 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 					"task", e.info.id, "attempt", failed.ID, "session", failed.SessionID, "err", err)
 			}
 		}
+		var delay time.Duration
+		if m.cfg.retryDelay != nil {
+			delay = m.cfg.retryDelay(next.Number)
+		}
 		if delay > 0 {
+			m.mu.Lock()
+			if !live() {
+				m.unlock()
+				return
+			}
+			if err := m.led.setPending(e, next.ID, PendingRetryDelay, m.now()); err != nil {
+				m.ledgerBug(e, err)
+			}
+			m.changed(e, false)
+			stop := make(chan struct{})
+			e.rt.delayStop = stop
+			m.unlock()
 			t := m.cfg.clock.NewTimer(delay)
 			select {
 			case <-t.C():
@@ -675,13 +782,9 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 			}
 		}
 		m.mu.Lock()
-		defer m.mu.Unlock()
-		if e.rt.delayStop == stop {
-			e.rt.preparing = false
-			e.rt.delayStop = nil
-		}
-		ref := m.led.byAttempt[next.ID]
-		if !ref.isCurrent() || ref.attempt().Status != StatusPending || ref.attempt().Token != next.Token {
+		defer m.unlock()
+		e.rt.delayStop = nil
+		if !live() {
 			return // the run was replaced or ended meanwhile
 		}
 		if e.rt.stopWanted != "" {
@@ -691,15 +794,12 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 		if delay > 0 {
 			if err := m.led.setPending(e, next.ID, PendingAwaitingSession, m.now()); err != nil {
 				m.ledgerBug(e, err)
-				return
 			}
 			m.changed(e, false)
 		}
 		m.spawnStart(e, next)
 	})
 	if !ok {
-		e.rt.preparing = false
-		e.rt.delayStop = nil
 		m.finalize(e, next.ID, StatusInterrupt, "", "", m.now())
 	}
 }
@@ -716,16 +816,23 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 		Agent:           e.info.agent,
 		Prompt:          e.info.prompt,
 	}
-	e.rt.starting = true
-	m.starting++
+	m.startSeq++
+	seq := m.startSeq
+	m.inflight[seq] = struct{}{}
+	e.rt.startSeq = seq
 	ok := m.group.Go(func() {
 		ctx := withRun(m.life, RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, callStart)
 		sid, err := m.callStart(ctx, req)
-		m.started(e, a, sid, err)
+		var retry bool
+		if err != nil {
+			err = &StartError{Model: a.Model, Err: err}
+			retry = m.retryable(err)
+		}
+		m.started(e, a, seq, sid, err, retry)
 	})
 	if !ok {
-		e.rt.starting = false
-		m.starting--
+		delete(m.inflight, seq)
+		e.rt.startSeq = 0
 		m.finalize(e, a.ID, StatusInterrupt, "", "", m.now())
 	}
 }
@@ -739,53 +846,42 @@ func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string
 	return m.host.StartSession(ctx, req)
 }
 
-// logLine is a log record kept until the lock is released.
-type logLine struct {
-	ev  Event
-	who resolved
-	err error
-}
-
-// started takes StartSession's result for attempt a of e.
-func (m *Manager) started(e *entry, a Attempt, sid string, err error) {
+// started takes StartSession's result for attempt a of e (start seq). err,
+// when set, is a *StartError, and retry was decided before the lock.
+func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error, retry bool) {
 	m.mu.Lock()
-	var logs []logLine
-	defer func() {
-		m.mu.Unlock()
-		for _, l := range logs {
-			m.logRejected(l.ev, l.who, l.err)
-		}
-	}()
-	m.starting--
+	defer m.unlock()
+	delete(m.inflight, seq)
+	if e.rt.startSeq == seq {
+		e.rt.startSeq = 0
+	}
+	defer m.signal() // Shutdown and closures wait for starts to return
+	defer m.expireHeld()
+
 	ref := m.led.byAttempt[a.ID]
 	live := ref.isCurrent() && ref.attempt().Token == a.Token && ref.attempt().Status == StatusPending
-	if live {
-		e.rt.starting = false
-	}
 	if err == nil && sid == "" {
-		err = Permanent(errors.New("bgtask: Host.StartSession returned no session id"))
+		err = Permanent(&StartError{Model: a.Model, Err: errors.New("Host.StartSession returned no session id")})
 	}
-	if err == nil {
+	if sid != "" {
 		if owner, taken := m.led.bySession[sid]; taken {
-			err = Permanent(fmt.Errorf("bgtask: Host.StartSession returned session %s, which belongs to attempt %s", sid, owner.attempt().ID))
+			// A host bug: never touch a session that belongs to another run.
+			m.logLocked(slog.LevelError, "bgtask: Host.StartSession returned a session that belongs to another attempt",
+				slog.String("task", e.info.id), slog.String("attempt", a.ID), slog.String("session", sid),
+				slog.String("owner", owner.attempt().ID))
+			err = Permanent(&StartError{Model: a.Model, Err: fmt.Errorf("Host.StartSession returned session %s, which belongs to attempt %s", sid, owner.attempt().ID)})
 			sid = ""
 		}
 	}
 	replay := func() {
-		for _, ev := range m.takeHeld(a.ID, sid) {
-			if who, rerr := m.observeLocked(ev); rerr != nil {
-				logs = append(logs, logLine{ev: ev, who: who, err: rerr})
+		for _, o := range m.takeHeld(e, a.ID, sid) {
+			if who, rerr := m.observeLocked(o); rerr != nil {
+				m.rejectedLocked(o.ev, who, rerr)
 			}
 		}
 	}
-	defer m.dropUnclaimed(&logs)
 	switch {
-	case err != nil && live:
-		replay() // held events for an attempt that never ran: stale
-		m.startFailed(e, a, err)
-	case err != nil:
-		replay()
-	case live:
+	case live && err == nil:
 		if berr := m.led.bindSession(e, a.ID, sid, m.now()); berr != nil {
 			m.ledgerBug(e, berr)
 			return
@@ -798,32 +894,30 @@ func (m *Manager) started(e *entry, a Attempt, sid string, err error) {
 		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && e.rt.stopWanted != "" {
 			m.abortRun(e, *cur)
 		}
-	default:
-		// Created for an attempt that is no longer current: index it so its
-		// events resolve (as stale), abort it, never adopt it.
+	case sid != "":
+		// Created for an attempt that is no longer current, or returned
+		// with an error: index it so its events resolve (as stale), abort
+		// it, never adopt it.
 		if oerr := m.led.orphanSession(e, a.ID, sid, m.now()); oerr != nil {
 			m.ledgerBug(e, oerr)
 		}
-		replay()
 		m.abortOrphan(e, a, sid)
+		if live {
+			replay()
+			m.startFailed(e, a, err, retry)
+			return
+		}
+		replay()
+	case live:
+		replay() // held events for an attempt that never ran: stale
+		m.startFailed(e, a, err, retry)
+	default:
+		replay()
 	}
-}
-
-// dropUnclaimed discards held session events once no start is in flight:
-// nothing can bind their sessions any more.
-func (m *Manager) dropUnclaimed(logs *[]logLine) {
-	if m.starting > 0 || len(m.held) == 0 {
-		return
-	}
-	for _, h := range m.held {
-		*logs = append(*logs, logLine{ev: h.ev, err: ErrUnknownSession})
-	}
-	clear(m.held)
-	m.held = m.held[:0]
 }
 
 // startFailed records a failed session start of the current attempt a.
-func (m *Manager) startFailed(e *entry, a Attempt, err error) {
+func (m *Manager) startFailed(e *entry, a Attempt, err error, retry bool) {
 	now := m.now()
 	if lerr := m.led.setPending(e, a.ID, PendingSessionFailed, now); lerr != nil {
 		m.ledgerBug(e, lerr)
@@ -835,7 +929,7 @@ func (m *Manager) startFailed(e *entry, a Attempt, err error) {
 		m.finalize(e, a.ID, e.rt.stopWanted, "", "", now)
 		return
 	}
-	m.fail(e, &StartError{Model: a.Model, Err: err}, now)
+	m.fail(e, err, retry, now)
 }
 
 // finalize ends attempt id of e with status. m.mu is held.
@@ -898,13 +992,17 @@ func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
 	if m.cfg.notifier == nil {
 		return
 	}
-	m.lanes.Push(e.info.parent, Notification{
+	if !m.lanes.Push(e.info.parent, Notification{
 		Kind:            kind,
 		ParentSessionID: e.info.parent,
 		TaskID:          e.info.id,
 		Task:            e.project(),
 		Text:            text,
-	})
+	}) {
+		m.notifyFailures.Add(1)
+		m.logLocked(slog.LevelError, "bgtask: notification not delivered: the manager is shut down",
+			slog.String("task", e.info.id), slog.String("parent", e.info.parent), slog.String("kind", string(kind)))
+	}
 }
 
 // deliver hands n to the notifier, on the parent's lane goroutine.
@@ -926,29 +1024,42 @@ func (m *Manager) deliver(_ string, n Notification) {
 	}
 }
 
-// NotifyFailures reports how many notifications the Notifier refused.
+// NotifyFailures reports how many notifications were not delivered: refused
+// by the Notifier, or produced after Shutdown.
 func (m *Manager) NotifyFailures() uint64 { return m.notifyFailures.Load() }
 
 func (m *Manager) now() time.Time { return m.cfg.clock.Now() }
 
-// ledgerBug logs a write the ledger refused: a bug in the Manager, never
-// trusted away.
+// ledgerBug queues a log line for a write the ledger refused: a bug in the
+// Manager, never trusted away. m.mu is held.
 func (m *Manager) ledgerBug(e *entry, err error) {
-	m.cfg.logger.Error("bgtask: ledger refused a write", "task", e.info.id, "err", err)
+	m.logLocked(slog.LevelError, "bgtask: ledger refused a write", slog.String("task", e.info.id), slog.String("err", err.Error()))
 }
 
-func (m *Manager) logRejected(ev Event, who resolved, err error) {
-	ctx := context.Background()
-	if !m.cfg.logger.Enabled(ctx, slog.LevelDebug) {
-		return
-	}
-	m.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "bgtask: event ignored",
+// rejectedLocked queues the debug line of an event that was not applied.
+func (m *Manager) rejectedLocked(ev Event, who resolved, err error) {
+	m.logLocked(slog.LevelDebug, "bgtask: event ignored", rejectedAttrs(ev, who, err)...)
+}
+
+func rejectedAttrs(ev Event, who resolved, err error) []slog.Attr {
+	return []slog.Attr{
 		slog.String("reason", err.Error()),
 		slog.String("kind", string(ev.Kind)),
 		slog.String("task", who.taskID),
 		slog.String("attempt", who.attemptID),
 		slog.String("session", ev.SessionID),
-		slog.String("eventAttempt", ev.AttemptID))
+		slog.String("eventAttempt", ev.AttemptID),
+	}
+}
+
+// logRejected logs, without the lock, an event Observe did not apply. It
+// allocates nothing when debug logging is off.
+func (m *Manager) logRejected(ev Event, who resolved, err error) {
+	ctx := context.Background()
+	if !m.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	m.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "bgtask: event ignored", rejectedAttrs(ev, who, err)...)
 }
 
 // Shutdown refuses new work (ErrShutdown), aborts every running child
@@ -963,6 +1074,11 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 // whose abort failed stays in its live state and is named in the returned
 // error, as are notifications left undelivered. Shutdown may be called more
 // than once; later calls wait like the first.
+//
+// Called with the context of a Host or Notifier callback, Shutdown cannot
+// wait for that callback to return: it begins the shutdown (refusing work
+// and aborting children) and returns ErrStopPending at once. Call it again
+// from outside any callback to wait for the end.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
 	if !m.closing {
@@ -973,12 +1089,15 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 				continue
 			}
 			if e.rt.stopWanted == "" {
-				e.rt.stopWanted, e.rt.stopToken = StatusInterrupt, e.cur().Token
+				e.rt.stopWanted = StatusInterrupt
 			}
 			m.stopRun(e, now)
 		}
 	}
-	m.mu.Unlock()
+	m.unlock()
+	if _, inCallback := RunFromContext(ctx); inCallback {
+		return ErrStopPending
+	}
 
 	var errs []error
 	if err := m.awaitStops(ctx); err != nil {
@@ -1004,10 +1123,10 @@ func (m *Manager) join() {
 		m.mu.Lock()
 		if m.group.Running() == 0 {
 			m.group.Close()
-			m.mu.Unlock()
+			m.unlock()
 			return
 		}
-		m.mu.Unlock()
+		m.unlock()
 	}
 }
 
@@ -1016,7 +1135,7 @@ func (m *Manager) join() {
 func (m *Manager) awaitStops(ctx context.Context) error {
 	for {
 		m.mu.Lock()
-		busy := m.starting > 0 || len(m.aborts) > 0
+		busy := len(m.inflight) > 0 || len(m.aborts) > 0
 		var live []string
 		if !busy {
 			for _, e := range m.order {
@@ -1026,7 +1145,7 @@ func (m *Manager) awaitStops(ctx context.Context) error {
 			}
 		}
 		ch := m.waitAny()
-		m.mu.Unlock()
+		m.unlock()
 		if !busy {
 			if len(live) > 0 {
 				return fmt.Errorf("bgtask: shutdown: children did not stop: %v", live)

@@ -254,7 +254,7 @@ func TestSessionStartFailureFallsBack(t *testing.T) {
 			reasons = append(reasons, r.attempt.Pending)
 		}
 	}
-	h.m.mu.Unlock()
+	h.m.unlock()
 	assert.Equal(t, []PendingReason{PendingSessionFailed}, reasons)
 }
 
@@ -438,7 +438,7 @@ func TestHeldEventsForSessionsNeverBoundAreDropped(t *testing.T) {
 	assert.ErrorIs(t, h.m.Observe(Event{SessionID: "someone-else", Kind: SessionIdle}), ErrUnknownSession)
 	h.m.mu.Lock()
 	assert.Empty(t, h.m.held)
-	h.m.mu.Unlock()
+	h.m.unlock()
 }
 
 func TestWaitReturnsContextError(t *testing.T) {

@@ -29,8 +29,10 @@ func New[T any](spawn func(func()) bool, deliver func(key string, item T)) *Lane
 }
 
 // Push appends item to key's lane. It never calls deliver itself, so it is
-// safe to call while holding a lock that deliver's callee may take.
-func (l *Lanes[T]) Push(key string, item T) {
+// safe to call while holding a lock that deliver's callee may take. It
+// reports false when no worker could be started (spawn refused): the item
+// stays pending and is counted by Pending.
+func (l *Lanes[T]) Push(key string, item T) bool {
 	l.mu.Lock()
 	ln := l.lanes[key]
 	if ln == nil {
@@ -40,7 +42,7 @@ func (l *Lanes[T]) Push(key string, item T) {
 	ln.items = append(ln.items, item)
 	if ln.working {
 		l.mu.Unlock()
-		return
+		return true
 	}
 	ln.working = true
 	l.mu.Unlock()
@@ -48,7 +50,9 @@ func (l *Lanes[T]) Push(key string, item T) {
 		l.mu.Lock()
 		ln.working = false
 		l.mu.Unlock()
+		return false
 	}
+	return true
 }
 
 func (l *Lanes[T]) work(key string, ln *lane[T]) {

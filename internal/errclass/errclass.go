@@ -141,9 +141,9 @@ var patterns = []struct {
 	{Validation, []string{"validation", "invalid request", "invalid_request", "bad request"}},
 	{RateLimited, []string{"rate limit", "rate_limit", "too many requests", "429", "quota exceeded", "resource_exhausted", "resource exhausted"}},
 	{Overloaded, []string{"overloaded", "529", "503", "service unavailable", "capacity"}},
-	{Forbidden, []string{"forbidden", "403", "permission denied", "not allowed"}},
+	{Forbidden, []string{"forbidden", "403", "permission denied"}},
 	{Unauthorized, []string{"unauthorized", "401", "invalid api key", "authentication"}},
-	{ModelNotFound, []string{"model not found", "model_not_found", "no such model", "unknown model", "does not exist"}},
+	{ModelNotFound, []string{"model not found", "model_not_found", "no such model", "unknown model", "model does not exist"}},
 	{Timeout, []string{"timeout", "timed out", "deadline exceeded"}},
 	{ServerError, []string{"internal server error", "bad gateway", "500", "502", "server error"}},
 }
@@ -156,10 +156,40 @@ func FromMessage(msg string) Class {
 	lower := strings.ToLower(msg)
 	for _, p := range patterns {
 		for _, s := range p.subs {
-			if strings.Contains(lower, s) {
+			if containsTerm(lower, s) {
 				return p.class
 			}
 		}
 	}
 	return Unknown
+}
+
+// containsTerm reports whether s occurs in msg; a status code ("429") must
+// stand alone, not inside a longer number ("1429 ms").
+func containsTerm(msg, s string) bool {
+	if !isDigits(s) {
+		return strings.Contains(msg, s)
+	}
+	for i := 0; ; {
+		j := strings.Index(msg[i:], s)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(s)
+		if (start == 0 || !isDigit(msg[start-1])) && (end == len(msg) || !isDigit(msg[end])) {
+			return true
+		}
+		i = start + 1
+	}
+}
+
+func isDigit(b byte) bool { return b >= '0' && b <= '9' }
+
+func isDigits(s string) bool {
+	for i := range len(s) {
+		if !isDigit(s[i]) {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -57,6 +57,8 @@ func TestClassify(t *testing.T) {
 		{name: "aborted", give: errors.New("The operation was aborted"), want: Aborted},
 		{name: "canceled", give: context.Canceled, want: Aborted},
 		{name: "unrecognised", give: errors.New("something odd"), want: Unknown},
+		{name: "code alone", give: errors.New("HTTP 429: slow down"), want: RateLimited, retryable: true},
+		{name: "digits inside a number are no code", give: errors.New("took 1500 ms to parse 4290 tokens"), want: Unknown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

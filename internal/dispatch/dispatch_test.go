@@ -1,0 +1,79 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/bgtask/bgtask/internal/group"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestLanesDeliverInOrderPerKeyOneAtATime(t *testing.T) {
+	var g group.Group
+	var mu sync.Mutex
+	got := map[string][]int{}
+	busy := map[string]bool{}
+	var overlap bool
+	l := New(g.Go, func(key string, item int) {
+		mu.Lock()
+		if busy[key] {
+			overlap = true
+		}
+		busy[key] = true
+		mu.Unlock()
+		mu.Lock()
+		got[key] = append(got[key], item)
+		busy[key] = false
+		mu.Unlock()
+	})
+	for i := range 200 {
+		l.Push(fmt.Sprintf("k%d", i%3), i)
+	}
+	require.NoError(t, g.Wait(context.Background()))
+	assert.False(t, overlap, "two deliveries for one key overlapped")
+	for k := range 3 {
+		key := fmt.Sprintf("k%d", k)
+		var want []int
+		for i := k; i < 200; i += 3 {
+			want = append(want, i)
+		}
+		assert.Equal(t, want, got[key])
+	}
+	assert.Zero(t, l.Pending())
+}
+
+func TestSlowKeyDoesNotBlockOthers(t *testing.T) {
+	var g group.Group
+	block := make(chan struct{})
+	fast := make(chan int, 1)
+	l := New(g.Go, func(key string, item int) {
+		if key == "slow" {
+			<-block
+			return
+		}
+		fast <- item
+	})
+	l.Push("slow", 1)
+	l.Push("fast", 2)
+	assert.Equal(t, 2, <-fast)
+	assert.Equal(t, 0, l.Pending(), "the slow item is being delivered, not pending")
+	l.Push("slow", 3)
+	assert.Equal(t, 1, l.Pending())
+	close(block)
+	require.NoError(t, g.Wait(context.Background()))
+}
+
+func TestPushAfterCloseKeepsItemsPending(t *testing.T) {
+	var g group.Group
+	g.Close()
+	l := New(g.Go, func(string, int) { t.Fatal("delivered after close") })
+	l.Push("k", 1)
+	l.Push("k", 2)
+	assert.Equal(t, 2, l.Pending())
+}

@@ -1,0 +1,207 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// lockProbe is a slog handler that counts calls made while the Manager's
+// lock is held. A call from inside a locked region holds it on this very
+// stack, so TryLock fails deterministically.
+type lockProbe struct {
+	m         atomic.Pointer[Manager]
+	heldCalls atomic.Int32
+}
+
+func (p *lockProbe) Enabled(context.Context, slog.Level) bool { return true }
+func (p *lockProbe) Handle(context.Context, slog.Record) error {
+	if m := p.m.Load(); m != nil {
+		if m.mu.TryLock() {
+			m.mu.Unlock()
+		} else {
+			p.heldCalls.Add(1)
+		}
+	}
+	return nil
+}
+func (p *lockProbe) WithAttrs([]slog.Attr) slog.Handler { return p }
+func (p *lockProbe) WithGroup(string) slog.Handler      { return p }
+
+func TestLoggerIsNeverCalledUnderTheLock(t *testing.T) {
+	probe := &lockProbe{}
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error { return errors.New("cannot") }},
+		WithLogger(slog.New(probe)))
+	probe.m.Store(h.m)
+	task := h.launch("a/one")
+	h.settle()
+	require.Error(t, h.m.Cancel(context.Background(), task.ID)) // logs "abort failed" at warn
+	require.ErrorIs(t, h.m.Observe(Event{SessionID: "nobody", Kind: SessionBusy}), ErrUnknownSession)
+	assert.Zero(t, probe.heldCalls.Load(), "the logger was called with the lock held")
+}
+
+func TestRetryClassifierAndDelayRunWithoutTheLock(t *testing.T) {
+	var m *Manager
+	var held atomic.Int32
+	probe := func() {
+		if m.mu.TryLock() {
+			m.mu.Unlock()
+		} else {
+			held.Add(1)
+		}
+	}
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		if req.AttemptNumber == 2 {
+			return "", errors.New("503") // a failed start is classified too
+		}
+		return sid, nil
+	}},
+		WithRetryable(func(err error) bool { probe(); return true }),
+		WithRetryDelay(func(int) time.Duration { probe(); return 0 }))
+	m = h.m
+	task := h.launch("a/one", "b/two", "c/three")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errRateLimited}))
+	h.settle()
+	assert.Len(t, h.task(task.ID).Attempts, 3)
+	assert.Zero(t, held.Load(), "a user callback ran with the lock held")
+}
+
+func TestShutdownWakesWhenAStartForANonCurrentAttemptReturns(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		close(entered)
+		<-release
+		return "", errRateLimited
+	}})
+	task := h.launch("a/one")
+	<-entered
+	h.m.mu.Lock() // the attempt ends while its start is in flight
+	e := h.m.led.tasks[task.ID]
+	h.m.finalize(e, e.cur().ID, StatusCancelled, "", "", t0)
+	h.m.unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- h.m.Shutdown(ctx) }()
+	close(release)
+	assert.NoError(t, <-errc, "Shutdown returns once the last start returned")
+	h.m.mu.Lock()
+	assert.False(t, e.rt.starting())
+	h.m.unlock()
+}
+
+func TestStaleHeldEventsDoNotStarveLaterEarlyEvents(t *testing.T) {
+	blockA := make(chan struct{})
+	earlyErr := make(chan error, 1)
+	var m *Manager
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		if req.Model.Provider == "slow" {
+			<-blockA
+			return sid, nil
+		}
+		earlyErr <- m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Kind: SessionIdle, Text: "fast"})
+		return sid, nil
+	}}, WithHoldLimit(2))
+	m = h.m
+	defer close(blockA)
+	h.launch("slow/one") // its start stays in flight
+	// Events for sessions no start will return: held while the slow start
+	// might still claim them, filling the session bound.
+	require.NoError(t, h.m.Observe(Event{SessionID: "gone-1", Kind: SessionBusy}))
+	require.NoError(t, h.m.Observe(Event{SessionID: "gone-2", Kind: SessionBusy}))
+	require.ErrorIs(t, h.m.Observe(Event{SessionID: "gone-3", Kind: SessionBusy}), ErrUnknownSession)
+	b := h.launch("fast/two")
+	// B's early event by attempt id is outside the session bound.
+	assert.NoError(t, <-earlyErr)
+	got := h.wait(b.ID)
+	assert.Equal(t, StatusCompleted, got.Status)
+}
+
+func TestHeldSessionEventsExpireWhenTheirStartsReturn(t *testing.T) {
+	blockA := make(chan struct{})
+	blockB := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		if req.Model.Provider == "a" {
+			<-blockA
+		} else {
+			<-blockB
+		}
+		return sid, nil
+	}})
+	h.launch("a/one")
+	require.NoError(t, h.m.Observe(Event{SessionID: "orphan", Kind: SessionBusy})) // only start A can claim it
+	h.launch("b/two")
+	close(blockA) // A returns another session: "orphan" can no longer be claimed
+	h.m.mu.Lock()
+	wait := h.m.waitAny()
+	h.m.unlock()
+	<-wait
+	for {
+		h.m.mu.Lock()
+		n, inflight := h.m.heldBySes, len(h.m.inflight)
+		wait = h.m.waitAny()
+		h.m.unlock()
+		if inflight == 1 {
+			assert.Zero(t, n, "the held event expired although start B is still in flight")
+			break
+		}
+		<-wait
+	}
+	close(blockB)
+	h.settle()
+}
+
+func TestShutdownFromACallbackContextDoesNotWaitOnItself(t *testing.T) {
+	h := newHarness(t, nil)
+	returned := make(chan error, 1)
+	h.rec.hook = func(ctx context.Context, n Notification) error {
+		if n.Kind == NotifyFinalSummary {
+			returned <- h.m.Shutdown(ctx)
+		}
+		return nil
+	}
+	task := h.launch("a/one")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}))
+	h.wait(task.ID)
+	assert.ErrorIs(t, <-returned, ErrStopPending)
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/b")})
+	assert.ErrorIs(t, err, ErrShutdown, "the shutdown began")
+	require.NoError(t, h.m.Shutdown(context.Background()))
+}
+
+func TestStartReturningASessionWithAnErrorAbortsThatSession(t *testing.T) {
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		if req.AttemptNumber == 1 {
+			return sid, errors.New("503 after the session was created")
+		}
+		return sid, nil
+	}})
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	got := h.task(task.ID)
+	assert.Empty(t, got.Attempts[0].SessionID, "never adopted")
+	assert.Equal(t, []string{"ses-1"}, h.host.Aborts(), "but not left running")
+	assert.Equal(t, "ses-2", got.SessionID)
+	assert.ErrorIs(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}), ErrStaleEvent)
+}
+
+func TestEarlyEventStampedBeforeTheBindDoesNotEndBeforeItStarted(t *testing.T) {
+	var m *Manager
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		_ = m.Observe(Event{SessionID: sid, Kind: SessionIdle, At: t0.Add(-time.Minute)})
+		return sid, nil
+	}})
+	m = h.m
+	got := h.wait(h.launch("a/one").ID)
+	assert.False(t, got.CompletedAt.Before(got.StartedAt))
+}
