@@ -3,6 +3,7 @@ package bgtask
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -22,9 +23,10 @@ func TestCancelStopsRunningChild(t *testing.T) {
 
 func TestFailedAbortKeepsTaskRunning(t *testing.T) {
 	abortErr := errors.New("host: session busy, cannot abort")
-	fail := true
+	var fail atomic.Bool
+	fail.Store(true)
 	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
-		if fail {
+		if fail.Load() {
 			return abortErr
 		}
 		return nil
@@ -45,9 +47,7 @@ func TestFailedAbortKeepsTaskRunning(t *testing.T) {
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
 
-	fail = false
-	h.host.mu.Lock()
-	h.host.mu.Unlock()
+	fail.Store(false)
 	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
 	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
 }

@@ -263,5 +263,8 @@ func checkInvariants(t testing.TB, m *Manager) {
 	}
 }
 
-var errForbidden = errors.New("Forbidden: Selected provider is forbidden")
-var errRateLimited = errors.New("Too Many Requests")
+// Provider messages, verbatim as providers send them.
+var (
+	errForbidden   = errors.New("Forbidden: Selected provider is forbidden") //lint:ignore ST1005 a provider's own text
+	errRateLimited = errors.New("Too Many Requests")                         //lint:ignore ST1005 a provider's own text
+)

@@ -159,7 +159,7 @@ func TestLedgerTiesRecordKindToStatus(t *testing.T) {
 	bad := []record{
 		{kind: recAttemptPending, attempt: func() Attempt { x := a; x.Pending = ""; return x }()},
 		{kind: recAttemptFinal, attempt: func() Attempt { x := a; x.Status = StatusError; return x }()}, // no CompletedAt
-		{kind: recSessionBound, attempt: func() Attempt { x := a; x.SessionID = "s"; return x }()},     // still pending
+		{kind: recSessionBound, attempt: func() Attempt { x := a; x.SessionID = "s"; return x }()},      // still pending
 	}
 	for _, r := range bad {
 		r.taskID, r.at = e.info.id, t0

@@ -1,0 +1,65 @@
+// Package bgtask supervises background tasks for AI agent harnesses.
+//
+// A parent chat session launches a background task; the task runs as a
+// child session on a provider's model. When that attempt fails — a
+// forbidden provider, a rate limit, an overload, a session that could not
+// be started — the task retries on the next model of a fallback chain, as a
+// new child session. bgtask keeps the truth about every attempt, tells the
+// parent what happened, and never reports a task stopped while its child
+// still runs.
+//
+// # Tasks
+//
+// A Manager owns the tasks. Launch validates a Spec, records the task with
+// its first attempt pending, and returns at once; the child session is
+// started through the Host on a goroutine the Manager owns. Task and Tasks
+// return snapshots (copies), Wait blocks until a task is terminal, and
+// Shutdown stops everything and returns once no goroutine of the Manager is
+// left. A task's Status, SessionID, Model, StartedAt, CompletedAt, Error and
+// Result are always those of its current attempt.
+//
+// # Attempts and fallback
+//
+// Every run of a task is an Attempt with an immutable ID and a run Token
+// that is never reused. Attempts live in an append-only ledger: each change
+// is a record checked against the attempt state machine, and a terminal
+// attempt is never written again. A retryable failure finalizes the current
+// attempt as error, creates the next attempt pending on the next model,
+// makes it current, aborts the failed session, then starts the new one,
+// bound to exactly that attempt. DefaultRetryable decides what is
+// retryable; WithRetryable replaces it; Permanent marks an error that must
+// not be retried; WithRetryDelay and Backoff space retries out.
+//
+// # Events
+//
+// The harness reports what child sessions do with Observe. Each event is
+// first resolved to an attempt — by Event.AttemptID, or through the
+// sessionID→attemptID index — and only the current, live attempt moves. An
+// event for a superseded or terminal attempt returns ErrStaleEvent, one for
+// a session nobody knows ErrUnknownSession; neither changes anything. A
+// child may talk before StartSession has returned: such events are held,
+// bounded, and applied in order once the session is bound. SessionBusy and
+// SessionCompacted never end a run.
+//
+// # Cancellation
+//
+// Cancel returns once the child has stopped: the host confirmed the abort,
+// or no child existed yet. If the abort fails, the task stays in its live
+// state and Cancel returns the error. A child that finishes before the abort
+// lands keeps its outcome. Cancel acts on the run it observed, by token;
+// concurrent stops of one run share one abort. Contexts given to Host and
+// Notifier calls carry the run they serve (RunFromContext), so a stop made
+// from inside a callback that would wait on itself returns ErrStopPending
+// instead of deadlocking.
+//
+// # Notifications
+//
+// With WithNotifier, the parent session hears NotifyRetryScheduled when an
+// attempt failed and the next model was chosen, NotifyRetrySessionReady when
+// the retry's session exists, and exactly one NotifyFinalSummary, last, for
+// every terminal outcome — completed, error, cancelled or interrupt —
+// carrying the Timeline of all attempts. Notifications for one parent are
+// delivered one at a time in the order they were produced, never under the
+// Manager's lock, so a Notifier (like a Host) may call back into the
+// Manager.
+package bgtask
