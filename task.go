@@ -355,9 +355,14 @@ func (rt *runtime) starting() bool { return rt.startSeq != 0 }
 // was taken: whether its error is retryable (the classifier is user code
 // and never runs under the lock).
 type observation struct {
-	ev    Event
-	retry bool
+	ev         Event
+	retry      bool
+	classified bool // retry was decided (only SessionError needs it)
 }
+
+// errNeedsClass is observeLocked asking Observe to classify the event's
+// error outside the lock and come back.
+var errNeedsClass = errors.New("bgtask: classify first")
 
 // heldEvent is an event kept until the session or attempt it names is bound.
 type heldEvent struct {
@@ -564,15 +569,20 @@ func (m *Manager) Observe(ev Event) error {
 	if ev.SessionID == "" && ev.AttemptID == "" {
 		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidEvent)
 	}
-	o := observation{ev: ev}
-	if ev.Kind == SessionError {
+	o := observation{ev: ev, classified: ev.Kind != SessionError}
+	m.mu.Lock()
+	who, err := m.observeLocked(o)
+	if err == errNeedsClass {
+		// An error that will be applied: classify it without the lock (the
+		// classifier is user code), then resolve again from scratch.
+		m.unlock()
 		if o.ev.Err == nil {
 			o.ev.Err = errors.New("session error with no detail")
 		}
-		o.retry = m.retryable(o.ev.Err)
+		o.retry, o.classified = m.retryable(o.ev.Err), true
+		m.mu.Lock()
+		who, err = m.observeLocked(o)
 	}
-	m.mu.Lock()
-	who, err := m.observeLocked(o)
 	m.unlock()
 	if err != nil {
 		m.logRejected(ev, who, err)
@@ -596,6 +606,9 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 	}
 	if !ok {
 		if ev.AttemptID == "" && len(m.inflight) > 0 {
+			if !o.classified {
+				return resolved{}, errNeedsClass
+			}
 			if m.heldBySes >= m.cfg.holdLimit {
 				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.heldBySes)
 			}
@@ -610,6 +623,9 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 		(ev.Token != "" && ev.Token != a.Token) ||
 		(ev.SessionID != "" && a.SessionID != "" && ev.SessionID != a.SessionID) {
 		return ref.who(), ErrStaleEvent
+	}
+	if !o.classified && (a.Status == StatusRunning || ref.e.rt.starting()) {
+		return resolved{}, errNeedsClass
 	}
 	if a.Status == StatusPending {
 		e := ref.e
