@@ -25,8 +25,9 @@ type RunRef struct {
 
 // ErrStopPending is returned by Cancel and Shutdown when they are called
 // with the context a callback was given and would have to wait for that very
-// callback to return: Cancel from a Host call serving the run it would stop,
-// Shutdown from any Host or Notifier call. The stop is recorded and goes on
+// callback to return: Cancel from a Host call (or a FuncHost function)
+// serving the run it would stop, Shutdown from any Host, Notifier or
+// FuncHost function. The stop is recorded and goes on
 // (a session being started is aborted on arrival; an abort in flight is
 // joined); Wait, or a later call from outside the callback, sees the end.
 var ErrStopPending = errors.New("bgtask: stop requested from a callback it would wait for; it completes after the callback returns")
@@ -38,6 +39,7 @@ const (
 	callStart callKind = iota + 1
 	callAbort
 	callNotify
+	callRun // a FuncHost's function
 )
 
 type runKey struct{}
@@ -58,11 +60,12 @@ func RunFromContext(ctx context.Context) (RunRef, bool) {
 	return v.ref, ok
 }
 
-// servesRun reports whether ctx belongs to a host call (start or abort)
-// serving the run with token: a wait on that run from it waits on itself.
+// servesRun reports whether ctx belongs to a host call (start or abort) or
+// a FuncHost function serving the run with token: a wait on that run from
+// it waits on itself.
 func servesRun(ctx context.Context, token string) bool {
 	v, ok := ctx.Value(runKey{}).(runValue)
-	return ok && v.ref.Token == token && (v.kind == callStart || v.kind == callAbort)
+	return ok && v.ref.Token == token && v.kind != callNotify
 }
 
 // abortOp is one in-flight AbortSession, shared by everyone who asked for it.

@@ -448,7 +448,19 @@ func New(host Host, opts ...Option) *Manager {
 	}
 	m.life, m.cancelLife = context.WithCancel(context.Background())
 	m.lanes = dispatch.New(m.group.Go, m.deliver)
+	if a, ok := host.(interface{ attach(*Manager) }); ok {
+		a.attach(m)
+	}
 	return m
+}
+
+// goLocked starts f on a goroutine the Manager owns, taking m.mu so that
+// the start cannot race the end of Shutdown. It reports false after
+// Shutdown.
+func (m *Manager) goLocked(f func()) bool {
+	m.mu.Lock()
+	defer m.unlock()
+	return m.group.Go(f)
 }
 
 // unlock releases m.mu, then emits the log lines queued while it was held.
@@ -1256,5 +1268,164 @@ func Backoff(base, max time.Duration, jitter float64) func(attempt int) time.Dur
 			d -= time.Duration(jitter * rand.Float64() * float64(d))
 		}
 		return d
+	}
+}
+
+// RunFunc is a subagent written as a Go function: it does one attempt's
+// work and returns the final answer, or an error. It must return once ctx
+// ends (a Cancel, a closure or Shutdown stopped the attempt).
+type RunFunc func(ctx context.Context, run Run) (answer string, err error)
+
+// Run is what a RunFunc is told about the attempt it runs, and how it
+// reports progress. It is a value; its methods are safe for concurrent use.
+type Run struct {
+	TaskID          string
+	AttemptID       string
+	Attempt         int    // the attempt number, 1-based
+	Token           string // the attempt's run token
+	SessionID       string // minted by the FuncHost for this attempt
+	ParentSessionID string
+	Model           Model
+	Agent, Prompt   string
+
+	report func(EventKind)
+}
+
+// Busy reports that the function is generating (liveness; never ends the
+// run).
+func (r Run) Busy() { r.report(SessionBusy) }
+
+// Compacted reports that the function compacted its context (never changes
+// status).
+func (r Run) Compacted() { r.report(SessionCompacted) }
+
+// FuncHost is a Host whose child sessions are Go functions running in this
+// process: each attempt runs fn on its own goroutine, under a session id the
+// host mints. Create it with NewFuncHost and pass it to New; one FuncHost
+// serves one Manager.
+//
+// fn's return is the evidence: an answer becomes SessionIdle with that text,
+// an error SessionError (so the fallback chain applies, and Permanent is
+// respected), and a panic is recovered and reported as a non-retryable
+// error carrying the panic value. Every report carries the attempt id and
+// run token, so a function that returns late can never complete a later
+// attempt.
+//
+// AbortSession cancels the attempt's context and returns only once fn has
+// returned; an error fn returns after that is the abort's doing and is not
+// reported (the task ends cancelled), while an answer is still the truth
+// (the task ends completed). If fn ignores its context, AbortSession waits
+// until its own context ends and returns an error: the task stays running
+// until fn really returns. The goroutines belong to the Manager, so none
+// outlives Shutdown (which waits for them).
+type FuncHost struct {
+	fn RunFunc
+
+	mu   sync.Mutex // guards m, runs
+	m    *Manager
+	runs map[string]*funcRun // live runs by session id
+}
+
+type funcRun struct {
+	cancel  context.CancelFunc
+	done    chan struct{} // closed after fn returned and its outcome was reported
+	aborted atomic.Bool
+}
+
+// NewFuncHost returns a Host that runs fn for every attempt.
+func NewFuncHost(fn RunFunc) *FuncHost {
+	if fn == nil {
+		panic("bgtask: NewFuncHost with a nil RunFunc")
+	}
+	return &FuncHost{fn: fn, runs: make(map[string]*funcRun)}
+}
+
+// attach is called by New.
+func (h *FuncHost) attach(m *Manager) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m != nil {
+		panic("bgtask: a FuncHost serves one Manager")
+	}
+	h.m = m
+}
+
+// StartSession starts fn for the attempt and returns the session id it runs
+// under.
+func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
+	h.mu.Lock()
+	m := h.m
+	h.mu.Unlock()
+	if m == nil {
+		return "", Permanent(errors.New("bgtask: FuncHost used without New"))
+	}
+	sid := "fn_" + req.AttemptID
+	runCtx, cancel := context.WithCancel(withRun(m.life, RunRef{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, callRun))
+	fr := &funcRun{cancel: cancel, done: make(chan struct{})}
+	report := func(kind EventKind, text string, err error) {
+		_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: kind, Text: text, Err: err})
+	}
+	run := Run{
+		TaskID: req.TaskID, AttemptID: req.AttemptID, Attempt: req.AttemptNumber, Token: req.Token,
+		SessionID: sid, ParentSessionID: req.ParentSessionID, Model: req.Model, Agent: req.Agent, Prompt: req.Prompt,
+		report: func(k EventKind) { report(k, "", nil) },
+	}
+	h.mu.Lock()
+	h.runs[sid] = fr
+	h.mu.Unlock()
+	started := m.goLocked(func() {
+		defer func() {
+			h.mu.Lock()
+			delete(h.runs, sid)
+			h.mu.Unlock()
+			cancel()
+			close(fr.done)
+		}()
+		answer, err := callRunFunc(h.fn, runCtx, run)
+		switch {
+		case err == nil:
+			report(SessionIdle, answer, nil)
+		case fr.aborted.Load():
+			// Stopped by AbortSession: the confirmed abort is the outcome.
+		default:
+			report(SessionError, "", err)
+		}
+	})
+	if !started {
+		h.mu.Lock()
+		delete(h.runs, sid)
+		h.mu.Unlock()
+		cancel()
+		return "", ErrShutdown
+	}
+	return sid, nil
+}
+
+func callRunFunc(fn RunFunc, ctx context.Context, run Run) (answer string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			answer, err = "", Permanent(fmt.Errorf("bgtask: subagent function panicked: %v", r))
+		}
+	}()
+	return fn(ctx, run)
+}
+
+// AbortSession cancels the run's context and waits for fn to return, or for
+// ctx to end (then it returns an error and the run goes on). An unknown or
+// finished session is already stopped: nil.
+func (h *FuncHost) AbortSession(ctx context.Context, sessionID string) error {
+	h.mu.Lock()
+	fr := h.runs[sessionID]
+	h.mu.Unlock()
+	if fr == nil {
+		return nil
+	}
+	fr.aborted.Store(true)
+	fr.cancel()
+	select {
+	case <-fr.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("bgtask: subagent %s did not return after cancellation: %w", sessionID, ctx.Err())
 	}
 }
