@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -70,35 +73,95 @@ func servesRun(ctx context.Context, token string) bool {
 
 // abortOp is one in-flight AbortSession, shared by everyone who asked for it.
 type abortOp struct {
+	e       *entry
 	run     RunRef
 	session string
 	done    chan struct{} // closed when the host answered
 	err     error         // the host's answer; read after done
 }
 
-// abortRun starts the abort of run a of e, or joins the one in flight. When
-// the host confirms it, the attempt ends with e's wanted stop status unless
-// it already ended on its own evidence. m.mu is held.
-func (m *Manager) abortRun(e *entry, a Attempt) *abortOp {
+// newAbort registers the abort of run a of e, or returns the one in flight
+// (fresh false). A fresh op must be handed to runAborts. m.mu is held.
+func (m *Manager) newAbort(e *entry, a Attempt) (op *abortOp, fresh bool) {
 	if op := m.aborts[a.Token]; op != nil {
-		return op
+		return op, false
 	}
-	op := &abortOp{
+	op = &abortOp{
+		e:       e,
 		run:     RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token},
 		session: a.SessionID,
 		done:    make(chan struct{}),
 	}
 	m.aborts[a.Token] = op
-	ok := m.group.Go(func() {
-		err := m.callAbort(withRun(m.life, op.run, callAbort), op.session)
-		m.mu.Lock()
-		defer m.unlock()
-		m.aborted(e, op, err)
-	})
-	if !ok {
-		m.aborted(e, op, ErrShutdown)
+	return op, true
+}
+
+// abortRun starts the abort of run a of e, or joins the one in flight. When
+// the host confirms it, the attempt ends with e's wanted stop status unless
+// it already ended on its own evidence. m.mu is held.
+func (m *Manager) abortRun(e *entry, a Attempt) *abortOp {
+	op, fresh := m.newAbort(e, a)
+	if fresh {
+		m.runAborts([]*abortOp{op})
 	}
 	return op
+}
+
+// maxAbortWorkers bounds the goroutines one batch of aborts (a closure pass)
+// uses; abortBatch is how many answers a worker records per lock.
+const (
+	maxAbortWorkers = 32
+	abortBatch      = 64
+)
+
+// runAborts calls the host for every op on owned goroutines — at most
+// maxAbortWorkers, each taking the next op — and records the answers a
+// batch at a time. m.mu is held.
+func (m *Manager) runAborts(ops []*abortOp) {
+	var next atomic.Int64
+	work := func() {
+		var batch []*abortOp
+		flush := func() {
+			m.mu.Lock()
+			for _, op := range batch {
+				m.aborted(op.e, op, op.err)
+			}
+			m.unlock()
+			batch = batch[:0]
+		}
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= len(ops) {
+				break
+			}
+			op := ops[i]
+			op.err = m.callAbort(withRun(m.life, op.run, callAbort), op.session)
+			batch = append(batch, op)
+			if len(batch) == abortBatch {
+				flush()
+			}
+		}
+		if len(batch) > 0 {
+			flush()
+		}
+	}
+	started := 0
+	for range min(len(ops), maxAbortWorkers) {
+		if !m.group.Go(work) {
+			break
+		}
+		started++
+	}
+	// With no worker (the group is closed: after Shutdown) the ops fail.
+	if started == 0 {
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= len(ops) {
+				break
+			}
+			m.aborted(ops[i].e, ops[i], ErrShutdown)
+		}
+	}
 }
 
 // aborted records the host's answer to op. m.mu is held.
@@ -176,7 +239,12 @@ func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 // outcome is recorded when it lands); and ErrStopPending when called with a
 // Host callback's context for the run that callback serves.
 func (m *Manager) Cancel(ctx context.Context, id string) error {
-	var token string
+	return m.cancel(ctx, id, "")
+}
+
+// cancel stops the run of task id with token, or (token "") the run current
+// at the first look.
+func (m *Manager) cancel(ctx context.Context, id, token string) error {
 	for {
 		m.mu.Lock()
 		e := m.led.tasks[id]
@@ -224,4 +292,362 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 			}
 		}
 	}
+}
+
+// Branch closure.
+//
+// A branch is a session and everything proven to descend from it: every
+// task whose parent session is in the branch, and — recursively — every
+// task launched from any attempt session of those tasks, historical ones
+// included. Edges come only from the ledger: a task's parent as recorded at
+// launch, a task's sessions as recorded at bind (or when a session was
+// created for an attempt that was no longer current).
+
+// NotifyBranchClosed tells the parent of a closed branch's root what the
+// closure stopped. Its Text starts with "[Branch closure]".
+const NotifyBranchClosed NotificationKind = "branch_closed"
+
+// StoppedRun is one run a closure stopped (or found ending on its own while
+// it stopped it), with the status the run ended in.
+type StoppedRun struct {
+	TaskID    string `json:"taskID"`
+	AttemptID string `json:"attemptID"`
+	SessionID string `json:"sessionID,omitempty"`
+	Token     string `json:"token"`
+	Status    Status `json:"status"`
+}
+
+// FailedStop is a run a closure could not stop: the host's abort failed. The
+// run keeps its live state.
+type FailedStop struct {
+	TaskID    string `json:"taskID"`
+	AttemptID string `json:"attemptID"`
+	SessionID string `json:"sessionID,omitempty"`
+	Token     string `json:"token"`
+	Err       string `json:"error"`
+}
+
+// ClosureReport is what CloseBranch did.
+type ClosureReport struct {
+	SessionID string       `json:"sessionID"` // the root that was closed
+	Stopped   []StoppedRun `json:"stopped"`   // each run stopped, in the order it was asked to stop
+	Failed    []FailedStop `json:"failed,omitempty"`
+	Passes    int          `json:"passes"` // scans until a scan found nothing runnable
+}
+
+// ClosureRecord is the durable record of one closure, appended to the
+// ledger when CloseBranch returns.
+type ClosureRecord struct {
+	SessionID string       `json:"sessionID"`
+	At        time.Time    `json:"at"`
+	Stopped   []StoppedRun `json:"stopped"`
+	Failed    []FailedStop `json:"failed,omitempty"`
+	Passes    int          `json:"passes"`
+}
+
+// ErrBranchNotStopped matches a *ClosureError.
+var ErrBranchNotStopped = errors.New("bgtask: branch did not stop")
+
+// ClosureError names every run a closure could not stop. It matches
+// ErrBranchNotStopped; errors.As gives the list.
+type ClosureError struct {
+	SessionID string
+	Failed    []FailedStop
+}
+
+func (e *ClosureError) Error() string {
+	var b strings.Builder
+	b.WriteString("bgtask: branch ")
+	b.WriteString(e.SessionID)
+	b.WriteString(" did not stop: ")
+	for i, f := range e.Failed {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString("task " + f.TaskID + " (session " + f.SessionID + "): " + f.Err)
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrBranchNotStopped.
+func (e *ClosureError) Is(target error) bool { return target == ErrBranchNotStopped }
+
+// closure is one CloseBranch in progress: its fence, while it is in
+// m.closures, refuses new work in its scope.
+type closure struct {
+	root     string
+	rootTask *entry          // the task whose current run's session is root, if any
+	scope    map[*entry]bool // descendant tasks found by the latest scan
+	touched  []RunRef        // runs asked to stop, in order
+	seen     map[string]bool // tokens in touched
+	failed   map[string]FailedStop
+}
+
+// inScope reports whether work launched from session would be inside c.
+// m.mu is held.
+func (m *Manager) inScope(c *closure, session string) bool {
+	if session == c.root {
+		return true
+	}
+	ref, ok := m.led.bySession[session]
+	return ok && c.scope[ref.e]
+}
+
+// closingParent reports whether a Launch from parent must be refused.
+// m.mu is held.
+func (m *Manager) closingParent(parent string) bool {
+	for c := range m.closures {
+		if m.inScope(c, parent) {
+			return true
+		}
+	}
+	return false
+}
+
+// inClosure reports whether e is inside an active closure.
+func (m *Manager) inClosure(e *entry) bool {
+	for c := range m.closures {
+		if c.scope[e] || c.rootTask == e {
+			return true
+		}
+	}
+	return false
+}
+
+// scan finds the branch's tasks from the ledger's edges: breadth first from
+// the root, through every session of every task found. m.mu is held.
+func (m *Manager) scan(c *closure) []*entry {
+	var out []*entry
+	if c.rootTask != nil {
+		out = append(out, c.rootTask)
+	}
+	visited := make(map[*entry]bool, len(c.scope))
+	queue := []string{c.root}
+	for len(queue) > 0 {
+		s := queue[0]
+		queue = queue[1:]
+		for _, child := range m.led.byParent[s] {
+			if visited[child] {
+				continue
+			}
+			visited[child] = true
+			c.scope[child] = true // the fence covers everything ever found
+			out = append(out, child)
+			queue = append(queue, child.sessions...)
+		}
+	}
+	return out
+}
+
+// CloseBranch stops every run in the branch below sessionID and returns
+// once all of them have stopped.
+//
+// The scope is sessionID itself — if it is a task's current session, that
+// task's live run — plus every task whose parent session is in scope,
+// recursively through all attempt sessions of those tasks, historical ones
+// included. From the first instant a fence holds: Launch with a parent in
+// scope returns ErrBranchClosing, no retry is scheduled in scope (a
+// retryable failure ends the task cancelled), and a session start in flight
+// for a run in scope is aborted when it returns, never adopted as live.
+// Every live run in scope is stopped through the host, exactly by its
+// token; then the branch is scanned again, until a scan finds nothing
+// runnable. Aborts are shared with Cancel, Shutdown and overlapping
+// closures.
+//
+// CloseBranch returns a nil error only when every run in scope has stopped.
+// If some abort failed, it returns a *ClosureError naming each run that did
+// not stop (those keep their live state). If ctx ends first it returns ctx's
+// error; the stops go on. Either way the fence comes down when it returns, a
+// ClosureRecord is appended to the ledger, and NotifyBranchClosed goes to
+// the root's parent (the root task's parent session, or the root itself).
+//
+// Called with the context of a Host or Notifier callback (or a FuncHost
+// function) whose run is in scope and still live, CloseBranch would wait on
+// its own caller: it raises the fence, asks every run in scope to stop, and
+// returns at once with the report of that first pass and ErrStopPending.
+func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureReport, error) {
+	c := &closure{root: sessionID, scope: map[*entry]bool{}, seen: map[string]bool{}, failed: map[string]FailedStop{}}
+	m.mu.Lock()
+	if ref, ok := m.led.bySession[sessionID]; ok && ref.isCurrent() {
+		c.rootTask = ref.e
+	}
+	m.closures[c] = struct{}{}
+	m.signal()
+	m.unlock()
+
+	self, _ := RunFromContext(ctx)
+	var err error
+	passes := 0
+	for {
+		passes++
+		var ops, fresh []*abortOp
+		busy, selfWait := false, false
+		m.mu.Lock()
+		now := m.now()
+		for _, e := range m.scan(c) {
+			if e.terminal() {
+				continue
+			}
+			a := *e.cur()
+			if e == c.rootTask && a.SessionID != sessionID {
+				continue // only the root task's run in the root session
+			}
+			if _, failed := c.failed[a.Token]; failed {
+				continue
+			}
+			if e.rt.stopWanted == "" {
+				e.rt.stopWanted = StatusCancelled
+			}
+			if !c.seen[a.Token] {
+				c.seen[a.Token] = true
+				c.touched = append(c.touched, RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token})
+			}
+			if self.Token == a.Token {
+				selfWait = true
+			}
+			switch {
+			case a.Status == StatusRunning:
+				op, isFresh := m.newAbort(e, a)
+				if isFresh {
+					fresh = append(fresh, op)
+				}
+				ops = append(ops, op)
+			default:
+				m.stopRun(e, now) // no child yet: ends now, or on arrival
+				if !e.terminal() {
+					busy = true // a start in flight: its session is aborted on arrival
+				}
+			}
+		}
+		if len(fresh) > 0 {
+			m.runAborts(fresh)
+		}
+		wait := m.waitAny()
+		m.unlock()
+		if selfWait {
+			err = ErrStopPending
+			break
+		}
+		if len(ops) == 0 && !busy {
+			break
+		}
+		if werr := m.awaitClosurePass(ctx, c, ops, busy, wait); werr != nil {
+			err = werr
+			break
+		}
+	}
+	return m.finishClosure(c, passes, err)
+}
+
+// awaitClosurePass waits for a pass's aborts (and, when a start was in
+// flight, for the next change), recording the aborts that failed.
+func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, ops []*abortOp, busy bool, wait <-chan struct{}) error {
+	for _, op := range ops {
+		select {
+		case <-op.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if busy && len(ops) == 0 {
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	m.mu.Lock()
+	defer m.unlock()
+	for _, op := range ops {
+		if op.err == nil {
+			continue
+		}
+		ref := m.led.byAttempt[op.run.AttemptID]
+		if ref.isCurrent() && !ref.attempt().Status.Terminal() && ref.attempt().Token == op.run.Token {
+			c.failed[op.run.Token] = FailedStop{TaskID: op.run.TaskID, AttemptID: op.run.AttemptID, SessionID: op.session, Token: op.run.Token, Err: op.err.Error()}
+		}
+	}
+	return nil
+}
+
+// finishClosure takes the fence down, records the closure and notifies the
+// root's parent.
+func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureReport, error) {
+	m.mu.Lock()
+	defer m.unlock()
+	delete(m.closures, c)
+	rep := ClosureReport{SessionID: c.root, Passes: passes}
+	for _, r := range c.touched {
+		a := m.led.byAttempt[r.AttemptID].attempt()
+		if f, failed := c.failed[r.Token]; failed && !a.Status.Terminal() {
+			rep.Failed = append(rep.Failed, f)
+			continue
+		}
+		if a.Status.Terminal() {
+			rep.Stopped = append(rep.Stopped, StoppedRun{TaskID: r.TaskID, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status})
+		}
+	}
+	rec := ClosureRecord{SessionID: c.root, At: m.now(), Stopped: rep.Stopped, Failed: rep.Failed, Passes: passes}
+	m.led.recordClosure(rec)
+
+	parent, taskID := c.root, ""
+	var snap Task
+	if ref, ok := m.led.bySession[c.root]; ok {
+		parent, taskID, snap = ref.e.info.parent, ref.e.info.id, ref.e.project()
+	}
+	if m.cfg.notifier != nil {
+		if !m.lanes.Push(parent, Notification{Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}) {
+			m.notifyFailures.Add(1)
+		}
+	}
+	if err == nil && len(rep.Failed) > 0 {
+		err = &ClosureError{SessionID: c.root, Failed: rep.Failed}
+	}
+	return rep, err
+}
+
+// ClosureRecords returns the records of every closure that has ended, in
+// order.
+func (m *Manager) ClosureRecords() []ClosureRecord {
+	m.mu.Lock()
+	defer m.unlock()
+	out := make([]ClosureRecord, len(m.led.closures))
+	for i, r := range m.led.closures {
+		out[i] = *r.closure
+		out[i].Stopped = slices.Clone(r.closure.Stopped)
+		out[i].Failed = slices.Clone(r.closure.Failed)
+	}
+	return out
+}
+
+// CancelRun stops exactly the run ref names and returns once it has
+// stopped, like Cancel. If that run was already replaced or ended, it does
+// nothing and returns nil: it never touches another run of the task.
+func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
+	m.mu.Lock()
+	e := m.led.tasks[ref.TaskID]
+	if e == nil {
+		m.unlock()
+		return fmt.Errorf("%w: %q", ErrUnknownTask, ref.TaskID)
+	}
+	cur := e.cur()
+	live := !e.terminal() && cur.Token == ref.Token
+	m.unlock()
+	if !live {
+		return nil
+	}
+	return m.cancel(ctx, ref.TaskID, ref.Token)
+}
+
+// cascadeDelete closes the branch beneath a deleted session, on a goroutine
+// the Manager owns: Observe never waits for it. m.mu is held.
+func (m *Manager) cascadeDelete(sessionID string) {
+	if len(m.led.byParent[sessionID]) == 0 {
+		return // nothing was launched from it
+	}
+	m.group.Go(func() {
+		if _, err := m.CloseBranch(m.life, sessionID); err != nil && !errors.Is(err, context.Canceled) {
+			m.cfg.logger.Warn("bgtask: closing the branch of a deleted session failed", "session", sessionID, "err", err)
+		}
+	})
 }

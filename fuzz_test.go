@@ -59,16 +59,34 @@ func runScript(t *testing.T, script []byte) {
 	kinds := []EventKind{SessionBusy, SessionIdle, SessionError, SessionInterrupted, SessionDeleted, SessionCompacted}
 	errs := []error{errRateLimited, errForbidden, Permanent(errRateLimited), errors.New("context_length_exceeded")}
 	for len(script) > 0 {
-		op := next() % 6
+		op := next() % 7
 		switch op {
-		case 0: // launch with 1..3 models
+		case 0: // launch with 1..3 models, under the root or a task's session
 			n := int(next()%3) + 1
 			models := []string{"a/1", "b/2", "c/3"}[:n]
-			task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, models...), MaxAttempts: int(next() % 4)})
+			parent := "p"
+			if sessions := allSessions(m); len(sessions) > 0 && next()%2 == 0 {
+				parent = sessions[int(next())%len(sessions)]
+			}
+			task, err := m.Launch(context.Background(), Spec{ParentSessionID: parent, Models: mustModels(t, models...), MaxAttempts: int(next() % 4)})
 			if err != nil {
 				t.Fatalf("launch: %v", err)
 			}
 			ids = append(ids, task.ID)
+		case 6: // close a branch; when it succeeds nothing in it runs
+			root := "p"
+			if sessions := allSessions(m); len(sessions) > 0 && next()%2 == 0 {
+				root = sessions[int(next())%len(sessions)]
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := m.CloseBranch(ctx, root)
+			cancel()
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("CloseBranch hung")
+			}
+			if err == nil {
+				assertBranchStopped(t, m, root)
+			}
 		case 1, 2: // an event for some attempt of some task
 			if len(ids) == 0 {
 				continue
@@ -128,7 +146,12 @@ func runScript(t *testing.T, script []byte) {
 		}
 	}
 	for _, task := range m.Tasks() {
-		kinds := h.rec.Kinds(task.ID)
+		var kinds []NotificationKind
+		for _, k := range h.rec.Kinds(task.ID) {
+			if k != NotifyBranchClosed { // about the branch below the task, not the task
+				kinds = append(kinds, k)
+			}
+		}
 		finals := 0
 		for _, k := range kinds {
 			if k == NotifyFinalSummary {
@@ -141,6 +164,46 @@ func runScript(t *testing.T, script []byte) {
 		}
 		if finals != want || (finals == 1 && kinds[len(kinds)-1] != NotifyFinalSummary) {
 			t.Fatalf("task %s (%s): notifications %v", task.ID, task.Status, kinds)
+		}
+	}
+}
+
+// allSessions lists every session any task's attempt was bound to.
+func allSessions(m *Manager) []string {
+	var out []string
+	for _, task := range m.Tasks() {
+		for _, a := range task.Attempts {
+			if a.SessionID != "" {
+				out = append(out, a.SessionID)
+			}
+		}
+	}
+	return out
+}
+
+// assertBranchStopped checks that no task below root (through every
+// session of every task found) is live, nor root's own live run.
+func assertBranchStopped(t *testing.T, m *Manager, root string) {
+	t.Helper()
+	tasks := m.Tasks()
+	inScope := map[string]bool{root: true}
+	for changed := true; changed; {
+		changed = false
+		for _, task := range tasks {
+			if !inScope[task.ParentSessionID] {
+				continue
+			}
+			for _, a := range task.Attempts {
+				if a.SessionID != "" && !inScope[a.SessionID] {
+					inScope[a.SessionID] = true
+					changed = true
+				}
+			}
+		}
+	}
+	for _, task := range tasks {
+		if (inScope[task.ParentSessionID] || task.SessionID == root) && !task.Status.Terminal() {
+			t.Fatalf("after closing %s, task %s (parent %s) is %s", root, task.ID, task.ParentSessionID, task.Status)
 		}
 	}
 }

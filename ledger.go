@@ -3,6 +3,7 @@ package bgtask
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -28,6 +29,7 @@ const (
 	recAttemptFinal                         // an attempt reached a terminal status
 	recRetryScheduled                       // the current attempt failed and the next was chosen
 	recSessionOrphan                        // a session was created for an attempt no longer current
+	recBranchClosed                         // a branch closure ended (manager-wide, not per task)
 )
 
 var recordKindNames = [...]string{
@@ -38,6 +40,7 @@ var recordKindNames = [...]string{
 	recAttemptFinal:   "attempt_finalized",
 	recRetryScheduled: "retry_scheduled",
 	recSessionOrphan:  "session_orphaned",
+	recBranchClosed:   "branch_closed",
 }
 
 func (k recordKind) String() string {
@@ -59,6 +62,7 @@ type record struct {
 	attempt Attempt   // attempt records: the new version
 	session string    // recSessionOrphan
 	note    string    // recRetryScheduled: the failure that caused it
+	closure *ClosureRecord
 }
 
 // taskInfo is what a task was launched with; it never changes.
@@ -70,6 +74,7 @@ type taskInfo struct {
 	prompt      string
 	models      []Model
 	maxAttempts int // resolved: > 0
+	metadata    map[string]string
 	launchedAt  time.Time
 }
 
@@ -88,6 +93,7 @@ type entry struct {
 	revision uint64    // number of projection changes applied
 	info     *taskInfo
 	records  []record
+	sessions []string // every session indexed to one of its attempts, bound or orphaned
 }
 
 func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
@@ -120,6 +126,8 @@ type ledger struct {
 	tasks     map[string]*entry
 	byAttempt map[string]attemptRef // attemptID → attempt
 	bySession map[string]attemptRef // sessionID → the attempt it was created for
+	byParent  map[string][]*entry   // parent sessionID → the tasks launched from it
+	closures  []record              // recBranchClosed records, in order
 }
 
 func newLedger(ids IDGenerator) *ledger {
@@ -128,11 +136,19 @@ func newLedger(ids IDGenerator) *ledger {
 		tasks:     make(map[string]*entry),
 		byAttempt: make(map[string]attemptRef),
 		bySession: make(map[string]attemptRef),
+		byParent:  make(map[string][]*entry),
 	}
 }
 
-// apply validates rec, appends it and updates the projection. It is the only
-// writer of attempts and indexes.
+// recordClosure appends a branch closure's record.
+func (l *ledger) recordClosure(cr ClosureRecord) {
+	l.seq++
+	l.closures = append(l.closures, record{seq: l.seq, kind: recBranchClosed, at: cr.At, closure: &cr})
+}
+
+// apply validates rec, appends it and updates the projection: the only
+// way in for a record whose task and attempt are not yet resolved (a
+// launch, a replayed journal). The helpers resolve once and call write.
 func (l *ledger) apply(rec record) (*entry, error) {
 	var e *entry
 	if rec.kind == recTaskLaunched {
@@ -141,14 +157,30 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		}
 		e = &entry{info: rec.spec, current: -1}
 		l.tasks[rec.taskID] = e
-	} else {
-		e = l.tasks[rec.taskID]
-		if e == nil {
-			return nil, fmt.Errorf("%w: %q", ErrUnknownTask, rec.taskID)
+		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
+		return e, l.write(e, attemptRef{}, rec)
+	}
+	e = l.tasks[rec.taskID]
+	if e == nil {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownTask, rec.taskID)
+	}
+	var ref attemptRef
+	switch rec.kind {
+	case recAttemptPending, recSessionBound, recAttemptFinal, recSessionOrphan:
+		var ok bool
+		if ref, ok = l.byAttempt[rec.attempt.ID]; !ok || ref.e != e {
+			return e, fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
 		}
 	}
-	if err := l.check(e, rec); err != nil {
-		return e, err
+	return e, l.write(e, ref, rec)
+}
+
+// write checks rec against e (and ref, the attempt it rewrites, if any),
+// appends it and updates the projection. It is the only writer of attempts
+// and indexes.
+func (l *ledger) write(e *entry, ref attemptRef, rec record) error {
+	if err := l.check(e, ref, rec); err != nil {
+		return err
 	}
 	l.seq++
 	rec.seq = l.seq
@@ -160,21 +192,22 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		l.byAttempt[rec.attempt.ID] = attemptRef{e: e, index: e.current}
 		e.revision++
 	case recAttemptPending, recSessionBound, recAttemptFinal:
-		ref := l.byAttempt[rec.attempt.ID]
 		e.attempts[ref.index] = rec.attempt
 		if rec.kind == recSessionBound {
 			l.bySession[rec.attempt.SessionID] = ref
+			e.sessions = append(e.sessions, rec.attempt.SessionID)
 		}
 		e.revision++
 	case recSessionOrphan:
-		l.bySession[rec.session] = l.byAttempt[rec.attempt.ID]
+		l.bySession[rec.session] = ref
+		e.sessions = append(e.sessions, rec.session)
 	}
-	return e, nil
+	return nil
 }
 
 // check refuses a record the state machine does not allow. Terminal attempts
 // are immutable: any write to one is refused here, not trusted to callers.
-func (l *ledger) check(e *entry, rec record) error {
+func (l *ledger) check(e *entry, ref attemptRef, rec record) error {
 	switch rec.kind {
 	case recTaskLaunched:
 		return nil
@@ -192,8 +225,7 @@ func (l *ledger) check(e *entry, rec record) error {
 	case recRetryScheduled:
 		return nil
 	}
-	ref, ok := l.byAttempt[rec.attempt.ID]
-	if !ok || ref.e != e {
+	if ref.e != e || ref.attempt().ID != rec.attempt.ID {
 		return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
 	}
 	old := ref.attempt()
@@ -257,7 +289,7 @@ func (l *ledger) launch(info *taskInfo) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := l.apply(record{kind: recAttemptCreated, at: info.launchedAt, taskID: info.id, attempt: first}); err != nil {
+	if err := l.write(e, attemptRef{}, record{kind: recAttemptCreated, at: info.launchedAt, taskID: info.id, attempt: first}); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -285,20 +317,19 @@ func (l *ledger) newAttempt(n int, model Model) (Attempt, error) {
 
 // setPending changes why the current pending attempt waits.
 func (l *ledger) setPending(e *entry, attemptID string, reason PendingReason, at time.Time) error {
-	a, err := l.version(e, attemptID)
+	ref, a, err := l.version(e, attemptID)
 	if err != nil {
 		return err
 	}
 	a.Status = StatusPending
 	a.Pending = reason
-	_, err = l.apply(record{kind: recAttemptPending, at: at, taskID: e.info.id, attempt: a})
-	return err
+	return l.write(e, ref, record{kind: recAttemptPending, at: at, taskID: e.info.id, attempt: a})
 }
 
 // bindSession binds sessionID to exactly attemptID, which must be the
 // current attempt and pending; the attempt runs from at.
 func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time) error {
-	a, err := l.version(e, attemptID)
+	ref, a, err := l.version(e, attemptID)
 	if err != nil {
 		return err
 	}
@@ -306,19 +337,17 @@ func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time
 	a.Status = StatusRunning
 	a.Pending = ""
 	a.StartedAt = at
-	_, err = l.apply(record{kind: recSessionBound, at: at, taskID: e.info.id, attempt: a})
-	return err
+	return l.write(e, ref, record{kind: recSessionBound, at: at, taskID: e.info.id, attempt: a})
 }
 
 // orphanSession indexes a session that was created for attemptID after that
 // attempt stopped being current, so its events resolve (and are stale).
 func (l *ledger) orphanSession(e *entry, attemptID, sessionID string, at time.Time) error {
-	ref, ok := l.byAttempt[attemptID]
-	if !ok || ref.e != e {
-		return fmt.Errorf("bgtask: ledger: unknown attempt %q", attemptID)
+	ref, a, err := l.version(e, attemptID)
+	if err != nil {
+		return err
 	}
-	_, err := l.apply(record{kind: recSessionOrphan, at: at, taskID: e.info.id, attempt: *ref.attempt(), session: sessionID})
-	return err
+	return l.write(e, ref, record{kind: recSessionOrphan, at: at, taskID: e.info.id, attempt: a, session: sessionID})
 }
 
 // finalize moves attemptID to a terminal status. errText is recorded for
@@ -327,7 +356,7 @@ func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, re
 	if !status.Terminal() {
 		return fmt.Errorf("%w: finalize to %s", errBadTransition, status)
 	}
-	a, err := l.version(e, attemptID)
+	ref, a, err := l.version(e, attemptID)
 	if err != nil {
 		return err
 	}
@@ -336,8 +365,7 @@ func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, re
 	a.Error = errText
 	a.Result = result
 	a.CompletedAt = at
-	_, err = l.apply(record{kind: recAttemptFinal, at: at, taskID: e.info.id, attempt: a})
-	return err
+	return l.write(e, ref, record{kind: recAttemptFinal, at: at, taskID: e.info.id, attempt: a})
 }
 
 // scheduleRetry finalizes the current attempt as error with errText, then
@@ -354,23 +382,23 @@ func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, 
 		return Attempt{}, Attempt{}, err
 	}
 	failed = *e.cur()
-	if _, err := l.apply(record{kind: recRetryScheduled, at: at, taskID: e.info.id, attempt: failed, note: errText}); err != nil {
+	if err := l.write(e, attemptRef{}, record{kind: recRetryScheduled, at: at, taskID: e.info.id, attempt: failed, note: errText}); err != nil {
 		return Attempt{}, Attempt{}, err
 	}
-	if _, err := l.apply(record{kind: recAttemptCreated, at: at, taskID: e.info.id, attempt: next}); err != nil {
+	if err := l.write(e, attemptRef{}, record{kind: recAttemptCreated, at: at, taskID: e.info.id, attempt: next}); err != nil {
 		return Attempt{}, Attempt{}, err
 	}
 	return failed, next, nil
 }
 
-// version returns a copy of the attempt's latest version for a helper to
-// modify; apply checks the result.
-func (l *ledger) version(e *entry, attemptID string) (Attempt, error) {
+// version resolves attemptID of e and returns a copy of its latest version
+// for a helper to modify; write checks the result.
+func (l *ledger) version(e *entry, attemptID string) (attemptRef, Attempt, error) {
 	ref, ok := l.byAttempt[attemptID]
 	if !ok || ref.e != e {
-		return Attempt{}, fmt.Errorf("bgtask: ledger: unknown attempt %q", attemptID)
+		return attemptRef{}, Attempt{}, fmt.Errorf("bgtask: ledger: unknown attempt %q", attemptID)
 	}
-	return *ref.attempt(), nil
+	return ref, *ref.attempt(), nil
 }
 
 // project is the one projection of an entry onto the Task snapshot: every
@@ -394,5 +422,6 @@ func (e *entry) project() Task {
 		Attempts:         slices.Clone(e.attempts),
 		Revision:         e.revision,
 		LaunchedAt:       e.info.launchedAt,
+		Metadata:         maps.Clone(e.info.metadata),
 	}
 }

@@ -78,3 +78,24 @@ func finalSummaryText(t Task) string {
 	}
 	return head + "\n" + Timeline(t)
 }
+
+// branchClosedText renders a closure record for the root's parent.
+func branchClosedText(r ClosureRecord) string {
+	var b strings.Builder
+	b.WriteString("[Branch closure] Session " + r.SessionID + ": ")
+	switch {
+	case len(r.Stopped) == 0 && len(r.Failed) == 0:
+		b.WriteString("nothing was running.")
+	case len(r.Failed) == 0:
+		b.WriteString(strconv.Itoa(len(r.Stopped)) + " run(s) stopped.")
+	default:
+		b.WriteString(strconv.Itoa(len(r.Stopped)) + " run(s) stopped, " + strconv.Itoa(len(r.Failed)) + " did not stop.")
+	}
+	for _, s := range r.Stopped {
+		b.WriteString("\n- task " + s.TaskID + " — " + strings.ToUpper(string(s.Status)) + " — " + sessionOrNone(s.SessionID))
+	}
+	for _, f := range r.Failed {
+		b.WriteString("\n- task " + f.TaskID + " — STILL RUNNING — " + sessionOrNone(f.SessionID) + " — " + textbound.OneLine(f.Err, MaxTimelineErrorRunes))
+	}
+	return b.String()
+}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,8 +82,9 @@ type Task struct {
 	CurrentAttemptID string    `json:"currentAttemptID"`
 	Attempts         []Attempt `json:"attempts"`
 	// Revision grows by one for every change applied to the task.
-	Revision   uint64    `json:"revision"`
-	LaunchedAt time.Time `json:"launchedAt,omitzero"`
+	Revision   uint64            `json:"revision"`
+	LaunchedAt time.Time         `json:"launchedAt,omitzero"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
 }
 
 // Current returns the current attempt.
@@ -108,7 +111,14 @@ type Spec struct {
 	// MaxAttempts caps the attempts. 0 means one attempt per model; a
 	// larger value than len(Models) reuses the last model for the rest.
 	MaxAttempts int
+	// Metadata is the caller's, carried on every snapshot. Keys under the
+	// "bgtask." prefix are reserved for the library; a Spec using one is
+	// refused.
+	Metadata map[string]string
 }
+
+// ReservedMetadataPrefix starts the Metadata keys only bgtask may write.
+const ReservedMetadataPrefix = "bgtask."
 
 func (s Spec) validate() error {
 	switch {
@@ -118,6 +128,11 @@ func (s Spec) validate() error {
 		return &SpecError{Field: "Models", Reason: "has no model"}
 	case s.MaxAttempts < 0:
 		return &SpecError{Field: "MaxAttempts", Reason: "is negative (" + strconv.Itoa(s.MaxAttempts) + ")"}
+	}
+	for k := range s.Metadata {
+		if strings.HasPrefix(k, ReservedMetadataPrefix) {
+			return &SpecError{Field: "Metadata[" + strconv.Quote(k) + "]", Reason: "the " + ReservedMetadataPrefix + " prefix is reserved for the library"}
+		}
 	}
 	for i, m := range s.Models {
 		field := "Models[" + strconv.Itoa(i) + "]"
@@ -169,7 +184,8 @@ const (
 	SessionError EventKind = "error"
 	// SessionInterrupted: the child's run was interrupted and has stopped.
 	SessionInterrupted EventKind = "interrupted"
-	// SessionDeleted: the child session is gone; the task is cancelled.
+	// SessionDeleted: the child session is gone; the task is cancelled and
+	// the branch beneath that session is closed (CloseBranch).
 	SessionDeleted EventKind = "deleted"
 	// SessionCompacted: context compaction happened. Never changes status.
 	SessionCompacted EventKind = "compacted"
@@ -406,13 +422,14 @@ type Manager struct {
 	led       *ledger
 	order     []*entry // tasks in launch order
 	held      []heldEvent
-	heldBySes int                 // held events keyed by session (bounded by holdLimit)
-	startSeq  uint64              // last session start issued
-	inflight  map[uint64]struct{} // session starts in flight, by seq
-	aborts    map[string]*abortOp // in-flight aborts by run token
-	closing   bool                // Shutdown began: no new work
-	anyChange chan struct{}       // manager-wide change signal, like runtime.changed
-	logq      []logRec            // log lines to emit once m.mu is released
+	heldBySes int                   // held events keyed by session (bounded by holdLimit)
+	startSeq  uint64                // last session start issued
+	inflight  map[uint64]struct{}   // session starts in flight, by seq
+	aborts    map[string]*abortOp   // in-flight aborts by run token
+	closures  map[*closure]struct{} // active branch closures: their fences
+	closing   bool                  // Shutdown began: no new work
+	anyChange chan struct{}         // manager-wide change signal, like runtime.changed
+	logq      []logRec              // log lines to emit once m.mu is released
 }
 
 // New returns a Manager that runs child sessions through host.
@@ -444,6 +461,7 @@ func New(host Host, opts ...Option) *Manager {
 		cfg:      cfg,
 		led:      newLedger(cfg.ids),
 		aborts:   make(map[string]*abortOp),
+		closures: make(map[*closure]struct{}),
 		inflight: make(map[uint64]struct{}),
 	}
 	m.life, m.cancelLife = context.WithCancel(context.Background())
@@ -502,6 +520,9 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if m.closing {
 		return Task{}, ErrShutdown
 	}
+	if m.closingParent(spec.ParentSessionID) {
+		return Task{}, fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, spec.ParentSessionID)
+	}
 	now := m.now()
 	info := &taskInfo{
 		id:          m.cfg.ids.NewID(IDTask),
@@ -511,6 +532,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		prompt:      spec.Prompt,
 		models:      slices.Clone(spec.Models),
 		maxAttempts: maxAttempts,
+		metadata:    maps.Clone(spec.Metadata),
 		launchedAt:  now,
 	}
 	e, err := m.led.launch(info)
@@ -728,6 +750,7 @@ func (m *Manager) apply(e *entry, o observation) {
 		m.finalize(e, a.ID, StatusInterrupt, "", "", at)
 	case SessionDeleted:
 		m.finalize(e, a.ID, StatusCancelled, "session deleted", "", at)
+		m.cascadeDelete(a.SessionID)
 	}
 }
 
@@ -737,8 +760,14 @@ func (m *Manager) apply(e *entry, o observation) {
 func (m *Manager) fail(e *entry, err error, retry bool, at time.Time) {
 	a := e.cur()
 	text := err.Error()
-	if !retry || e.rt.stopWanted != "" || m.closing || a.Number >= e.info.maxAttempts {
+	if !retry || a.Number >= e.info.maxAttempts {
 		m.finalize(e, a.ID, StatusError, text, "", at)
+		return
+	}
+	if e.rt.stopWanted != "" {
+		// A stop (Cancel, a closure, Shutdown) was asked for: the retry it
+		// forbids is what ends the task, with the failure kept.
+		m.finalize(e, a.ID, e.rt.stopWanted, text, "", at)
 		return
 	}
 	failed, next, lerr := m.led.scheduleRetry(e, text, at)
@@ -986,7 +1015,9 @@ func (m *Manager) changed(e *entry, wasTerminal bool) {
 		close(e.rt.delayStop)
 		e.rt.delayStop = nil
 	}
-	m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
+	if m.cfg.notifier != nil {
+		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
+	}
 	close(e.rt.done)
 }
 

@@ -1,0 +1,121 @@
+package bgtask
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// liveTree launches n running tasks in a tree with the given branching
+// under the session "root": each task's session is the parent of the next
+// level's tasks.
+func liveTree(b *testing.B, n, branching int) *Manager {
+	b.Helper()
+	host := &benchHost{}
+	m := New(host, WithIDs(SequentialIDs()))
+	host.m = m
+	spec := func(parent string) Spec {
+		return Spec{ParentSessionID: parent, Models: []Model{{Provider: "a", ID: "1"}}}
+	}
+	parents := []string{"root"}
+	made := 0
+	for made < n {
+		var ids []string
+		for _, p := range parents {
+			for range branching {
+				if made == n {
+					break
+				}
+				task, err := m.Launch(context.Background(), spec(p))
+				if err != nil {
+					b.Fatal(err)
+				}
+				ids = append(ids, task.ID)
+				made++
+			}
+		}
+		if err := m.group.Wait(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		parents = parents[:0]
+		for _, id := range ids {
+			task, _ := m.Task(id)
+			parents = append(parents, task.SessionID)
+		}
+	}
+	return m
+}
+
+// BenchmarkCloseBranch closes a tree of live tasks (branching 4) whose host
+// confirms each abort at once. Beside it, BenchmarkContextTreeCancel is Go's
+// own propagation over a context.WithCancel tree of the same size.
+func BenchmarkCloseBranch(b *testing.B) {
+	for _, n := range []int{1_000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("tasks=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				m := liveTree(b, n, 4)
+				b.StartTimer()
+				start := time.Now()
+				rep, err := m.CloseBranch(context.Background(), "root")
+				total += time.Since(start)
+				b.StopTimer()
+				if err != nil || len(rep.Stopped) != n {
+					b.Fatalf("stopped %d of %d: %v", len(rep.Stopped), n, err)
+				}
+				if err := m.Shutdown(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(total.Nanoseconds())/float64(b.N)/float64(n), "ns/task")
+		})
+	}
+}
+
+func BenchmarkContextTreeCancel(b *testing.B) {
+	for _, n := range []int{1_000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("tasks=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				root, cancel := context.WithCancel(context.Background())
+				parents := []context.Context{root}
+				var leaves []context.Context
+				made := 0
+				for made < n {
+					var next []context.Context
+					for _, p := range parents {
+						for range 4 {
+							if made == n {
+								break
+							}
+							ctx, c := context.WithCancel(p)
+							_ = c
+							next = append(next, ctx)
+							made++
+						}
+					}
+					leaves = append(leaves, next...)
+					parents = next
+				}
+				b.StartTimer()
+				start := time.Now()
+				cancel()
+				total += time.Since(start)
+				b.StopTimer()
+				for _, l := range leaves {
+					if l.Err() == nil {
+						b.Fatal("not cancelled")
+					}
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(total.Nanoseconds())/float64(b.N)/float64(n), "ns/task")
+		})
+	}
+}
