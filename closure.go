@@ -52,47 +52,87 @@ type runValue struct {
 	kind callKind
 }
 
+// runCtx is a context carrying the run a callback serves: one allocation,
+// or none when embedded in an abortOp.
+type runCtx struct {
+	context.Context
+	v runValue
+}
+
+// Value returns the run for runKey and defers to the parent otherwise.
+func (c *runCtx) Value(key any) any {
+	if key == (runKey{}) {
+		return &c.v
+	}
+	return c.Context.Value(key)
+}
+
 func withRun(ctx context.Context, ref RunRef, kind callKind) context.Context {
-	return context.WithValue(ctx, runKey{}, runValue{ref: ref, kind: kind})
+	return &runCtx{Context: ctx, v: runValue{ref: ref, kind: kind}}
 }
 
 // RunFromContext returns the run a Host or Notifier call serves, from the
 // context the Manager gave that call.
 func RunFromContext(ctx context.Context) (RunRef, bool) {
-	v, ok := ctx.Value(runKey{}).(runValue)
-	return v.ref, ok
+	v, ok := ctx.Value(runKey{}).(*runValue)
+	if !ok {
+		return RunRef{}, false
+	}
+	return v.ref, true
 }
 
 // servesRun reports whether ctx belongs to a host call (start or abort) or
 // a FuncHost function serving the run with token: a wait on that run from
 // it waits on itself.
 func servesRun(ctx context.Context, token string) bool {
-	v, ok := ctx.Value(runKey{}).(runValue)
+	v, ok := ctx.Value(runKey{}).(*runValue)
 	return ok && v.ref.Token == token && v.kind != callNotify
 }
 
 // abortOp is one in-flight AbortSession, shared by everyone who asked for it.
 type abortOp struct {
-	e       *entry
-	run     RunRef
-	session string
-	done    chan struct{} // closed when the host answered
-	err     error         // the host's answer; read after done
+	ref      attemptRef // the attempt whose run it stops
+	run      RunRef
+	session  string
+	ctx      runCtx        // the host call's context
+	err      error         // the host's answer, once finished
+	finished bool          // the host answered
+	done     chan struct{} // closed when finished; made only for a waiter
+}
+
+// closedChan is returned to waiters of an op that already finished.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// waitDone returns a channel closed when the host answered op. m.mu is held.
+func (op *abortOp) waitDone() <-chan struct{} {
+	if op.finished {
+		return closedChan
+	}
+	if op.done == nil {
+		op.done = make(chan struct{})
+	}
+	return op.done
 }
 
 // newAbort registers the abort of run a of e, or returns the one in flight
-// (fresh false). A fresh op must be handed to runAborts. m.mu is held.
-func (m *Manager) newAbort(e *entry, a Attempt) (op *abortOp, fresh bool) {
-	if op := m.aborts[a.Token]; op != nil {
+// (fresh false). A fresh op must be handed to runAborts. store, if not nil,
+// is where a fresh op is kept (closures allocate ops in slabs). m.mu is held.
+func (m *Manager) newAbort(e *entry, a Attempt, store *abortOp) (op *abortOp, fresh bool) {
+	if op := e.rt.abort; op != nil && op.run.Token == a.Token {
 		return op, false
 	}
-	op = &abortOp{
-		e:       e,
+	if store == nil {
+		store = new(abortOp)
+	}
+	op = store
+	*op = abortOp{
+		ref:     attemptRef{e: e, index: e.current},
 		run:     RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token},
 		session: a.SessionID,
-		done:    make(chan struct{}),
 	}
-	m.aborts[a.Token] = op
+	op.ctx = runCtx{Context: m.life, v: runValue{ref: op.run, kind: callAbort}}
+	e.rt.abort = op
+	m.abortsN++
 	return op, true
 }
 
@@ -100,9 +140,9 @@ func (m *Manager) newAbort(e *entry, a Attempt) (op *abortOp, fresh bool) {
 // the host confirms it, the attempt ends with e's wanted stop status unless
 // it already ended on its own evidence. m.mu is held.
 func (m *Manager) abortRun(e *entry, a Attempt) *abortOp {
-	op, fresh := m.newAbort(e, a)
+	op, fresh := m.newAbort(e, a, nil)
 	if fresh {
-		m.runAborts([]*abortOp{op})
+		m.runAborts([]*abortOp{op}, nil)
 	}
 	return op
 }
@@ -116,33 +156,41 @@ const (
 
 // runAborts calls the host for every op on owned goroutines — at most
 // maxAbortWorkers, each taking the next op — and records the answers a
-// batch at a time. m.mu is held.
-func (m *Manager) runAborts(ops []*abortOp) {
+// batch at a time. allDone, if not nil, is closed once every answer is
+// recorded. m.mu is held.
+func (m *Manager) runAborts(ops []*abortOp, allDone chan struct{}) {
 	var next atomic.Int64
+	left := len(ops) // guarded by m.mu
+	record := func(batch []*abortOp) {
+		for _, op := range batch {
+			m.aborted(op, op.err)
+		}
+		left -= len(batch)
+		if left == 0 && allDone != nil {
+			close(allDone)
+		}
+	}
 	work := func() {
 		var batch []*abortOp
-		flush := func() {
-			m.mu.Lock()
-			for _, op := range batch {
-				m.aborted(op.e, op, op.err)
-			}
-			m.unlock()
-			batch = batch[:0]
-		}
 		for {
 			i := int(next.Add(1)) - 1
 			if i >= len(ops) {
 				break
 			}
 			op := ops[i]
-			op.err = m.callAbort(withRun(m.life, op.run, callAbort), op.session)
+			op.err = m.callAbort(&op.ctx, op.session)
 			batch = append(batch, op)
-			if len(batch) == abortBatch {
-				flush()
+			if len(batch) == abortBatch || int(next.Load()) >= len(ops) {
+				m.mu.Lock()
+				record(batch)
+				m.unlock()
+				batch = batch[:0]
 			}
 		}
 		if len(batch) > 0 {
-			flush()
+			m.mu.Lock()
+			record(batch)
+			m.unlock()
 		}
 	}
 	started := 0
@@ -152,25 +200,28 @@ func (m *Manager) runAborts(ops []*abortOp) {
 		}
 		started++
 	}
-	// With no worker (the group is closed: after Shutdown) the ops fail.
-	if started == 0 {
-		for {
-			i := int(next.Add(1)) - 1
-			if i >= len(ops) {
-				break
-			}
-			m.aborted(ops[i].e, ops[i], ErrShutdown)
+	if started == 0 { // the group is closed (after Shutdown): the ops fail
+		for _, op := range ops {
+			op.err = ErrShutdown
 		}
+		record(ops)
 	}
 }
 
 // aborted records the host's answer to op. m.mu is held.
-func (m *Manager) aborted(e *entry, op *abortOp, err error) {
-	delete(m.aborts, op.run.Token)
+func (m *Manager) aborted(op *abortOp, err error) {
+	e := op.ref.e
+	if e.rt.abort == op {
+		e.rt.abort = nil
+	}
+	m.abortsN--
 	op.err = err
-	close(op.done)
-	ref := m.led.byAttempt[op.run.AttemptID]
-	live := ref.isCurrent() && !ref.attempt().Status.Terminal() && ref.attempt().Token == op.run.Token
+	op.finished = true
+	if op.done != nil {
+		close(op.done)
+	}
+	a := op.ref.attempt()
+	live := op.ref.isCurrent() && !a.Status.Terminal()
 	switch {
 	case err != nil:
 		if live {
@@ -184,7 +235,7 @@ func (m *Manager) aborted(e *entry, op *abortOp, err error) {
 		if status == "" {
 			status = StatusCancelled
 		}
-		m.finalize(e, op.run.AttemptID, status, "", "", m.now())
+		m.finalizeRef(op.ref, status, "", "", m.now())
 	default:
 		m.changed(e, e.terminal())
 	}
@@ -268,7 +319,7 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 		}
 		wait := e.waitChange()
 		if op != nil {
-			wait = op.done
+			wait = op.waitDone()
 		}
 		m.unlock()
 
@@ -377,9 +428,9 @@ func (e *ClosureError) Is(target error) bool { return target == ErrBranchNotStop
 type closure struct {
 	root     string
 	rootTask *entry          // the task whose current run's session is root, if any
-	scope    map[*entry]bool // descendant tasks found by the latest scan
-	touched  []RunRef        // runs asked to stop, in order
-	seen     map[string]bool // tokens in touched
+	scope    map[*entry]bool // descendant tasks found by any scan: the fence
+	touched  []attemptRef    // runs asked to stop, in order
+	starting map[string]bool // tokens touched while their start was in flight
 	failed   map[string]FailedStop
 }
 
@@ -421,17 +472,20 @@ func (m *Manager) scan(c *closure) []*entry {
 	if c.rootTask != nil {
 		out = append(out, c.rootTask)
 	}
-	visited := make(map[*entry]bool, len(c.scope))
+	m.scanGen++
+	gen := m.scanGen
 	queue := []string{c.root}
 	for len(queue) > 0 {
 		s := queue[0]
 		queue = queue[1:]
 		for _, child := range m.led.byParent[s] {
-			if visited[child] {
+			if child.rt.scanGen == gen {
 				continue
 			}
-			visited[child] = true
-			c.scope[child] = true // the fence covers everything ever found
+			child.rt.scanGen = gen
+			if !c.scope[child] {
+				c.scope[child] = true // the fence covers everything ever found
+			}
 			out = append(out, child)
 			queue = append(queue, child.sessions...)
 		}
@@ -466,7 +520,7 @@ func (m *Manager) scan(c *closure) []*entry {
 // its own caller: it raises the fence, asks every run in scope to stop, and
 // returns at once with the report of that first pass and ErrStopPending.
 func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureReport, error) {
-	c := &closure{root: sessionID, scope: map[*entry]bool{}, seen: map[string]bool{}, failed: map[string]FailedStop{}}
+	c := &closure{root: sessionID, scope: map[*entry]bool{}, starting: map[string]bool{}, failed: map[string]FailedStop{}}
 	m.mu.Lock()
 	if ref, ok := m.led.bySession[sessionID]; ok && ref.isCurrent() {
 		c.rootTask = ref.e
@@ -480,7 +534,10 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 	passes := 0
 	for {
 		passes++
-		var ops, fresh []*abortOp
+		var fresh []*abortOp
+		var joined []<-chan struct{}
+		var ops []*abortOp
+		var slab []abortOp
 		busy, selfWait := false, false
 		m.mu.Lock()
 		now := m.now()
@@ -498,18 +555,29 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 			if e.rt.stopWanted == "" {
 				e.rt.stopWanted = StatusCancelled
 			}
-			if !c.seen[a.Token] {
-				c.seen[a.Token] = true
-				c.touched = append(c.touched, RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token})
+			// A run is touched once: only a run whose start was in flight
+			// can still be live in a later pass (an abort that was waited
+			// for either stopped it or failed, and failed runs are skipped).
+			if !c.starting[a.Token] {
+				c.touched = append(c.touched, attemptRef{e: e, index: e.current})
+				if e.rt.starting() {
+					c.starting[a.Token] = true
+				}
 			}
 			if self.Token == a.Token {
 				selfWait = true
 			}
 			switch {
 			case a.Status == StatusRunning:
-				op, isFresh := m.newAbort(e, a)
+				if len(slab) == cap(slab) {
+					slab = make([]abortOp, 0, 256)
+				}
+				op, isFresh := m.newAbort(e, a, &slab[:len(slab)+1][len(slab)])
 				if isFresh {
+					slab = slab[:len(slab)+1]
 					fresh = append(fresh, op)
+				} else {
+					joined = append(joined, op.waitDone())
 				}
 				ops = append(ops, op)
 			default:
@@ -520,7 +588,9 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 			}
 		}
 		if len(fresh) > 0 {
-			m.runAborts(fresh)
+			passDone := make(chan struct{})
+			m.runAborts(fresh, passDone)
+			joined = append(joined, passDone)
 		}
 		wait := m.waitAny()
 		m.unlock()
@@ -531,7 +601,7 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 		if len(ops) == 0 && !busy {
 			break
 		}
-		if werr := m.awaitClosurePass(ctx, c, ops, busy, wait); werr != nil {
+		if werr := m.awaitClosurePass(ctx, c, ops, joined, busy, wait); werr != nil {
 			err = werr
 			break
 		}
@@ -541,10 +611,10 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 
 // awaitClosurePass waits for a pass's aborts (and, when a start was in
 // flight, for the next change), recording the aborts that failed.
-func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, ops []*abortOp, busy bool, wait <-chan struct{}) error {
-	for _, op := range ops {
+func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, ops []*abortOp, joined []<-chan struct{}, busy bool, wait <-chan struct{}) error {
+	for _, done := range joined {
 		select {
-		case <-op.done:
+		case <-done:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -562,8 +632,7 @@ func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, ops []*abort
 		if op.err == nil {
 			continue
 		}
-		ref := m.led.byAttempt[op.run.AttemptID]
-		if ref.isCurrent() && !ref.attempt().Status.Terminal() && ref.attempt().Token == op.run.Token {
+		if op.ref.isCurrent() && !op.ref.attempt().Status.Terminal() {
 			c.failed[op.run.Token] = FailedStop{TaskID: op.run.TaskID, AttemptID: op.run.AttemptID, SessionID: op.session, Token: op.run.Token, Err: op.err.Error()}
 		}
 	}
@@ -578,13 +647,13 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 	delete(m.closures, c)
 	rep := ClosureReport{SessionID: c.root, Passes: passes}
 	for _, r := range c.touched {
-		a := m.led.byAttempt[r.AttemptID].attempt()
-		if f, failed := c.failed[r.Token]; failed && !a.Status.Terminal() {
+		a := r.attempt()
+		if f, failed := c.failed[a.Token]; failed && !a.Status.Terminal() {
 			rep.Failed = append(rep.Failed, f)
 			continue
 		}
 		if a.Status.Terminal() {
-			rep.Stopped = append(rep.Stopped, StoppedRun{TaskID: r.TaskID, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status})
+			rep.Stopped = append(rep.Stopped, StoppedRun{TaskID: r.e.info.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status})
 		}
 	}
 	rec := ClosureRecord{SessionID: c.root, At: m.now(), Stopped: rep.Stopped, Failed: rep.Failed, Passes: passes}

@@ -356,16 +356,25 @@ func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, re
 	if !status.Terminal() {
 		return fmt.Errorf("%w: finalize to %s", errBadTransition, status)
 	}
-	ref, a, err := l.version(e, attemptID)
+	ref, _, err := l.version(e, attemptID)
 	if err != nil {
 		return err
 	}
+	return l.finalizeRef(ref, status, errText, result, at)
+}
+
+// finalizeRef is finalize for an attempt already resolved.
+func (l *ledger) finalizeRef(ref attemptRef, status Status, errText, result string, at time.Time) error {
+	if !status.Terminal() {
+		return fmt.Errorf("%w: finalize to %s", errBadTransition, status)
+	}
+	a := *ref.attempt()
 	a.Status = status
 	a.Pending = ""
 	a.Error = errText
 	a.Result = result
 	a.CompletedAt = at
-	return l.write(e, ref, record{kind: recAttemptFinal, at: at, taskID: e.info.id, attempt: a})
+	return l.write(ref.e, ref, record{kind: recAttemptFinal, at: at, taskID: ref.e.info.id, attempt: a})
 }
 
 // scheduleRetry finalizes the current attempt as error with errText, then

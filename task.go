@@ -358,6 +358,8 @@ func WithHoldLimit(n int) Option { return optionFunc(func(c *config) { c.holdLim
 type runtime struct {
 	lastEvent  time.Time     // when the current run last reported anything
 	startSeq   uint64        // the StartSession in flight for the current attempt; 0: none
+	abort      *abortOp      // the abort in flight for the current run, shared by all who ask
+	scanGen    uint64        // the last closure scan that visited this task
 	heldN      int           // events held by attempt id for the current attempt
 	stopWanted Status        // cancelled or interrupt: a stop was asked for; no retry follows
 	delayStop  chan struct{} // closed to end a retry delay early
@@ -425,7 +427,8 @@ type Manager struct {
 	heldBySes int                   // held events keyed by session (bounded by holdLimit)
 	startSeq  uint64                // last session start issued
 	inflight  map[uint64]struct{}   // session starts in flight, by seq
-	aborts    map[string]*abortOp   // in-flight aborts by run token
+	abortsN   int                   // aborts in flight
+	scanGen   uint64                // closure scans made
 	closures  map[*closure]struct{} // active branch closures: their fences
 	closing   bool                  // Shutdown began: no new work
 	anyChange chan struct{}         // manager-wide change signal, like runtime.changed
@@ -460,7 +463,6 @@ func New(host Host, opts ...Option) *Manager {
 		host:     host,
 		cfg:      cfg,
 		led:      newLedger(cfg.ids),
-		aborts:   make(map[string]*abortOp),
 		closures: make(map[*closure]struct{}),
 		inflight: make(map[uint64]struct{}),
 	}
@@ -991,8 +993,19 @@ func (m *Manager) startFailed(e *entry, a Attempt, err error, retry bool) {
 
 // finalize ends attempt id of e with status. m.mu is held.
 func (m *Manager) finalize(e *entry, id string, status Status, errText, result string, at time.Time) {
+	ref, ok := m.led.byAttempt[id]
+	if !ok || ref.e != e {
+		m.ledgerBug(e, fmt.Errorf("bgtask: ledger: unknown attempt %q", id))
+		return
+	}
+	m.finalizeRef(ref, status, errText, result, at)
+}
+
+// finalizeRef ends the attempt ref names with status. m.mu is held.
+func (m *Manager) finalizeRef(ref attemptRef, status Status, errText, result string, at time.Time) {
+	e := ref.e
 	was := e.terminal()
-	if err := m.led.finalize(e, id, status, errText, result, at); err != nil {
+	if err := m.led.finalizeRef(ref, status, errText, result, at); err != nil {
 		m.ledgerBug(e, err)
 		return
 	}
@@ -1194,7 +1207,7 @@ func (m *Manager) join() {
 func (m *Manager) awaitStops(ctx context.Context) error {
 	for {
 		m.mu.Lock()
-		busy := len(m.inflight) > 0 || len(m.aborts) > 0
+		busy := len(m.inflight) > 0 || m.abortsN > 0
 		var live []string
 		if !busy {
 			for _, e := range m.order {
