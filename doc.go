@@ -52,6 +52,19 @@
 // from inside a callback that would wait on itself returns ErrStopPending
 // instead of deadlocking.
 //
+// # Branch closure
+//
+// CloseBranch stops a whole branch of work and proves it stopped: the
+// session, and every task launched — recursively — from any session of any
+// task in the branch, historical attempts included, as the ledger recorded
+// them. From its first instant a fence refuses new work in the branch
+// (ErrBranchClosing) and suppresses retries; every live run is aborted by
+// token; the branch is rescanned until nothing runnable is left. It returns
+// nil only when everything stopped, and otherwise a *ClosureError naming
+// what did not. Each closure is recorded (ClosureRecords) and announced to
+// the root's parent (NotifyBranchClosed). A SessionDeleted event for a
+// task's current session closes the branch beneath it.
+//
 // # Notifications
 //
 // With WithNotifier, the parent session hears NotifyRetryScheduled when an

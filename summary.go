@@ -91,11 +91,28 @@ func branchClosedText(r ClosureRecord) string {
 	default:
 		b.WriteString(strconv.Itoa(len(r.Stopped)) + " run(s) stopped, " + strconv.Itoa(len(r.Failed)) + " did not stop.")
 	}
-	for _, s := range r.Stopped {
-		b.WriteString("\n- task " + s.TaskID + " — " + strings.ToUpper(string(s.Status)) + " — " + sessionOrNone(s.SessionID))
-	}
+	// Runs that did not stop come first: they are what the parent must know.
+	lines := 0
 	for _, f := range r.Failed {
+		if lines == maxClosureLines {
+			break
+		}
 		b.WriteString("\n- task " + f.TaskID + " — STILL RUNNING — " + sessionOrNone(f.SessionID) + " — " + textbound.OneLine(f.Err, MaxTimelineErrorRunes))
+		lines++
+	}
+	for _, s := range r.Stopped {
+		if lines == maxClosureLines {
+			break
+		}
+		b.WriteString("\n- task " + s.TaskID + " — " + strings.ToUpper(string(s.Status)) + " — " + sessionOrNone(s.SessionID))
+		lines++
+	}
+	if more := len(r.Failed) + len(r.Stopped) - lines; more > 0 {
+		b.WriteString("\n- … and " + strconv.Itoa(more) + " more")
 	}
 	return b.String()
 }
+
+// maxClosureLines bounds the runs listed in a branch closure notification;
+// the ClosureRecord has them all.
+const maxClosureLines = 50

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,4 +104,20 @@ func TestNotificationTexts(t *testing.T) {
 	final := Task{ID: "task-1", Description: "find the flaky test", Status: StatusCompleted,
 		CompletedAt: time.Time{}, Attempts: []Attempt{failed, attempt(2, StatusCompleted, "google/gemini-2.5-flash-lite", "ses_ccc", "")}}
 	golden(t, "notify_final_summary.golden", finalSummaryText(final))
+}
+
+func TestBranchClosedText(t *testing.T) {
+	rec := ClosureRecord{SessionID: "ses_chat", Stopped: []StoppedRun{
+		{TaskID: "task-2", SessionID: "ses_b", Status: StatusCancelled},
+		{TaskID: "task-3", SessionID: "ses_c", Status: StatusCompleted},
+	}, Failed: []FailedStop{{TaskID: "task-4", SessionID: "ses_d", Err: "host unreachable\nretry later"}}}
+	golden(t, "notify_branch_closed.golden", branchClosedText(rec))
+
+	var many ClosureRecord
+	for i := range maxClosureLines + 7 {
+		many.Stopped = append(many.Stopped, StoppedRun{TaskID: "t" + strconv.Itoa(i), Status: StatusCancelled})
+	}
+	text := branchClosedText(many)
+	assert.Equal(t, maxClosureLines+2, strings.Count(text, "\n")+1, "headline, the cap, and the rest counted")
+	assert.True(t, strings.HasSuffix(text, "- … and 7 more"), text)
 }

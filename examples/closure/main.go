@@ -1,0 +1,119 @@
+// Command closure builds a three-level tree of background tasks whose
+// subagents launch subagents of their own, lets one intermediate task
+// finish early (its children run on), then closes the whole branch below
+// the chat session and prints the report, the closure record and the
+// parent's notification.
+//
+//	go run ./examples/closure
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask"
+)
+
+func main() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := run(ctx, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "closure:", err)
+		os.Exit(1)
+	}
+}
+
+const depth = 3 // levels of tasks below the chat session
+
+func run(ctx context.Context, w io.Writer) error {
+	var started sync.WaitGroup // one Done per task that is running
+	started.Add(2 + 4 + 8)
+	var m *bgtask.Manager
+
+	// Each subagent at level < depth launches two children from its own
+	// session, then works until it is stopped — except "early", which
+	// returns an answer right after launching its children.
+	subagent := func(ctx context.Context, run bgtask.Run) (string, error) {
+		level := strings.Count(run.Prompt, "/")
+		if level < depth {
+			for i := range 2 {
+				_, err := m.Launch(ctx, bgtask.Spec{
+					ParentSessionID: run.SessionID,
+					Description:     fmt.Sprintf("%s/%d", run.Prompt, i),
+					Prompt:          fmt.Sprintf("%s/%d", run.Prompt, i),
+					Models:          []bgtask.Model{{Provider: "local", ID: "tiny"}},
+				})
+				if err != nil {
+					return "", err
+				}
+			}
+		}
+		started.Done()
+		if run.Prompt == "task/0" {
+			return "finished early; my children go on", nil
+		}
+		<-ctx.Done()
+		return "", ctx.Err()
+	}
+
+	var notes []bgtask.Notification
+	var mu sync.Mutex
+	m = bgtask.New(bgtask.NewFuncHost(subagent),
+		bgtask.WithIDs(bgtask.SequentialIDs()),
+		bgtask.WithNotifier(bgtask.NotifierFunc(func(ctx context.Context, n bgtask.Notification) error {
+			if n.Kind == bgtask.NotifyBranchClosed {
+				mu.Lock()
+				notes = append(notes, n)
+				mu.Unlock()
+			}
+			return nil
+		})),
+	)
+	defer m.Shutdown(context.Background())
+
+	for i := range 2 {
+		_, err := m.Launch(ctx, bgtask.Spec{
+			ParentSessionID: "ses_chat",
+			Description:     fmt.Sprintf("task/%d", i),
+			Prompt:          fmt.Sprintf("task/%d", i),
+			Models:          []bgtask.Model{{Provider: "local", ID: "tiny"}},
+		})
+		if err != nil {
+			return err
+		}
+	}
+	started.Wait()
+
+	rep, err := m.CloseBranch(ctx, "ses_chat")
+	if err != nil {
+		return err
+	}
+	if err := m.Shutdown(ctx); err != nil { // delivers the notification
+		return err
+	}
+
+	fmt.Fprintf(w, "Closed %s in %d passes; %d runs stopped:\n", rep.SessionID, rep.Passes, len(rep.Stopped))
+	stopped := slices.Clone(rep.Stopped)
+	slices.SortFunc(stopped, func(a, b bgtask.StoppedRun) int { return strings.Compare(a.TaskID, b.TaskID) })
+	for _, s := range stopped {
+		t, _ := m.Task(s.TaskID)
+		fmt.Fprintf(w, "  %-8s %-9s %-24s session %s token %s\n", s.TaskID, s.Status, t.Description, s.SessionID, s.Token)
+	}
+	fmt.Fprintln(w, "\nEvery task after the closure:")
+	for _, t := range m.Tasks() {
+		fmt.Fprintf(w, "  %-8s %-9s %s\n", t.ID, t.Status, t.Description)
+	}
+	recs := m.ClosureRecords()
+	fmt.Fprintf(w, "\nClosure record: root %s, %d stopped, %d failed, %d passes\n",
+		recs[0].SessionID, len(recs[0].Stopped), len(recs[0].Failed), recs[0].Passes)
+	for _, n := range notes {
+		fmt.Fprintf(w, "\nNotification to %s:\n%s\n", n.ParentSessionID, n.Text)
+	}
+	return nil
+}
