@@ -455,16 +455,6 @@ func (m *Manager) closingParent(parent string) bool {
 	return false
 }
 
-// inClosure reports whether e is inside an active closure.
-func (m *Manager) inClosure(e *entry) bool {
-	for c := range m.closures {
-		if c.scope[e] || c.rootTask == e {
-			return true
-		}
-	}
-	return false
-}
-
 // scan finds the branch's tasks from the ledger's edges: breadth first from
 // the root, through every session of every task found. m.mu is held.
 func (m *Manager) scan(c *closure) []*entry {
