@@ -96,6 +96,7 @@ type abortOp struct {
 	session  string
 	ctx      runCtx        // the host call's context
 	err      error         // the host's answer, once finished
+	stall    error         // set when the run is aborted for stalling: a retryable failure
 	finished bool          // the host answered
 	done     chan struct{} // closed when finished; made only for a waiter
 }
@@ -230,6 +231,9 @@ func (m *Manager) aborted(op *abortOp, err error) {
 				slog.String("session", op.session), slog.String("err", err.Error()))
 		}
 		m.changed(e, e.terminal())
+	case live && op.stall != nil && e.rt.stopWanted == "":
+		e.rt.stopped = op.run.Token // the retry need not abort it again
+		m.fail(e, op.stall, true, m.now())
 	case live:
 		status := e.rt.stopWanted
 		if status == "" {

@@ -19,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask/internal/dispatch"
 	"github.com/bgtask/bgtask/internal/errclass"
 	"github.com/bgtask/bgtask/internal/group"
+	"github.com/bgtask/bgtask/internal/slots"
 	"github.com/google/uuid"
 )
 
@@ -308,13 +309,16 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	notifier   Notifier
-	logger     *slog.Logger
-	clock      Clock
-	ids        IDGenerator
-	retryable  func(error) bool
-	retryDelay func(attempt int) time.Duration
-	holdLimit  int
+	limits       *Limits
+	queueTimeout time.Duration
+	stallTimeout time.Duration
+	notifier     Notifier
+	logger       *slog.Logger
+	clock        Clock
+	ids          IDGenerator
+	retryable    func(error) bool
+	retryDelay   func(attempt int) time.Duration
+	holdLimit    int
 }
 
 // WithNotifier sends notifications to n. Default: none are sent.
@@ -362,7 +366,12 @@ type runtime struct {
 	scanGen    uint64        // the last closure scan that visited this task
 	heldN      int           // events held by attempt id for the current attempt
 	stopWanted Status        // cancelled or interrupt: a stop was asked for; no retry follows
-	delayStop  chan struct{} // closed to end a retry delay early
+	stopped    string        // a run whose session the host confirmed stopped (a stall)
+	runToken   string        // the run runDone belongs to
+	runDone    chan struct{} // closed when that run ends or is replaced; made on demand
+	slotKey    string        // the concurrency key whose slot the run holds
+	slotToken  string        // the run holding that slot
+	waiter     *slots.Waiter[queued]
 	done       chan struct{} // closed when the task becomes terminal
 	changed    chan struct{} // closed and cleared on every change; nil while nobody waits
 }
@@ -420,7 +429,10 @@ type Manager struct {
 	// Cancel is about to block.
 	testHookWaiting func(taskID string)
 
-	mu        sync.Mutex // guards everything below
+	cfgErr error // an invalid option: every Launch returns it
+
+	mu        sync.Mutex          // guards everything below
+	pool      *slots.Pool[queued] // concurrency slots; nil without WithConcurrency
 	led       *ledger
 	order     []*entry // tasks in launch order
 	held      []heldEvent
@@ -468,6 +480,13 @@ func New(host Host, opts ...Option) *Manager {
 	}
 	m.life, m.cancelLife = context.WithCancel(context.Background())
 	m.lanes = dispatch.New(m.group.Go, m.deliver)
+	if cfg.limits != nil {
+		m.pool = slots.New[queued]()
+		m.cfgErr = cfg.limits.validate()
+	}
+	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
+		m.cfgErr = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
+	}
 	if a, ok := host.(interface{ attach(*Manager) }); ok {
 		a.attach(m)
 	}
@@ -513,6 +532,9 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err := spec.validate(); err != nil {
 		return Task{}, err
 	}
+	if m.cfgErr != nil {
+		return Task{}, m.cfgErr
+	}
 	maxAttempts := spec.MaxAttempts
 	if maxAttempts == 0 {
 		maxAttempts = len(spec.Models)
@@ -543,7 +565,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	}
 	e.rt.done = make(chan struct{})
 	m.order = append(m.order, e)
-	m.spawnStart(e, *e.cur())
+	m.admit(e, *e.cur())
 	return e.project(), nil
 }
 
@@ -799,8 +821,9 @@ func (m *Manager) retryable(err error) bool {
 // the old session, waits out the delay, and gives up if next stopped being
 // current meanwhile.
 func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
-	if failed.SessionID == "" && m.cfg.retryDelay == nil {
-		m.spawnStart(e, next)
+	abortOld := failed.SessionID != "" && e.rt.stopped != failed.Token
+	if !abortOld && m.cfg.retryDelay == nil {
+		m.admit(e, next)
 		return
 	}
 	// live reports whether next is still the task's current, pending run.
@@ -809,7 +832,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 		return ref.isCurrent() && ref.attempt().Status == StatusPending && ref.attempt().Token == next.Token
 	}
 	ok := m.group.Go(func() {
-		if failed.SessionID != "" {
+		if abortOld {
 			ctx := withRun(m.life, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
 			if err := m.callAbort(ctx, failed.SessionID); err != nil {
 				m.cfg.logger.Warn("bgtask: abort of failed attempt's session failed",
@@ -830,19 +853,19 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 				m.ledgerBug(e, err)
 			}
 			m.changed(e, false)
-			stop := make(chan struct{})
-			e.rt.delayStop = stop
+			stop := m.runDone(e)
 			m.unlock()
 			t := m.cfg.clock.NewTimer(delay)
 			select {
 			case <-t.C():
 			case <-stop:
 				t.Stop()
+			case <-m.life.Done():
+				t.Stop()
 			}
 		}
 		m.mu.Lock()
 		defer m.unlock()
-		e.rt.delayStop = nil
 		if !live() {
 			return // the run was replaced or ended meanwhile
 		}
@@ -856,7 +879,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 			}
 			m.changed(e, false)
 		}
-		m.spawnStart(e, next)
+		m.admit(e, next)
 	})
 	if !ok {
 		m.finalize(e, next.ID, StatusInterrupt, "", "", m.now())
@@ -945,9 +968,13 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 			m.ledgerBug(e, berr)
 			return
 		}
+		e.rt.lastEvent = e.cur().StartedAt
 		m.changed(e, false)
 		if a.Number > 1 {
 			m.notify(e, NotifyRetrySessionReady, retrySessionReadyText(*e.cur()))
+		}
+		if m.cfg.stallTimeout > 0 {
+			m.watchStall(e, *e.cur())
 		}
 		replay()
 		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && e.rt.stopWanted != "" {
@@ -1021,12 +1048,9 @@ func (m *Manager) changed(e *entry, wasTerminal bool) {
 		e.rt.changed = nil
 	}
 	m.signal()
+	m.settleRun(e)
 	if wasTerminal || !e.terminal() {
 		return
-	}
-	if e.rt.delayStop != nil {
-		close(e.rt.delayStop)
-		e.rt.delayStop = nil
 	}
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
@@ -1472,4 +1496,279 @@ func (h *FuncHost) AbortSession(ctx context.Context, sessionID string) error {
 	case <-ctx.Done():
 		return fmt.Errorf("bgtask: subagent %s did not return after cancellation: %w", sessionID, ctx.Err())
 	}
+}
+
+// Limits caps how many attempts run at once. An attempt holds a slot from
+// the moment its session start is requested until its run ends, whatever
+// ends it; an attempt that finds no free slot waits pending (PendingQueued)
+// and slots are handed over first come, first served, per key. A retry
+// gives its slot back and queues under its own model's key.
+//
+// A model's key and limit are, in order of precedence: its entry in Models
+// (that model alone), its provider's entry in Providers (every model of the
+// provider together), or Default (that model alone). A limit of 0 means no
+// limit; a negative one is invalid (Launch reports it).
+type Limits struct {
+	// Models caps single models, keyed "provider/id" (no variant).
+	Models map[string]int
+	// Providers caps all models of a provider together, keyed by provider.
+	Providers map[string]int
+	// Default caps every other model on its own. 0: no limit.
+	Default int
+}
+
+func (l *Limits) validate() error {
+	for k, n := range l.Models {
+		if n < 0 {
+			return fmt.Errorf("bgtask: invalid Limits: Models[%q] is negative (%d)", k, n)
+		}
+	}
+	for k, n := range l.Providers {
+		if n < 0 {
+			return fmt.Errorf("bgtask: invalid Limits: Providers[%q] is negative (%d)", k, n)
+		}
+	}
+	if l.Default < 0 {
+		return fmt.Errorf("bgtask: invalid Limits: Default is negative (%d)", l.Default)
+	}
+	return nil
+}
+
+// key returns the concurrency key of model and its limit: "model:p/id" or
+// "provider:p".
+func (l *Limits) key(model Model) (string, int) {
+	id := model.Provider + "/" + model.ID
+	if n, ok := l.Models[id]; ok {
+		return "model:" + id, n
+	}
+	if n, ok := l.Providers[model.Provider]; ok {
+		return "provider:" + model.Provider, n
+	}
+	return "model:" + id, l.Default
+}
+
+// WithConcurrency caps concurrent attempts per model or provider; see
+// Limits. Default: no limits.
+func WithConcurrency(l Limits) Option {
+	return optionFunc(func(c *config) {
+		l.Models = maps.Clone(l.Models)
+		l.Providers = maps.Clone(l.Providers)
+		c.limits = &l
+	})
+}
+
+// WithQueueTimeout ends a task in error ("timed out while queued", with its
+// queue position and key) when one of its attempts waits for a concurrency
+// slot longer than d. It leaves the queue at once. Default: 0, no timeout.
+func WithQueueTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.queueTimeout = d })
+}
+
+// WithStallTimeout aborts, through the host, a running attempt that reported
+// no event for d, and fails it with "stalled: no activity for d" — a
+// retryable failure, so the task moves to its next model. Default: 0, no
+// stall detection.
+func WithStallTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.stallTimeout = d })
+}
+
+// queued is a run waiting for a slot.
+type queued struct {
+	e     *entry
+	token string
+	stop  chan struct{} // closed when it leaves the queue
+}
+
+// admit starts attempt a of e when a slot is free, or queues it. m.mu is
+// held.
+func (m *Manager) admit(e *entry, a Attempt) {
+	if m.pool == nil {
+		m.spawnStart(e, a)
+		return
+	}
+	key, limit := m.cfg.limits.key(a.Model)
+	q := queued{e: e, token: a.Token}
+	if m.cfg.queueTimeout > 0 {
+		q.stop = make(chan struct{})
+	}
+	w := m.pool.Acquire(key, limit, q)
+	if w == nil {
+		e.rt.slotKey, e.rt.slotToken = key, a.Token
+		m.spawnStart(e, a)
+		return
+	}
+	e.rt.waiter = w
+	if err := m.led.setPending(e, a.ID, PendingQueued, m.now()); err != nil {
+		m.ledgerBug(e, err)
+	}
+	m.changed(e, false)
+	if m.cfg.queueTimeout > 0 {
+		m.watchQueue(e, a, w)
+	}
+}
+
+// settleRun runs at every change of e: when the run that holds a slot, waits
+// in a queue, or has waiters on runDone has ended or been replaced, it gives
+// the slot back (handing it to the next in line), leaves the queue, and
+// closes runDone — exactly once per run.
+func (m *Manager) settleRun(e *entry) {
+	cur := e.cur()
+	over := func(token string) bool { return cur.Token != token || cur.Status.Terminal() }
+	if e.rt.runDone != nil && over(e.rt.runToken) {
+		close(e.rt.runDone)
+		e.rt.runDone, e.rt.runToken = nil, ""
+	}
+	if w := e.rt.waiter; w != nil && over(w.V.token) {
+		e.rt.waiter = nil
+		m.pool.Remove(w)
+		if w.V.stop != nil {
+			close(w.V.stop)
+		}
+	}
+	if e.rt.slotToken != "" && over(e.rt.slotToken) {
+		key := e.rt.slotKey
+		e.rt.slotKey, e.rt.slotToken = "", ""
+		m.pool.Release(key, m.granted)
+	}
+}
+
+// granted starts a run that was handed a slot. m.mu is held.
+func (m *Manager) granted(w *slots.Waiter[queued]) {
+	e := w.V.e
+	if w.V.stop != nil {
+		close(w.V.stop)
+	}
+	if e.rt.waiter == w {
+		e.rt.waiter = nil
+	}
+	cur := *e.cur()
+	if cur.Token != w.V.token || cur.Status != StatusPending {
+		// Cannot happen (a run leaves the queue as it ends), but a slot
+		// must never leak.
+		m.pool.Release(w.Key(), m.granted)
+		return
+	}
+	e.rt.slotKey, e.rt.slotToken = w.Key(), cur.Token
+	if err := m.led.setPending(e, cur.ID, PendingAwaitingSession, m.now()); err != nil {
+		m.ledgerBug(e, err)
+	}
+	m.changed(e, false)
+	m.spawnStart(e, cur)
+}
+
+// runDone returns a channel closed when e's current run ends or is
+// replaced. m.mu is held.
+func (m *Manager) runDone(e *entry) <-chan struct{} {
+	cur := e.cur()
+	if cur.Status.Terminal() {
+		return closedChan
+	}
+	if e.rt.runDone == nil || e.rt.runToken != cur.Token {
+		e.rt.runDone, e.rt.runToken = make(chan struct{}), cur.Token
+	}
+	return e.rt.runDone
+}
+
+// watchQueue ends run a of e in error if it is still queued after the
+// queue timeout. m.mu is held.
+func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
+	d := m.cfg.queueTimeout
+	m.group.Go(func() {
+		t := m.cfg.clock.NewTimer(d)
+		select {
+		case <-t.C():
+		case <-w.V.stop:
+			t.Stop()
+			return
+		case <-m.life.Done():
+			t.Stop()
+			return
+		}
+		m.mu.Lock()
+		defer m.unlock()
+		if !w.Queued() || e.rt.waiter != w {
+			return // dequeued as the timer fired
+		}
+		pos := m.pool.Position(w)
+		m.finalize(e, a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", d, pos, w.Key()), "", m.now())
+	})
+}
+
+// watchStall aborts run a of e once it reported nothing for the stall
+// timeout, and fails it (retryably) when the host confirms. Its timer is
+// tied to the run's token: it stops when the run ends and cannot touch a
+// later run. m.mu is held.
+func (m *Manager) watchStall(e *entry, a Attempt) {
+	d := m.cfg.stallTimeout
+	done := m.runDone(e)
+	m.group.Go(func() {
+		var retryAt time.Time // after a failed stall abort, wait d before the next
+		for {
+			m.mu.Lock()
+			if cur := e.cur(); cur.Token != a.Token || cur.Status != StatusRunning {
+				m.unlock()
+				return
+			}
+			now := m.now()
+			due := e.rt.lastEvent.Add(d)
+			if due.Before(retryAt) {
+				due = retryAt
+			}
+			var wait <-chan struct{}
+			switch {
+			case e.rt.abort != nil: // someone is stopping it already
+				wait = e.rt.abort.waitDone()
+			case !now.Before(due):
+				op, _ := m.newAbort(e, a, nil)
+				op.stall = fmt.Errorf("stalled: no activity for %s", d)
+				m.runAborts([]*abortOp{op}, nil)
+				wait = op.waitDone()
+				retryAt = now.Add(d)
+			}
+			m.unlock()
+			if wait != nil {
+				select { // the abort's answer: stopped (failed over) or still alive
+				case <-wait:
+					continue
+				case <-done:
+					return
+				case <-m.life.Done():
+					return
+				}
+			}
+			t := m.cfg.clock.NewTimer(due.Sub(now))
+			select {
+			case <-t.C():
+			case <-done:
+				t.Stop()
+				return
+			case <-m.life.Done():
+				t.Stop()
+				return
+			}
+		}
+	})
+}
+
+// QueueStat is the state of one concurrency key.
+type QueueStat struct {
+	Key     string `json:"key"` // "model:provider/id" or "provider:name"
+	Running int    `json:"running"`
+	Queued  int    `json:"queued"`
+	Limit   int    `json:"limit"` // 0: no limit
+}
+
+// Stats reports every concurrency key with attempts running or queued, by
+// key. It is empty without WithConcurrency.
+func (m *Manager) Stats() []QueueStat {
+	m.mu.Lock()
+	defer m.unlock()
+	if m.pool == nil {
+		return nil
+	}
+	var out []QueueStat
+	for _, s := range m.pool.Stats() {
+		out = append(out, QueueStat{Key: s.Key, Running: s.Running, Queued: s.Queued, Limit: s.Limit})
+	}
+	return out
 }
