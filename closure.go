@@ -96,7 +96,9 @@ type abortOp struct {
 	session  string
 	ctx      runCtx        // the host call's context
 	err      error         // the host's answer, once finished
-	stall    error         // set when the run is aborted for stalling: a retryable failure
+	failWith error         // when confirmed, the run fails with this (a stall, a start error) …
+	retry    bool          // … retryable or not
+	arrival  bool          // the session arrived for a run not adopting it: bind it if it lives on
 	finished bool          // the host answered
 	done     chan struct{} // closed when finished; made only for a waiter
 }
@@ -148,49 +150,35 @@ func (m *Manager) abortRun(e *entry, a Attempt) *abortOp {
 	return op
 }
 
-// maxAbortWorkers bounds the goroutines one batch of aborts (a closure pass)
-// uses; abortBatch is how many answers a worker records per lock.
-const (
-	maxAbortWorkers = 32
-	abortBatch      = 64
-)
+// maxAbortWorkers bounds the goroutines one batch of aborts (a closure
+// pass) uses.
+const maxAbortWorkers = 32
 
 // runAborts calls the host for every op on owned goroutines — at most
-// maxAbortWorkers, each taking the next op — and records the answers a
-// batch at a time. allDone, if not nil, is closed once every answer is
-// recorded. m.mu is held.
+// maxAbortWorkers, each taking the next op — and records each answer as it
+// arrives, before its worker takes another op: a confirmed stop never waits
+// behind an unrelated abort. allDone, if not nil, is closed once every
+// answer is recorded. m.mu is held.
 func (m *Manager) runAborts(ops []*abortOp, allDone chan struct{}) {
 	var next atomic.Int64
 	left := len(ops) // guarded by m.mu
-	record := func(batch []*abortOp) {
-		for _, op := range batch {
-			m.aborted(op, op.err)
-		}
-		left -= len(batch)
+	record := func(op *abortOp) {
+		m.aborted(op, op.err)
+		left--
 		if left == 0 && allDone != nil {
 			close(allDone)
 		}
 	}
 	work := func() {
-		var batch []*abortOp
 		for {
 			i := int(next.Add(1)) - 1
 			if i >= len(ops) {
-				break
+				return
 			}
 			op := ops[i]
 			op.err = m.callAbort(&op.ctx, op.session)
-			batch = append(batch, op)
-			if len(batch) == abortBatch || int(next.Load()) >= len(ops) {
-				m.mu.Lock()
-				record(batch)
-				m.unlock()
-				batch = batch[:0]
-			}
-		}
-		if len(batch) > 0 {
 			m.mu.Lock()
-			record(batch)
+			record(op)
 			m.unlock()
 		}
 	}
@@ -204,8 +192,8 @@ func (m *Manager) runAborts(ops []*abortOp, allDone chan struct{}) {
 	if started == 0 { // the group is closed (after Shutdown): the ops fail
 		for _, op := range ops {
 			op.err = ErrShutdown
+			record(op)
 		}
-		record(ops)
 	}
 }
 
@@ -224,6 +212,16 @@ func (m *Manager) aborted(op *abortOp, err error) {
 	a := op.ref.attempt()
 	live := op.ref.isCurrent() && !a.Status.Terminal()
 	switch {
+	case err != nil && live && op.arrival && a.Status == StatusPending:
+		// The session it was to stop is alive: the truth wins, bind it.
+		m.logLocked(slog.LevelWarn, "bgtask: abort of an arriving session failed; it is bound and runs",
+			slog.String("task", op.run.TaskID), slog.String("attempt", op.run.AttemptID),
+			slog.String("session", op.session), slog.String("err", err.Error()))
+		if berr := m.led.bindSession(e, a.ID, op.session, m.now()); berr != nil {
+			m.ledgerBug(e, berr)
+		}
+		e.rt.lastEvent = m.now()
+		m.changed(e, false)
 	case err != nil:
 		if live {
 			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
@@ -231,9 +229,11 @@ func (m *Manager) aborted(op *abortOp, err error) {
 				slog.String("session", op.session), slog.String("err", err.Error()))
 		}
 		m.changed(e, e.terminal())
-	case live && op.stall != nil && e.rt.stopWanted == "":
+	case live && op.arrival && op.failWith != nil && !m.fence(e):
+		m.startFailed(e, *a, op.failWith, op.retry)
+	case live && op.failWith != nil && !m.fence(e):
 		e.rt.stopped = op.run.Token // the retry need not abort it again
-		m.fail(e, op.stall, true, m.now())
+		m.fail(e, op.failWith, op.retry, m.now())
 	case live:
 		status := e.rt.stopWanted
 		if status == "" {
@@ -250,12 +250,15 @@ func (m *Manager) aborted(op *abortOp, err error) {
 // logged.
 func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
 	run := RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token}
-	m.group.Go(func() {
+	if !m.group.Go(func() {
 		if err := m.callAbort(withRun(m.life, run, callAbort), sessionID); err != nil {
 			m.cfg.logger.Warn("bgtask: abort of a session created for a superseded attempt failed",
 				"task", run.TaskID, "attempt", run.AttemptID, "session", sessionID, "err", err)
 		}
-	})
+	}) {
+		m.logLocked(slog.LevelError, "bgtask: a session created for a superseded attempt was left running: the manager is shut down",
+			slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID), slog.String("session", sessionID))
+	}
 }
 
 func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
@@ -272,6 +275,9 @@ func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
 // arrival (started sees stopWanted). m.mu is held.
 func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 	a := *e.cur()
+	if op := e.rt.abort; op != nil && op.run.Token == a.Token {
+		return op // joined: an arriving session, a stall, another stop
+	}
 	switch {
 	case a.Status == StatusPending && !e.rt.starting():
 		m.finalize(e, a.ID, e.rt.stopWanted, "", "", now)
@@ -387,7 +393,10 @@ type ClosureReport struct {
 	SessionID string       `json:"sessionID"` // the root that was closed
 	Stopped   []StoppedRun `json:"stopped"`   // each run stopped, in the order it was asked to stop
 	Failed    []FailedStop `json:"failed,omitempty"`
-	Passes    int          `json:"passes"` // scans until a scan found nothing runnable
+	// Stopping lists runs asked to stop whose stop was not confirmed when
+	// CloseBranch returned early (its context ended, or ErrStopPending).
+	Stopping []StoppedRun `json:"stopping,omitempty"`
+	Passes   int          `json:"passes"` // scans until a scan found nothing runnable
 }
 
 // ClosureRecord is the durable record of one closure, appended to the
@@ -397,6 +406,7 @@ type ClosureRecord struct {
 	At        time.Time    `json:"at"`
 	Stopped   []StoppedRun `json:"stopped"`
 	Failed    []FailedStop `json:"failed,omitempty"`
+	Stopping  []StoppedRun `json:"stopping,omitempty"`
 	Passes    int          `json:"passes"`
 }
 
@@ -427,44 +437,81 @@ func (e *ClosureError) Error() string {
 // Is reports whether target is ErrBranchNotStopped.
 func (e *ClosureError) Is(target error) bool { return target == ErrBranchNotStopped }
 
-// closure is one CloseBranch in progress: its fence, while it is in
-// m.closures, refuses new work in its scope.
+// closure is one CloseBranch in progress: while it is in m.closures, its
+// fence refuses new work in its branch.
 type closure struct {
 	root     string
-	rootTask *entry          // the task whose current run's session is root, if any
-	scope    map[*entry]bool // descendant tasks found by any scan: the fence
 	touched  []attemptRef    // runs asked to stop, in order
 	starting map[string]bool // tokens touched while their start was in flight
 	failed   map[string]FailedStop
+	self     string // the run token of the callback CloseBranch was called from
+	quiet    bool   // notify the parent only if something was in the branch
+	horizon  uint64 // the last session start issued when the closure opened
 }
 
-// inScope reports whether work launched from session would be inside c.
-// m.mu is held.
-func (m *Manager) inScope(c *closure, session string) bool {
-	if session == c.root {
-		return true
+// sessionInBranch reports whether session lies in the branch of root:
+// it is root, or it belongs to a task whose parent session is in the
+// branch. The walk goes up the ledger's recorded edges, so it holds from
+// the first instant for every task, found by a scan yet or not. m.mu is
+// held.
+func (m *Manager) sessionInBranch(session, root string) bool {
+	for range maxBranchDepth {
+		if session == root {
+			return true
+		}
+		ref, ok := m.led.bySession[session]
+		if !ok {
+			return false
+		}
+		session = ref.e.info.parent
 	}
-	ref, ok := m.led.bySession[session]
-	return ok && c.scope[ref.e]
+	return false // an edge cycle or an absurd depth: not proven
+}
+
+// maxBranchDepth bounds the upward walk: deeper trees are not proven in
+// scope (a safety net against a cycle of recorded edges).
+const maxBranchDepth = 10_000
+
+// taskInBranch reports whether e's current run is in root's branch: e's
+// current session is root, or e's parent session is in the branch.
+func (m *Manager) taskInBranch(e *entry, root string) bool {
+	return e.cur().SessionID == root || m.sessionInBranch(e.info.parent, root)
 }
 
 // closingParent reports whether a Launch from parent must be refused.
 // m.mu is held.
 func (m *Manager) closingParent(parent string) bool {
 	for c := range m.closures {
-		if m.inScope(c, parent) {
+		if m.sessionInBranch(parent, c.root) {
 			return true
 		}
 	}
 	return false
 }
 
-// scan finds the branch's tasks from the ledger's edges: breadth first from
-// the root, through every session of every task found. m.mu is held.
+// fence marks e to stop if its run is inside a branch being closed: no retry
+// is scheduled and a session that arrives is aborted, not adopted. It
+// reports whether e is fenced. m.mu is held.
+func (m *Manager) fence(e *entry) bool {
+	if e.rt.stopWanted != "" {
+		return true
+	}
+	for c := range m.closures {
+		if m.taskInBranch(e, c.root) {
+			e.rt.stopWanted = StatusCancelled
+			return true
+		}
+	}
+	return false
+}
+
+// scan finds the branch's tasks from the ledger's edges: the task whose
+// current session is the root, then breadth first from the root through
+// every session of every task found. m.mu is held.
 func (m *Manager) scan(c *closure) []*entry {
 	var out []*entry
-	if c.rootTask != nil {
-		out = append(out, c.rootTask)
+	if ref, ok := m.led.bySession[c.root]; ok && ref.isCurrent() {
+		out = append(out, ref.e)
 	}
 	m.scanGen++
 	gen := m.scanGen
@@ -477,9 +524,6 @@ func (m *Manager) scan(c *closure) []*entry {
 				continue
 			}
 			child.rt.scanGen = gen
-			if !c.scope[child] {
-				c.scope[child] = true // the fence covers everything ever found
-			}
 			out = append(out, child)
 			queue = append(queue, child.sessions...)
 		}
@@ -505,124 +549,173 @@ func (m *Manager) scan(c *closure) []*entry {
 // CloseBranch returns a nil error only when every run in scope has stopped.
 // If some abort failed, it returns a *ClosureError naming each run that did
 // not stop (those keep their live state). If ctx ends first it returns ctx's
-// error; the stops go on. Either way the fence comes down when it returns, a
-// ClosureRecord is appended to the ledger, and NotifyBranchClosed goes to
-// the root's parent (the root task's parent session, or the root itself).
+// error; runs asked to stop whose stop was not confirmed yet are listed in
+// the report's Stopping, and the stops go on. Either way the fence comes
+// down when it returns, a ClosureRecord is appended to the ledger, and
+// NotifyBranchClosed goes to the root's parent (the root task's parent
+// session, or the root itself).
 //
-// Called with the context of a Host or Notifier callback (or a FuncHost
-// function) whose run is in scope and still live, CloseBranch would wait on
-// its own caller: it raises the fence, asks every run in scope to stop, and
-// returns at once with the report of that first pass and ErrStopPending.
+// Called with the context of a Host call (or a FuncHost function) whose run
+// is in scope and still live, CloseBranch would wait on its own caller: it
+// raises the fence, asks every run in scope to stop, and returns at once
+// with the report of that first pass and ErrStopPending; the closure goes on
+// in the background — fence, rescans, record and notification — until the
+// branch has stopped. A Notifier's context is no such case: notifications
+// are not waited for.
 func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureReport, error) {
-	c := &closure{root: sessionID, scope: map[*entry]bool{}, starting: map[string]bool{}, failed: map[string]FailedStop{}}
 	m.mu.Lock()
-	if ref, ok := m.led.bySession[sessionID]; ok && ref.isCurrent() {
-		c.rootTask = ref.e
+	c := m.openClosure(sessionID)
+	m.unlock()
+	if v, ok := ctx.Value(runKey{}).(*runValue); ok && v.kind != callNotify {
+		c.self = v.ref.Token
 	}
+	return m.runClosure(ctx, c)
+}
+
+// openClosure raises a closure's fence. m.mu is held.
+func (m *Manager) openClosure(root string) *closure {
+	c := &closure{root: root, starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.startSeq}
 	m.closures[c] = struct{}{}
 	m.signal()
-	m.unlock()
+	return c
+}
 
-	self, _ := RunFromContext(ctx)
-	var err error
+// runClosure makes passes until one finds nothing runnable, then takes the
+// fence down. When the caller is a callback serving a run in scope, it
+// hands the rest to an owned goroutine and answers at once.
+func (m *Manager) runClosure(ctx context.Context, c *closure) (ClosureReport, error) {
 	passes := 0
 	for {
 		passes++
-		var fresh []*abortOp
-		var joined []<-chan struct{}
-		var ops []*abortOp
-		var slab []abortOp
-		busy, selfWait := false, false
-		m.mu.Lock()
-		now := m.now()
-		for _, e := range m.scan(c) {
-			if e.terminal() {
-				continue
+		p := m.closurePass(c)
+		if p.selfWait {
+			rep := m.report(c, passes)
+			if !m.group.Go(func() { _, _ = m.finishPasses(m.life, c, passes, p) }) {
+				_, _ = m.finishClosure(c, passes, ErrShutdown)
 			}
-			a := *e.cur()
-			if e == c.rootTask && a.SessionID != sessionID {
-				continue // only the root task's run in the root session
-			}
-			if _, failed := c.failed[a.Token]; failed {
-				continue
-			}
-			if e.rt.stopWanted == "" {
-				e.rt.stopWanted = StatusCancelled
-			}
-			// A run is touched once: only a run whose start was in flight
-			// can still be live in a later pass (an abort that was waited
-			// for either stopped it or failed, and failed runs are skipped).
-			if !c.starting[a.Token] {
-				c.touched = append(c.touched, attemptRef{e: e, index: e.current})
-				if e.rt.starting() {
-					c.starting[a.Token] = true
-				}
-			}
-			if self.Token == a.Token {
-				selfWait = true
-			}
-			switch {
-			case a.Status == StatusRunning:
-				if len(slab) == cap(slab) {
-					slab = make([]abortOp, 0, 256)
-				}
-				op, isFresh := m.newAbort(e, a, &slab[:len(slab)+1][len(slab)])
-				if isFresh {
-					slab = slab[:len(slab)+1]
-					fresh = append(fresh, op)
-				} else {
-					joined = append(joined, op.waitDone())
-				}
-				ops = append(ops, op)
-			default:
-				m.stopRun(e, now) // no child yet: ends now, or on arrival
-				if !e.terminal() {
-					busy = true // a start in flight: its session is aborted on arrival
-				}
-			}
+			return rep, ErrStopPending
 		}
-		if len(fresh) > 0 {
-			passDone := make(chan struct{})
-			m.runAborts(fresh, passDone)
-			joined = append(joined, passDone)
+		if p.done() {
+			return m.finishClosure(c, passes, nil)
 		}
-		wait := m.waitAny()
-		m.unlock()
-		if selfWait {
-			err = ErrStopPending
-			break
-		}
-		if len(ops) == 0 && !busy {
-			break
-		}
-		if werr := m.awaitClosurePass(ctx, c, ops, joined, busy, wait); werr != nil {
-			err = werr
-			break
+		if err := m.awaitClosurePass(ctx, c, p); err != nil {
+			return m.finishClosure(c, passes, err)
 		}
 	}
-	return m.finishClosure(c, passes, err)
+}
+
+// finishPasses goes on with a closure whose caller could not wait.
+func (m *Manager) finishPasses(ctx context.Context, c *closure, passes int, p pass) (ClosureReport, error) {
+	for !p.done() {
+		if err := m.awaitClosurePass(ctx, c, p); err != nil {
+			return m.finishClosure(c, passes, err)
+		}
+		passes++
+		p = m.closurePass(c)
+	}
+	return m.finishClosure(c, passes, nil)
+}
+
+// pass is what one closure scan set off.
+type pass struct {
+	ops      []*abortOp        // aborts of runs in scope, fresh or joined
+	waits    []<-chan struct{} // what to wait for: the pass's batch and joined aborts
+	busy     bool              // a start in flight: wait for the next change
+	change   <-chan struct{}
+	selfWait bool
+}
+
+func (p pass) done() bool { return len(p.ops) == 0 && !p.busy }
+
+// closurePass scans the branch and asks every live run in it to stop.
+func (m *Manager) closurePass(c *closure) pass {
+	var p pass
+	var fresh []*abortOp
+	var slab []abortOp
+	m.mu.Lock()
+	defer m.unlock()
+	now := m.now()
+	for _, e := range m.scan(c) {
+		if e.terminal() {
+			continue
+		}
+		a := *e.cur()
+		if _, failed := c.failed[a.Token]; failed {
+			continue
+		}
+		if e.rt.stopWanted == "" {
+			e.rt.stopWanted = StatusCancelled
+		}
+		// A run is touched once: only a run whose start was in flight can
+		// still be live in a later pass (an abort that was waited for
+		// either stopped it or failed, and failed runs are skipped).
+		if !c.starting[a.Token] {
+			c.touched = append(c.touched, attemptRef{e: e, index: e.current})
+			if e.rt.starting() {
+				c.starting[a.Token] = true
+			}
+		}
+		if c.self != "" && c.self == a.Token {
+			p.selfWait = true
+		}
+		switch {
+		case e.rt.abort != nil && e.rt.abort.run.Token == a.Token:
+			p.ops = append(p.ops, e.rt.abort)
+			p.waits = append(p.waits, e.rt.abort.waitDone())
+		case a.Status == StatusRunning:
+			if len(slab) == cap(slab) {
+				slab = make([]abortOp, 0, 256)
+			}
+			slab = slab[:len(slab)+1]
+			op, _ := m.newAbort(e, a, &slab[len(slab)-1])
+			fresh = append(fresh, op)
+			p.ops = append(p.ops, op)
+		default:
+			m.stopRun(e, now) // no child yet: ends now, or on arrival
+			if !e.terminal() {
+				p.busy = true // a start in flight: its session is aborted on arrival
+			}
+		}
+	}
+	if _, known := m.led.bySession[c.root]; !known {
+		// The root may be a session a start in flight is creating: wait
+		// for the starts that were in flight when the closure opened.
+		for seq := range m.inflight {
+			if seq <= c.horizon {
+				p.busy = true
+				break
+			}
+		}
+	}
+	if len(fresh) > 0 {
+		batch := make(chan struct{})
+		m.runAborts(fresh, batch)
+		p.waits = append(p.waits, batch)
+	}
+	p.change = m.waitAny()
+	return p
 }
 
 // awaitClosurePass waits for a pass's aborts (and, when a start was in
 // flight, for the next change), recording the aborts that failed.
-func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, ops []*abortOp, joined []<-chan struct{}, busy bool, wait <-chan struct{}) error {
-	for _, done := range joined {
+func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, p pass) error {
+	for _, done := range p.waits {
 		select {
 		case <-done:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	if busy && len(ops) == 0 {
+	if p.busy && len(p.waits) == 0 {
 		select {
-		case <-wait:
+		case <-p.change:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 	m.mu.Lock()
 	defer m.unlock()
-	for _, op := range ops {
+	for _, op := range p.ops {
 		if op.err == nil {
 			continue
 		}
@@ -633,24 +726,41 @@ func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, ops []*abort
 	return nil
 }
 
+// report says what became of each run c asked to stop. m.mu must not be
+// held.
+func (m *Manager) report(c *closure, passes int) ClosureReport {
+	m.mu.Lock()
+	defer m.unlock()
+	return m.reportLocked(c, passes)
+}
+
+func (m *Manager) reportLocked(c *closure, passes int) ClosureReport {
+	rep := ClosureReport{SessionID: c.root, Passes: passes}
+	for _, r := range c.touched {
+		a := r.attempt()
+		run := StoppedRun{TaskID: r.e.info.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}
+		switch f, failed := c.failed[a.Token]; {
+		case a.Status.Terminal():
+			rep.Stopped = append(rep.Stopped, run)
+		case failed:
+			rep.Failed = append(rep.Failed, f)
+		default:
+			rep.Stopping = append(rep.Stopping, run)
+		}
+	}
+	return rep
+}
+
 // finishClosure takes the fence down, records the closure and notifies the
 // root's parent.
 func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureReport, error) {
 	m.mu.Lock()
 	defer m.unlock()
 	delete(m.closures, c)
-	rep := ClosureReport{SessionID: c.root, Passes: passes}
-	for _, r := range c.touched {
-		a := r.attempt()
-		if f, failed := c.failed[a.Token]; failed && !a.Status.Terminal() {
-			rep.Failed = append(rep.Failed, f)
-			continue
-		}
-		if a.Status.Terminal() {
-			rep.Stopped = append(rep.Stopped, StoppedRun{TaskID: r.e.info.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status})
-		}
-	}
-	rec := ClosureRecord{SessionID: c.root, At: m.now(), Stopped: rep.Stopped, Failed: rep.Failed, Passes: passes}
+	m.signal()
+	rep := m.reportLocked(c, passes)
+	rec := ClosureRecord{SessionID: c.root, At: m.now(), Stopped: slices.Clone(rep.Stopped),
+		Failed: slices.Clone(rep.Failed), Stopping: slices.Clone(rep.Stopping), Passes: passes}
 	m.led.recordClosure(rec)
 
 	parent, taskID := c.root, ""
@@ -658,7 +768,7 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 	if ref, ok := m.led.bySession[c.root]; ok {
 		parent, taskID, snap = ref.e.info.parent, ref.e.info.id, ref.e.project()
 	}
-	if m.cfg.notifier != nil {
+	if m.cfg.notifier != nil && !(c.quiet && len(c.touched) == 0) {
 		if !m.lanes.Push(parent, Notification{Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}) {
 			m.notifyFailures.Add(1)
 		}
@@ -679,6 +789,7 @@ func (m *Manager) ClosureRecords() []ClosureRecord {
 		out[i] = *r.closure
 		out[i].Stopped = slices.Clone(r.closure.Stopped)
 		out[i].Failed = slices.Clone(r.closure.Failed)
+		out[i].Stopping = slices.Clone(r.closure.Stopping)
 	}
 	return out
 }
@@ -702,15 +813,18 @@ func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
 	return m.cancel(ctx, ref.TaskID, ref.Token)
 }
 
-// cascadeDelete closes the branch beneath a deleted session, on a goroutine
-// the Manager owns: Observe never waits for it. m.mu is held.
+// cascadeDelete closes the branch beneath a deleted session: the fence goes
+// up at once, and the passes run on a goroutine the Manager owns, so
+// Observe never waits for them. Its record is kept; the parent hears of it
+// only if anything was running below. m.mu is held.
 func (m *Manager) cascadeDelete(sessionID string) {
-	if len(m.led.byParent[sessionID]) == 0 {
-		return // nothing was launched from it
-	}
-	m.group.Go(func() {
-		if _, err := m.CloseBranch(m.life, sessionID); err != nil && !errors.Is(err, context.Canceled) {
+	c := m.openClosure(sessionID)
+	c.quiet = true
+	if !m.group.Go(func() {
+		if _, err := m.runClosure(m.life, c); err != nil && !errors.Is(err, context.Canceled) {
 			m.cfg.logger.Warn("bgtask: closing the branch of a deleted session failed", "session", sessionID, "err", err)
 		}
-	})
+	}) {
+		delete(m.closures, c)
+	}
 }

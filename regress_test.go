@@ -199,10 +199,29 @@ func TestStartReturningASessionWithAnErrorAbortsThatSession(t *testing.T) {
 	task := h.launch("a/one", "b/two")
 	h.settle()
 	got := h.task(task.ID)
-	assert.Empty(t, got.Attempts[0].SessionID, "never adopted")
-	assert.Equal(t, []string{"ses-1"}, h.host.Aborts(), "but not left running")
+	first := got.Attempts[0]
+	assert.Empty(t, first.SessionID, "never adopted")
+	assert.Equal(t, StatusError, first.Status, "ended only once its abort was confirmed")
+	assert.Contains(t, first.Error, "503")
+	assert.Equal(t, []string{"ses-1"}, h.host.Aborts(), "aborted once, not left running")
 	assert.Equal(t, "ses-2", got.SessionID)
 	assert.ErrorIs(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}), ErrStaleEvent)
+}
+
+func TestStartReturningASessionWithAnErrorWhoseAbortFailsRuns(t *testing.T) {
+	h := newHarness(t, &testHost{
+		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+			return sid, errors.New("503 after the session was created")
+		},
+		abort: func(ctx context.Context, sid string) error { return errors.New("cannot") },
+	})
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	got := h.task(task.ID)
+	assert.Equal(t, StatusRunning, got.Status, "a child may be alive: the truth wins")
+	assert.Equal(t, "ses-1", got.SessionID)
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle, Text: "it was alive"}))
+	assert.Equal(t, StatusCompleted, h.wait(task.ID).Status)
 }
 
 func TestEarlyEventStampedBeforeTheBindDoesNotEndBeforeItStarted(t *testing.T) {

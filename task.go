@@ -782,6 +782,7 @@ func (m *Manager) apply(e *entry, o observation) {
 // when err is retryable (decided before the lock) and nothing forbids it,
 // else the task's error.
 func (m *Manager) fail(e *entry, err error, retry bool, at time.Time) {
+	m.fence(e)
 	a := e.cur()
 	text := err.Error()
 	if !retry || a.Number >= e.info.maxAttempts {
@@ -869,7 +870,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 		if !live() {
 			return // the run was replaced or ended meanwhile
 		}
-		if e.rt.stopWanted != "" {
+		if m.fence(e) {
 			m.finalize(e, next.ID, e.rt.stopWanted, "", "", m.now())
 			return
 		}
@@ -962,8 +963,13 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 			}
 		}
 	}
+	if live {
+		m.fence(e) // a run inside a closing branch is aborted on arrival
+	}
 	switch {
-	case live && err == nil:
+	case live && err == nil && (e.rt.stopWanted == "" || m.heldEnds(a.ID, sid)):
+		// Adopt it: bind, then apply what the child already said. A child
+		// that already ended keeps its own outcome even if a stop is wanted.
 		if berr := m.led.bindSession(e, a.ID, sid, m.now()); berr != nil {
 			m.ledgerBug(e, berr)
 			return
@@ -980,19 +986,30 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && e.rt.stopWanted != "" {
 			m.abortRun(e, *cur)
 		}
+	case live && sid != "":
+		// Not adopted: a stop was asked for while it was being created, or
+		// the host reported the start failed although a session exists.
+		// Index it (its events resolve, as stale) and abort it. When the
+		// host confirms, the stop — or the start's failure — takes its
+		// course; if the abort fails, the child is alive and is bound.
+		if oerr := m.led.orphanSession(e, a.ID, sid, m.now()); oerr != nil {
+			m.ledgerBug(e, oerr)
+			return
+		}
+		replay()
+		if cur := e.cur(); cur.ID == a.ID && cur.Status == StatusPending {
+			op, _ := m.newAbort(e, *cur, nil)
+			op.session, op.arrival = sid, true
+			op.failWith, op.retry = err, retry
+			m.runAborts([]*abortOp{op}, nil)
+		}
 	case sid != "":
-		// Created for an attempt that is no longer current, or returned
-		// with an error: index it so its events resolve (as stale), abort
-		// it, never adopt it.
+		// Created for an attempt that is no longer current: index it so its
+		// events resolve (as stale), abort it, never adopt it.
 		if oerr := m.led.orphanSession(e, a.ID, sid, m.now()); oerr != nil {
 			m.ledgerBug(e, oerr)
 		}
 		m.abortOrphan(e, a, sid)
-		if live {
-			replay()
-			m.startFailed(e, a, err, retry)
-			return
-		}
 		replay()
 	case live:
 		replay() // held events for an attempt that never ran: stale
@@ -1000,6 +1017,20 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 	default:
 		replay()
 	}
+}
+
+// heldEnds reports whether an event held for the attempt or its session
+// says the child's run already ended.
+func (m *Manager) heldEnds(attemptID, sessionID string) bool {
+	for _, h := range m.held {
+		if h.attemptID == attemptID || (h.attemptID == "" && h.obs.ev.SessionID == sessionID) {
+			switch h.obs.ev.Kind {
+			case SessionIdle, SessionError, SessionInterrupted, SessionDeleted:
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // startFailed records a failed session start of the current attempt a.
@@ -1642,6 +1673,11 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 		e.rt.waiter = nil
 	}
 	cur := *e.cur()
+	if cur.Token == w.V.token && cur.Status == StatusPending && m.fence(e) {
+		e.rt.slotKey, e.rt.slotToken = w.Key(), cur.Token // given back as it ends
+		m.finalize(e, cur.ID, e.rt.stopWanted, "", "", m.now())
+		return
+	}
 	if cur.Token != w.V.token || cur.Status != StatusPending {
 		// Cannot happen (a run leaves the queue as it ends), but a slot
 		// must never leak.
@@ -1720,7 +1756,7 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 				wait = e.rt.abort.waitDone()
 			case !now.Before(due):
 				op, _ := m.newAbort(e, a, nil)
-				op.stall = fmt.Errorf("stalled: no activity for %s", d)
+				op.failWith, op.retry = fmt.Errorf("stalled: no activity for %s", d), true
 				m.runAborts([]*abortOp{op}, nil)
 				wait = op.waitDone()
 				retryAt = now.Add(d)

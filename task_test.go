@@ -621,7 +621,7 @@ func TestShutdownDuringSessionStartAbortsArrivingSession(t *testing.T) {
 	require.Error(t, err)
 	got := h.task(task.ID)
 	assert.Equal(t, StatusInterrupt, got.Status)
-	assert.Equal(t, "ses-1", got.SessionID)
+	assert.Empty(t, got.SessionID, "aborted on arrival, never adopted")
 	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
 	assert.Zero(t, h.m.group.Running(), "no goroutine outlives Shutdown")
 }

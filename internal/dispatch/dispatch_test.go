@@ -51,15 +51,20 @@ func TestLanesDeliverInOrderPerKeyOneAtATime(t *testing.T) {
 func TestSlowKeyDoesNotBlockOthers(t *testing.T) {
 	var g group.Group
 	block := make(chan struct{})
+	taken := make(chan struct{})
 	fast := make(chan int, 1)
 	l := New(g.Go, func(key string, item int) {
 		if key == "slow" {
+			if item == 1 {
+				close(taken)
+			}
 			<-block
 			return
 		}
 		fast <- item
 	})
 	l.Push("slow", 1)
+	<-taken
 	l.Push("fast", 2)
 	assert.Equal(t, 2, <-fast)
 	assert.Equal(t, 0, l.Pending(), "the slow item is being delivered, not pending")

@@ -1,0 +1,212 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestConfirmedAbortIsRecordedBeforeTheWorkerTakesAnother(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan string, 64)
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		entered <- sid
+		if sid == "ses-1" {
+			return nil // confirmed at once
+		}
+		<-release
+		return nil
+	}})
+	first, _ := h.child("root")
+	for range maxAbortWorkers {
+		h.child("root")
+	}
+	done := make(chan error, 1)
+	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	for range maxAbortWorkers + 1 {
+		<-entered // the 33rd abort starts only after ses-1's returned
+	}
+	got := h.task(first.ID).Status
+	close(release)
+	require.NoError(t, <-done)
+	assert.Equal(t, StatusCancelled, got, "the host confirmed ses-1's abort")
+}
+
+func TestAnAbortThatWaitsOnAnotherStoppedTaskDoesNotDeadlock(t *testing.T) {
+	var m *Manager
+	var firstID atomic.Value
+	var timeouts atomic.Int32
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		if sid == "ses-1" {
+			return nil
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second) // failure detection only
+		defer cancel()
+		if _, err := m.Wait(wctx, firstID.Load().(string)); err != nil {
+			timeouts.Add(1)
+		}
+		return nil
+	}})
+	m = h.m
+	first, _ := h.child("root")
+	firstID.Store(first.ID)
+	for range maxAbortWorkers {
+		h.child("root")
+	}
+	_, err := h.m.CloseBranch(context.Background(), "root")
+	require.NoError(t, err)
+	assert.Zero(t, timeouts.Load())
+}
+
+func TestFenceCoversTasksUnderASessionBoundDuringTheClosure(t *testing.T) {
+	releaseStart := make(chan struct{})
+	releaseAbort := make(chan struct{})
+	abortO := make(chan struct{})
+	startG2 := make(chan struct{})
+	h := newHarness(t, &testHost{
+		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+			switch {
+			case req.ParentSessionID == "root" && req.Prompt == "T":
+				<-releaseStart
+				return "x-session", nil
+			case req.ParentSessionID == "x-session" && req.Prompt == "G2":
+				<-startG2
+			}
+			return sid, nil
+		},
+		abort: func(ctx context.Context, sid string) error {
+			if sid == "ses-1" {
+				close(abortO)
+				<-releaseAbort
+			}
+			return nil
+		},
+	})
+	h.child("root") // ses-1: its abort holds the first pass
+	// G and G2 were launched from the session T's start will return, before
+	// it is bound.
+	g, gSes := h.child("x-session")
+	g2 := h.launchSpec(Spec{ParentSessionID: "x-session", Prompt: "G2", Models: mustModels(t, "a/one")})
+	tt := h.launchSpec(Spec{ParentSessionID: "root", Prompt: "T", Models: mustModels(t, "a/one")})
+
+	done := make(chan error, 1)
+	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	<-abortO // the first pass is waiting
+
+	close(releaseStart) // T binds x-session and is aborted on arrival
+	require.Equal(t, StatusCancelled, h.wait(tt.ID).Status)
+
+	// No scan has reached G or G2 yet; the fence covers them all the same.
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: gSes, Models: mustModels(t, "a/one")})
+	assert.ErrorIs(t, err, ErrBranchClosing)
+	require.NoError(t, h.observe(Event{SessionID: gSes, Kind: SessionError, Err: errRateLimited}))
+	assert.Len(t, h.task(g.ID).Attempts, 1, "no retry inside a closing branch")
+	assert.Equal(t, StatusCancelled, h.task(g.ID).Status)
+	close(startG2)
+	h.until(func() bool {
+		h.m.mu.Lock()
+		defer h.m.unlock()
+		return !h.m.led.tasks[g2.ID].rt.starting()
+	})
+	assert.NotEqual(t, StatusRunning, h.task(g2.ID).Status, "an arriving session in scope is aborted, not adopted as live")
+
+	close(releaseAbort)
+	require.NoError(t, <-done)
+	assert.Equal(t, StatusCancelled, h.task(g2.ID).Status)
+}
+
+func TestClosureRecordIsNotAliasedWithTheReport(t *testing.T) {
+	h := newHarness(t, nil)
+	h.child("root")
+	rep, err := h.m.CloseBranch(context.Background(), "root")
+	require.NoError(t, err)
+	require.Len(t, rep.Stopped, 1)
+	rep.Stopped[0].Status = "tampered"
+	assert.Equal(t, StatusCancelled, h.m.ClosureRecords()[0].Stopped[0].Status)
+}
+
+func TestClosureWaitsForTheSessionOfAFailedStart(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{
+		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+			close(entered)
+			<-release
+			return sid, errors.New("prompt failed after the session was created")
+		},
+		abort: func(ctx context.Context, sid string) error { return errors.New("wedged") },
+	})
+	task := h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
+	<-entered
+	done := make(chan error, 1)
+	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	h.until(func() bool {
+		h.m.mu.Lock()
+		defer h.m.unlock()
+		return len(h.m.closures) == 1 && h.m.led.tasks[task.ID].rt.stopWanted != ""
+	})
+	close(release)
+	err := <-done
+	assert.ErrorIs(t, err, ErrBranchNotStopped, "ses-1 exists and its abort failed")
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
+	assert.Contains(t, h.host.Aborts(), "ses-1")
+	var ce *ClosureError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, "ses-1", ce.Failed[0].SessionID)
+}
+
+func TestClosureRootBoundDuringTheClosureIsStopped(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		close(entered)
+		<-release
+		return "the-root", nil
+	}})
+	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	<-entered
+	done := make(chan error, 1)
+	go func() { _, err := h.m.CloseBranch(context.Background(), "the-root"); done <- err }()
+	h.until(func() bool {
+		h.m.mu.Lock()
+		defer h.m.unlock()
+		return len(h.m.closures) == 1
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the closure returned (%v) while the start that creates its root was in flight", err)
+	default:
+	}
+	close(release) // the root session is bound to the task during the closure
+	require.NoError(t, <-done)
+	assert.Equal(t, StatusCancelled, h.wait(task.ID).Status)
+}
+
+func TestClosureFromACallbackFinishesInTheBackground(t *testing.T) {
+	var m *Manager
+	inner := make(chan error, 1)
+	var kidID atomic.Value
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		if ref, ok := RunFromContext(ctx); ok && ref.TaskID == kidID.Load() {
+			_, err := m.CloseBranch(ctx, "root")
+			inner <- err
+		}
+		return nil
+	}})
+	m = h.m
+	_, ses := h.child("root")
+	kid, kidSes := h.child(ses)
+	grand, _ := h.child(kidSes)
+	kidID.Store(kid.ID)
+	require.NoError(t, m.Cancel(context.Background(), kid.ID))
+	assert.ErrorIs(t, <-inner, ErrStopPending)
+	assert.Equal(t, StatusCancelled, h.wait(grand.ID).Status, "the closure went on without its caller")
+	h.until(func() bool { return len(m.ClosureRecords()) == 1 })
+	_, err := m.Launch(context.Background(), Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
+	assert.NoError(t, err, "its fence came down when it finished")
+}
