@@ -65,6 +65,20 @@
 // the root's parent (NotifyBranchClosed). A SessionDeleted event for a
 // task's current session closes the branch beneath it.
 //
+// # Outcomes and the envelope
+//
+// Every terminal task carries an Outcome, computed once when it ended and
+// handed out by both Wait (Task.Outcome) and the final summary
+// notification: a state, and — when the parent is not getting a clean
+// answer — a Reason from a closed set (context overflow, output limit,
+// content filter, provider error, no final text, unconsumed tool call,
+// unknown), with the child's last output kept as bounded evidence. Facts the
+// host did not report are marked unknown, never guessed. The Outcome's
+// Envelope is the <task> block a parent model reads: <task_result> for an
+// answer (verbatim), <task_error> for a failure, <task_status> for a
+// cancelled or still-running task, and one-line <task_notice> facts. No
+// content can break it; AnswerFromEnvelope recovers the exact answer.
+//
 // # Notifications
 //
 // With WithNotifier, the parent session hears NotifyRetryScheduled when an

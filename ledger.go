@@ -94,6 +94,7 @@ type entry struct {
 	info     *taskInfo
 	records  []record
 	sessions []string // every session indexed to one of its attempts, bound or orphaned
+	outcome  *Outcome // computed once, when the task became terminal
 }
 
 func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
@@ -432,5 +433,6 @@ func (e *entry) project() Task {
 		Revision:         e.revision,
 		LaunchedAt:       e.info.launchedAt,
 		Metadata:         maps.Clone(e.info.metadata),
+		Outcome:          e.outcome.clone(),
 	}
 }

@@ -1,9 +1,13 @@
 package bgtask
 
 import (
+	"errors"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/bgtask/bgtask/internal/errclass"
+	"github.com/bgtask/bgtask/internal/markup"
 	"github.com/bgtask/bgtask/internal/textbound"
 )
 
@@ -70,11 +74,15 @@ func retrySessionReadyText(a Attempt) string {
 		a.Model.String() + " in session " + a.SessionID + "."
 }
 
-// finalSummaryText is the final notification: a headline and the timeline.
+// finalSummaryText is the final notification: a headline, the <task>
+// envelope (the same the task's Outcome holds), and the timeline.
 func finalSummaryText(t Task) string {
 	head := "[Background task " + strings.ToUpper(string(t.Status)) + "] " + t.ID
 	if t.Description != "" {
 		head += ": " + textbound.OneLine(t.Description, 120)
+	}
+	if t.Outcome != nil {
+		head += "\n" + t.Outcome.Envelope
 	}
 	return head + "\n" + Timeline(t)
 }
@@ -116,3 +124,301 @@ func branchClosedText(r ClosureRecord) string {
 // maxClosureLines bounds the runs listed in a branch closure notification;
 // the ClosureRecord has them all.
 const maxClosureLines = 50
+
+// Reason says why an outcome is not a clean answer. It is empty for a clean
+// answer.
+type Reason string
+
+const (
+	// ReasonContextOverflow: the child ran out of context window.
+	ReasonContextOverflow Reason = "context_overflow"
+	// ReasonOutputLimit: the child's answer was cut off by an output limit.
+	ReasonOutputLimit Reason = "output_limit"
+	// ReasonContentFilter: the provider filtered the child's output.
+	ReasonContentFilter Reason = "content_filter"
+	// ReasonProviderError: the provider failed the request (rate limit,
+	// overload, 5xx, forbidden, unknown model, timeout, bad request).
+	ReasonProviderError Reason = "provider_error"
+	// ReasonNoFinalText: the child's turn ended with no final message.
+	ReasonNoFinalText Reason = "no_final_text"
+	// ReasonUnconsumedToolCall: the turn ended on a tool call nobody
+	// answered.
+	ReasonUnconsumedToolCall Reason = "unconsumed_tool_call"
+	// ReasonUnknown: the run failed and the library could not establish
+	// why. It is never a guess.
+	ReasonUnknown Reason = "unknown"
+)
+
+// FinishReason is what the host knows of how a child's turn ended
+// (Event.Finish on SessionIdle).
+type FinishReason string
+
+const (
+	FinishStop          FinishReason = "stop"           // the model ended its answer
+	FinishLength        FinishReason = "length"         // an output limit cut it off
+	FinishContentFilter FinishReason = "content_filter" // the provider filtered it
+	FinishToolCalls     FinishReason = "tool_calls"     // it ended on a tool call
+	FinishUnknown       FinishReason = "unknown"        // the host did not say
+)
+
+// Typed errors a host can return (wrapped or not) in a SessionError so the
+// outcome names the reason without guessing from messages. None of them is
+// retried by DefaultRetryable.
+var (
+	ErrContextOverflow = errors.New("context window exceeded")
+	ErrOutputLimit     = errors.New("output limit reached")
+	ErrContentFilter   = errors.New("output blocked by a content filter")
+)
+
+// MaxEvidenceRunes bounds Outcome.Evidence: longer output keeps its
+// beginning and end.
+const MaxEvidenceRunes = 2000
+
+// Outcome is what a parent gets when a task ends: computed once, when the
+// task becomes terminal, and carried by both Wait (Task.Outcome) and the
+// final summary notification.
+//
+// Status says how the child's run ended; Outcome says what the parent was
+// given. A run that ended idle but was cut off, filtered, or ended with no
+// final text has Status completed and an Outcome whose State is error with
+// the reason.
+type Outcome struct {
+	// State is completed (a clean answer), error, cancelled or interrupt.
+	State Status `json:"state"`
+	// Reason says why an outcome is not a clean answer; empty if it is.
+	Reason Reason `json:"reason,omitempty"`
+	// Answer is the final answer, verbatim; HasAnswer tells an empty
+	// answer ("") from a missing one.
+	Answer    string `json:"answer,omitempty"`
+	HasAnswer bool   `json:"hasAnswer"`
+	// Finish is how the last turn ended, as the host reported it.
+	Finish FinishReason `json:"finishReason,omitempty"`
+	// Error is the failure text, for error (and a cancelled run that
+	// failed while stopping).
+	Error string `json:"error,omitempty"`
+	// Evidence is the child's last output when the outcome is not a clean
+	// answer, bounded to MaxEvidenceRunes; EvidenceDropped counts the
+	// characters dropped from its middle.
+	Evidence        string `json:"evidence,omitempty"`
+	EvidenceDropped int    `json:"evidenceDropped,omitempty"`
+	// Notices are one-line facts that ride along ("retried on 2 models").
+	Notices []string `json:"notices,omitempty"`
+	// Envelope is the <task> block for the parent model.
+	Envelope string `json:"envelope"`
+}
+
+func (o *Outcome) clone() *Outcome {
+	if o == nil {
+		return nil
+	}
+	c := *o
+	c.Notices = slices.Clone(o.Notices)
+	return &c
+}
+
+// reasonOf classifies a failure: the typed errors first, then the error
+// classes DefaultRetryable uses.
+func reasonOf(err error) Reason {
+	switch {
+	case err == nil:
+		return ReasonUnknown
+	case errors.Is(err, ErrContextOverflow):
+		return ReasonContextOverflow
+	case errors.Is(err, ErrOutputLimit):
+		return ReasonOutputLimit
+	case errors.Is(err, ErrContentFilter):
+		return ReasonContentFilter
+	}
+	switch errclass.Classify(err) {
+	case errclass.ContextOverflow:
+		return ReasonContextOverflow
+	case errclass.OutputLimit:
+		return ReasonOutputLimit
+	case errclass.ContentFilter:
+		return ReasonContentFilter
+	case errclass.RateLimited, errclass.Overloaded, errclass.ServerError, errclass.Forbidden,
+		errclass.Unauthorized, errclass.ModelNotFound, errclass.Timeout, errclass.Validation:
+		return ReasonProviderError
+	}
+	return ReasonUnknown
+}
+
+// outcomeOf computes a terminal task's outcome from its current attempt and
+// what the run reported last.
+func outcomeOf(t Task, last runOutput) *Outcome {
+	cur := t.Current()
+	o := &Outcome{State: cur.Status}
+	if last.token == cur.Token {
+		o.Finish = last.finish
+	}
+	switch cur.Status {
+	case StatusCompleted:
+		switch {
+		case last.token == cur.Token && last.noText:
+			o.State, o.Reason = StatusError, ReasonNoFinalText
+		case o.Finish == FinishLength:
+			o.State, o.Reason = StatusError, ReasonOutputLimit
+		case o.Finish == FinishContentFilter:
+			o.State, o.Reason = StatusError, ReasonContentFilter
+		case o.Finish == FinishToolCalls:
+			o.State, o.Reason = StatusError, ReasonUnconsumedToolCall
+		default:
+			o.Answer, o.HasAnswer = cur.Result, true
+			if o.Finish == "" {
+				o.Finish = FinishUnknown
+			}
+		}
+		if o.State == StatusError {
+			o.Error = unusableAnswer[o.Reason]
+		}
+	case StatusError:
+		o.Error = cur.Error
+		err := last.err
+		if last.token != cur.Token || err == nil {
+			err = errors.New(cur.Error)
+		}
+		o.Reason = reasonOf(err)
+	case StatusCancelled, StatusInterrupt:
+		o.Error = cur.Error
+	}
+	if !o.HasAnswer && last.token == cur.Token {
+		evidence := last.output
+		if evidence == "" && cur.Status == StatusCompleted {
+			evidence = cur.Result
+		}
+		o.Evidence, o.EvidenceDropped = textbound.Middle(evidence, MaxEvidenceRunes)
+	}
+	o.Notices = notices(t, o)
+	o.Envelope = renderEnvelope(t.ID, o)
+	return o
+}
+
+// unusableAnswer explains a turn that ended without a usable answer.
+var unusableAnswer = map[Reason]string{
+	ReasonNoFinalText:        "the child's turn ended with no final message",
+	ReasonOutputLimit:        "the child's answer was cut off by an output limit",
+	ReasonContentFilter:      "the provider's content filter blocked the child's answer",
+	ReasonUnconsumedToolCall: "the child's turn ended on a tool call that was never answered",
+}
+
+// MaxNoticeRunes bounds one <task_notice> line.
+const MaxNoticeRunes = 200
+
+func notices(t Task, o *Outcome) []string {
+	var out []string
+	if len(t.Attempts) > 1 {
+		seen := map[Model]bool{}
+		for _, a := range t.Attempts[1:] {
+			seen[a.Model] = true
+		}
+		out = append(out, "retried on "+strconv.Itoa(len(seen))+" model"+plural(len(seen))+" after attempt 1 failed")
+	}
+	if o.HasAnswer && o.Answer == "" {
+		out = append(out, "the answer is empty: the child ended its turn with an empty final message")
+	}
+	if !o.HasAnswer && t.SessionID != "" {
+		out = append(out, "the task's session "+t.SessionID+" can be inspected or resumed by task id "+t.ID)
+	}
+	return out
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// Envelope renders the <task> block a parent model reads for t: the
+// outcome's envelope for a terminal task (the same text Wait and the final
+// summary carry), or a <task_status> receipt for work still running.
+//
+// Content cannot break the envelope: attributes, errors, statuses and
+// notices are escaped ("<" and "&" become entities; a notice is one line,
+// capped at MaxNoticeRunes); the answer and the evidence are verbatim but
+// for "</task", which is escaped so it cannot close a tag (see the package
+// docs for how to recover the exact answer).
+func Envelope(t Task) string {
+	if t.Outcome != nil {
+		return t.Outcome.Envelope
+	}
+	cur := t.Current()
+	status := "running: attempt " + strconv.Itoa(cur.Number) + " on " + cur.Model.String()
+	if cur.SessionID != "" {
+		status += " in session " + cur.SessionID
+	}
+	if cur.Status == StatusPending {
+		status = "pending (" + strings.ReplaceAll(string(cur.Pending), "_", " ") + "): attempt " + strconv.Itoa(cur.Number) + " on " + cur.Model.String()
+	}
+	var b strings.Builder
+	openTask(&b, t.ID, "running")
+	element(&b, "task_status", markup.Text(status))
+	closeTask(&b, nil)
+	return b.String()
+}
+
+func renderEnvelope(id string, o *Outcome) string {
+	var b strings.Builder
+	openTask(&b, id, string(o.State))
+	switch {
+	case o.HasAnswer:
+		element(&b, "task_result", markup.Body(o.Answer))
+	case o.State == StatusError:
+		body := "reason: " + string(o.Reason) + "\nerror: " + markup.Text(o.Error)
+		body += evidenceText(o)
+		element(&b, "task_error", body)
+	default: // cancelled, interrupt: an outcome, not a tool failure
+		text := "the task was cancelled before it finished"
+		if o.State == StatusInterrupt {
+			text = "the task was interrupted before it finished"
+		}
+		if o.Error != "" {
+			text += "\nerror: " + markup.Text(o.Error)
+		}
+		element(&b, "task_status", text+evidenceText(o))
+	}
+	closeTask(&b, o.Notices)
+	return b.String()
+}
+
+func evidenceText(o *Outcome) string {
+	if o.Evidence == "" {
+		return ""
+	}
+	head := "\nlast output:"
+	if o.EvidenceDropped > 0 {
+		head = "\nlast output (" + strconv.Itoa(o.EvidenceDropped) + " characters dropped from the middle):"
+	}
+	return head + "\n" + markup.Body(o.Evidence)
+}
+
+func openTask(b *strings.Builder, id, state string) {
+	b.WriteString(`<task id="` + markup.Attr(id) + `" state="` + markup.Attr(state) + `">` + "\n")
+}
+
+func element(b *strings.Builder, tag, body string) {
+	b.WriteString("<" + tag + ">\n" + body + "\n</" + tag + ">\n")
+}
+
+func closeTask(b *strings.Builder, notices []string) {
+	for _, n := range notices {
+		b.WriteString("<task_notice>" + markup.Text(textbound.OneLine(n, MaxNoticeRunes)) + "</task_notice>\n")
+	}
+	b.WriteString("</task>")
+}
+
+// AnswerFromEnvelope recovers the exact answer from an envelope rendered by
+// Envelope, and reports whether it holds one.
+func AnswerFromEnvelope(env string) (string, bool) {
+	const open, end = "<task_result>\n", "\n</task_result>\n"
+	i := strings.Index(env, open)
+	if i < 0 {
+		return "", false
+	}
+	rest := env[i+len(open):]
+	j := strings.Index(rest, end)
+	if j < 0 {
+		return "", false
+	}
+	return markup.Unbody(rest[:j]), true
+}

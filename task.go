@@ -86,6 +86,8 @@ type Task struct {
 	Revision   uint64            `json:"revision"`
 	LaunchedAt time.Time         `json:"launchedAt,omitzero"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
+	// Outcome is what the parent gets; set once the task is terminal.
+	Outcome *Outcome `json:"outcome,omitempty"`
 }
 
 // Current returns the current attempt.
@@ -209,10 +211,18 @@ type Event struct {
 	AttemptID string
 	// Token, when set, must name the attempt's run, or the event is stale.
 	Token string
-	Kind  EventKind
-	Text  string    // SessionIdle: the final answer
-	Err   error     // SessionError: the failure
-	At    time.Time // when it happened; zero means now
+	Kind EventKind
+	// Text is, for SessionIdle, the final answer; for any other kind, the
+	// child's latest output (kept as evidence if the run does not end in
+	// a clean answer).
+	Text string
+	// NoFinalText (SessionIdle) says the turn ended with no final message
+	// at all, as opposed to an empty one.
+	NoFinalText bool
+	// Finish (SessionIdle) is how the turn ended, if the host knows.
+	Finish FinishReason
+	Err    error     // SessionError: the failure
+	At     time.Time // when it happened; zero means now
 }
 
 // NotificationKind says what a notification tells the parent.
@@ -367,6 +377,7 @@ type runtime struct {
 	heldN      int           // events held by attempt id for the current attempt
 	stopWanted Status        // cancelled or interrupt: a stop was asked for; no retry follows
 	stopped    string        // a run whose session the host confirmed stopped (a stall)
+	out        runOutput     // what the current run said last
 	runToken   string        // the run runDone belongs to
 	runDone    chan struct{} // closed when that run ends or is replaced; made on demand
 	slotKey    string        // the concurrency key whose slot the run holds
@@ -763,12 +774,20 @@ func (m *Manager) apply(e *entry, o observation) {
 		at = a.StartedAt
 	}
 	e.rt.lastEvent = at
+	if e.rt.out.token != a.Token {
+		e.rt.out = runOutput{token: a.Token}
+	}
+	if ev.Text != "" {
+		e.rt.out.output = ev.Text
+	}
 	switch ev.Kind {
 	case SessionBusy, SessionCompacted:
 		// Liveness only: the run goes on.
 	case SessionIdle:
+		e.rt.out.finish, e.rt.out.noText = ev.Finish, ev.NoFinalText
 		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
 	case SessionError:
+		e.rt.out.err = ev.Err
 		m.fail(e, ev.Err, o.retry, at)
 	case SessionInterrupted:
 		m.finalize(e, a.ID, StatusInterrupt, "", "", at)
@@ -1083,6 +1102,7 @@ func (m *Manager) changed(e *entry, wasTerminal bool) {
 	if wasTerminal || !e.terminal() {
 		return
 	}
+	e.outcome = outcomeOf(e.project(), e.rt.out) // once, for every carrier
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
 	}
@@ -1333,6 +1353,9 @@ func IsPermanent(err error) bool {
 // anything unrecognised, are not retried.
 func DefaultRetryable(err error) bool {
 	if err == nil || IsPermanent(err) {
+		return false
+	}
+	if errors.Is(err, ErrContextOverflow) || errors.Is(err, ErrOutputLimit) || errors.Is(err, ErrContentFilter) {
 		return false
 	}
 	var se *StartError
@@ -1807,4 +1830,13 @@ func (m *Manager) Stats() []QueueStat {
 		out = append(out, QueueStat{Key: s.Key, Running: s.Running, Queued: s.Queued, Limit: s.Limit})
 	}
 	return out
+}
+
+// runOutput is what a run reported last, kept to compute its outcome.
+type runOutput struct {
+	token  string // the run it belongs to
+	output string // latest output text
+	finish FinishReason
+	noText bool
+	err    error
 }

@@ -26,6 +26,8 @@ const (
 	ContextOverflow
 	Validation
 	Aborted
+	OutputLimit
+	ContentFilter
 )
 
 var names = [...]string{
@@ -40,6 +42,8 @@ var names = [...]string{
 	ContextOverflow: "context_overflow",
 	Validation:      "validation",
 	Aborted:         "aborted",
+	OutputLimit:     "output_limit",
+	ContentFilter:   "content_filter",
 }
 
 func (c Class) String() string {
@@ -136,6 +140,8 @@ var patterns = []struct {
 	class Class
 	subs  []string
 }{
+	{OutputLimit, []string{"max_tokens", "max output tokens", "maximum output", "output limit", "output token limit"}},
+	{ContentFilter, []string{"content_filter", "content filter", "content policy", "content management policy", "safety system", "responsible ai"}},
 	{ContextOverflow, []string{"context_length_exceeded", "context length", "context window", "maximum context", "prompt is too long", "too many tokens", "context overflow"}},
 	{Aborted, []string{"aborted", "operation was canceled", "context canceled"}},
 	{Validation, []string{"validation", "invalid request", "invalid_request", "bad request"}},

@@ -57,6 +57,8 @@ func TestClassify(t *testing.T) {
 		{name: "aborted", give: errors.New("The operation was aborted"), want: Aborted},
 		{name: "canceled", give: context.Canceled, want: Aborted},
 		{name: "unrecognised", give: errors.New("something odd"), want: Unknown},
+		{name: "output limit", give: errors.New("stop_reason: max_tokens"), want: OutputLimit},
+		{name: "content filter", give: errors.New("The response was filtered due to the prompt triggering content management policy"), want: ContentFilter},
 		{name: "code alone", give: errors.New("HTTP 429: slow down"), want: RateLimited, retryable: true},
 		{name: "digits inside a number are no code", give: errors.New("took 1500 ms to parse 4290 tokens"), want: Unknown},
 	}

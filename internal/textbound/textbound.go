@@ -64,3 +64,33 @@ func isPlain(s string, max int) bool {
 	}
 	return !prevSpace
 }
+
+// Middle bounds s to about max runes by keeping its beginning and its end
+// and replacing the middle with a marker that says how many runes were
+// dropped; it returns the text and that count (0 when s fits). max < 1 means
+// no limit.
+func Middle(s string, max int) (string, int) {
+	n := utf8.RuneCountInString(s)
+	if max < 1 || n <= max {
+		return s, 0
+	}
+	head := max * 2 / 3
+	tail := max - head
+	runes := []rune(s)
+	dropped := n - head - tail
+	return string(runes[:head]) + "\n[… " + itoa(dropped) + " characters dropped …]\n" + string(runes[n-tail:]), dropped
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b [20]byte
+	i := len(b)
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return string(b[i:])
+}

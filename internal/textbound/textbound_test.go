@@ -55,3 +55,42 @@ func FuzzOneLine(f *testing.F) {
 		}
 	})
 }
+
+func TestMiddle(t *testing.T) {
+	tests := []struct {
+		name        string
+		give        string
+		max         int
+		wantDropped int
+	}{
+		{name: "fits", give: "short", max: 10, wantDropped: 0},
+		{name: "exactly max", give: strings.Repeat("a", 30), max: 30, wantDropped: 0},
+		{name: "one over", give: strings.Repeat("a", 31), max: 30, wantDropped: 1},
+		{name: "long", give: strings.Repeat("x", 1000), max: 90, wantDropped: 910},
+		{name: "runes", give: strings.Repeat("é", 50), max: 30, wantDropped: 20},
+		{name: "no limit", give: strings.Repeat("a", 100), max: 0, wantDropped: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, dropped := Middle(tt.give, tt.max)
+			assert.Equal(t, tt.wantDropped, dropped)
+			if dropped == 0 {
+				assert.Equal(t, tt.give, got)
+				return
+			}
+			head := tt.max * 2 / 3
+			runes := []rune(tt.give)
+			assert.True(t, strings.HasPrefix(got, string(runes[:head])), "keeps the beginning")
+			assert.True(t, strings.HasSuffix(got, string(runes[len(runes)-(tt.max-head):])), "keeps the end")
+			assert.Contains(t, got, "[… "+itoa(dropped)+" characters dropped …]")
+		})
+	}
+}
+
+func TestMiddleKeepsBothEnds(t *testing.T) {
+	s := "BEGIN" + strings.Repeat(".", 500) + "END"
+	got, dropped := Middle(s, 60)
+	assert.True(t, strings.HasPrefix(got, "BEGIN"))
+	assert.True(t, strings.HasSuffix(got, "END"))
+	assert.Equal(t, len(s)-60, dropped)
+}
