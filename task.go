@@ -211,7 +211,7 @@ type Event struct {
 	AttemptID string
 	// Token, when set, must name the attempt's run, or the event is stale.
 	Token string
-	Kind EventKind
+	Kind  EventKind
 	// Text is, for SessionIdle, the final answer; for any other kind, the
 	// child's latest output (kept as evidence if the run does not end in
 	// a clean answer).
