@@ -64,6 +64,7 @@ func ExampleManager() {
 	// parent: retry_scheduled
 	// parent: retry_session_ready
 	// parent: final_summary
+	// parent: all_complete
 	// completed 42
 	// Background task attempts:
 	// - Attempt 1 — ERROR — openai/gpt-5.4-mini — ses_1

@@ -434,5 +434,16 @@ func (e *entry) project() Task {
 		LaunchedAt:       e.info.launchedAt,
 		Metadata:         maps.Clone(e.info.metadata),
 		Outcome:          e.outcome.clone(),
+		Activity:         e.activity(),
 	}
+}
+
+// activity is what the current run does now: process-local, and only while
+// it runs.
+func (e *entry) activity() Activity {
+	cur := e.cur()
+	if cur.Status != StatusRunning || e.rt.out.token != cur.Token {
+		return ActivityNone
+	}
+	return e.rt.out.activity
 }

@@ -422,3 +422,35 @@ func AnswerFromEnvelope(env string) (string, bool) {
 	}
 	return markup.Unbody(rest[:j]), true
 }
+
+// allCompleteText tells a parent every task of its round has ended,
+// failures first, with the timeline of each task that took more than one
+// attempt.
+func allCompleteText(parent string, tasks []Task) string {
+	failed := 0
+	for _, t := range tasks {
+		if failureRank(t) == 0 {
+			failed++
+		}
+	}
+	var b strings.Builder
+	b.WriteString("[All background tasks complete] " + strconv.Itoa(len(tasks)) + " task" + plural(len(tasks)) +
+		" under " + parent + ": " + strconv.Itoa(failed) + " failed, " + strconv.Itoa(len(tasks)-failed) + " completed.")
+	for _, t := range tasks {
+		state := "UNKNOWN"
+		if t.Outcome != nil {
+			state = strings.ToUpper(string(t.Outcome.State))
+			if t.Outcome.Reason != "" {
+				state += " (" + string(t.Outcome.Reason) + ")"
+			}
+		}
+		b.WriteString("\n- " + t.ID + " — " + state)
+		if t.Description != "" {
+			b.WriteString(" — " + textbound.OneLine(t.Description, 120))
+		}
+		if len(t.Attempts) > 1 {
+			b.WriteString("\n  " + strings.ReplaceAll(Timeline(t), "\n", "\n  "))
+		}
+	}
+	return b.String()
+}

@@ -88,7 +88,24 @@ type Task struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	// Outcome is what the parent gets; set once the task is terminal.
 	Outcome *Outcome `json:"outcome,omitempty"`
+	// Activity is what the child is doing now, from its latest events:
+	// process-local, never persisted, empty unless the task is running.
+	Activity Activity `json:"activity,omitempty"`
 }
+
+// Activity is what a running child is doing now.
+type Activity string
+
+const (
+	// ActivityNone: nothing reported yet, or the task is not running.
+	ActivityNone Activity = ""
+	// ActivityGenerating: the child is producing output (SessionBusy,
+	// SessionCompacted).
+	ActivityGenerating Activity = "generating"
+	// ActivityWaiting: the child waits — on a tool, a permission, input
+	// (SessionWaiting).
+	ActivityWaiting Activity = "waiting"
+)
 
 // Current returns the current attempt.
 func (t Task) Current() Attempt {
@@ -192,11 +209,14 @@ const (
 	SessionDeleted EventKind = "deleted"
 	// SessionCompacted: context compaction happened. Never changes status.
 	SessionCompacted EventKind = "compacted"
+	// SessionWaiting: the child waits on a tool, a permission or input.
+	// Liveness only; it sets Activity.
+	SessionWaiting EventKind = "waiting"
 )
 
 func (k EventKind) valid() bool {
 	switch k {
-	case SessionBusy, SessionIdle, SessionError, SessionInterrupted, SessionDeleted, SessionCompacted:
+	case SessionBusy, SessionIdle, SessionError, SessionInterrupted, SessionDeleted, SessionCompacted, SessionWaiting:
 		return true
 	}
 	return false
@@ -236,6 +256,10 @@ const (
 	// NotifyFinalSummary: the task ended (completed, error, cancelled or
 	// interrupt); sent exactly once per task, after its other notifications.
 	NotifyFinalSummary NotificationKind = "final_summary"
+	// NotifyAllComplete: the last live task of a parent ended; Tasks holds
+	// every task of that round, failures first. Exactly one per round; a
+	// task launched later under the same parent starts a new round.
+	NotifyAllComplete NotificationKind = "all_complete"
 )
 
 // Notification is a message for the parent chat session.
@@ -243,8 +267,9 @@ type Notification struct {
 	Kind            NotificationKind `json:"kind"`
 	ParentSessionID string           `json:"parentSessionID"`
 	TaskID          string           `json:"taskID"`
-	Task            Task             `json:"task"` // snapshot when it was produced
-	Text            string           `json:"text"` // rendered for the parent chat
+	Task            Task             `json:"task"`            // snapshot when it was produced
+	Tasks           []Task           `json:"tasks,omitempty"` // NotifyAllComplete: the round's tasks
+	Text            string           `json:"text"`            // rendered for the parent chat
 }
 
 // Notifier receives notifications. Notifications for one parent session are
@@ -319,6 +344,8 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
+	notifyAttempts int
+	notifyBackoff  func(attempt int) time.Duration
 	limits       *Limits
 	queueTimeout time.Duration
 	stallTimeout time.Duration
@@ -456,6 +483,10 @@ type Manager struct {
 	closing   bool                  // Shutdown began: no new work
 	anyChange chan struct{}         // manager-wide change signal, like runtime.changed
 	logq      []logRec              // log lines to emit once m.mu is released
+	seq       uint64                // manager-wide change sequence
+	subs      map[*Subscription]struct{}
+	rounds    map[string]*round // per parent: the tasks of its current round
+	lost      []Notification    // notifications the Notifier never accepted
 }
 
 // New returns a Manager that runs child sessions through host.
@@ -463,7 +494,7 @@ func New(host Host, opts ...Option) *Manager {
 	if host == nil {
 		panic("bgtask: New with a nil Host")
 	}
-	cfg := config{holdLimit: 1024}
+	cfg := config{holdLimit: 1024, notifyAttempts: 3, notifyBackoff: Backoff(200*time.Millisecond, 5*time.Second, 0.2)}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -487,6 +518,8 @@ func New(host Host, opts ...Option) *Manager {
 		cfg:      cfg,
 		led:      newLedger(cfg.ids),
 		closures: make(map[*closure]struct{}),
+		subs:     make(map[*Subscription]struct{}),
+		rounds:   make(map[string]*round),
 		inflight: make(map[uint64]struct{}),
 	}
 	m.life, m.cancelLife = context.WithCancel(context.Background())
@@ -494,6 +527,12 @@ func New(host Host, opts ...Option) *Manager {
 	if cfg.limits != nil {
 		m.pool = slots.New[queued]()
 		m.cfgErr = cfg.limits.validate()
+	}
+	if cfg.notifyAttempts < 1 {
+		cfg.notifyAttempts = 1
+	}
+	if cfg.notifyBackoff == nil {
+		cfg.notifyBackoff = func(int) time.Duration { return 0 }
 	}
 	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
 		m.cfgErr = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
@@ -576,6 +615,14 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	}
 	e.rt.done = make(chan struct{})
 	m.order = append(m.order, e)
+	r := m.rounds[info.parent]
+	if r == nil {
+		r = &round{}
+		m.rounds[info.parent] = r
+	}
+	r.live++
+	r.tasks = append(r.tasks, e)
+	m.publish(e)
 	m.admit(e, *e.cur())
 	return e.project(), nil
 }
@@ -783,6 +830,9 @@ func (m *Manager) apply(e *entry, o observation) {
 	switch ev.Kind {
 	case SessionBusy, SessionCompacted:
 		// Liveness only: the run goes on.
+		m.setActivity(e, ActivityGenerating)
+	case SessionWaiting:
+		m.setActivity(e, ActivityWaiting)
 	case SessionIdle:
 		e.rt.out.finish, e.rt.out.noText = ev.Finish, ev.NoFinalText
 		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
@@ -1100,13 +1150,16 @@ func (m *Manager) changed(e *entry, wasTerminal bool) {
 	m.signal()
 	m.settleRun(e)
 	if wasTerminal || !e.terminal() {
+		m.publish(e)
 		return
 	}
 	e.outcome = outcomeOf(e.project(), e.rt.out) // once, for every carrier
+	m.publish(e)
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
 	}
 	close(e.rt.done)
+	m.roundEnded(e)
 }
 
 // signal wakes everyone waiting on a manager-wide change.
@@ -1153,22 +1206,62 @@ func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
 }
 
 // deliver hands n to the notifier, on the parent's lane goroutine.
+// A refused Notify is retried (WithNotifyRetry) before it is given up:
+// logged at error level, counted and kept (Undelivered). The lane then
+// moves on, so one bad notification never blocks the next forever.
 func (m *Manager) deliver(_ string, n Notification) {
 	cur := n.Task.Current()
 	ctx := withRun(m.life, RunRef{TaskID: n.TaskID, AttemptID: cur.ID, Token: cur.Token}, callNotify)
-	err := func() (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("bgtask: Notifier panicked: %v", r)
-			}
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = func() (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("bgtask: Notifier panicked: %v", r)
+				}
+			}()
+			return m.cfg.notifier.Notify(ctx, n)
 		}()
-		return m.cfg.notifier.Notify(ctx, n)
-	}()
-	if err != nil {
-		m.notifyFailures.Add(1)
-		m.cfg.logger.Error("bgtask: notification not delivered",
-			"task", n.TaskID, "parent", n.ParentSessionID, "kind", string(n.Kind), "err", err)
+		if err == nil {
+			return
+		}
+		if attempt >= m.cfg.notifyAttempts || m.life.Err() != nil {
+			break
+		}
+		if d := m.cfg.notifyBackoff(attempt + 1); d > 0 {
+			t := m.cfg.clock.NewTimer(d)
+			select {
+			case <-t.C():
+			case <-m.life.Done():
+				t.Stop()
+			}
+		}
 	}
+	m.notifyFailures.Add(1)
+	m.mu.Lock()
+	m.lost = append(m.lost, n)
+	m.unlock()
+	m.cfg.logger.Error("bgtask: notification not delivered",
+		"task", n.TaskID, "parent", n.ParentSessionID, "kind", string(n.Kind), "err", err)
+}
+
+// Undelivered returns the notifications the Notifier never accepted, after
+// every retry, in the order they were given up.
+func (m *Manager) Undelivered() []Notification {
+	m.mu.Lock()
+	defer m.unlock()
+	return slices.Clone(m.lost)
+}
+
+// WithNotifyRetry makes a refused Notify be tried up to attempts times in
+// all, waiting backoff(n) before try n (n ≥ 2; nil: no wait). Default: 3
+// tries with Backoff(200ms, 5s, 0.2). A notification refused every time is
+// logged at error level, counted (NotifyFailures) and kept (Undelivered).
+func WithNotifyRetry(attempts int, backoff func(attempt int) time.Duration) Option {
+	return optionFunc(func(c *config) {
+		c.notifyAttempts = attempts
+		c.notifyBackoff = backoff
+	})
 }
 
 // NotifyFailures reports how many notifications were not delivered: refused
@@ -1254,9 +1347,13 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: waiting for deliveries: %w", err))
 	}
 	m.cancelLife()
+	m.closeSubscriptions(ErrShutdown)
 	m.join()
-	if n := m.lanes.Pending(); n > 0 {
-		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered", n))
+	m.mu.Lock()
+	lost := len(m.lost)
+	m.unlock()
+	if n := m.lanes.Pending() + lost; n > 0 {
+		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered (see Undelivered)", n))
 	}
 	return errors.Join(errs...)
 }
@@ -1834,9 +1931,188 @@ func (m *Manager) Stats() []QueueStat {
 
 // runOutput is what a run reported last, kept to compute its outcome.
 type runOutput struct {
-	token  string // the run it belongs to
+	token    string // the run it belongs to
+	activity Activity
 	output string // latest output text
 	finish FinishReason
 	noText bool
 	err    error
+}
+
+// round is one parent's batch of tasks, from the first launch after the
+// parent had none live to the moment the last of them ends.
+type round struct {
+	live  int
+	tasks []*entry
+}
+
+// roundEnded counts e out of its parent's round and, when it was the last
+// live task, sends exactly one NotifyAllComplete. m.mu is held; the lock is
+// what makes siblings ending together yield one.
+func (m *Manager) roundEnded(e *entry) {
+	r := m.rounds[e.info.parent]
+	if r == nil {
+		return
+	}
+	r.live--
+	if r.live > 0 {
+		return
+	}
+	delete(m.rounds, e.info.parent)
+	if m.cfg.notifier == nil {
+		return
+	}
+	tasks := make([]Task, 0, len(r.tasks))
+	for _, t := range r.tasks {
+		tasks = append(tasks, t.project())
+	}
+	slices.SortStableFunc(tasks, func(a, b Task) int { return failureRank(a) - failureRank(b) })
+	n := Notification{Kind: NotifyAllComplete, ParentSessionID: e.info.parent, Tasks: tasks, Text: allCompleteText(e.info.parent, tasks)}
+	if !m.lanes.Push(e.info.parent, n) {
+		m.notifyFailures.Add(1)
+	}
+}
+
+// failureRank orders failures before answers.
+func failureRank(t Task) int {
+	if t.Outcome != nil && t.Outcome.State == StatusCompleted {
+		return 1
+	}
+	return 0
+}
+
+// setActivity records what the current run is doing; a change is published.
+func (m *Manager) setActivity(e *entry, a Activity) {
+	if e.rt.out.activity != a {
+		e.rt.out.activity = a
+		m.publish(e)
+	}
+}
+
+// Change is one applied mutation: the task as it is after it, and the
+// manager-wide sequence number of the change.
+type Change struct {
+	Seq  uint64 `json:"seq"`
+	Task Task   `json:"task"`
+}
+
+// Snapshot is every task, complete, as of sequence Seq: what it omits is
+// absent.
+type Snapshot struct {
+	Seq   uint64 `json:"seq"`
+	Tasks []Task `json:"tasks"`
+}
+
+// Snapshot returns every task and the change sequence it was taken at.
+func (m *Manager) Snapshot() Snapshot {
+	m.mu.Lock()
+	defer m.unlock()
+	out := Snapshot{Seq: m.seq, Tasks: make([]Task, len(m.order))}
+	for i, e := range m.order {
+		out.Tasks[i] = e.project()
+	}
+	return out
+}
+
+// ErrLagged ends a Subscription whose buffer overflowed: its consumer must
+// resync from a Snapshot (and subscribe again).
+var ErrLagged = errors.New("bgtask: subscriber lagged behind; resync from a snapshot")
+
+// Subscription is a stream of Changes. Receive from C until it is closed,
+// then Err says why.
+type Subscription struct {
+	// C delivers every change in sequence order. It is closed when ctx
+	// ends, on Close, at Shutdown, or when the buffer overflows (Err is
+	// then ErrLagged).
+	C <-chan Change
+
+	ch   chan Change
+	done chan struct{} // closed with ch
+	err  error         // guarded by the Manager's mu
+	m    *Manager
+}
+
+// DefaultSubscriptionBuffer is the buffer of Subscribe(ctx, 0).
+const DefaultSubscriptionBuffer = 1024
+
+// Subscribe delivers every applied mutation from now on, with the task's
+// full snapshot and a manager-wide sequence number. A slow subscriber never
+// blocks the Manager: when its buffer (default DefaultSubscriptionBuffer) is
+// full, the subscription ends with ErrLagged and the consumer resyncs from a
+// Snapshot. Subscribe before taking the Snapshot you start from; Mirror
+// orders the two by sequence.
+func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, error) {
+	if buffer <= 0 {
+		buffer = DefaultSubscriptionBuffer
+	}
+	s := &Subscription{ch: make(chan Change, buffer), done: make(chan struct{}), m: m}
+	s.C = s.ch
+	m.mu.Lock()
+	defer m.unlock()
+	if m.closing {
+		return nil, ErrShutdown
+	}
+	if !m.group.Go(func() {
+		select {
+		case <-ctx.Done():
+			m.mu.Lock()
+			m.endSubscription(s, ctx.Err())
+			m.unlock()
+		case <-s.done:
+		}
+	}) {
+		return nil, ErrShutdown
+	}
+	m.subs[s] = struct{}{}
+	return s, nil
+}
+
+// Err says why C was closed; nil while it is open.
+func (s *Subscription) Err() error {
+	s.m.mu.Lock()
+	defer s.m.unlock()
+	return s.err
+}
+
+// Close ends the subscription.
+func (s *Subscription) Close() {
+	s.m.mu.Lock()
+	s.m.endSubscription(s, nil)
+	s.m.unlock()
+}
+
+// endSubscription closes s once. m.mu is held.
+func (m *Manager) endSubscription(s *Subscription, err error) {
+	if _, ok := m.subs[s]; !ok {
+		return
+	}
+	delete(m.subs, s)
+	s.err = err
+	close(s.ch)
+	close(s.done)
+}
+
+func (m *Manager) closeSubscriptions(err error) {
+	m.mu.Lock()
+	defer m.unlock()
+	for s := range m.subs {
+		m.endSubscription(s, err)
+	}
+}
+
+// publish sends e's new state to every subscriber, without ever blocking.
+// m.mu is held.
+func (m *Manager) publish(e *entry) {
+	m.seq++
+	if len(m.subs) == 0 {
+		return
+	}
+	c := Change{Seq: m.seq, Task: e.project()}
+	for s := range m.subs {
+		select {
+		case s.ch <- c:
+		default:
+			m.endSubscription(s, ErrLagged)
+		}
+	}
 }

@@ -471,10 +471,12 @@ func TestNotificationsInOrderWithOneFinalSummaryLast(t *testing.T) {
 		NotifyRetryScheduled, NotifyRetrySessionReady,
 		NotifyFinalSummary,
 	}, kinds)
-	for _, n := range got {
+	require.Len(t, got, 6)
+	for _, n := range got[:5] {
 		assert.Equal(t, "parent", n.ParentSessionID)
 		assert.Equal(t, task.ID, n.TaskID)
 	}
+	assert.Equal(t, NotifyAllComplete, got[5].Kind, "the round ends after the last final summary")
 	first := got[0].Text
 	for _, want := range []string{"ses-1", "openai/gpt-5.4-mini", "Forbidden: Selected provider is forbidden", "anthropic/claude-haiku-4.5"} {
 		assert.Contains(t, first, want, "retry scheduled names %q", want)

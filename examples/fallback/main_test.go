@@ -29,7 +29,7 @@ func TestRunEndToEnd(t *testing.T) {
 			kinds = append(kinds, strings.TrimSuffix(strings.TrimPrefix(line, "→ parent ses_parent gets "), ":"))
 		}
 	}
-	assert.Equal(t, []string{"retry_scheduled", "retry_session_ready", "retry_scheduled", "retry_session_ready", "final_summary"}, kinds)
+	assert.Equal(t, []string{"retry_scheduled", "retry_session_ready", "retry_scheduled", "retry_session_ready", "final_summary", "all_complete"}, kinds)
 
 	// The seed's balanced timeline, with this run's sessions.
 	assert.Contains(t, out, `Background task attempts:
