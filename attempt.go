@@ -1,6 +1,7 @@
 package bgtask
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -139,3 +140,49 @@ var transitions = map[Status]map[Status]bool{
 
 // canTransition reports whether the state machine allows from → to.
 func canTransition(from, to Status) bool { return transitions[from][to] }
+
+// attemptJSON is Attempt's wire form: the model's fields sit on the attempt
+// itself (providerID, modelID, variant), as in the retry-timeline design.
+type attemptJSON struct {
+	ID          string        `json:"attemptID"`
+	Number      int           `json:"attemptNumber"`
+	Token       string        `json:"token"`
+	SessionID   string        `json:"sessionID,omitempty"`
+	ProviderID  string        `json:"providerID"`
+	ModelID     string        `json:"modelID"`
+	Variant     string        `json:"variant,omitempty"`
+	Status      Status        `json:"status"`
+	Pending     PendingReason `json:"pendingReason,omitempty"`
+	Error       string        `json:"error,omitempty"`
+	Result      string        `json:"result,omitempty"`
+	StartedAt   time.Time     `json:"startedAt,omitzero"`
+	CompletedAt time.Time     `json:"completedAt,omitzero"`
+}
+
+// MarshalJSON writes the attempt with its model flattened: attemptID,
+// attemptNumber, token, sessionID, providerID, modelID, variant, status,
+// pendingReason, error, result, startedAt, completedAt (RFC 3339); empty
+// optional fields are omitted.
+func (a Attempt) MarshalJSON() ([]byte, error) {
+	return json.Marshal(attemptJSON{
+		ID: a.ID, Number: a.Number, Token: a.Token, SessionID: a.SessionID,
+		ProviderID: a.Model.Provider, ModelID: a.Model.ID, Variant: a.Model.Variant,
+		Status: a.Status, Pending: a.Pending, Error: a.Error, Result: a.Result,
+		StartedAt: a.StartedAt, CompletedAt: a.CompletedAt,
+	})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (a *Attempt) UnmarshalJSON(data []byte) error {
+	var j attemptJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return err
+	}
+	*a = Attempt{
+		ID: j.ID, Number: j.Number, Token: j.Token, SessionID: j.SessionID,
+		Model:  Model{Provider: j.ProviderID, ID: j.ModelID, Variant: j.Variant},
+		Status: j.Status, Pending: j.Pending, Error: j.Error, Result: j.Result,
+		StartedAt: j.StartedAt, CompletedAt: j.CompletedAt,
+	}
+	return nil
+}

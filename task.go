@@ -460,6 +460,10 @@ type Manager struct {
 
 	group group.Group
 	lanes *dispatch.Lanes[Notification]
+	// watchers owns the goroutines that only wait for a subscriber's
+	// context; kept apart so waiting for the work in group never waits
+	// for a subscription. Shutdown joins both.
+	watchers group.Group
 
 	notifyFailures atomic.Uint64
 
@@ -513,6 +517,12 @@ func New(host Host, opts ...Option) *Manager {
 	if cfg.holdLimit <= 0 {
 		cfg.holdLimit = 1024
 	}
+	if cfg.notifyAttempts < 1 {
+		cfg.notifyAttempts = 1
+	}
+	if cfg.notifyBackoff == nil {
+		cfg.notifyBackoff = func(int) time.Duration { return 0 }
+	}
 	m := &Manager{
 		host:     host,
 		cfg:      cfg,
@@ -527,12 +537,6 @@ func New(host Host, opts ...Option) *Manager {
 	if cfg.limits != nil {
 		m.pool = slots.New[queued]()
 		m.cfgErr = cfg.limits.validate()
-	}
-	if cfg.notifyAttempts < 1 {
-		cfg.notifyAttempts = 1
-	}
-	if cfg.notifyBackoff == nil {
-		cfg.notifyBackoff = func(int) time.Duration { return 0 }
 	}
 	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
 		m.cfgErr = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
@@ -1349,6 +1353,8 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.cancelLife()
 	m.closeSubscriptions(ErrShutdown)
 	m.join()
+	m.watchers.Close()
+	_ = m.watchers.Wait(context.Background())
 	m.mu.Lock()
 	lost := len(m.lost)
 	m.unlock()
@@ -2052,7 +2058,7 @@ func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, err
 	if m.closing {
 		return nil, ErrShutdown
 	}
-	if !m.group.Go(func() {
+	if !m.watchers.Go(func() {
 		select {
 		case <-ctx.Done():
 			m.mu.Lock()

@@ -1,0 +1,98 @@
+// Package mirror keeps a client-side copy of a bgtask Manager's tasks in
+// sync from complete snapshots and partial changes, in whatever order they
+// arrive.
+//
+// The rules: a change older than what the mirror holds for a task is
+// ignored; a snapshot entry older than a change already applied does not
+// overwrite it; a task absent from a complete snapshot is removed unless it
+// changed after the snapshot's sequence; and a complete snapshot replaces a
+// task whole, so an Activity it omits is cleared (activity is process-local:
+// after a restart, the snapshot's silence is the truth).
+package mirror
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/bgtask/bgtask"
+)
+
+// Mirror is a client's copy of a Manager's tasks. The zero value is an
+// empty mirror, ready to use; it is safe for concurrent use.
+type Mirror struct {
+	mu    sync.Mutex // guards tasks
+	tasks map[string]held
+}
+
+type held struct {
+	task bgtask.Task
+	seq  uint64 // the change (or snapshot) sequence this version is from
+}
+
+// ApplySnapshot applies a complete snapshot.
+func (m *Mirror) ApplySnapshot(s bgtask.Snapshot) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tasks == nil {
+		m.tasks = make(map[string]held)
+	}
+	present := make(map[string]bool, len(s.Tasks))
+	for _, t := range s.Tasks {
+		present[t.ID] = true
+		if cur, ok := m.tasks[t.ID]; ok && cur.seq > s.Seq {
+			continue // a newer change already applied wins
+		}
+		m.tasks[t.ID] = held{task: t, seq: s.Seq}
+	}
+	for id, cur := range m.tasks {
+		if !present[id] && cur.seq <= s.Seq {
+			delete(m.tasks, id) // the snapshot is complete: it is gone
+		}
+	}
+}
+
+// ApplyChange applies one change; it reports whether it was newer than
+// what the mirror held.
+func (m *Mirror) ApplyChange(c bgtask.Change) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tasks == nil {
+		m.tasks = make(map[string]held)
+	}
+	if cur, ok := m.tasks[c.Task.ID]; ok && cur.seq >= c.Seq {
+		return false
+	}
+	m.tasks[c.Task.ID] = held{task: c.Task, seq: c.Seq}
+	return true
+}
+
+// Tasks returns the mirrored tasks, ordered by launch time then id.
+func (m *Mirror) Tasks() []bgtask.Task {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]bgtask.Task, 0, len(m.tasks))
+	for _, h := range m.tasks {
+		out = append(out, h.task)
+	}
+	slices.SortFunc(out, func(a, b bgtask.Task) int {
+		if c := a.LaunchedAt.Compare(b.LaunchedAt); c != 0 {
+			return c
+		}
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Task returns one mirrored task.
+func (m *Mirror) Task(id string) (bgtask.Task, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h, ok := m.tasks[id]
+	return h.task, ok
+}
