@@ -346,16 +346,16 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	notifyAttempts int
 	notifyBackoff  func(attempt int) time.Duration
-	limits       *Limits
-	queueTimeout time.Duration
-	stallTimeout time.Duration
-	notifier     Notifier
-	logger       *slog.Logger
-	clock        Clock
-	ids          IDGenerator
-	retryable    func(error) bool
-	retryDelay   func(attempt int) time.Duration
-	holdLimit    int
+	limits         *Limits
+	queueTimeout   time.Duration
+	stallTimeout   time.Duration
+	notifier       Notifier
+	logger         *slog.Logger
+	clock          Clock
+	ids            IDGenerator
+	retryable      func(error) bool
+	retryDelay     func(attempt int) time.Duration
+	holdLimit      int
 }
 
 // WithNotifier sends notifications to n. Default: none are sent.
@@ -1939,10 +1939,10 @@ func (m *Manager) Stats() []QueueStat {
 type runOutput struct {
 	token    string // the run it belongs to
 	activity Activity
-	output string // latest output text
-	finish FinishReason
-	noText bool
-	err    error
+	output   string // latest output text
+	finish   FinishReason
+	noText   bool
+	err      error
 }
 
 // round is one parent's batch of tasks, from the first launch after the
