@@ -205,3 +205,39 @@ func BenchmarkBaselineMapUpdate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFanOut measures the cost of one applied change delivered to 1, 8
+// and 64 subscribers (each drained by its own goroutine).
+func BenchmarkFanOut(b *testing.B) {
+	for _, n := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("subscribers=%d", n), func(b *testing.B) {
+			m, cur, _ := runningTasks(b, 1, false)
+			ctx, cancel := context.WithCancel(context.Background())
+			var drained sync.WaitGroup
+			for range n {
+				sub, err := m.Subscribe(ctx, 1<<16)
+				if err != nil {
+					b.Fatal(err)
+				}
+				drained.Add(1)
+				go func() {
+					defer drained.Done()
+					for range sub.C {
+					}
+				}()
+			}
+			// Each event flips the activity: one change per Observe.
+			evs := [2]Event{{SessionID: cur[0], Kind: SessionWaiting}, {SessionID: cur[0], Kind: SessionBusy}}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if err := m.Observe(evs[i%2]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			cancel()
+			drained.Wait()
+		})
+	}
+}

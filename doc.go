@@ -88,5 +88,14 @@
 // carrying the Timeline of all attempts. Notifications for one parent are
 // delivered one at a time in the order they were produced, never under the
 // Manager's lock, so a Notifier (like a Host) may call back into the
-// Manager.
+// Manager. A refused notification is retried (WithNotifyRetry), then kept
+// (Undelivered). When the last live task of a parent ends, the parent gets
+// exactly one NotifyAllComplete.
+//
+// # Following state
+//
+// Subscribe streams a Change for every applied mutation, with a
+// manager-wide sequence number; Snapshot returns every task at a sequence.
+// The mirror package keeps a client's copy consistent from both. Task.Activity
+// (generating, waiting) is process-local and never persisted.
 package bgtask

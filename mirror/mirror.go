@@ -11,6 +11,7 @@
 package mirror
 
 import (
+	"context"
 	"slices"
 	"sync"
 
@@ -20,8 +21,9 @@ import (
 // Mirror is a client's copy of a Manager's tasks. The zero value is an
 // empty mirror, ready to use; it is safe for concurrent use.
 type Mirror struct {
-	mu    sync.Mutex // guards tasks
-	tasks map[string]held
+	mu      sync.Mutex // guards tasks, changed
+	tasks   map[string]held
+	changed chan struct{} // closed at the next apply; nil while nobody waits
 }
 
 type held struct {
@@ -33,6 +35,7 @@ type held struct {
 func (m *Mirror) ApplySnapshot(s bgtask.Snapshot) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer m.wake()
 	if m.tasks == nil {
 		m.tasks = make(map[string]held)
 	}
@@ -56,6 +59,7 @@ func (m *Mirror) ApplySnapshot(s bgtask.Snapshot) {
 func (m *Mirror) ApplyChange(c bgtask.Change) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer m.wake()
 	if m.tasks == nil {
 		m.tasks = make(map[string]held)
 	}
@@ -95,4 +99,33 @@ func (m *Mirror) Task(id string) (bgtask.Task, bool) {
 	defer m.mu.Unlock()
 	h, ok := m.tasks[id]
 	return h.task, ok
+}
+
+// wake releases Wait. m.mu is held.
+func (m *Mirror) wake() {
+	if m.changed != nil {
+		close(m.changed)
+		m.changed = nil
+	}
+}
+
+// Wait blocks until cond holds for the mirrored tasks (it is checked now and
+// after every apply), or ctx ends.
+func (m *Mirror) Wait(ctx context.Context, cond func(tasks []bgtask.Task) bool) error {
+	for {
+		m.mu.Lock()
+		if m.changed == nil {
+			m.changed = make(chan struct{})
+		}
+		ch := m.changed
+		m.mu.Unlock()
+		if cond(m.Tasks()) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"context"
 	"testing"
 
 	"github.com/bgtask/bgtask"
@@ -50,4 +51,17 @@ func TestCompleteSnapshotRemovesAbsentTasksAndClearsActivity(t *testing.T) {
 	require.Len(t, m.Tasks(), 1)
 	// A change older than the snapshot is ignored afterwards.
 	assert.False(t, m.ApplyChange(bgtask.Change{Seq: 19, Task: task("a", bgtask.StatusError, "")}))
+}
+
+func TestWaitWakesOnApply(t *testing.T) {
+	var m Mirror
+	done := make(chan error, 1)
+	go func() {
+		done <- m.Wait(context.Background(), func(ts []bgtask.Task) bool { return len(ts) == 1 })
+	}()
+	m.ApplyChange(bgtask.Change{Seq: 1, Task: task("a", bgtask.StatusRunning, "")})
+	require.NoError(t, <-done)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.ErrorIs(t, m.Wait(ctx, func([]bgtask.Task) bool { return false }), context.Canceled)
 }
