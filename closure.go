@@ -2,8 +2,10 @@ package bgtask
 
 import (
 	"context"
+
 	"errors"
 	"fmt"
+	"github.com/bgtask/bgtask/internal/probe"
 	"log/slog"
 	"slices"
 	"strings"
@@ -339,10 +341,8 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 		if m.testHookWaiting != nil {
 			m.testHookWaiting(id)
 		}
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := m.parkOn(ctx, wait); err != nil {
+			return err
 		}
 		if op != nil && op.err != nil {
 			m.mu.Lock()
@@ -700,17 +700,13 @@ func (m *Manager) closurePass(c *closure) pass {
 // flight, for the next change), recording the aborts that failed.
 func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, p pass) error {
 	for _, done := range p.waits {
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := m.parkOn(ctx, done); err != nil {
+			return err
 		}
 	}
 	if p.busy && len(p.waits) == 0 {
-		select {
-		case <-p.change:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := m.parkOn(ctx, p.change); err != nil {
+			return err
 		}
 	}
 	m.mu.Lock()
@@ -769,7 +765,8 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 		parent, taskID, snap = ref.e.info.parent, ref.e.info.id, ref.e.project()
 	}
 	if m.cfg.notifier != nil && !(c.quiet && len(c.touched) == 0) {
-		if !m.lanes.Push(parent, Notification{Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}) {
+		m.nseq++
+		if !m.lanes.Push(parent, Notification{Seq: m.nseq, Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}) {
 			m.notifyFailures.Add(1)
 		}
 	}
@@ -827,4 +824,72 @@ func (m *Manager) cascadeDelete(sessionID string) {
 	}) {
 		delete(m.closures, c)
 	}
+}
+
+func init() {
+	probe.Running = func(m any) (int, <-chan struct{}) { return m.(*Manager).group.Changed() }
+	probe.Parked = func(m any) (int, <-chan struct{}) { return m.(*Manager).parkState() }
+}
+
+// parkOn waits for ch or ctx. The simulation harness counts goroutines
+// parked here as idle while none of what they wait for is ready.
+func (m *Manager) parkOn(ctx context.Context, ch <-chan struct{}) error {
+	done := m.park(ch, ctx.Done())
+	defer done()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// park registers a goroutine as waiting on chans until the returned func is
+// called.
+func (m *Manager) park(chans ...<-chan struct{}) func() {
+	m.parkMu.Lock()
+	m.parkSeq++
+	id := m.parkSeq
+	if m.parkWaits == nil {
+		m.parkWaits = map[uint64][]<-chan struct{}{}
+	}
+	m.parkWaits[id] = chans
+	m.bumpPark()
+	m.parkMu.Unlock()
+	return func() {
+		m.parkMu.Lock()
+		delete(m.parkWaits, id)
+		m.bumpPark()
+		m.parkMu.Unlock()
+	}
+}
+
+func (m *Manager) bumpPark() {
+	if m.parkCh != nil {
+		close(m.parkCh)
+		m.parkCh = nil
+	}
+}
+
+func (m *Manager) parkState() (int, <-chan struct{}) {
+	m.parkMu.Lock()
+	defer m.parkMu.Unlock()
+	if m.parkCh == nil {
+		m.parkCh = make(chan struct{})
+	}
+	n := 0
+	for _, chans := range m.parkWaits {
+		ready := false
+		for _, c := range chans {
+			select {
+			case <-c:
+				ready = true
+			default:
+			}
+		}
+		if !ready {
+			n++
+		}
+	}
+	return n, m.parkCh
 }

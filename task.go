@@ -264,12 +264,14 @@ const (
 
 // Notification is a message for the parent chat session.
 type Notification struct {
-	Kind            NotificationKind `json:"kind"`
-	ParentSessionID string           `json:"parentSessionID"`
-	TaskID          string           `json:"taskID"`
-	Task            Task             `json:"task"`            // snapshot when it was produced
-	Tasks           []Task           `json:"tasks,omitempty"` // NotifyAllComplete: the round's tasks
-	Text            string           `json:"text"`            // rendered for the parent chat
+	Kind NotificationKind `json:"kind"`
+	// Seq orders notifications as they were produced, across all parents.
+	Seq             uint64 `json:"seq"`
+	ParentSessionID string `json:"parentSessionID"`
+	TaskID          string `json:"taskID"`
+	Task            Task   `json:"task"`            // snapshot when it was produced
+	Tasks           []Task `json:"tasks,omitempty"` // NotifyAllComplete: the round's tasks
+	Text            string `json:"text"`            // rendered for the parent chat
 }
 
 // Notifier receives notifications. Notifications for one parent session are
@@ -466,6 +468,10 @@ type Manager struct {
 	watchers group.Group
 
 	notifyFailures atomic.Uint64
+	parkMu         sync.Mutex                   // guards parkSeq, parkWaits, parkCh
+	parkSeq        uint64                       // ids of parked waits
+	parkWaits      map[uint64][]<-chan struct{} // what each parked goroutine waits on
+	parkCh         chan struct{}                // closed when parkWaits changes; nil while nobody waits
 
 	// testHookWaiting, when set (tests only, before use), is called when
 	// Cancel is about to block.
@@ -488,6 +494,7 @@ type Manager struct {
 	anyChange chan struct{}         // manager-wide change signal, like runtime.changed
 	logq      []logRec              // log lines to emit once m.mu is released
 	seq       uint64                // manager-wide change sequence
+	nseq      uint64                // notification production sequence
 	subs      map[*Subscription]struct{}
 	rounds    map[string]*round // per parent: the tasks of its current round
 	lost      []Notification    // notifications the Notifier never accepted
@@ -1196,7 +1203,9 @@ func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
 	if m.cfg.notifier == nil {
 		return
 	}
+	m.nseq++
 	if !m.lanes.Push(e.info.parent, Notification{
+		Seq:             m.nseq,
 		Kind:            kind,
 		ParentSessionID: e.info.parent,
 		TaskID:          e.info.id,
@@ -1889,14 +1898,16 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 			}
 			m.unlock()
 			if wait != nil {
+				unpark := m.park(wait, done, m.life.Done())
 				select { // the abort's answer: stopped (failed over) or still alive
 				case <-wait:
+					unpark()
 					continue
 				case <-done:
-					return
 				case <-m.life.Done():
-					return
 				}
+				unpark()
+				return
 			}
 			t := m.cfg.clock.NewTimer(due.Sub(now))
 			select {
@@ -1973,7 +1984,8 @@ func (m *Manager) roundEnded(e *entry) {
 		tasks = append(tasks, t.project())
 	}
 	slices.SortStableFunc(tasks, func(a, b Task) int { return failureRank(a) - failureRank(b) })
-	n := Notification{Kind: NotifyAllComplete, ParentSessionID: e.info.parent, Tasks: tasks, Text: allCompleteText(e.info.parent, tasks)}
+	m.nseq++
+	n := Notification{Seq: m.nseq, Kind: NotifyAllComplete, ParentSessionID: e.info.parent, Tasks: tasks, Text: allCompleteText(e.info.parent, tasks)}
 	if !m.lanes.Push(e.info.parent, n) {
 		m.notifyFailures.Add(1)
 	}

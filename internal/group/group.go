@@ -13,10 +13,29 @@ import (
 
 // Group counts running goroutines. The zero value is ready to use.
 type Group struct {
-	mu     sync.Mutex // guards n, closed, idle
-	n      int
-	closed bool
-	idle   chan struct{} // closed when n drops to zero; nil while nobody waits
+	mu      sync.Mutex // guards n, closed, idle, changed
+	n       int
+	closed  bool
+	idle    chan struct{} // closed when n drops to zero; nil while nobody waits
+	changed chan struct{} // closed when n changes; nil while nobody waits
+}
+
+// Changed returns the number running now and a channel closed the next time
+// it changes.
+func (g *Group) Changed() (int, <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.changed == nil {
+		g.changed = make(chan struct{})
+	}
+	return g.n, g.changed
+}
+
+func (g *Group) bump() {
+	if g.changed != nil {
+		close(g.changed)
+		g.changed = nil
+	}
 }
 
 // Go runs f on a new goroutine and reports true, or reports false without
@@ -28,6 +47,7 @@ func (g *Group) Go(f func()) bool {
 		return false
 	}
 	g.n++
+	g.bump()
 	g.mu.Unlock()
 	go func() {
 		defer g.done()
@@ -40,6 +60,7 @@ func (g *Group) done() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.n--
+	g.bump()
 	if g.n == 0 && g.idle != nil {
 		close(g.idle)
 		g.idle = nil

@@ -1,0 +1,158 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strconv"
+	"sync"
+
+	"github.com/bgtask/bgtask"
+)
+
+// host is the scripted Host. Its decisions are a hash of the seed and the
+// call's identity (attempt or session ids, which are deterministic), never a
+// shared random stream, so calls that run concurrently decide the same way
+// in every run of a seed.
+type host struct {
+	seed int64
+	m    *bgtask.Manager
+
+	mu         sync.Mutex // guards everything below
+	blocked    map[string]chan struct{}
+	changed    chan struct{} // closed when blocked changes; nil while nobody waits
+	aborts     map[string]int
+	abortsFail bool // mode: every abort fails
+	reliable   bool // mode: nothing fails or hangs (the final drain)
+}
+
+func newHost(seed int64) *host {
+	return &host{seed: seed, blocked: map[string]chan struct{}{}, aborts: map[string]int{}}
+}
+
+func (h *host) decide(parts ...string) int {
+	f := fnv.New64a()
+	fmt.Fprint(f, h.seed)
+	for _, p := range parts {
+		f.Write([]byte{0})
+		f.Write([]byte(p))
+	}
+	return int(f.Sum64() % 100)
+}
+
+// block parks the calling host call until the driver releases it (or ctx
+// ends).
+func (h *host) block(ctx context.Context, key string) error {
+	ch := make(chan struct{})
+	h.mu.Lock()
+	h.blocked[key] = ch
+	h.bump()
+	h.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		h.mu.Lock()
+		if h.blocked[key] == ch {
+			delete(h.blocked, key)
+			h.bump()
+		}
+		h.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+func (h *host) bump() {
+	if h.changed != nil {
+		close(h.changed)
+		h.changed = nil
+	}
+}
+
+// state returns how many calls are blocked and a channel closed at the next
+// change.
+func (h *host) state() (int, <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.changed == nil {
+		h.changed = make(chan struct{})
+	}
+	return len(h.blocked), h.changed
+}
+
+// release lets the i-th blocked call (in key order) go on.
+func (h *host) release(i int) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.blocked) == 0 {
+		return ""
+	}
+	keys := make([]string, 0, len(h.blocked))
+	for k := range h.blocked {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	k := keys[i%len(keys)]
+	close(h.blocked[k])
+	delete(h.blocked, k)
+	h.bump()
+	return k
+}
+
+func (h *host) releaseAll() int {
+	n := 0
+	for h.release(0) != "" {
+		n++
+	}
+	return n
+}
+
+var errForbidden = errors.New("Forbidden: Selected provider is forbidden") //lint:ignore ST1005 a provider's own text
+
+func (h *host) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	sid := "s-" + req.AttemptID
+	d := h.decide("start", req.AttemptID)
+	h.mu.Lock()
+	reliable := h.reliable
+	h.mu.Unlock()
+	if !reliable {
+		if d%7 == 0 { // the child talks before the start returns
+			_ = h.m.Observe(bgtask.Event{AttemptID: req.AttemptID, Kind: bgtask.SessionBusy})
+		}
+		switch {
+		case d < 8:
+			return "", errors.New("503 Service Unavailable")
+		case d < 10:
+			return "", errForbidden
+		case d < 12:
+			return sid, errors.New("500 after the session was created")
+		case d < 22:
+			if err := h.block(ctx, "start "+req.AttemptID); err != nil {
+				return "", err
+			}
+		}
+	}
+	return sid, nil
+}
+
+func (h *host) AbortSession(ctx context.Context, sid string) error {
+	h.mu.Lock()
+	h.aborts[sid]++
+	n := h.aborts[sid]
+	failMode, reliable := h.abortsFail, h.reliable
+	h.mu.Unlock()
+	d := h.decide("abort", sid, strconv.Itoa(n))
+	if !reliable {
+		switch {
+		case failMode || d < 8:
+			return errors.New("abort refused: session busy")
+		case d < 18:
+			if err := h.block(ctx, "abort "+sid+" #"+strconv.Itoa(n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,612 @@
+// Package sim is a deterministic simulation harness for bgtask: one seed
+// drives a Manager through a random workload — nested launches, fallback
+// chains, failing and slow session starts, failing and hanging aborts,
+// early, late, duplicated and stale events, compaction, cancels, nested and
+// overlapping branch closures, concurrency limits, stall and queue
+// timeouts, notifier failures and a Shutdown — on simulated time, and checks
+// the invariants after every step.
+//
+// Reproducibility: the driver's choices come from the seed, the host's
+// decisions are a hash of the seed and deterministic ids, and time is a
+// fake clock; after every step the driver waits until the Manager is idle
+// (every goroutine finished, blocked in the scripted host, waiting on a
+// timer, or parked on an internal wait). The order of the host calls that
+// one step sets off concurrently can still vary; the steps, decisions and
+// invariants do not.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/clock"
+	"github.com/bgtask/bgtask/internal/probe"
+)
+
+// Options configures one run.
+type Options struct {
+	Seed  uint64
+	Steps int
+}
+
+// Failure is a broken invariant, with the seed and the trace that led to it.
+type Failure struct {
+	Seed  uint64
+	Step  int
+	What  string
+	Trace []string
+}
+
+func (f *Failure) Error() string {
+	return fmt.Sprintf("sim seed %d, step %d: %s\ntrace:\n  %s\nreplay: go test ./internal/sim -run Sim -sim.seed=%d",
+		f.Seed, f.Step, f.What, strings.Join(f.Trace, "\n  "), f.Seed)
+}
+
+type notes struct {
+	mu   sync.Mutex
+	got  []bgtask.Notification
+	fail atomic.Bool
+}
+
+func (n *notes) Notify(ctx context.Context, x bgtask.Notification) error {
+	if n.fail.Load() {
+		return errors.New("parent session unavailable")
+	}
+	n.mu.Lock()
+	n.got = append(n.got, x)
+	n.mu.Unlock()
+	return nil
+}
+
+func (n *notes) all() []bgtask.Notification {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]bgtask.Notification(nil), n.got...)
+}
+
+type world struct {
+	opts   Options
+	rng    *rand.Rand
+	clock  *clock.Fake
+	host   *host
+	notes  *notes
+	m      *bgtask.Manager
+	trace  []string
+	step   int
+	fail   *Failure
+	frozen map[string]bgtask.Attempt
+	revs   map[string]uint64
+
+	calls     atomic.Int64 // driver API calls (Cancel, CloseBranch) not yet returned
+	callsDone sync.WaitGroup
+	callMu    sync.Mutex
+	callCh    chan struct{} // closed when a call returns
+
+	mu       sync.Mutex // guards closures, results
+	closures map[int]*closureCall
+	nextCall int
+}
+
+type closureCall struct {
+	root     string
+	returned bool
+	err      error
+	checked  bool
+}
+
+var models = []bgtask.Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}, {Provider: "c", ID: "3"}}
+
+// Run drives one simulated workload and returns its trace and the first
+// broken invariant (a *Failure).
+func Run(opts Options) ([]string, error) {
+	if opts.Steps <= 0 {
+		opts.Steps = 150
+	}
+	w := &world{
+		opts:     opts,
+		rng:      rand.New(rand.NewPCG(opts.Seed, 0x9e3779b97f4a7c15)),
+		clock:    clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+		host:     newHost(int64(opts.Seed)),
+		notes:    &notes{},
+		frozen:   map[string]bgtask.Attempt{},
+		revs:     map[string]uint64{},
+		closures: map[int]*closureCall{},
+	}
+	cfg := []bgtask.Option{
+		bgtask.WithIDs(bgtask.SequentialIDs()),
+		bgtask.WithClock(w.clock),
+		bgtask.WithNotifier(w.notes),
+		bgtask.WithNotifyRetry(2, func(int) time.Duration { return time.Second }),
+	}
+	var features []string
+	if w.rng.IntN(2) == 0 {
+		cfg = append(cfg, bgtask.WithConcurrency(bgtask.Limits{Default: 1 + w.rng.IntN(3), Providers: map[string]int{"c": 1}}))
+		features = append(features, "limits")
+	}
+	if w.rng.IntN(2) == 0 {
+		cfg = append(cfg, bgtask.WithStallTimeout(time.Duration(30+w.rng.IntN(60))*time.Second))
+		features = append(features, "stall")
+	}
+	if w.rng.IntN(2) == 0 {
+		cfg = append(cfg, bgtask.WithQueueTimeout(time.Duration(60+w.rng.IntN(60))*time.Second))
+		features = append(features, "queue-timeout")
+	}
+	if w.rng.IntN(3) == 0 {
+		cfg = append(cfg, bgtask.WithRetryDelay(bgtask.Backoff(time.Second, 8*time.Second, 0)))
+		features = append(features, "retry-delay")
+	}
+	w.m = bgtask.New(w.host, cfg...)
+	w.host.m = w.m
+	w.log("start: %v", features)
+
+	for w.step = 1; w.step <= opts.Steps && w.fail == nil; w.step++ {
+		w.act()
+		w.quiesce()
+		w.check()
+	}
+	w.finish()
+	if w.fail != nil {
+		return w.trace, w.fail
+	}
+	return w.trace, nil
+}
+
+func (w *world) log(format string, args ...any) {
+	w.trace = append(w.trace, fmt.Sprintf("%3d ", w.step)+fmt.Sprintf(format, args...))
+}
+
+func (w *world) failf(format string, args ...any) {
+	if w.fail == nil {
+		w.fail = &Failure{Seed: w.opts.Seed, Step: w.step, What: fmt.Sprintf(format, args...), Trace: w.trace}
+	}
+}
+
+// sessions lists every session bound to any attempt, in a stable order.
+func (w *world) sessions(tasks []bgtask.Task) []string {
+	var out []string
+	for _, t := range tasks {
+		for _, a := range t.Attempts {
+			if a.SessionID != "" {
+				out = append(out, a.SessionID)
+			}
+		}
+	}
+	return out
+}
+
+func (w *world) act() {
+	tasks := w.m.Tasks()
+	switch op := w.rng.IntN(100); {
+	case op < 22 || len(tasks) == 0:
+		w.launch(tasks)
+	case op < 55:
+		w.event(tasks)
+	case op < 62:
+		w.cancel(tasks)
+	case op < 68:
+		w.closeBranch(tasks)
+	case op < 78:
+		d := time.Duration(1+w.rng.IntN(40)) * time.Second
+		w.clock.Advance(d)
+		w.log("advance clock %s", d)
+	case op < 90:
+		if k := w.host.release(w.rng.IntN(1000)); k != "" {
+			w.log("release %s", k)
+		} else {
+			w.log("release: nothing blocked")
+		}
+	case op < 93:
+		on := !w.notes.fail.Load()
+		w.notes.fail.Store(on)
+		w.log("notifier failing=%v", on)
+	case op < 95:
+		w.host.mu.Lock()
+		w.host.abortsFail = !w.host.abortsFail
+		on := w.host.abortsFail
+		w.host.mu.Unlock()
+		w.log("aborts failing=%v", on)
+	default:
+		w.deleteSession(tasks)
+	}
+}
+
+func (w *world) launch(tasks []bgtask.Task) {
+	parent := fmt.Sprintf("root-%d", w.rng.IntN(3))
+	if s := w.sessions(tasks); len(s) > 0 && w.rng.IntN(2) == 0 {
+		parent = s[w.rng.IntN(len(s))]
+	}
+	n := 1 + w.rng.IntN(3)
+	start := w.rng.IntN(len(models))
+	var chain []bgtask.Model
+	for i := range n {
+		chain = append(chain, models[(start+i)%len(models)])
+	}
+	spec := bgtask.Spec{ParentSessionID: parent, Prompt: "work", Models: chain, MaxAttempts: w.rng.IntN(4)}
+	closing := w.activeClosureCovers(tasks, parent)
+	task, err := w.m.Launch(context.Background(), spec)
+	switch {
+	case err == nil && closing != "":
+		w.failf("launch under %s was admitted while closure of %s was running", parent, closing)
+	case err != nil && !errors.Is(err, bgtask.ErrBranchClosing):
+		w.failf("launch: %v", err)
+	case err != nil:
+		w.log("launch under %s refused: branch closing", parent)
+	default:
+		w.log("launch %s under %s on %v max=%d", task.ID, parent, chain, spec.MaxAttempts)
+	}
+}
+
+func (w *world) event(tasks []bgtask.Task) {
+	t := tasks[w.rng.IntN(len(tasks))]
+	a := t.Attempts[w.rng.IntN(len(t.Attempts))]
+	kinds := []bgtask.EventKind{bgtask.SessionBusy, bgtask.SessionIdle, bgtask.SessionError, bgtask.SessionInterrupted,
+		bgtask.SessionCompacted, bgtask.SessionWaiting, bgtask.SessionBusy, bgtask.SessionError}
+	ev := bgtask.Event{Kind: kinds[w.rng.IntN(len(kinds))], Text: "out"}
+	switch w.rng.IntN(10) {
+	case 0:
+		ev.Err = errors.New("context_length_exceeded")
+	case 1:
+		ev.Err = bgtask.Permanent(errors.New("bad tool schema"))
+	default:
+		ev.Err = errors.New("429 Too Many Requests")
+	}
+	switch w.rng.IntN(6) {
+	case 0:
+		ev.AttemptID = a.ID
+	case 1:
+		ev.SessionID, ev.Token = a.SessionID, "run-stale"
+	case 2:
+		ev.SessionID = fmt.Sprintf("s-unknown-%d", w.rng.IntN(5))
+	default:
+		ev.SessionID = a.SessionID
+	}
+	if ev.SessionID == "" && ev.AttemptID == "" {
+		ev.AttemptID = a.ID
+	}
+	times := 1
+	if w.rng.IntN(8) == 0 {
+		times = 2 // duplicated
+	}
+	for i := range times {
+		if i > 0 {
+			w.quiesce() // what the first copy set off has settled
+		}
+		before, _ := w.m.Task(t.ID)
+		err := w.m.Observe(ev)
+		after, _ := w.m.Task(t.ID)
+		if err != nil && !errors.Is(err, bgtask.ErrStaleEvent) && !errors.Is(err, bgtask.ErrUnknownSession) {
+			w.failf("observe %+v: %v", ev, err)
+		}
+		if (errors.Is(err, bgtask.ErrStaleEvent) || errors.Is(err, bgtask.ErrUnknownSession)) && after.Revision != before.Revision {
+			w.failf("a rejected event changed %s: revision %d → %d", t.ID, before.Revision, after.Revision)
+		}
+		w.log("event %s session=%q attempt=%q token=%q on %s/%d: %v", ev.Kind, ev.SessionID, ev.AttemptID, ev.Token, t.ID, a.Number, err)
+	}
+}
+
+// call runs a blocking API call on a driver goroutine, counted until it
+// returns.
+func (w *world) call(f func()) {
+	w.calls.Add(1)
+	w.callsDone.Add(1)
+	go func() {
+		defer w.callsDone.Done()
+		defer func() {
+			w.calls.Add(-1)
+			w.callMu.Lock()
+			if w.callCh != nil {
+				close(w.callCh)
+				w.callCh = nil
+			}
+			w.callMu.Unlock()
+		}()
+		f()
+	}()
+}
+
+func (w *world) callState() <-chan struct{} {
+	w.callMu.Lock()
+	defer w.callMu.Unlock()
+	if w.callCh == nil {
+		w.callCh = make(chan struct{})
+	}
+	return w.callCh
+}
+
+func (w *world) cancel(tasks []bgtask.Task) {
+	t := tasks[w.rng.IntN(len(tasks))]
+	w.log("cancel %s (%s)", t.ID, t.Status)
+	w.call(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a lost wakeup shows up as a failure, not a hang
+		defer cancel()
+		if err := w.m.Cancel(ctx, t.ID); errors.Is(err, context.DeadlineExceeded) {
+			w.mu.Lock()
+			w.failf("cancel of %s hung", t.ID)
+			w.mu.Unlock()
+		}
+	})
+}
+
+func (w *world) closeBranch(tasks []bgtask.Task) {
+	root := fmt.Sprintf("root-%d", w.rng.IntN(3))
+	if s := w.sessions(tasks); len(s) > 0 && w.rng.IntN(2) == 0 {
+		root = s[w.rng.IntN(len(s))]
+	}
+	w.mu.Lock()
+	id := w.nextCall
+	w.nextCall++
+	c := &closureCall{root: root}
+	w.closures[id] = c
+	w.mu.Unlock()
+	w.log("close branch %s (#%d)", root, id)
+	w.call(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := w.m.CloseBranch(ctx, root)
+		w.mu.Lock()
+		c.returned, c.err = true, err
+		w.mu.Unlock()
+	})
+}
+
+func (w *world) deleteSession(tasks []bgtask.Task) {
+	t := tasks[w.rng.IntN(len(tasks))]
+	if t.SessionID == "" {
+		w.log("delete: %s has no session", t.ID)
+		return
+	}
+	err := w.m.Observe(bgtask.Event{SessionID: t.SessionID, Kind: bgtask.SessionDeleted})
+	w.log("delete session %s of %s: %v", t.SessionID, t.ID, err)
+}
+
+// quiesce waits until the Manager is idle: each of its goroutines has
+// finished, is blocked in the scripted host, waits on a fake timer, or is
+// parked; and each driver API call has returned or is parked.
+func (w *world) quiesce() {
+	deadline := time.After(time.Minute) // a stuck run is reported, not hung
+	stable := 0
+	for {
+		cch := w.callState()
+		running, ch := probe.Running(w.m)
+		blocked, hch := w.host.state()
+		parked, pch := probe.Parked(w.m)
+		_, tch := w.clock.Created()
+		if running+int(w.calls.Load()) <= blocked+w.clock.Pending()+parked {
+			// A goroutine whose wait just ended still counts as parked
+			// until it runs: let the woken run, then look again.
+			if stable++; stable >= 8 {
+				return
+			}
+			runtime.Gosched()
+			continue
+		}
+		stable = 0
+		select {
+		case <-ch:
+		case <-hch:
+		case <-pch:
+		case <-cch:
+		case <-tch:
+		case <-deadline:
+			w.failf("the manager never went idle: %d running, %d blocked in the host, %d timers, %d parked, %d calls",
+				running, blocked, w.clock.Pending(), parked, w.calls.Load())
+			return
+		}
+	}
+}
+
+func (w *world) check() {
+	tasks := w.m.Tasks()
+	for _, t := range tasks {
+		live := 0
+		var cur bgtask.Attempt
+		for i, a := range t.Attempts {
+			if a.Number != i+1 {
+				w.failf("%s: attempt %d numbered %d", t.ID, i+1, a.Number)
+			}
+			if a.ID == t.CurrentAttemptID {
+				cur = a
+			}
+			if !a.Status.Terminal() {
+				live++
+				if a.ID != t.CurrentAttemptID {
+					w.failf("%s: live attempt %s is not current", t.ID, a.ID)
+				}
+			}
+			if old, ok := w.frozen[a.ID]; ok && old != a {
+				w.failf("terminal attempt %s changed:\n%+v\n%+v", a.ID, old, a)
+			}
+			if a.Status.Terminal() {
+				w.frozen[a.ID] = a
+			}
+		}
+		if live > 1 {
+			w.failf("%s has %d live attempts", t.ID, live)
+		}
+		if t.Status != cur.Status || t.SessionID != cur.SessionID || t.Model != cur.Model || t.Error != cur.Error ||
+			!t.StartedAt.Equal(cur.StartedAt) || !t.CompletedAt.Equal(cur.CompletedAt) || t.Result != cur.Result {
+			w.failf("%s: task fields differ from its current attempt", t.ID)
+		}
+		if t.Revision < w.revs[t.ID] {
+			w.failf("%s: revision went back %d → %d", t.ID, w.revs[t.ID], t.Revision)
+		}
+		w.revs[t.ID] = t.Revision
+		if t.Status.Terminal() != (t.Outcome != nil) {
+			w.failf("%s is %s with outcome %v", t.ID, t.Status, t.Outcome)
+		}
+	}
+	for _, s := range w.m.Stats() {
+		if s.Limit > 0 && s.Running > s.Limit {
+			w.failf("key %s runs %d over its limit %d", s.Key, s.Running, s.Limit)
+		}
+	}
+	w.checkNotifications(tasks, false)
+	w.checkClosures(tasks)
+}
+
+// checkNotifications: per parent, delivery order is production order; per
+// task at most one final summary, last among its own notifications (and, at
+// the end, exactly one for every terminal task).
+func (w *world) checkNotifications(tasks []bgtask.Task, final bool) {
+	last := map[string]uint64{}
+	finals := map[string]int{}
+	after := map[string]bool{}
+	for _, n := range w.notes.all() {
+		if n.Seq <= last[n.ParentSessionID] {
+			w.failf("parent %s: notification %d delivered after %d", n.ParentSessionID, n.Seq, last[n.ParentSessionID])
+		}
+		last[n.ParentSessionID] = n.Seq
+		switch n.Kind {
+		case bgtask.NotifyFinalSummary:
+			finals[n.TaskID]++
+		case bgtask.NotifyRetryScheduled, bgtask.NotifyRetrySessionReady:
+			if finals[n.TaskID] > 0 {
+				after[n.TaskID] = true
+			}
+		}
+	}
+	lost := map[string]int{}
+	for _, n := range w.m.Undelivered() {
+		if n.Kind == bgtask.NotifyFinalSummary {
+			lost[n.TaskID]++
+		}
+	}
+	for _, t := range tasks {
+		if finals[t.ID]+lost[t.ID] > 1 {
+			w.failf("%s has %d final summaries", t.ID, finals[t.ID]+lost[t.ID])
+		}
+		if after[t.ID] {
+			w.failf("%s: a notification came after its final summary", t.ID)
+		}
+		if final && t.Status.Terminal() && finals[t.ID]+lost[t.ID] != 1 {
+			w.failf("%s (%s) has %d final summaries, %d lost", t.ID, t.Status, finals[t.ID], lost[t.ID])
+		}
+	}
+}
+
+// inBranch reports whether session lies in root's branch, by the recorded
+// edges.
+func inBranch(byParent map[string]string, session, root string) bool {
+	for range 10_000 {
+		if session == root {
+			return true
+		}
+		p, ok := byParent[session]
+		if !ok {
+			return false
+		}
+		session = p
+	}
+	return false
+}
+
+func edges(tasks []bgtask.Task) map[string]string {
+	up := map[string]string{}
+	for _, t := range tasks {
+		for _, a := range t.Attempts {
+			if a.SessionID != "" {
+				up[a.SessionID] = t.ParentSessionID
+			}
+		}
+	}
+	return up
+}
+
+func (w *world) activeClosureCovers(tasks []bgtask.Task, parent string) string {
+	up := edges(tasks)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.closures {
+		if !c.returned && inBranch(up, parent, c.root) {
+			return c.root
+		}
+	}
+	return ""
+}
+
+// checkClosures: after a closure returned nil, nothing in its branch runs.
+func (w *world) checkClosures(tasks []bgtask.Task) {
+	up := edges(tasks)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]int, 0, len(w.closures))
+	for id := range w.closures {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	for _, id := range ids {
+		c := w.closures[id]
+		if !c.returned || c.checked {
+			continue
+		}
+		c.checked = true
+		w.log("closure #%d of %s returned: %v", id, c.root, c.err)
+		if c.err != nil {
+			if !errors.Is(c.err, bgtask.ErrBranchNotStopped) {
+				w.failf("closure of %s: %v", c.root, c.err)
+			}
+			continue
+		}
+		for _, t := range tasks {
+			if (t.SessionID == c.root || inBranch(up, t.ParentSessionID, c.root)) && !t.Status.Terminal() {
+				w.failf("closure of %s returned nil but %s (parent %s) is %s", c.root, t.ID, t.ParentSessionID, t.Status)
+			}
+		}
+	}
+}
+
+// finish drains the run: nothing fails or hangs any more, everything blocked
+// is released, Shutdown stops the rest; then every task must have ended and
+// no goroutine of the Manager may be left.
+func (w *world) finish() {
+	w.host.mu.Lock()
+	w.host.reliable, w.host.abortsFail = true, false
+	w.host.mu.Unlock()
+	w.notes.fail.Store(false)
+	w.log("shutdown")
+	done := make(chan error, 1)
+	go func() { done <- w.m.Shutdown(context.Background()) }()
+	deadline := time.After(time.Minute) // a hung shutdown is reported, not waited for forever
+	for {
+		_, hch := w.host.state()
+		_, pch := probe.Parked(w.m)
+		_, tch := w.clock.Created()
+		w.host.releaseAll()
+		if w.clock.Pending() > 0 {
+			w.clock.Advance(10 * time.Second) // simulated time goes on: retries and timers fire
+		}
+		select {
+		case err := <-done:
+			w.callsDone.Wait()
+			w.check()
+			if err != nil && !strings.Contains(err.Error(), "notifications not delivered") {
+				w.failf("shutdown: %v", err)
+			}
+			for _, t := range w.m.Tasks() {
+				if !t.Status.Terminal() {
+					w.failf("%s did not end: %s", t.ID, t.Status)
+				}
+			}
+			w.checkNotifications(w.m.Tasks(), true)
+			if n, _ := probe.Running(w.m); n != 0 {
+				w.failf("%d goroutines outlived Shutdown", n)
+			}
+			return
+		case <-hch:
+		case <-pch:
+		case <-tch:
+		case <-deadline:
+			w.failf("shutdown hung")
+			return
+		}
+	}
+}
