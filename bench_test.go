@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // benchHost starts sessions at once, named after the attempt, and lets a
@@ -240,4 +241,57 @@ func BenchmarkFanOut(b *testing.B) {
 			drained.Wait()
 		})
 	}
+}
+
+// BenchmarkLaunch: Launch alone (the session start it sets off runs on its
+// own goroutine and is not waited for).
+func BenchmarkLaunch(b *testing.B) {
+	host := &benchHost{}
+	m := New(host)
+	host.m = m
+	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Launch(ctx, spec); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkQueueThroughput runs 10,000 tasks through a limit of 4 with a
+// host that completes each at once; it reports the cost per task.
+func BenchmarkQueueThroughput(b *testing.B) {
+	const n = 10_000
+	host := &benchHost{onStart: func(m *Manager, req SessionRequest, sid string) {
+		_ = m.Observe(Event{AttemptID: req.AttemptID, Kind: SessionIdle, Text: "ok"})
+	}}
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	var total time.Duration
+	for i := 0; i < b.N; i++ {
+		m := New(host, WithConcurrency(Limits{Default: 4}))
+		host.m = m
+		start := time.Now()
+		ids := make([]string, n)
+		for j := range n {
+			task, err := m.Launch(ctx, spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids[j] = task.ID
+		}
+		for _, id := range ids {
+			if got, err := m.Wait(ctx, id); err != nil || got.Status != StatusCompleted {
+				b.Fatalf("%v %s", err, got.Status)
+			}
+		}
+		total += time.Since(start)
+		b.StopTimer()
+		_ = m.Shutdown(ctx)
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N*n), "ns/task")
 }
