@@ -18,13 +18,7 @@ func newFuncHarness(t *testing.T, fn RunFunc, opts ...Option) *harness {
 	host := NewFuncHost(fn)
 	all := append([]Option{WithIDs(SequentialIDs()), WithNotifier(h.rec)}, opts...)
 	h.m = New(host, all...)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := h.m.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("Shutdown hung: %v", err)
-		}
-	})
+	shutdownAtCleanup(t, h.m)
 	return h
 }
 

@@ -147,14 +147,20 @@ func newHarness(t *testing.T, host *testHost, opts ...Option) *harness {
 		WithLogger(slog.New(h.logs)),
 	}, opts...)
 	h.m = New(host, all...)
+	shutdownAtCleanup(t, h.m)
+	return h
+}
+
+// shutdownAtCleanup shuts m down when the test ends and fails it if that
+// hangs.
+func shutdownAtCleanup(t *testing.T, m *Manager) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := h.m.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
+		if err := m.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("Shutdown hung: %v", err)
 		}
 	})
-	return h
 }
 
 // settle waits until no goroutine of the Manager runs: every start, abort
