@@ -98,8 +98,7 @@ type abortOp struct {
 	session  string
 	ctx      runCtx        // the host call's context
 	err      error         // the host's answer, once finished
-	failWith error         // when confirmed, the run fails with this (a stall, a start error) …
-	retry    bool          // … retryable or not
+	failWith *failure      // when confirmed, the run fails with this (a stall, a start error)
 	arrival  bool          // the session arrived for a run not adopting it: bind it if it lives on
 	finished bool          // the host answered
 	done     chan struct{} // closed when finished; made only for a waiter
@@ -232,10 +231,10 @@ func (m *Manager) aborted(op *abortOp, err error) {
 		}
 		m.changed(e, e.terminal())
 	case live && op.arrival && op.failWith != nil && !m.fence(e):
-		m.startFailed(e, *a, op.failWith, op.retry)
+		m.startFailed(e, *a, *op.failWith)
 	case live && op.failWith != nil && !m.fence(e):
 		e.rt.stopped = op.run.Token // the retry need not abort it again
-		m.fail(e, op.failWith, op.retry, m.now())
+		m.fail(e, *op.failWith, m.now())
 	case live:
 		status := e.rt.stopWanted
 		if status == "" {

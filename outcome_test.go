@@ -217,13 +217,13 @@ func TestEnvelopeGolden(t *testing.T) {
 	}{
 		{name: "completed", task: task(StatusCompleted, done), out: runOutput{token: "run-1", finish: FinishStop}},
 		{name: "completed_after_retry", task: task(StatusCompleted, first, retried), out: runOutput{token: "run-2", finish: FinishStop}},
-		{name: "error_context_overflow", task: task(StatusError, failed), out: runOutput{token: "run-1", output: "read 40 files <and more>", err: ErrContextOverflow}},
+		{name: "error_context_overflow", task: task(StatusError, failed), out: runOutput{token: "run-1", output: "read 40 files <and more>", reason: ReasonContextOverflow}},
 		{name: "error_output_limit", task: task(StatusCompleted, cut), out: runOutput{token: "run-1", finish: FinishLength}},
 		{name: "error_no_final_text", task: task(StatusCompleted, cut), out: runOutput{token: "run-1", noText: true, output: "was looking at main.go"}},
 		{name: "error_content_filter", task: task(StatusCompleted, cut), out: runOutput{token: "run-1", finish: FinishContentFilter}},
 		{name: "error_unconsumed_tool_call", task: task(StatusCompleted, cut), out: runOutput{token: "run-1", finish: FinishToolCalls, output: `{"tool":"grep"}`}},
-		{name: "error_provider_error", task: task(StatusError, failedWith("429 Too Many Requests")), out: runOutput{token: "run-1", err: statusErr{429, "Too Many Requests"}}},
-		{name: "error_unknown", task: task(StatusError, failedWith("something odd")), out: runOutput{token: "run-1", err: errors.New("something odd")}},
+		{name: "error_provider_error", task: task(StatusError, failedWith("429 Too Many Requests")), out: runOutput{token: "run-1", reason: reasonOf(statusErr{429, "Too Many Requests"})}},
+		{name: "error_unknown", task: task(StatusError, failedWith("something odd")), out: runOutput{token: "run-1", reason: reasonOf(errors.New("something odd"))}},
 		{name: "cancelled", task: task(StatusCancelled, cancelled), out: runOutput{token: "run-1", output: "step 3 of 9"}},
 		{name: "interrupt", task: task(StatusInterrupt, interrupted), out: runOutput{token: "run-1"}},
 	}

@@ -273,11 +273,10 @@ func outcomeOf(t Task, last runOutput) *Outcome {
 		}
 	case StatusError:
 		o.Error = cur.Error
-		err := last.err
-		if last.token != cur.Token || err == nil {
-			err = errors.New(cur.Error)
+		o.Reason = last.reason
+		if last.token != cur.Token || o.Reason == "" {
+			o.Reason = reasonOf(errors.New(cur.Error)) // our own error: no user code runs
 		}
-		o.Reason = reasonOf(err)
 	case StatusCancelled, StatusInterrupt:
 		o.Error = cur.Error
 	}

@@ -423,8 +423,21 @@ func (rt *runtime) starting() bool { return rt.startSeq != 0 }
 // and never runs under the lock).
 type observation struct {
 	ev         Event
-	retry      bool
-	classified bool // retry was decided (only SessionError needs it)
+	fail       failure // SessionError: the failure, classified before the lock
+	classified bool    // fail was filled in (only SessionError needs it)
+}
+
+// failure is an attempt's failure with everything that calls user code — the
+// error's own methods, the retry classifier — worked out before the lock.
+type failure struct {
+	text   string
+	reason Reason
+	retry  bool
+}
+
+// classify works out a failure. It calls user code: never with m.mu held.
+func (m *Manager) classify(err error) failure {
+	return failure{text: err.Error(), reason: reasonOf(err), retry: m.retryable(err)}
 }
 
 // errNeedsClass is observeLocked asking Observe to classify the event's
@@ -706,7 +719,7 @@ func (m *Manager) Observe(ev Event) error {
 		if o.ev.Err == nil {
 			o.ev.Err = errors.New("session error with no detail")
 		}
-		o.retry, o.classified = m.retryable(o.ev.Err), true
+		o.fail, o.classified = m.classify(o.ev.Err), true
 		m.mu.Lock()
 		who, err = m.observeLocked(o)
 	}
@@ -848,8 +861,7 @@ func (m *Manager) apply(e *entry, o observation) {
 		e.rt.out.finish, e.rt.out.noText = ev.Finish, ev.NoFinalText
 		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
 	case SessionError:
-		e.rt.out.err = ev.Err
-		m.fail(e, ev.Err, o.retry, at)
+		m.fail(e, o.fail, at)
 	case SessionInterrupted:
 		m.finalize(e, a.ID, StatusInterrupt, "", "", at)
 	case SessionDeleted:
@@ -858,14 +870,17 @@ func (m *Manager) apply(e *entry, o observation) {
 	}
 }
 
-// fail ends the current attempt of e with err: a retry on the next model
-// when err is retryable (decided before the lock) and nothing forbids it,
-// else the task's error.
-func (m *Manager) fail(e *entry, err error, retry bool, at time.Time) {
+// fail ends the current attempt of e with f: a retry on the next model
+// when f is retryable and nothing forbids it, else the task's error.
+func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	m.fence(e)
 	a := e.cur()
-	text := err.Error()
-	if !retry || a.Number >= e.info.maxAttempts {
+	text := f.text
+	if e.rt.out.token != a.Token {
+		e.rt.out = runOutput{token: a.Token}
+	}
+	e.rt.out.reason = f.reason
+	if !f.retry || a.Number >= e.info.maxAttempts {
 		m.finalize(e, a.ID, StatusError, text, "", at)
 		return
 	}
@@ -986,12 +1001,12 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 	ok := m.group.Go(func() {
 		ctx := withRun(m.life, RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, callStart)
 		sid, err := m.callStart(ctx, req)
-		var retry bool
+		var f failure
 		if err != nil {
 			err = &StartError{Model: a.Model, Err: err}
-			retry = m.retryable(err)
+			f = m.classify(err)
 		}
-		m.started(e, a, seq, sid, err, retry)
+		m.started(e, a, seq, sid, err, f)
 	})
 	if !ok {
 		delete(m.inflight, seq)
@@ -1011,7 +1026,7 @@ func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string
 
 // started takes StartSession's result for attempt a of e (start seq). err,
 // when set, is a *StartError, and retry was decided before the lock.
-func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error, retry bool) {
+func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error, f failure) {
 	m.mu.Lock()
 	defer m.unlock()
 	delete(m.inflight, seq)
@@ -1025,6 +1040,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 	live := ref.isCurrent() && ref.attempt().Token == a.Token && ref.attempt().Status == StatusPending
 	if err == nil && sid == "" {
 		err = Permanent(&StartError{Model: a.Model, Err: errors.New("Host.StartSession returned no session id")})
+		f = failure{text: err.Error(), reason: ReasonUnknown}
 	}
 	if sid != "" {
 		if owner, taken := m.led.bySession[sid]; taken {
@@ -1033,6 +1049,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 				slog.String("task", e.info.id), slog.String("attempt", a.ID), slog.String("session", sid),
 				slog.String("owner", owner.attempt().ID))
 			err = Permanent(&StartError{Model: a.Model, Err: fmt.Errorf("Host.StartSession returned session %s, which belongs to attempt %s", sid, owner.attempt().ID)})
+			f = failure{text: err.Error(), reason: ReasonUnknown}
 			sid = ""
 		}
 	}
@@ -1080,7 +1097,9 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 		if cur := e.cur(); cur.ID == a.ID && cur.Status == StatusPending {
 			op, _ := m.newAbort(e, *cur, nil)
 			op.session, op.arrival = sid, true
-			op.failWith, op.retry = err, retry
+			if err != nil {
+				op.failWith = &f
+			}
 			m.runAborts([]*abortOp{op}, nil)
 		}
 	case sid != "":
@@ -1093,7 +1112,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 		replay()
 	case live:
 		replay() // held events for an attempt that never ran: stale
-		m.startFailed(e, a, err, retry)
+		m.startFailed(e, a, f)
 	default:
 		replay()
 	}
@@ -1114,7 +1133,7 @@ func (m *Manager) heldEnds(attemptID, sessionID string) bool {
 }
 
 // startFailed records a failed session start of the current attempt a.
-func (m *Manager) startFailed(e *entry, a Attempt, err error, retry bool) {
+func (m *Manager) startFailed(e *entry, a Attempt, f failure) {
 	now := m.now()
 	if lerr := m.led.setPending(e, a.ID, PendingSessionFailed, now); lerr != nil {
 		m.ledgerBug(e, lerr)
@@ -1126,7 +1145,7 @@ func (m *Manager) startFailed(e *entry, a Attempt, err error, retry bool) {
 		m.finalize(e, a.ID, e.rt.stopWanted, "", "", now)
 		return
 	}
-	m.fail(e, err, retry, now)
+	m.fail(e, f, now)
 }
 
 // finalize ends attempt id of e with status. m.mu is held.
@@ -1356,7 +1375,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	if err := m.awaitStops(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := m.group.Wait(ctx); err != nil {
+	if err := m.lanes.Wait(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: waiting for deliveries: %w", err))
 	}
 	m.cancelLife()
@@ -1861,6 +1880,7 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 			return // dequeued as the timer fired
 		}
 		pos := m.pool.Position(w)
+		e.rt.out = runOutput{token: a.Token, reason: ReasonUnknown} // no provider was involved
 		m.finalize(e, a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", d, pos, w.Key()), "", m.now())
 	})
 }
@@ -1891,7 +1911,7 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 				wait = e.rt.abort.waitDone()
 			case !now.Before(due):
 				op, _ := m.newAbort(e, a, nil)
-				op.failWith, op.retry = fmt.Errorf("stalled: no activity for %s", d), true
+				op.failWith = &failure{text: fmt.Sprintf("stalled: no activity for %s", d), reason: ReasonUnknown, retry: true}
 				m.runAborts([]*abortOp{op}, nil)
 				wait = op.waitDone()
 				retryAt = now.Add(d)
@@ -1953,7 +1973,7 @@ type runOutput struct {
 	output   string // latest output text
 	finish   FinishReason
 	noText   bool
-	err      error
+	reason   Reason // of the failure that ended it, worked out outside the lock
 }
 
 // round is one parent's batch of tasks, from the first launch after the

@@ -5,7 +5,10 @@
 // which changes were applied) and a lane's worker delivers with no lock held.
 package dispatch
 
-import "sync"
+import (
+	"context"
+	"sync"
+)
 
 // Lanes holds one FIFO lane per key. A lane has at most one worker; the
 // worker exits when its lane is empty, and the next Push starts a new one.
@@ -13,8 +16,10 @@ type Lanes[T any] struct {
 	spawn   func(func()) bool
 	deliver func(key string, item T)
 
-	mu    sync.Mutex // guards lanes
-	lanes map[string]*lane[T]
+	mu      sync.Mutex // guards lanes, working, idle
+	lanes   map[string]*lane[T]
+	working int           // lanes with a worker
+	idle    chan struct{} // closed when working drops to zero; nil while nobody waits
 }
 
 type lane[T any] struct {
@@ -45,14 +50,47 @@ func (l *Lanes[T]) Push(key string, item T) bool {
 		return true
 	}
 	ln.working = true
+	l.working++
 	l.mu.Unlock()
 	if !l.spawn(func() { l.work(key, ln) }) {
 		l.mu.Lock()
 		ln.working = false
+		l.stopped()
 		l.mu.Unlock()
 		return false
 	}
 	return true
+}
+
+// stopped counts a worker out. l.mu is held.
+func (l *Lanes[T]) stopped() {
+	l.working--
+	if l.working == 0 && l.idle != nil {
+		close(l.idle)
+		l.idle = nil
+	}
+}
+
+// Wait blocks until no lane has a worker — everything pushed was handed to
+// deliver — or ctx ends.
+func (l *Lanes[T]) Wait(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		if l.working == 0 {
+			l.mu.Unlock()
+			return nil
+		}
+		if l.idle == nil {
+			l.idle = make(chan struct{})
+		}
+		idle := l.idle
+		l.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 func (l *Lanes[T]) work(key string, ln *lane[T]) {
@@ -63,6 +101,7 @@ func (l *Lanes[T]) work(key string, ln *lane[T]) {
 			if l.lanes[key] == ln {
 				delete(l.lanes, key)
 			}
+			l.stopped()
 			l.mu.Unlock()
 			return
 		}

@@ -1,0 +1,77 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Shutdown must return (naming the live child) when an abort fails; with a
+// stall timeout the stall watcher of that still-running child keeps the group
+// busy until Shutdown's ctx ends.
+func TestShutdownWithAFailedAbortDoesNotWaitForTheStallWatcher(t *testing.T) {
+	host := &testHost{abort: func(ctx context.Context, sid string) error { return errors.New("cannot abort") }}
+	h := newHarness(t, host, WithStallTimeout(time.Hour))
+	task := h.launchOn("a/1")
+	h.waitTimers(1)
+	require.Equal(t, StatusRunning, h.task(task.ID).Status)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := h.m.Shutdown(ctx)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "Shutdown waited for the stall watcher: %v", err)
+	assert.Contains(t, err.Error(), "children did not stop")
+}
+
+// A queue timeout never reached a provider; its reason must not be
+// provider_error.
+func TestQueueTimeoutReasonIsNotProviderError(t *testing.T) {
+	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}), WithQueueTimeout(time.Minute))
+	h.launchOn("m/x")
+	h.settle()
+	made, _ := h.clock.Created()
+	b := h.launchOn("m/x")
+	h.waitTimers(made + 1)
+	h.clock.Advance(time.Minute)
+	got := h.wait(b.ID)
+	require.NotNil(t, got.Outcome)
+	assert.NotEqual(t, ReasonProviderError, got.Outcome.Reason, "queue timeout classified from its own text: %s", got.Outcome.Envelope)
+}
+
+// A start failure's typed error is lost: the reason is re-derived from text.
+func TestStartFailureKeepsItsTypedReason(t *testing.T) {
+	host := &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		return "", Permanent(statusErr{503, "upstream said no"})
+	}}
+	h := newHarness(t, host)
+	task := h.launchOn("a/1")
+	got := h.wait(task.ID)
+	require.NotNil(t, got.Outcome)
+	assert.Equal(t, ReasonProviderError, got.Outcome.Reason, got.Outcome.Envelope)
+}
+
+type reentrantErr struct{ m *Manager }
+
+func (e reentrantErr) Error() string   { return "boom" }
+func (e reentrantErr) StatusCode() int { e.m.Tasks(); return 500 } // user code calling back
+
+// The outcome classifier calls the error's methods under m.mu.
+func TestErrorMethodsAreNeverCalledUnderTheLock(t *testing.T) {
+	h := newHarness(t, nil, WithRetryable(func(error) bool { return false }))
+	task := h.launchOn("a/1")
+	h.settle()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = h.m.Observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionError, Err: reentrantErr{h.m}})
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second): // failure detection only
+		t.Fatal("deadlock: StatusCode() called with m.mu held")
+	}
+}
