@@ -223,6 +223,9 @@ func (m *Manager) aborted(op *abortOp, err error) {
 		}
 		e.rt.lastEvent = m.now()
 		m.changed(e, false)
+		if cur := e.cur(); m.cfg.stallTimeout > 0 && cur.Status == StatusRunning {
+			m.watchStall(e, *cur) // it runs like any bound run
+		}
 	case err != nil:
 		if live {
 			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",

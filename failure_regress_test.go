@@ -3,6 +3,7 @@ package bgtask
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,4 +75,44 @@ func TestErrorMethodsAreNeverCalledUnderTheLock(t *testing.T) {
 	case <-time.After(10 * time.Second): // failure detection only
 		t.Fatal("deadlock: StatusCode() called with m.mu held")
 	}
+}
+
+// gatedClock holds NewTimer until the test opens the gate: it shows which
+// moment a timer's deadline is measured from.
+type gatedClock struct {
+	h    *harness
+	gate chan struct{}
+}
+
+func (g *gatedClock) Now() time.Time { return g.h.clock.Now() }
+func (g *gatedClock) NewTimer(d time.Duration) Timer {
+	<-g.gate
+	return g.h.clock.NewTimer(d)
+}
+
+func TestQueueTimeoutIsMeasuredFromWhenTheAttemptQueued(t *testing.T) {
+	gc := &gatedClock{gate: make(chan struct{})}
+	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}), WithQueueTimeout(time.Minute), WithClock(gc))
+	gc.h = h
+	h.launchOn("m/x")
+	h.settle()
+	b := h.launchOn("m/x") // queued now
+	h.clock.Advance(time.Minute)
+	close(gc.gate) // the watcher makes its timer only now
+	assert.Equal(t, StatusError, h.wait(b.ID).Status, "a full minute had passed since it queued")
+}
+
+func TestASessionBoundAfterAFailedArrivalAbortIsWatchedForStalls(t *testing.T) {
+	release := make(chan struct{})
+	host := &testHost{
+		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) { <-release; return sid, nil },
+		abort: func(ctx context.Context, sid string) error { return errors.New("cannot abort") },
+	}
+	h := newHarness(t, host, WithStallTimeout(time.Minute))
+	task := h.launchOn("a/1")
+	var once sync.Once
+	h.m.testHookWaiting = func(string) { once.Do(func() { close(release) }) }
+	require.Error(t, h.m.Cancel(context.Background(), task.ID))
+	require.Equal(t, StatusRunning, h.task(task.ID).Status, "bound: the truth wins")
+	h.waitTimers(1) // its stall watcher
 }

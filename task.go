@@ -367,7 +367,9 @@ func WithNotifier(n Notifier) Option { return optionFunc(func(c *config) { c.not
 // notifier calls at warn and error. Default: nothing is logged.
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
-// WithClock reads time and makes timers from c. Default: the wall clock.
+// WithClock reads time and makes timers from c. Default: the wall clock. c
+// is called with the Manager's lock held: it must be fast and must not call
+// into the Manager.
 func WithClock(c Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
 
 // WithIDs makes task, attempt and run ids with g. Default: random UUIDs.
@@ -506,6 +508,7 @@ type Manager struct {
 	closing   bool                  // Shutdown began: no new work
 	anyChange chan struct{}         // manager-wide change signal, like runtime.changed
 	logq      []logRec              // log lines to emit once m.mu is released
+	epoch     uint64                // this Manager's life: wall-clock nanoseconds at New
 	seq       uint64                // manager-wide change sequence
 	nseq      uint64                // notification production sequence
 	subs      map[*Subscription]struct{}
@@ -553,6 +556,7 @@ func New(host Host, opts ...Option) *Manager {
 		inflight: make(map[uint64]struct{}),
 	}
 	m.life, m.cancelLife = context.WithCancel(context.Background())
+	m.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
 	m.lanes = dispatch.New(m.group.Go, m.deliver)
 	if cfg.limits != nil {
 		m.pool = slots.New[queued]()
@@ -1863,8 +1867,9 @@ func (m *Manager) runDone(e *entry) <-chan struct{} {
 // queue timeout. m.mu is held.
 func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 	d := m.cfg.queueTimeout
+	deadline := m.now().Add(d) // from the moment it queued
 	m.group.Go(func() {
-		t := m.cfg.clock.NewTimer(d)
+		t := m.cfg.clock.NewTimer(deadline.Sub(m.cfg.clock.Now()))
 		select {
 		case <-t.C():
 		case <-w.V.stop:
@@ -2030,13 +2035,18 @@ func (m *Manager) setActivity(e *entry, a Activity) {
 // Change is one applied mutation: the task as it is after it, and the
 // manager-wide sequence number of the change.
 type Change struct {
-	Seq  uint64 `json:"seq"`
-	Task Task   `json:"task"`
+	// Epoch names the Manager's process life; sequences restart with it.
+	Epoch uint64 `json:"epoch,omitempty"`
+	Seq   uint64 `json:"seq"`
+	Task  Task   `json:"task"`
 }
 
 // Snapshot is every task, complete, as of sequence Seq: what it omits is
 // absent.
 type Snapshot struct {
+	// Epoch names the Manager's process life: a later process has a
+	// larger epoch, and its sequence numbers start again.
+	Epoch uint64 `json:"epoch,omitempty"`
 	Seq   uint64 `json:"seq"`
 	Tasks []Task `json:"tasks"`
 }
@@ -2045,7 +2055,7 @@ type Snapshot struct {
 func (m *Manager) Snapshot() Snapshot {
 	m.mu.Lock()
 	defer m.unlock()
-	out := Snapshot{Seq: m.seq, Tasks: make([]Task, len(m.order))}
+	out := Snapshot{Epoch: m.epoch, Seq: m.seq, Tasks: make([]Task, len(m.order))}
 	for i, e := range m.order {
 		out.Tasks[i] = e.project()
 	}
@@ -2145,7 +2155,7 @@ func (m *Manager) publish(e *entry) {
 	if len(m.subs) == 0 {
 		return
 	}
-	c := Change{Seq: m.seq, Task: e.project()}
+	c := Change{Epoch: m.epoch, Seq: m.seq, Task: e.project()}
 	for s := range m.subs {
 		select {
 		case s.ch <- c:

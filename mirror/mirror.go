@@ -5,9 +5,13 @@
 // The rules: a change older than what the mirror holds for a task is
 // ignored; a snapshot entry older than a change already applied does not
 // overwrite it; a task absent from a complete snapshot is removed unless it
-// changed after the snapshot's sequence; and a complete snapshot replaces a
-// task whole, so an Activity it omits is cleared (activity is process-local:
-// after a restart, the snapshot's silence is the truth).
+// changed after the snapshot's sequence, and a change or snapshot older than
+// a complete snapshot already applied cannot bring it back; a complete
+// snapshot replaces a task whole, so an Activity it omits is cleared. A
+// snapshot or change from a later Manager process (a larger Epoch) replaces
+// everything held from the earlier one — its sequences start again, and the
+// old process's activity is not the truth any more; one from an earlier
+// process is ignored.
 package mirror
 
 import (
@@ -21,7 +25,9 @@ import (
 // Mirror is a client's copy of a Manager's tasks. The zero value is an
 // empty mirror, ready to use; it is safe for concurrent use.
 type Mirror struct {
-	mu      sync.Mutex // guards tasks, changed
+	mu      sync.Mutex // guards everything below
+	epoch   uint64     // the Manager process the state is from
+	floor   uint64     // the newest complete snapshot applied, in that epoch
 	tasks   map[string]held
 	changed chan struct{} // closed at the next apply; nil while nobody waits
 }
@@ -36,9 +42,10 @@ func (m *Mirror) ApplySnapshot(s bgtask.Snapshot) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	defer m.wake()
-	if m.tasks == nil {
-		m.tasks = make(map[string]held)
+	if !m.epochOK(s.Epoch) || s.Seq < m.floor {
+		return // from an earlier process, or older than a snapshot applied
 	}
+	m.floor = s.Seq
 	present := make(map[string]bool, len(s.Tasks))
 	for _, t := range s.Tasks {
 		present[t.ID] = true
@@ -60,11 +67,12 @@ func (m *Mirror) ApplyChange(c bgtask.Change) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	defer m.wake()
-	if m.tasks == nil {
-		m.tasks = make(map[string]held)
-	}
-	if cur, ok := m.tasks[c.Task.ID]; ok && cur.seq >= c.Seq {
+	if !m.epochOK(c.Epoch) {
 		return false
+	}
+	cur, ok := m.tasks[c.Task.ID]
+	if (ok && cur.seq >= c.Seq) || (!ok && c.Seq <= m.floor) {
+		return false // older than what is held, or than a complete snapshot without it
 	}
 	m.tasks[c.Task.ID] = held{task: c.Task, seq: c.Seq}
 	return true
@@ -128,4 +136,20 @@ func (m *Mirror) Wait(ctx context.Context, cond func(tasks []bgtask.Task) bool) 
 			return ctx.Err()
 		}
 	}
+}
+
+// epochOK adopts a later epoch (dropping what an earlier process said) and
+// reports whether epoch is current. m.mu is held.
+func (m *Mirror) epochOK(epoch uint64) bool {
+	if m.tasks == nil {
+		m.tasks = make(map[string]held)
+	}
+	switch {
+	case epoch < m.epoch:
+		return false
+	case epoch > m.epoch:
+		m.epoch, m.floor = epoch, 0
+		clear(m.tasks)
+	}
+	return true
 }

@@ -65,3 +65,27 @@ func TestWaitWakesOnApply(t *testing.T) {
 	cancel()
 	assert.ErrorIs(t, m.Wait(ctx, func([]bgtask.Task) bool { return false }), context.Canceled)
 }
+
+func TestNothingOlderThanACompleteSnapshotBringsATaskBack(t *testing.T) {
+	var m Mirror
+	m.ApplySnapshot(bgtask.Snapshot{Seq: 10}) // complete: no task x as of 10
+	assert.False(t, m.ApplyChange(bgtask.Change{Seq: 5, Task: task("x", bgtask.StatusRunning, "")}))
+	m.ApplySnapshot(bgtask.Snapshot{Seq: 7, Tasks: []bgtask.Task{task("x", bgtask.StatusRunning, "")}})
+	_, ok := m.Task("x")
+	assert.False(t, ok)
+	assert.True(t, m.ApplyChange(bgtask.Change{Seq: 11, Task: task("x", bgtask.StatusPending, "")}), "a newer change is news")
+}
+
+func TestALaterProcessReplacesWhatAnEarlierOneSaid(t *testing.T) {
+	var m Mirror
+	m.ApplyChange(bgtask.Change{Epoch: 1, Seq: 500, Task: task("x", bgtask.StatusRunning, bgtask.ActivityWaiting)})
+	m.ApplyChange(bgtask.Change{Epoch: 1, Seq: 501, Task: task("gone", bgtask.StatusRunning, "")})
+	// The Manager restarted: its sequence starts again.
+	m.ApplySnapshot(bgtask.Snapshot{Epoch: 2, Seq: 3, Tasks: []bgtask.Task{task("x", bgtask.StatusRunning, "")}})
+	got, ok := m.Task("x")
+	require.True(t, ok)
+	assert.Equal(t, bgtask.ActivityNone, got.Activity, "restart clears what was never persisted")
+	_, ok = m.Task("gone")
+	assert.False(t, ok)
+	assert.False(t, m.ApplyChange(bgtask.Change{Epoch: 1, Seq: 502, Task: task("x", bgtask.StatusError, "")}), "the old process is over")
+}

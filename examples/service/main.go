@@ -115,6 +115,9 @@ func (c *Client) follow(ctx context.Context, ready chan<- struct{}) (lagged bool
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
+		if ctx.Err() != nil {
+			return false, nil // asked to stop
+		}
 		return false, err
 	}
 	defer resp.Body.Close()

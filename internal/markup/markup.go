@@ -1,6 +1,7 @@
-// Package markup escapes text for the <task> envelope so that no content
-// can close, open or nest its tags, and so that a body can be recovered
-// exactly.
+// Package markup escapes text for the <task> envelope: open fields (an
+// attribute, an error, a notice) can hold no tag at all; a body (the answer,
+// the evidence) stays verbatim except that it can never close a tag, and is
+// recovered exactly by Unbody.
 package markup
 
 import (
