@@ -351,57 +351,87 @@ func Envelope(t Task) string {
 	}
 	var b strings.Builder
 	openTask(&b, t.ID, "running")
-	element(&b, "task_status", markup.Text(status))
+	openElement(&b, "task_status")
+	b.WriteString(markup.Text(status))
+	closeElement(&b, "task_status")
 	closeTask(&b, nil)
 	return b.String()
 }
 
 func renderEnvelope(id string, o *Outcome) string {
 	var b strings.Builder
+	b.Grow(160 + len(o.Answer) + len(o.Error) + len(o.Evidence))
 	openTask(&b, id, string(o.State))
 	switch {
 	case o.HasAnswer:
-		element(&b, "task_result", markup.Body(o.Answer))
+		openElement(&b, "task_result")
+		b.WriteString(markup.Body(o.Answer))
+		closeElement(&b, "task_result")
 	case o.State == StatusError:
-		body := "reason: " + string(o.Reason) + "\nerror: " + markup.Text(o.Error)
-		body += evidenceText(o)
-		element(&b, "task_error", body)
+		openElement(&b, "task_error")
+		b.WriteString("reason: ")
+		b.WriteString(string(o.Reason))
+		b.WriteString("\nerror: ")
+		b.WriteString(markup.Text(o.Error))
+		writeEvidence(&b, o)
+		closeElement(&b, "task_error")
 	default: // cancelled, interrupt: an outcome, not a tool failure
-		text := "the task was cancelled before it finished"
+		openElement(&b, "task_status")
 		if o.State == StatusInterrupt {
-			text = "the task was interrupted before it finished"
+			b.WriteString("the task was interrupted before it finished")
+		} else {
+			b.WriteString("the task was cancelled before it finished")
 		}
 		if o.Error != "" {
-			text += "\nerror: " + markup.Text(o.Error)
+			b.WriteString("\nerror: ")
+			b.WriteString(markup.Text(o.Error))
 		}
-		element(&b, "task_status", text+evidenceText(o))
+		writeEvidence(&b, o)
+		closeElement(&b, "task_status")
 	}
 	closeTask(&b, o.Notices)
 	return b.String()
 }
 
-func evidenceText(o *Outcome) string {
+func writeEvidence(b *strings.Builder, o *Outcome) {
 	if o.Evidence == "" {
-		return ""
+		return
 	}
-	head := "\nlast output:"
 	if o.EvidenceDropped > 0 {
-		head = "\nlast output (" + strconv.Itoa(o.EvidenceDropped) + " characters dropped from the middle):"
+		b.WriteString("\nlast output (")
+		b.WriteString(strconv.Itoa(o.EvidenceDropped))
+		b.WriteString(" characters dropped from the middle):\n")
+	} else {
+		b.WriteString("\nlast output:\n")
 	}
-	return head + "\n" + markup.Body(o.Evidence)
+	b.WriteString(markup.Body(o.Evidence))
 }
 
 func openTask(b *strings.Builder, id, state string) {
-	b.WriteString(`<task id="` + markup.Attr(id) + `" state="` + markup.Attr(state) + `">` + "\n")
+	b.WriteString(`<task id="`)
+	b.WriteString(markup.Attr(id))
+	b.WriteString(`" state="`)
+	b.WriteString(markup.Attr(state))
+	b.WriteString("\">\n")
 }
 
-func element(b *strings.Builder, tag, body string) {
-	b.WriteString("<" + tag + ">\n" + body + "\n</" + tag + ">\n")
+func openElement(b *strings.Builder, tag string) {
+	b.WriteByte('<')
+	b.WriteString(tag)
+	b.WriteString(">\n")
+}
+
+func closeElement(b *strings.Builder, tag string) {
+	b.WriteString("\n</")
+	b.WriteString(tag)
+	b.WriteString(">\n")
 }
 
 func closeTask(b *strings.Builder, notices []string) {
 	for _, n := range notices {
-		b.WriteString("<task_notice>" + markup.Text(textbound.OneLine(n, MaxNoticeRunes)) + "</task_notice>\n")
+		b.WriteString("<task_notice>")
+		b.WriteString(markup.Text(textbound.OneLine(n, MaxNoticeRunes)))
+		b.WriteString("</task_notice>\n")
 	}
 	b.WriteString("</task>")
 }
