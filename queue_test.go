@@ -235,7 +235,7 @@ func TestStallTimeoutAbortsAndFallsBack(t *testing.T) {
 	h.waitTimers(2) // the watcher re-armed for the rest of the window
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "busy 20s ago: not stalled")
 	h.clock.Advance(10 * time.Second)
-	h.until(func() bool { return h.task(task.ID).Status == StatusRunning && len(h.task(task.ID).Attempts) == 2 })
+	h.until(func() bool { got := h.task(task.ID); return got.Status == StatusRunning && len(got.Attempts) == 2 })
 
 	got := h.task(task.ID)
 	require.Len(t, got.Attempts, 2)
