@@ -694,6 +694,7 @@ func (m *Manager) closurePass(c *closure) pass {
 		m.runAborts(fresh, batch)
 		p.waits = append(p.waits, batch)
 	}
+	m.signal() // stops were asked for: waiters may look again
 	p.change = m.waitAny()
 	return p
 }

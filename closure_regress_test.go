@@ -136,7 +136,11 @@ func TestClosureWaitsForTheSessionOfAFailedStart(t *testing.T) {
 	h := newHarness(t, &testHost{
 		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
 			close(entered)
-			<-release
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
 			return sid, errors.New("prompt failed after the session was created")
 		},
 		abort: func(ctx context.Context, sid string) error { return errors.New("wedged") },
