@@ -634,6 +634,7 @@ func (m *Manager) closurePass(c *closure) pass {
 	var p pass
 	var fresh []*abortOp
 	var slab []abortOp
+	asked := false // a stop was asked for a run that had none
 	m.mu.Lock()
 	defer m.unlock()
 	now := m.now()
@@ -647,6 +648,7 @@ func (m *Manager) closurePass(c *closure) pass {
 		}
 		if e.rt.stopWanted == "" {
 			e.rt.stopWanted = StatusCancelled
+			asked = true
 		}
 		// A run is touched once: only a run whose start was in flight can
 		// still be live in a later pass (an abort that was waited for
@@ -694,7 +696,9 @@ func (m *Manager) closurePass(c *closure) pass {
 		m.runAborts(fresh, batch)
 		p.waits = append(p.waits, batch)
 	}
-	m.signal() // stops were asked for: waiters may look again
+	if asked {
+		m.signal() // stops were asked for: waiters may look again
+	}
 	p.change = m.waitAny()
 	return p
 }

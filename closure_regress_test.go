@@ -3,6 +3,7 @@ package bgtask
 import (
 	"context"
 	"errors"
+	goruntime "runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -213,4 +214,43 @@ func TestClosureFromACallbackFinishesInTheBackground(t *testing.T) {
 	h.until(func() bool { return len(m.ClosureRecords()) == 1 })
 	_, err := m.Launch(context.Background(), Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
 	assert.NoError(t, err, "its fence came down when it finished")
+}
+
+// Found by the simulation (seed 2): two closures waiting on the same start
+// in flight woke each other forever.
+func TestOverlappingClosuresWaitingOnAStartDoNotWakeEachOther(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		close(entered)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+		return sid, nil
+	}})
+	h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
+	<-entered
+	reports := make(chan ClosureReport, 2)
+	for range 2 {
+		go func() {
+			rep, err := h.m.CloseBranch(context.Background(), "root")
+			assert.NoError(t, err)
+			reports <- rep
+		}()
+	}
+	h.until(func() bool {
+		h.m.mu.Lock()
+		defer h.m.unlock()
+		return len(h.m.closures) == 2
+	})
+	for range 1000 { // let a spinning pair of closures spin
+		goruntime.Gosched()
+	}
+	close(release)
+	for range 2 {
+		rep := <-reports
+		assert.LessOrEqual(t, rep.Passes, 4, "a closure made %d passes while it waited", rep.Passes)
+	}
 }
