@@ -667,15 +667,7 @@ func (m *Manager) Task(id string) (Task, bool) {
 }
 
 // Tasks returns snapshots of every task, in launch order.
-func (m *Manager) Tasks() []Task {
-	m.mu.Lock()
-	defer m.unlock()
-	out := make([]Task, len(m.order))
-	for i, e := range m.order {
-		out[i] = e.project()
-	}
-	return out
-}
+func (m *Manager) Tasks() []Task { return m.Snapshot().Tasks }
 
 // Wait blocks until the task is terminal and returns its snapshot, or
 // returns ctx's error first.
@@ -849,9 +841,7 @@ func (m *Manager) apply(e *entry, o observation) {
 		at = a.StartedAt
 	}
 	e.rt.lastEvent = at
-	if e.rt.out.token != a.Token {
-		e.rt.out = runOutput{token: a.Token}
-	}
+	e.output()
 	if ev.Text != "" {
 		e.rt.out.output = ev.Text
 	}
@@ -880,10 +870,7 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	m.fence(e)
 	a := e.cur()
 	text := f.text
-	if e.rt.out.token != a.Token {
-		e.rt.out = runOutput{token: a.Token}
-	}
-	e.rt.out.reason = f.reason
+	e.output().reason = f.reason
 	if !f.retry || a.Number >= e.info.maxAttempts {
 		m.finalize(e, a.ID, StatusError, text, "", at)
 		return
@@ -1885,7 +1872,7 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 			return // dequeued as the timer fired
 		}
 		pos := m.pool.Position(w)
-		e.rt.out = runOutput{token: a.Token, reason: ReasonUnknown} // no provider was involved
+		e.output().reason = ReasonUnknown // no provider was involved
 		m.finalize(e, a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", d, pos, w.Key()), "", m.now())
 	})
 }
@@ -1971,6 +1958,15 @@ func (m *Manager) Stats() []QueueStat {
 	return out
 }
 
+// output returns what e's current run reported, started afresh when the
+// run is new. m.mu is held.
+func (e *entry) output() *runOutput {
+	if tok := e.cur().Token; e.rt.out.token != tok {
+		e.rt.out = runOutput{token: tok}
+	}
+	return &e.rt.out
+}
+
 // runOutput is what a run reported last, kept to compute its outcome.
 type runOutput struct {
 	token    string // the run it belongs to
@@ -2051,7 +2047,8 @@ type Snapshot struct {
 	Tasks []Task `json:"tasks"`
 }
 
-// Snapshot returns every task and the change sequence it was taken at.
+// Snapshot returns every task, in launch order, and the change sequence it
+// was taken at.
 func (m *Manager) Snapshot() Snapshot {
 	m.mu.Lock()
 	defer m.unlock()

@@ -109,11 +109,7 @@ func (c *Client) Follow(ctx context.Context, ready chan<- struct{}) error {
 }
 
 func (c *Client) follow(ctx context.Context, ready chan<- struct{}) (lagged bool, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/events", nil)
-	if err != nil {
-		return false, err
-	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := c.do(ctx, http.MethodGet, "/events")
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, nil // asked to stop
@@ -170,11 +166,7 @@ func (c *Client) follow(ctx context.Context, ready chan<- struct{}) (lagged bool
 
 // Resync fetches and applies a complete snapshot.
 func (c *Client) Resync(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/tasks", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := c.do(ctx, http.MethodGet, "/tasks")
 	if err != nil {
 		return err
 	}
@@ -189,11 +181,7 @@ func (c *Client) Resync(ctx context.Context) error {
 
 // Cancel asks the service to cancel a task.
 func (c *Client) Cancel(ctx context.Context, id string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+"/tasks/"+id+"/cancel", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := c.do(ctx, http.MethodPost, "/tasks/"+id+"/cancel")
 	if err != nil {
 		return err
 	}
@@ -203,6 +191,15 @@ func (c *Client) Cancel(ctx context.Context, id string) error {
 		return fmt.Errorf("cancel %s: %s: %s", id, resp.Status, strings.TrimSpace(string(b)))
 	}
 	return nil
+}
+
+// do sends a request with no body to the service.
+func (c *Client) do(ctx context.Context, method, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return c.HTTP.Do(req)
 }
 
 func run(ctx context.Context, w io.Writer) error {
