@@ -94,7 +94,11 @@ type entry struct {
 	info     *taskInfo
 	records  []record
 	sessions []string // every session indexed to one of its attempts, bound or orphaned
-	outcome  *Outcome // computed once, when the task became terminal
+	// outcome is computed once, at its first read after the task became
+	// terminal, from the attempts (immutable by then) and final, what the
+	// last run reported as the task ended. Every carrier gets that value.
+	outcome *Outcome
+	final   runOutput
 }
 
 func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
@@ -412,10 +416,11 @@ func (l *ledger) version(e *entry, attemptID string) (attemptRef, Attempt, error
 }
 
 // project is the one projection of an entry onto the Task snapshot: every
-// task-level status field is read from the current attempt.
+// task-level status field is read from the current attempt. The outcome of
+// a terminal task is computed at its first projection. m.mu is held.
 func (e *entry) project() Task {
 	cur := e.cur()
-	return Task{
+	t := Task{
 		ID:               e.info.id,
 		ParentSessionID:  e.info.parent,
 		Description:      e.info.description,
@@ -433,9 +438,15 @@ func (e *entry) project() Task {
 		Revision:         e.revision,
 		LaunchedAt:       e.info.launchedAt,
 		Metadata:         maps.Clone(e.info.metadata),
-		Outcome:          e.outcome.clone(),
 		Activity:         e.activity(),
 	}
+	if e.terminal() {
+		if e.outcome == nil {
+			e.outcome = outcomeOf(t, e.final)
+		}
+		t.Outcome = e.outcome.clone()
+	}
+	return t
 }
 
 // activity is what the current run does now: process-local, and only while

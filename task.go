@@ -1174,7 +1174,7 @@ func (m *Manager) changed(e *entry, wasTerminal bool) {
 		m.publish(e)
 		return
 	}
-	e.outcome = outcomeOf(e.project(), e.rt.out) // once, for every carrier
+	e.final = e.rt.out // the outcome's input, frozen; project computes it once
 	m.publish(e)
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
