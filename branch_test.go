@@ -362,3 +362,47 @@ func TestMetadataReservedPrefixIsRefused(t *testing.T) {
 	meta["ticket"] = "changed"
 	assert.Equal(t, "T-1", h.task(task.ID).Metadata["ticket"], "the spec's map is copied")
 }
+
+// walks reports how many closure walks the Manager has made.
+func (h *harness) walks() uint64 {
+	h.m.mu.Lock()
+	defer h.m.unlock()
+	return h.m.scanGen
+}
+
+func TestARescanIsProvenWithoutAWalkWhenNothingWidened(t *testing.T) {
+	h := newHarness(t, nil)
+	_, midSes := h.child("root")
+	h.child(midSes)
+	h.child("root")
+	before := h.walks()
+	rep, err := h.m.CloseBranch(context.Background(), "root")
+	require.NoError(t, err)
+	assert.Len(t, rep.Stopped, 3)
+	assert.Equal(t, 2, rep.Passes, "the rescan still counts as a pass")
+	assert.Equal(t, before+1, h.walks(), "nothing was recorded that could add a run: the rescan needs no walk")
+}
+
+func TestARescanWalksAgainWhenTheLedgerWidened(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		once.Do(func() { close(entered) })
+		<-release
+		return nil
+	}})
+	task, _ := h.child("root")
+	before := h.walks()
+	done := make(chan error, 1)
+	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	<-entered
+	// A launch anywhere is a record that could add a run to some branch.
+	outside := h.launchSpec(Spec{ParentSessionID: "elsewhere", Models: mustModels(t, "a/one")})
+	close(release)
+	require.NoError(t, <-done)
+	assert.Equal(t, before+2, h.walks(), "the rescan walked the branch again")
+	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
+	h.settle()
+	assert.Equal(t, StatusRunning, h.task(outside.ID).Status, "outside the branch")
+}

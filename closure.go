@@ -5,11 +5,12 @@ import (
 
 	"errors"
 	"fmt"
+	"github.com/bgtask/bgtask/internal/callq"
 	"github.com/bgtask/bgtask/internal/probe"
+	"github.com/bgtask/bgtask/internal/slab"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -101,6 +102,7 @@ type abortOp struct {
 	failWith *failure      // when confirmed, the run fails with this (a stall, a start error)
 	arrival  bool          // the session arrived for a run not adopting it: bind it if it lives on
 	finished bool          // the host answered
+	status   Status        // the attempt's status once the answer was recorded
 	done     chan struct{} // closed when finished; made only for a waiter
 }
 
@@ -119,8 +121,9 @@ func (op *abortOp) waitDone() <-chan struct{} {
 }
 
 // newAbort registers the abort of run a of e, or returns the one in flight
-// (fresh false). A fresh op must be handed to runAborts. store, if not nil,
-// is where a fresh op is kept (closures allocate ops in slabs). m.mu is held.
+// (fresh false). A fresh op must be handed to runAbort or addAbort. store,
+// if not nil, is where a fresh op is kept (closures allocate ops in slabs).
+// m.mu is held.
 func (m *Manager) newAbort(e *entry, a Attempt, store *abortOp) (op *abortOp, fresh bool) {
 	if op := e.rt.abort; op != nil && op.run.Token == a.Token {
 		return op, false
@@ -131,7 +134,7 @@ func (m *Manager) newAbort(e *entry, a Attempt, store *abortOp) (op *abortOp, fr
 	op = store
 	*op = abortOp{
 		ref:     attemptRef{e: e, index: e.current},
-		run:     RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token},
+		run:     RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token},
 		session: a.SessionID,
 	}
 	op.ctx = runCtx{Context: m.life, v: runValue{ref: op.run, kind: callAbort}}
@@ -146,55 +149,86 @@ func (m *Manager) newAbort(e *entry, a Attempt, store *abortOp) (op *abortOp, fr
 func (m *Manager) abortRun(e *entry, a Attempt) *abortOp {
 	op, fresh := m.newAbort(e, a, nil)
 	if fresh {
-		m.runAborts([]*abortOp{op}, nil)
+		m.runAbort(op)
 	}
 	return op
 }
 
 // maxAbortWorkers bounds the goroutines one batch of aborts (a closure
-// pass) uses.
+// pass) calls the host on. A host that answers at once keeps one or two
+// busy; a slow or hung one grows the set to the bound (see internal/callq).
 const maxAbortWorkers = 32
 
-// runAborts calls the host for every op on owned goroutines — at most
-// maxAbortWorkers, each taking the next op — and records each answer as it
-// arrives, before its worker takes another op: a confirmed stop never waits
-// behind an unrelated abort. allDone, if not nil, is closed once every
-// answer is recorded. m.mu is held.
-func (m *Manager) runAborts(ops []*abortOp, allDone chan struct{}) {
-	var next atomic.Int64
-	left := len(ops) // guarded by m.mu
-	record := func(op *abortOp) {
-		m.aborted(op, op.err)
-		left--
-		if left == 0 && allDone != nil {
-			close(allDone)
-		}
-	}
-	work := func() {
-		for {
-			i := int(next.Add(1)) - 1
-			if i >= len(ops) {
-				return
-			}
-			op := ops[i]
-			op.err = m.callAbort(&op.ctx, op.session)
+// abortBatch is a set of aborts in flight. The host calls run on a callq
+// Queue's workers; each answer is recorded under m.mu, as it lands, by the
+// queue's recorder — or by the closure pass that set the batch off, which
+// takes the answers that landed while it went on scanning.
+type abortBatch struct {
+	q      *callq.Queue[*abortOp]
+	left   int           // ops added and not recorded yet
+	sealed bool          // no op will be added
+	done   chan struct{} // made by seal; closed once sealed and left is 0
+	failed []*abortOp    // ops whose abort failed, in the order recorded
+	buf    []*abortOp    // scratch for take
+}
+
+func (m *Manager) newBatch() *abortBatch {
+	b := &abortBatch{}
+	b.q = callq.New(maxAbortWorkers, m.group.Go,
+		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.session) },
+		func(ops []*abortOp) {
 			m.mu.Lock()
-			record(op)
+			m.recordAborts(b, ops)
 			m.unlock()
+		})
+	return b
+}
+
+// runAbort calls the host for one fresh op on an owned goroutine. m.mu is
+// held.
+func (m *Manager) runAbort(op *abortOp) {
+	m.addAbort(m.newBatch(), op)
+}
+
+// addAbort hands a fresh op to b. m.mu is held.
+func (m *Manager) addAbort(b *abortBatch, op *abortOp) {
+	b.left++
+	if !b.q.Add(op) { // the group is closed (after Shutdown): the op fails
+		op.err = ErrShutdown
+		m.recordAborts(b, []*abortOp{op})
+	}
+}
+
+// takeAborts records the answers b's workers have landed that no recorder
+// took yet. m.mu is held.
+func (m *Manager) takeAborts(b *abortBatch) {
+	b.buf = b.q.Take(b.buf[:0])
+	m.recordAborts(b, b.buf)
+	clear(b.buf)
+}
+
+// sealAborts says b gets no more ops and returns a channel closed once
+// every answer is recorded. m.mu is held.
+func (m *Manager) sealAborts(b *abortBatch) <-chan struct{} {
+	b.sealed = true
+	b.done = make(chan struct{})
+	done := b.done
+	m.recordAborts(b, nil)
+	return done
+}
+
+// recordAborts records the host's answers to ops. m.mu is held.
+func (m *Manager) recordAborts(b *abortBatch, ops []*abortOp) {
+	for _, op := range ops {
+		m.aborted(op, op.err)
+		if op.err != nil {
+			b.failed = append(b.failed, op)
 		}
 	}
-	started := 0
-	for range min(len(ops), maxAbortWorkers) {
-		if !m.group.Go(work) {
-			break
-		}
-		started++
-	}
-	if started == 0 { // the group is closed (after Shutdown): the ops fail
-		for _, op := range ops {
-			op.err = ErrShutdown
-			record(op)
-		}
+	b.left -= len(ops)
+	if b.sealed && b.left == 0 && b.done != nil {
+		close(b.done)
+		b.done = nil
 	}
 }
 
@@ -247,6 +281,7 @@ func (m *Manager) aborted(op *abortOp, err error) {
 	default:
 		m.changed(e, e.terminal())
 	}
+	op.status = op.ref.attempt().Status
 }
 
 // abortOrphan aborts a session that was created for attempt a after a
@@ -443,12 +478,37 @@ func (e *ClosureError) Is(target error) bool { return target == ErrBranchNotStop
 // fence refuses new work in its branch.
 type closure struct {
 	root     string
-	touched  []attemptRef    // runs asked to stop, in order
-	starting map[string]bool // tokens touched while their start was in flight
+	touched  slab.List[touch]   // runs asked to stop, in order
+	ops      slab.List[abortOp] // the aborts it set off
+	starting map[string]bool    // tokens touched while their start was in flight
 	failed   map[string]FailedStop
 	self     string // the run token of the callback CloseBranch was called from
 	quiet    bool   // notify the parent only if something was in the branch
 	horizon  uint64 // the last session start issued when the closure opened
+	// settled: the last pass started no start it must wait for, and
+	// its scan saw the ledger at widened; every run it found was then
+	// stopped, ended, or failed to stop, and has been waited for.
+	settled bool
+	widened uint64
+}
+
+// touch is a run a closure asked to stop, with the abort that stopped it
+// (nil if the run had no child to abort when it was touched).
+type touch struct {
+	ref attemptRef
+	op  *abortOp
+}
+
+// stopped says what became of t: the run as the report lists it, and
+// whether it has ended. It reads the abort's own copy of the answer when it
+// can, so a large report does not revisit every task. m.mu is held.
+func (t touch) stopped() (StoppedRun, bool) {
+	if op := t.op; op != nil && op.finished && !op.arrival && op.status.Terminal() {
+		// A terminal attempt never changes: the abort's copy is exact.
+		return StoppedRun{TaskID: op.run.TaskID, AttemptID: op.run.AttemptID, SessionID: op.session, Token: op.run.Token, Status: op.status}, true
+	}
+	a := t.ref.attempt()
+	return StoppedRun{TaskID: t.ref.e.info.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}, a.Status.Terminal()
 }
 
 // sessionInBranch reports whether session lies in the branch of root:
@@ -507,30 +567,37 @@ func (m *Manager) fence(e *entry) bool {
 	return false
 }
 
-// scan finds the branch's tasks from the ledger's edges: the task whose
-// current session is the root, then breadth first from the root through
-// every session of every task found. m.mu is held.
-func (m *Manager) scan(c *closure) []*entry {
-	var out []*entry
+// walk visits the branch's tasks, found from the ledger's edges: the task
+// whose current session is the root, then, depth first, every task launched
+// from the root or from any session of a task found (its kids). A task is
+// visited while its entry is hot, its kids right after it. m.mu is held,
+// and visit must not release it.
+func (m *Manager) walk(c *closure, visit func(*entry)) {
 	if ref, ok := m.led.bySession[c.root]; ok && ref.isCurrent() {
-		out = append(out, ref.e)
+		visit(ref.e)
 	}
 	m.scanGen++
 	gen := m.scanGen
-	queue := []string{c.root}
-	for len(queue) > 0 {
-		s := queue[0]
-		queue = queue[1:]
-		for _, child := range m.led.byParent[s] {
-			if child.rt.scanGen == gen {
-				continue
-			}
-			child.rt.scanGen = gen
-			out = append(out, child)
-			queue = append(queue, child.sessions...)
+	stack := pushKids(m.walkStack[:0], m.led.byParent[c.root])
+	for len(stack) > 0 {
+		e := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if e.rt.scanGen == gen {
+			continue
 		}
+		e.rt.scanGen = gen
+		visit(e)
+		stack = pushKids(stack, e.kids)
 	}
-	return out
+	m.walkStack = stack
+}
+
+// pushKids pushes kids in reverse, so the first launched is visited first.
+func pushKids(stack, kids []*entry) []*entry {
+	for i := len(kids) - 1; i >= 0; i-- {
+		stack = append(stack, kids[i])
+	}
+	return stack
 }
 
 // CloseBranch stops every run in the branch below sessionID and returns
@@ -620,31 +687,47 @@ func (m *Manager) finishPasses(ctx context.Context, c *closure, passes int, p pa
 
 // pass is what one closure scan set off.
 type pass struct {
-	ops      []*abortOp        // aborts of runs in scope, fresh or joined
-	waits    []<-chan struct{} // what to wait for: the pass's batch and joined aborts
+	batch    *abortBatch       // the aborts it set off
+	joined   []*abortOp        // aborts in flight it joined
+	waits    []<-chan struct{} // what to wait for: the batch and joined aborts
 	busy     bool              // a start in flight: wait for the next change
 	change   <-chan struct{}
 	selfWait bool
 }
 
-func (p pass) done() bool { return len(p.ops) == 0 && !p.busy }
+func (p pass) done() bool { return p.batch == nil && len(p.joined) == 0 && !p.busy }
 
-// closurePass scans the branch and asks every live run in it to stop.
+// takeEvery is how many tasks a closure pass visits between takes of the
+// answers its batch's workers landed meanwhile.
+const takeEvery = 64
+
+// closurePass walks the branch and asks every live run in it to stop. The
+// host calls start while the walk goes on; the answers that land meanwhile
+// are recorded by the pass itself, while the tasks they touch are hot.
 func (m *Manager) closurePass(c *closure) pass {
 	var p pass
-	var fresh []*abortOp
-	var slab []abortOp
 	asked := false // a stop was asked for a run that had none
 	m.mu.Lock()
 	defer m.unlock()
+	if c.settled && c.widened == m.led.widened {
+		// Nothing that could add a run to the branch was recorded since
+		// the last walk, and every run that walk found has been dealt
+		// with: this walk is proven to find nothing runnable.
+		return p
+	}
+	c.widened = m.led.widened
 	now := m.now()
-	for _, e := range m.scan(c) {
+	visited := 0
+	m.walk(c, func(e *entry) {
+		if visited++; p.batch != nil && visited%takeEvery == 0 {
+			m.takeAborts(p.batch)
+		}
 		if e.terminal() {
-			continue
+			return
 		}
 		a := *e.cur()
 		if _, failed := c.failed[a.Token]; failed {
-			continue
+			return
 		}
 		if e.rt.stopWanted == "" {
 			e.rt.stopWanted = StatusCancelled
@@ -653,8 +736,9 @@ func (m *Manager) closurePass(c *closure) pass {
 		// A run is touched once: only a run whose start was in flight can
 		// still be live in a later pass (an abort that was waited for
 		// either stopped it or failed, and failed runs are skipped).
+		var t *touch
 		if !c.starting[a.Token] {
-			c.touched = append(c.touched, attemptRef{e: e, index: e.current})
+			t = c.touched.Push(touch{ref: attemptRef{e: e, index: e.current}})
 			if e.rt.starting() {
 				c.starting[a.Token] = true
 			}
@@ -664,23 +748,27 @@ func (m *Manager) closurePass(c *closure) pass {
 		}
 		switch {
 		case e.rt.abort != nil && e.rt.abort.run.Token == a.Token:
-			p.ops = append(p.ops, e.rt.abort)
+			p.joined = append(p.joined, e.rt.abort)
 			p.waits = append(p.waits, e.rt.abort.waitDone())
-		case a.Status == StatusRunning:
-			if len(slab) == cap(slab) {
-				slab = make([]abortOp, 0, 256)
+			if t != nil {
+				t.op = e.rt.abort
 			}
-			slab = slab[:len(slab)+1]
-			op, _ := m.newAbort(e, a, &slab[len(slab)-1])
-			fresh = append(fresh, op)
-			p.ops = append(p.ops, op)
+		case a.Status == StatusRunning:
+			op, _ := m.newAbort(e, a, c.ops.Push(abortOp{}))
+			if t != nil {
+				t.op = op
+			}
+			if p.batch == nil {
+				p.batch = m.newBatch()
+			}
+			m.addAbort(p.batch, op)
 		default:
 			m.stopRun(e, now) // no child yet: ends now, or on arrival
 			if !e.terminal() {
 				p.busy = true // a start in flight: its session is aborted on arrival
 			}
 		}
-	}
+	})
 	if _, known := m.led.bySession[c.root]; !known {
 		// The root may be a session a start in flight is creating: wait
 		// for the starts that were in flight when the closure opened.
@@ -691,14 +779,14 @@ func (m *Manager) closurePass(c *closure) pass {
 			}
 		}
 	}
-	if len(fresh) > 0 {
-		batch := make(chan struct{})
-		m.runAborts(fresh, batch)
-		p.waits = append(p.waits, batch)
+	if p.batch != nil {
+		m.takeAborts(p.batch)
+		p.waits = append(p.waits, m.sealAborts(p.batch))
 	}
 	if asked {
 		m.signal() // stops were asked for: waiters may look again
 	}
+	c.settled = !p.busy
 	p.change = m.waitAny()
 	return p
 }
@@ -718,7 +806,11 @@ func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, p pass) erro
 	}
 	m.mu.Lock()
 	defer m.unlock()
-	for _, op := range p.ops {
+	failed := p.joined
+	if p.batch != nil {
+		failed = append(failed, p.batch.failed...)
+	}
+	for _, op := range failed {
 		if op.err == nil {
 			continue
 		}
@@ -739,11 +831,13 @@ func (m *Manager) report(c *closure, passes int) ClosureReport {
 
 func (m *Manager) reportLocked(c *closure, passes int) ClosureReport {
 	rep := ClosureReport{SessionID: c.root, Passes: passes}
-	for _, r := range c.touched {
-		a := r.attempt()
-		run := StoppedRun{TaskID: r.e.info.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}
-		switch f, failed := c.failed[a.Token]; {
-		case a.Status.Terminal():
+	if c.touched.Len() > 0 {
+		rep.Stopped = make([]StoppedRun, 0, c.touched.Len())
+	}
+	for t := range c.touched.All {
+		run, ended := t.stopped()
+		switch f, failed := c.failed[run.Token]; {
+		case ended:
 			rep.Stopped = append(rep.Stopped, run)
 		case failed:
 			rep.Failed = append(rep.Failed, f)
@@ -771,7 +865,7 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 	if ref, ok := m.led.bySession[c.root]; ok {
 		parent, taskID, snap = ref.e.info.parent, ref.e.info.id, ref.e.project()
 	}
-	if m.cfg.notifier != nil && !(c.quiet && len(c.touched) == 0) {
+	if m.cfg.notifier != nil && !(c.quiet && c.touched.Len() == 0) {
 		m.nseq++
 		if !m.lanes.Push(parent, Notification{Seq: m.nseq, Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}) {
 			m.notifyFailures.Add(1)

@@ -242,6 +242,25 @@ func checkInvariants(t testing.TB, m *Manager) {
 		if live > 1 {
 			t.Fatalf("task %s: %d non-terminal attempts", e.info.id, live)
 		}
+		// kids is byParent over the task's sessions: the closure walk's
+		// edges are the ledger's.
+		want := map[*entry]int{}
+		for _, s := range e.sessions {
+			for _, k := range m.led.byParent[s] {
+				want[k]++
+			}
+		}
+		for _, k := range e.kids {
+			want[k]--
+		}
+		for k, n := range want {
+			if n != 0 {
+				t.Fatalf("task %s: kids and the ledger's edges differ on task %s (%+d)", e.info.id, k.info.id, n)
+			}
+		}
+		if e.id != e.info.id {
+			t.Fatalf("task %s: entry id %q", e.info.id, e.id)
+		}
 		task := e.project()
 		cur := e.attempts[e.current]
 		if task.Status != cur.Status || task.SessionID != cur.SessionID || task.Model != cur.Model ||
@@ -261,9 +280,16 @@ func checkInvariants(t testing.TB, m *Manager) {
 		}
 		if e.terminal() {
 			select {
-			case <-e.rt.done:
+			case <-e.waitDone():
 			default:
 				t.Fatalf("task %s is terminal but Wait is not released", e.info.id)
+			}
+			if e.rt.done != nil {
+				select {
+				case <-e.rt.done:
+				default:
+					t.Fatalf("task %s is terminal but a Wait made before its end is not released", e.info.id)
+				}
 			}
 		}
 	}

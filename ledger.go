@@ -86,11 +86,18 @@ func (ti *taskInfo) modelFor(n int) Model {
 
 // entry is one task in the ledger: its records and their projection.
 type entry struct {
-	// The fields read by every event come first, to share a cache line.
+	// The fields read by every event and every closure come first, to
+	// share cache lines.
 	current  int       // index into attempts of the current attempt
 	attempts []Attempt // the latest version of each attempt, in order
+	id       string    // info.id, kept beside the hot fields
+	kids     []*entry  // the tasks launched from any of sessions: byParent over them
 	rt       runtime   // process-local run state; never in the ledger
-	revision uint64    // number of projection changes applied
+	// first stores the first attempt inside the entry, so reading the
+	// current attempt of a task that never retried costs no pointer chase
+	// to another allocation. attempts starts on it; a retry moves it out.
+	first    [1]Attempt
+	revision uint64 // number of projection changes applied
 	info     *taskInfo
 	records  []record
 	sessions []string // every session indexed to one of its attempts, bound or orphaned
@@ -133,6 +140,10 @@ type ledger struct {
 	bySession map[string]attemptRef // sessionID → the attempt it was created for
 	byParent  map[string][]*entry   // parent sessionID → the tasks launched from it
 	closures  []record              // recBranchClosed records, in order
+	// widened counts the records that can widen a branch or start a run:
+	// a launch, a new attempt, a session indexed. A closure whose last scan
+	// saw the same count knows a new scan would find the same runs.
+	widened uint64
 }
 
 func newLedger(ids IDGenerator) *ledger {
@@ -160,9 +171,13 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		if _, dup := l.tasks[rec.taskID]; dup {
 			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.taskID)
 		}
-		e = &entry{info: rec.spec, current: -1}
+		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
+		e.attempts = e.first[:0]
 		l.tasks[rec.taskID] = e
 		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
+		if ref, ok := l.bySession[rec.spec.parent]; ok {
+			ref.e.kids = append(ref.e.kids, e)
+		}
 		return e, l.write(e, attemptRef{}, rec)
 	}
 	e = l.tasks[rec.taskID]
@@ -191,6 +206,10 @@ func (l *ledger) write(e *entry, ref attemptRef, rec record) error {
 	rec.seq = l.seq
 	e.records = append(e.records, rec)
 	switch rec.kind {
+	case recTaskLaunched, recAttemptCreated, recSessionBound, recSessionOrphan:
+		l.widened++
+	}
+	switch rec.kind {
 	case recAttemptCreated:
 		e.attempts = append(e.attempts, rec.attempt)
 		e.current = len(e.attempts) - 1
@@ -199,15 +218,21 @@ func (l *ledger) write(e *entry, ref attemptRef, rec record) error {
 	case recAttemptPending, recSessionBound, recAttemptFinal:
 		e.attempts[ref.index] = rec.attempt
 		if rec.kind == recSessionBound {
-			l.bySession[rec.attempt.SessionID] = ref
-			e.sessions = append(e.sessions, rec.attempt.SessionID)
+			l.indexSession(e, ref, rec.attempt.SessionID)
 		}
 		e.revision++
 	case recSessionOrphan:
-		l.bySession[rec.session] = ref
-		e.sessions = append(e.sessions, rec.session)
+		l.indexSession(e, ref, rec.session)
 	}
 	return nil
+}
+
+// indexSession resolves session to ref's attempt of e, and makes the tasks
+// already launched from it e's kids.
+func (l *ledger) indexSession(e *entry, ref attemptRef, session string) {
+	l.bySession[session] = ref
+	e.sessions = append(e.sessions, session)
+	e.kids = append(e.kids, l.byParent[session]...)
 }
 
 // check refuses a record the state machine does not allow. Terminal attempts
@@ -379,7 +404,7 @@ func (l *ledger) finalizeRef(ref attemptRef, status Status, errText, result stri
 	a.Error = errText
 	a.Result = result
 	a.CompletedAt = at
-	return l.write(ref.e, ref, record{kind: recAttemptFinal, at: at, taskID: ref.e.info.id, attempt: a})
+	return l.write(ref.e, ref, record{kind: recAttemptFinal, at: at, taskID: ref.e.id, attempt: a})
 }
 
 // scheduleRetry finalizes the current attempt as error with errText, then

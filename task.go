@@ -401,21 +401,25 @@ func WithHoldLimit(n int) Option { return optionFunc(func(c *config) { c.holdLim
 // runtime is the process-local state of a task's current run. It is not in
 // the ledger and is never persisted.
 type runtime struct {
-	lastEvent  time.Time     // when the current run last reported anything
-	startSeq   uint64        // the StartSession in flight for the current attempt; 0: none
+	// What a closure pass and the end of a run touch comes first: these
+	// share the entry's first cache lines.
+	scanGen    uint64        // the last closure walk that visited this task
 	abort      *abortOp      // the abort in flight for the current run, shared by all who ask
-	scanGen    uint64        // the last closure scan that visited this task
-	heldN      int           // events held by attempt id for the current attempt
 	stopWanted Status        // cancelled or interrupt: a stop was asked for; no retry follows
-	stopped    string        // a run whose session the host confirmed stopped (a stall)
-	out        runOutput     // what the current run said last
-	runToken   string        // the run runDone belongs to
-	runDone    chan struct{} // closed when that run ends or is replaced; made on demand
-	slotKey    string        // the concurrency key whose slot the run holds
-	slotToken  string        // the run holding that slot
-	waiter     *slots.Waiter[queued]
-	done       chan struct{} // closed when the task becomes terminal
+	startSeq   uint64        // the StartSession in flight for the current attempt; 0: none
 	changed    chan struct{} // closed and cleared on every change; nil while nobody waits
+	done       chan struct{} // closed when the task becomes terminal; made only for a waiter
+	round      *round        // the parent's round the task counts in
+	runDone    chan struct{} // closed when that run ends or is replaced; made on demand
+	runToken   string        // the run runDone belongs to
+	waiter     *slots.Waiter[queued]
+	slotToken  string // the run holding that slot
+	slotKey    string // the concurrency key whose slot the run holds
+
+	lastEvent time.Time // when the current run last reported anything
+	heldN     int       // events held by attempt id for the current attempt
+	stopped   string    // a run whose session the host confirmed stopped (a stall)
+	out       runOutput // what the current run said last
 }
 
 func (rt *runtime) starting() bool { return rt.startSeq != 0 }
@@ -503,7 +507,8 @@ type Manager struct {
 	startSeq  uint64                // last session start issued
 	inflight  map[uint64]struct{}   // session starts in flight, by seq
 	abortsN   int                   // aborts in flight
-	scanGen   uint64                // closure scans made
+	scanGen   uint64                // closure walks made
+	walkStack []*entry              // a closure walk's scratch
 	closures  map[*closure]struct{} // active branch closures: their fences
 	closing   bool                  // Shutdown began: no new work
 	anyChange chan struct{}         // manager-wide change signal, like runtime.changed
@@ -641,15 +646,17 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err != nil {
 		return Task{}, err
 	}
-	e.rt.done = make(chan struct{})
 	m.order = append(m.order, e)
-	r := m.rounds[info.parent]
-	if r == nil {
-		r = &round{}
-		m.rounds[info.parent] = r
+	if m.cfg.notifier != nil { // rounds exist only to tell a parent all is done
+		r := m.rounds[info.parent]
+		if r == nil {
+			r = &round{parent: info.parent}
+			m.rounds[info.parent] = r
+		}
+		r.live++
+		r.tasks = append(r.tasks, e)
+		e.rt.round = r
 	}
-	r.live++
-	r.tasks = append(r.tasks, e)
 	m.publish(e)
 	m.admit(e, *e.cur())
 	return e.project(), nil
@@ -678,7 +685,7 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 		m.unlock()
 		return Task{}, fmt.Errorf("%w: %q", ErrUnknownTask, id)
 	}
-	done := e.rt.done
+	done := e.waitDone()
 	m.unlock()
 	select {
 	case <-done:
@@ -1091,7 +1098,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 			if err != nil {
 				op.failWith = &f
 			}
-			m.runAborts([]*abortOp{op}, nil)
+			m.runAbort(op)
 		}
 	case sid != "":
 		// Created for an attempt that is no longer current: index it so its
@@ -1179,7 +1186,9 @@ func (m *Manager) changed(e *entry, wasTerminal bool) {
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
 	}
-	close(e.rt.done)
+	if e.rt.done != nil {
+		close(e.rt.done)
+	}
 	m.roundEnded(e)
 }
 
@@ -1189,6 +1198,18 @@ func (m *Manager) signal() {
 		close(m.anyChange)
 		m.anyChange = nil
 	}
+}
+
+// waitDone returns a channel closed when e is terminal: made only for a
+// waiter. m.mu is held.
+func (e *entry) waitDone() <-chan struct{} {
+	if e.terminal() {
+		return closedChan
+	}
+	if e.rt.done == nil {
+		e.rt.done = make(chan struct{})
+	}
+	return e.rt.done
 }
 
 // waitChange returns a channel closed at e's next change. m.mu is held.
@@ -1904,7 +1925,7 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 			case !now.Before(due):
 				op, _ := m.newAbort(e, a, nil)
 				op.failWith = &failure{text: fmt.Sprintf("stalled: no activity for %s", d), reason: ReasonUnknown, retry: true}
-				m.runAborts([]*abortOp{op}, nil)
+				m.runAbort(op)
 				wait = op.waitDone()
 				retryAt = now.Add(d)
 			}
@@ -1980,23 +2001,27 @@ type runOutput struct {
 // round is one parent's batch of tasks, from the first launch after the
 // parent had none live to the moment the last of them ends.
 type round struct {
-	live  int
-	tasks []*entry
+	parent string
+	live   int
+	tasks  []*entry
 }
 
 // roundEnded counts e out of its parent's round and, when it was the last
 // live task, sends exactly one NotifyAllComplete. m.mu is held; the lock is
 // what makes siblings ending together yield one.
 func (m *Manager) roundEnded(e *entry) {
-	r := m.rounds[e.info.parent]
+	r := e.rt.round
 	if r == nil {
 		return
 	}
+	e.rt.round = nil
 	r.live--
 	if r.live > 0 {
 		return
 	}
-	delete(m.rounds, e.info.parent)
+	if m.rounds[r.parent] == r {
+		delete(m.rounds, r.parent)
+	}
 	if m.cfg.notifier == nil {
 		return
 	}
