@@ -2,16 +2,16 @@ package bgtask
 
 import (
 	"context"
-
 	"errors"
 	"fmt"
-	"github.com/bgtask/bgtask/internal/callq"
-	"github.com/bgtask/bgtask/internal/probe"
-	"github.com/bgtask/bgtask/internal/slab"
 	"log/slog"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/callq"
+	"github.com/bgtask/bgtask/internal/probe"
+	"github.com/bgtask/bgtask/internal/slab"
 )
 
 // Run tokens and exact cancellation.
