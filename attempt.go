@@ -138,8 +138,43 @@ var transitions = map[Status]map[Status]bool{
 	},
 }
 
-// canTransition reports whether the state machine allows from → to.
-func canTransition(from, to Status) bool { return transitions[from][to] }
+// canTransition reports whether the state machine allows from → to. It
+// reads transitions through a dense copy: it runs on every ledger write.
+func canTransition(from, to Status) bool {
+	i, j := statusIndex(from), statusIndex(to)
+	return i >= 0 && j >= 0 && allowed[i][j]
+}
+
+// statusList lists every Status; allowed is transitions indexed by position.
+var (
+	statusList = [...]Status{StatusPending, StatusRunning, StatusCompleted, StatusError, StatusCancelled, StatusInterrupt}
+	allowed  = func() (t [len(statusList)][len(statusList)]bool) {
+		for i, from := range statusList {
+			for j, to := range statusList {
+				t[i][j] = transitions[from][to]
+			}
+		}
+		return t
+	}()
+)
+
+func statusIndex(s Status) int {
+	switch s {
+	case StatusPending:
+		return 0
+	case StatusRunning:
+		return 1
+	case StatusCompleted:
+		return 2
+	case StatusError:
+		return 3
+	case StatusCancelled:
+		return 4
+	case StatusInterrupt:
+		return 5
+	}
+	return -1
+}
 
 // attemptJSON is Attempt's wire form: the model's fields sit on the attempt
 // itself (providerID, modelID, variant), as in the retry-timeline design.

@@ -124,7 +124,7 @@ func (op *abortOp) waitDone() <-chan struct{} {
 // (fresh false). A fresh op must be handed to runAbort or addAbort. store,
 // if not nil, is where a fresh op is kept (closures allocate ops in slabs).
 // m.mu is held.
-func (m *Manager) newAbort(e *entry, a Attempt, store *abortOp) (op *abortOp, fresh bool) {
+func (m *Manager) newAbort(e *entry, a *Attempt, store *abortOp) (op *abortOp, fresh bool) {
 	if op := e.rt.abort; op != nil && op.run.Token == a.Token {
 		return op, false
 	}
@@ -147,7 +147,7 @@ func (m *Manager) newAbort(e *entry, a Attempt, store *abortOp) (op *abortOp, fr
 // the host confirms it, the attempt ends with e's wanted stop status unless
 // it already ended on its own evidence. m.mu is held.
 func (m *Manager) abortRun(e *entry, a Attempt) *abortOp {
-	op, fresh := m.newAbort(e, a, nil)
+	op, fresh := m.newAbort(e, &a, nil)
 	if fresh {
 		m.runAbort(op)
 	}
@@ -170,6 +170,7 @@ type abortBatch struct {
 	done   chan struct{} // made by seal; closed once sealed and left is 0
 	failed []*abortOp    // ops whose abort failed, in the order recorded
 	buf    []*abortOp    // scratch for take
+	pend   []*abortOp    // fresh ops not handed to the queue yet
 }
 
 func (m *Manager) newBatch() *abortBatch {
@@ -178,7 +179,7 @@ func (m *Manager) newBatch() *abortBatch {
 		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.session) },
 		func(ops []*abortOp) {
 			m.mu.Lock()
-			m.recordAborts(b, ops)
+			m.recordAborts(b, ops, m.now())
 			m.unlock()
 		})
 	return b
@@ -187,40 +188,58 @@ func (m *Manager) newBatch() *abortBatch {
 // runAbort calls the host for one fresh op on an owned goroutine. m.mu is
 // held.
 func (m *Manager) runAbort(op *abortOp) {
-	m.addAbort(m.newBatch(), op)
+	b := m.newBatch()
+	m.addAbort(b, op)
+	m.flushAborts(b)
 }
 
-// addAbort hands a fresh op to b. m.mu is held.
+// addAbort adds a fresh op to b; flushAborts hands it to the workers.
+// m.mu is held.
 func (m *Manager) addAbort(b *abortBatch, op *abortOp) {
 	b.left++
-	if !b.q.Add(op) { // the group is closed (after Shutdown): the op fails
-		op.err = ErrShutdown
-		m.recordAborts(b, []*abortOp{op})
-	}
+	b.pend = append(b.pend, op)
 }
 
-// takeAborts records the answers b's workers have landed that no recorder
-// took yet. m.mu is held.
+// flushAborts hands b's added ops to its workers, all at once. m.mu is
+// held.
+func (m *Manager) flushAborts(b *abortBatch) {
+	if !b.q.AddAll(b.pend) { // the group is closed (after Shutdown): the ops fail
+		for _, op := range b.pend {
+			op.err = ErrShutdown
+		}
+		m.recordAborts(b, b.pend, m.now())
+	}
+	clear(b.pend)
+	b.pend = b.pend[:0]
+}
+
+// takeAborts hands b's added ops to its workers and records the answers
+// they landed that no recorder took yet. m.mu is held.
 func (m *Manager) takeAborts(b *abortBatch) {
+	m.flushAborts(b)
 	b.buf = b.q.Take(b.buf[:0])
-	m.recordAborts(b, b.buf)
-	clear(b.buf)
+	if len(b.buf) > 0 {
+		m.recordAborts(b, b.buf, m.now())
+		clear(b.buf)
+	}
 }
 
 // sealAborts says b gets no more ops and returns a channel closed once
 // every answer is recorded. m.mu is held.
 func (m *Manager) sealAborts(b *abortBatch) <-chan struct{} {
+	m.flushAborts(b)
 	b.sealed = true
 	b.done = make(chan struct{})
 	done := b.done
-	m.recordAborts(b, nil)
+	m.recordAborts(b, nil, time.Time{})
 	return done
 }
 
-// recordAborts records the host's answers to ops. m.mu is held.
-func (m *Manager) recordAborts(b *abortBatch, ops []*abortOp) {
+// recordAborts records the host's answers to ops, all of which had landed
+// by now. m.mu is held.
+func (m *Manager) recordAborts(b *abortBatch, ops []*abortOp, now time.Time) {
 	for _, op := range ops {
-		m.aborted(op, op.err)
+		m.aborted(op, op.err, now)
 		if op.err != nil {
 			b.failed = append(b.failed, op)
 		}
@@ -232,8 +251,9 @@ func (m *Manager) recordAborts(b *abortBatch, ops []*abortOp) {
 	}
 }
 
-// aborted records the host's answer to op. m.mu is held.
-func (m *Manager) aborted(op *abortOp, err error) {
+// aborted records the host's answer to op, which had landed by now. m.mu
+// is held.
+func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 	e := op.ref.e
 	if e.rt.abort == op {
 		e.rt.abort = nil
@@ -252,10 +272,10 @@ func (m *Manager) aborted(op *abortOp, err error) {
 		m.logLocked(slog.LevelWarn, "bgtask: abort of an arriving session failed; it is bound and runs",
 			slog.String("task", op.run.TaskID), slog.String("attempt", op.run.AttemptID),
 			slog.String("session", op.session), slog.String("err", err.Error()))
-		if berr := m.led.bindSession(e, a.ID, op.session, m.now()); berr != nil {
+		if berr := m.led.bindSession(e, a.ID, op.session, now); berr != nil {
 			m.ledgerBug(e, berr)
 		}
-		e.rt.lastEvent = m.now()
+		e.rt.lastEvent = now
 		m.changed(e, false)
 		if cur := e.cur(); m.cfg.stallTimeout > 0 && cur.Status == StatusRunning {
 			m.watchStall(e, *cur) // it runs like any bound run
@@ -271,13 +291,13 @@ func (m *Manager) aborted(op *abortOp, err error) {
 		m.startFailed(e, *a, *op.failWith)
 	case live && op.failWith != nil && !m.fence(e):
 		e.rt.stopped = op.run.Token // the retry need not abort it again
-		m.fail(e, *op.failWith, m.now())
+		m.fail(e, *op.failWith, now)
 	case live:
 		status := e.rt.stopWanted
 		if status == "" {
 			status = StatusCancelled
 		}
-		m.finalizeRef(op.ref, status, "", "", m.now())
+		m.finalizeRef(op.ref, status, "", "", now)
 	default:
 		m.changed(e, e.terminal())
 	}
@@ -725,7 +745,7 @@ func (m *Manager) closurePass(c *closure) pass {
 		if e.terminal() {
 			return
 		}
-		a := *e.cur()
+		a := e.cur() // no attempt is added while the visit runs
 		if _, failed := c.failed[a.Token]; failed {
 			return
 		}

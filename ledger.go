@@ -178,7 +178,7 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		if ref, ok := l.bySession[rec.spec.parent]; ok {
 			ref.e.kids = append(ref.e.kids, e)
 		}
-		return e, l.write(e, attemptRef{}, rec)
+		return e, l.write(e, attemptRef{}, &rec)
 	}
 	e = l.tasks[rec.taskID]
 	if e == nil {
@@ -192,19 +192,19 @@ func (l *ledger) apply(rec record) (*entry, error) {
 			return e, fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
 		}
 	}
-	return e, l.write(e, ref, rec)
+	return e, l.write(e, ref, &rec)
 }
 
 // write checks rec against e (and ref, the attempt it rewrites, if any),
 // appends it and updates the projection. It is the only writer of attempts
 // and indexes.
-func (l *ledger) write(e *entry, ref attemptRef, rec record) error {
+func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	if err := l.check(e, ref, rec); err != nil {
 		return err
 	}
 	l.seq++
 	rec.seq = l.seq
-	e.records = append(e.records, rec)
+	e.records = append(e.records, *rec)
 	switch rec.kind {
 	case recTaskLaunched, recAttemptCreated, recSessionBound, recSessionOrphan:
 		l.widened++
@@ -237,7 +237,7 @@ func (l *ledger) indexSession(e *entry, ref attemptRef, session string) {
 
 // check refuses a record the state machine does not allow. Terminal attempts
 // are immutable: any write to one is refused here, not trusted to callers.
-func (l *ledger) check(e *entry, ref attemptRef, rec record) error {
+func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 	switch rec.kind {
 	case recTaskLaunched:
 		return nil
@@ -319,7 +319,7 @@ func (l *ledger) launch(info *taskInfo) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := l.write(e, attemptRef{}, record{kind: recAttemptCreated, at: info.launchedAt, taskID: info.id, attempt: first}); err != nil {
+	if err := l.write(e, attemptRef{}, &record{kind: recAttemptCreated, at: info.launchedAt, taskID: info.id, attempt: first}); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -353,7 +353,7 @@ func (l *ledger) setPending(e *entry, attemptID string, reason PendingReason, at
 	}
 	a.Status = StatusPending
 	a.Pending = reason
-	return l.write(e, ref, record{kind: recAttemptPending, at: at, taskID: e.info.id, attempt: a})
+	return l.write(e, ref, &record{kind: recAttemptPending, at: at, taskID: e.info.id, attempt: a})
 }
 
 // bindSession binds sessionID to exactly attemptID, which must be the
@@ -367,7 +367,7 @@ func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time
 	a.Status = StatusRunning
 	a.Pending = ""
 	a.StartedAt = at
-	return l.write(e, ref, record{kind: recSessionBound, at: at, taskID: e.info.id, attempt: a})
+	return l.write(e, ref, &record{kind: recSessionBound, at: at, taskID: e.info.id, attempt: a})
 }
 
 // orphanSession indexes a session that was created for attemptID after that
@@ -377,7 +377,7 @@ func (l *ledger) orphanSession(e *entry, attemptID, sessionID string, at time.Ti
 	if err != nil {
 		return err
 	}
-	return l.write(e, ref, record{kind: recSessionOrphan, at: at, taskID: e.info.id, attempt: a, session: sessionID})
+	return l.write(e, ref, &record{kind: recSessionOrphan, at: at, taskID: e.info.id, attempt: a, session: sessionID})
 }
 
 // finalize moves attemptID to a terminal status. errText is recorded for
@@ -404,7 +404,7 @@ func (l *ledger) finalizeRef(ref attemptRef, status Status, errText, result stri
 	a.Error = errText
 	a.Result = result
 	a.CompletedAt = at
-	return l.write(ref.e, ref, record{kind: recAttemptFinal, at: at, taskID: ref.e.id, attempt: a})
+	return l.write(ref.e, ref, &record{kind: recAttemptFinal, at: at, taskID: ref.e.id, attempt: a})
 }
 
 // scheduleRetry finalizes the current attempt as error with errText, then
@@ -421,10 +421,10 @@ func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, 
 		return Attempt{}, Attempt{}, err
 	}
 	failed = *e.cur()
-	if err := l.write(e, attemptRef{}, record{kind: recRetryScheduled, at: at, taskID: e.info.id, attempt: failed, note: errText}); err != nil {
+	if err := l.write(e, attemptRef{}, &record{kind: recRetryScheduled, at: at, taskID: e.info.id, attempt: failed, note: errText}); err != nil {
 		return Attempt{}, Attempt{}, err
 	}
-	if err := l.write(e, attemptRef{}, record{kind: recAttemptCreated, at: at, taskID: e.info.id, attempt: next}); err != nil {
+	if err := l.write(e, attemptRef{}, &record{kind: recAttemptCreated, at: at, taskID: e.info.id, attempt: next}); err != nil {
 		return Attempt{}, Attempt{}, err
 	}
 	return failed, next, nil

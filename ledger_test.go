@@ -30,7 +30,10 @@ func TestTransitionTable(t *testing.T) {
 				assert.False(t, canTransition(from, to), "terminal %s must not move to %s", from, to)
 			}
 		}
+		assert.False(t, canTransition(from, "paused"), "an unknown status is never allowed")
+		assert.False(t, canTransition("paused", from))
 	}
+	assert.ElementsMatch(t, allStatuses, statusList[:], "the dense table covers every status")
 }
 
 func TestStatusTerminal(t *testing.T) {

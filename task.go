@@ -1093,7 +1093,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 		}
 		replay()
 		if cur := e.cur(); cur.ID == a.ID && cur.Status == StatusPending {
-			op, _ := m.newAbort(e, *cur, nil)
+			op, _ := m.newAbort(e, cur, nil)
 			op.session, op.arrival = sid, true
 			if err != nil {
 				op.failWith = &f
@@ -1923,7 +1923,7 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 			case e.rt.abort != nil: // someone is stopping it already
 				wait = e.rt.abort.waitDone()
 			case !now.Before(due):
-				op, _ := m.newAbort(e, a, nil)
+				op, _ := m.newAbort(e, &a, nil)
 				op.failWith = &failure{text: fmt.Sprintf("stalled: no activity for %s", d), reason: ReasonUnknown, retry: true}
 				m.runAbort(op)
 				wait = op.waitDone()

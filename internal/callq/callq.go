@@ -49,8 +49,19 @@ func New[T any](max int, spawn func(func()) bool, call func(T), record func([]T)
 // Add queues v. It reports false, queuing nothing, when no worker runs and
 // none could be started: the caller must settle v itself.
 func (q *Queue[T]) Add(v T) bool {
+	return q.AddAll([]T{v})
+}
+
+// AddAll queues every item of vs, with one hand-over for all of them. It
+// reports false, queuing nothing, when no worker runs and none could be
+// started: the caller must settle them itself. The owner serializes its
+// calls to AddAll.
+func (q *Queue[T]) AddAll(vs []T) bool {
+	if len(vs) == 0 {
+		return true
+	}
 	q.mu.Lock()
-	q.items = append(q.items, v)
+	q.items = append(q.items, vs...)
 	start := q.workers == 0 || (q.inCall == q.workers && q.workers < q.max)
 	if start {
 		q.workers++
@@ -63,9 +74,10 @@ func (q *Queue[T]) Add(v T) bool {
 	defer q.mu.Unlock()
 	q.workers--
 	if q.workers > 0 {
-		return true // a running worker will take it
+		return true // a running worker will take them
 	}
-	q.items = q.items[:len(q.items)-1]
+	clear(q.items[len(q.items)-len(vs):])
+	q.items = q.items[:len(q.items)-len(vs)]
 	return false
 }
 
@@ -88,22 +100,24 @@ func (q *Queue[T]) Workers() int {
 }
 
 func (q *Queue[T]) work() {
+	q.mu.Lock()
 	for {
-		v, ok := q.take()
+		v, ok := q.takeLocked()
 		if !ok {
 			return
 		}
 		q.call(v)
-		q.land(v)
+		q.mu.Lock()
+		q.landLocked(v)
 	}
 }
 
-// take hands a worker the next item, growing the set of workers when every
-// worker is inside a call and items still wait. It reports false, counting
-// the worker out, when nothing is left.
-func (q *Queue[T]) take() (T, bool) {
+// takeLocked hands a worker the next item, growing the set of workers when
+// every worker is inside a call and items still wait. It reports false,
+// counting the worker out, when nothing is left. q.mu is held on entry
+// and released on return.
+func (q *Queue[T]) takeLocked() (T, bool) {
 	var zero T
-	q.mu.Lock()
 	if q.next == len(q.items) {
 		q.workers--
 		q.items, q.next = q.items[:0], 0
@@ -127,14 +141,13 @@ func (q *Queue[T]) take() (T, bool) {
 	return v, true
 }
 
-// land queues v's answer and starts a recorder if none runs. If none can
-// be started, the worker records itself.
-func (q *Queue[T]) land(v T) {
-	q.mu.Lock()
+// landLocked queues v's answer and starts a recorder if none runs; if
+// none can be started, the worker records itself. q.mu is held on entry
+// and on return.
+func (q *Queue[T]) landLocked(v T) {
 	q.inCall--
 	q.landed = append(q.landed, v)
 	if q.recording {
-		q.mu.Unlock()
 		return
 	}
 	q.recording = true
@@ -142,6 +155,7 @@ func (q *Queue[T]) land(v T) {
 	if !q.spawn(q.recordAll) {
 		q.recordAll()
 	}
+	q.mu.Lock()
 }
 
 // recordAll records every landed answer until none is left.
