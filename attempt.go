@@ -148,7 +148,7 @@ func canTransition(from, to Status) bool {
 // statusList lists every Status; allowed is transitions indexed by position.
 var (
 	statusList = [...]Status{StatusPending, StatusRunning, StatusCompleted, StatusError, StatusCancelled, StatusInterrupt}
-	allowed  = func() (t [len(statusList)][len(statusList)]bool) {
+	allowed    = func() (t [len(statusList)][len(statusList)]bool) {
 		for i, from := range statusList {
 			for j, to := range statusList {
 				t[i][j] = transitions[from][to]

@@ -588,36 +588,29 @@ func (m *Manager) fence(e *entry) bool {
 }
 
 // walk visits the branch's tasks, found from the ledger's edges: the task
-// whose current session is the root, then, depth first, every task launched
-// from the root or from any session of a task found (its kids). A task is
-// visited while its entry is hot, its kids right after it. m.mu is held,
-// and visit must not release it.
+// whose current session is the root, then, breadth first, every task
+// launched from the root or from any session of a task found (its kids,
+// in launch order). Breadth first is launch order when parents launch
+// before their children, which is allocation order: the walk reads memory
+// mostly in sequence. m.mu is held, and visit must not release it.
 func (m *Manager) walk(c *closure, visit func(*entry)) {
 	if ref, ok := m.led.bySession[c.root]; ok && ref.isCurrent() {
 		visit(ref.e)
 	}
 	m.scanGen++
 	gen := m.scanGen
-	stack := pushKids(m.walkStack[:0], m.led.byParent[c.root])
-	for len(stack) > 0 {
-		e := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
+	queue := append(m.walkQueue[:0], m.led.byParent[c.root]...)
+	for i := 0; i < len(queue); i++ {
+		e := queue[i]
 		if e.rt.scanGen == gen {
 			continue
 		}
 		e.rt.scanGen = gen
 		visit(e)
-		stack = pushKids(stack, e.kids)
+		queue = append(queue, e.kids...)
 	}
-	m.walkStack = stack
-}
-
-// pushKids pushes kids in reverse, so the first launched is visited first.
-func pushKids(stack, kids []*entry) []*entry {
-	for i := len(kids) - 1; i >= 0; i-- {
-		stack = append(stack, kids[i])
-	}
-	return stack
+	clear(queue)
+	m.walkQueue = queue[:0]
 }
 
 // CloseBranch stops every run in the branch below sessionID and returns

@@ -173,6 +173,9 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		}
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
 		e.attempts = e.first[:0]
+		// A run that ends without a retry writes four records: launched,
+		// attempt created, session bound, final.
+		e.records = make([]record, 0, 4)
 		l.tasks[rec.taskID] = e
 		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
 		if ref, ok := l.bySession[rec.spec.parent]; ok {

@@ -508,7 +508,7 @@ type Manager struct {
 	inflight  map[uint64]struct{}   // session starts in flight, by seq
 	abortsN   int                   // aborts in flight
 	scanGen   uint64                // closure walks made
-	walkStack []*entry              // a closure walk's scratch
+	walkQueue []*entry              // a closure walk's scratch
 	closures  map[*closure]struct{} // active branch closures: their fences
 	closing   bool                  // Shutdown began: no new work
 	anyChange chan struct{}         // manager-wide change signal, like runtime.changed
