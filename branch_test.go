@@ -406,3 +406,38 @@ func TestARescanWalksAgainWhenTheLedgerWidened(t *testing.T) {
 	h.settle()
 	assert.Equal(t, StatusRunning, h.task(outside.ID).Status, "outside the branch")
 }
+
+func TestALongClosureWalkLetsOthersIn(t *testing.T) {
+	h := newHarness(t, nil)
+	var ids []string
+	for range yieldEvery + 50 {
+		ids = append(ids, h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")}).ID)
+	}
+	h.settle()
+	last := h.task(ids[len(ids)-1]) // visited last: after the first yield
+	yields := 0
+	var outside Task
+	h.m.testHookYield = func() {
+		yields++
+		if yields > 1 {
+			return
+		}
+		// m.mu is free: events, launches and reads go through meanwhile.
+		require.NoError(t, h.m.Observe(Event{SessionID: last.SessionID, Kind: SessionIdle, Text: "done first"}))
+		_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
+		assert.ErrorIs(t, err, ErrBranchClosing, "the fence holds while the walk yields")
+		outside, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "elsewhere", Models: mustModels(t, "a/one")})
+		assert.NoError(t, err)
+	}
+	rep, err := h.m.CloseBranch(context.Background(), "root")
+	require.NoError(t, err)
+	assert.Equal(t, 2, yields, "the launch outside widened the ledger: the rescan walked again, and yielded too")
+	assert.Len(t, rep.Stopped, len(ids)-1, "the task that ended during the yield was not stopped")
+	assert.Equal(t, StatusCompleted, h.task(last.ID).Status)
+	for _, id := range ids[:len(ids)-1] {
+		require.Equal(t, StatusCancelled, h.task(id).Status, id)
+	}
+	assert.Equal(t, 2, rep.Passes)
+	h.settle()
+	assert.Equal(t, StatusRunning, h.task(outside.ID).Status)
+}

@@ -592,7 +592,8 @@ func (m *Manager) fence(e *entry) bool {
 // launched from the root or from any session of a task found (its kids,
 // in launch order). Breadth first is launch order when parents launch
 // before their children, which is allocation order: the walk reads memory
-// mostly in sequence. m.mu is held, and visit must not release it.
+// mostly in sequence. m.mu and m.passMu are held; visit may release m.mu
+// for a moment, never m.passMu.
 func (m *Manager) walk(c *closure, visit func(*entry)) {
 	if ref, ok := m.led.bySession[c.root]; ok && ref.isCurrent() {
 		visit(ref.e)
@@ -714,12 +715,18 @@ func (p pass) done() bool { return p.batch == nil && len(p.joined) == 0 && !p.bu
 // answers its batch's workers landed meanwhile.
 const takeEvery = 64
 
+// yieldEvery is how many tasks a closure pass visits before it releases
+// m.mu for a moment.
+const yieldEvery = 1024
+
 // closurePass walks the branch and asks every live run in it to stop. The
 // host calls start while the walk goes on; the answers that land meanwhile
 // are recorded by the pass itself, while the tasks they touch are hot.
 func (m *Manager) closurePass(c *closure) pass {
 	var p pass
 	asked := false // a stop was asked for a run that had none
+	m.passMu.Lock()
+	defer m.passMu.Unlock()
 	m.mu.Lock()
 	defer m.unlock()
 	if c.settled && c.widened == m.led.widened {
@@ -734,6 +741,16 @@ func (m *Manager) closurePass(c *closure) pass {
 	m.walk(c, func(e *entry) {
 		if visited++; p.batch != nil && visited%takeEvery == 0 {
 			m.takeAborts(p.batch)
+		}
+		if visited%yieldEvery == 0 {
+			// A long walk lets others in (events, launches, cancels).
+			// Whatever they change is seen: each task is judged when
+			// visited, and a widened ledger makes the next pass walk.
+			m.unlock()
+			if m.testHookYield != nil {
+				m.testHookYield()
+			}
+			m.mu.Lock()
 		}
 		if e.terminal() {
 			return

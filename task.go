@@ -495,6 +495,14 @@ type Manager struct {
 	// testHookWaiting, when set (tests only, before use), is called when
 	// Cancel is about to block.
 	testHookWaiting func(taskID string)
+	// testHookYield, when set (tests only, before use), is called while a
+	// closure walk has released m.mu to let others in.
+	testHookYield func()
+
+	// passMu serializes closure passes, so that one may release m.mu
+	// midway (its walk marks and scratch stay its own). Taken before m.mu,
+	// never while holding it.
+	passMu sync.Mutex
 
 	cfgErr error // an invalid option: every Launch returns it
 
