@@ -99,15 +99,22 @@ func TestCloseBranchOfASupersededSessionLeavesTheTaskCurrentRunAlone(t *testing.
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "the replacement run is not in that branch")
 }
 
-func TestCloseBranchFenceRefusesNewWorkInScopeOnly(t *testing.T) {
-	entered := make(chan struct{})
-	release := make(chan struct{})
+// heldAborts returns a harness whose aborts all wait for release; entered
+// is closed when the first one starts.
+func heldAborts(t *testing.T) (h *harness, entered <-chan struct{}, release chan<- struct{}) {
+	in := make(chan struct{})
+	out := make(chan struct{})
 	var once sync.Once
-	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
-		once.Do(func() { close(entered) })
-		<-release
+	h = newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+		once.Do(func() { close(in) })
+		<-out
 		return nil
 	}})
+	return h, in, out
+}
+
+func TestCloseBranchFenceRefusesNewWorkInScopeOnly(t *testing.T) {
+	h, entered, release := heldAborts(t)
 	_, midSes := h.child("root")
 	_, grandSes := h.child(midSes)
 	_, outsideSes := h.child("elsewhere")
@@ -384,14 +391,7 @@ func TestARescanIsProvenWithoutAWalkWhenNothingWidened(t *testing.T) {
 }
 
 func TestARescanWalksAgainWhenTheLedgerWidened(t *testing.T) {
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	var once sync.Once
-	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
-		once.Do(func() { close(entered) })
-		<-release
-		return nil
-	}})
+	h, entered, release := heldAborts(t)
 	task, _ := h.child("root")
 	before := h.walks()
 	done := make(chan error, 1)

@@ -59,7 +59,9 @@
 // task in the branch, historical attempts included, as the ledger recorded
 // them. From its first instant a fence refuses new work in the branch
 // (ErrBranchClosing) and suppresses retries; every live run is aborted by
-// token; the branch is rescanned until nothing runnable is left. It returns
+// token, while one walk of the ledger's edges goes on; the branch is
+// rescanned until nothing runnable is left (a rescan needs no walk when the
+// ledger recorded nothing since that could add a run). It returns
 // nil only when everything stopped, and otherwise a *ClosureError naming
 // what did not. Each closure is recorded (ClosureRecords) and announced to
 // the root's parent (NotifyBranchClosed). A SessionDeleted event for a
@@ -67,7 +69,8 @@
 //
 // # Outcomes and the envelope
 //
-// Every terminal task carries an Outcome, computed once when it ended and
+// Every terminal task carries an Outcome, computed once from what the task
+// ended with (at its first read, so a task nobody reads costs nothing) and
 // handed out by both Wait (Task.Outcome) and the final summary
 // notification: a state, and — when the parent is not getting a clean
 // answer — a Reason from a closed set (context overflow, output limit,
