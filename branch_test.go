@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -440,4 +441,48 @@ func TestALongClosureWalkLetsOthersIn(t *testing.T) {
 	assert.Equal(t, 2, rep.Passes)
 	h.settle()
 	assert.Equal(t, StatusRunning, h.task(outside.ID).Status)
+}
+
+func TestAStartThatEndsWhileAWalkYieldsDoesNotHangTheClosure(t *testing.T) {
+	// The walk sees a start in flight, then lets others in; the start fails
+	// meanwhile and the task ends. The pass has nothing else to wait for:
+	// it must not wait for a change that already happened.
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		if req.Prompt == "slow" {
+			<-release
+			return "", Permanent(errors.New("no capacity"))
+		}
+		return "", Permanent(errors.New("forbidden")) // ends at once
+	}})
+	var ended []string
+	launch := func(prompt string) string {
+		return h.launchSpec(Spec{ParentSessionID: "root", Prompt: prompt, Models: mustModels(t, "a/one")}).ID
+	}
+	for range 10 {
+		ended = append(ended, launch("fail"))
+	}
+	slow := launch("slow") // visited before the first yield
+	for range yieldEvery {
+		ended = append(ended, launch("fail"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // failure detection only
+	defer cancel()
+	for _, id := range ended {
+		_, err := h.m.Wait(ctx, id)
+		require.NoError(t, err)
+	}
+	yields := 0
+	h.m.testHookYield = func() {
+		if yields++; yields == 1 {
+			close(release)
+			_, err := h.m.Wait(ctx, slow)
+			require.NoError(t, err)
+		}
+	}
+	rep, err := h.m.CloseBranch(ctx, "root")
+	require.NoError(t, err, "the closure waited for a change that had already happened")
+	assert.GreaterOrEqual(t, yields, 1)
+	assert.Equal(t, StatusCancelled, h.task(slow).Status, "a start that fails inside a closing branch ends the task cancelled")
+	assert.GreaterOrEqual(t, rep.Passes, 2)
 }

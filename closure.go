@@ -738,6 +738,7 @@ func (m *Manager) closurePass(c *closure) pass {
 	c.widened = m.led.widened
 	now := m.now()
 	visited := 0
+	changedMeanwhile := false
 	m.walk(c, func(e *entry) {
 		if visited++; p.batch != nil && visited%takeEvery == 0 {
 			m.takeAborts(p.batch)
@@ -745,12 +746,21 @@ func (m *Manager) closurePass(c *closure) pass {
 		if visited%yieldEvery == 0 {
 			// A long walk lets others in (events, launches, cancels).
 			// Whatever they change is seen: each task is judged when
-			// visited, and a widened ledger makes the next pass walk.
+			// visited, a widened ledger makes the next pass walk, and a
+			// change made meanwhile wakes a pass that ends waiting for
+			// one (a start seen in flight may have ended meanwhile).
+			change := m.waitAny()
 			m.unlock()
 			if m.testHookYield != nil {
 				m.testHookYield()
 			}
 			m.mu.Lock()
+			now = m.now()
+			select {
+			case <-change:
+				changedMeanwhile = true
+			default:
+			}
 		}
 		if e.terminal() {
 			return
@@ -818,6 +828,9 @@ func (m *Manager) closurePass(c *closure) pass {
 	}
 	c.settled = !p.busy
 	p.change = m.waitAny()
+	if changedMeanwhile {
+		p.change = closedChan
+	}
 	return p
 }
 
@@ -864,6 +877,11 @@ func (m *Manager) reportLocked(c *closure, passes int) ClosureReport {
 	if c.touched.Len() > 0 {
 		rep.Stopped = make([]StoppedRun, 0, c.touched.Len())
 	}
+	defer func() {
+		if len(rep.Stopped) == 0 {
+			rep.Stopped = nil // as with nothing touched: JSON null
+		}
+	}()
 	for t := range c.touched.All {
 		run, ended := t.stopped()
 		switch f, failed := c.failed[run.Token]; {

@@ -1179,18 +1179,20 @@ func (m *Manager) finalizeRef(ref attemptRef, status Status, errText, result str
 // the task has just become terminal, sends the final summary and closes
 // done. "The task became terminal" is the trigger, not "an attempt did".
 func (m *Manager) changed(e *entry, wasTerminal bool) {
+	ended := !wasTerminal && e.terminal()
+	if ended {
+		e.final = e.rt.out // the outcome's input, frozen first; project computes it once
+	}
 	if e.rt.changed != nil {
 		close(e.rt.changed)
 		e.rt.changed = nil
 	}
 	m.signal()
 	m.settleRun(e)
-	if wasTerminal || !e.terminal() {
-		m.publish(e)
+	m.publish(e)
+	if !ended {
 		return
 	}
-	e.final = e.rt.out // the outcome's input, frozen; project computes it once
-	m.publish(e)
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
 	}

@@ -62,7 +62,8 @@ func (q *Queue[T]) AddAll(vs []T) bool {
 	}
 	q.mu.Lock()
 	q.items = append(q.items, vs...)
-	start := q.workers == 0 || (q.inCall == q.workers && q.workers < q.max)
+	idle := q.workers == 0
+	start := idle || (q.inCall == q.workers && q.workers < q.max)
 	if start {
 		q.workers++
 	}
@@ -73,9 +74,13 @@ func (q *Queue[T]) AddAll(vs []T) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.workers--
-	if q.workers > 0 {
-		return true // a running worker will take them
+	if !idle {
+		// A worker ran when vs was queued: it takes vs before it can find
+		// the queue empty and leave (it may have done both meanwhile).
+		return true
 	}
+	// No worker ran and none started: vs is still at the tail (the owner
+	// serializes its adds).
 	clear(q.items[len(q.items)-len(vs):])
 	q.items = q.items[:len(q.items)-len(vs)]
 	return false

@@ -196,3 +196,53 @@ func TestARefusedSpawn(t *testing.T) {
 	r2.wg.Wait()
 	assert.Equal(t, []int{7}, r2.recorded)
 }
+
+func TestARefusedGrowAfterTheWorkerTookEverything(t *testing.T) {
+	// A worker is inside a call when AddAll queues more, so AddAll tries to
+	// grow the set; before that spawn is refused, the worker takes the new
+	// item, calls it, and leaves. AddAll must not report it unqueued.
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	workerLeft := make(chan struct{})
+	var mu sync.Mutex
+	spawns, calls, recorded := 0, 0, 0
+	var q *Queue[int]
+	spawn := func(f func()) bool {
+		mu.Lock()
+		spawns++
+		n := spawns
+		mu.Unlock()
+		switch n {
+		case 1: // the worker
+			wg.Go(func() { f(); close(workerLeft) })
+		case 2: // AddAll's grow: refused once the worker is gone
+			close(release)
+			<-workerLeft
+			return false
+		default: // recorders
+			wg.Go(f)
+		}
+		return true
+	}
+	inCall := make(chan struct{})
+	q = New(4, spawn, func(v int) {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		if v == 1 {
+			close(inCall)
+			<-release
+		}
+	}, func(vs []int) {
+		mu.Lock()
+		recorded += len(vs)
+		mu.Unlock()
+	})
+	require.True(t, q.AddAll([]int{1}))
+	<-inCall
+	assert.True(t, q.AddAll([]int{2}), "the worker called it: the caller must not settle it too")
+	wg.Wait()
+	assert.Equal(t, 2, calls)
+	assert.Equal(t, 2, recorded)
+	assert.Zero(t, q.Workers())
+}
