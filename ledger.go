@@ -92,20 +92,20 @@ type entry struct {
 	attempts []Attempt // the latest version of each attempt, in order
 	id       string    // info.id, kept beside the hot fields
 	kids     []*entry  // the tasks launched from any of sessions: byParent over them
-	rt       runtime   // process-local run state; never in the ledger
+	revision uint64    // number of projection changes applied
+	records  []record
+	rt       runtime // process-local run state; never in the ledger
 	// first stores the first attempt inside the entry, so reading the
 	// current attempt of a task that never retried costs no pointer chase
 	// to another allocation. attempts starts on it; a retry moves it out.
 	first    [1]Attempt
-	revision uint64 // number of projection changes applied
 	info     *taskInfo
-	records  []record
 	sessions []string // every session indexed to one of its attempts, bound or orphaned
 	// outcome is computed once, at its first read after the task became
-	// terminal, from the attempts (immutable by then) and final, what the
-	// last run reported as the task ended. Every carrier gets that value.
+	// terminal, from the attempts (immutable by then) and rt.out, what the
+	// last run reported (only a live run's events write it). Every carrier
+	// gets that value.
 	outcome *Outcome
-	final   runOutput
 }
 
 func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
@@ -470,7 +470,7 @@ func (e *entry) project() Task {
 	}
 	if e.terminal() {
 		if e.outcome == nil {
-			e.outcome = outcomeOf(t, e.final)
+			e.outcome = outcomeOf(t, e.rt.out)
 		}
 		t.Outcome = e.outcome.clone()
 	}

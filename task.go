@@ -1180,9 +1180,6 @@ func (m *Manager) finalizeRef(ref attemptRef, status Status, errText, result str
 // done. "The task became terminal" is the trigger, not "an attempt did".
 func (m *Manager) changed(e *entry, wasTerminal bool) {
 	ended := !wasTerminal && e.terminal()
-	if ended {
-		e.final = e.rt.out // the outcome's input, frozen first; project computes it once
-	}
 	if e.rt.changed != nil {
 		close(e.rt.changed)
 		e.rt.changed = nil
