@@ -57,12 +57,19 @@ type record struct {
 	seq     uint64
 	kind    recordKind
 	at      time.Time
-	taskID  string
-	spec    *taskInfo // recTaskLaunched
-	attempt Attempt   // attempt records: the new version
-	session string    // recSessionOrphan
-	note    string    // recRetryScheduled: the failure that caused it
-	closure *ClosureRecord
+	attempt Attempt // attempt records: the new version
+	// *recordExt holds what only some kinds carry; attempt records, by far
+	// the most, carry none (their task is the entry that holds them).
+	*recordExt
+}
+
+// recordExt is the part of a record only some kinds carry.
+type recordExt struct {
+	taskID  string         // a record not yet resolved to its entry: a launch, a replay
+	spec    *taskInfo      // recTaskLaunched
+	session string         // recSessionOrphan
+	note    string         // recRetryScheduled: the failure that caused it
+	closure *ClosureRecord // recBranchClosed
 }
 
 // taskInfo is what a task was launched with; it never changes.
@@ -159,13 +166,16 @@ func newLedger(ids IDGenerator) *ledger {
 // recordClosure appends a branch closure's record.
 func (l *ledger) recordClosure(cr ClosureRecord) {
 	l.seq++
-	l.closures = append(l.closures, record{seq: l.seq, kind: recBranchClosed, at: cr.At, closure: &cr})
+	l.closures = append(l.closures, record{seq: l.seq, kind: recBranchClosed, at: cr.At, recordExt: &recordExt{closure: &cr}})
 }
 
 // apply validates rec, appends it and updates the projection: the only
 // way in for a record whose task and attempt are not yet resolved (a
 // launch, a replayed journal). The helpers resolve once and call write.
 func (l *ledger) apply(rec record) (*entry, error) {
+	if rec.recordExt == nil || rec.taskID == "" {
+		return nil, errors.New("bgtask: ledger: a record to resolve must name its task")
+	}
 	var e *entry
 	if rec.kind == recTaskLaunched {
 		if _, dup := l.tasks[rec.taskID]; dup {
@@ -318,11 +328,11 @@ func (l *ledger) launch(info *taskInfo) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := l.apply(record{kind: recTaskLaunched, at: info.launchedAt, taskID: info.id, spec: info})
+	e, err := l.apply(record{kind: recTaskLaunched, at: info.launchedAt, recordExt: &recordExt{taskID: info.id, spec: info}})
 	if err != nil {
 		return nil, err
 	}
-	if err := l.write(e, attemptRef{}, &record{kind: recAttemptCreated, at: info.launchedAt, taskID: info.id, attempt: first}); err != nil {
+	if err := l.write(e, attemptRef{}, &record{kind: recAttemptCreated, at: info.launchedAt, attempt: first}); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -356,7 +366,7 @@ func (l *ledger) setPending(e *entry, attemptID string, reason PendingReason, at
 	}
 	a.Status = StatusPending
 	a.Pending = reason
-	return l.write(e, ref, &record{kind: recAttemptPending, at: at, taskID: e.info.id, attempt: a})
+	return l.write(e, ref, &record{kind: recAttemptPending, at: at, attempt: a})
 }
 
 // bindSession binds sessionID to exactly attemptID, which must be the
@@ -370,7 +380,7 @@ func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time
 	a.Status = StatusRunning
 	a.Pending = ""
 	a.StartedAt = at
-	return l.write(e, ref, &record{kind: recSessionBound, at: at, taskID: e.info.id, attempt: a})
+	return l.write(e, ref, &record{kind: recSessionBound, at: at, attempt: a})
 }
 
 // orphanSession indexes a session that was created for attemptID after that
@@ -380,7 +390,7 @@ func (l *ledger) orphanSession(e *entry, attemptID, sessionID string, at time.Ti
 	if err != nil {
 		return err
 	}
-	return l.write(e, ref, &record{kind: recSessionOrphan, at: at, taskID: e.info.id, attempt: a, session: sessionID})
+	return l.write(e, ref, &record{kind: recSessionOrphan, at: at, attempt: a, recordExt: &recordExt{session: sessionID}})
 }
 
 // finalize moves attemptID to a terminal status. errText is recorded for
@@ -407,7 +417,7 @@ func (l *ledger) finalizeRef(ref attemptRef, status Status, errText, result stri
 	a.Error = errText
 	a.Result = result
 	a.CompletedAt = at
-	return l.write(ref.e, ref, &record{kind: recAttemptFinal, at: at, taskID: ref.e.id, attempt: a})
+	return l.write(ref.e, ref, &record{kind: recAttemptFinal, at: at, attempt: a})
 }
 
 // scheduleRetry finalizes the current attempt as error with errText, then
@@ -424,10 +434,10 @@ func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, 
 		return Attempt{}, Attempt{}, err
 	}
 	failed = *e.cur()
-	if err := l.write(e, attemptRef{}, &record{kind: recRetryScheduled, at: at, taskID: e.info.id, attempt: failed, note: errText}); err != nil {
+	if err := l.write(e, attemptRef{}, &record{kind: recRetryScheduled, at: at, attempt: failed, recordExt: &recordExt{note: errText}}); err != nil {
 		return Attempt{}, Attempt{}, err
 	}
-	if err := l.write(e, attemptRef{}, &record{kind: recAttemptCreated, at: at, taskID: e.info.id, attempt: next}); err != nil {
+	if err := l.write(e, attemptRef{}, &record{kind: recAttemptCreated, at: at, attempt: next}); err != nil {
 		return Attempt{}, Attempt{}, err
 	}
 	return failed, next, nil
