@@ -95,7 +95,6 @@ func servesRun(ctx context.Context, token string) bool {
 // abortOp is one in-flight AbortSession, shared by everyone who asked for it.
 type abortOp struct {
 	ref      attemptRef // the attempt whose run it stops
-	run      RunRef
 	session  string
 	ctx      runCtx        // the host call's context
 	err      error         // the host's answer, once finished
@@ -105,6 +104,9 @@ type abortOp struct {
 	status   Status        // the attempt's status once the answer was recorded
 	done     chan struct{} // closed when finished; made only for a waiter
 }
+
+// run names the run op stops (kept once, in its host call's context).
+func (op *abortOp) run() *RunRef { return &op.ctx.v.ref }
 
 // closedChan is returned to waiters of an op that already finished.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -125,7 +127,7 @@ func (op *abortOp) waitDone() <-chan struct{} {
 // if not nil, is where a fresh op is kept (closures allocate ops in slabs).
 // m.mu is held.
 func (m *Manager) newAbort(e *entry, a *Attempt, store *abortOp) (op *abortOp, fresh bool) {
-	if op := e.rt.abort; op != nil && op.run.Token == a.Token {
+	if op := e.rt.abort; op != nil && op.run().Token == a.Token {
 		return op, false
 	}
 	if store == nil {
@@ -134,10 +136,12 @@ func (m *Manager) newAbort(e *entry, a *Attempt, store *abortOp) (op *abortOp, f
 	op = store
 	*op = abortOp{
 		ref:     attemptRef{e: e, index: e.current},
-		run:     RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token},
 		session: a.SessionID,
+		ctx: runCtx{Context: m.life, v: runValue{
+			ref:  RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token},
+			kind: callAbort,
+		}},
 	}
-	op.ctx = runCtx{Context: m.life, v: runValue{ref: op.run, kind: callAbort}}
 	e.rt.abort = op
 	m.abortsN++
 	return op, true
@@ -270,7 +274,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 	case err != nil && live && op.arrival && a.Status == StatusPending:
 		// The session it was to stop is alive: the truth wins, bind it.
 		m.logLocked(slog.LevelWarn, "bgtask: abort of an arriving session failed; it is bound and runs",
-			slog.String("task", op.run.TaskID), slog.String("attempt", op.run.AttemptID),
+			slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
 			slog.String("session", op.session), slog.String("err", err.Error()))
 		if berr := m.led.bindSession(e, a.ID, op.session, now); berr != nil {
 			m.ledgerBug(e, berr)
@@ -283,14 +287,14 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 	case err != nil:
 		if live {
 			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
-				slog.String("task", op.run.TaskID), slog.String("attempt", op.run.AttemptID),
+				slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
 				slog.String("session", op.session), slog.String("err", err.Error()))
 		}
 		m.changed(e, e.terminal())
 	case live && op.arrival && op.failWith != nil && !m.fence(e):
 		m.startFailed(e, *a, *op.failWith)
 	case live && op.failWith != nil && !m.fence(e):
-		e.rt.stopped = op.run.Token // the retry need not abort it again
+		e.rt.stopped = op.run().Token // the retry need not abort it again
 		m.fail(e, *op.failWith, now)
 	case live:
 		status := e.rt.stopWanted
@@ -334,7 +338,7 @@ func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
 // arrival (started sees stopWanted). m.mu is held.
 func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 	a := *e.cur()
-	if op := e.rt.abort; op != nil && op.run.Token == a.Token {
+	if op := e.rt.abort; op != nil && op.run().Token == a.Token {
 		return op // joined: an arriving session, a stall, another stop
 	}
 	switch {
@@ -525,7 +529,7 @@ type touch struct {
 func (t touch) stopped() (StoppedRun, bool) {
 	if op := t.op; op != nil && op.finished && !op.arrival && op.status.Terminal() {
 		// A terminal attempt never changes: the abort's copy is exact.
-		return StoppedRun{TaskID: op.run.TaskID, AttemptID: op.run.AttemptID, SessionID: op.session, Token: op.run.Token, Status: op.status}, true
+		return StoppedRun{TaskID: op.run().TaskID, AttemptID: op.run().AttemptID, SessionID: op.session, Token: op.run().Token, Status: op.status}, true
 	}
 	a := t.ref.attempt()
 	return StoppedRun{TaskID: t.ref.e.info.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}, a.Status.Terminal()
@@ -787,7 +791,7 @@ func (m *Manager) closurePass(c *closure) pass {
 			p.selfWait = true
 		}
 		switch {
-		case e.rt.abort != nil && e.rt.abort.run.Token == a.Token:
+		case e.rt.abort != nil && e.rt.abort.run().Token == a.Token:
 			p.joined = append(p.joined, e.rt.abort)
 			p.waits = append(p.waits, e.rt.abort.waitDone())
 			if t != nil {
@@ -858,7 +862,7 @@ func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, p pass) erro
 			continue
 		}
 		if op.ref.isCurrent() && !op.ref.attempt().Status.Terminal() {
-			c.failed[op.run.Token] = FailedStop{TaskID: op.run.TaskID, AttemptID: op.run.AttemptID, SessionID: op.session, Token: op.run.Token, Err: op.err.Error()}
+			c.failed[op.run().Token] = FailedStop{TaskID: op.run().TaskID, AttemptID: op.run().AttemptID, SessionID: op.session, Token: op.run().Token, Err: op.err.Error()}
 		}
 	}
 	return nil
