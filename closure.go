@@ -873,13 +873,18 @@ func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, p pass) erro
 func (m *Manager) report(c *closure, passes int) ClosureReport {
 	m.mu.Lock()
 	defer m.unlock()
-	return m.reportLocked(c, passes)
+	rep, _ := m.reportLocked(c, passes)
+	return rep
 }
 
-func (m *Manager) reportLocked(c *closure, passes int) ClosureReport {
-	rep := ClosureReport{SessionID: c.root, Passes: passes}
+// reportLocked also returns the attempts of the runs that stopped: terminal,
+// so they never change, and the closure record keeps them instead of a copy
+// of the report. m.mu is held.
+func (m *Manager) reportLocked(c *closure, passes int) (rep ClosureReport, stopped []attemptRef) {
+	rep = ClosureReport{SessionID: c.root, Passes: passes}
 	if c.touched.Len() > 0 {
 		rep.Stopped = make([]StoppedRun, 0, c.touched.Len())
+		stopped = make([]attemptRef, 0, c.touched.Len())
 	}
 	defer func() {
 		if len(rep.Stopped) == 0 {
@@ -891,13 +896,14 @@ func (m *Manager) reportLocked(c *closure, passes int) ClosureReport {
 		switch f, failed := c.failed[run.Token]; {
 		case ended:
 			rep.Stopped = append(rep.Stopped, run)
+			stopped = append(stopped, t.ref)
 		case failed:
 			rep.Failed = append(rep.Failed, f)
 		default:
 			rep.Stopping = append(rep.Stopping, run)
 		}
 	}
-	return rep
+	return rep, stopped
 }
 
 // finishClosure takes the fence down, records the closure and notifies the
@@ -907,10 +913,11 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 	defer m.unlock()
 	delete(m.closures, c)
 	m.signal()
-	rep := m.reportLocked(c, passes)
-	rec := ClosureRecord{SessionID: c.root, At: m.now(), Stopped: slices.Clone(rep.Stopped),
+	rep, stopped := m.reportLocked(c, passes)
+	rec := ClosureRecord{SessionID: c.root, At: m.now(),
 		Failed: slices.Clone(rep.Failed), Stopping: slices.Clone(rep.Stopping), Passes: passes}
-	m.led.recordClosure(rec)
+	m.led.recordClosure(rec, stopped)
+	rec.Stopped = rep.Stopped // for the notification's text, rendered now
 
 	parent, taskID := c.root, ""
 	var snap Task
@@ -937,7 +944,13 @@ func (m *Manager) ClosureRecords() []ClosureRecord {
 	out := make([]ClosureRecord, len(m.led.closures))
 	for i, r := range m.led.closures {
 		out[i] = *r.closure
-		out[i].Stopped = slices.Clone(r.closure.Stopped)
+		if len(r.stopped) > 0 {
+			out[i].Stopped = make([]StoppedRun, len(r.stopped))
+		}
+		for j, ref := range r.stopped {
+			a := ref.attempt()
+			out[i].Stopped[j] = StoppedRun{TaskID: ref.e.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}
+		}
 		out[i].Failed = slices.Clone(r.closure.Failed)
 		out[i].Stopping = slices.Clone(r.closure.Stopping)
 	}

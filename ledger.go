@@ -70,6 +70,7 @@ type recordExt struct {
 	session string         // recSessionOrphan
 	note    string         // recRetryScheduled: the failure that caused it
 	closure *ClosureRecord // recBranchClosed
+	stopped []attemptRef   // recBranchClosed: the runs it stopped
 }
 
 // taskInfo is what a task was launched with; it never changes.
@@ -164,9 +165,12 @@ func newLedger(ids IDGenerator) *ledger {
 }
 
 // recordClosure appends a branch closure's record.
-func (l *ledger) recordClosure(cr ClosureRecord) {
+// stopped are the attempts of the runs it stopped (terminal, so they never
+// change): cr.Stopped is rebuilt from them when read.
+func (l *ledger) recordClosure(cr ClosureRecord, stopped []attemptRef) {
 	l.seq++
-	l.closures = append(l.closures, record{seq: l.seq, kind: recBranchClosed, at: cr.At, recordExt: &recordExt{closure: &cr}})
+	cr.Stopped = nil
+	l.closures = append(l.closures, record{seq: l.seq, kind: recBranchClosed, at: cr.At, recordExt: &recordExt{closure: &cr, stopped: stopped}})
 }
 
 // apply validates rec, appends it and updates the projection: the only
