@@ -279,7 +279,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		if berr := m.led.bindSession(e, a.ID, op.session, now); berr != nil {
 			m.ledgerBug(e, berr)
 		}
-		e.rt.lastEvent = now
+		e.seen.lastEvent = now
 		m.changed(e, false)
 		if cur := e.cur(); m.cfg.stallTimeout > 0 && cur.Status == StatusRunning {
 			m.watchStall(e, *cur) // it runs like any bound run
@@ -294,7 +294,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 	case live && op.arrival && op.failWith != nil && !m.fence(e):
 		m.startFailed(e, *a, *op.failWith)
 	case live && op.failWith != nil && !m.fence(e):
-		e.rt.stopped = op.run().Token // the retry need not abort it again
+		e.seen.stopped = op.run().Token // the retry need not abort it again
 		m.fail(e, *op.failWith, now)
 	case live:
 		status := e.rt.stopWanted

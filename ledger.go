@@ -107,10 +107,11 @@ type entry struct {
 	// current attempt of a task that never retried costs no pointer chase
 	// to another allocation. attempts starts on it; a retry moves it out.
 	first    [1]Attempt
+	seen     runSeen // what the current run reported; a closure never reads it
 	info     *taskInfo
 	sessions []string // every session indexed to one of its attempts, bound or orphaned
 	// outcome is computed once, at its first read after the task became
-	// terminal, from the attempts (immutable by then) and rt.out, what the
+	// terminal, from the attempts (immutable by then) and seen.out, what the
 	// last run reported (only a live run's events write it). Every carrier
 	// gets that value.
 	outcome *Outcome
@@ -484,7 +485,7 @@ func (e *entry) project() Task {
 	}
 	if e.terminal() {
 		if e.outcome == nil {
-			e.outcome = outcomeOf(t, e.rt.out)
+			e.outcome = outcomeOf(t, e.seen.out)
 		}
 		t.Outcome = e.outcome.clone()
 	}
@@ -495,8 +496,8 @@ func (e *entry) project() Task {
 // it runs.
 func (e *entry) activity() Activity {
 	cur := e.cur()
-	if cur.Status != StatusRunning || e.rt.out.token != cur.Token {
+	if cur.Status != StatusRunning || e.seen.out.token != cur.Token {
 		return ActivityNone
 	}
-	return e.rt.out.activity
+	return e.seen.out.activity
 }

@@ -415,7 +415,11 @@ type runtime struct {
 	waiter     *slots.Waiter[queued]
 	slotToken  string // the run holding that slot
 	slotKey    string // the concurrency key whose slot the run holds
+}
 
+// runSeen is what the current run reported: process-local, never in the
+// ledger, and kept apart from runtime because a closure never reads it.
+type runSeen struct {
 	lastEvent time.Time // when the current run last reported anything
 	heldN     int       // events held by attempt id for the current attempt
 	stopped   string    // a run whose session the host confirmed stopped (a stall)
@@ -783,10 +787,10 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 		if !e.rt.starting() {
 			return ref.who(), ErrStaleEvent // no child can be running for it
 		}
-		if e.rt.heldN >= m.cfg.holdLimit {
-			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, e.rt.heldN, a.ID)
+		if e.seen.heldN >= m.cfg.holdLimit {
+			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, e.seen.heldN, a.ID)
 		}
-		e.rt.heldN++
+		e.seen.heldN++
 		m.held = append(m.held, heldEvent{obs: o, attemptID: a.ID, horizon: m.startSeq})
 		return resolved{}, nil
 	}
@@ -807,7 +811,7 @@ func (m *Manager) takeHeld(e *entry, attemptID, sessionID string) []observation 
 	for _, h := range m.held {
 		switch {
 		case h.attemptID == attemptID:
-			e.rt.heldN--
+			e.seen.heldN--
 		case h.attemptID == "" && sessionID != "" && h.obs.ev.SessionID == sessionID:
 			m.heldBySes--
 		default:
@@ -855,10 +859,10 @@ func (m *Manager) apply(e *entry, o observation) {
 	if at.Before(a.StartedAt) { // an early event, replayed at the bind
 		at = a.StartedAt
 	}
-	e.rt.lastEvent = at
+	e.seen.lastEvent = at
 	e.output()
 	if ev.Text != "" {
-		e.rt.out.output = ev.Text
+		e.seen.out.output = ev.Text
 	}
 	switch ev.Kind {
 	case SessionBusy, SessionCompacted:
@@ -867,7 +871,7 @@ func (m *Manager) apply(e *entry, o observation) {
 	case SessionWaiting:
 		m.setActivity(e, ActivityWaiting)
 	case SessionIdle:
-		e.rt.out.finish, e.rt.out.noText = ev.Finish, ev.NoFinalText
+		e.seen.out.finish, e.seen.out.noText = ev.Finish, ev.NoFinalText
 		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
 	case SessionError:
 		m.fail(e, o.fail, at)
@@ -923,7 +927,7 @@ func (m *Manager) retryable(err error) bool {
 // the old session, waits out the delay, and gives up if next stopped being
 // current meanwhile.
 func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
-	abortOld := failed.SessionID != "" && e.rt.stopped != failed.Token
+	abortOld := failed.SessionID != "" && e.seen.stopped != failed.Token
 	if !abortOld && m.cfg.retryDelay == nil {
 		m.admit(e, next)
 		return
@@ -1077,7 +1081,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 			m.ledgerBug(e, berr)
 			return
 		}
-		e.rt.lastEvent = e.cur().StartedAt
+		e.seen.lastEvent = e.cur().StartedAt
 		m.changed(e, false)
 		if a.Number > 1 {
 			m.notify(e, NotifyRetrySessionReady, retrySessionReadyText(*e.cur()))
@@ -1921,7 +1925,7 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 				return
 			}
 			now := m.now()
-			due := e.rt.lastEvent.Add(d)
+			due := e.seen.lastEvent.Add(d)
 			if due.Before(retryAt) {
 				due = retryAt
 			}
@@ -1989,10 +1993,10 @@ func (m *Manager) Stats() []QueueStat {
 // output returns what e's current run reported, started afresh when the
 // run is new. m.mu is held.
 func (e *entry) output() *runOutput {
-	if tok := e.cur().Token; e.rt.out.token != tok {
-		e.rt.out = runOutput{token: tok}
+	if tok := e.cur().Token; e.seen.out.token != tok {
+		e.seen.out = runOutput{token: tok}
 	}
-	return &e.rt.out
+	return &e.seen.out
 }
 
 // runOutput is what a run reported last, kept to compute its outcome.
@@ -2054,8 +2058,8 @@ func failureRank(t Task) int {
 
 // setActivity records what the current run is doing; a change is published.
 func (m *Manager) setActivity(e *entry, a Activity) {
-	if e.rt.out.activity != a {
-		e.rt.out.activity = a
+	if e.seen.out.activity != a {
+		e.seen.out.activity = a
 		m.publish(e)
 	}
 }
