@@ -3,6 +3,7 @@ package bgtask
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -158,23 +159,8 @@ var (
 	}()
 )
 
-func statusIndex(s Status) int {
-	switch s {
-	case StatusPending:
-		return 0
-	case StatusRunning:
-		return 1
-	case StatusCompleted:
-		return 2
-	case StatusError:
-		return 3
-	case StatusCancelled:
-		return 4
-	case StatusInterrupt:
-		return 5
-	}
-	return -1
-}
+// statusIndex is s's position in statusList, or -1.
+func statusIndex(s Status) int { return slices.Index(statusList[:], s) }
 
 // attemptJSON is Attempt's wire form: the model's fields sit on the attempt
 // itself (providerID, modelID, variant), as in the retry-timeline design.

@@ -531,8 +531,14 @@ func (t touch) stopped() (StoppedRun, bool) {
 		// A terminal attempt never changes: the abort's copy is exact.
 		return StoppedRun{TaskID: op.run().TaskID, AttemptID: op.run().AttemptID, SessionID: op.session, Token: op.run().Token, Status: op.status}, true
 	}
-	a := t.ref.attempt()
-	return StoppedRun{TaskID: t.ref.e.info.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}, a.Status.Terminal()
+	run := stoppedRun(t.ref)
+	return run, run.Status.Terminal()
+}
+
+// stoppedRun is the run of attempt r as a closure lists it. m.mu is held.
+func stoppedRun(r attemptRef) StoppedRun {
+	a := r.attempt()
+	return StoppedRun{TaskID: r.e.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}
 }
 
 // sessionInBranch reports whether session lies in the branch of root:
@@ -855,7 +861,7 @@ func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, p pass) erro
 	defer m.unlock()
 	failed := p.joined
 	if p.batch != nil {
-		failed = append(failed, p.batch.failed...)
+		failed = slices.Concat(failed, p.batch.failed)
 	}
 	for _, op := range failed {
 		if op.err == nil {
@@ -948,8 +954,7 @@ func (m *Manager) ClosureRecords() []ClosureRecord {
 			out[i].Stopped = make([]StoppedRun, len(r.stopped))
 		}
 		for j, ref := range r.stopped {
-			a := ref.attempt()
-			out[i].Stopped[j] = StoppedRun{TaskID: ref.e.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}
+			out[i].Stopped[j] = stoppedRun(ref)
 		}
 		out[i].Failed = slices.Clone(r.closure.Failed)
 		out[i].Stopping = slices.Clone(r.closure.Stopping)
