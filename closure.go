@@ -207,7 +207,7 @@ func (m *Manager) addAbort(b *abortBatch, op *abortOp) {
 // flushAborts hands b's added ops to its workers, all at once. m.mu is
 // held.
 func (m *Manager) flushAborts(b *abortBatch) {
-	if !b.q.AddAll(b.pend) { // the group is closed (after Shutdown): the ops fail
+	if !b.q.Add(b.pend...) { // the group is closed (after Shutdown): the ops fail
 		for _, op := range b.pend {
 			op.err = ErrShutdown
 		}
@@ -235,8 +235,17 @@ func (m *Manager) sealAborts(b *abortBatch) <-chan struct{} {
 	b.sealed = true
 	b.done = make(chan struct{})
 	done := b.done
-	m.recordAborts(b, nil, time.Time{})
+	b.closeIfDone()
 	return done
+}
+
+// closeIfDone closes b's done channel once it is sealed and every answer
+// is recorded. m.mu is held.
+func (b *abortBatch) closeIfDone() {
+	if b.sealed && b.left == 0 && b.done != nil {
+		close(b.done)
+		b.done = nil
+	}
 }
 
 // recordAborts records the host's answers to ops, all of which had landed
@@ -249,10 +258,7 @@ func (m *Manager) recordAborts(b *abortBatch, ops []*abortOp, now time.Time) {
 		}
 	}
 	b.left -= len(ops)
-	if b.sealed && b.left == 0 && b.done != nil {
-		close(b.done)
-		b.done = nil
-	}
+	b.closeIfDone()
 }
 
 // aborted records the host's answer to op, which had landed by now. m.mu

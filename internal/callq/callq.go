@@ -46,17 +46,11 @@ func New[T any](max int, spawn func(func()) bool, call func(T), record func([]T)
 	return &Queue[T]{max: max, spawn: spawn, call: call, record: record}
 }
 
-// Add queues v. It reports false, queuing nothing, when no worker runs and
-// none could be started: the caller must settle v itself.
-func (q *Queue[T]) Add(v T) bool {
-	return q.AddAll([]T{v})
-}
-
-// AddAll queues every item of vs, with one hand-over for all of them. It
+// Add queues every item of vs, with one hand-over for all of them. It
 // reports false, queuing nothing, when no worker runs and none could be
 // started: the caller must settle them itself. The owner serializes its
-// calls to AddAll.
-func (q *Queue[T]) AddAll(vs []T) bool {
+// calls to Add.
+func (q *Queue[T]) Add(vs ...T) bool {
 	if len(vs) == 0 {
 		return true
 	}

@@ -198,9 +198,9 @@ func TestARefusedSpawn(t *testing.T) {
 }
 
 func TestARefusedGrowAfterTheWorkerTookEverything(t *testing.T) {
-	// A worker is inside a call when AddAll queues more, so AddAll tries to
+	// A worker is inside a call when Add queues more, so Add tries to
 	// grow the set; before that spawn is refused, the worker takes the new
-	// item, calls it, and leaves. AddAll must not report it unqueued.
+	// item, calls it, and leaves. Add must not report it unqueued.
 	var wg sync.WaitGroup
 	release := make(chan struct{})
 	workerLeft := make(chan struct{})
@@ -215,7 +215,7 @@ func TestARefusedGrowAfterTheWorkerTookEverything(t *testing.T) {
 		switch n {
 		case 1: // the worker
 			wg.Go(func() { f(); close(workerLeft) })
-		case 2: // AddAll's grow: refused once the worker is gone
+		case 2: // Add's grow: refused once the worker is gone
 			close(release)
 			<-workerLeft
 			return false
@@ -238,9 +238,9 @@ func TestARefusedGrowAfterTheWorkerTookEverything(t *testing.T) {
 		recorded += len(vs)
 		mu.Unlock()
 	})
-	require.True(t, q.AddAll([]int{1}))
+	require.True(t, q.Add(1))
 	<-inCall
-	assert.True(t, q.AddAll([]int{2}), "the worker called it: the caller must not settle it too")
+	assert.True(t, q.Add(2), "the worker called it: the caller must not settle it too")
 	wg.Wait()
 	assert.Equal(t, 2, calls)
 	assert.Equal(t, 2, recorded)
