@@ -1,16 +1,24 @@
 // Package errclass recognises what kind of failure a child session reported,
-// from typed errors (an HTTP status) or from the messages common providers
-// send. The root package decides retries from the class.
+// from typed errors (an HTTP status method or field, as the official provider
+// SDKs carry) or from the messages common providers send, and reads the
+// retry delay a provider asked for. The root package decides retries from the
+// class.
 package errclass
 
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
+	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 )
 
-// Class is a kind of failure.
+// Class is a kind of failure. The zero value is Unknown.
 type Class int
 
 // The classes. Unknown is the zero value: nothing was recognised.
@@ -46,6 +54,8 @@ var names = [...]string{
 	ContentFilter:   "content_filter",
 }
 
+// String returns the class's snake_case name; out-of-range values are
+// "unknown".
 func (c Class) String() string {
 	if c < 0 || int(c) >= len(names) {
 		return "unknown"
@@ -53,7 +63,9 @@ func (c Class) String() string {
 	return names[c]
 }
 
-// Retryable reports whether another model may succeed where this one failed.
+// Retryable reports whether another model may succeed where this one failed:
+// rate limits, overload, server errors, a forbidden or unauthorized provider,
+// a model not found and timeouts.
 func (c Class) Retryable() bool {
 	switch c {
 	case RateLimited, Overloaded, ServerError, Forbidden, Unauthorized, ModelNotFound, Timeout:
@@ -68,21 +80,37 @@ type statusCoder interface{ StatusCode() int }
 // httpStatuser is the other common spelling of the same method.
 type httpStatuser interface{ HTTPStatus() int }
 
-// Classify returns the class of err, looking at the whole chain: a status
-// code wins over the message; context errors are recognised by identity.
+// retryAfterer is implemented by errors that know how long to wait.
+type retryAfterer interface{ RetryAfter() time.Duration }
+
+// Classify returns the class of err, looking at the whole chain. An HTTP
+// status wins over the message: the first error in the chain (outermost
+// first, errors.Join trees depth first) with a StatusCode() int or
+// HTTPStatus() int method, or an exported int field named StatusCode,
+// HTTPStatusCode, HTTPStatus, Status or Code, or a Response *http.Response
+// field, holding a value in 100–599. A 400 or 422 is refined by the message
+// (err's and the status carrier's) to ContextOverflow, ContentFilter,
+// Unauthorized or ModelNotFound when it names one of those precisely (a bad
+// API key, a provider code such as model_not_found, a context-length
+// message); otherwise it is Validation.
+// Without a status, context errors are recognised by identity, net.Error
+// timeouts by their method, and the rest by FromMessage. Looking for a
+// status skips typed nil pointers, unexported fields and non-struct errors
+// rather than panicking; fields are located once per type. Classify is safe
+// for concurrent use.
 func Classify(err error) Class {
 	if err == nil {
 		return Unknown
 	}
-	if c := FromStatus(statusOf(err)); c != Unknown {
-		// A 400 often means "context too long"; let the message refine it.
-		if c != Validation {
-			return c
+	if code, carrier := statusOf(err); code != 0 {
+		if c := FromStatus(code); c != Unknown {
+			// The carrier's own message may be hidden by a wrapper's.
+			msg := err.Error()
+			if cm := carrier.Error(); !strings.Contains(msg, cm) {
+				msg += "\n" + cm
+			}
+			return refine(c, msg)
 		}
-		if m := FromMessage(err.Error()); m == ContextOverflow {
-			return m
-		}
-		return c
 	}
 	switch {
 	case errors.Is(err, context.Canceled):
@@ -97,16 +125,24 @@ func Classify(err error) Class {
 	return FromMessage(err.Error())
 }
 
-func statusOf(err error) int {
-	var sc statusCoder
-	if errors.As(err, &sc) {
-		return sc.StatusCode()
+// refine narrows the class a status gave by what the message says. Only a
+// 400/422 is refined: providers use it for context overflow, content
+// filtering and (Google) a bad API key as well as for plain validation.
+func refine(c Class, msg string) Class {
+	if c != Validation {
+		return c
 	}
-	var hs httpStatuser
-	if errors.As(err, &hs) {
-		return hs.HTTPStatus()
+	switch m := fromCodes(msg); m {
+	case ContextOverflow, ContentFilter, Unauthorized, ModelNotFound:
+		return m
 	}
-	return 0
+	lower := strings.ToLower(msg)
+	for _, p := range patterns {
+		if (p.class == ContextOverflow || p.class == ContentFilter) && p.matches(msg, lower) {
+			return p.class
+		}
+	}
+	return c
 }
 
 // FromStatus maps an HTTP status to a class; 0 and unmapped codes are Unknown.
@@ -134,55 +170,194 @@ func FromStatus(code int) Class {
 	return Unknown
 }
 
-// patterns are checked in order; the first match wins. Non-retryable kinds
-// come first so "invalid request: rate limit field" is not a rate limit.
-var patterns = []struct {
-	class Class
-	subs  []string
-}{
-	{OutputLimit, []string{"max_tokens", "max output tokens", "maximum output", "output limit", "output token limit"}},
-	{ContentFilter, []string{"content_filter", "content filter", "content policy", "content management policy", "safety system", "responsible ai"}},
-	{ContextOverflow, []string{"context_length_exceeded", "context length", "context window", "maximum context", "prompt is too long", "too many tokens", "context overflow"}},
-	{Aborted, []string{"aborted", "operation was canceled", "context canceled"}},
-	{Validation, []string{"validation", "invalid request", "invalid_request", "bad request"}},
-	{RateLimited, []string{"rate limit", "rate_limit", "too many requests", "429", "quota exceeded", "resource_exhausted", "resource exhausted"}},
-	{Overloaded, []string{"overloaded", "529", "503", "service unavailable", "capacity"}},
-	{Forbidden, []string{"forbidden", "403", "permission denied"}},
-	{Unauthorized, []string{"unauthorized", "401", "invalid api key", "authentication"}},
-	{ModelNotFound, []string{"model not found", "model_not_found", "no such model", "unknown model", "model does not exist"}},
-	{Timeout, []string{"timeout", "timed out", "deadline exceeded"}},
-	{ServerError, []string{"internal server error", "bad gateway", "500", "502", "server error"}},
-}
-
-// FromMessage recognises common provider messages, case-insensitively.
+// FromMessage recognises common provider messages. A status the message
+// states as one wins and is refined as in Classify: "404 Not Found", the
+// number after an SDK's quoted URL (`POST "https://…": 529 `), or a number
+// after "HTTP", "status", "status code", "code" or "Error" ("Error 429,",
+// `"code": 404`). Otherwise provider codes that name one failure
+// (model_not_found, invalid_api_key, not_found_error, authentication_error,
+// permission_error, rate_limit_error, overloaded_error, api_error,
+// context_length_exceeded, …, and Google's RESOURCE_EXHAUSTED, UNAVAILABLE,
+// PERMISSION_DENIED, UNAUTHENTICATED, NOT_FOUND and DEADLINE_EXCEEDED) win
+// over generic wording such as "invalid_request_error" or INVALID_ARGUMENT,
+// which is checked before the generic retryable wording and bare status
+// numbers. Words match case-insensitively, codes as whole words; Google's
+// UNAVAILABLE, UNAUTHENTICATED, NOT_FOUND, INVALID_ARGUMENT and INTERNAL
+// only in capitals; a bare status number only standing alone ("429", not
+// "1429" or "429ms").
 func FromMessage(msg string) Class {
 	if msg == "" {
 		return Unknown
 	}
+	if c := FromStatus(statusInMessage(msg)); c != Unknown {
+		return refine(c, msg)
+	}
+	if c := fromCodes(msg); c != Unknown {
+		return c
+	}
 	lower := strings.ToLower(msg)
 	for _, p := range patterns {
-		for _, s := range p.subs {
-			if containsTerm(lower, s) {
-				return p.class
-			}
+		if p.matches(msg, lower) {
+			return p.class
 		}
 	}
 	return Unknown
 }
 
+// rule is one class's words: subs match the lowercased message as
+// substrings (or, for digits, as standalone numbers), tokens match the
+// lowercased message as whole words or phrases, caps match the message as
+// it is, as whole words.
+type rule struct {
+	class  Class
+	subs   []string
+	tokens []string
+	caps   []string
+}
+
+func (r rule) matches(msg, lower string) bool {
+	for _, s := range r.subs {
+		if containsTerm(lower, s) {
+			return true
+		}
+	}
+	for _, s := range r.tokens {
+		if containsToken(lower, s) {
+			return true
+		}
+	}
+	for _, s := range r.caps {
+		if containsToken(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// codes are provider codes and phrases that name one failure precisely. They
+// are checked, in order, before patterns, so that a body whose error type is
+// the generic "invalid_request_error" but whose code is "model_not_found"
+// is a missing model.
+var codes = []rule{
+	{class: ContextOverflow, tokens: []string{"context_length_exceeded", "request_too_large", "string_above_max_length"}},
+	{class: ContentFilter, tokens: []string{"content_filter", "content_policy_violation"}},
+	{class: ModelNotFound, tokens: []string{"model_not_found", "not_found_error", "does not exist or you do not have access"}, caps: []string{"NOT_FOUND"}},
+	{class: Unauthorized, tokens: []string{"invalid_api_key", "api_key_invalid", "authentication_error", "incorrect api key", "invalid api key", "api key not valid", "invalid x-api-key"}, caps: []string{"UNAUTHENTICATED"}},
+	{class: Forbidden, tokens: []string{"permission_error", "permission_denied"}},
+	{class: RateLimited, tokens: []string{"rate_limit_error", "rate_limit_exceeded", "insufficient_quota", "resource_exhausted"}},
+	{class: Overloaded, tokens: []string{"overloaded_error"}, caps: []string{"UNAVAILABLE"}},
+	{class: Timeout, tokens: []string{"deadline_exceeded", "timeout_error"}},
+	{class: ServerError, tokens: []string{"api_error", "server_error", "internal_error"}},
+}
+
+func fromCodes(msg string) Class {
+	lower := strings.ToLower(msg)
+	for _, r := range codes {
+		if r.matches(msg, lower) {
+			return r.class
+		}
+	}
+	return Unknown
+}
+
+// patterns are generic wording, checked in order after codes; the first
+// match wins. Non-retryable kinds come first so "invalid request: rate limit
+// field" is not a rate limit, and validation comes before the output limit
+// so "invalid_request_error: max_tokens must be …" is a bad request.
+var patterns = []rule{
+	{class: ContextOverflow, subs: []string{"context length", "context window", "context limit", "maximum context", "prompt is too long", "too many tokens", "context overflow", "exceeds the maximum number of tokens"}},
+	{class: ContentFilter, subs: []string{"content filter", "content policy", "content management policy", "safety system", "responsible ai"}},
+	{class: Aborted, subs: []string{"aborted", "operation was canceled", "context canceled"}},
+	{class: Validation, subs: []string{"validation", "invalid request", "invalid_request", "bad request"}, caps: []string{"INVALID_ARGUMENT", "FAILED_PRECONDITION"}},
+	{class: OutputLimit, subs: []string{"max_tokens", "max output tokens", "maximum output", "output limit", "output token limit"}},
+	{class: RateLimited, subs: []string{"rate limit", "rate_limit", "too many requests", "429", "quota exceeded", "resource exhausted"}},
+	{class: Overloaded, subs: []string{"overloaded", "529", "503", "service unavailable", "capacity"}},
+	{class: Forbidden, subs: []string{"forbidden", "403", "permission denied"}},
+	{class: Unauthorized, subs: []string{"unauthorized", "401", "authentication"}},
+	{class: ModelNotFound, subs: []string{"model not found", "no such model", "unknown model", "model does not exist", "404"}},
+	{class: Timeout, subs: []string{"timeout", "timed out", "deadline exceeded"}},
+	{class: ServerError, subs: []string{"internal server error", "bad gateway", "500", "502", "server error"}, caps: []string{"INTERNAL"}},
+}
+
+// statusInMessage returns the first mapped HTTP status msg states as one
+// (see FromMessage), or 0.
+func statusInMessage(msg string) int {
+	for i := 0; i < len(msg); i++ {
+		if !isDigit(msg[i]) {
+			continue
+		}
+		j := i
+		for j < len(msg) && isDigit(msg[j]) {
+			j++
+		}
+		if j-i == 3 && (j == len(msg) || !isWordByte(msg[j])) {
+			code, _ := strconv.Atoi(msg[i:j])
+			if FromStatus(code) != Unknown && statedAsStatus(msg[:i], msg[j:], code) {
+				return code
+			}
+		}
+		i = j
+	}
+	return 0
+}
+
+// statusWords introduce a status number: "HTTP 429", "status code: 503",
+// `"code": 404`, genai's "Error 429,".
+var statusWords = []string{"http", "http/1.0", "http/1.1", "http/2", "http/2.0", "status", "statuscode", "status_code", "code", "error"}
+
+// statedAsStatus reports whether the number code, between before and
+// after, is stated as an HTTP status.
+func statedAsStatus(before, after string, code int) bool {
+	if text := http.StatusText(code); text != "" {
+		rest := strings.TrimLeft(after, " ")
+		if len(rest) < len(after) && len(rest) >= len(text) && strings.EqualFold(rest[:len(text)], text) {
+			return true
+		}
+	}
+	// An SDK message: METHOD "URL": NNN …
+	if head, ok := strings.CutSuffix(before, `": `); ok {
+		if k := strings.LastIndexByte(head, '"'); k >= 0 {
+			url := strings.ToLower(head[k+1:])
+			if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "http://") {
+				return true
+			}
+		}
+	}
+	head := strings.ToLower(strings.TrimRight(before, ` :="'`))
+	for _, w := range statusWords {
+		if rest, ok := strings.CutSuffix(head, w); ok && (rest == "" || !isWordByte(rest[len(rest)-1])) {
+			return true
+		}
+	}
+	return false
+}
+
 // containsTerm reports whether s occurs in msg; a status code ("429") must
-// stand alone, not inside a longer number ("1429 ms").
+// stand alone, not inside a longer number ("1429") nor before a unit
+// ("429ms").
 func containsTerm(msg, s string) bool {
 	if !isDigits(s) {
 		return strings.Contains(msg, s)
 	}
+	return containsBounded(msg, s, isDigit, isWordByte)
+}
+
+// containsToken reports whether s occurs in msg as a whole word: not
+// preceded or followed by a letter, digit or underscore.
+func containsToken(msg, s string) bool {
+	return containsBounded(msg, s, isWordByte, isWordByte)
+}
+
+// containsBounded reports whether s occurs in msg with a byte before it
+// that is not inLeft and a byte after it that is not inRight (or an end).
+func containsBounded(msg, s string, inLeft, inRight func(byte) bool) bool {
 	for i := 0; ; {
 		j := strings.Index(msg[i:], s)
 		if j < 0 {
 			return false
 		}
 		start, end := i+j, i+j+len(s)
-		if (start == 0 || !isDigit(msg[start-1])) && (end == len(msg) || !isDigit(msg[end])) {
+		if (start == 0 || !inLeft(msg[start-1])) && (end == len(msg) || !inRight(msg[end])) {
 			return true
 		}
 		i = start + 1
@@ -191,6 +366,10 @@ func containsTerm(msg, s string) bool {
 
 func isDigit(b byte) bool { return b >= '0' && b <= '9' }
 
+func isWordByte(b byte) bool {
+	return isDigit(b) || b == '_' || (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z')
+}
+
 func isDigits(s string) bool {
 	for i := range len(s) {
 		if !isDigit(s[i]) {
@@ -198,4 +377,311 @@ func isDigits(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+// RetryAfter returns how long the provider asked the caller to wait before
+// trying again, from the first error in err's chain (outermost first,
+// errors.Join trees depth first) that carries a hint:
+//
+//   - a RetryAfter() time.Duration method, or an exported RetryAfter
+//     time.Duration field, with a positive value (zero or less is no hint);
+//   - a retry-after-ms header (milliseconds, decimals allowed) or else a
+//     Retry-After header (seconds, decimals allowed, or an HTTP-date read
+//     relative to time.Now; a date in the past gives 0), found on an
+//     exported Header field of type http.Header (or map[string][]string),
+//     or on the Header of an exported Response, HTTPResponse or
+//     RawResponse *http.Response field (the shape openai-go and
+//     anthropic-sdk-go errors have).
+//
+// ok is false when no hint is found; a header that does not parse, is
+// negative or is absurdly long (≥ 292 years) is no hint. The delay is not
+// capped: callers should bound it. Like Classify, RetryAfter skips typed nil
+// pointers, unexported fields and non-struct errors rather than panicking,
+// and is safe for concurrent use.
+func RetryAfter(err error) (d time.Duration, ok bool) {
+	return retryAfterAt(err, time.Now())
+}
+
+func retryAfterAt(err error, now time.Time) (d time.Duration, ok bool) {
+	walk(err, func(e error) bool {
+		d, ok = nodeRetryAfter(e, now)
+		return ok
+	})
+	return d, ok
+}
+
+func nodeRetryAfter(e error, now time.Time) (time.Duration, bool) {
+	if ra, isRA := e.(retryAfterer); isRA {
+		if d := ra.RetryAfter(); d > 0 {
+			return d, true
+		}
+	}
+	v, p := inspect(e)
+	if p.retryAfter != nil {
+		if f, ok := fieldAt(v, p.retryAfter); ok {
+			if d := time.Duration(f.Int()); d > 0 {
+				return d, true
+			}
+		}
+	}
+	if p.header != nil {
+		if h, ok := headerAt(v, p.header); ok {
+			if d, ok := retryAfterHeader(h, now); ok {
+				return d, true
+			}
+		}
+	}
+	for _, idx := range p.responses {
+		if r := responseAt(v, idx); r != nil {
+			if d, ok := retryAfterHeader(r.Header, now); ok {
+				return d, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// retryAfterHeader reads retry-after-ms, then Retry-After, from h.
+func retryAfterHeader(h map[string][]string, now time.Time) (time.Duration, bool) {
+	if v, ok := headerValue(h, "Retry-After-Ms"); ok {
+		if d, ok := parseDelay(v, float64(time.Millisecond)); ok {
+			return d, true
+		}
+	}
+	v, ok := headerValue(h, "Retry-After")
+	if !ok {
+		return 0, false
+	}
+	if d, ok := parseDelay(v, float64(time.Second)); ok {
+		return d, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
+}
+
+// parseDelay parses a non-negative decimal count of unit.
+func parseDelay(s string, unit float64) (time.Duration, bool) {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || f < 0 || f*unit >= math.MaxInt64 {
+		return 0, false
+	}
+	return time.Duration(f * unit), true
+}
+
+// headerValue returns the first value of name in h, by canonical key or, for
+// maps built by hand, by any spelling.
+func headerValue(h map[string][]string, name string) (string, bool) {
+	if vs := h[name]; len(vs) > 0 {
+		return strings.TrimSpace(vs[0]), true
+	}
+	for k, vs := range h {
+		if len(vs) > 0 && strings.EqualFold(k, name) {
+			return strings.TrimSpace(vs[0]), true
+		}
+	}
+	return "", false
+}
+
+// maxNodes bounds the walk of an error chain, so a chain that loops back on
+// itself ends.
+const maxNodes = 1000
+
+// walk calls f on err and each error it wraps, outermost first and
+// errors.Join trees depth first (the order errors.As uses), until f returns
+// true. Typed nil pointers are skipped, with what they would wrap.
+func walk(err error, f func(error) bool) {
+	var buf [8]error
+	stack := append(buf[:0], err)
+	for n := 0; len(stack) > 0 && n < maxNodes; n++ {
+		e := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if e == nil || isNilPointer(e) {
+			continue
+		}
+		if f(e) {
+			return
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			stack = append(stack, u.Unwrap())
+		case interface{ Unwrap() []error }:
+			errs := u.Unwrap()
+			for i := len(errs) - 1; i >= 0; i-- {
+				stack = append(stack, errs[i])
+			}
+		}
+	}
+}
+
+func isNilPointer(err error) bool {
+	v := reflect.ValueOf(err)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// statusOf returns the HTTP status of the first error in err's chain that
+// carries one (see Classify), and that error; or 0 and nil.
+func statusOf(err error) (code int, carrier error) {
+	walk(err, func(e error) bool {
+		code, carrier = nodeStatus(e), e
+		return code != 0
+	})
+	if code == 0 {
+		return 0, nil
+	}
+	return code, carrier
+}
+
+func nodeStatus(e error) int {
+	if sc, ok := e.(statusCoder); ok {
+		if c := sc.StatusCode(); validStatus(c) {
+			return c
+		}
+	}
+	if hs, ok := e.(httpStatuser); ok {
+		if c := hs.HTTPStatus(); validStatus(c) {
+			return c
+		}
+	}
+	v, p := inspect(e)
+	for _, idx := range p.status {
+		if f, ok := fieldAt(v, idx); ok {
+			if c, ok := intOf(f); ok && validStatus(c) {
+				return c
+			}
+		}
+	}
+	for _, idx := range p.responses {
+		if r := responseAt(v, idx); r != nil && validStatus(r.StatusCode) {
+			return r.StatusCode
+		}
+	}
+	return 0
+}
+
+func validStatus(c int) bool { return c >= 100 && c <= 599 }
+
+// plan says which fields of a struct type carry a status, a retry delay or
+// headers: index paths for reflect.Value.FieldByIndexErr, nil when absent.
+type plan struct {
+	status     [][]int // int fields, in statusFields order
+	responses  [][]int // *http.Response fields, in responseFields order
+	header     []int   // http.Header field
+	retryAfter []int   // time.Duration field
+}
+
+// statusFields are the exported int fields read as a status, in order.
+var statusFields = []string{"StatusCode", "HTTPStatusCode", "HTTPStatus", "Status", "Code"}
+
+// responseFields are the exported *http.Response fields read for a status
+// and headers, in order.
+var responseFields = []string{"Response", "HTTPResponse", "RawResponse"}
+
+var (
+	plans        sync.Map // reflect.Type (a struct type) → *plan
+	noPlan       = &plan{}
+	responseType = reflect.TypeFor[*http.Response]()
+	headerType   = reflect.TypeFor[http.Header]()
+	rawHeader    = reflect.TypeFor[map[string][]string]()
+	durationType = reflect.TypeFor[time.Duration]()
+)
+
+// inspect returns e's struct value (through one pointer) and the plan for
+// its type, built once per type. Non-struct errors get an empty plan.
+func inspect(e error) (reflect.Value, *plan) {
+	v := reflect.ValueOf(e)
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return reflect.Value{}, noPlan
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct {
+		return reflect.Value{}, noPlan
+	}
+	t := v.Type()
+	if p, ok := plans.Load(t); ok {
+		return v, p.(*plan)
+	}
+	p, _ := plans.LoadOrStore(t, planFor(t))
+	return v, p.(*plan)
+}
+
+func planFor(t reflect.Type) *plan {
+	p := &plan{}
+	for _, name := range statusFields {
+		if f, ok := t.FieldByName(name); ok && f.IsExported() && isIntKind(f.Type.Kind()) {
+			p.status = append(p.status, f.Index)
+		}
+	}
+	for _, name := range responseFields {
+		if f, ok := t.FieldByName(name); ok && f.IsExported() && f.Type == responseType {
+			p.responses = append(p.responses, f.Index)
+		}
+	}
+	if f, ok := t.FieldByName("Header"); ok && f.IsExported() && (f.Type == headerType || f.Type == rawHeader) {
+		p.header = f.Index
+	}
+	if f, ok := t.FieldByName("RetryAfter"); ok && f.IsExported() && f.Type == durationType {
+		p.retryAfter = f.Index
+	}
+	if p.status == nil && p.responses == nil && p.header == nil && p.retryAfter == nil {
+		return noPlan
+	}
+	return p
+}
+
+func isIntKind(k reflect.Kind) bool {
+	switch k {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
+}
+
+// fieldAt returns v's field at idx, or false when the path passes through a
+// nil embedded pointer.
+func fieldAt(v reflect.Value, idx []int) (reflect.Value, bool) {
+	f, err := v.FieldByIndexErr(idx)
+	return f, err == nil
+}
+
+func intOf(f reflect.Value) (int, bool) {
+	switch f.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n := f.Int()
+		return int(n), n >= math.MinInt32 && n <= math.MaxInt32
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		n := f.Uint()
+		return int(n), n <= math.MaxInt32
+	}
+	return 0, false
+}
+
+// responseAt returns the *http.Response at idx, or nil when it is nil or
+// cannot be read (reached through an unexported embedded field).
+func responseAt(v reflect.Value, idx []int) *http.Response {
+	f, ok := fieldAt(v, idx)
+	if !ok || f.IsNil() || !f.CanInterface() {
+		return nil
+	}
+	r, _ := f.Interface().(*http.Response)
+	return r
+}
+
+// headerAt returns the header map at idx, if it can be read.
+func headerAt(v reflect.Value, idx []int) (map[string][]string, bool) {
+	f, ok := fieldAt(v, idx)
+	if !ok || f.IsNil() || !f.CanInterface() {
+		return nil, false
+	}
+	switch h := f.Interface().(type) {
+	case http.Header:
+		return h, true
+	case map[string][]string:
+		return h, true
+	}
+	return nil, false
 }
