@@ -88,7 +88,9 @@ func TestCloseBranchLeavesSiblingsAndAncestorsAlone(t *testing.T) {
 	assert.Equal(t, []Status{StatusRunning, StatusRunning, StatusRunning}, statuses(h, top.ID, right.ID, rightKid.ID))
 }
 
-func TestCloseBranchOfASupersededSessionLeavesTheTaskCurrentRunAlone(t *testing.T) {
+func TestCloseBranchOfASupersededSessionClosesTheWholeTask(t *testing.T) {
+	// A task is the unit: closing any of its sessions covers all of them,
+	// its current run included.
 	h := newHarness(t, nil)
 	task, firstSes := h.child("root")
 	kid, _ := h.child(firstSes)
@@ -97,7 +99,7 @@ func TestCloseBranchOfASupersededSessionLeavesTheTaskCurrentRunAlone(t *testing.
 	_, err := h.m.CloseBranch(context.Background(), firstSes)
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, h.task(kid.ID).Status)
-	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "the replacement run is not in that branch")
+	assert.Equal(t, StatusCancelled, h.task(task.ID).Status, "the replacement run belongs to the same task")
 }
 
 // heldAborts returns a harness whose aborts all wait for release; entered
@@ -163,7 +165,7 @@ func TestRetryableErrorInsideAClosingBranchStartsNothing(t *testing.T) {
 	require.NoError(t, <-done)
 	got := h.task(task.ID)
 	assert.Len(t, got.Attempts, 1, "no retry in a closing branch")
-	assert.Equal(t, StatusCancelled, got.Status)
+	assert.Equal(t, StatusError, got.Status, "the child ended on its own failure; the closure only forbids a retry")
 	assert.Equal(t, errRateLimited.Error(), got.Error, "the failure is kept")
 	assert.Len(t, h.host.Starts(), 1)
 }
@@ -321,7 +323,10 @@ func TestClosureRecordAndNotification(t *testing.T) {
 	assert.Contains(t, closed[0].Text, top.ID)
 	assert.Contains(t, closed[0].Text, kid.ID)
 
-	// A root that is no task's session is notified itself.
+	// A root that is no task's session, only a parent, is notified itself.
+	plain := h.launchSpec(Spec{ParentSessionID: "plain-session", Models: mustModels(t, "a/one")})
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: h.task(plain.ID).SessionID, Kind: SessionIdle, Text: "done"}))
 	_, err = h.m.CloseBranch(context.Background(), "plain-session")
 	require.NoError(t, err)
 	h.settle()

@@ -282,14 +282,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		m.logLocked(slog.LevelWarn, "bgtask: abort of an arriving session failed; it is bound and runs",
 			slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
 			slog.String("session", op.session), slog.String("err", err.Error()))
-		if berr := m.led.bindSession(e, a.ID, op.session, now); berr != nil {
-			m.ledgerBug(e, berr)
-		}
-		e.seen.lastEvent = now
-		m.changed(e, false)
-		if cur := e.cur(); m.cfg.stallTimeout > 0 && cur.Status == StatusRunning {
-			m.watchStall(e, *cur) // it runs like any bound run
-		}
+		m.bindRun(e, a.ID, op.session, now) // it runs like any bound run
 	case err != nil:
 		if live {
 			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
@@ -307,7 +300,11 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		if status == "" {
 			status = StatusCancelled
 		}
-		m.finalizeRef(op.ref, status, "", "", now)
+		var errText string // what the run returned as it stopped, if anything
+		if out := e.seen.out; out.token == a.Token {
+			errText = out.stopErr
+		}
+		m.finalizeRef(op.ref, status, errText, "", now)
 	default:
 		m.changed(e, e.terminal())
 	}
@@ -321,8 +318,9 @@ func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
 	run := RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token}
 	if !m.group.Go(func() {
 		if err := m.callAbort(withRun(m.life, run, callAbort), sessionID); err != nil {
-			m.cfg.logger.Warn("bgtask: abort of a session created for a superseded attempt failed",
-				"task", run.TaskID, "attempt", run.AttemptID, "session", sessionID, "err", err)
+			m.logAttrs(slog.LevelWarn, "bgtask: abort of a session created for a superseded attempt failed",
+				slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID),
+				slog.String("session", sessionID), slog.String("err", err.Error()))
 		}
 	}) {
 		m.logLocked(slog.LevelError, "bgtask: a session created for a superseded attempt was left running: the manager is shut down",
@@ -330,13 +328,15 @@ func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
 	}
 }
 
+// callAbort calls the host. A panic is an abort that failed; the host's
+// error is guarded, so rendering it later never calls user code.
 func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("bgtask: Host.AbortSession panicked: %v", r)
+			err = fmt.Errorf("bgtask: Host.AbortSession panicked: %s", panicText(r))
 		}
 	}()
-	return m.host.AbortSession(ctx, sessionID)
+	return guardError(m.host.AbortSession(ctx, sessionID))
 }
 
 // stopRun acts on e's wanted stop for its current run: a run with no child
@@ -369,7 +369,7 @@ func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 // outcome is recorded when it lands); and ErrStopPending when called with a
 // Host callback's context for the run that callback serves.
 func (m *Manager) Cancel(ctx context.Context, id string) error {
-	return m.cancel(ctx, id, "")
+	return m.cancel(orBackground(ctx), id, "")
 }
 
 // cancel stops the run of task id with token, or (token "") the run current
@@ -457,9 +457,12 @@ type FailedStop struct {
 
 // ClosureReport is what CloseBranch did.
 type ClosureReport struct {
-	SessionID string       `json:"sessionID"` // the root that was closed
-	Stopped   []StoppedRun `json:"stopped"`   // each run stopped, in the order it was asked to stop
-	Failed    []FailedStop `json:"failed,omitempty"`
+	SessionID string `json:"sessionID"` // the root that was closed
+	// TaskID is the task closed as a unit: the one CloseTask named, or the
+	// task the root session belongs to; empty if it is no task's session.
+	TaskID  string       `json:"taskID,omitempty"`
+	Stopped []StoppedRun `json:"stopped"` // each run stopped, in the order it was asked to stop
+	Failed  []FailedStop `json:"failed,omitempty"`
 	// Stopping lists runs asked to stop whose stop was not confirmed when
 	// CloseBranch returned early (its context ended, or ErrStopPending).
 	Stopping []StoppedRun `json:"stopping,omitempty"`
@@ -469,12 +472,14 @@ type ClosureReport struct {
 // ClosureRecord is the durable record of one closure, appended to the
 // ledger when CloseBranch returns.
 type ClosureRecord struct {
-	SessionID string       `json:"sessionID"`
-	At        time.Time    `json:"at"`
-	Stopped   []StoppedRun `json:"stopped"`
-	Failed    []FailedStop `json:"failed,omitempty"`
-	Stopping  []StoppedRun `json:"stopping,omitempty"`
-	Passes    int          `json:"passes"`
+	SessionID string `json:"sessionID"`
+	// TaskID is the task closed as a unit, as in ClosureReport.
+	TaskID   string       `json:"taskID,omitempty"`
+	At       time.Time    `json:"at"`
+	Stopped  []StoppedRun `json:"stopped"`
+	Failed   []FailedStop `json:"failed,omitempty"`
+	Stopping []StoppedRun `json:"stopping,omitempty"`
+	Passes   int          `json:"passes"`
 }
 
 // ErrBranchNotStopped matches a *ClosureError.
@@ -507,7 +512,8 @@ func (e *ClosureError) Is(target error) bool { return target == ErrBranchNotStop
 // closure is one CloseBranch in progress: while it is in m.closures, its
 // fence refuses new work in its branch.
 type closure struct {
-	root     string
+	root     string             // the session closed; for CloseTask, the task's session ("" if none)
+	task     *entry             // CloseTask: the task closed as a unit
 	touched  slab.List[touch]   // runs asked to stop, in order
 	ops      slab.List[abortOp] // the aborts it set off
 	starting map[string]bool    // tokens touched while their start was in flight
@@ -547,19 +553,36 @@ func stoppedRun(r attemptRef) StoppedRun {
 	return StoppedRun{TaskID: r.e.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}
 }
 
-// sessionInBranch reports whether session lies in the branch of root:
-// it is root, or it belongs to a task whose parent session is in the
-// branch. The walk goes up the ledger's recorded edges, so it holds from
-// the first instant for every task, found by a scan yet or not. m.mu is
-// held.
-func (m *Manager) sessionInBranch(session, root string) bool {
+// rootTask returns the task c closes as a unit: the task CloseTask named,
+// or the task one of whose sessions (current or superseded) is c's root
+// session; nil while the root is no task's session. m.mu is held.
+func (m *Manager) rootTask(c *closure) *entry {
+	if c.task != nil {
+		return c.task
+	}
+	if ref, ok := m.led.bySession[c.root]; ok {
+		return ref.e
+	}
+	return nil
+}
+
+// sessionInBranch reports whether session lies in c's branch: it is the
+// root, or a session of the root's task, or it belongs to a task whose
+// parent session is in the branch. The walk goes up the ledger's recorded
+// edges, so it holds from the first instant for every task, found by a scan
+// yet or not. m.mu is held.
+func (m *Manager) sessionInBranch(session string, c *closure) bool {
+	owner := m.rootTask(c)
 	for range maxBranchDepth {
-		if session == root {
+		if session == c.root && session != "" {
 			return true
 		}
 		ref, ok := m.led.bySession[session]
 		if !ok {
 			return false
+		}
+		if ref.e == owner {
+			return true
 		}
 		session = ref.e.info.parent
 	}
@@ -570,17 +593,17 @@ func (m *Manager) sessionInBranch(session, root string) bool {
 // scope (a safety net against a cycle of recorded edges).
 const maxBranchDepth = 10_000
 
-// taskInBranch reports whether e's current run is in root's branch: e's
-// current session is root, or e's parent session is in the branch.
-func (m *Manager) taskInBranch(e *entry, root string) bool {
-	return e.cur().SessionID == root || m.sessionInBranch(e.info.parent, root)
+// taskInBranch reports whether e's current run is in c's branch: e is the
+// root's task, or e's parent session is in the branch.
+func (m *Manager) taskInBranch(e *entry, c *closure) bool {
+	return e == m.rootTask(c) || m.sessionInBranch(e.info.parent, c)
 }
 
 // closingParent reports whether a Launch from parent must be refused.
 // m.mu is held.
 func (m *Manager) closingParent(parent string) bool {
 	for c := range m.closures {
-		if m.sessionInBranch(parent, c.root) {
+		if m.sessionInBranch(parent, c) {
 			return true
 		}
 	}
@@ -595,7 +618,7 @@ func (m *Manager) fence(e *entry) bool {
 		return true
 	}
 	for c := range m.closures {
-		if m.taskInBranch(e, c.root) {
+		if m.taskInBranch(e, c) {
 			e.rt.stopWanted = StatusCancelled
 			return true
 		}
@@ -611,12 +634,18 @@ func (m *Manager) fence(e *entry) bool {
 // mostly in sequence. m.mu and m.passMu are held; visit may release m.mu
 // for a moment, never m.passMu.
 func (m *Manager) walk(c *closure, visit func(*entry)) {
-	if ref, ok := m.led.bySession[c.root]; ok && ref.isCurrent() {
-		visit(ref.e)
-	}
 	m.scanGen++
 	gen := m.scanGen
-	queue := append(m.walkQueue[:0], m.led.byParent[c.root]...)
+	queue := m.walkQueue[:0]
+	if owner := m.rootTask(c); owner != nil {
+		// The task is the unit: its own live run, and what any of its
+		// sessions launched (its kids cover the root's).
+		owner.rt.scanGen = gen
+		visit(owner)
+		queue = append(queue, owner.kids...)
+	} else if c.root != "" {
+		queue = append(queue, m.led.byParent[c.root]...)
+	}
 	for i := 0; i < len(queue); i++ {
 		e := queue[i]
 		if e.rt.scanGen == gen {
@@ -662,18 +691,66 @@ func (m *Manager) walk(c *closure, visit func(*entry)) {
 // branch has stopped. A Notifier's context is no such case: notifications
 // are not waited for.
 func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureReport, error) {
+	ctx = orBackground(ctx)
+	if blank(sessionID) {
+		return ClosureReport{}, fmt.Errorf("%w: CloseBranch needs a session id", ErrInvalidArgument)
+	}
 	m.mu.Lock()
-	c := m.openClosure(sessionID)
+	if !m.sessionKnown(sessionID) && len(m.inflight) == 0 {
+		m.unlock()
+		return ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
+	}
+	c := m.openClosure(sessionID, nil)
 	m.unlock()
+	return m.closeFrom(ctx, c)
+}
+
+// CloseTask closes the branch of the task with id as a unit: its own live
+// run, and everything launched from any of its sessions (current and
+// superseded), recursively — CloseBranch for harnesses that think in tasks
+// rather than sessions. A task that has ended is no obstacle: what it
+// launched is still stopped. It returns ErrUnknownTask for an unknown id;
+// otherwise it behaves as CloseBranch, and the report and record name the
+// task (TaskID) and its current session.
+func (m *Manager) CloseTask(ctx context.Context, id string) (ClosureReport, error) {
+	ctx = orBackground(ctx)
+	m.mu.Lock()
+	e := m.led.tasks[id]
+	if e == nil {
+		m.unlock()
+		return ClosureReport{}, fmt.Errorf("%w: %q", ErrUnknownTask, id)
+	}
+	root := e.cur().SessionID
+	if root == "" && len(e.sessions) > 0 {
+		root = e.sessions[len(e.sessions)-1]
+	}
+	c := m.openClosure(root, e)
+	m.unlock()
+	return m.closeFrom(ctx, c)
+}
+
+// closeFrom runs closure c for a caller with ctx: a caller that is a
+// callback serving a run may be in scope, and must not wait on itself.
+func (m *Manager) closeFrom(ctx context.Context, c *closure) (ClosureReport, error) {
 	if v, ok := ctx.Value(runKey{}).(*runValue); ok && v.kind != callNotify {
 		c.self = v.ref.Token
 	}
 	return m.runClosure(ctx, c)
 }
 
-// openClosure raises a closure's fence. m.mu is held.
-func (m *Manager) openClosure(root string) *closure {
-	c := &closure{root: root, starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.startSeq}
+// sessionKnown reports whether the ledger has seen session: a task's
+// session, or a task's parent. m.mu is held.
+func (m *Manager) sessionKnown(session string) bool {
+	if _, ok := m.led.bySession[session]; ok {
+		return true
+	}
+	return len(m.led.byParent[session]) > 0
+}
+
+// openClosure raises the fence of a closure of root (and, for CloseTask, of
+// task as a unit). m.mu is held.
+func (m *Manager) openClosure(root string, task *entry) *closure {
+	c := &closure{root: root, task: task, starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.startSeq}
 	m.closures[c] = struct{}{}
 	m.signal()
 	return c
@@ -825,7 +902,7 @@ func (m *Manager) closurePass(c *closure) pass {
 			}
 		}
 	})
-	if _, known := m.led.bySession[c.root]; !known {
+	if m.rootTask(c) == nil {
 		// The root may be a session a start in flight is creating: wait
 		// for the starts that were in flight when the closure opened.
 		for seq := range m.inflight {
@@ -894,6 +971,9 @@ func (m *Manager) report(c *closure, passes int) ClosureReport {
 // of the report. m.mu is held.
 func (m *Manager) reportLocked(c *closure, passes int) (rep ClosureReport, stopped []attemptRef) {
 	rep = ClosureReport{SessionID: c.root, Passes: passes}
+	if owner := m.rootTask(c); owner != nil {
+		rep.TaskID = owner.id
+	}
 	if c.touched.Len() > 0 {
 		rep.Stopped = make([]StoppedRun, 0, c.touched.Len())
 		stopped = make([]attemptRef, 0, c.touched.Len())
@@ -925,22 +1005,25 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 	defer m.unlock()
 	delete(m.closures, c)
 	m.signal()
+	owner := m.rootTask(c)
+	if owner == nil && c.touched.Len() == 0 && !m.sessionKnown(c.root) {
+		// The root was a session no start in flight turned out to create:
+		// nothing to record, nobody to tell.
+		return ClosureReport{SessionID: c.root, Passes: passes}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, c.root)
+	}
 	rep, stopped := m.reportLocked(c, passes)
-	rec := ClosureRecord{SessionID: c.root, At: m.now(),
+	rec := ClosureRecord{SessionID: c.root, TaskID: rep.TaskID, At: m.now(),
 		Failed: slices.Clone(rep.Failed), Stopping: slices.Clone(rep.Stopping), Passes: passes}
 	m.led.recordClosure(rec, stopped)
 	rec.Stopped = rep.Stopped // for the notification's text, rendered now
 
 	parent, taskID := c.root, ""
 	var snap Task
-	if ref, ok := m.led.bySession[c.root]; ok {
-		parent, taskID, snap = ref.e.info.parent, ref.e.info.id, ref.e.project()
+	if owner != nil {
+		parent, taskID, snap = owner.info.parent, owner.id, owner.project()
 	}
 	if m.cfg.notifier != nil && !(c.quiet && c.touched.Len() == 0) {
-		m.nseq++
-		if !m.lanes.Push(parent, Notification{Seq: m.nseq, Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}) {
-			m.notifyFailures.Add(1)
-		}
+		m.push(Notification{Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)})
 	}
 	if err == nil && len(rep.Failed) > 0 {
 		err = &ClosureError{SessionID: c.root, Failed: rep.Failed}
@@ -972,6 +1055,7 @@ func (m *Manager) ClosureRecords() []ClosureRecord {
 // stopped, like Cancel. If that run was already replaced or ended, it does
 // nothing and returns nil: it never touches another run of the task.
 func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
+	ctx = orBackground(ctx)
 	m.mu.Lock()
 	e := m.led.tasks[ref.TaskID]
 	if e == nil {
@@ -992,11 +1076,12 @@ func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
 // Observe never waits for them. Its record is kept; the parent hears of it
 // only if anything was running below. m.mu is held.
 func (m *Manager) cascadeDelete(sessionID string) {
-	c := m.openClosure(sessionID)
+	c := m.openClosure(sessionID, nil)
 	c.quiet = true
 	if !m.group.Go(func() {
 		if _, err := m.runClosure(m.life, c); err != nil && !errors.Is(err, context.Canceled) {
-			m.cfg.logger.Warn("bgtask: closing the branch of a deleted session failed", "session", sessionID, "err", err)
+			m.logAttrs(slog.LevelWarn, "bgtask: closing the branch of a deleted session failed",
+				slog.String("session", sessionID), slog.String("err", err.Error()))
 		}
 	}) {
 		delete(m.closures, c)

@@ -82,7 +82,7 @@ func TestCancelDuringSessionCreation(t *testing.T) {
 		wantSession string
 		wantAborts  []string
 	}{
-		{name: "session arrives and is aborted, never adopted", wantSession: "", wantAborts: []string{"ses-1"}},
+		{name: "session arrives, is bound, and is aborted", wantSession: "ses-1", wantAborts: []string{"ses-1"}},
 		{name: "start fails", startErr: errRateLimited, wantSession: "", wantAborts: nil},
 	}
 	for _, tt := range tests {

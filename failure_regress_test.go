@@ -77,28 +77,38 @@ func TestErrorMethodsAreNeverCalledUnderTheLock(t *testing.T) {
 	}
 }
 
-// gatedClock holds NewTimer until the test opens the gate: it shows which
-// moment a timer's deadline is measured from.
-type gatedClock struct {
+// timerLog is a clock that records, for every timer made, the fake time it
+// was made at and its duration: it shows which moment a deadline is
+// measured from.
+type timerLog struct {
 	h    *harness
-	gate chan struct{}
+	mu   sync.Mutex
+	made []time.Time // when each timer fires
 }
 
-func (g *gatedClock) Now() time.Time { return g.h.clock.Now() }
-func (g *gatedClock) NewTimer(d time.Duration) Timer {
-	<-g.gate
-	return g.h.clock.NewTimer(d)
+func (l *timerLog) Now() time.Time { return l.h.clock.Now() }
+func (l *timerLog) NewTimer(d time.Duration) Timer {
+	l.mu.Lock()
+	l.made = append(l.made, l.h.clock.Now().Add(d))
+	l.mu.Unlock()
+	return l.h.clock.NewTimer(d)
 }
 
 func TestQueueTimeoutIsMeasuredFromWhenTheAttemptQueued(t *testing.T) {
-	gc := &gatedClock{gate: make(chan struct{})}
-	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}), WithQueueTimeout(time.Minute), WithClock(gc))
-	gc.h = h
+	// The queue timer is made as the attempt queues, not whenever its
+	// watcher goroutine gets to run: a late Now read made it a minute long
+	// (1 in 40 runs at -cpu 4).
+	tl := &timerLog{}
+	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}), WithQueueTimeout(time.Minute), WithClock(tl))
+	tl.h = h
 	h.launchOn("m/x")
 	h.settle()
+	queuedAt := h.clock.Now()
 	b := h.launchOn("m/x") // queued now
+	tl.mu.Lock()
+	require.Equal(t, []time.Time{queuedAt.Add(time.Minute)}, tl.made, "the queue timer exists once Launch returns")
+	tl.mu.Unlock()
 	h.clock.Advance(time.Minute)
-	close(gc.gate) // the watcher makes its timer only now
 	assert.Equal(t, StatusError, h.wait(b.ID).Status, "a full minute had passed since it queued")
 }
 

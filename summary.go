@@ -456,15 +456,29 @@ func AnswerFromEnvelope(env string) (string, bool) {
 // failures first, with the timeline of each task that took more than one
 // attempt.
 func allCompleteText(parent string, tasks []Task) string {
-	failed := 0
+	var failed, cancelled, interrupted int // a cancel is not a failure
 	for _, t := range tasks {
-		if failureRank(t) == 0 {
+		switch failureRank(t) {
+		case rankFailed:
 			failed++
+		case rankStopped:
+			if t.Outcome.State == StatusCancelled {
+				cancelled++
+			} else {
+				interrupted++
+			}
 		}
 	}
 	var b strings.Builder
 	b.WriteString("[All background tasks complete] " + strconv.Itoa(len(tasks)) + " task" + plural(len(tasks)) +
-		" under " + parent + ": " + strconv.Itoa(failed) + " failed, " + strconv.Itoa(len(tasks)-failed) + " completed.")
+		" under " + parent + ": " + strconv.Itoa(failed) + " failed, ")
+	if cancelled > 0 {
+		b.WriteString(strconv.Itoa(cancelled) + " cancelled, ")
+	}
+	if interrupted > 0 {
+		b.WriteString(strconv.Itoa(interrupted) + " interrupted, ")
+	}
+	b.WriteString(strconv.Itoa(len(tasks)-failed-cancelled-interrupted) + " completed.")
 	for _, t := range tasks {
 		state := "UNKNOWN"
 		if t.Outcome != nil {

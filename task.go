@@ -46,7 +46,20 @@ var (
 	// ErrInvalidEvent: Observe was given an event with no session or
 	// attempt, or an unknown kind.
 	ErrInvalidEvent = errors.New("bgtask: invalid event")
+	// ErrInvalidArgument: a call was given a blank id where one is
+	// required (CloseBranch with no session). Nothing changed.
+	ErrInvalidArgument = errors.New("bgtask: invalid argument")
 )
+
+// orBackground treats a nil context as context.Background(), at every entry
+// point that takes one: a nil context is never a crash and never leaves a
+// fence or a watcher behind.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
+}
 
 // SpecError says which field of a Spec is wrong. It matches ErrInvalidSpec.
 type SpecError struct {
@@ -142,7 +155,7 @@ const ReservedMetadataPrefix = "bgtask."
 
 func (s Spec) validate() error {
 	switch {
-	case s.ParentSessionID == "":
+	case blank(s.ParentSessionID):
 		return &SpecError{Field: "ParentSessionID", Reason: "is empty"}
 	case len(s.Models) == 0:
 		return &SpecError{Field: "Models", Reason: "has no model"}
@@ -150,21 +163,24 @@ func (s Spec) validate() error {
 		return &SpecError{Field: "MaxAttempts", Reason: "is negative (" + strconv.Itoa(s.MaxAttempts) + ")"}
 	}
 	for k := range s.Metadata {
-		if strings.HasPrefix(k, ReservedMetadataPrefix) {
+		if len(k) >= len(ReservedMetadataPrefix) && strings.EqualFold(k[:len(ReservedMetadataPrefix)], ReservedMetadataPrefix) {
 			return &SpecError{Field: "Metadata[" + strconv.Quote(k) + "]", Reason: "the " + ReservedMetadataPrefix + " prefix is reserved for the library"}
 		}
 	}
 	for i, m := range s.Models {
 		field := "Models[" + strconv.Itoa(i) + "]"
-		if m.Provider == "" {
+		if blank(m.Provider) {
 			return &SpecError{Field: field + ".Provider", Reason: "is empty"}
 		}
-		if m.ID == "" {
+		if blank(m.ID) {
 			return &SpecError{Field: field + ".ID", Reason: "is empty"}
 		}
 	}
 	return nil
 }
+
+// blank reports whether s is empty or only white space.
+func blank(s string) bool { return strings.TrimSpace(s) == "" }
 
 // Host creates and stops child sessions. The Manager calls it from
 // goroutines it owns, never while holding its lock, so a Host may call back
@@ -213,6 +229,15 @@ const (
 	// Liveness only; it sets Activity.
 	SessionWaiting EventKind = "waiting"
 )
+
+// ends reports whether an event of kind k ends the run it reports on.
+func (k EventKind) ends() bool {
+	switch k {
+	case SessionIdle, SessionError, SessionInterrupted, SessionDeleted:
+		return true
+	}
+	return false
+}
 
 func (k EventKind) valid() bool {
 	switch k {
@@ -346,18 +371,20 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	notifyAttempts int
-	notifyBackoff  func(attempt int) time.Duration
-	limits         *Limits
-	queueTimeout   time.Duration
-	stallTimeout   time.Duration
-	notifier       Notifier
-	logger         *slog.Logger
-	clock          Clock
-	ids            IDGenerator
-	retryable      func(error) bool
-	retryDelay     func(attempt int) time.Duration
-	holdLimit      int
+	notifyAttempts   int
+	notifyBackoff    func(attempt int) time.Duration
+	limits           *Limits
+	queueTimeout     time.Duration
+	stallTimeout     time.Duration
+	notifier         Notifier
+	logger           *slog.Logger
+	clock            Clock
+	ids              IDGenerator
+	retryable        func(error) bool
+	retryDelay       func(attempt int, cause error) time.Duration
+	holdLimit        int
+	queueLimit       int // notifications waiting per parent
+	undeliveredLimit int // notifications kept for Undelivered
 }
 
 // WithNotifier sends notifications to n. Default: none are sent.
@@ -384,15 +411,50 @@ func WithRetryable(f func(error) bool) Option {
 
 // WithRetryDelay waits f(n) before starting attempt n (n ≥ 2) of a retry.
 // The attempt is pending with PendingRetryDelay meanwhile, and Cancel ends
-// the wait. Default: no delay. Backoff returns a ready-made f.
+// the wait. Default: no delay. Backoff returns a ready-made f. To see the
+// failure that caused the retry, use WithRetryDelayFunc.
 func WithRetryDelay(f func(attempt int) time.Duration) Option {
+	if f == nil {
+		return WithRetryDelayFunc(nil)
+	}
+	return WithRetryDelayFunc(func(attempt int, _ error) time.Duration { return f(attempt) })
+}
+
+// WithRetryDelayFunc is WithRetryDelay with the failure that caused the
+// retry: f(n, cause) is waited before attempt n. cause is the error the
+// failed attempt reported (a *StartError for a failed session start), so
+// f can honour what the provider asked for:
+//
+//	bgtask.WithRetryDelayFunc(func(n int, cause error) time.Duration {
+//		if d, ok := bgtask.RetryAfter(cause); ok {
+//			return d
+//		}
+//		return time.Second
+//	})
+//
+// f runs on a goroutine of the Manager, never under its lock. A panic in f
+// ends the attempt it would delay in error, naming the panic. Default: no
+// delay.
+func WithRetryDelayFunc(f func(attempt int, cause error) time.Duration) Option {
 	return optionFunc(func(c *config) { c.retryDelay = f })
+}
+
+// RetryAfter reports the delay a failure asks for before it is tried again:
+// a RetryAfter() time.Duration method anywhere in err's chain, a RetryAfter
+// field, or a Retry-After (or retry-after-ms) header carried by the error's
+// HTTP response, as provider SDK errors carry it.
+func RetryAfter(err error) (time.Duration, bool) {
+	return errclass.RetryAfter(err)
 }
 
 // WithHoldLimit bounds the events held while session starts are in flight:
 // at most n events for sessions not yet bound (all together), and at most n
-// per attempt for events that name their AttemptID. Default: 1024. An event
-// beyond the bound is refused with ErrUnknownSession. A session event is
+// per attempt for events that name their AttemptID. Default: 1024. A
+// liveness event (busy, waiting, compacted) beyond the bound is dropped:
+// Observe refuses it with ErrUnknownSession. An event that ends a run
+// (idle, error, interrupted, deleted) is held past the bound, so a child's
+// answer is never lost: one per attempt, and one per session start in
+// flight for events that name only their session. A session event is
 // held only until every start that was in flight when it arrived has
 // returned; an Event that carries AttemptID is never crowded out by events
 // for other sessions, so hosts that know the attempt should send it.
@@ -440,14 +502,66 @@ type observation struct {
 // failure is an attempt's failure with everything that calls user code — the
 // error's own methods, the retry classifier — worked out before the lock.
 type failure struct {
+	err    error // the failure itself, for a retry delay that reads it
 	text   string
 	reason Reason
 	retry  bool
 }
 
-// classify works out a failure. It calls user code: never with m.mu held.
-func (m *Manager) classify(err error) failure {
-	return failure{text: err.Error(), reason: reasonOf(err), retry: m.retryable(err)}
+// classify works out a failure. It calls user code (the error's methods,
+// the classifier): never with m.mu held. A panic in any of it makes the
+// failure non-retryable, named in its text.
+func (m *Manager) classify(err error) (f failure) {
+	f = failure{err: err, text: safeText(err)}
+	defer func() {
+		if r := recover(); r != nil {
+			f.reason, f.retry = ReasonUnknown, false
+			f.text += " (bgtask: classifying this error panicked: " + panicText(r) + ")"
+		}
+	}()
+	f.reason = reasonOf(err)
+	f.retry = m.retryable(err)
+	return f
+}
+
+// safeText returns err's text. An Error method that panics is user code
+// failing: the text names the error's type and the panic instead.
+func safeText(err error) (text string) {
+	if err == nil {
+		return ""
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			text = fmt.Sprintf("%T (its Error method panicked: %s)", err, panicText(r))
+		}
+	}()
+	return err.Error()
+}
+
+// panicText renders a recovered panic value; fmt survives a value whose
+// own methods panic.
+func panicText(r any) string { return fmt.Sprint(r) }
+
+// safeError keeps an error from user code with its text worked out once,
+// safely: its Error never calls user code again (the Manager may render it
+// under its lock). errors.Is and errors.As see the original through Unwrap.
+type safeError struct {
+	text string
+	err  error
+}
+
+func (e *safeError) Error() string { return e.text }
+func (e *safeError) Unwrap() error { return e.err }
+
+// guardError wraps err, from user code, in a safeError; nil stays nil.
+func guardError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := err.(*safeError); ok {
+		return err
+	}
+	return &safeError{text: safeText(err), err: err}
 }
 
 // errNeedsClass is observeLocked asking Observe to classify the event's
@@ -491,6 +605,8 @@ type Manager struct {
 	watchers group.Group
 
 	notifyFailures atomic.Uint64
+	notifyDropped  atomic.Uint64                // undelivered notifications given up past the bound
+	logPanics      atomic.Uint64                // calls into the logger that panicked
 	parkMu         sync.Mutex                   // guards parkSeq, parkWaits, parkCh
 	parkSeq        uint64                       // ids of parked waits
 	parkWaits      map[uint64][]<-chan struct{} // what each parked goroutine waits on
@@ -538,7 +654,8 @@ func New(host Host, opts ...Option) *Manager {
 	if host == nil {
 		panic("bgtask: New with a nil Host")
 	}
-	cfg := config{holdLimit: 1024, notifyAttempts: 3, notifyBackoff: Backoff(200*time.Millisecond, 5*time.Second, 0.2)}
+	cfg := config{holdLimit: 1024, notifyAttempts: 3, notifyBackoff: Backoff(200*time.Millisecond, 5*time.Second, 0.2),
+		queueLimit: DefaultNotifyQueueLimit, undeliveredLimit: DefaultUndeliveredLimit}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -575,6 +692,7 @@ func New(host Host, opts ...Option) *Manager {
 	m.life, m.cancelLife = context.WithCancel(context.Background())
 	m.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
 	m.lanes = dispatch.New(m.group.Go, m.deliver)
+	m.lanes.SetLimit(cfg.queueLimit)
 	if cfg.limits != nil {
 		m.pool = slots.New[queued]()
 		m.cfgErr = cfg.limits.validate()
@@ -606,11 +724,31 @@ func (m *Manager) unlock() {
 	q := m.logq
 	m.logq = nil
 	m.mu.Unlock()
-	ctx := context.Background()
 	for _, r := range q {
-		m.cfg.logger.LogAttrs(ctx, r.level, r.msg, r.attrs...)
+		m.logAttrs(r.level, r.msg, r.attrs...)
 	}
 }
+
+// logAttrs writes one line through the logger, which is user code: a panic
+// in it is swallowed and counted (LoggerPanics), never passed on. m.mu must
+// not be held.
+func (m *Manager) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.logPanics.Add(1)
+		}
+	}()
+	ctx := context.Background()
+	if !m.cfg.logger.Enabled(ctx, level) {
+		return
+	}
+	m.cfg.logger.LogAttrs(ctx, level, msg, attrs...)
+}
+
+// LoggerPanics reports how many calls into the logger (WithLogger)
+// panicked. Such a panic is swallowed: the line is lost, the Manager goes
+// on.
+func (m *Manager) LoggerPanics() uint64 { return m.logPanics.Load() }
 
 // logLocked queues a log line; m.mu is held and released with unlock.
 func (m *Manager) logLocked(level slog.Level, msg string, attrs ...slog.Attr) {
@@ -621,6 +759,7 @@ func (m *Manager) logLocked(level slog.Level, msg string, attrs ...slog.Attr) {
 // snapshot. The child session is started on a goroutine the Manager owns;
 // Launch does not wait for it.
 func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return Task{}, err
 	}
@@ -691,6 +830,7 @@ func (m *Manager) Tasks() []Task { return m.Snapshot().Tasks }
 // Wait blocks until the task is terminal and returns its snapshot, or
 // returns ctx's error first.
 func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
+	ctx = orBackground(ctx)
 	m.mu.Lock()
 	e := m.led.tasks[id]
 	if e == nil {
@@ -764,7 +904,7 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 			if !o.classified {
 				return resolved{}, errNeedsClass
 			}
-			if m.heldBySes >= m.cfg.holdLimit {
+			if m.heldBySes >= m.cfg.holdLimit && !m.holdPastBound(ev, "") {
 				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.heldBySes)
 			}
 			m.heldBySes++
@@ -787,7 +927,7 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 		if !e.rt.starting() {
 			return ref.who(), ErrStaleEvent // no child can be running for it
 		}
-		if e.seen.heldN >= m.cfg.holdLimit {
+		if e.seen.heldN >= m.cfg.holdLimit && !m.holdPastBound(ev, a.ID) {
 			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, e.seen.heldN, a.ID)
 		}
 		e.seen.heldN++
@@ -796,6 +936,28 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 	}
 	m.apply(ref.e, o)
 	return resolved{}, nil
+}
+
+// holdPastBound reports whether ev may be held although the hold bound is
+// reached: liveness may be dropped there, but the event that ends a run
+// must not be lost. At most one such event is kept per attempt (attemptID)
+// and, for session-keyed events, at most one per start in flight: only one
+// can matter to each run. m.mu is held.
+func (m *Manager) holdPastBound(ev Event, attemptID string) bool {
+	if !ev.Kind.ends() {
+		return false
+	}
+	ends := 0
+	for _, h := range m.held {
+		if !h.obs.ev.Kind.ends() || h.attemptID != attemptID {
+			continue
+		}
+		if attemptID != "" || h.obs.ev.SessionID == ev.SessionID {
+			return false // this run's end is held already
+		}
+		ends++
+	}
+	return attemptID != "" || ends < len(m.inflight)
 }
 
 // who names the attempt for a log line.
@@ -890,14 +1052,11 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	a := e.cur()
 	text := f.text
 	e.output().reason = f.reason
-	if !f.retry || a.Number >= e.info.maxAttempts {
+	if !f.retry || a.Number >= e.info.maxAttempts || e.rt.stopWanted != "" {
+		// The child's run ended on its own failure: that is what the
+		// status says, also when a stop (Cancel, a closure, Shutdown) was
+		// asked for, whose only say is that no new child starts.
 		m.finalize(e, a.ID, StatusError, text, "", at)
-		return
-	}
-	if e.rt.stopWanted != "" {
-		// A stop (Cancel, a closure, Shutdown) was asked for: the retry it
-		// forbids is what ends the task, with the failure kept.
-		m.finalize(e, a.ID, e.rt.stopWanted, text, "", at)
 		return
 	}
 	failed, next, lerr := m.led.scheduleRetry(e, text, at)
@@ -910,7 +1069,7 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	}
 	m.changed(e, false)
 	m.notify(e, NotifyRetryScheduled, retryScheduledText(failed, next))
-	m.prepareRetry(e, failed, next)
+	m.prepareRetry(e, failed, next, f.err)
 }
 
 // retryable applies the classifier; Permanent always wins. It runs user
@@ -925,8 +1084,8 @@ func (m *Manager) retryable(err error) bool {
 // prepareRetry starts next: at once, or — when the failed attempt has a
 // session to abort or a retry delay may apply — on a goroutine that aborts
 // the old session, waits out the delay, and gives up if next stopped being
-// current meanwhile.
-func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
+// current meanwhile. cause is the failure, for the retry delay.
+func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 	abortOld := failed.SessionID != "" && e.seen.stopped != failed.Token
 	if !abortOld && m.cfg.retryDelay == nil {
 		m.admit(e, next)
@@ -941,13 +1100,19 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 		if abortOld {
 			ctx := withRun(m.life, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
 			if err := m.callAbort(ctx, failed.SessionID); err != nil {
-				m.cfg.logger.Warn("bgtask: abort of failed attempt's session failed",
-					"task", e.info.id, "attempt", failed.ID, "session", failed.SessionID, "err", err)
+				m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
+					slog.String("task", e.info.id), slog.String("attempt", failed.ID),
+					slog.String("session", failed.SessionID), slog.String("err", err.Error()))
 			}
 		}
-		var delay time.Duration
-		if m.cfg.retryDelay != nil {
-			delay = m.cfg.retryDelay(next.Number)
+		delay, derr := m.retryDelay(next.Number, cause)
+		if derr != "" {
+			m.mu.Lock()
+			if live() {
+				m.finalize(e, next.ID, StatusError, derr, "", m.now())
+			}
+			m.unlock()
+			return
 		}
 		if delay > 0 {
 			m.mu.Lock()
@@ -992,6 +1157,20 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt) {
 	}
 }
 
+// retryDelay asks the user's retry delay function (user code: never under
+// m.mu). A panic is reported as the error text that ends the attempt.
+func (m *Manager) retryDelay(attempt int, cause error) (d time.Duration, panicked string) {
+	if m.cfg.retryDelay == nil {
+		return 0, ""
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			d, panicked = 0, "bgtask: the retry delay function panicked: "+panicText(r)
+		}
+	}()
+	return m.cfg.retryDelay(attempt, cause), ""
+}
+
 // spawnStart runs StartSession for attempt a of e on an owned goroutine.
 func (m *Manager) spawnStart(e *entry, a Attempt) {
 	req := SessionRequest{
@@ -1028,10 +1207,11 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			sid, err = "", Permanent(fmt.Errorf("bgtask: Host.StartSession panicked: %v", r))
+			sid, err = "", Permanent(fmt.Errorf("bgtask: Host.StartSession panicked: %s", panicText(r)))
 		}
 	}()
-	return m.host.StartSession(ctx, req)
+	sid, err = m.host.StartSession(ctx, req)
+	return sid, guardError(err)
 }
 
 // started takes StartSession's result for attempt a of e (start seq). err,
@@ -1050,7 +1230,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 	live := ref.isCurrent() && ref.attempt().Token == a.Token && ref.attempt().Status == StatusPending
 	if err == nil && sid == "" {
 		err = Permanent(&StartError{Model: a.Model, Err: errors.New("Host.StartSession returned no session id")})
-		f = failure{text: err.Error(), reason: ReasonUnknown}
+		f = failure{err: err, text: err.Error(), reason: ReasonUnknown}
 	}
 	if sid != "" {
 		if owner, taken := m.led.bySession[sid]; taken {
@@ -1059,7 +1239,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 				slog.String("task", e.info.id), slog.String("attempt", a.ID), slog.String("session", sid),
 				slog.String("owner", owner.attempt().ID))
 			err = Permanent(&StartError{Model: a.Model, Err: fmt.Errorf("Host.StartSession returned session %s, which belongs to attempt %s", sid, owner.attempt().ID)})
-			f = failure{text: err.Error(), reason: ReasonUnknown}
+			f = failure{err: err, text: err.Error(), reason: ReasonUnknown}
 			sid = ""
 		}
 	}
@@ -1074,31 +1254,23 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 		m.fence(e) // a run inside a closing branch is aborted on arrival
 	}
 	switch {
-	case live && err == nil && (e.rt.stopWanted == "" || m.heldEnds(a.ID, sid)):
-		// Adopt it: bind, then apply what the child already said. A child
-		// that already ended keeps its own outcome even if a stop is wanted.
-		if berr := m.led.bindSession(e, a.ID, sid, m.now()); berr != nil {
-			m.ledgerBug(e, berr)
+	case live && err == nil:
+		// Adopt it: the session exists, so the attempt runs. Bind, then
+		// apply what the child already said (a child that already ended
+		// keeps its own outcome); if a stop was asked for meanwhile, abort
+		// it now: it is cancelled only once the host confirms.
+		if !m.bindRun(e, a.ID, sid, m.now()) {
 			return
-		}
-		e.seen.lastEvent = e.cur().StartedAt
-		m.changed(e, false)
-		if a.Number > 1 {
-			m.notify(e, NotifyRetrySessionReady, retrySessionReadyText(*e.cur()))
-		}
-		if m.cfg.stallTimeout > 0 {
-			m.watchStall(e, *e.cur())
 		}
 		replay()
 		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && e.rt.stopWanted != "" {
 			m.abortRun(e, *cur)
 		}
 	case live && sid != "":
-		// Not adopted: a stop was asked for while it was being created, or
-		// the host reported the start failed although a session exists.
+		// The host reported the start failed although a session exists.
 		// Index it (its events resolve, as stale) and abort it. When the
-		// host confirms, the stop — or the start's failure — takes its
-		// course; if the abort fails, the child is alive and is bound.
+		// host confirms, the start's failure takes its course; if the
+		// abort fails, the child is alive and is bound.
 		if oerr := m.led.orphanSession(e, a.ID, sid, m.now()); oerr != nil {
 			m.ledgerBug(e, oerr)
 			return
@@ -1106,10 +1278,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 		replay()
 		if cur := e.cur(); cur.ID == a.ID && cur.Status == StatusPending {
 			op, _ := m.newAbort(e, cur, nil)
-			op.session, op.arrival = sid, true
-			if err != nil {
-				op.failWith = &f
-			}
+			op.session, op.arrival, op.failWith = sid, true, &f
 			m.runAbort(op)
 		}
 	case sid != "":
@@ -1128,18 +1297,25 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 	}
 }
 
-// heldEnds reports whether an event held for the attempt or its session
-// says the child's run already ended.
-func (m *Manager) heldEnds(attemptID, sessionID string) bool {
-	for _, h := range m.held {
-		if h.attemptID == attemptID || (h.attemptID == "" && h.obs.ev.SessionID == sessionID) {
-			switch h.obs.ev.Kind {
-			case SessionIdle, SessionError, SessionInterrupted, SessionDeleted:
-				return true
-			}
-		}
+// bindRun binds sid to attempt attemptID of e, which runs from now, and
+// does what every bind does: the parent hears of a retry's session, and the
+// stall watch starts. It reports false if the ledger refused the bind.
+// m.mu is held.
+func (m *Manager) bindRun(e *entry, attemptID, sid string, now time.Time) bool {
+	if err := m.led.bindSession(e, attemptID, sid, now); err != nil {
+		m.ledgerBug(e, err)
+		return false
 	}
-	return false
+	cur := *e.cur()
+	e.seen.lastEvent = cur.StartedAt
+	m.changed(e, false)
+	if cur.Number > 1 {
+		m.notify(e, NotifyRetrySessionReady, retrySessionReadyText(cur))
+	}
+	if m.cfg.stallTimeout > 0 {
+		m.watchStall(e, cur)
+	}
+	return true
 }
 
 // startFailed records a failed session start of the current attempt a.
@@ -1245,19 +1421,47 @@ func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
 	if m.cfg.notifier == nil {
 		return
 	}
-	m.nseq++
-	if !m.lanes.Push(e.info.parent, Notification{
-		Seq:             m.nseq,
+	m.push(Notification{
 		Kind:            kind,
 		ParentSessionID: e.info.parent,
 		TaskID:          e.info.id,
 		Task:            e.project(),
 		Text:            text,
-	}) {
+	})
+}
+
+// push numbers n and queues it on its parent's lane, in production order.
+// A lane that is full (WithNotifyLimits) gives up its oldest waiting
+// notification, which is kept as undelivered. m.mu is held.
+func (m *Manager) push(n Notification) {
+	m.nseq++
+	n.Seq = m.nseq
+	old, evicted, ok := m.lanes.Push(n.ParentSessionID, n)
+	if evicted {
+		m.notifyFailures.Add(1)
+		m.keepLost(old, "its parent's queue is full (WithNotifyLimits)")
+	}
+	if !ok {
 		m.notifyFailures.Add(1)
 		m.logLocked(slog.LevelError, "bgtask: notification not delivered: the manager is shut down",
-			slog.String("task", e.info.id), slog.String("parent", e.info.parent), slog.String("kind", string(kind)))
+			slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
 	}
+}
+
+// keepLost keeps n, which the Notifier will not get, for Undelivered: at
+// most the WithNotifyLimits bound, the oldest given up first (counted by
+// NotifyDropped). Either way it is logged at error level. m.mu is held.
+func (m *Manager) keepLost(n Notification, why string) {
+	m.logLocked(slog.LevelError, "bgtask: notification not delivered", slog.String("reason", why),
+		slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
+	if len(m.lost) >= m.cfg.undeliveredLimit {
+		m.notifyDropped.Add(1)
+		m.logLocked(slog.LevelError, "bgtask: undelivered notification dropped: Undelivered is full (WithNotifyLimits)",
+			slog.String("task", m.lost[0].TaskID), slog.String("parent", m.lost[0].ParentSessionID), slog.String("kind", string(m.lost[0].Kind)))
+		m.lost[0] = Notification{}
+		m.lost = m.lost[1:]
+	}
+	m.lost = append(m.lost, n)
 }
 
 // deliver hands n to the notifier, on the parent's lane goroutine.
@@ -1294,10 +1498,9 @@ func (m *Manager) deliver(_ string, n Notification) {
 	}
 	m.notifyFailures.Add(1)
 	m.mu.Lock()
-	m.lost = append(m.lost, n)
+	m.keepLost(n, "the Notifier refused it: "+safeText(err))
+
 	m.unlock()
-	m.cfg.logger.Error("bgtask: notification not delivered",
-		"task", n.TaskID, "parent", n.ParentSessionID, "kind", string(n.Kind), "err", err)
 }
 
 // Undelivered returns the notifications the Notifier never accepted, after
@@ -1320,8 +1523,40 @@ func WithNotifyRetry(attempts int, backoff func(attempt int) time.Duration) Opti
 }
 
 // NotifyFailures reports how many notifications were not delivered: refused
-// by the Notifier, or produced after Shutdown.
+// by the Notifier, pushed out of a full queue, or produced after Shutdown.
 func (m *Manager) NotifyFailures() uint64 { return m.notifyFailures.Load() }
+
+// NotifyDropped reports how many undelivered notifications were given up
+// because Undelivered was full (WithNotifyLimits): they are gone.
+func (m *Manager) NotifyDropped() uint64 { return m.notifyDropped.Load() }
+
+// Default bounds of WithNotifyLimits.
+const (
+	// DefaultNotifyQueueLimit is how many notifications may wait for one
+	// parent session while its Notifier is busy.
+	DefaultNotifyQueueLimit = 1000
+	// DefaultUndeliveredLimit is how many undelivered notifications
+	// Undelivered keeps.
+	DefaultUndeliveredLimit = 1000
+)
+
+// WithNotifyLimits bounds the memory notifications may hold when a
+// Notifier is slow or stuck: at most queue notifications wait for one
+// parent session (a full queue gives up its oldest waiting one, which is
+// then undelivered), and Undelivered keeps at most undelivered (the oldest
+// is dropped first, counted by NotifyDropped). Each is logged at error
+// level. A value ≤ 0 keeps the default: DefaultNotifyQueueLimit and
+// DefaultUndeliveredLimit.
+func WithNotifyLimits(queue, undelivered int) Option {
+	return optionFunc(func(c *config) {
+		if queue > 0 {
+			c.queueLimit = queue
+		}
+		if undelivered > 0 {
+			c.undeliveredLimit = undelivered
+		}
+	})
+}
 
 func (m *Manager) now() time.Time { return m.cfg.clock.Now() }
 
@@ -1350,6 +1585,11 @@ func rejectedAttrs(ev Event, who resolved, err error) []slog.Attr {
 // logRejected logs, without the lock, an event Observe did not apply. It
 // allocates nothing when debug logging is off.
 func (m *Manager) logRejected(ev Event, who resolved, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.logPanics.Add(1)
+		}
+	}()
 	ctx := context.Background()
 	if !m.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 		return
@@ -1364,17 +1604,23 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 // goroutine of the Manager is left.
 //
 // ctx bounds the graceful part: when it ends, Shutdown cancels the
-// outstanding contexts at once and still waits for the goroutines to return
-// (a Host or Notifier that ignores its context holds Shutdown up). A child
-// whose abort failed stays in its live state and is named in the returned
-// error, as are notifications left undelivered. Shutdown may be called more
-// than once; later calls wait like the first.
+// outstanding contexts at once and waits at most ShutdownGrace more for the
+// calls to return. Like http.Server's Shutdown, it then returns an error
+// that wraps ctx's error and names what is still running: the goroutines
+// still inside a Host, Notifier or FuncHost function that ignores its
+// context are the user's from then on (no new goroutine starts), and the
+// tasks they serve keep their live state. A child whose abort failed stays
+// in its live state and is named in the returned error, as are
+// notifications left undelivered. Shutdown may be called more than once;
+// later calls wait like the first, also for what an earlier call left
+// running.
 //
 // Called with the context of a Host or Notifier callback, Shutdown cannot
 // wait for that callback to return: it begins the shutdown (refusing work
 // and aborting children) and returns ErrStopPending at once. Call it again
 // from outside any callback to wait for the end.
 func (m *Manager) Shutdown(ctx context.Context) error {
+	ctx = orBackground(ctx)
 	m.mu.Lock()
 	if !m.closing {
 		m.closing = true
@@ -1403,7 +1649,9 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	m.cancelLife()
 	m.closeSubscriptions(ErrShutdown)
-	m.join()
+	if err := m.join(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	m.watchers.Close()
 	_ = m.watchers.Wait(context.Background())
 	m.mu.Lock()
@@ -1415,17 +1663,41 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// ShutdownGrace is how long Shutdown, once its context has ended and the
+// contexts of outstanding host and notifier calls are cancelled, still
+// waits for those calls to return before it gives up on them.
+const ShutdownGrace = time.Second
+
 // join waits until no goroutine of the Manager runs and closes the group so
 // none starts again. Every spawn happens under m.mu, so the check and the
-// close are one step.
-func (m *Manager) join() {
+// close are one step. When ctx ends, the goroutines get ShutdownGrace to
+// honour their cancelled contexts; then the group is closed anyway and the
+// error names what is left.
+func (m *Manager) join(ctx context.Context) error {
+	var ended error // ctx's error, once it ended
 	for {
-		_ = m.group.Wait(context.Background())
+		err := m.group.Wait(ctx)
+		if err != nil && ended == nil {
+			ended = err
+			grace, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+			defer cancel()
+			ctx = grace
+			continue
+		}
 		m.mu.Lock()
-		if m.group.Running() == 0 {
+		if n := m.group.Running(); n == 0 || err != nil {
 			m.group.Close()
+			var live []string
+			for _, e := range m.order {
+				if !e.terminal() {
+					live = append(live, e.info.id+" (session "+e.cur().SessionID+")")
+				}
+			}
 			m.unlock()
-			return
+			if n == 0 {
+				return nil
+			}
+			return fmt.Errorf("bgtask: shutdown: %w: %d goroutines are still in Host, Notifier or FuncHost calls that ignore their cancelled context; tasks not ended: %v", ended, n, live)
 		}
 		m.unlock()
 	}
@@ -1657,12 +1929,22 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 			cancel()
 			close(fr.done)
 		}()
+		// Bind first, then run: the function runs only once the Manager
+		// bound its session, so the task reads running for as long as it
+		// runs. A run that is never adopted, or stopped first, never runs.
+		if !m.awaitBound(runCtx, req.AttemptID, req.Token, sid) || runCtx.Err() != nil {
+			return
+		}
 		answer, err := callRunFunc(h.fn, runCtx, run)
 		switch {
 		case err == nil:
 			report(SessionIdle, answer, nil)
 		case fr.aborted.Load():
-			// Stopped by AbortSession: the confirmed abort is the outcome.
+			// Stopped by AbortSession: the confirmed abort gives the
+			// status; an error of its own is kept as its error text.
+			if !errors.Is(err, context.Canceled) {
+				m.stoppedWith(req.AttemptID, req.Token, safeText(err))
+			}
 		default:
 			report(SessionError, "", err)
 		}
@@ -1677,10 +1959,58 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	return sid, nil
 }
 
+// awaitBound waits until attempt attemptID's run (token) is bound to sid
+// and running, and reports true; or reports false as soon as that can no
+// longer happen (the run was replaced or ended, or ctx ended).
+func (m *Manager) awaitBound(ctx context.Context, attemptID, token, sid string) bool {
+	for {
+		m.mu.Lock()
+		ref, ok := m.led.byAttempt[attemptID]
+		if !ok {
+			m.unlock()
+			return false
+		}
+		a := ref.attempt()
+		switch {
+		case a.Token != token || !ref.isCurrent() || a.Status.Terminal():
+			m.unlock()
+			return false
+		case a.Status == StatusRunning:
+			bound := a.SessionID == sid
+			m.unlock()
+			return bound
+		}
+		changed := ref.e.waitChange()
+		m.unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// stoppedWith keeps the error text a run returned after it was asked to
+// stop: the stop gives the attempt's status, the text is its error and
+// evidence. It changes nothing if the run was replaced or ended.
+func (m *Manager) stoppedWith(attemptID, token, text string) {
+	m.mu.Lock()
+	defer m.unlock()
+	ref, ok := m.led.byAttempt[attemptID]
+	if !ok || !ref.isCurrent() || ref.attempt().Token != token || ref.attempt().Status.Terminal() {
+		return
+	}
+	out := ref.e.output()
+	out.stopErr = text
+	if out.output == "" {
+		out.output = text
+	}
+}
+
 func callRunFunc(fn RunFunc, ctx context.Context, run Run) (answer string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			answer, err = "", Permanent(fmt.Errorf("bgtask: subagent function panicked: %v", r))
+			answer, err = "", Permanent(fmt.Errorf("bgtask: subagent function panicked: %s", panicText(r)))
 		}
 	}()
 	return fn(ctx, run)
@@ -1886,9 +2216,11 @@ func (m *Manager) runDone(e *entry) <-chan struct{} {
 // queue timeout. m.mu is held.
 func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 	d := m.cfg.queueTimeout
-	deadline := m.now().Add(d) // from the moment it queued
-	m.group.Go(func() {
-		t := m.cfg.clock.NewTimer(deadline.Sub(m.cfg.clock.Now()))
+	// The timer is made now, as the attempt queues (the clock may be
+	// called under m.mu): however late the watcher runs, the timeout is
+	// measured from the moment it queued.
+	t := m.cfg.clock.NewTimer(d)
+	if !m.group.Go(func() {
 		select {
 		case <-t.C():
 		case <-w.V.stop:
@@ -1906,7 +2238,9 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 		pos := m.pool.Position(w)
 		e.output().reason = ReasonUnknown // no provider was involved
 		m.finalize(e, a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", d, pos, w.Key()), "", m.now())
-	})
+	}) {
+		t.Stop()
+	}
 }
 
 // watchStall aborts run a of e once it reported nothing for the stall
@@ -1935,7 +2269,8 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 				wait = e.rt.abort.waitDone()
 			case !now.Before(due):
 				op, _ := m.newAbort(e, &a, nil)
-				op.failWith = &failure{text: fmt.Sprintf("stalled: no activity for %s", d), reason: ReasonUnknown, retry: true}
+				stalled := fmt.Errorf("stalled: no activity for %s", d)
+				op.failWith = &failure{err: stalled, text: stalled.Error(), reason: ReasonUnknown, retry: true}
 				m.runAbort(op)
 				wait = op.waitDone()
 				retryAt = now.Add(d)
@@ -2007,6 +2342,7 @@ type runOutput struct {
 	finish   FinishReason
 	noText   bool
 	reason   Reason // of the failure that ended it, worked out outside the lock
+	stopErr  string // the error the run returned after it was asked to stop
 }
 
 // round is one parent's batch of tasks, from the first launch after the
@@ -2041,19 +2377,26 @@ func (m *Manager) roundEnded(e *entry) {
 		tasks = append(tasks, t.project())
 	}
 	slices.SortStableFunc(tasks, func(a, b Task) int { return failureRank(a) - failureRank(b) })
-	m.nseq++
-	n := Notification{Seq: m.nseq, Kind: NotifyAllComplete, ParentSessionID: e.info.parent, Tasks: tasks, Text: allCompleteText(e.info.parent, tasks)}
-	if !m.lanes.Push(e.info.parent, n) {
-		m.notifyFailures.Add(1)
-	}
+	m.push(Notification{Kind: NotifyAllComplete, ParentSessionID: e.info.parent, Tasks: tasks, Text: allCompleteText(e.info.parent, tasks)})
 }
 
-// failureRank orders failures before answers.
+// The ranks of an ended task in an all-complete notification: failures
+// first, then tasks that were stopped, then answers.
+const (
+	rankFailed = iota
+	rankStopped
+	rankCompleted
+)
+
+// failureRank orders failures before stopped tasks before answers.
 func failureRank(t Task) int {
-	if t.Outcome != nil && t.Outcome.State == StatusCompleted {
-		return 1
+	switch {
+	case t.Outcome == nil || t.Outcome.State == StatusError:
+		return rankFailed
+	case t.Outcome.State == StatusCompleted:
+		return rankCompleted
 	}
-	return 0
+	return rankStopped
 }
 
 // setActivity records what the current run is doing; a change is published.
@@ -2123,6 +2466,7 @@ const DefaultSubscriptionBuffer = 1024
 // Snapshot. Subscribe before taking the Snapshot you start from; Mirror
 // orders the two by sequence.
 func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, error) {
+	ctx = orBackground(ctx)
 	if buffer <= 0 {
 		buffer = DefaultSubscriptionBuffer
 	}

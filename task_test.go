@@ -419,7 +419,7 @@ func TestHeldEventsAreBounded(t *testing.T) {
 	task := h.launch("a/one")
 	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
 	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
-	assert.ErrorIs(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionIdle}), ErrUnknownSession)
+	assert.ErrorIs(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}), ErrUnknownSession, "liveness past the bound is dropped")
 	close(block)
 	h.settle()
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
@@ -623,7 +623,7 @@ func TestShutdownDuringSessionStartAbortsArrivingSession(t *testing.T) {
 	require.Error(t, err)
 	got := h.task(task.ID)
 	assert.Equal(t, StatusInterrupt, got.Status)
-	assert.Empty(t, got.SessionID, "aborted on arrival, never adopted")
+	assert.Equal(t, "ses-1", got.SessionID, "the session existed: bound, then aborted on arrival")
 	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
 	assert.Zero(t, h.m.group.Running(), "no goroutine outlives Shutdown")
 }

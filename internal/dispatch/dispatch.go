@@ -15,6 +15,7 @@ import (
 type Lanes[T any] struct {
 	spawn   func(func()) bool
 	deliver func(key string, item T)
+	limit   int // items a lane may hold waiting; 0: no bound
 
 	mu      sync.Mutex // guards lanes, working, idle
 	lanes   map[string]*lane[T]
@@ -33,21 +34,33 @@ func New[T any](spawn func(func()) bool, deliver func(key string, item T)) *Lane
 	return &Lanes[T]{spawn: spawn, deliver: deliver, lanes: make(map[string]*lane[T])}
 }
 
+// SetLimit bounds how many items one lane holds waiting (the one being
+// delivered not counted); 0 means no bound. Call it before the first Push.
+func (l *Lanes[T]) SetLimit(n int) { l.limit = max(n, 0) }
+
 // Push appends item to key's lane. It never calls deliver itself, so it is
-// safe to call while holding a lock that deliver's callee may take. It
-// reports false when no worker could be started (spawn refused): the item
-// stays pending and is counted by Pending.
-func (l *Lanes[T]) Push(key string, item T) bool {
+// safe to call while holding a lock that deliver's callee may take. When
+// the lane is full (SetLimit), its oldest waiting item is taken out to make
+// room and returned as old, with evicted true: the caller decides what
+// becomes of it. ok is false when no worker could be started (spawn
+// refused): the item stays pending and is counted by Pending.
+func (l *Lanes[T]) Push(key string, item T) (old T, evicted, ok bool) {
 	l.mu.Lock()
 	ln := l.lanes[key]
 	if ln == nil {
 		ln = &lane[T]{}
 		l.lanes[key] = ln
 	}
+	if l.limit > 0 && len(ln.items) >= l.limit {
+		var zero T
+		old, evicted = ln.items[0], true
+		ln.items[0] = zero
+		ln.items = ln.items[1:]
+	}
 	ln.items = append(ln.items, item)
 	if ln.working {
 		l.mu.Unlock()
-		return true
+		return old, evicted, true
 	}
 	ln.working = true
 	l.working++
@@ -57,9 +70,9 @@ func (l *Lanes[T]) Push(key string, item T) bool {
 		ln.working = false
 		l.stopped()
 		l.mu.Unlock()
-		return false
+		return old, evicted, false
 	}
-	return true
+	return old, evicted, true
 }
 
 // stopped counts a worker out. l.mu is held.

@@ -82,3 +82,42 @@ func TestPushAfterCloseKeepsItemsPending(t *testing.T) {
 	l.Push("k", 2)
 	assert.Equal(t, 2, l.Pending())
 }
+
+func TestAFullLaneGivesUpItsOldestWaitingItem(t *testing.T) {
+	var g group.Group
+	block := make(chan struct{})
+	entered := make(chan struct{})
+	var mu sync.Mutex
+	var got []int
+	l := New(g.Go, func(_ string, item int) {
+		if item == 0 {
+			close(entered)
+			<-block // the worker is stuck on the first item
+		}
+		mu.Lock()
+		got = append(got, item)
+		mu.Unlock()
+	})
+	l.SetLimit(2)
+	var evicted []int
+	_, _, ok := l.Push("k", 0)
+	require.True(t, ok)
+	<-entered
+	for i := 1; i < 5; i++ {
+		old, ev, ok := l.Push("k", i)
+		require.True(t, ok)
+		if ev {
+			evicted = append(evicted, old)
+		}
+	}
+	// 0 is being delivered; 1..4 came while at most two may wait.
+	assert.Equal(t, []int{1, 2}, evicted, "the oldest waiting items make room")
+	assert.Equal(t, 2, l.Pending())
+	_, ev, _ := l.Push("other", 9)
+	assert.False(t, ev, "the bound is per lane")
+	close(block)
+	require.NoError(t, g.Wait(context.Background()))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.ElementsMatch(t, []int{0, 3, 4, 9}, got)
+}

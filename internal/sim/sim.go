@@ -98,6 +98,7 @@ type world struct {
 
 type closureCall struct {
 	root     string
+	known    bool // the root was a known session when the closure was called
 	returned bool
 	err      error
 	checked  bool
@@ -344,7 +345,7 @@ func (w *world) closeBranch(tasks []bgtask.Task) {
 	w.mu.Lock()
 	id := w.nextCall
 	w.nextCall++
-	c := &closureCall{root: root}
+	c := &closureCall{root: root, known: edges(tasks).known(root)}
 	w.closures[id] = c
 	w.mu.Unlock()
 	w.log("close branch %s (#%d)", root, id)
@@ -493,32 +494,66 @@ func (w *world) checkNotifications(tasks []bgtask.Task, final bool) {
 	}
 }
 
-// inBranch reports whether session lies in root's branch, by the recorded
-// edges.
-func inBranch(byParent map[string]string, session, root string) bool {
-	for range 10_000 {
-		if session == root {
+// graph is the ledger's edges as the snapshots show them: which task each
+// session belongs to, and each task's parent session.
+type graph struct {
+	taskOf map[string]string // session → task
+	parent map[string]string // task → parent session
+}
+
+func edges(tasks []bgtask.Task) graph {
+	g := graph{taskOf: map[string]string{}, parent: map[string]string{}}
+	for _, t := range tasks {
+		g.parent[t.ID] = t.ParentSessionID
+		for _, a := range t.Attempts {
+			if a.SessionID != "" {
+				g.taskOf[a.SessionID] = t.ID
+			}
+		}
+	}
+	return g
+}
+
+// known reports whether the Manager has seen session: a task's session or
+// a task's parent.
+func (g graph) known(session string) bool {
+	if _, ok := g.taskOf[session]; ok {
+		return true
+	}
+	for _, p := range g.parent {
+		if p == session {
 			return true
 		}
-		p, ok := byParent[session]
-		if !ok {
-			return false
-		}
-		session = p
 	}
 	return false
 }
 
-func edges(tasks []bgtask.Task) map[string]string {
-	up := map[string]string{}
-	for _, t := range tasks {
-		for _, a := range t.Attempts {
-			if a.SessionID != "" {
-				up[a.SessionID] = t.ParentSessionID
-			}
+// inBranch reports whether session lies in root's branch, by the recorded
+// edges: a task is the unit, so every session of root's task is in it.
+func (g graph) inBranch(session, root string) bool {
+	rootTask, rooted := g.taskOf[root]
+	for range 10_000 {
+		if session == root {
+			return true
 		}
+		t, ok := g.taskOf[session]
+		if !ok {
+			return false
+		}
+		if rooted && t == rootTask {
+			return true
+		}
+		session = g.parent[t]
 	}
-	return up
+	return false
+}
+
+// taskInBranch reports whether task t lies in root's branch.
+func (g graph) taskInBranch(t bgtask.Task, root string) bool {
+	if rt, ok := g.taskOf[root]; ok && rt == t.ID {
+		return true
+	}
+	return g.inBranch(t.ParentSessionID, root)
 }
 
 func (w *world) activeClosureCovers(tasks []bgtask.Task, parent string) string {
@@ -526,7 +561,7 @@ func (w *world) activeClosureCovers(tasks []bgtask.Task, parent string) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, c := range w.closures {
-		if !c.returned && inBranch(up, parent, c.root) {
+		if !c.returned && up.inBranch(parent, c.root) {
 			return c.root
 		}
 	}
@@ -550,6 +585,12 @@ func (w *world) checkClosures(tasks []bgtask.Task) {
 		}
 		c.checked = true
 		w.log("closure #%d of %s returned: %v", id, c.root, c.err)
+		if errors.Is(c.err, bgtask.ErrUnknownSession) {
+			if c.known {
+				w.failf("closure of %s: %v, but the session was known when it was called", c.root, c.err)
+			}
+			continue
+		}
 		if c.err != nil {
 			if !errors.Is(c.err, bgtask.ErrBranchNotStopped) {
 				w.failf("closure of %s: %v", c.root, c.err)
@@ -557,7 +598,7 @@ func (w *world) checkClosures(tasks []bgtask.Task) {
 			continue
 		}
 		for _, t := range tasks {
-			if (t.SessionID == c.root || inBranch(up, t.ParentSessionID, c.root)) && !t.Status.Terminal() {
+			if up.taskInBranch(t, c.root) && !t.Status.Terminal() {
 				w.failf("closure of %s returned nil but %s (parent %s) is %s", c.root, t.ID, t.ParentSessionID, t.Status)
 			}
 		}

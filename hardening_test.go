@@ -1,0 +1,566 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// abortGate is a host whose aborts block until released (or fail with
+// err when it is set at release).
+type abortGate struct {
+	entered chan string
+	release chan error
+}
+
+func newAbortGate() *abortGate {
+	return &abortGate{entered: make(chan string, 16), release: make(chan error, 16)}
+}
+
+func (a *abortGate) abort(ctx context.Context, sid string) error {
+	a.entered <- sid
+	select {
+	case err := <-a.release:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func TestChildFailureWhileCancelAbortIsInFlightEndsError(t *testing.T) {
+	held := newAbortGate()
+	h := newHarness(t, &testHost{abort: held.abort})
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	sid := h.task(task.ID).SessionID
+	errc := make(chan error, 1)
+	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	<-held.entered
+	require.NoError(t, h.observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusError, got.Status, "the child stopped on its own error, not because of the stop")
+	assert.Equal(t, errRateLimited.Error(), got.Error)
+	assert.Len(t, got.Attempts, 1, "a cancel request forbids a retry")
+	held.release <- nil
+	require.NoError(t, <-errc)
+	assert.Equal(t, got, h.task(task.ID), "the abort landing after the end changes nothing")
+}
+
+func TestChildFailureAfterAFailedCancelEndsErrorWithoutRetry(t *testing.T) {
+	h := newHarness(t, &testHost{abort: func(context.Context, string) error { return errors.New("abort refused") }})
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	sid := h.task(task.ID).SessionID
+	require.Error(t, h.m.Cancel(context.Background(), task.ID))
+	require.Equal(t, StatusRunning, h.task(task.ID).Status)
+	require.NoError(t, h.observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusError, got.Status)
+	assert.Equal(t, errRateLimited.Error(), got.Error)
+	assert.Len(t, got.Attempts, 1, "a cancel request, failed or not, forbids a retry")
+}
+
+func TestChildFailureInsideAClosingBranchEndsError(t *testing.T) {
+	held := newAbortGate()
+	h := newHarness(t, &testHost{abort: held.abort})
+	task, sid := h.child("root")
+	done := make(chan error, 1)
+	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	<-held.entered
+	require.NoError(t, h.observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusError, got.Status)
+	assert.Len(t, got.Attempts, 1, "no retry inside a closing branch")
+	held.release <- nil
+	require.NoError(t, <-done)
+}
+
+func TestRetrySessionKeptAfterItsArrivalAbortFailedIsAnnounced(t *testing.T) {
+	// Attempt 2's start returns a session together with an error; its
+	// arrival abort fails, so the session is bound and runs. The parent
+	// must be told, as for any retry session.
+	h := newHarness(t, &testHost{
+		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+			if req.AttemptNumber == 2 {
+				return sid, errors.New("502 bad gateway")
+			}
+			return sid, nil
+		},
+		abort: func(ctx context.Context, sid string) error {
+			if sid == "ses-2" {
+				return errors.New("abort refused")
+			}
+			return nil
+		},
+	})
+	task := h.launch("a/one", "b/two", "c/three")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errRateLimited}))
+	h.settle()
+	got := h.task(task.ID)
+	require.Equal(t, StatusRunning, got.Status)
+	require.Equal(t, "ses-2", got.SessionID)
+	assert.Equal(t, []NotificationKind{NotifyRetryScheduled, NotifyRetrySessionReady}, h.rec.Kinds(task.ID))
+}
+
+func TestFuncHostRunIsBoundBeforeTheFunctionRuns(t *testing.T) {
+	type seen struct {
+		task Task
+		ok   bool
+	}
+	var m *Manager
+	saw := make(chan seen, 1)
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		task, ok := m.Task(run.TaskID)
+		saw <- seen{task, ok}
+		return "ok", nil
+	})
+	m = h.m
+	task := h.launch("a/one")
+	s := <-saw
+	require.True(t, s.ok)
+	assert.Equal(t, StatusRunning, s.task.Status, "the function runs only once its session is bound")
+	assert.Equal(t, "fn_"+s.task.CurrentAttemptID, s.task.SessionID)
+	assert.Equal(t, StatusCompleted, h.wait(task.ID).Status)
+}
+
+func TestFuncHostCancelBeforeBindEndsCancelledWithItsSession(t *testing.T) {
+	// Cancel lands while StartSession is in flight: the arriving session is
+	// bound (running), then aborted, and cancelled only when confirmed.
+	startIn := make(chan struct{})
+	proceed := make(chan struct{})
+	ran := make(chan struct{}, 1)
+	fh := NewFuncHost(func(ctx context.Context, run Run) (string, error) {
+		ran <- struct{}{}
+		<-ctx.Done()
+		return "", ctx.Err()
+	})
+	host := &gatedStart{Host: fh, in: startIn, proceed: proceed}
+	h := &harness{t: t, rec: &recorder{}}
+	h.m = New(host, WithIDs(SequentialIDs()), WithNotifier(h.rec))
+	fh.attach(h.m)
+	shutdownAtCleanup(t, h.m)
+	task := h.launch("a/one", "b/two")
+	<-startIn
+	errc := make(chan error, 1)
+	waiting := make(chan string, 1)
+	h.m.testHookWaiting = func(id string) { waiting <- id }
+	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	<-waiting
+	close(proceed)
+	require.NoError(t, <-errc)
+	got := h.task(task.ID)
+	assert.Equal(t, StatusCancelled, got.Status)
+	require.Len(t, got.Attempts, 1)
+	assert.NotEmpty(t, got.Attempts[0].SessionID, "the session existed: the timeline names it")
+	assert.False(t, got.Attempts[0].StartedAt.IsZero())
+}
+
+// gatedStart holds StartSession until proceed is closed.
+type gatedStart struct {
+	Host
+	in      chan struct{}
+	proceed chan struct{}
+}
+
+func (g *gatedStart) StartSession(ctx context.Context, req SessionRequest) (string, error) {
+	g.in <- struct{}{}
+	<-g.proceed
+	return g.Host.StartSession(ctx, req)
+}
+
+func TestCloseBranchOfATaskSessionCoversItsEarlierAttemptsChildren(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	first := h.task(task.ID).SessionID
+	child, _ := h.child(first) // launched from attempt 1's session
+	require.NoError(t, h.observe(Event{SessionID: first, Kind: SessionError, Err: errRateLimited}))
+	h.settle()
+	cur := h.task(task.ID)
+	require.Equal(t, 2, len(cur.Attempts))
+	require.Equal(t, StatusRunning, cur.Status)
+	_, err := h.m.CloseBranch(context.Background(), cur.SessionID)
+	require.NoError(t, err)
+	assert.Equal(t, []Status{StatusCancelled, StatusCancelled}, statuses(h, task.ID, child.ID))
+}
+
+func TestCloseTaskStopsTheTaskAndEverythingBelowIt(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	first := h.task(task.ID).SessionID
+	child, childSes := h.child(first)
+	grand, _ := h.child(childSes)
+	outside, _ := h.child("parent")
+	rep, err := h.m.CloseTask(context.Background(), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, task.ID, rep.TaskID)
+	assert.Equal(t, []Status{StatusCancelled, StatusCancelled, StatusCancelled, StatusRunning},
+		statuses(h, task.ID, child.ID, grand.ID, outside.ID))
+	_, err = h.m.CloseTask(context.Background(), "nope")
+	assert.ErrorIs(t, err, ErrUnknownTask)
+}
+
+func TestEarlyTerminalEventPastTheHoldLimitIsKept(t *testing.T) {
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		select {
+		case <-release:
+			return sid, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}}, WithHoldLimit(2))
+	task := h.launch("a/one")
+	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
+	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
+	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionIdle, Text: "the answer"}), "a terminal event is always held")
+	close(release)
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, got.Status)
+	assert.Equal(t, "the answer", got.Result)
+}
+
+func TestEarlyTerminalEventByAttemptPastTheHoldLimitIsKept(t *testing.T) {
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		select {
+		case <-release:
+			return sid, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}}, WithHoldLimit(1))
+	task := h.launch("a/one")
+	a := task.Attempts[0]
+	require.NoError(t, h.m.Observe(Event{AttemptID: a.ID, Kind: SessionBusy}))
+	assert.ErrorIs(t, h.m.Observe(Event{AttemptID: a.ID, Kind: SessionWaiting}), ErrUnknownSession, "liveness past the bound is dropped")
+	require.NoError(t, h.m.Observe(Event{AttemptID: a.ID, Kind: SessionIdle, Text: "done"}))
+	close(release)
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, got.Status)
+	assert.Equal(t, "done", got.Result)
+}
+
+func TestFuncHostErrorAfterAbortIsKeptAsTheError(t *testing.T) {
+	started := make(chan struct{})
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		close(started)
+		<-ctx.Done()
+		return "", errors.New("502 bad gateway while stopping")
+	})
+	task := h.launch("a/one", "b/two")
+	<-started
+	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	got := h.task(task.ID)
+	assert.Equal(t, StatusCancelled, got.Status, "the stop gives the status")
+	assert.Equal(t, "502 bad gateway while stopping", got.Error, "the error it returned is kept")
+	require.NotNil(t, got.Outcome)
+	assert.Contains(t, got.Outcome.Evidence, "502 bad gateway")
+	assert.Len(t, got.Attempts, 1)
+}
+
+func TestNilContextsAreBackground(t *testing.T) {
+	h := newHarness(t, nil)
+	//lint:ignore SA1012 a nil context is what is under test
+	task, err := h.m.Launch(nil, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")}) //nolint:staticcheck
+	require.NoError(t, err)
+	h.settle()
+	//lint:ignore SA1012 a nil context is what is under test
+	require.NoError(t, h.m.Cancel(nil, task.ID)) //nolint:staticcheck
+	//lint:ignore SA1012 a nil context is what is under test
+	got, err := h.m.Wait(nil, task.ID) //nolint:staticcheck
+	require.NoError(t, err)
+	assert.Equal(t, StatusCancelled, got.Status)
+	other := h.launch("a/one")
+	h.settle()
+	//lint:ignore SA1012 a nil context is what is under test
+	_, err = h.m.CloseBranch(nil, "parent") //nolint:staticcheck
+	require.NoError(t, err)
+	assert.Equal(t, StatusCancelled, h.task(other.ID).Status)
+	h.launch("a/one") // the fence is down
+	//lint:ignore SA1012 a nil context is what is under test
+	sub, err := h.m.Subscribe(nil, 1) //nolint:staticcheck
+	require.NoError(t, err)
+	sub.Close()
+	//lint:ignore SA1012 a nil context is what is under test
+	require.NoError(t, h.m.CancelRun(nil, RunRef{TaskID: other.ID})) //nolint:staticcheck
+	//lint:ignore SA1012 a nil context is what is under test
+	_, err = h.m.CloseTask(nil, other.ID) //nolint:staticcheck
+	require.NoError(t, err)
+	//lint:ignore SA1012 a nil context is what is under test
+	require.NoError(t, h.m.Shutdown(nil)) //nolint:staticcheck
+}
+
+func TestCloseBranchRefusesBlankAndUnknownSessions(t *testing.T) {
+	h := newHarness(t, nil)
+	h.launch("a/one")
+	h.settle()
+	_, err := h.m.CloseBranch(context.Background(), "")
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = h.m.CloseBranch(context.Background(), "  ")
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = h.m.CloseBranch(context.Background(), "never-seen")
+	assert.ErrorIs(t, err, ErrUnknownSession)
+	h.settle()
+	assert.Empty(t, h.m.ClosureRecords(), "no record for a refused closure")
+	for _, n := range h.rec.All() {
+		assert.NotEqual(t, NotifyBranchClosed, n.Kind, "no notification for a refused closure")
+	}
+	_, err = h.m.CloseBranch(context.Background(), "parent") // a parent is known
+	require.NoError(t, err)
+}
+
+func TestSpecRefusesBlankFieldsAndReservedPrefixInAnyCase(t *testing.T) {
+	h := newHarness(t, nil)
+	tests := []struct {
+		name  string
+		give  Spec
+		field string
+	}{
+		{name: "blank parent", give: Spec{ParentSessionID: " \t", Models: []Model{{Provider: "a", ID: "b"}}}, field: "ParentSessionID"},
+		{name: "blank provider", give: Spec{ParentSessionID: "p", Models: []Model{{Provider: " ", ID: "b"}}}, field: "Models[0].Provider"},
+		{name: "blank id", give: Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "\n"}}}, field: "Models[0].ID"},
+		{name: "reserved prefix upper case", give: Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "b"}}, Metadata: map[string]string{"BgTask.x": "1"}}, field: `Metadata["BgTask.x"]`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := h.m.Launch(context.Background(), tt.give)
+			var se *SpecError
+			require.ErrorAs(t, err, &se)
+			assert.Equal(t, tt.field, se.Field)
+		})
+	}
+	assert.Empty(t, h.m.Tasks())
+}
+
+// panicky is an error whose own methods panic: user code failing on a
+// Manager goroutine.
+type panicky struct{ status bool }
+
+func (p panicky) Error() string {
+	if p.status {
+		return "502 bad gateway"
+	}
+	panic("Error exploded")
+}
+
+func (p panicky) StatusCode() int {
+	if p.status {
+		panic("StatusCode exploded")
+	}
+	return 502
+}
+
+func TestUserCodeThatPanicsOnAManagerGoroutineFailsTheAttemptNotTheProcess(t *testing.T) {
+	tests := []struct {
+		name     string
+		startErr error
+		runErr   error
+		opts     []Option
+		want     string // in the attempt's error text
+	}{
+		{name: "start error whose Error panics", startErr: panicky{}, want: "Error method panicked: Error exploded"},
+		{name: "run error whose Error panics", runErr: panicky{}, want: "Error method panicked: Error exploded"},
+		{name: "StatusCode that panics", runErr: panicky{status: true}, want: "classifying this error panicked: StatusCode exploded"},
+		{name: "classifier that panics", runErr: errRateLimited,
+			opts: []Option{WithRetryable(func(error) bool { panic("classifier exploded") })}, want: "classifying this error panicked: classifier exploded"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var h *harness
+			if tt.startErr != nil {
+				h = newHarness(t, &testHost{start: func(context.Context, SessionRequest, string) (string, error) { return "", tt.startErr }}, tt.opts...)
+			} else {
+				h = newFuncHarness(t, func(context.Context, Run) (string, error) { return "", tt.runErr }, tt.opts...)
+			}
+			task := h.launch("a/one", "b/two")
+			got := h.wait(task.ID)
+			assert.Equal(t, StatusError, got.Status)
+			assert.Len(t, got.Attempts, 1, "a panic is a non-retryable error")
+			assert.Contains(t, got.Error, tt.want)
+		})
+	}
+}
+
+// panickyHandler is a slog.Handler that panics on every record.
+type panickyHandler struct{}
+
+func (panickyHandler) Enabled(context.Context, slog.Level) bool  { return true }
+func (panickyHandler) Handle(context.Context, slog.Record) error { panic("logger exploded") }
+func (h panickyHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h panickyHandler) WithGroup(string) slog.Handler           { return h }
+
+func TestALoggerThatPanicsIsSwallowedAndCounted(t *testing.T) {
+	h := newHarness(t, &testHost{abort: func(context.Context, string) error { return errors.New("abort refused") }},
+		WithLogger(slog.New(panickyHandler{})))
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	// A failed abort logs from the recorder goroutine; a rejected event
+	// logs from Observe.
+	require.Error(t, h.m.Cancel(context.Background(), task.ID))
+	assert.ErrorIs(t, h.m.Observe(Event{SessionID: "nobody", Kind: SessionBusy}), ErrUnknownSession)
+	require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
+	assert.Equal(t, StatusCompleted, h.wait(task.ID).Status, "the Manager went on")
+	assert.GreaterOrEqual(t, h.m.LoggerPanics(), uint64(2))
+}
+
+func TestRetryDelayFuncSeesTheFailureAndItsRetryAfter(t *testing.T) {
+	type seen struct {
+		n     int
+		cause error
+	}
+	saw := make(chan seen, 4)
+	h := newHarness(t, nil, WithRetryDelayFunc(func(n int, cause error) time.Duration {
+		saw <- seen{n, cause}
+		d, _ := RetryAfter(cause)
+		return d
+	}))
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: retryAfterErr{d: 30 * time.Second}}))
+	s := <-saw
+	assert.Equal(t, 2, s.n)
+	var ra retryAfterErr
+	require.ErrorAs(t, s.cause, &ra, "the delay function sees the error value itself")
+	h.waitTimers(1)
+	require.Equal(t, PendingRetryDelay, h.task(task.ID).Pending)
+	h.clock.Advance(30 * time.Second)
+	h.until(func() bool { return h.task(task.ID).Status == StatusRunning })
+	assert.Equal(t, 2, len(h.host.Starts()))
+}
+
+type retryAfterErr struct{ d time.Duration }
+
+func (e retryAfterErr) Error() string             { return "429 Too Many Requests" }
+func (e retryAfterErr) RetryAfter() time.Duration { return e.d }
+
+func TestARetryDelayFunctionThatPanicsEndsTheAttemptItWouldDelay(t *testing.T) {
+	h := newHarness(t, nil, WithRetryDelay(func(int) time.Duration { panic("delay exploded") }))
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errRateLimited}))
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusError, got.Status)
+	require.Len(t, got.Attempts, 2)
+	assert.Contains(t, got.Error, "retry delay function panicked: delay exploded")
+}
+
+func TestShutdownReturnsAtItsDeadlineWhenAHostIgnoresItsContext(t *testing.T) {
+	stuck := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	m := New(&testHost{abort: func(ctx context.Context, sid string) error {
+		entered <- struct{}{}
+		<-stuck // ignores ctx
+		return nil
+	}}, WithIDs(SequentialIDs()))
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
+	require.NoError(t, err)
+	require.NoError(t, m.group.Wait(context.Background()))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err = m.Shutdown(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), task.ID, "names what is still running")
+	assert.Contains(t, err.Error(), "still in Host")
+	got, _ := m.Task(task.ID)
+	assert.Equal(t, StatusRunning, got.Status, "not stopped, so not reported stopped")
+	close(stuck)
+	// A later Shutdown waits for what the first left running.
+	require.NoError(t, m.Shutdown(context.Background()))
+	assert.Zero(t, m.group.Running())
+	<-entered
+}
+
+func TestShutdownReturnsAtItsDeadlineWhenANotifierIgnoresItsContext(t *testing.T) {
+	stuck := make(chan struct{})
+	m := New(&testHost{}, WithIDs(SequentialIDs()), WithNotifier(NotifierFunc(func(ctx context.Context, n Notification) error {
+		<-stuck
+		return nil
+	})))
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err = m.Shutdown(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "waiting for deliveries")
+	got, _ := m.Task(task.ID)
+	assert.Equal(t, StatusInterrupt, got.Status)
+	close(stuck)
+	require.NoError(t, m.Shutdown(context.Background()))
+}
+
+func TestAStuckNotifierKeepsItsQueuesBounded(t *testing.T) {
+	stuck := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	h := newHarness(t, nil, WithNotifyLimits(3, 4), WithNotifyRetry(1, nil))
+	h.rec.hook = func(ctx context.Context, n Notification) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-stuck:
+		case <-ctx.Done():
+		}
+		return errors.New("refused")
+	}
+	for range 6 {
+		task := h.launch("a/one")
+		h.answer(task.ID)
+	}
+	<-entered
+	h.m.mu.Lock()
+	pending := h.m.lanes.Pending()
+	h.m.unlock()
+	assert.LessOrEqual(t, pending, 3, "a parent's queue is bounded")
+	lost := h.m.Undelivered()
+	assert.LessOrEqual(t, len(lost), 4, "Undelivered is bounded")
+	assert.NotZero(t, h.m.NotifyDropped(), "what no bound could keep is counted")
+	var logged bool
+	for _, r := range h.logs.Records() {
+		if r["level"] == "ERROR" && r["msg"] == "bgtask: undelivered notification dropped: Undelivered is full (WithNotifyLimits)" {
+			logged = true
+		}
+	}
+	assert.True(t, logged)
+	close(stuck)
+}
+
+// answer ends task id with an answer once its session is bound.
+func (h *harness) answer(id string) {
+	h.t.Helper()
+	h.until(func() bool { return h.task(id).Status == StatusRunning })
+	require.NoError(h.t, h.observe(Event{SessionID: h.task(id).SessionID, Kind: SessionIdle, Text: "ok"}))
+}
+
+func TestAllCompleteSaysCancelledNotFailed(t *testing.T) {
+	h := newHarness(t, nil)
+	a := h.launch("a/one")
+	b := h.launch("a/one")
+	c := h.launch("a/one")
+	h.settle()
+	require.NoError(t, h.m.Cancel(context.Background(), a.ID))
+	require.NoError(t, h.observe(Event{SessionID: h.task(b.ID).SessionID, Kind: SessionError, Err: Permanent(errors.New("boom"))}))
+	require.NoError(t, h.observe(Event{SessionID: h.task(c.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
+	h.settle()
+	var text string
+	var order []string
+	for _, n := range h.rec.All() {
+		if n.Kind == NotifyAllComplete {
+			text = n.Text
+			for _, t := range n.Tasks {
+				order = append(order, t.ID)
+			}
+		}
+	}
+	assert.Contains(t, text, "3 tasks under parent: 1 failed, 1 cancelled, 1 completed.")
+	assert.Equal(t, []string{b.ID, a.ID, c.ID}, order, "failures first, then stops, then answers")
+}
