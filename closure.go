@@ -662,17 +662,26 @@ func (m *Manager) walk(c *closure, visit func(*entry)) {
 // CloseBranch stops every run in the branch below sessionID and returns
 // once all of them have stopped.
 //
-// The scope is sessionID itself — if it is a task's current session, that
-// task's live run — plus every task whose parent session is in scope,
-// recursively through all attempt sessions of those tasks, historical ones
-// included. From the first instant a fence holds: Launch with a parent in
-// scope returns ErrBranchClosing, no retry is scheduled in scope (a
-// retryable failure ends the task cancelled), and a session start in flight
-// for a run in scope is aborted when it returns, never adopted as live.
+// The scope is sessionID itself plus every task whose parent session is in
+// scope, recursively through all attempt sessions of those tasks,
+// historical ones included. A task is the unit: if sessionID is any session
+// of a task (its current one or a superseded one), the scope is that whole
+// task — its live run, and what each of its sessions launched. From the
+// first instant a fence holds: Launch with a parent in scope returns
+// ErrBranchClosing, no retry is scheduled in scope (a child that fails on
+// its own meanwhile ends in error with its failure; nothing new starts),
+// and a session start in flight for a run in scope is bound when it returns
+// (the session exists) and aborted at once.
 // Every live run in scope is stopped through the host, exactly by its
 // token; then the branch is scanned again, until a scan finds nothing
 // runnable. Aborts are shared with Cancel, Shutdown and overlapping
 // closures.
+//
+// A blank sessionID is refused with ErrInvalidArgument, and a session the
+// Manager has never seen — no task's session, no task's parent, and no
+// session start in flight that could create it — with ErrUnknownSession;
+// neither keeps a record or sends a notification. A nil ctx is
+// context.Background().
 //
 // CloseBranch returns a nil error only when every run in scope has stopped.
 // If some abort failed, it returns a *ClosureError naming each run that did

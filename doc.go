@@ -27,8 +27,11 @@
 // attempt as error, creates the next attempt pending on the next model,
 // makes it current, aborts the failed session, then starts the new one,
 // bound to exactly that attempt. DefaultRetryable decides what is
-// retryable; WithRetryable replaces it; Permanent marks an error that must
-// not be retried; WithRetryDelay and Backoff space retries out.
+// retryable (from a status method or field, or a provider's message);
+// WithRetryable replaces it; Permanent marks an error that must not be
+// retried; WithRetryDelay and Backoff space retries out, and
+// WithRetryDelayFunc sees the failure (RetryAfter reads what a provider
+// asked for).
 //
 // # Events
 //
@@ -38,15 +41,20 @@
 // event for a superseded or terminal attempt returns ErrStaleEvent, one for
 // a session nobody knows ErrUnknownSession; neither changes anything. A
 // child may talk before StartSession has returned: such events are held,
-// bounded, and applied in order once the session is bound. SessionBusy and
-// SessionCompacted never end a run.
+// bounded, and applied in order once the session is bound; at the bound,
+// liveness is dropped but the event that ends a run is always kept.
+// SessionBusy and SessionCompacted never end a run.
 //
 // # Cancellation
 //
 // Cancel returns once the child has stopped: the host confirmed the abort,
 // or no child existed yet. If the abort fails, the task stays in its live
 // state and Cancel returns the error. A child that finishes before the abort
-// lands keeps its outcome. Cancel acts on the run it observed, by token;
+// lands keeps its outcome: an answer completes it, and its own failure ends
+// it in error (a stop only forbids a retry; the status says what ended the
+// run). A session that arrives after a stop was asked is bound — it exists,
+// so the attempt runs — and aborted; it is cancelled when the host confirms.
+// Cancel acts on the run it observed, by token;
 // concurrent stops of one run share one abort. Contexts given to Host and
 // Notifier calls carry the run they serve (RunFromContext), so a stop made
 // from inside a callback that would wait on itself returns ErrStopPending
@@ -57,7 +65,9 @@
 // CloseBranch stops a whole branch of work and proves it stopped: the
 // session, and every task launched — recursively — from any session of any
 // task in the branch, historical attempts included, as the ledger recorded
-// them. From its first instant a fence refuses new work in the branch
+// them. A task is the unit: closing any of its sessions closes the task's
+// live run and what all its sessions launched; CloseTask does the same by
+// task id. From its first instant a fence refuses new work in the branch
 // (ErrBranchClosing) and suppresses retries; every live run is aborted by
 // token, while one walk of the ledger's edges goes on; the branch is
 // rescanned until nothing runnable is left (a rescan needs no walk when the
@@ -92,13 +102,29 @@
 // delivered one at a time in the order they were produced, never under the
 // Manager's lock, so a Notifier (like a Host) may call back into the
 // Manager. A refused notification is retried (WithNotifyRetry), then kept
-// (Undelivered). When the last live task of a parent ends, the parent gets
-// exactly one NotifyAllComplete.
+// (Undelivered). Queues and Undelivered are bounded (WithNotifyLimits), so a
+// stuck Notifier costs bounded memory. When the last live task of a parent
+// ends, the parent gets exactly one NotifyAllComplete.
+//
+// # Bad input and user code
+//
+// A nil context is treated as context.Background() by every method that
+// takes one. Blank ids and blank Spec fields are refused with an error that
+// says which, before anything changes. User code that runs on the Manager's
+// goroutines — a Host, a Notifier, a FuncHost function, a classifier, a
+// retry delay, a logger, an error's own Error or StatusCode method — is
+// guarded: a panic fails the attempt it served with a non-retryable error
+// that names it (a logger's panic is swallowed and counted, LoggerPanics),
+// and the Manager goes on. Shutdown returns when its context ends (after a
+// short grace, ShutdownGrace) and names what a Host or Notifier that
+// ignores its context left running.
 //
 // # Following state
 //
 // Subscribe streams a Change for every applied mutation, with a
 // manager-wide sequence number; Snapshot returns every task at a sequence.
-// The mirror package keeps a client's copy consistent from both. Task.Activity
+// The mirror package keeps a client's copy consistent from both; an epoch
+// names a Manager's process life, and a snapshot from a different epoch
+// replaces what an older one said, whatever the clocks say. Task.Activity
 // (generating, waiting) is process-local and never persisted.
 package bgtask

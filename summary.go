@@ -174,9 +174,10 @@ var (
 // beginning and end.
 const MaxEvidenceRunes = 2000
 
-// Outcome is what a parent gets when a task ends: computed once, when the
-// task becomes terminal, and carried by both Wait (Task.Outcome) and the
-// final summary notification.
+// Outcome is what a parent gets when a task ends: computed once, at its
+// first read after the task became terminal (from what the task ended
+// with, which never changes after), and carried by both Wait
+// (Task.Outcome) and the final summary notification with the same value.
 //
 // Status says how the child's run ended; Outcome says what the parent was
 // given. A run that ended idle but was cut off, filtered, or ended with no

@@ -99,7 +99,8 @@ type Task struct {
 	Revision   uint64            `json:"revision"`
 	LaunchedAt time.Time         `json:"launchedAt,omitzero"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
-	// Outcome is what the parent gets; set once the task is terminal.
+	// Outcome is what the parent gets; set once the task is terminal
+	// (computed at its first read, the same value for every reader).
 	Outcome *Outcome `json:"outcome,omitempty"`
 	// Activity is what the child is doing now, from its latest events:
 	// process-local, never persisted, empty unless the task is running.
@@ -1503,8 +1504,9 @@ func (m *Manager) deliver(_ string, n Notification) {
 	m.unlock()
 }
 
-// Undelivered returns the notifications the Notifier never accepted, after
-// every retry, in the order they were given up.
+// Undelivered returns the notifications the Notifier never accepted (after
+// every retry) or that a full queue gave up, in the order they were given
+// up: at most the WithNotifyLimits bound, the oldest dropped first.
 func (m *Manager) Undelivered() []Notification {
 	m.mu.Lock()
 	defer m.unlock()
@@ -1772,8 +1774,13 @@ func IsPermanent(err error) bool {
 // DefaultRetryable is the classifier used unless WithRetryable replaces it.
 // It retries rate limits (429), overload (503, 529, "overloaded"), other
 // 5xx, a forbidden or unauthorized provider (403, 401), a model not found
-// (404) and timeouts, recognised from a StatusCode() int or HTTPStatus()
-// int method anywhere in the chain or from common provider messages; and a
+// (404) and timeouts. The status is read from the first error in the chain
+// that has one: a StatusCode() or HTTPStatus() int method, an int field
+// such as StatusCode or HTTPStatusCode, or a Response *http.Response field
+// (the provider SDKs' shapes); else from the message, where a written-out
+// status ("404 Not Found") and a provider's error code (model_not_found,
+// invalid_api_key, not_found_error, RESOURCE_EXHAUSTED, …) win over a
+// generic type such as invalid_request_error; and a
 // failed session start (*StartError) unless its cause is known not to be
 // worth retrying. Context-length, validation and aborted errors, and
 // anything unrecognised, are not retried.
@@ -1850,7 +1857,9 @@ func (r Run) Compacted() { r.report(SessionCompacted) }
 // FuncHost is a Host whose child sessions are Go functions running in this
 // process: each attempt runs fn on its own goroutine, under a session id the
 // host mints. Create it with NewFuncHost and pass it to New; one FuncHost
-// serves one Manager.
+// serves one Manager. fn starts only once the Manager has bound the
+// attempt's session, so the task reads running for as long as fn runs; an
+// attempt stopped or replaced before that never runs fn.
 //
 // fn's return is the evidence: an answer becomes SessionIdle with that text,
 // an error SessionError (so the fallback chain applies, and Permanent is
@@ -1860,12 +1869,14 @@ func (r Run) Compacted() { r.report(SessionCompacted) }
 // attempt.
 //
 // AbortSession cancels the attempt's context and returns only once fn has
-// returned; an error fn returns after that is the abort's doing and is not
-// reported (the task ends cancelled), while an answer is still the truth
-// (the task ends completed). If fn ignores its context, AbortSession waits
-// until its own context ends and returns an error: the task stays running
-// until fn really returns. The goroutines belong to the Manager, so none
-// outlives Shutdown (which waits for them).
+// returned; the task then ends with the stop's status (cancelled, or
+// interrupt at Shutdown), and an error fn returned after the stop was asked
+// — other than its context's cancellation — is kept as the attempt's error
+// text and evidence. An answer is still the truth (the task ends
+// completed). If fn ignores its context, AbortSession waits until its own
+// context ends and returns an error: the task stays running until fn
+// really returns. The goroutines belong to the Manager; Shutdown waits for
+// them (see its doc for a function that ignores its context).
 type FuncHost struct {
 	fn RunFunc
 
@@ -2410,7 +2421,10 @@ func (m *Manager) setActivity(e *entry, a Activity) {
 // Change is one applied mutation: the task as it is after it, and the
 // manager-wide sequence number of the change.
 type Change struct {
-	// Epoch names the Manager's process life; sequences restart with it.
+	// Epoch names the Manager's process life (wall-clock nanoseconds at
+	// New). It tells process lives apart but does not order them: a
+	// restarted process whose clock is behind has a smaller one. Sequences
+	// start again with each epoch.
 	Epoch uint64 `json:"epoch,omitempty"`
 	Seq   uint64 `json:"seq"`
 	Task  Task   `json:"task"`
@@ -2419,8 +2433,9 @@ type Change struct {
 // Snapshot is every task, complete, as of sequence Seq: what it omits is
 // absent.
 type Snapshot struct {
-	// Epoch names the Manager's process life: a later process has a
-	// larger epoch, and its sequence numbers start again.
+	// Epoch names the Manager's process life, as Change.Epoch does: a
+	// different epoch is a different process, whether its number is larger
+	// or smaller, and its sequence numbers start again.
 	Epoch uint64 `json:"epoch,omitempty"`
 	Seq   uint64 `json:"seq"`
 	Tasks []Task `json:"tasks"`
@@ -2464,7 +2479,7 @@ const DefaultSubscriptionBuffer = 1024
 // blocks the Manager: when its buffer (default DefaultSubscriptionBuffer) is
 // full, the subscription ends with ErrLagged and the consumer resyncs from a
 // Snapshot. Subscribe before taking the Snapshot you start from; Mirror
-// orders the two by sequence.
+// orders the two by sequence within an epoch.
 func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, error) {
 	ctx = orBackground(ctx)
 	if buffer <= 0 {
