@@ -109,24 +109,51 @@ func TestRetrySessionKeptAfterItsArrivalAbortFailedIsAnnounced(t *testing.T) {
 }
 
 func TestFuncHostRunIsBoundBeforeTheFunctionRuns(t *testing.T) {
-	type seen struct {
-		task Task
-		ok   bool
-	}
+	// The host's StartSession is slow to return after the FuncHost made
+	// the session: a function that ran before the bind would see its task
+	// pending. The wait below only gives that bug its chance to show.
 	var m *Manager
-	saw := make(chan seen, 1)
-	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
-		task, ok := m.Task(run.TaskID)
-		saw <- seen{task, ok}
+	saw := make(chan Task, 1)
+	fh := NewFuncHost(func(ctx context.Context, run Run) (string, error) {
+		task, _ := m.Task(run.TaskID)
+		saw <- task
 		return "ok", nil
 	})
+	var early []Task
+	host := &slowReturn{Host: fh, after: func() {
+		select {
+		case got := <-saw:
+			early = append(early, got)
+		case <-time.After(100 * time.Millisecond): // failure detection only
+		}
+	}}
+	h := &harness{t: t, rec: &recorder{}}
+	h.m = New(host, WithIDs(SequentialIDs()))
 	m = h.m
+	fh.attach(h.m)
+	shutdownAtCleanup(t, h.m)
 	task := h.launch("a/one")
-	s := <-saw
-	require.True(t, s.ok)
-	assert.Equal(t, StatusRunning, s.task.Status, "the function runs only once its session is bound")
-	assert.Equal(t, "fn_"+s.task.CurrentAttemptID, s.task.SessionID)
-	assert.Equal(t, StatusCompleted, h.wait(task.ID).Status)
+	done := h.wait(task.ID)
+	assert.Empty(t, early, "the function ran before its session was bound")
+	assert.Equal(t, StatusCompleted, done.Status)
+	if len(early) == 0 {
+		s := <-saw
+		assert.Equal(t, StatusRunning, s.Status, "the function runs only once its session is bound")
+		assert.Equal(t, "fn_"+s.CurrentAttemptID, s.SessionID)
+	}
+}
+
+// slowReturn calls after once the wrapped StartSession returned, before it
+// returns itself.
+type slowReturn struct {
+	Host
+	after func()
+}
+
+func (s *slowReturn) StartSession(ctx context.Context, req SessionRequest) (string, error) {
+	sid, err := s.Host.StartSession(ctx, req)
+	s.after()
+	return sid, err
 }
 
 func TestFuncHostCancelBeforeBindEndsCancelledWithItsSession(t *testing.T) {
@@ -195,14 +222,29 @@ func TestCloseTaskStopsTheTaskAndEverythingBelowIt(t *testing.T) {
 	task := h.launch("a/one", "b/two")
 	h.settle()
 	first := h.task(task.ID).SessionID
-	child, childSes := h.child(first)
+	child, childSes := h.child(first) // launched by attempt 1
 	grand, _ := h.child(childSes)
 	outside, _ := h.child("parent")
+	require.NoError(t, h.observe(Event{SessionID: first, Kind: SessionError, Err: errRateLimited}))
+	h.settle()
+	require.Equal(t, 2, len(h.task(task.ID).Attempts))
 	rep, err := h.m.CloseTask(context.Background(), task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, task.ID, rep.TaskID)
 	assert.Equal(t, []Status{StatusCancelled, StatusCancelled, StatusCancelled, StatusRunning},
 		statuses(h, task.ID, child.ID, grand.ID, outside.ID))
+	assert.Equal(t, task.ID, h.m.ClosureRecords()[0].TaskID)
+
+	// An ended task is no obstacle: what it launched is stopped.
+	done := h.launch("a/one")
+	h.settle()
+	doneSes := h.task(done.ID).SessionID
+	kid, _ := h.child(doneSes)
+	require.NoError(t, h.observe(Event{SessionID: doneSes, Kind: SessionIdle, Text: "ok"}))
+	_, err = h.m.CloseTask(context.Background(), done.ID)
+	require.NoError(t, err)
+	assert.Equal(t, []Status{StatusCompleted, StatusCancelled}, statuses(h, done.ID, kid.ID))
+
 	_, err = h.m.CloseTask(context.Background(), "nope")
 	assert.ErrorIs(t, err, ErrUnknownTask)
 }
