@@ -151,14 +151,10 @@ func TestHeldSessionEventsExpireWhenTheirStartsReturn(t *testing.T) {
 	require.NoError(t, h.m.Observe(Event{SessionID: "orphan", Kind: SessionBusy})) // only start A can claim it
 	h.launch("b/two")
 	close(blockA) // A returns another session: "orphan" can no longer be claimed
-	h.m.mu.Lock()
-	wait := h.m.waitAny()
-	h.m.unlock()
-	<-wait
-	for {
+	for { // (waiting for a change before the first look hung when A had returned already)
 		h.m.mu.Lock()
 		n, inflight := h.m.heldBySes, len(h.m.inflight)
-		wait = h.m.waitAny()
+		wait := h.m.waitAny()
 		h.m.unlock()
 		if inflight == 1 {
 			assert.Zero(t, n, "the held event expired although start B is still in flight")
