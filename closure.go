@@ -99,7 +99,6 @@ type abortOp struct {
 	ctx      runCtx        // the host call's context
 	err      error         // the host's answer, once finished
 	failWith *failure      // when confirmed, the run fails with this (a stall, a start error)
-	arrival  bool          // the session arrived for a run not adopting it: bind it if it lives on
 	finished bool          // the host answered
 	status   Status        // the attempt's status once the answer was recorded
 	done     chan struct{} // closed when finished; made only for a waiter
@@ -277,12 +276,6 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 	a := op.ref.attempt()
 	live := op.ref.isCurrent() && !a.Status.Terminal()
 	switch {
-	case err != nil && live && op.arrival && a.Status == StatusPending:
-		// The session it was to stop is alive: the truth wins, bind it.
-		m.logLocked(slog.LevelWarn, "bgtask: abort of an arriving session failed; it is bound and runs",
-			slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
-			slog.String("session", op.session), slog.String("err", err.Error()))
-		m.bindRun(e, a.ID, op.session, now) // it runs like any bound run
 	case err != nil:
 		if live {
 			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
@@ -290,21 +283,15 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 				slog.String("session", op.session), slog.String("err", err.Error()))
 		}
 		m.changed(e, e.terminal())
-	case live && op.arrival && op.failWith != nil && !m.fence(e):
-		m.startFailed(e, *a, *op.failWith)
 	case live && op.failWith != nil && !m.fence(e):
 		e.seen.stopped = op.run().Token // the retry need not abort it again
 		m.fail(e, *op.failWith, now)
 	case live:
-		status := e.rt.stopWanted
-		if status == "" {
-			status = StatusCancelled
-		}
 		var errText string // what the run returned as it stopped, if anything
 		if out := e.seen.out; out.token == a.Token {
 			errText = out.stopErr
 		}
-		m.finalizeRef(op.ref, status, errText, "", now)
+		m.finalizeRef(op.ref, e.stopStatus(), errText, "", now)
 	default:
 		m.changed(e, e.terminal())
 	}
@@ -539,7 +526,7 @@ type touch struct {
 // whether it has ended. It reads the abort's own copy of the answer when it
 // can, so a large report does not revisit every task. m.mu is held.
 func (t touch) stopped() (StoppedRun, bool) {
-	if op := t.op; op != nil && op.finished && !op.arrival && op.status.Terminal() {
+	if op := t.op; op != nil && op.finished && op.status.Terminal() {
 		// A terminal attempt never changes: the abort's copy is exact.
 		return StoppedRun{TaskID: op.run().TaskID, AttemptID: op.run().AttemptID, SessionID: op.session, Token: op.run().Token, Status: op.status}, true
 	}

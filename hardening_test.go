@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -605,4 +606,223 @@ func TestAllCompleteSaysCancelledNotFailed(t *testing.T) {
 	}
 	assert.Contains(t, text, "3 tasks under parent: 1 failed, 1 cancelled, 1 completed.")
 	assert.Equal(t, []string{b.ID, a.ID, c.ID}, order, "failures first, then stops, then answers")
+}
+
+func TestAnotherSessionsEarlyEndDoesNotCrowdOutTheChildsAnswer(t *testing.T) {
+	// A harness that forwards every session's events: the parent chat
+	// goes idle while the child's start is in flight.
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		select {
+		case <-release:
+			return sid, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}}, WithHoldLimit(1))
+	task := h.launch("a/one")
+	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
+	require.NoError(t, h.m.Observe(Event{SessionID: "parent", Kind: SessionIdle, Text: "not the child"}))
+	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionIdle, Text: "the child's answer"}))
+	close(release)
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, got.Status)
+	assert.Equal(t, "the child's answer", got.Result)
+}
+
+func TestFuncHostReturnAfterItsAbortGaveUpEndsTheTask(t *testing.T) {
+	started := make(chan struct{})
+	release := make(chan struct{})
+	m := New(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
+		close(started)
+		<-release // ignores ctx for a while
+		return "", ctx.Err()
+	}), WithIDs(SequentialIDs()))
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
+	require.NoError(t, err)
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, m.Shutdown(ctx), context.DeadlineExceeded)
+	got, _ := m.Task(task.ID)
+	require.Equal(t, StatusRunning, got.Status, "its abort gave up: it is not reported stopped")
+	close(release)
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second) // failure detection only
+	defer wcancel()
+	got, err = m.Wait(wctx, task.ID)
+	require.NoError(t, err, "the function returned: the task must end")
+	assert.Equal(t, StatusInterrupt, got.Status, "the stop Shutdown asked for")
+	require.NoError(t, m.Shutdown(context.Background()))
+}
+
+func TestStartFailureWhileACancelWaitsKeepsItsError(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		close(entered)
+		<-release
+		return "", errors.New("503 no capacity")
+	}})
+	task := h.launch("a/one", "b/two")
+	<-entered
+	waiting := make(chan string, 1)
+	h.m.testHookWaiting = func(id string) { waiting <- id }
+	errc := make(chan error, 1)
+	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	<-waiting
+	close(release)
+	require.NoError(t, <-errc)
+	got := h.task(task.ID)
+	assert.Equal(t, StatusCancelled, got.Status, "no child existed: the stop is true")
+	assert.Contains(t, got.Error, "503 no capacity", "the start's failure is kept")
+	assert.Len(t, got.Attempts, 1)
+}
+
+func TestChildFailureDuringShutdownEndsErrorWithoutRetry(t *testing.T) {
+	held := newAbortGate()
+	h := newHarness(t, &testHost{abort: held.abort})
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	sid := h.task(task.ID).SessionID
+	done := make(chan error, 1)
+	go func() { done <- h.m.Shutdown(context.Background()) }()
+	<-held.entered
+	require.NoError(t, h.m.Observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
+	held.release <- nil
+	require.NoError(t, <-done)
+	got := h.task(task.ID)
+	assert.Equal(t, StatusError, got.Status)
+	assert.Len(t, got.Attempts, 1, "no retry during Shutdown")
+}
+
+func TestAllCompleteCountsInterruptedApart(t *testing.T) {
+	h := newHarness(t, nil)
+	a := h.launch("a/one")
+	b := h.launch("a/one")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: h.task(a.ID).SessionID, Kind: SessionInterrupted}))
+	require.NoError(t, h.observe(Event{SessionID: h.task(b.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
+	h.settle()
+	var text string
+	for _, n := range h.rec.All() {
+		if n.Kind == NotifyAllComplete {
+			text = n.Text
+		}
+	}
+	assert.Contains(t, text, "2 tasks under parent: 0 failed, 1 interrupted, 1 completed.")
+}
+
+func TestCloseTaskOfATaskWithNoSession(t *testing.T) {
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		select {
+		case <-release:
+			return sid, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}})
+	task := h.launch("a/one")
+	done := make(chan error, 1)
+	var rep ClosureReport
+	go func() {
+		var err error
+		rep, err = h.m.CloseTask(context.Background(), task.ID)
+		done <- err
+	}()
+	h.until(func() bool {
+		h.m.mu.Lock()
+		defer h.m.unlock()
+		return len(h.m.closures) == 1
+	})
+	close(release) // the start returns inside the closure: bound, then aborted
+	require.NoError(t, <-done)
+	got := h.task(task.ID)
+	assert.Equal(t, StatusCancelled, got.Status)
+	assert.Equal(t, task.ID, rep.TaskID)
+	h.settle()
+	var text string
+	for _, n := range h.rec.All() {
+		if n.Kind == NotifyBranchClosed {
+			text = n.Text
+		}
+	}
+	assert.Contains(t, text, task.ID)
+	assert.NotContains(t, text, "Session :", "a task closed before it had a session is named by its id")
+}
+
+func TestCloseBranchOfASessionAStartInFlightCreatesStopsIt(t *testing.T) {
+	release := make(chan struct{})
+	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		select {
+		case <-release:
+			return "made-later", nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}})
+	task := h.launch("a/one")
+	done := make(chan error, 1)
+	go func() { _, err := h.m.CloseBranch(context.Background(), "made-later"); done <- err }()
+	h.until(func() bool {
+		h.m.mu.Lock()
+		defer h.m.unlock()
+		return len(h.m.closures) == 1
+	})
+	close(release)
+	require.NoError(t, <-done, "the start in flight created the root: it is known")
+	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
+}
+
+// explodingIDs panics once its budget of ids is spent.
+type explodingIDs struct {
+	IDGenerator
+	left atomic.Int32
+}
+
+func (g *explodingIDs) NewID(kind IDKind) string {
+	if g.left.Add(-1) < 0 {
+		panic("ids exploded")
+	}
+	return g.IDGenerator.NewID(kind)
+}
+
+func TestAnIDGeneratorThatPanicsFailsTheCallNotTheProcess(t *testing.T) {
+	ids := &explodingIDs{IDGenerator: SequentialIDs()}
+	ids.left.Store(3) // a task and its first attempt (id, token)
+	h := newHarness(t, nil, WithIDs(ids))
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	// The retry needs ids it cannot get: the attempt ends in error, named.
+	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errRateLimited}))
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusError, got.Status)
+	assert.Contains(t, got.Error, "IDGenerator panicked")
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
+	assert.ErrorContains(t, err, "IDGenerator panicked")
+}
+
+func TestShutdownAtItsDeadlineNamesTheTaskItLeavesRunning(t *testing.T) {
+	// The abort honours its context: it ends when Shutdown's grace does,
+	// failing, and the task stays running. The error must say which.
+	m := New(&testHost{abort: func(ctx context.Context, sid string) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}}, WithIDs(SequentialIDs()))
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
+	require.NoError(t, err)
+	require.NoError(t, m.group.Wait(context.Background()))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err = m.Shutdown(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), task.ID)
+	got, _ := m.Task(task.ID)
+	assert.Equal(t, StatusRunning, got.Status)
+}
+
+func TestAFullNotificationQueueGivesUpRetryNoticesBeforeFinalSummaries(t *testing.T) {
+	waiting := []Notification{{Kind: NotifyFinalSummary}, {Kind: NotifyAllComplete}, {Kind: NotifyRetrySessionReady}, {Kind: NotifyRetryScheduled}}
+	assert.Equal(t, 2, lessNeeded(waiting), "the oldest retry notice")
+	assert.Equal(t, 0, lessNeeded(waiting[:2]), "only finals: the oldest")
 }

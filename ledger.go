@@ -346,10 +346,18 @@ func (l *ledger) launch(info *taskInfo) (*entry, error) {
 // newAttempt makes attempt number n, pending (awaiting session), with fresh
 // ids that no attempt uses yet.
 func (l *ledger) newAttempt(n int, model Model) (Attempt, error) {
+	id, err := newID(l.ids, IDAttempt)
+	if err != nil {
+		return Attempt{}, err
+	}
+	token, err := newID(l.ids, IDToken)
+	if err != nil {
+		return Attempt{}, err
+	}
 	a := Attempt{
-		ID:      l.ids.NewID(IDAttempt),
+		ID:      id,
 		Number:  n,
-		Token:   l.ids.NewID(IDToken),
+		Token:   token,
 		Model:   model,
 		Status:  StatusPending,
 		Pending: PendingAwaitingSession,
@@ -361,6 +369,16 @@ func (l *ledger) newAttempt(n int, model Model) (Attempt, error) {
 		return Attempt{}, errors.New("bgtask: IDGenerator returned an empty run token")
 	}
 	return a, nil
+}
+
+// newID asks g (user code) for an id; a panic is an error that names it.
+func newID(g IDGenerator, kind IDKind) (id string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			id, err = "", fmt.Errorf("bgtask: IDGenerator panicked making a %s id: %s", kind, panicText(r))
+		}
+	}()
+	return g.NewID(kind), nil
 }
 
 // setPending changes why the current pending attempt waits.

@@ -90,7 +90,11 @@ func finalSummaryText(t Task) string {
 // branchClosedText renders a closure record for the root's parent.
 func branchClosedText(r ClosureRecord) string {
 	var b strings.Builder
-	b.WriteString("[Branch closure] Session " + r.SessionID + ": ")
+	if r.SessionID == "" { // CloseTask of a task that had no session yet
+		b.WriteString("[Branch closure] Task " + r.TaskID + ": ")
+	} else {
+		b.WriteString("[Branch closure] Session " + r.SessionID + ": ")
+	}
 	switch {
 	case len(r.Stopped) == 0 && len(r.Failed) == 0:
 		b.WriteString("nothing was running.")

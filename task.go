@@ -453,9 +453,9 @@ func RetryAfter(err error) (time.Duration, bool) {
 // per attempt for events that name their AttemptID. Default: 1024. A
 // liveness event (busy, waiting, compacted) beyond the bound is dropped:
 // Observe refuses it with ErrUnknownSession. An event that ends a run
-// (idle, error, interrupted, deleted) is held past the bound, so a child's
-// answer is never lost: one per attempt, and one per session start in
-// flight for events that name only their session. A session event is
+// (idle, error, interrupted, deleted) is never lost to the bound: it takes
+// the place of the oldest held liveness event, or, when only such ends are
+// held, is held past the bound (up to twice it). A session event is
 // held only until every start that was in flight when it arrived has
 // returned; an Event that carries AttemptID is never crowded out by events
 // for other sessions, so hosts that know the attempt should send it.
@@ -693,7 +693,7 @@ func New(host Host, opts ...Option) *Manager {
 	m.life, m.cancelLife = context.WithCancel(context.Background())
 	m.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
 	m.lanes = dispatch.New(m.group.Go, m.deliver)
-	m.lanes.SetLimit(cfg.queueLimit)
+	m.lanes.SetLimit(cfg.queueLimit, lessNeeded)
 	if cfg.limits != nil {
 		m.pool = slots.New[queued]()
 		m.cfgErr = cfg.limits.validate()
@@ -783,8 +783,12 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		return Task{}, fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, spec.ParentSessionID)
 	}
 	now := m.now()
+	id, err := newID(m.cfg.ids, IDTask)
+	if err != nil {
+		return Task{}, err
+	}
 	info := &taskInfo{
-		id:          m.cfg.ids.NewID(IDTask),
+		id:          id,
 		parent:      spec.ParentSessionID,
 		description: spec.Description,
 		agent:       spec.Agent,
@@ -905,11 +909,9 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 			if !o.classified {
 				return resolved{}, errNeedsClass
 			}
-			if m.heldBySes >= m.cfg.holdLimit && !m.holdPastBound(ev, "") {
+			if !m.hold(o, &m.heldBySes, "") {
 				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.heldBySes)
 			}
-			m.heldBySes++
-			m.held = append(m.held, heldEvent{obs: o, horizon: m.startSeq})
 			return resolved{}, nil
 		}
 		return resolved{}, ErrUnknownSession
@@ -928,37 +930,53 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 		if !e.rt.starting() {
 			return ref.who(), ErrStaleEvent // no child can be running for it
 		}
-		if e.seen.heldN >= m.cfg.holdLimit && !m.holdPastBound(ev, a.ID) {
+		if !m.hold(o, &e.seen.heldN, a.ID) {
 			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, e.seen.heldN, a.ID)
 		}
-		e.seen.heldN++
-		m.held = append(m.held, heldEvent{obs: o, attemptID: a.ID, horizon: m.startSeq})
 		return resolved{}, nil
 	}
 	m.apply(ref.e, o)
 	return resolved{}, nil
 }
 
-// holdPastBound reports whether ev may be held although the hold bound is
-// reached: liveness may be dropped there, but the event that ends a run
-// must not be lost. At most one such event is kept per attempt (attemptID)
-// and, for session-keyed events, at most one per start in flight: only one
-// can matter to each run. m.mu is held.
-func (m *Manager) holdPastBound(ev Event, attemptID string) bool {
-	if !ev.Kind.ends() {
-		return false
-	}
-	ends := 0
-	for _, h := range m.held {
-		if !h.obs.ev.Kind.ends() || h.attemptID != attemptID {
-			continue
+// hold keeps o until the attempt it names (attemptID), or the session it
+// names (attemptID ""), is bound; n counts what is held for that key. At the
+// bound (WithHoldLimit) liveness is dropped, but an event that ends a run is
+// never lost to it: it takes the place of the oldest liveness event held
+// for its key, or, when only run ends are held, it is held past the bound
+// (up to twice the bound), unless that run's end is held already. m.mu is
+// held.
+func (m *Manager) hold(o observation, n *int, attemptID string) bool {
+	ev := o.ev
+	if *n >= m.cfg.holdLimit {
+		if !ev.Kind.ends() {
+			return false
 		}
-		if attemptID != "" || h.obs.ev.SessionID == ev.SessionID {
-			return false // this run's end is held already
+		victim := -1
+		for i, h := range m.held {
+			if h.attemptID != attemptID {
+				continue // another key
+			}
+			if !h.obs.ev.Kind.ends() {
+				if victim < 0 {
+					victim = i
+				}
+			} else if attemptID != "" || h.obs.ev.SessionID == ev.SessionID {
+				return false // this run's end is held already
+			}
 		}
-		ends++
+		switch {
+		case victim >= 0:
+			m.rejectedLocked(m.held[victim].obs.ev, resolved{}, fmt.Errorf("%w: dropped to hold an event that ends a run", ErrUnknownSession))
+			m.held = slices.Delete(m.held, victim, victim+1)
+			*n--
+		case *n >= 2*m.cfg.holdLimit:
+			return false
+		}
 	}
-	return attemptID != "" || ends < len(m.inflight)
+	*n++
+	m.held = append(m.held, heldEvent{obs: o, attemptID: attemptID, horizon: m.startSeq})
+	return true
 }
 
 // who names the attempt for a log line.
@@ -1064,7 +1082,7 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	if lerr != nil {
 		m.ledgerBug(e, lerr)
 		if !e.terminal() { // the next attempt could not be made: end here
-			m.finalize(e, a.ID, StatusError, text, "", at)
+			m.finalize(e, a.ID, StatusError, text+" (no retry: "+lerr.Error()+")", "", at)
 		}
 		return
 	}
@@ -1255,32 +1273,26 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 		m.fence(e) // a run inside a closing branch is aborted on arrival
 	}
 	switch {
-	case live && err == nil:
-		// Adopt it: the session exists, so the attempt runs. Bind, then
-		// apply what the child already said (a child that already ended
-		// keeps its own outcome); if a stop was asked for meanwhile, abort
-		// it now: it is cancelled only once the host confirms.
+	case live && sid != "":
+		// Adopt it: the session exists, so the attempt runs — also when a
+		// stop was asked for meanwhile, or the host reported the start
+		// failed although it made a session. Bind, then apply what the
+		// child already said (a child that already ended keeps its own
+		// outcome); then, for a stop or a failed start, abort it. It ends
+		// (cancelled, or failed with the start's error) only once the host
+		// confirms; if the abort fails, it is alive and runs on.
 		if !m.bindRun(e, a.ID, sid, m.now()) {
 			return
 		}
 		replay()
-		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && e.rt.stopWanted != "" {
-			m.abortRun(e, *cur)
-		}
-	case live && sid != "":
-		// The host reported the start failed although a session exists.
-		// Index it (its events resolve, as stale) and abort it. When the
-		// host confirms, the start's failure takes its course; if the
-		// abort fails, the child is alive and is bound.
-		if oerr := m.led.orphanSession(e, a.ID, sid, m.now()); oerr != nil {
-			m.ledgerBug(e, oerr)
-			return
-		}
-		replay()
-		if cur := e.cur(); cur.ID == a.ID && cur.Status == StatusPending {
-			op, _ := m.newAbort(e, cur, nil)
-			op.session, op.arrival, op.failWith = sid, true, &f
-			m.runAbort(op)
+		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && (e.rt.stopWanted != "" || err != nil) {
+			op, fresh := m.newAbort(e, cur, nil)
+			if err != nil {
+				op.failWith = &f
+			}
+			if fresh {
+				m.runAbort(op)
+			}
 		}
 	case sid != "":
 		// Created for an attempt that is no longer current: index it so its
@@ -1328,8 +1340,10 @@ func (m *Manager) startFailed(e *entry, a Attempt, f failure) {
 	}
 	m.changed(e, false)
 	if e.rt.stopWanted != "" {
-		// No child exists: the stop asked for is already true.
-		m.finalize(e, a.ID, e.rt.stopWanted, "", "", now)
+		// No child exists: the stop asked for is already true. The start's
+		// failure is kept as the attempt's error.
+		e.output().reason = f.reason
+		m.finalize(e, a.ID, e.rt.stopWanted, f.text, "", now)
 		return
 	}
 	m.fail(e, f, now)
@@ -1477,7 +1491,7 @@ func (m *Manager) deliver(_ string, n Notification) {
 		err = func() (err error) {
 			defer func() {
 				if r := recover(); r != nil {
-					err = fmt.Errorf("bgtask: Notifier panicked: %v", r)
+					err = fmt.Errorf("bgtask: Notifier panicked: %s", panicText(r))
 				}
 			}()
 			return m.cfg.notifier.Notify(ctx, n)
@@ -1488,7 +1502,12 @@ func (m *Manager) deliver(_ string, n Notification) {
 		if attempt >= m.cfg.notifyAttempts || m.life.Err() != nil {
 			break
 		}
-		if d := m.cfg.notifyBackoff(attempt + 1); d > 0 {
+		d, ok := m.notifyBackoff(attempt + 1)
+		if !ok {
+			err = fmt.Errorf("%w (and the WithNotifyRetry backoff panicked: no more tries)", err)
+			break
+		}
+		if d > 0 {
 			t := m.cfg.clock.NewTimer(d)
 			select {
 			case <-t.C():
@@ -1498,10 +1517,21 @@ func (m *Manager) deliver(_ string, n Notification) {
 		}
 	}
 	m.notifyFailures.Add(1)
+	why := "the Notifier refused it: " + safeText(err) // user code: before the lock
 	m.mu.Lock()
-	m.keepLost(n, "the Notifier refused it: "+safeText(err))
-
+	m.keepLost(n, why)
 	m.unlock()
+}
+
+// notifyBackoff asks the WithNotifyRetry backoff (user code) how long to
+// wait before try n; ok is false if it panicked.
+func (m *Manager) notifyBackoff(n int) (d time.Duration, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			d, ok = 0, false
+		}
+	}()
+	return m.cfg.notifyBackoff(n), true
 }
 
 // Undelivered returns the notifications the Notifier never accepted (after
@@ -1532,11 +1562,23 @@ func (m *Manager) NotifyFailures() uint64 { return m.notifyFailures.Load() }
 // because Undelivered was full (WithNotifyLimits): they are gone.
 func (m *Manager) NotifyDropped() uint64 { return m.notifyDropped.Load() }
 
+// lessNeeded picks the notification a full queue gives up: the oldest retry
+// notification (the final summary repeats what it said), else the oldest.
+func lessNeeded(waiting []Notification) int {
+	for i, n := range waiting {
+		if n.Kind == NotifyRetryScheduled || n.Kind == NotifyRetrySessionReady {
+			return i
+		}
+	}
+	return 0
+}
+
 // Default bounds of WithNotifyLimits.
 const (
 	// DefaultNotifyQueueLimit is how many notifications may wait for one
-	// parent session while its Notifier is busy.
-	DefaultNotifyQueueLimit = 1000
+	// parent session while its Notifier is busy: room for a burst of
+	// 10,000 tasks of one parent ending at once.
+	DefaultNotifyQueueLimit = 10_000
 	// DefaultUndeliveredLimit is how many undelivered notifications
 	// Undelivered keeps.
 	DefaultUndeliveredLimit = 1000
@@ -1544,11 +1586,11 @@ const (
 
 // WithNotifyLimits bounds the memory notifications may hold when a
 // Notifier is slow or stuck: at most queue notifications wait for one
-// parent session (a full queue gives up its oldest waiting one, which is
-// then undelivered), and Undelivered keeps at most undelivered (the oldest
-// is dropped first, counted by NotifyDropped). Each is logged at error
-// level. A value ≤ 0 keeps the default: DefaultNotifyQueueLimit and
-// DefaultUndeliveredLimit.
+// parent session (a full queue gives up its oldest waiting retry
+// notification, or else its oldest, which is then undelivered), and
+// Undelivered keeps at most undelivered (the oldest is dropped first,
+// counted by NotifyDropped). Each is logged at error level. A value ≤ 0
+// keeps the default: DefaultNotifyQueueLimit and DefaultUndeliveredLimit.
 func WithNotifyLimits(queue, undelivered int) Option {
 	return optionFunc(func(c *config) {
 		if queue > 0 {
@@ -1658,7 +1700,16 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	_ = m.watchers.Wait(context.Background())
 	m.mu.Lock()
 	lost := len(m.lost)
+	var live []string
+	for _, e := range m.order {
+		if !e.terminal() {
+			live = append(live, e.info.id+" (session "+e.cur().SessionID+")")
+		}
+	}
 	m.unlock()
+	if len(live) > 0 {
+		errs = append(errs, fmt.Errorf("bgtask: shutdown: children did not stop (their abort failed or never returned): %v", live))
+	}
 	if n := m.lanes.Pending() + lost; n > 0 {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered (see Undelivered)", n))
 	}
@@ -1689,42 +1740,25 @@ func (m *Manager) join(ctx context.Context) error {
 		m.mu.Lock()
 		if n := m.group.Running(); n == 0 || err != nil {
 			m.group.Close()
-			var live []string
-			for _, e := range m.order {
-				if !e.terminal() {
-					live = append(live, e.info.id+" (session "+e.cur().SessionID+")")
-				}
-			}
 			m.unlock()
 			if n == 0 {
 				return nil
 			}
-			return fmt.Errorf("bgtask: shutdown: %w: %d goroutines are still in Host, Notifier or FuncHost calls that ignore their cancelled context; tasks not ended: %v", ended, n, live)
+			return fmt.Errorf("bgtask: shutdown: %w: %d goroutines are still in Host, Notifier or FuncHost calls that ignore their cancelled context", ended, n)
 		}
 		m.unlock()
 	}
 }
 
-// awaitStops waits until no session start or abort is in flight, then
-// reports the tasks that are still live (their abort failed).
+// awaitStops waits until no session start or abort is in flight, or ctx
+// ends.
 func (m *Manager) awaitStops(ctx context.Context) error {
 	for {
 		m.mu.Lock()
 		busy := len(m.inflight) > 0 || m.abortsN > 0
-		var live []string
-		if !busy {
-			for _, e := range m.order {
-				if !e.terminal() {
-					live = append(live, e.info.id+" (session "+e.cur().SessionID+")")
-				}
-			}
-		}
 		ch := m.waitAny()
 		m.unlock()
 		if !busy {
-			if len(live) > 0 {
-				return fmt.Errorf("bgtask: shutdown: children did not stop: %v", live)
-			}
 			return nil
 		}
 		select {
@@ -1886,9 +1920,13 @@ type FuncHost struct {
 }
 
 type funcRun struct {
-	cancel  context.CancelFunc
-	done    chan struct{} // closed after fn returned and its outcome was reported
-	aborted atomic.Bool
+	cancel context.CancelFunc
+	done   chan struct{} // closed after fn returned and its outcome was reported
+
+	mu       sync.Mutex // guards aborted, gaveUp, finished
+	aborted  bool       // AbortSession asked it to stop
+	gaveUp   bool       // an AbortSession stopped waiting before it returned
+	finished bool       // fn returned, or will never run
 }
 
 // NewFuncHost returns a Host that runs fn for every attempt.
@@ -1947,17 +1985,29 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 			return
 		}
 		answer, err := callRunFunc(h.fn, runCtx, run)
+		var text string
+		if err != nil && !errors.Is(err, context.Canceled) {
+			text = safeText(err) // user code: before any lock
+		}
+		fr.mu.Lock()
+		fr.finished = true
+		aborted, gaveUp := fr.aborted, fr.gaveUp
+		if aborted && text != "" {
+			// Stopped by AbortSession: the stop gives the status, an error
+			// of its own is kept as its error text — recorded before an
+			// AbortSession can see the run finished and confirm the stop.
+			m.stoppedWith(req.AttemptID, req.Token, text, false)
+		}
+		fr.mu.Unlock()
 		switch {
 		case err == nil:
-			report(SessionIdle, answer, nil)
-		case fr.aborted.Load():
-			// Stopped by AbortSession: the confirmed abort gives the
-			// status; an error of its own is kept as its error text.
-			if !errors.Is(err, context.Canceled) {
-				m.stoppedWith(req.AttemptID, req.Token, safeText(err))
-			}
-		default:
+			report(SessionIdle, answer, nil) // an answer is the truth, stop or not
+		case !aborted:
 			report(SessionError, "", err)
+		case gaveUp:
+			// The abort that asked it to stop gave up waiting, so none
+			// will confirm it: it has stopped now, and says so itself.
+			m.stoppedWith(req.AttemptID, req.Token, text, true)
 		}
 	})
 	if !started {
@@ -2002,20 +2052,37 @@ func (m *Manager) awaitBound(ctx context.Context, attemptID, token, sid string) 
 }
 
 // stoppedWith keeps the error text a run returned after it was asked to
-// stop: the stop gives the attempt's status, the text is its error and
-// evidence. It changes nothing if the run was replaced or ended.
-func (m *Manager) stoppedWith(attemptID, token, text string) {
+// stop: the stop gives the attempt's status, the text (if any) is its error
+// and evidence. With ended, the run has stopped and no abort in flight will
+// confirm it: the attempt ends now with the stop's status. It changes
+// nothing if the run was replaced or ended.
+func (m *Manager) stoppedWith(attemptID, token, text string, ended bool) {
 	m.mu.Lock()
 	defer m.unlock()
 	ref, ok := m.led.byAttempt[attemptID]
 	if !ok || !ref.isCurrent() || ref.attempt().Token != token || ref.attempt().Status.Terminal() {
 		return
 	}
-	out := ref.e.output()
-	out.stopErr = text
-	if out.output == "" {
-		out.output = text
+	e := ref.e
+	out := e.output()
+	if text != "" {
+		out.stopErr = text
+		if out.output == "" {
+			out.output = text
+		}
 	}
+	if ended && (e.rt.abort == nil || e.rt.abort.run().Token != token) {
+		m.finalizeRef(ref, e.stopStatus(), out.stopErr, "", m.now())
+	}
+}
+
+// stopStatus is the status a stop of e's run gives: the one asked for,
+// cancelled by default. m.mu is held.
+func (e *entry) stopStatus() Status {
+	if e.rt.stopWanted != "" {
+		return e.rt.stopWanted
+	}
+	return StatusCancelled
 }
 
 func callRunFunc(fn RunFunc, ctx context.Context, run Run) (answer string, err error) {
@@ -2037,12 +2104,20 @@ func (h *FuncHost) AbortSession(ctx context.Context, sessionID string) error {
 	if fr == nil {
 		return nil
 	}
-	fr.aborted.Store(true)
+	fr.mu.Lock()
+	fr.aborted = true
+	fr.mu.Unlock()
 	fr.cancel()
 	select {
 	case <-fr.done:
 		return nil
 	case <-ctx.Done():
+		fr.mu.Lock()
+		defer fr.mu.Unlock()
+		if fr.finished {
+			return nil // it returned just now: stopped
+		}
+		fr.gaveUp = true // it will say so itself when it returns
 		return fmt.Errorf("bgtask: subagent %s did not return after cancellation: %w", sessionID, ctx.Err())
 	}
 }

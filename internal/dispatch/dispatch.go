@@ -7,6 +7,7 @@ package dispatch
 
 import (
 	"context"
+	"slices"
 	"sync"
 )
 
@@ -15,7 +16,8 @@ import (
 type Lanes[T any] struct {
 	spawn   func(func()) bool
 	deliver func(key string, item T)
-	limit   int // items a lane may hold waiting; 0: no bound
+	limit   int                 // items a lane may hold waiting; 0: no bound
+	victim  func(items []T) int // which waiting item a full lane gives up
 
 	mu      sync.Mutex // guards lanes, working, idle
 	lanes   map[string]*lane[T]
@@ -35,8 +37,12 @@ func New[T any](spawn func(func()) bool, deliver func(key string, item T)) *Lane
 }
 
 // SetLimit bounds how many items one lane holds waiting (the one being
-// delivered not counted); 0 means no bound. Call it before the first Push.
-func (l *Lanes[T]) SetLimit(n int) { l.limit = max(n, 0) }
+// delivered not counted); 0 means no bound. When a full lane takes a new
+// item, victim picks the index of the waiting item it gives up (nil: the
+// oldest). Call it before the first Push.
+func (l *Lanes[T]) SetLimit(n int, victim func(items []T) int) {
+	l.limit, l.victim = max(n, 0), victim
+}
 
 // Push appends item to key's lane. It never calls deliver itself, so it is
 // safe to call while holding a lock that deliver's callee may take. When
@@ -52,10 +58,12 @@ func (l *Lanes[T]) Push(key string, item T) (old T, evicted, ok bool) {
 		l.lanes[key] = ln
 	}
 	if l.limit > 0 && len(ln.items) >= l.limit {
-		var zero T
-		old, evicted = ln.items[0], true
-		ln.items[0] = zero
-		ln.items = ln.items[1:]
+		i := 0
+		if l.victim != nil {
+			i = min(max(l.victim(ln.items), 0), len(ln.items)-1)
+		}
+		old, evicted = ln.items[i], true
+		ln.items = slices.Delete(ln.items, i, i+1)
 	}
 	ln.items = append(ln.items, item)
 	if ln.working {

@@ -98,7 +98,7 @@ func TestAFullLaneGivesUpItsOldestWaitingItem(t *testing.T) {
 		got = append(got, item)
 		mu.Unlock()
 	})
-	l.SetLimit(2)
+	l.SetLimit(2, nil)
 	var evicted []int
 	_, _, ok := l.Push("k", 0)
 	require.True(t, ok)
@@ -120,4 +120,35 @@ func TestAFullLaneGivesUpItsOldestWaitingItem(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.ElementsMatch(t, []int{0, 3, 4, 9}, got)
+}
+
+func TestAFullLaneGivesUpTheItemItsVictimPicks(t *testing.T) {
+	var g group.Group
+	block := make(chan struct{})
+	entered := make(chan struct{})
+	l := New(g.Go, func(_ string, item int) {
+		if item == 0 {
+			close(entered)
+			<-block
+		}
+	})
+	l.SetLimit(3, func(items []int) int { // the first odd item, else the oldest
+		for i, v := range items {
+			if v%2 == 1 {
+				return i
+			}
+		}
+		return 0
+	})
+	l.Push("k", 0)
+	<-entered
+	var evicted []int
+	for _, v := range []int{2, 3, 4, 6, 8} {
+		if old, ev, _ := l.Push("k", v); ev {
+			evicted = append(evicted, old)
+		}
+	}
+	assert.Equal(t, []int{3, 2}, evicted, "the odd one first, then the oldest")
+	close(block)
+	require.NoError(t, g.Wait(context.Background()))
 }

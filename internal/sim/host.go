@@ -24,12 +24,14 @@ type host struct {
 	blocked    map[string]chan struct{}
 	changed    chan struct{} // closed when blocked changes; nil while nobody waits
 	aborts     map[string]int
-	abortsFail bool // mode: every abort fails
-	reliable   bool // mode: nothing fails or hangs (the final drain)
+	created    map[string]bool // sessions StartSession returned
+	confirmed  map[string]bool // sessions whose abort returned nil
+	abortsFail bool            // mode: every abort fails
+	reliable   bool            // mode: nothing fails or hangs (the final drain)
 }
 
 func newHost(seed int64) *host {
-	return &host{seed: seed, blocked: map[string]chan struct{}{}, aborts: map[string]int{}}
+	return &host{seed: seed, blocked: map[string]chan struct{}{}, aborts: map[string]int{}, created: map[string]bool{}, confirmed: map[string]bool{}}
 }
 
 func (h *host) decide(parts ...string) int {
@@ -127,6 +129,9 @@ func (h *host) StartSession(ctx context.Context, req bgtask.SessionRequest) (str
 		case d < 10:
 			return "", errForbidden
 		case d < 12:
+			h.mu.Lock()
+			h.created[sid] = true
+			h.mu.Unlock()
 			return sid, errors.New("500 after the session was created")
 		case d < 22:
 			if err := h.block(ctx, "start "+req.AttemptID); err != nil {
@@ -134,6 +139,9 @@ func (h *host) StartSession(ctx context.Context, req bgtask.SessionRequest) (str
 			}
 		}
 	}
+	h.mu.Lock()
+	h.created[sid] = true
+	h.mu.Unlock()
 	return sid, nil
 }
 
@@ -154,5 +162,8 @@ func (h *host) AbortSession(ctx context.Context, sid string) error {
 			}
 		}
 	}
+	h.mu.Lock()
+	h.confirmed[sid] = true
+	h.mu.Unlock()
 	return nil
 }

@@ -433,6 +433,23 @@ func (w *world) check() {
 		if live > 1 {
 			w.failf("%s has %d live attempts", t.ID, live)
 		}
+		// seed 004: a run stopped by us (cancelled/interrupt) whose session
+		// the host created must have had its abort confirmed.
+		for _, a := range t.Attempts {
+			if a.Status != bgtask.StatusCancelled {
+				continue
+			}
+			if a.Error == "session deleted" {
+				continue
+			}
+			sid := "s-" + a.ID
+			w.host.mu.Lock()
+			created, confirmed := w.host.created[sid], w.host.confirmed[sid]
+			w.host.mu.Unlock()
+			if created && !confirmed {
+				w.failf("seed 004: %s attempt %s is %s but its session %s was never confirmed stopped (bound %q)", t.ID, a.ID, a.Status, sid, a.SessionID)
+			}
+		}
 		if t.Status != cur.Status || t.SessionID != cur.SessionID || t.Model != cur.Model || t.Error != cur.Error ||
 			!t.StartedAt.Equal(cur.StartedAt) || !t.CompletedAt.Equal(cur.CompletedAt) || t.Result != cur.Result {
 			w.failf("%s: task fields differ from its current attempt", t.ID)
