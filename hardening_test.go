@@ -12,6 +12,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// startsAfter is a host whose session starts return once release is
+// closed (or their context ends), with session sid ("": the default).
+func startsAfter(release <-chan struct{}, sid string) *testHost {
+	return &testHost{start: func(ctx context.Context, req SessionRequest, def string) (string, error) {
+		select {
+		case <-release:
+			if sid != "" {
+				return sid, nil
+			}
+			return def, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}}
+}
+
 // abortGate is a host whose aborts block until released (or fail with
 // err when it is set at release).
 type abortGate struct {
@@ -252,14 +268,7 @@ func TestCloseTaskStopsTheTaskAndEverythingBelowIt(t *testing.T) {
 
 func TestEarlyTerminalEventPastTheHoldLimitIsKept(t *testing.T) {
 	release := make(chan struct{})
-	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
-		select {
-		case <-release:
-			return sid, nil
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-	}}, WithHoldLimit(2))
+	h := newHarness(t, startsAfter(release, ""), WithHoldLimit(2))
 	task := h.launch("a/one")
 	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
 	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
@@ -272,14 +281,7 @@ func TestEarlyTerminalEventPastTheHoldLimitIsKept(t *testing.T) {
 
 func TestEarlyTerminalEventByAttemptPastTheHoldLimitIsKept(t *testing.T) {
 	release := make(chan struct{})
-	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
-		select {
-		case <-release:
-			return sid, nil
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-	}}, WithHoldLimit(1))
+	h := newHarness(t, startsAfter(release, ""), WithHoldLimit(1))
 	task := h.launch("a/one")
 	a := task.Attempts[0]
 	require.NoError(t, h.m.Observe(Event{AttemptID: a.ID, Kind: SessionBusy}))
@@ -612,14 +614,7 @@ func TestAnotherSessionsEarlyEndDoesNotCrowdOutTheChildsAnswer(t *testing.T) {
 	// A harness that forwards every session's events: the parent chat
 	// goes idle while the child's start is in flight.
 	release := make(chan struct{})
-	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
-		select {
-		case <-release:
-			return sid, nil
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-	}}, WithHoldLimit(1))
+	h := newHarness(t, startsAfter(release, ""), WithHoldLimit(1))
 	task := h.launch("a/one")
 	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
 	require.NoError(t, h.m.Observe(Event{SessionID: "parent", Kind: SessionIdle, Text: "not the child"}))
@@ -714,14 +709,7 @@ func TestAllCompleteCountsInterruptedApart(t *testing.T) {
 
 func TestCloseTaskOfATaskWithNoSession(t *testing.T) {
 	release := make(chan struct{})
-	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
-		select {
-		case <-release:
-			return sid, nil
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-	}})
+	h := newHarness(t, startsAfter(release, ""))
 	task := h.launch("a/one")
 	done := make(chan error, 1)
 	var rep ClosureReport
@@ -753,14 +741,7 @@ func TestCloseTaskOfATaskWithNoSession(t *testing.T) {
 
 func TestCloseBranchOfASessionAStartInFlightCreatesStopsIt(t *testing.T) {
 	release := make(chan struct{})
-	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
-		select {
-		case <-release:
-			return "made-later", nil
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-	}})
+	h := newHarness(t, startsAfter(release, "made-later"))
 	task := h.launch("a/one")
 	done := make(chan error, 1)
 	go func() { _, err := h.m.CloseBranch(context.Background(), "made-later"); done <- err }()

@@ -2,7 +2,6 @@ package errclass
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/internal/errclass/sdkerrs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -83,115 +83,43 @@ func TestClassString(t *testing.T) {
 	assert.Equal(t, "unknown", Class(99).String())
 }
 
-// The look-alikes below have the shapes the official provider SDKs return,
-// without depending on them: the status is a field, and Error() reads like
-// the SDK's own.
-
-// openaiError is shaped like openai-go's *openai.Error.
-type openaiError struct {
-	Code       string
-	Type       string
-	Message    string
-	StatusCode int
-	Request    *http.Request
-	Response   *http.Response
-	raw        string
-}
-
-func (e *openaiError) Error() string {
-	return fmt.Sprintf("%s %q: %d %s %s", e.Request.Method, e.Request.URL, e.Response.StatusCode, http.StatusText(e.Response.StatusCode), e.raw)
-}
-
-func newOpenAIError(status int, typ, code, msg string) *openaiError {
-	body := map[string]any{"message": msg, "type": typ, "param": nil, "code": nil}
-	if code != "" {
-		body["code"] = code
-	}
-	raw, _ := json.Marshal(body)
-	req, _ := http.NewRequest(http.MethodPost, "https://api.openai.com/v1/chat/completions", nil)
-	return &openaiError{
-		Code:       code,
-		Type:       typ,
-		Message:    msg,
-		StatusCode: status,
-		Request:    req,
-		Response:   &http.Response{StatusCode: status, Header: http.Header{}, Request: req},
-		raw:        string(raw),
-	}
-}
-
-// anthropicError is shaped like anthropic-sdk-go's *anthropic.Error.
-type anthropicError struct {
-	StatusCode int
-	Request    *http.Request
-	Response   *http.Response
-	raw        string
-}
-
-func (e *anthropicError) Error() string {
-	return fmt.Sprintf("%s %q: %d %s %s", e.Request.Method, e.Request.URL, e.Response.StatusCode, http.StatusText(e.Response.StatusCode), e.raw)
-}
-
-func newAnthropicError(status int, typ, msg string) *anthropicError {
-	raw, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": msg}})
-	req, _ := http.NewRequest(http.MethodPost, "https://api.anthropic.com/v1/messages", nil)
-	return &anthropicError{
-		StatusCode: status,
-		Request:    req,
-		Response:   &http.Response{StatusCode: status, Header: http.Header{}, Request: req},
-		raw:        string(raw),
-	}
-}
-
-// genaiError is shaped like google.golang.org/genai's APIError, a value type.
-type genaiError struct {
-	Code    int
-	Message string
-	Status  string
-	Details []map[string]any
-}
-
-func (e genaiError) Error() string {
-	return fmt.Sprintf("Error %d, Message: %s, Status: %s, Details: %v", e.Code, e.Message, e.Status, e.Details)
-}
-
 // sdkCases are provider failures as the SDKs report them.
 var sdkCases = []struct {
 	name string
 	give error
 	want Class
 }{
-	{name: "openai 404 model_not_found", give: newOpenAIError(404, "invalid_request_error", "model_not_found", "The model `gpt-9` does not exist or you do not have access to it."), want: ModelNotFound},
-	{name: "openai 401 invalid_api_key", give: newOpenAIError(401, "invalid_request_error", "invalid_api_key", "Incorrect API key provided: sk-abc."), want: Unauthorized},
-	{name: "openai 403 region", give: newOpenAIError(403, "request_forbidden", "unsupported_country_region_territory", "Country, region, or territory not supported"), want: Forbidden},
-	{name: "openai 429 rate limit", give: newOpenAIError(429, "requests", "rate_limit_exceeded", "Rate limit reached for gpt-4o"), want: RateLimited},
-	{name: "openai 429 quota", give: newOpenAIError(429, "insufficient_quota", "insufficient_quota", "You exceeded your current quota"), want: RateLimited},
-	{name: "openai 500", give: newOpenAIError(500, "server_error", "", "The server had an error while processing your request."), want: ServerError},
-	{name: "openai 503", give: newOpenAIError(503, "server_error", "", "The engine is currently overloaded"), want: Overloaded},
-	{name: "openai 400 max_tokens", give: newOpenAIError(400, "invalid_request_error", "", "max_tokens is too large: 100000. This model supports at most 16384 completion tokens."), want: Validation},
-	{name: "openai 400 bad param", give: newOpenAIError(400, "invalid_request_error", "unknown_parameter", "Unrecognized request argument supplied: foo"), want: Validation},
-	{name: "openai 400 context length", give: newOpenAIError(400, "invalid_request_error", "context_length_exceeded", "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens."), want: ContextOverflow},
-	{name: "openai 400 content filter", give: newOpenAIError(400, "invalid_request_error", "content_filter", "The response was filtered"), want: ContentFilter},
-	{name: "anthropic 404 not_found_error", give: newAnthropicError(404, "not_found_error", "model: claude-9"), want: ModelNotFound},
-	{name: "anthropic 401 authentication_error", give: newAnthropicError(401, "authentication_error", "invalid x-api-key"), want: Unauthorized},
-	{name: "anthropic 403 permission_error", give: newAnthropicError(403, "permission_error", "Your API key does not have permission to use the specified resource."), want: Forbidden},
-	{name: "anthropic 429 rate_limit_error", give: newAnthropicError(429, "rate_limit_error", "This request would exceed the rate limit for your organization of 80,000 output tokens per minute."), want: RateLimited},
-	{name: "anthropic 500 api_error", give: newAnthropicError(500, "api_error", "Internal server error"), want: ServerError},
-	{name: "anthropic 529 overloaded_error", give: newAnthropicError(529, "overloaded_error", "Overloaded"), want: Overloaded},
-	{name: "anthropic 400 prompt too long", give: newAnthropicError(400, "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"), want: ContextOverflow},
-	{name: "anthropic 400 context limit", give: newAnthropicError(400, "invalid_request_error", "input length and `max_tokens` exceed context limit: 198000 + 8192 > 200000"), want: ContextOverflow},
-	{name: "anthropic 400 max_tokens", give: newAnthropicError(400, "invalid_request_error", "max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens"), want: Validation},
-	{name: "genai 429 RESOURCE_EXHAUSTED", give: genaiError{Code: 429, Message: "Resource has been exhausted (e.g. check quota).", Status: "RESOURCE_EXHAUSTED"}, want: RateLimited},
-	{name: "genai 503 UNAVAILABLE", give: genaiError{Code: 503, Message: "The model is overloaded. Please try again later.", Status: "UNAVAILABLE"}, want: Overloaded},
-	{name: "genai 403 PERMISSION_DENIED", give: genaiError{Code: 403, Message: "Permission denied on resource project x.", Status: "PERMISSION_DENIED"}, want: Forbidden},
-	{name: "genai 401 UNAUTHENTICATED", give: genaiError{Code: 401, Message: "Request had invalid authentication credentials.", Status: "UNAUTHENTICATED"}, want: Unauthorized},
-	{name: "genai 404 NOT_FOUND", give: genaiError{Code: 404, Message: "models/gemini-9 is not found for API version v1beta.", Status: "NOT_FOUND"}, want: ModelNotFound},
-	{name: "genai 504 DEADLINE_EXCEEDED", give: genaiError{Code: 504, Message: "Deadline expired before operation could complete.", Status: "DEADLINE_EXCEEDED"}, want: Timeout},
-	{name: "genai 500 INTERNAL", give: genaiError{Code: 500, Message: "An internal error has occurred.", Status: "INTERNAL"}, want: ServerError},
-	{name: "genai 400 bad api key", give: genaiError{Code: 400, Message: "API key not valid. Please pass a valid API key.", Status: "INVALID_ARGUMENT"}, want: Unauthorized},
-	{name: "genai 400 too many tokens", give: genaiError{Code: 400, Message: "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).", Status: "INVALID_ARGUMENT"}, want: ContextOverflow},
-	{name: "genai 400 bad value", give: genaiError{Code: 400, Message: "Invalid value at 'generation_config.temperature' (TYPE_FLOAT), \"hot\"", Status: "INVALID_ARGUMENT"}, want: Validation},
-	{name: "genai pointer", give: &genaiError{Code: 429, Message: "quota", Status: "RESOURCE_EXHAUSTED"}, want: RateLimited},
+	{name: "openai 404 model_not_found", give: sdkerrs.NewOpenAI(404, "invalid_request_error", "model_not_found", "The model `gpt-9` does not exist or you do not have access to it."), want: ModelNotFound},
+	{name: "openai 401 invalid_api_key", give: sdkerrs.NewOpenAI(401, "invalid_request_error", "invalid_api_key", "Incorrect API key provided: sk-abc."), want: Unauthorized},
+	{name: "openai 403 region", give: sdkerrs.NewOpenAI(403, "request_forbidden", "unsupported_country_region_territory", "Country, region, or territory not supported"), want: Forbidden},
+	{name: "openai 429 rate limit", give: sdkerrs.NewOpenAI(429, "requests", "rate_limit_exceeded", "Rate limit reached for gpt-4o"), want: RateLimited},
+	{name: "openai 429 quota", give: sdkerrs.NewOpenAI(429, "insufficient_quota", "insufficient_quota", "You exceeded your current quota"), want: RateLimited},
+	{name: "openai 500", give: sdkerrs.NewOpenAI(500, "server_error", "", "The server had an error while processing your request."), want: ServerError},
+	{name: "openai 503", give: sdkerrs.NewOpenAI(503, "server_error", "", "The engine is currently overloaded"), want: Overloaded},
+	{name: "openai 400 max_tokens", give: sdkerrs.NewOpenAI(400, "invalid_request_error", "", "max_tokens is too large: 100000. This model supports at most 16384 completion tokens."), want: Validation},
+	{name: "openai 400 bad param", give: sdkerrs.NewOpenAI(400, "invalid_request_error", "unknown_parameter", "Unrecognized request argument supplied: foo"), want: Validation},
+	{name: "openai 400 context length", give: sdkerrs.NewOpenAI(400, "invalid_request_error", "context_length_exceeded", "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens."), want: ContextOverflow},
+	{name: "openai 400 content filter", give: sdkerrs.NewOpenAI(400, "invalid_request_error", "content_filter", "The response was filtered"), want: ContentFilter},
+	{name: "anthropic 404 not_found_error", give: sdkerrs.NewAnthropic(404, "not_found_error", "model: claude-9"), want: ModelNotFound},
+	{name: "anthropic 401 authentication_error", give: sdkerrs.NewAnthropic(401, "authentication_error", "invalid x-api-key"), want: Unauthorized},
+	{name: "anthropic 403 permission_error", give: sdkerrs.NewAnthropic(403, "permission_error", "Your API key does not have permission to use the specified resource."), want: Forbidden},
+	{name: "anthropic 429 rate_limit_error", give: sdkerrs.NewAnthropic(429, "rate_limit_error", "This request would exceed the rate limit for your organization of 80,000 output tokens per minute."), want: RateLimited},
+	{name: "anthropic 500 api_error", give: sdkerrs.NewAnthropic(500, "api_error", "Internal server error"), want: ServerError},
+	{name: "anthropic 529 overloaded_error", give: sdkerrs.NewAnthropic(529, "overloaded_error", "Overloaded"), want: Overloaded},
+	{name: "anthropic 400 prompt too long", give: sdkerrs.NewAnthropic(400, "invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"), want: ContextOverflow},
+	{name: "anthropic 400 context limit", give: sdkerrs.NewAnthropic(400, "invalid_request_error", "input length and `max_tokens` exceed context limit: 198000 + 8192 > 200000"), want: ContextOverflow},
+	{name: "anthropic 400 max_tokens", give: sdkerrs.NewAnthropic(400, "invalid_request_error", "max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens"), want: Validation},
+	{name: "genai 429 RESOURCE_EXHAUSTED", give: sdkerrs.GenaiError{Code: 429, Message: "Resource has been exhausted (e.g. check quota).", Status: "RESOURCE_EXHAUSTED"}, want: RateLimited},
+	{name: "genai 503 UNAVAILABLE", give: sdkerrs.GenaiError{Code: 503, Message: "The model is overloaded. Please try again later.", Status: "UNAVAILABLE"}, want: Overloaded},
+	{name: "genai 403 PERMISSION_DENIED", give: sdkerrs.GenaiError{Code: 403, Message: "Permission denied on resource project x.", Status: "PERMISSION_DENIED"}, want: Forbidden},
+	{name: "genai 401 UNAUTHENTICATED", give: sdkerrs.GenaiError{Code: 401, Message: "Request had invalid authentication credentials.", Status: "UNAUTHENTICATED"}, want: Unauthorized},
+	{name: "genai 404 NOT_FOUND", give: sdkerrs.GenaiError{Code: 404, Message: "models/gemini-9 is not found for API version v1beta.", Status: "NOT_FOUND"}, want: ModelNotFound},
+	{name: "genai 504 DEADLINE_EXCEEDED", give: sdkerrs.GenaiError{Code: 504, Message: "Deadline expired before operation could complete.", Status: "DEADLINE_EXCEEDED"}, want: Timeout},
+	{name: "genai 500 INTERNAL", give: sdkerrs.GenaiError{Code: 500, Message: "An internal error has occurred.", Status: "INTERNAL"}, want: ServerError},
+	{name: "genai 400 bad api key", give: sdkerrs.GenaiError{Code: 400, Message: "API key not valid. Please pass a valid API key.", Status: "INVALID_ARGUMENT"}, want: Unauthorized},
+	{name: "genai 400 too many tokens", give: sdkerrs.GenaiError{Code: 400, Message: "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).", Status: "INVALID_ARGUMENT"}, want: ContextOverflow},
+	{name: "genai 400 bad value", give: sdkerrs.GenaiError{Code: 400, Message: "Invalid value at 'generation_config.temperature' (TYPE_FLOAT), \"hot\"", Status: "INVALID_ARGUMENT"}, want: Validation},
+	{name: "genai pointer", give: &sdkerrs.GenaiError{Code: 429, Message: "quota", Status: "RESOURCE_EXHAUSTED"}, want: RateLimited},
 }
 
 // wrapper wraps an error without calling its Error method.
@@ -338,8 +266,8 @@ func TestStatusFromFields(t *testing.T) {
 		want int
 	}{
 		{name: "nil", give: nil, want: 0},
-		{name: "StatusCode field", give: newOpenAIError(404, "invalid_request_error", "", "x"), want: 404},
-		{name: "Code field on a value", give: genaiError{Code: 429}, want: 429},
+		{name: "StatusCode field", give: sdkerrs.NewOpenAI(404, "invalid_request_error", "", "x"), want: 404},
+		{name: "Code field on a value", give: sdkerrs.GenaiError{Code: 429}, want: 429},
 		{name: "Status int field", give: fieldErr[int]{Status: 503}, want: 503},
 		{name: "HTTPStatusCode field", give: fieldErr[int]{HTTPStatusCode: 401}, want: 401},
 		{name: "uint field", give: fieldErr[uint16]{Status: 429}, want: 429},
@@ -354,9 +282,9 @@ func TestStatusFromFields(t *testing.T) {
 		{name: "nil response", give: responseOnly{}, want: 0},
 		{name: "method", give: statusErr{code: 502}, want: 502},
 		{name: "outermost wins", give: fieldAndWrap{StatusCode: 429, err: statusErr{code: 404}}, want: 429},
-		{name: "zero falls through to the cause", give: fieldAndWrap{err: newAnthropicError(401, "authentication_error", "x")}, want: 401},
+		{name: "zero falls through to the cause", give: fieldAndWrap{err: sdkerrs.NewAnthropic(401, "authentication_error", "x")}, want: 401},
 		{name: "joined tree in order", give: errors.Join(errors.New("a"), fieldErr[int]{Status: 503}, statusErr{code: 404}), want: 503},
-		{name: "nested join", give: fmt.Errorf("x: %w", errors.Join(errors.Join(errors.New("a")), genaiError{Code: 504})), want: 504},
+		{name: "nested join", give: fmt.Errorf("x: %w", errors.Join(errors.Join(errors.New("a")), sdkerrs.GenaiError{Code: 504})), want: 504},
 		{name: "typed nil pointer is skipped", give: wrapper{msg: "x", err: (*nilPanics)(nil)}, want: 0},
 		{name: "typed nil pointer in a join", give: errors.Join(wrapper{msg: "x", err: (*nilPanics)(nil)}, statusErr{code: 429}), want: 429},
 	}
@@ -373,8 +301,8 @@ func TestStatusFromFields(t *testing.T) {
 // many goroutines at once, for the race detector and the type cache.
 func TestClassifyConcurrentTypes(t *testing.T) {
 	gives := []error{
-		&openaiError{StatusCode: 404, Request: &http.Request{Method: "POST", URL: &url.URL{}}, Response: &http.Response{StatusCode: 404}},
-		genaiError{Code: 429},
+		&sdkerrs.OpenAIError{StatusCode: 404, Request: &http.Request{Method: "POST", URL: &url.URL{}}, Response: &http.Response{StatusCode: 404}},
+		sdkerrs.GenaiError{Code: 429},
 		fieldErr[int8]{Status: 100},
 		fieldErr[int32]{HTTPStatusCode: 503},
 		embedsValue{statusInner{StatusCode: 401}},
@@ -420,8 +348,8 @@ type loop struct{}
 func (l *loop) Error() string { return "loop" }
 func (l *loop) Unwrap() error { return l }
 
-func withHeader(h http.Header) *openaiError {
-	e := newOpenAIError(429, "requests", "rate_limit_exceeded", "slow down")
+func withHeader(h http.Header) *sdkerrs.OpenAIError {
+	e := sdkerrs.NewOpenAI(429, "requests", "rate_limit_exceeded", "slow down")
 	e.Response.Header = h
 	return e
 }
@@ -459,8 +387,8 @@ func TestRetryAfter(t *testing.T) {
 		{name: "absurd", give: withHeader(http.Header{"Retry-After": {"1e300"}})},
 		{name: "nan", give: withHeader(http.Header{"Retry-After-Ms": {"NaN"}})},
 		{name: "no header", give: withHeader(http.Header{})},
-		{name: "nil response", give: &anthropicError{StatusCode: 429}},
-		{name: "anthropic wrapped", give: fmt.Errorf("x: %w", &anthropicError{Response: &http.Response{Header: http.Header{"Retry-After": {"12"}}}}), want: 12 * time.Second, wantOK: true},
+		{name: "nil response", give: &sdkerrs.AnthropicError{StatusCode: 429}},
+		{name: "anthropic wrapped", give: fmt.Errorf("x: %w", &sdkerrs.AnthropicError{Response: &http.Response{Header: http.Header{"Retry-After": {"12"}}}}), want: 12 * time.Second, wantOK: true},
 		{name: "joined", give: errors.Join(errors.New("a"), withHeader(http.Header{"Retry-After": {"3"}})), want: 3 * time.Second, wantOK: true},
 		{name: "outermost wins", give: fmt.Errorf("%w", wrapper{msg: "x", err: retryAfterMethod(time.Second)}), want: time.Second, wantOK: true},
 		{name: "first in a join wins", give: errors.Join(retryAfterMethod(time.Second), retryAfterMethod(time.Hour)), want: time.Second, wantOK: true},
