@@ -278,6 +278,12 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 	switch {
 	case err != nil:
 		if live {
+			// The stop it served is withdrawn: the run goes on (a stop that
+			// was asked still forbids a retry).
+			rec := record{kind: recStopWithdrawn, at: now, attempt: *a, recordExt: &recordExt{note: err.Error()}}
+			if werr := m.led.write(e, op.ref, &rec); werr != nil {
+				m.ledgerBug(e, werr)
+			}
 			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
 				slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
 				slog.String("session", op.session), slog.String("err", err.Error()))
@@ -328,7 +334,7 @@ func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
 
 // stopRun acts on e's wanted stop for its current run: a run with no child
 // ends at once; a running child is aborted; a start in flight is aborted on
-// arrival (started sees stopWanted). m.mu is held.
+// arrival (started sees the stop recorded). m.mu is held.
 func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 	a := *e.cur()
 	if op := e.rt.abort; op != nil && op.run().Token == a.Token {
@@ -336,7 +342,7 @@ func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 	}
 	switch {
 	case a.Status == StatusPending && !e.rt.starting():
-		m.finalize(e, a.ID, e.rt.stopWanted, "", "", now)
+		m.finalize(e, a.ID, e.stop, "", "", now)
 	case a.Status == StatusRunning:
 		return m.abortRun(e, a)
 	}
@@ -375,9 +381,7 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 			return nil
 		}
 		token = a.Token
-		if e.rt.stopWanted == "" {
-			e.rt.stopWanted = StatusCancelled
-		}
+		m.wantStop(e, StatusCancelled, "cancel")
 		op := m.stopRun(e, m.now())
 		if e.terminal() {
 			m.unlock()
@@ -467,6 +471,15 @@ type ClosureRecord struct {
 	Failed   []FailedStop `json:"failed,omitempty"`
 	Stopping []StoppedRun `json:"stopping,omitempty"`
 	Passes   int          `json:"passes"`
+}
+
+// clone copies r, its slices included.
+func (r *ClosureRecord) clone() ClosureRecord {
+	c := *r
+	c.Stopped = slices.Clone(r.Stopped)
+	c.Failed = slices.Clone(r.Failed)
+	c.Stopping = slices.Clone(r.Stopping)
+	return c
 }
 
 // ErrBranchNotStopped matches a *ClosureError.
@@ -601,16 +614,37 @@ func (m *Manager) closingParent(parent string) bool {
 // is scheduled and a session that arrives is aborted, not adopted. It
 // reports whether e is fenced. m.mu is held.
 func (m *Manager) fence(e *entry) bool {
-	if e.rt.stopWanted != "" {
+	if e.stop != "" {
 		return true
 	}
 	for c := range m.closures {
 		if m.taskInBranch(e, c) {
-			e.rt.stopWanted = StatusCancelled
+			m.wantStop(e, StatusCancelled, c.by())
 			return true
 		}
 	}
 	return false
+}
+
+// wantStop records that a stop of e was asked for — by a cancel, a
+// closure, Shutdown — with the status it gives: the first stop asked is
+// the one recorded, and from then on no retry starts. m.mu is held.
+func (m *Manager) wantStop(e *entry, status Status, by string) {
+	if e.stop != "" {
+		return
+	}
+	rec := record{kind: recStopRequested, at: m.now(), attempt: *e.cur(), recordExt: &recordExt{stop: status, note: by}}
+	if err := m.led.write(e, attemptRef{e: e, index: e.current}, &rec); err != nil {
+		m.ledgerBug(e, err)
+	}
+}
+
+// by names c as the asker of a stop.
+func (c *closure) by() string {
+	if c.root == "" {
+		return "closure of task " + c.task.id
+	}
+	return "closure of " + c.root
 }
 
 // walk visits the branch's tasks, found from the ledger's edges: the task
@@ -858,8 +892,8 @@ func (m *Manager) closurePass(c *closure) pass {
 		if _, failed := c.failed[a.Token]; failed {
 			return
 		}
-		if e.rt.stopWanted == "" {
-			e.rt.stopWanted = StatusCancelled
+		if e.stop == "" {
+			m.wantStop(e, StatusCancelled, c.by())
 			asked = true
 		}
 		// A run is touched once: only a run whose start was in flight can
@@ -958,21 +992,19 @@ func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, p pass) erro
 func (m *Manager) report(c *closure, passes int) ClosureReport {
 	m.mu.Lock()
 	defer m.unlock()
-	rep, _ := m.reportLocked(c, passes)
-	return rep
+	return m.reportLocked(c, passes)
 }
 
 // reportLocked also returns the attempts of the runs that stopped: terminal,
 // so they never change, and the closure record keeps them instead of a copy
 // of the report. m.mu is held.
-func (m *Manager) reportLocked(c *closure, passes int) (rep ClosureReport, stopped []attemptRef) {
+func (m *Manager) reportLocked(c *closure, passes int) (rep ClosureReport) {
 	rep = ClosureReport{SessionID: c.root, Passes: passes}
 	if owner := m.rootTask(c); owner != nil {
 		rep.TaskID = owner.id
 	}
 	if c.touched.Len() > 0 {
 		rep.Stopped = make([]StoppedRun, 0, c.touched.Len())
-		stopped = make([]attemptRef, 0, c.touched.Len())
 	}
 	defer func() {
 		if len(rep.Stopped) == 0 {
@@ -984,14 +1016,13 @@ func (m *Manager) reportLocked(c *closure, passes int) (rep ClosureReport, stopp
 		switch f, failed := c.failed[run.Token]; {
 		case ended:
 			rep.Stopped = append(rep.Stopped, run)
-			stopped = append(stopped, t.ref)
 		case failed:
 			rep.Failed = append(rep.Failed, f)
 		default:
 			rep.Stopping = append(rep.Stopping, run)
 		}
 	}
-	return rep, stopped
+	return rep
 }
 
 // finishClosure takes the fence down, records the closure and notifies the
@@ -1007,11 +1038,10 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 		// nothing to record, nobody to tell.
 		return ClosureReport{SessionID: c.root, Passes: passes}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, c.root)
 	}
-	rep, stopped := m.reportLocked(c, passes)
-	rec := ClosureRecord{SessionID: c.root, TaskID: rep.TaskID, At: m.now(),
+	rep := m.reportLocked(c, passes)
+	rec := ClosureRecord{SessionID: c.root, TaskID: rep.TaskID, At: m.now(), Stopped: slices.Clone(rep.Stopped),
 		Failed: slices.Clone(rep.Failed), Stopping: slices.Clone(rep.Stopping), Passes: passes}
-	m.led.recordClosure(rec, stopped)
-	rec.Stopped = rep.Stopped // for the notification's text, rendered now
+	m.led.recordClosure(rec, rep.TaskID) // by value: the record owns its copy
 
 	parent, taskID := c.root, ""
 	var snap Task
@@ -1034,15 +1064,7 @@ func (m *Manager) ClosureRecords() []ClosureRecord {
 	defer m.unlock()
 	out := make([]ClosureRecord, len(m.led.closures))
 	for i, r := range m.led.closures {
-		out[i] = *r.closure
-		if len(r.stopped) > 0 {
-			out[i].Stopped = make([]StoppedRun, len(r.stopped))
-		}
-		for j, ref := range r.stopped {
-			out[i].Stopped[j] = stoppedRun(ref)
-		}
-		out[i].Failed = slices.Clone(r.closure.Failed)
-		out[i].Stopping = slices.Clone(r.closure.Stopping)
+		out[i] = r.closure.clone()
 	}
 	return out
 }
@@ -1087,6 +1109,8 @@ func (m *Manager) cascadeDelete(sessionID string) {
 func init() {
 	probe.Running = func(m any) (int, <-chan struct{}) { return m.(*Manager).group.Changed() }
 	probe.Parked = func(m any) (int, <-chan struct{}) { return m.(*Manager).parkState() }
+	probe.Record = func(m any) { m.(*Manager).recordAll() }
+	probe.Replay = func(m any) error { return m.(*Manager).checkReplay() }
 }
 
 // parkOn waits for ch or ctx. The simulation harness counts goroutines

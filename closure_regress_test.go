@@ -154,7 +154,7 @@ func TestClosureWaitsForTheSessionOfAFailedStart(t *testing.T) {
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
-		return len(h.m.closures) == 1 && h.m.led.tasks[task.ID].rt.stopWanted != ""
+		return len(h.m.closures) == 1 && h.m.led.tasks[task.ID].stop != ""
 	})
 	close(release)
 	err := <-done

@@ -45,6 +45,7 @@ func runScript(t *testing.T, script []byte) {
 	}
 	h := newHarness(t, host, WithHoldLimit(8))
 	m := h.m
+	m.recordAll() // replay is exact: checked after every step
 	frozen := map[string]Attempt{}
 	revs := map[string]uint64{}
 	var ids []string
@@ -130,6 +131,9 @@ func runScript(t *testing.T, script []byte) {
 		}
 		h.settle()
 		checkInvariants(t, m)
+		if err := m.checkReplay(); err != nil {
+			t.Fatal(err)
+		}
 		for _, task := range m.Tasks() {
 			if task.Revision < revs[task.ID] {
 				t.Fatalf("task %s revision went back %d → %d", task.ID, revs[task.ID], task.Revision)

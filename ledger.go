@@ -1,6 +1,8 @@
 package bgtask
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -22,25 +24,33 @@ import (
 type recordKind uint8
 
 const (
-	recTaskLaunched   recordKind = iota + 1 // a task and its spec
-	recAttemptCreated                       // a new attempt, pending; it becomes current
-	recAttemptPending                       // a pending attempt's reason changed
-	recSessionBound                         // a pending attempt got its session and runs
-	recAttemptFinal                         // an attempt reached a terminal status
-	recRetryScheduled                       // the current attempt failed and the next was chosen
-	recSessionOrphan                        // a session was created for an attempt no longer current
-	recBranchClosed                         // a branch closure ended (manager-wide, not per task)
+	recTaskLaunched    recordKind = iota + 1 // a task and its spec
+	recAttemptCreated                        // a new attempt, pending; it becomes current
+	recAttemptPending                        // a pending attempt's reason changed
+	recSessionBound                          // a pending attempt got its session and runs
+	recAttemptFinal                          // an attempt reached a terminal status
+	recRetryScheduled                        // the current attempt failed and the next was chosen
+	recSessionOrphan                         // a session was created for an attempt no longer current
+	recBranchClosed                          // a branch closure ended (manager-wide, not per task)
+	recStopRequested                         // a stop of the task was asked for (which, and by whom); no retry follows
+	recStopWithdrawn                         // the abort a stop asked for failed: the run goes on
+	recNotifyProduced                        // a notification was produced for a parent
+	recNotifyDelivered                       // the Notifier accepted a notification
 )
 
 var recordKindNames = [...]string{
-	recTaskLaunched:   "task_launched",
-	recAttemptCreated: "attempt_created",
-	recAttemptPending: "attempt_pending",
-	recSessionBound:   "session_bound",
-	recAttemptFinal:   "attempt_finalized",
-	recRetryScheduled: "retry_scheduled",
-	recSessionOrphan:  "session_orphaned",
-	recBranchClosed:   "branch_closed",
+	recTaskLaunched:    "task_launched",
+	recAttemptCreated:  "attempt_created",
+	recAttemptPending:  "attempt_pending",
+	recSessionBound:    "session_bound",
+	recAttemptFinal:    "attempt_finalized",
+	recRetryScheduled:  "retry_scheduled",
+	recSessionOrphan:   "session_orphaned",
+	recBranchClosed:    "branch_closed",
+	recStopRequested:   "stop_requested",
+	recStopWithdrawn:   "stop_withdrawn",
+	recNotifyProduced:  "notification_produced",
+	recNotifyDelivered: "notification_delivered",
 }
 
 func (k recordKind) String() string {
@@ -50,27 +60,56 @@ func (k recordKind) String() string {
 	return fmt.Sprintf("record(%d)", k)
 }
 
-// record is one immutable ledger entry. Attempt records carry the whole new
-// version of the attempt, so applying one is a replacement, checked against
-// the state machine.
+// record is one immutable ledger entry: a value that stands alone. It
+// carries its task's id ("" for a manager-wide record: a closure, an
+// all-complete notification), a sequence number strictly increasing across
+// the Manager, its kind and what its kind needs — no pointer to a live
+// structure (what it points to is immutable and its own). Attempt records
+// carry the whole new version of the attempt, so applying one is a
+// replacement, checked against the state machine.
 type record struct {
 	seq     uint64
 	kind    recordKind
+	task    string
 	at      time.Time
-	attempt Attempt // attempt records: the new version
+	attempt Attempt // attempt records, stops: the attempt (run) it concerns
 	// *recordExt holds what only some kinds carry; attempt records, by far
-	// the most, carry none (their task is the entry that holds them).
+	// the most, carry none.
 	*recordExt
 }
 
-// recordExt is the part of a record only some kinds carry.
+// recordExt is the part of a record only some kinds carry. Everything it
+// points to is immutable once the record is made.
 type recordExt struct {
-	taskID  string         // a record not yet resolved to its entry: a launch, a replay
-	spec    *taskInfo      // recTaskLaunched
-	session string         // recSessionOrphan
-	note    string         // recRetryScheduled: the failure that caused it
-	closure *ClosureRecord // recBranchClosed
-	stopped []attemptRef   // recBranchClosed: the runs it stopped
+	spec     *taskInfo      // recTaskLaunched: the whole spec
+	session  string         // recSessionOrphan
+	note     string         // recRetryScheduled: the failure; recStopRequested: who asked; recStopWithdrawn: the abort's error
+	stop     Status         // recStopRequested: the status the stop gives
+	evidence *evidence      // recAttemptFinal: what the run reported that decides its outcome
+	closure  *ClosureRecord // recBranchClosed, by value
+	notice   *notice        // recNotifyProduced, recNotifyDelivered
+}
+
+// evidence is what a run reported that decides its outcome, kept in its
+// final record: its last output, how its turn ended, and the reason of the
+// failure that ended it (worked out outside the lock).
+type evidence struct {
+	output string
+	finish FinishReason
+	noText bool
+	reason Reason
+}
+
+// notice is a notification as the ledger records it: what was produced for
+// whom (the text as rendered), or, delivered, only its sequence.
+type notice struct {
+	seq     uint64 // Notification.Seq
+	kind    NotificationKind
+	parent  string
+	text    string
+	attempt string   // retry notifications: the attempt the task had just made current
+	tasks   []string // NotifyAllComplete: the round's tasks, in the order given
+	closure uint64   // NotifyBranchClosed: the sequence of its closure record
 }
 
 // taskInfo is what a task was launched with; it never changes.
@@ -99,6 +138,7 @@ type entry struct {
 	current  int       // index into attempts of the current attempt
 	attempts []Attempt // the latest version of each attempt, in order
 	id       string    // info.id, kept beside the hot fields
+	stop     Status    // a stop was asked for (recStopRequested): the status it gives; no retry follows
 	kids     []*entry  // the tasks launched from any of sessions: byParent over them
 	revision uint64    // number of projection changes applied
 	records  []record
@@ -110,10 +150,12 @@ type entry struct {
 	seen     runSeen // what the current run reported; a closure never reads it
 	info     *taskInfo
 	sessions []string // every session indexed to one of its attempts, bound or orphaned
+	// evidence is the latest final record's: when the task is terminal,
+	// its current attempt's.
+	evidence *evidence
 	// outcome is computed once, at its first read after the task became
-	// terminal, from the attempts (immutable by then) and seen.out, what the
-	// last run reported (only a live run's events write it). Every carrier
-	// gets that value.
+	// terminal, from the attempts and the evidence (both immutable by
+	// then). Every carrier gets that value.
 	outcome *Outcome
 }
 
@@ -149,6 +191,11 @@ type ledger struct {
 	bySession map[string]attemptRef // sessionID → the attempt it was created for
 	byParent  map[string][]*entry   // parent sessionID → the tasks launched from it
 	closures  []record              // recBranchClosed records, in order
+	// tap, when set, sees every record as it is committed, in sequence
+	// order (the replay test; later, a journal). It is called with the
+	// Manager's lock held.
+	tap func(*record)
+	log []record // what recordAll keeps
 	// widened counts the records that can widen a branch or start a run:
 	// a launch, a new attempt, a session indexed. A closure whose last scan
 	// saw the same count knows a new scan would find the same runs.
@@ -165,46 +212,72 @@ func newLedger(ids IDGenerator) *ledger {
 	}
 }
 
-// recordClosure appends a branch closure's record.
-// stopped are the attempts of the runs it stopped (terminal, so they never
-// change): cr.Stopped is rebuilt from them when read.
-func (l *ledger) recordClosure(cr ClosureRecord, stopped []attemptRef) {
-	l.seq++
-	cr.Stopped = nil
-	l.closures = append(l.closures, record{seq: l.seq, kind: recBranchClosed, at: cr.At, recordExt: &recordExt{closure: &cr, stopped: stopped}})
+// recordClosure appends a branch closure's record, by value: cr is the
+// record's own (its slices are not shared with anything that changes).
+func (l *ledger) recordClosure(cr ClosureRecord, task string) {
+	rec := record{kind: recBranchClosed, task: task, at: cr.At, recordExt: &recordExt{closure: &cr}}
+	l.stamp(&rec)
+	l.closures = append(l.closures, rec)
+}
+
+// emit commits a record that changes no projection (a notification
+// produced or delivered): it is numbered and handed to the tap, and not
+// kept in memory.
+func (l *ledger) emit(rec record) {
+	if l.tap == nil {
+		return
+	}
+	l.stamp(&rec)
+}
+
+// stamp numbers rec (a replayed record keeps its number) and hands it to
+// the tap.
+func (l *ledger) stamp(rec *record) {
+	if rec.seq == 0 {
+		l.seq++
+		rec.seq = l.seq
+	} else {
+		l.seq = max(l.seq, rec.seq)
+	}
+	if l.tap != nil {
+		l.tap(rec)
+	}
 }
 
 // apply validates rec, appends it and updates the projection: the only
 // way in for a record whose task and attempt are not yet resolved (a
 // launch, a replayed journal). The helpers resolve once and call write.
 func (l *ledger) apply(rec record) (*entry, error) {
-	if rec.recordExt == nil || rec.taskID == "" {
+	if rec.task == "" {
 		return nil, errors.New("bgtask: ledger: a record to resolve must name its task")
 	}
 	var e *entry
 	if rec.kind == recTaskLaunched {
-		if _, dup := l.tasks[rec.taskID]; dup {
-			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.taskID)
+		if rec.recordExt == nil || rec.spec == nil || rec.spec.id != rec.task {
+			return nil, errors.New("bgtask: ledger: a launch record must carry its task's spec")
+		}
+		if _, dup := l.tasks[rec.task]; dup {
+			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.task)
 		}
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
 		e.attempts = e.first[:0]
 		// A run that ends without a retry writes four records: launched,
 		// attempt created, session bound, final.
 		e.records = make([]record, 0, 4)
-		l.tasks[rec.taskID] = e
+		l.tasks[rec.task] = e
 		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
 		if ref, ok := l.bySession[rec.spec.parent]; ok {
 			ref.e.kids = append(ref.e.kids, e)
 		}
 		return e, l.write(e, attemptRef{}, &rec)
 	}
-	e = l.tasks[rec.taskID]
+	e = l.tasks[rec.task]
 	if e == nil {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownTask, rec.taskID)
+		return nil, fmt.Errorf("%w: %q", ErrUnknownTask, rec.task)
 	}
 	var ref attemptRef
 	switch rec.kind {
-	case recAttemptPending, recSessionBound, recAttemptFinal, recSessionOrphan:
+	case recAttemptPending, recSessionBound, recAttemptFinal, recSessionOrphan, recStopRequested, recStopWithdrawn:
 		var ok bool
 		if ref, ok = l.byAttempt[rec.attempt.ID]; !ok || ref.e != e {
 			return e, fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
@@ -220,8 +293,8 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	if err := l.check(e, ref, rec); err != nil {
 		return err
 	}
-	l.seq++
-	rec.seq = l.seq
+	rec.task = e.id
+	l.stamp(rec)
 	e.records = append(e.records, *rec)
 	switch rec.kind {
 	case recTaskLaunched, recAttemptCreated, recSessionBound, recSessionOrphan:
@@ -235,12 +308,20 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		e.revision++
 	case recAttemptPending, recSessionBound, recAttemptFinal:
 		e.attempts[ref.index] = rec.attempt
-		if rec.kind == recSessionBound {
+		switch rec.kind {
+		case recSessionBound:
 			l.indexSession(e, ref, rec.attempt.SessionID)
+		case recAttemptFinal:
+			e.evidence = nil
+			if rec.recordExt != nil {
+				e.evidence = rec.evidence
+			}
 		}
 		e.revision++
 	case recSessionOrphan:
 		l.indexSession(e, ref, rec.session)
+	case recStopRequested:
+		e.stop = rec.stop
 	}
 	return nil
 }
@@ -271,6 +352,13 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		}
 		return nil
 	case recRetryScheduled:
+		return nil
+	case recStopRequested:
+		if rec.recordExt == nil || !rec.stop.Terminal() || e.stop != "" {
+			return fmt.Errorf("%w: a stop must name its terminal status, once", errBadTransition)
+		}
+		return nil
+	case recStopWithdrawn:
 		return nil
 	}
 	if ref.e != e || ref.attempt().ID != rec.attempt.ID {
@@ -333,7 +421,7 @@ func (l *ledger) launch(info *taskInfo) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := l.apply(record{kind: recTaskLaunched, at: info.launchedAt, recordExt: &recordExt{taskID: info.id, spec: info}})
+	e, err := l.apply(record{kind: recTaskLaunched, task: info.id, at: info.launchedAt, recordExt: &recordExt{spec: info}})
 	if err != nil {
 		return nil, err
 	}
@@ -440,7 +528,21 @@ func (l *ledger) finalizeRef(ref attemptRef, status Status, errText, result stri
 	a.Error = errText
 	a.Result = result
 	a.CompletedAt = at
-	return l.write(ref.e, ref, &record{kind: recAttemptFinal, at: at, attempt: a})
+	rec := record{kind: recAttemptFinal, at: at, attempt: a}
+	if ev := ref.e.reported(a.Token); ev != nil {
+		rec.recordExt = &recordExt{evidence: ev}
+	}
+	return l.write(ref.e, ref, &rec)
+}
+
+// reported is what the run with token reported that decides its outcome,
+// for its final record; nil if it reported nothing of the kind.
+func (e *entry) reported(token string) *evidence {
+	out := &e.seen.out
+	if out.token != token || (out.output == "" && out.finish == "" && !out.noText && out.reason == "") {
+		return nil
+	}
+	return &evidence{output: out.output, finish: out.finish, noText: out.noText, reason: out.reason}
 }
 
 // scheduleRetry finalizes the current attempt as error with errText, then
@@ -503,7 +605,7 @@ func (e *entry) project() Task {
 	}
 	if e.terminal() {
 		if e.outcome == nil {
-			e.outcome = outcomeOf(t, e.seen.out)
+			e.outcome = outcomeOf(t, e.evidence)
 		}
 		t.Outcome = e.outcome.clone()
 	}
@@ -518,4 +620,154 @@ func (e *entry) activity() Activity {
 		return ActivityNone
 	}
 	return e.seen.out.activity
+}
+
+// replayLedger rebuilds a ledger from committed records, in sequence
+// order, with no host and no Manager: what a restart from a journal does.
+// It returns the notifications the records say were produced.
+func replayLedger(recs []record) (*ledger, []*notice, error) {
+	l := newLedger(nil)
+	var notes []*notice
+	for _, rec := range recs {
+		switch rec.kind {
+		case recNotifyProduced, recNotifyDelivered:
+			if rec.kind == recNotifyProduced {
+				notes = append(notes, rec.notice)
+			}
+			l.stamp(&rec)
+		case recBranchClosed:
+			l.stamp(&rec)
+			l.closures = append(l.closures, rec)
+		default:
+			if _, err := l.apply(rec); err != nil {
+				return nil, nil, fmt.Errorf("bgtask: replay: record %d (%s): %w", rec.seq, rec.kind, err)
+			}
+		}
+	}
+	return l, notes, nil
+}
+
+// recordAll makes l keep a copy of every record it commits, for
+// checkReplay. Call it before the ledger is used.
+func (l *ledger) recordAll() {
+	l.tap = func(r *record) { l.log = append(l.log, *r) }
+}
+
+// checkReplay replays the records l committed (recordAll) into a fresh
+// ledger and reports the first difference: every task, its attempts,
+// outcome, envelope and timeline (as JSON; activity, process-local, left
+// out), every closure record, and the text of every notification produced,
+// rendered again from the replayed ledger. The caller holds what guards l.
+func checkReplay(l *ledger) error {
+	if l.tap == nil {
+		return errors.New("bgtask: replay: the ledger kept no records (recordAll)")
+	}
+	r, notes, err := replayLedger(l.log)
+	if err != nil {
+		return err
+	}
+	if len(r.tasks) != len(l.tasks) {
+		return fmt.Errorf("bgtask: replay: %d tasks, want %d", len(r.tasks), len(l.tasks))
+	}
+	for id, e := range l.tasks {
+		re := r.tasks[id]
+		if re == nil {
+			return fmt.Errorf("bgtask: replay: task %s missing", id)
+		}
+		want, got := e.project(), re.project()
+		want.Activity = ""
+		if err := sameJSON("task "+id, want, got); err != nil {
+			return err
+		}
+		if Timeline(want) != Timeline(got) {
+			return fmt.Errorf("bgtask: replay: task %s: timeline differs", id)
+		}
+	}
+	if len(r.closures) != len(l.closures) {
+		return fmt.Errorf("bgtask: replay: %d closure records, want %d", len(r.closures), len(l.closures))
+	}
+	for i := range l.closures {
+		if err := sameJSON("closure record", l.closures[i].closure, r.closures[i].closure); err != nil {
+			return err
+		}
+	}
+	for _, n := range notes {
+		text, err := r.render(n)
+		if err != nil {
+			return err
+		}
+		if text != n.text {
+			return fmt.Errorf("bgtask: replay: notification %d (%s): text differs:\n%s\nwant:\n%s", n.seq, n.kind, text, n.text)
+		}
+	}
+	return nil
+}
+
+// render renders notification n again from what l holds.
+func (l *ledger) render(n *notice) (string, error) {
+	switch n.kind {
+	case NotifyAllComplete:
+		tasks := make([]Task, 0, len(n.tasks))
+		for _, id := range n.tasks {
+			e := l.tasks[id]
+			if e == nil {
+				return "", fmt.Errorf("bgtask: replay: notification %d names unknown task %s", n.seq, id)
+			}
+			tasks = append(tasks, e.project())
+		}
+		return allCompleteText(n.parent, tasks), nil
+	case NotifyBranchClosed:
+		for _, c := range l.closures {
+			if c.seq == n.closure {
+				return branchClosedText(*c.closure), nil
+			}
+		}
+		return "", fmt.Errorf("bgtask: replay: notification %d names no closure record", n.seq)
+	}
+	ref, ok := l.byAttempt[n.attempt]
+	if !ok {
+		return "", fmt.Errorf("bgtask: replay: notification %d names unknown attempt %s", n.seq, n.attempt)
+	}
+	switch n.kind {
+	case NotifyRetryScheduled:
+		if ref.index == 0 {
+			return "", fmt.Errorf("bgtask: replay: retry notification %d for a first attempt", n.seq)
+		}
+		return retryScheduledText(ref.e.attempts[ref.index-1], *ref.attempt()), nil
+	case NotifyRetrySessionReady:
+		return retrySessionReadyText(*ref.attempt()), nil
+	case NotifyFinalSummary:
+		return finalSummaryText(ref.e.project()), nil
+	}
+	return "", fmt.Errorf("bgtask: replay: notification %d of unknown kind %q", n.seq, n.kind)
+}
+
+// sameJSON reports whether want and got marshal alike.
+func sameJSON(what string, want, got any) error {
+	w, err := json.Marshal(want)
+	if err != nil {
+		return err
+	}
+	g, err := json.Marshal(got)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(w, g) {
+		return fmt.Errorf("bgtask: replay: %s differs:\n got %s\nwant %s", what, g, w)
+	}
+	return nil
+}
+
+// recordAll makes m keep every record it commits (tests: checkReplay).
+func (m *Manager) recordAll() {
+	m.mu.Lock()
+	defer m.unlock()
+	m.led.recordAll()
+}
+
+// checkReplay is checkReplay on m's ledger, under its lock.
+func (m *Manager) checkReplay() error {
+	m.mu.Lock()
+	defer m.unlock()
+	return checkReplay(m.led)
 }

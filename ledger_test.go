@@ -109,7 +109,7 @@ func TestLedgerRefusesASecondLiveAttemptAndDuplicateSessions(t *testing.T) {
 	l, e := newTestLedger(t)
 	extra, err := l.newAttempt(2, e.info.modelFor(2))
 	require.NoError(t, err)
-	_, err = l.apply(record{kind: recAttemptCreated, at: t0, recordExt: &recordExt{taskID: e.info.id}, attempt: extra})
+	_, err = l.apply(record{kind: recAttemptCreated, at: t0, task: e.info.id, attempt: extra})
 	assert.ErrorIs(t, err, errBadTransition, "a new attempt while the current one is live")
 	require.NoError(t, l.bindSession(e, e.cur().ID, "ses-1", t0))
 
@@ -165,7 +165,7 @@ func TestLedgerTiesRecordKindToStatus(t *testing.T) {
 		{kind: recSessionBound, attempt: func() Attempt { x := a; x.SessionID = "s"; return x }()},      // still pending
 	}
 	for _, r := range bad {
-		r.recordExt, r.at = &recordExt{taskID: e.info.id}, t0
+		r.task, r.at = e.info.id, t0
 		_, err := l.apply(r)
 		assert.ErrorIs(t, err, errBadTransition, r.kind.String())
 	}

@@ -213,19 +213,19 @@ func TestEnvelopeGolden(t *testing.T) {
 	tests := []struct {
 		name string
 		task Task
-		out  runOutput
+		out  *evidence
 	}{
-		{name: "completed", task: task(StatusCompleted, done), out: runOutput{token: "run-1", finish: FinishStop}},
-		{name: "completed_after_retry", task: task(StatusCompleted, first, retried), out: runOutput{token: "run-2", finish: FinishStop}},
-		{name: "error_context_overflow", task: task(StatusError, failed), out: runOutput{token: "run-1", output: "read 40 files <and more>", reason: ReasonContextOverflow}},
-		{name: "error_output_limit", task: task(StatusCompleted, cut), out: runOutput{token: "run-1", finish: FinishLength}},
-		{name: "error_no_final_text", task: task(StatusCompleted, cut), out: runOutput{token: "run-1", noText: true, output: "was looking at main.go"}},
-		{name: "error_content_filter", task: task(StatusCompleted, cut), out: runOutput{token: "run-1", finish: FinishContentFilter}},
-		{name: "error_unconsumed_tool_call", task: task(StatusCompleted, cut), out: runOutput{token: "run-1", finish: FinishToolCalls, output: `{"tool":"grep"}`}},
-		{name: "error_provider_error", task: task(StatusError, failedWith("429 Too Many Requests")), out: runOutput{token: "run-1", reason: reasonOf(statusErr{429, "Too Many Requests"})}},
-		{name: "error_unknown", task: task(StatusError, failedWith("something odd")), out: runOutput{token: "run-1", reason: reasonOf(errors.New("something odd"))}},
-		{name: "cancelled", task: task(StatusCancelled, cancelled), out: runOutput{token: "run-1", output: "step 3 of 9"}},
-		{name: "interrupt", task: task(StatusInterrupt, interrupted), out: runOutput{token: "run-1"}},
+		{name: "completed", task: task(StatusCompleted, done), out: &evidence{finish: FinishStop}},
+		{name: "completed_after_retry", task: task(StatusCompleted, first, retried), out: &evidence{finish: FinishStop}},
+		{name: "error_context_overflow", task: task(StatusError, failed), out: &evidence{output: "read 40 files <and more>", reason: ReasonContextOverflow}},
+		{name: "error_output_limit", task: task(StatusCompleted, cut), out: &evidence{finish: FinishLength}},
+		{name: "error_no_final_text", task: task(StatusCompleted, cut), out: &evidence{noText: true, output: "was looking at main.go"}},
+		{name: "error_content_filter", task: task(StatusCompleted, cut), out: &evidence{finish: FinishContentFilter}},
+		{name: "error_unconsumed_tool_call", task: task(StatusCompleted, cut), out: &evidence{finish: FinishToolCalls, output: `{"tool":"grep"}`}},
+		{name: "error_provider_error", task: task(StatusError, failedWith("429 Too Many Requests")), out: &evidence{reason: reasonOf(statusErr{429, "Too Many Requests"})}},
+		{name: "error_unknown", task: task(StatusError, failedWith("something odd")), out: &evidence{reason: reasonOf(errors.New("something odd"))}},
+		{name: "cancelled", task: task(StatusCancelled, cancelled), out: &evidence{output: "step 3 of 9"}},
+		{name: "interrupt", task: task(StatusInterrupt, interrupted), out: &evidence{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

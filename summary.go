@@ -249,17 +249,20 @@ func reasonOf(err error) Reason {
 }
 
 // outcomeOf computes a terminal task's outcome from its current attempt and
-// what the run reported last.
-func outcomeOf(t Task, last runOutput) *Outcome {
+// what its run reported (ev, from the attempt's final record; nil if the
+// run reported nothing that bears on it).
+func outcomeOf(t Task, ev *evidence) *Outcome {
 	cur := t.Current()
 	o := &Outcome{State: cur.Status}
-	if last.token == cur.Token {
+	last := evidence{}
+	if ev != nil {
+		last = *ev
 		o.Finish = last.finish
 	}
 	switch cur.Status {
 	case StatusCompleted:
 		switch {
-		case last.token == cur.Token && last.noText:
+		case last.noText:
 			o.State, o.Reason = StatusError, ReasonNoFinalText
 		case o.Finish == FinishLength:
 			o.State, o.Reason = StatusError, ReasonOutputLimit
@@ -279,13 +282,13 @@ func outcomeOf(t Task, last runOutput) *Outcome {
 	case StatusError:
 		o.Error = cur.Error
 		o.Reason = last.reason
-		if last.token != cur.Token || o.Reason == "" {
+		if o.Reason == "" {
 			o.Reason = reasonOf(errors.New(cur.Error)) // our own error: no user code runs
 		}
 	case StatusCancelled, StatusInterrupt:
 		o.Error = cur.Error
 	}
-	if !o.HasAnswer && last.token == cur.Token {
+	if !o.HasAnswer && ev != nil {
 		evidence := last.output
 		if evidence == "" && cur.Status == StatusCompleted {
 			evidence = cur.Result

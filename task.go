@@ -466,18 +466,17 @@ func WithHoldLimit(n int) Option { return optionFunc(func(c *config) { c.holdLim
 type runtime struct {
 	// What a closure pass and the end of a run touch comes first: these
 	// share the entry's first cache lines.
-	scanGen    uint64        // the last closure walk that visited this task
-	abort      *abortOp      // the abort in flight for the current run, shared by all who ask
-	stopWanted Status        // cancelled or interrupt: a stop was asked for; no retry follows
-	startSeq   uint64        // the StartSession in flight for the current attempt; 0: none
-	changed    chan struct{} // closed and cleared on every change; nil while nobody waits
-	done       chan struct{} // closed when the task becomes terminal; made only for a waiter
-	round      *round        // the parent's round the task counts in
-	runDone    chan struct{} // closed when that run ends or is replaced; made on demand
-	runToken   string        // the run runDone belongs to
-	waiter     *slots.Waiter[queued]
-	slotToken  string // the run holding that slot
-	slotKey    string // the concurrency key whose slot the run holds
+	scanGen   uint64        // the last closure walk that visited this task
+	abort     *abortOp      // the abort in flight for the current run, shared by all who ask
+	startSeq  uint64        // the StartSession in flight for the current attempt; 0: none
+	changed   chan struct{} // closed and cleared on every change; nil while nobody waits
+	done      chan struct{} // closed when the task becomes terminal; made only for a waiter
+	round     *round        // the parent's round the task counts in
+	runDone   chan struct{} // closed when that run ends or is replaced; made on demand
+	runToken  string        // the run runDone belongs to
+	waiter    *slots.Waiter[queued]
+	slotToken string // the run holding that slot
+	slotKey   string // the concurrency key whose slot the run holds
 }
 
 // runSeen is what the current run reported: process-local, never in the
@@ -1071,7 +1070,7 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	a := e.cur()
 	text := f.text
 	e.output().reason = f.reason
-	if !f.retry || a.Number >= e.info.maxAttempts || e.rt.stopWanted != "" {
+	if !f.retry || a.Number >= e.info.maxAttempts || e.stop != "" {
 		// The child's run ended on its own failure: that is what the
 		// status says, also when a stop (Cancel, a closure, Shutdown) was
 		// asked for, whose only say is that no new child starts.
@@ -1160,7 +1159,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 			return // the run was replaced or ended meanwhile
 		}
 		if m.fence(e) {
-			m.finalize(e, next.ID, e.rt.stopWanted, "", "", m.now())
+			m.finalize(e, next.ID, e.stop, "", "", m.now())
 			return
 		}
 		if delay > 0 {
@@ -1285,7 +1284,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 			return
 		}
 		replay()
-		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && (e.rt.stopWanted != "" || err != nil) {
+		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && (e.stop != "" || err != nil) {
 			op, fresh := m.newAbort(e, cur, nil)
 			if err != nil {
 				op.failWith = &f
@@ -1339,11 +1338,11 @@ func (m *Manager) startFailed(e *entry, a Attempt, f failure) {
 		return
 	}
 	m.changed(e, false)
-	if e.rt.stopWanted != "" {
+	if e.stop != "" {
 		// No child exists: the stop asked for is already true. The start's
 		// failure is kept as the attempt's error.
 		e.output().reason = f.reason
-		m.finalize(e, a.ID, e.rt.stopWanted, f.text, "", now)
+		m.finalize(e, a.ID, e.stop, f.text, "", now)
 		return
 	}
 	m.fail(e, f, now)
@@ -1451,6 +1450,9 @@ func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
 func (m *Manager) push(n Notification) {
 	m.nseq++
 	n.Seq = m.nseq
+	if m.led.tap != nil {
+		m.led.emit(record{kind: recNotifyProduced, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: m.noticeOf(n)}})
+	}
 	old, evicted, ok := m.lanes.Push(n.ParentSessionID, n)
 	if evicted {
 		m.notifyFailures.Add(1)
@@ -1461,6 +1463,18 @@ func (m *Manager) push(n Notification) {
 		m.logLocked(slog.LevelError, "bgtask: notification not delivered: the manager is shut down",
 			slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
 	}
+}
+
+// noticeOf is n as the ledger records it. m.mu is held.
+func (m *Manager) noticeOf(n Notification) *notice {
+	nt := &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID, text: n.Text, attempt: n.Task.CurrentAttemptID}
+	for _, t := range n.Tasks {
+		nt.tasks = append(nt.tasks, t.ID)
+	}
+	if n.Kind == NotifyBranchClosed && len(m.led.closures) > 0 {
+		nt.closure = m.led.closures[len(m.led.closures)-1].seq
+	}
+	return nt
 }
 
 // keepLost keeps n, which the Notifier will not get, for Undelivered: at
@@ -1497,6 +1511,11 @@ func (m *Manager) deliver(_ string, n Notification) {
 			return m.cfg.notifier.Notify(ctx, n)
 		}()
 		if err == nil {
+			if m.led.tap != nil { // set before the Manager is used, never changed
+				m.mu.Lock()
+				m.led.emit(record{kind: recNotifyDelivered, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID}}})
+				m.unlock()
+			}
 			return
 		}
 		if attempt >= m.cfg.notifyAttempts || m.life.Err() != nil {
@@ -1673,9 +1692,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 			if e.terminal() {
 				continue
 			}
-			if e.rt.stopWanted == "" {
-				e.rt.stopWanted = StatusInterrupt
-			}
+			m.wantStop(e, StatusInterrupt, "shutdown")
 			m.stopRun(e, now)
 		}
 	}
@@ -2079,8 +2096,8 @@ func (m *Manager) stoppedWith(attemptID, token, text string, ended bool) {
 // stopStatus is the status a stop of e's run gives: the one asked for,
 // cancelled by default. m.mu is held.
 func (e *entry) stopStatus() Status {
-	if e.rt.stopWanted != "" {
-		return e.rt.stopWanted
+	if e.stop != "" {
+		return e.stop
 	}
 	return StatusCancelled
 }
@@ -2268,7 +2285,7 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 	cur := *e.cur()
 	if cur.Token == w.V.token && cur.Status == StatusPending && m.fence(e) {
 		e.rt.slotKey, e.rt.slotToken = w.Key(), cur.Token // given back as it ends
-		m.finalize(e, cur.ID, e.rt.stopWanted, "", "", m.now())
+		m.finalize(e, cur.ID, e.stop, "", "", m.now())
 		return
 	}
 	if cur.Token != w.V.token || cur.Status != StatusPending {

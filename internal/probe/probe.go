@@ -11,3 +11,11 @@ var Running func(m any) (int, <-chan struct{})
 // are parked on an internal wait (a shared abort, a closure pass) and so
 // make no progress on their own, and a channel closed when that changes.
 var Parked func(m any) (int, <-chan struct{})
+
+// Record makes m keep every ledger record it commits from now on; call it
+// right after New, before m is used.
+var Record func(m any)
+
+// Replay replays the records m kept (Record) into a fresh ledger and
+// reports the first way the result differs from m.
+var Replay func(m any) error

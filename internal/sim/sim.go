@@ -146,6 +146,7 @@ func Run(opts Options) ([]string, error) {
 		features = append(features, "retry-delay")
 	}
 	w.m = bgtask.New(w.host, cfg...)
+	probe.Record(w.m) // replay must reproduce the run, checked at the end
 	w.host.m = w.m
 	w.log("start: %v", features)
 
@@ -655,6 +656,9 @@ func (w *world) finish() {
 				}
 			}
 			w.checkNotifications(w.m.Tasks(), true)
+			if err := probe.Replay(w.m); err != nil {
+				w.failf("%v", err)
+			}
 			if n, _ := probe.Running(w.m); n != 0 {
 				w.failf("%d goroutines outlived Shutdown", n)
 			}
