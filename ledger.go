@@ -85,7 +85,7 @@ type recordExt struct {
 	session  string         // recSessionOrphan
 	note     string         // recRetryScheduled: the failure; recStopRequested: who asked; recStopWithdrawn: the abort's error
 	stop     Status         // recStopRequested: the status the stop gives
-	evidence *evidence      // recAttemptFinal: what the run reported that decides its outcome
+	evidence evidence       // recAttemptFinal: what the run reported that decides its outcome
 	closure  *ClosureRecord // recBranchClosed, by value
 	notice   *notice        // recNotifyProduced, recNotifyDelivered
 }
@@ -194,7 +194,7 @@ type ledger struct {
 	// tap, when set, sees every record as it is committed, in sequence
 	// order (the replay test; later, a journal). It is called with the
 	// Manager's lock held.
-	tap func(*record)
+	tap func(record)
 	log []record // what recordAll keeps
 	// widened counts the records that can widen a branch or start a run:
 	// a launch, a new attempt, a session indexed. A closure whose last scan
@@ -240,7 +240,7 @@ func (l *ledger) stamp(rec *record) {
 		l.seq = max(l.seq, rec.seq)
 	}
 	if l.tap != nil {
-		l.tap(rec)
+		l.tap(*rec)
 	}
 }
 
@@ -313,8 +313,8 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 			l.indexSession(e, ref, rec.attempt.SessionID)
 		case recAttemptFinal:
 			e.evidence = nil
-			if rec.recordExt != nil {
-				e.evidence = rec.evidence
+			if rec.recordExt != nil { // a final record's extension is its evidence
+				e.evidence = &rec.recordExt.evidence
 			}
 		}
 		e.revision++
@@ -529,20 +529,20 @@ func (l *ledger) finalizeRef(ref attemptRef, status Status, errText, result stri
 	a.Result = result
 	a.CompletedAt = at
 	rec := record{kind: recAttemptFinal, at: at, attempt: a}
-	if ev := ref.e.reported(a.Token); ev != nil {
+	if ev, ok := ref.e.reported(a.Token); ok {
 		rec.recordExt = &recordExt{evidence: ev}
 	}
 	return l.write(ref.e, ref, &rec)
 }
 
 // reported is what the run with token reported that decides its outcome,
-// for its final record; nil if it reported nothing of the kind.
-func (e *entry) reported(token string) *evidence {
+// for its final record; false if it reported nothing of the kind.
+func (e *entry) reported(token string) (evidence, bool) {
 	out := &e.seen.out
 	if out.token != token || (out.output == "" && out.finish == "" && !out.noText && out.reason == "") {
-		return nil
+		return evidence{}, false
 	}
-	return &evidence{output: out.output, finish: out.finish, noText: out.noText, reason: out.reason}
+	return evidence{output: out.output, finish: out.finish, noText: out.noText, reason: out.reason}, true
 }
 
 // scheduleRetry finalizes the current attempt as error with errText, then
@@ -650,7 +650,7 @@ func replayLedger(recs []record) (*ledger, []*notice, error) {
 // recordAll makes l keep a copy of every record it commits, for
 // checkReplay. Call it before the ledger is used.
 func (l *ledger) recordAll() {
-	l.tap = func(r *record) { l.log = append(l.log, *r) }
+	l.tap = func(r record) { l.log = append(l.log, r) }
 }
 
 // checkReplay replays the records l committed (recordAll) into a fresh

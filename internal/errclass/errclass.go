@@ -8,6 +8,7 @@ package errclass
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"net/http"
@@ -578,6 +579,16 @@ var statusFields = []string{"StatusCode", "HTTPStatusCode", "HTTPStatus", "Statu
 // and headers, in order.
 var responseFields = []string{"Response", "HTTPResponse", "RawResponse"}
 
+// plain are the struct types of the standard library's errors (errors.New,
+// fmt.Errorf with one and with several %w, errors.Join): the most common
+// links of a chain, known to carry nothing, so no plan is looked up.
+var plain = [4]reflect.Type{
+	reflect.TypeOf(errors.New("")).Elem(),
+	reflect.TypeOf(fmt.Errorf("%w", errors.New(""))).Elem(),
+	reflect.TypeOf(fmt.Errorf("%w %w", errors.New(""), errors.New(""))).Elem(),
+	reflect.TypeOf(errors.Join(errors.New(""), errors.New(""))).Elem(),
+}
+
 var (
 	plans        sync.Map // reflect.Type (a struct type) → *plan
 	noPlan       = &plan{}
@@ -601,6 +612,9 @@ func inspect(e error) (reflect.Value, *plan) {
 		return reflect.Value{}, noPlan
 	}
 	t := v.Type()
+	if plain[0] == t || plain[1] == t || plain[2] == t || plain[3] == t {
+		return reflect.Value{}, noPlan // the standard library's own: nothing to read
+	}
 	if p, ok := plans.Load(t); ok {
 		return v, p.(*plan)
 	}
