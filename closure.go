@@ -381,7 +381,7 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 			return nil
 		}
 		token = a.Token
-		m.wantStop(e, StatusCancelled, "cancel")
+		m.wantStop(e, stopByCancel, m.now())
 		op := m.stopRun(e, m.now())
 		if e.terminal() {
 			m.unlock()
@@ -514,6 +514,7 @@ func (e *ClosureError) Is(target error) bool { return target == ErrBranchNotStop
 type closure struct {
 	root     string             // the session closed; for CloseTask, the task's session ("" if none)
 	task     *entry             // CloseTask: the task closed as a unit
+	stop     *recordExt         // the stop it asks of every run in its branch
 	touched  slab.List[touch]   // runs asked to stop, in order
 	ops      slab.List[abortOp] // the aborts it set off
 	starting map[string]bool    // tokens touched while their start was in flight
@@ -619,7 +620,7 @@ func (m *Manager) fence(e *entry) bool {
 	}
 	for c := range m.closures {
 		if m.taskInBranch(e, c) {
-			m.wantStop(e, StatusCancelled, c.by())
+			m.wantStop(e, c.stop, m.now())
 			return true
 		}
 	}
@@ -627,24 +628,33 @@ func (m *Manager) fence(e *entry) bool {
 }
 
 // wantStop records that a stop of e was asked for — by a cancel, a
-// closure, Shutdown — with the status it gives: the first stop asked is
-// the one recorded, and from then on no retry starts. m.mu is held.
-func (m *Manager) wantStop(e *entry, status Status, by string) {
+// closure, Shutdown: stop says which, with the status it gives — and from
+// then on no retry starts. The first stop asked is the one recorded. m.mu
+// is held.
+func (m *Manager) wantStop(e *entry, stop *recordExt, at time.Time) {
 	if e.stop != "" {
 		return
 	}
-	rec := record{kind: recStopRequested, at: m.now(), attempt: *e.cur(), recordExt: &recordExt{stop: status, note: by}}
+	rec := record{kind: recStopRequested, at: at, attempt: *e.cur(), recordExt: stop}
 	if err := m.led.write(e, attemptRef{e: e, index: e.current}, &rec); err != nil {
 		m.ledgerBug(e, err)
 	}
 }
 
-// by names c as the asker of a stop.
-func (c *closure) by() string {
-	if c.root == "" {
-		return "closure of task " + c.task.id
+// The stops a record can name: immutable, so every stop record of one
+// asker shares its extension (a closure makes its own, see stopBy).
+var (
+	stopByCancel   = &recordExt{stop: StatusCancelled, note: "cancel"}
+	stopByShutdown = &recordExt{stop: StatusInterrupt, note: "shutdown"}
+)
+
+// stopBy is the stop a closure of root (or, for CloseTask, of task) asks.
+func stopBy(root string, task *entry) *recordExt {
+	by := "closure of " + root
+	if root == "" {
+		by = "closure of task " + task.id
 	}
-	return "closure of " + c.root
+	return &recordExt{stop: StatusCancelled, note: by}
 }
 
 // walk visits the branch's tasks, found from the ledger's edges: the task
@@ -780,7 +790,7 @@ func (m *Manager) sessionKnown(session string) bool {
 // openClosure raises the fence of a closure of root (and, for CloseTask, of
 // task as a unit). m.mu is held.
 func (m *Manager) openClosure(root string, task *entry) *closure {
-	c := &closure{root: root, task: task, starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.startSeq}
+	c := &closure{root: root, task: task, stop: stopBy(root, task), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.startSeq}
 	m.closures[c] = struct{}{}
 	m.signal()
 	return c
@@ -893,7 +903,7 @@ func (m *Manager) closurePass(c *closure) pass {
 			return
 		}
 		if e.stop == "" {
-			m.wantStop(e, StatusCancelled, c.by())
+			m.wantStop(e, c.stop, now)
 			asked = true
 		}
 		// A run is touched once: only a run whose start was in flight can

@@ -295,7 +295,13 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	}
 	rec.task = e.id
 	l.stamp(rec)
-	e.records = append(e.records, *rec)
+	switch rec.kind {
+	case recStopRequested, recStopWithdrawn:
+		// Only projected here (and handed to the tap): in memory, a task
+		// keeps the records of its attempts.
+	default:
+		e.records = append(e.records, *rec)
+	}
 	switch rec.kind {
 	case recTaskLaunched, recAttemptCreated, recSessionBound, recSessionOrphan:
 		l.widened++

@@ -1692,7 +1692,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 			if e.terminal() {
 				continue
 			}
-			m.wantStop(e, StatusInterrupt, "shutdown")
+			m.wantStop(e, stopByShutdown, now)
 			m.stopRun(e, now)
 		}
 	}
