@@ -48,7 +48,7 @@ func runningTasks(b *testing.B, n int, superseded bool) (m *Manager, current, ol
 		}
 		ids[i] = task.ID
 	}
-	if err := m.group.Wait(context.Background()); err != nil {
+	if err := m.life.group.Wait(context.Background()); err != nil {
 		b.Fatal(err)
 	}
 	if superseded {
@@ -58,7 +58,7 @@ func runningTasks(b *testing.B, n int, superseded bool) (m *Manager, current, ol
 				b.Fatal(err)
 			}
 		}
-		if err := m.group.Wait(context.Background()); err != nil {
+		if err := m.life.group.Wait(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -36,7 +36,7 @@ func liveTree(b *testing.B, n, branching int) *Manager {
 				made++
 			}
 		}
-		if err := m.group.Wait(context.Background()); err != nil {
+		if err := m.life.group.Wait(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 		parents = parents[:0]

@@ -187,7 +187,7 @@ func TestCloseBranchAbortsAnInFlightStartOnArrival(t *testing.T) {
 	// The closure must wait for the start; release it once the fence is up.
 	for {
 		h.m.mu.Lock()
-		up := len(h.m.closures) == 1
+		up := len(h.m.closures.active) == 1
 		wait := h.m.waitAny()
 		h.m.unlock()
 		if up {
@@ -380,7 +380,7 @@ func TestMetadataReservedPrefixIsRefused(t *testing.T) {
 func (h *harness) walks() uint64 {
 	h.m.mu.Lock()
 	defer h.m.unlock()
-	return h.m.scanGen
+	return h.m.closures.scanGen
 }
 
 func TestARescanIsProvenWithoutAWalkWhenNothingWidened(t *testing.T) {
@@ -423,7 +423,7 @@ func TestALongClosureWalkLetsOthersIn(t *testing.T) {
 	last := h.task(ids[len(ids)-1]) // visited last: after the first yield
 	yields := 0
 	var outside Task
-	h.m.testHookYield = func() {
+	h.m.hooks.yield = func() {
 		yields++
 		if yields > 1 {
 			return
@@ -478,7 +478,7 @@ func TestAStartThatEndsWhileAWalkYieldsDoesNotHangTheClosure(t *testing.T) {
 		require.NoError(t, err)
 	}
 	yields := 0
-	h.m.testHookYield = func() {
+	h.m.hooks.yield = func() {
 		if yields++; yields == 1 {
 			close(release)
 			_, err := h.m.Wait(ctx, slow)

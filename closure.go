@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/bgtask/bgtask/internal/callq"
@@ -136,13 +137,13 @@ func (m *Manager) newAbort(e *entry, a *Attempt, store *abortOp) (op *abortOp, f
 	*op = abortOp{
 		ref:     attemptRef{e: e, index: e.current},
 		session: a.SessionID,
-		ctx: runCtx{Context: m.life, v: runValue{
+		ctx: runCtx{Context: m.life.ctx, v: runValue{
 			ref:  RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token},
 			kind: callAbort,
 		}},
 	}
 	e.rt.abort = op
-	m.abortsN++
+	m.calls.abortsN++
 	return op, true
 }
 
@@ -178,7 +179,7 @@ type abortBatch struct {
 
 func (m *Manager) newBatch() *abortBatch {
 	b := &abortBatch{}
-	b.q = callq.New(maxAbortWorkers, m.group.Go,
+	b.q = callq.New(maxAbortWorkers, m.life.group.Go,
 		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.session) },
 		func(ops []*abortOp) {
 			m.mu.Lock()
@@ -267,7 +268,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 	if e.rt.abort == op {
 		e.rt.abort = nil
 	}
-	m.abortsN--
+	m.calls.abortsN--
 	op.err = err
 	op.finished = true
 	if op.done != nil {
@@ -309,8 +310,8 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 // logged.
 func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
 	run := RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token}
-	if !m.group.Go(func() {
-		if err := m.callAbort(withRun(m.life, run, callAbort), sessionID); err != nil {
+	if !m.life.group.Go(func() {
+		if err := m.callAbort(withRun(m.life.ctx, run, callAbort), sessionID); err != nil {
 			m.logAttrs(slog.LevelWarn, "bgtask: abort of a session created for a superseded attempt failed",
 				slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID),
 				slog.String("session", sessionID), slog.String("err", err.Error()))
@@ -396,8 +397,8 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 		if servesRun(ctx, token) {
 			return ErrStopPending
 		}
-		if m.testHookWaiting != nil {
-			m.testHookWaiting(id)
+		if m.hooks.waiting != nil {
+			m.hooks.waiting(id)
 		}
 		if err := m.parkOn(ctx, wait); err != nil {
 			return err
@@ -509,8 +510,33 @@ func (e *ClosureError) Error() string {
 // Is reports whether target is ErrBranchNotStopped.
 func (e *ClosureError) Is(target error) bool { return target == ErrBranchNotStopped }
 
-// closure is one CloseBranch in progress: while it is in m.closures, its
-// fence refuses new work in its branch.
+// branchClosures is the machinery of the closures in progress. passMu is
+// its own lock; active is guarded by m.mu; scanGen and walkQueue belong to
+// the walk, which holds both passMu and m.mu.
+type branchClosures struct {
+	// passMu serializes closure passes, so that one may release m.mu
+	// midway (its walk marks and scratch stay its own). Taken before m.mu,
+	// never while holding it.
+	passMu    sync.Mutex
+	active    map[*closure]struct{} // active branch closures: their fences
+	scanGen   uint64                // closure walks made
+	walkQueue []*entry              // a closure walk's scratch
+}
+
+// testHooks let tests see the Manager at points where it is about to wait
+// or has let others in. Tests set them before the Manager is used and
+// never change them after, so they are read without a lock; outside tests
+// they are nil.
+type testHooks struct {
+	// waiting, when set, is called when Cancel is about to block.
+	waiting func(taskID string)
+	// yield, when set, is called while a closure walk has released m.mu
+	// to let others in.
+	yield func()
+}
+
+// closure is one CloseBranch in progress: while it is in m.closures.active,
+// its fence refuses new work in its branch.
 type closure struct {
 	root     string             // the session closed; for CloseTask, the task's session ("" if none)
 	task     *entry             // CloseTask: the task closed as a unit
@@ -603,7 +629,7 @@ func (m *Manager) taskInBranch(e *entry, c *closure) bool {
 // closingParent reports whether a Launch from parent must be refused.
 // m.mu is held.
 func (m *Manager) closingParent(parent string) bool {
-	for c := range m.closures {
+	for c := range m.closures.active {
 		if m.sessionInBranch(parent, c) {
 			return true
 		}
@@ -618,7 +644,7 @@ func (m *Manager) fence(e *entry) bool {
 	if e.stop != "" {
 		return true
 	}
-	for c := range m.closures {
+	for c := range m.closures.active {
 		if m.taskInBranch(e, c) {
 			m.wantStop(e, c.stop, m.now())
 			return true
@@ -662,12 +688,12 @@ func stopBy(root string, task *entry) *recordExt {
 // launched from the root or from any session of a task found (its kids,
 // in launch order). Breadth first is launch order when parents launch
 // before their children, which is allocation order: the walk reads memory
-// mostly in sequence. m.mu and m.passMu are held; visit may release m.mu
-// for a moment, never m.passMu.
+// mostly in sequence. m.mu and m.closures.passMu are held; visit may
+// release m.mu for a moment, never m.closures.passMu.
 func (m *Manager) walk(c *closure, visit func(*entry)) {
-	m.scanGen++
-	gen := m.scanGen
-	queue := m.walkQueue[:0]
+	m.closures.scanGen++
+	gen := m.closures.scanGen
+	queue := m.closures.walkQueue[:0]
 	if owner := m.rootTask(c); owner != nil {
 		// The task is the unit: its own live run, and what any of its
 		// sessions launched (its kids cover the root's).
@@ -687,7 +713,7 @@ func (m *Manager) walk(c *closure, visit func(*entry)) {
 		queue = append(queue, e.kids...)
 	}
 	clear(queue)
-	m.walkQueue = queue[:0]
+	m.closures.walkQueue = queue[:0]
 }
 
 // CloseBranch stops every run in the branch below sessionID and returns
@@ -736,7 +762,7 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 		return ClosureReport{}, fmt.Errorf("%w: CloseBranch needs a session id", ErrInvalidArgument)
 	}
 	m.mu.Lock()
-	if !m.sessionKnown(sessionID) && len(m.inflight) == 0 {
+	if !m.sessionKnown(sessionID) && len(m.calls.inflight) == 0 {
 		m.unlock()
 		return ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
 	}
@@ -790,8 +816,8 @@ func (m *Manager) sessionKnown(session string) bool {
 // openClosure raises the fence of a closure of root (and, for CloseTask, of
 // task as a unit). m.mu is held.
 func (m *Manager) openClosure(root string, task *entry) *closure {
-	c := &closure{root: root, task: task, stop: stopBy(root, task), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.startSeq}
-	m.closures[c] = struct{}{}
+	c := &closure{root: root, task: task, stop: stopBy(root, task), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.calls.startSeq}
+	m.closures.active[c] = struct{}{}
 	m.signal()
 	return c
 }
@@ -806,7 +832,7 @@ func (m *Manager) runClosure(ctx context.Context, c *closure) (ClosureReport, er
 		p := m.closurePass(c)
 		if p.selfWait {
 			rep := m.report(c, passes)
-			if !m.group.Go(func() { _, _ = m.finishPasses(m.life, c, passes, p) }) {
+			if !m.life.group.Go(func() { _, _ = m.finishPasses(m.life.ctx, c, passes, p) }) {
 				_, _ = m.finishClosure(c, passes, ErrShutdown)
 			}
 			return rep, ErrStopPending
@@ -858,8 +884,8 @@ const yieldEvery = 1024
 func (m *Manager) closurePass(c *closure) pass {
 	var p pass
 	asked := false // a stop was asked for a run that had none
-	m.passMu.Lock()
-	defer m.passMu.Unlock()
+	m.closures.passMu.Lock()
+	defer m.closures.passMu.Unlock()
 	m.mu.Lock()
 	defer m.unlock()
 	if c.settled && c.widened == m.led.widened {
@@ -884,8 +910,8 @@ func (m *Manager) closurePass(c *closure) pass {
 			// one (a start seen in flight may have ended meanwhile).
 			change := m.waitAny()
 			m.unlock()
-			if m.testHookYield != nil {
-				m.testHookYield()
+			if m.hooks.yield != nil {
+				m.hooks.yield()
 			}
 			m.mu.Lock()
 			now = m.now()
@@ -945,7 +971,7 @@ func (m *Manager) closurePass(c *closure) pass {
 	if m.rootTask(c) == nil {
 		// The root may be a session a start in flight is creating: wait
 		// for the starts that were in flight when the closure opened.
-		for seq := range m.inflight {
+		for seq := range m.calls.inflight {
 			if seq <= c.horizon {
 				p.busy = true
 				break
@@ -1040,7 +1066,7 @@ func (m *Manager) reportLocked(c *closure, passes int) (rep ClosureReport) {
 func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureReport, error) {
 	m.mu.Lock()
 	defer m.unlock()
-	delete(m.closures, c)
+	delete(m.closures.active, c)
 	m.signal()
 	owner := m.rootTask(c)
 	if owner == nil && c.touched.Len() == 0 && !m.sessionKnown(c.root) {
@@ -1106,19 +1132,19 @@ func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
 func (m *Manager) cascadeDelete(sessionID string) {
 	c := m.openClosure(sessionID, nil)
 	c.quiet = true
-	if !m.group.Go(func() {
-		if _, err := m.runClosure(m.life, c); err != nil && !errors.Is(err, context.Canceled) {
+	if !m.life.group.Go(func() {
+		if _, err := m.runClosure(m.life.ctx, c); err != nil && !errors.Is(err, context.Canceled) {
 			m.logAttrs(slog.LevelWarn, "bgtask: closing the branch of a deleted session failed",
 				slog.String("session", sessionID), slog.String("err", err.Error()))
 		}
 	}) {
-		delete(m.closures, c)
+		delete(m.closures.active, c)
 	}
 }
 
 func init() {
-	probe.Running = func(m any) (int, <-chan struct{}) { return m.(*Manager).group.Changed() }
-	probe.Parked = func(m any) (int, <-chan struct{}) { return m.(*Manager).parkState() }
+	probe.Running = func(m any) (int, <-chan struct{}) { return m.(*Manager).life.group.Changed() }
+	probe.Parked = func(m any) (int, <-chan struct{}) { return m.(*Manager).life.parked.state() }
 	probe.Record = func(m any) { m.(*Manager).recordAll() }
 	probe.Replay = func(m any) error { return m.(*Manager).checkReplay() }
 }
@@ -1126,7 +1152,7 @@ func init() {
 // parkOn waits for ch or ctx. The simulation harness counts goroutines
 // parked here as idle while none of what they wait for is ready.
 func (m *Manager) parkOn(ctx context.Context, ch <-chan struct{}) error {
-	done := m.park(ch, ctx.Done())
+	done := m.life.parked.park(ch, ctx.Done())
 	defer done()
 	select {
 	case <-ch:
@@ -1136,41 +1162,50 @@ func (m *Manager) parkOn(ctx context.Context, ch <-chan struct{}) error {
 	}
 }
 
+// parking is the waits parked now (parkOn, the stall watch), for the
+// simulation harness (probe.Parked). It is guarded by its own mu.
+type parking struct {
+	mu    sync.Mutex                   // guards seq, waits, ch
+	seq   uint64                       // ids of parked waits
+	waits map[uint64][]<-chan struct{} // what each parked goroutine waits on
+	ch    chan struct{}                // closed when waits changes; nil while nobody waits
+}
+
 // park registers a goroutine as waiting on chans until the returned func is
 // called.
-func (m *Manager) park(chans ...<-chan struct{}) func() {
-	m.parkMu.Lock()
-	m.parkSeq++
-	id := m.parkSeq
-	if m.parkWaits == nil {
-		m.parkWaits = map[uint64][]<-chan struct{}{}
+func (pk *parking) park(chans ...<-chan struct{}) func() {
+	pk.mu.Lock()
+	pk.seq++
+	id := pk.seq
+	if pk.waits == nil {
+		pk.waits = map[uint64][]<-chan struct{}{}
 	}
-	m.parkWaits[id] = chans
-	m.bumpPark()
-	m.parkMu.Unlock()
+	pk.waits[id] = chans
+	pk.bump()
+	pk.mu.Unlock()
 	return func() {
-		m.parkMu.Lock()
-		delete(m.parkWaits, id)
-		m.bumpPark()
-		m.parkMu.Unlock()
+		pk.mu.Lock()
+		delete(pk.waits, id)
+		pk.bump()
+		pk.mu.Unlock()
 	}
 }
 
-func (m *Manager) bumpPark() {
-	if m.parkCh != nil {
-		close(m.parkCh)
-		m.parkCh = nil
+func (pk *parking) bump() {
+	if pk.ch != nil {
+		close(pk.ch)
+		pk.ch = nil
 	}
 }
 
-func (m *Manager) parkState() (int, <-chan struct{}) {
-	m.parkMu.Lock()
-	defer m.parkMu.Unlock()
-	if m.parkCh == nil {
-		m.parkCh = make(chan struct{})
+func (pk *parking) state() (int, <-chan struct{}) {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	if pk.ch == nil {
+		pk.ch = make(chan struct{})
 	}
 	n := 0
-	for _, chans := range m.parkWaits {
+	for _, chans := range pk.waits {
 		ready := false
 		for _, c := range chans {
 			select {
@@ -1183,5 +1218,5 @@ func (m *Manager) parkState() (int, <-chan struct{}) {
 			n++
 		}
 	}
-	return n, m.parkCh
+	return n, pk.ch
 }

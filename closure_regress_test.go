@@ -154,7 +154,7 @@ func TestClosureWaitsForTheSessionOfAFailedStart(t *testing.T) {
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
-		return len(h.m.closures) == 1 && h.m.led.tasks[task.ID].stop != ""
+		return len(h.m.closures.active) == 1 && h.m.led.tasks[task.ID].stop != ""
 	})
 	close(release)
 	err := <-done
@@ -181,7 +181,7 @@ func TestClosureRootBoundDuringTheClosureIsStopped(t *testing.T) {
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
-		return len(h.m.closures) == 1
+		return len(h.m.closures.active) == 1
 	})
 	select {
 	case err := <-done:
@@ -244,7 +244,7 @@ func TestOverlappingClosuresWaitingOnAStartDoNotWakeEachOther(t *testing.T) {
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
-		return len(h.m.closures) == 2
+		return len(h.m.closures.active) == 2
 	})
 	for range 1000 { // let a spinning pair of closures spin
 		goruntime.Gosched()

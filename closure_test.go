@@ -98,7 +98,7 @@ func TestCancelDuringSessionCreation(t *testing.T) {
 				return sid, nil
 			}})
 			waiting := make(chan string, 1)
-			h.m.testHookWaiting = func(id string) { waiting <- id }
+			h.m.hooks.waiting = func(id string) { waiting <- id }
 			task := h.launch("a/one", "b/two")
 			<-entered
 			cancelled := make(chan error, 1)
@@ -128,7 +128,7 @@ func TestCancelDuringSessionCreationWhoseAbortFailsBindsTheLiveSession(t *testin
 		abort: func(ctx context.Context, sid string) error { return errors.New("cannot") },
 	})
 	waiting := make(chan string, 1)
-	h.m.testHookWaiting = func(id string) { waiting <- id }
+	h.m.hooks.waiting = func(id string) { waiting <- id }
 	task := h.launch("a/one")
 	<-entered
 	cancelled := make(chan error, 1)
@@ -186,7 +186,7 @@ func TestConcurrentCancelsShareOneAbort(t *testing.T) {
 	task := h.launch("a/one")
 	h.settle()
 	waiting := make(chan string, 2)
-	h.m.testHookWaiting = func(id string) { waiting <- id }
+	h.m.hooks.waiting = func(id string) { waiting <- id }
 	errc := make(chan error, 2)
 	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
 	<-entered

@@ -6,5 +6,5 @@ package bgtask
 func SetEpochForTest(m *Manager, epoch uint64) {
 	m.mu.Lock()
 	defer m.unlock()
-	m.epoch = epoch
+	m.changes.epoch = epoch
 }

@@ -121,7 +121,7 @@ func TestASessionBoundAfterAFailedArrivalAbortIsWatchedForStalls(t *testing.T) {
 	h := newHarness(t, host, WithStallTimeout(time.Minute))
 	task := h.launchOn("a/1")
 	var once sync.Once
-	h.m.testHookWaiting = func(string) { once.Do(func() { close(release) }) }
+	h.m.hooks.waiting = func(string) { once.Do(func() { close(release) }) }
 	require.Error(t, h.m.Cancel(context.Background(), task.ID))
 	require.Equal(t, StatusRunning, h.task(task.ID).Status, "bound: the truth wins")
 	h.waitTimers(1) // its stall watcher

@@ -129,7 +129,7 @@ func TestFuncHostAnswerAfterAbortIsStillTheTruth(t *testing.T) {
 	<-started
 	errc := make(chan error, 1)
 	waiting := make(chan string, 1)
-	h.m.testHookWaiting = func(id string) { waiting <- id }
+	h.m.hooks.waiting = func(id string) { waiting <- id }
 	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
 	<-waiting
 	close(release)
@@ -217,7 +217,7 @@ func TestFuncHostShutdownStopsEveryFunction(t *testing.T) {
 	for _, id := range ids {
 		assert.Equal(t, StatusInterrupt, h.task(id).Status)
 	}
-	assert.Zero(t, h.m.group.Running())
+	assert.Zero(t, h.m.life.group.Running())
 }
 
 func TestFuncHostManyConcurrentTasks(t *testing.T) {

@@ -193,7 +193,7 @@ func TestFuncHostCancelBeforeBindEndsCancelledWithItsSession(t *testing.T) {
 	<-startIn
 	errc := make(chan error, 1)
 	waiting := make(chan string, 1)
-	h.m.testHookWaiting = func(id string) { waiting <- id }
+	h.m.hooks.waiting = func(id string) { waiting <- id }
 	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
 	<-waiting
 	close(proceed)
@@ -507,7 +507,7 @@ func TestShutdownReturnsAtItsDeadlineWhenAHostIgnoresItsContext(t *testing.T) {
 	}}, WithIDs(SequentialIDs()))
 	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
 	require.NoError(t, err)
-	require.NoError(t, m.group.Wait(context.Background()))
+	require.NoError(t, m.life.group.Wait(context.Background()))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	err = m.Shutdown(ctx)
@@ -519,7 +519,7 @@ func TestShutdownReturnsAtItsDeadlineWhenAHostIgnoresItsContext(t *testing.T) {
 	close(stuck)
 	// A later Shutdown waits for what the first left running.
 	require.NoError(t, m.Shutdown(context.Background()))
-	assert.Zero(t, m.group.Running())
+	assert.Zero(t, m.life.group.Running())
 	<-entered
 }
 
@@ -563,7 +563,7 @@ func TestAStuckNotifierKeepsItsQueuesBounded(t *testing.T) {
 	}
 	<-entered
 	h.m.mu.Lock()
-	pending := h.m.lanes.Pending()
+	pending := h.m.notes.lanes.Pending()
 	h.m.unlock()
 	assert.LessOrEqual(t, pending, 3, "a parent's queue is bounded")
 	lost := h.m.Undelivered()
@@ -661,7 +661,7 @@ func TestStartFailureWhileACancelWaitsKeepsItsError(t *testing.T) {
 	task := h.launch("a/one", "b/two")
 	<-entered
 	waiting := make(chan string, 1)
-	h.m.testHookWaiting = func(id string) { waiting <- id }
+	h.m.hooks.waiting = func(id string) { waiting <- id }
 	errc := make(chan error, 1)
 	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
 	<-waiting
@@ -721,7 +721,7 @@ func TestCloseTaskOfATaskWithNoSession(t *testing.T) {
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
-		return len(h.m.closures) == 1
+		return len(h.m.closures.active) == 1
 	})
 	close(release) // the start returns inside the closure: bound, then aborted
 	require.NoError(t, <-done)
@@ -748,7 +748,7 @@ func TestCloseBranchOfASessionAStartInFlightCreatesStopsIt(t *testing.T) {
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
-		return len(h.m.closures) == 1
+		return len(h.m.closures.active) == 1
 	})
 	close(release)
 	require.NoError(t, <-done, "the start in flight created the root: it is known")
@@ -792,7 +792,7 @@ func TestShutdownAtItsDeadlineNamesTheTaskItLeavesRunning(t *testing.T) {
 	}}, WithIDs(SequentialIDs()))
 	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
 	require.NoError(t, err)
-	require.NoError(t, m.group.Wait(context.Background()))
+	require.NoError(t, m.life.group.Wait(context.Background()))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	err = m.Shutdown(ctx)

@@ -170,7 +170,7 @@ func (h *harness) settle() {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(h.t, h.m.group.Wait(ctx), "manager goroutines did not finish")
+	require.NoError(h.t, h.m.life.group.Wait(ctx), "manager goroutines did not finish")
 }
 
 func (h *harness) launch(models ...string) Task {

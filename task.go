@@ -386,6 +386,8 @@ type config struct {
 	holdLimit        int
 	queueLimit       int // notifications waiting per parent
 	undeliveredLimit int // notifications kept for Undelivered
+
+	err error // an invalid option, found by New: every Launch returns it
 }
 
 // WithNotifier sends notifications to n. Default: none are sent.
@@ -590,63 +592,88 @@ type logRec struct {
 // it with New and stop it with Shutdown.
 type Manager struct {
 	host Host
-	cfg  config
+	cfg  config // New's options, defaults filled in: never changed after New
 
-	// life is the Manager's lifetime, not a request's: host and notifier
+	life lifetime // its context and the goroutines it owns; see lifetime
+
+	// mu is the one lock of the core state: it guards led, order and
+	// every component below that says it is guarded by m.mu.
+	mu    sync.Mutex
+	led   *ledger
+	order []*entry // tasks in launch order
+
+	calls    hostCalls      // starts and aborts in flight, held events; guarded by m.mu
+	closures branchClosures // the closures in progress; its passMu, then m.mu
+	changes  changeFeed     // change sequence, signal, subscribers; guarded by m.mu
+	notes    notifications  // what parents are told; guarded by m.mu, but for lanes and counters
+	log      logQueue       // lines waiting for m.mu's release; guarded by m.mu, but for a counter
+	hooks    testHooks      // set by tests before use, never changed after
+}
+
+// lifetime is the Manager's life and the goroutines it owns. ctx and cancel
+// are set by New and never changed. group and watchers are safe for
+// concurrent use; every spawn on group happens under m.mu, which join
+// relies on. closing is guarded by m.mu. parked has its own lock.
+type lifetime struct {
+	// ctx is the Manager's lifetime, not a request's: host and notifier
 	// calls derive their contexts from it, and Shutdown cancels it.
-	life       context.Context
-	cancelLife context.CancelFunc
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	group group.Group
-	lanes *dispatch.Lanes[Notification]
 	// watchers owns the goroutines that only wait for a subscriber's
 	// context; kept apart so waiting for the work in group never waits
 	// for a subscription. Shutdown joins both.
 	watchers group.Group
 
-	notifyFailures atomic.Uint64
-	notifyDropped  atomic.Uint64                // undelivered notifications given up past the bound
-	logPanics      atomic.Uint64                // calls into the logger that panicked
-	parkMu         sync.Mutex                   // guards parkSeq, parkWaits, parkCh
-	parkSeq        uint64                       // ids of parked waits
-	parkWaits      map[uint64][]<-chan struct{} // what each parked goroutine waits on
-	parkCh         chan struct{}                // closed when parkWaits changes; nil while nobody waits
+	closing bool // Shutdown began: no new work
 
-	// testHookWaiting, when set (tests only, before use), is called when
-	// Cancel is about to block.
-	testHookWaiting func(taskID string)
-	// testHookYield, when set (tests only, before use), is called while a
-	// closure walk has released m.mu to let others in.
-	testHookYield func()
+	// parked is the waits parked now, which the simulation harness sets
+	// against the goroutines running in group.
+	parked parking
+}
 
-	// passMu serializes closure passes, so that one may release m.mu
-	// midway (its walk marks and scratch stay its own). Taken before m.mu,
-	// never while holding it.
-	passMu sync.Mutex
-
-	cfgErr error // an invalid option: every Launch returns it
-
-	mu        sync.Mutex          // guards everything below
+// hostCalls is what stands between a run and the Host, guarded by m.mu:
+// the slots that admit session starts, the starts and aborts in flight
+// (Shutdown waits for both), and the events held until a start in flight
+// binds the session or attempt they name.
+type hostCalls struct {
 	pool      *slots.Pool[queued] // concurrency slots; nil without WithConcurrency
-	led       *ledger
-	order     []*entry // tasks in launch order
+	startSeq  uint64              // last session start issued
+	inflight  map[uint64]struct{} // session starts in flight, by seq
+	abortsN   int                 // aborts in flight
 	held      []heldEvent
-	heldBySes int                   // held events keyed by session (bounded by holdLimit)
-	startSeq  uint64                // last session start issued
-	inflight  map[uint64]struct{}   // session starts in flight, by seq
-	abortsN   int                   // aborts in flight
-	scanGen   uint64                // closure walks made
-	walkQueue []*entry              // a closure walk's scratch
-	closures  map[*closure]struct{} // active branch closures: their fences
-	closing   bool                  // Shutdown began: no new work
-	anyChange chan struct{}         // manager-wide change signal, like runtime.changed
-	logq      []logRec              // log lines to emit once m.mu is released
-	epoch     uint64                // this Manager's life: wall-clock nanoseconds at New
-	seq       uint64                // manager-wide change sequence
-	nseq      uint64                // notification production sequence
+	heldBySes int // held events keyed by session (bounded by holdLimit)
+}
+
+// changeFeed is how changes are heard of, guarded by m.mu: the manager-wide
+// change sequence and the epoch it counts in, the signal that wakes
+// waiters of any change, and the subscribers.
+type changeFeed struct {
+	epoch     uint64        // this Manager's life: wall-clock nanoseconds at New
+	seq       uint64        // manager-wide change sequence
+	anyChange chan struct{} // manager-wide change signal, like runtime.changed
 	subs      map[*Subscription]struct{}
-	rounds    map[string]*round // per parent: the tasks of its current round
-	lost      []Notification    // notifications the Notifier never accepted
+}
+
+// notifications is what the parents are told. seq, rounds and lost are
+// guarded by m.mu; lanes is safe for concurrent use (pushed to under
+// m.mu); failures and dropped are atomic.
+type notifications struct {
+	lanes    *dispatch.Lanes[Notification]
+	seq      uint64            // notification production sequence
+	rounds   map[string]*round // per parent: the tasks of its current round
+	lost     []Notification    // notifications the Notifier never accepted
+	failures atomic.Uint64     // notifications not delivered (NotifyFailures)
+	dropped  atomic.Uint64     // undelivered notifications given up past the bound
+}
+
+// logQueue is the log lines queued while m.mu is held, emitted by unlock
+// once it is released (lines: guarded by m.mu), and the count of calls
+// into the logger that panicked (panics: atomic).
+type logQueue struct {
+	lines  []logRec
+	panics atomic.Uint64
 }
 
 // New returns a Manager that runs child sessions through host.
@@ -684,21 +711,21 @@ func New(host Host, opts ...Option) *Manager {
 		host:     host,
 		cfg:      cfg,
 		led:      newLedger(cfg.ids),
-		closures: make(map[*closure]struct{}),
-		subs:     make(map[*Subscription]struct{}),
-		rounds:   make(map[string]*round),
-		inflight: make(map[uint64]struct{}),
+		closures: branchClosures{active: make(map[*closure]struct{})},
+		changes:  changeFeed{subs: make(map[*Subscription]struct{})},
+		notes:    notifications{rounds: make(map[string]*round)},
+		calls:    hostCalls{inflight: make(map[uint64]struct{})},
 	}
-	m.life, m.cancelLife = context.WithCancel(context.Background())
-	m.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
-	m.lanes = dispatch.New(m.group.Go, m.deliver)
-	m.lanes.SetLimit(cfg.queueLimit, lessNeeded)
+	m.life.ctx, m.life.cancel = context.WithCancel(context.Background())
+	m.changes.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
+	m.notes.lanes = dispatch.New(m.life.group.Go, m.deliver)
+	m.notes.lanes.SetLimit(cfg.queueLimit, lessNeeded)
 	if cfg.limits != nil {
-		m.pool = slots.New[queued]()
-		m.cfgErr = cfg.limits.validate()
+		m.calls.pool = slots.New[queued]()
+		m.cfg.err = cfg.limits.validate()
 	}
 	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
-		m.cfgErr = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
+		m.cfg.err = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
 	}
 	if a, ok := host.(interface{ attach(*Manager) }); ok {
 		a.attach(m)
@@ -712,17 +739,17 @@ func New(host Host, opts ...Option) *Manager {
 func (m *Manager) goLocked(f func()) bool {
 	m.mu.Lock()
 	defer m.unlock()
-	return m.group.Go(f)
+	return m.life.group.Go(f)
 }
 
 // unlock releases m.mu, then emits the log lines queued while it was held.
 func (m *Manager) unlock() {
-	if len(m.logq) == 0 {
+	if len(m.log.lines) == 0 {
 		m.mu.Unlock()
 		return
 	}
-	q := m.logq
-	m.logq = nil
+	q := m.log.lines
+	m.log.lines = nil
 	m.mu.Unlock()
 	for _, r := range q {
 		m.logAttrs(r.level, r.msg, r.attrs...)
@@ -735,7 +762,7 @@ func (m *Manager) unlock() {
 func (m *Manager) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
 	defer func() {
 		if r := recover(); r != nil {
-			m.logPanics.Add(1)
+			m.log.panics.Add(1)
 		}
 	}()
 	ctx := context.Background()
@@ -748,11 +775,11 @@ func (m *Manager) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
 // LoggerPanics reports how many calls into the logger (WithLogger)
 // panicked. Such a panic is swallowed: the line is lost, the Manager goes
 // on.
-func (m *Manager) LoggerPanics() uint64 { return m.logPanics.Load() }
+func (m *Manager) LoggerPanics() uint64 { return m.log.panics.Load() }
 
 // logLocked queues a log line; m.mu is held and released with unlock.
 func (m *Manager) logLocked(level slog.Level, msg string, attrs ...slog.Attr) {
-	m.logq = append(m.logq, logRec{level: level, msg: msg, attrs: attrs})
+	m.log.lines = append(m.log.lines, logRec{level: level, msg: msg, attrs: attrs})
 }
 
 // Launch records a task and its first attempt (pending) and returns its
@@ -766,8 +793,8 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err := spec.validate(); err != nil {
 		return Task{}, err
 	}
-	if m.cfgErr != nil {
-		return Task{}, m.cfgErr
+	if m.cfg.err != nil {
+		return Task{}, m.cfg.err
 	}
 	maxAttempts := spec.MaxAttempts
 	if maxAttempts == 0 {
@@ -775,7 +802,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	}
 	m.mu.Lock()
 	defer m.unlock()
-	if m.closing {
+	if m.life.closing {
 		return Task{}, ErrShutdown
 	}
 	if m.closingParent(spec.ParentSessionID) {
@@ -803,10 +830,10 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	}
 	m.order = append(m.order, e)
 	if m.cfg.notifier != nil { // rounds exist only to tell a parent all is done
-		r := m.rounds[info.parent]
+		r := m.notes.rounds[info.parent]
 		if r == nil {
 			r = &round{parent: info.parent}
-			m.rounds[info.parent] = r
+			m.notes.rounds[info.parent] = r
 		}
 		r.live++
 		r.tasks = append(r.tasks, e)
@@ -904,12 +931,12 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 		ref, ok = m.led.bySession[ev.SessionID]
 	}
 	if !ok {
-		if ev.AttemptID == "" && len(m.inflight) > 0 {
+		if ev.AttemptID == "" && len(m.calls.inflight) > 0 {
 			if !o.classified {
 				return resolved{}, errNeedsClass
 			}
-			if !m.hold(o, &m.heldBySes, "") {
-				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.heldBySes)
+			if !m.hold(o, &m.calls.heldBySes, "") {
+				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.calls.heldBySes)
 			}
 			return resolved{}, nil
 		}
@@ -952,7 +979,7 @@ func (m *Manager) hold(o observation, n *int, attemptID string) bool {
 			return false
 		}
 		victim := -1
-		for i, h := range m.held {
+		for i, h := range m.calls.held {
 			if h.attemptID != attemptID {
 				continue // another key
 			}
@@ -966,15 +993,15 @@ func (m *Manager) hold(o observation, n *int, attemptID string) bool {
 		}
 		switch {
 		case victim >= 0:
-			m.rejectedLocked(m.held[victim].obs.ev, resolved{}, fmt.Errorf("%w: dropped to hold an event that ends a run", ErrUnknownSession))
-			m.held = slices.Delete(m.held, victim, victim+1)
+			m.rejectedLocked(m.calls.held[victim].obs.ev, resolved{}, fmt.Errorf("%w: dropped to hold an event that ends a run", ErrUnknownSession))
+			m.calls.held = slices.Delete(m.calls.held, victim, victim+1)
 			*n--
 		case *n >= 2*m.cfg.holdLimit:
 			return false
 		}
 	}
 	*n++
-	m.held = append(m.held, heldEvent{obs: o, attemptID: attemptID, horizon: m.startSeq})
+	m.calls.held = append(m.calls.held, heldEvent{obs: o, attemptID: attemptID, horizon: m.calls.startSeq})
 	return true
 }
 
@@ -987,45 +1014,45 @@ func (r attemptRef) who() resolved {
 // attempt or its session.
 func (m *Manager) takeHeld(e *entry, attemptID, sessionID string) []observation {
 	var out []observation
-	kept := m.held[:0]
-	for _, h := range m.held {
+	kept := m.calls.held[:0]
+	for _, h := range m.calls.held {
 		switch {
 		case h.attemptID == attemptID:
 			e.seen.heldN--
 		case h.attemptID == "" && sessionID != "" && h.obs.ev.SessionID == sessionID:
-			m.heldBySes--
+			m.calls.heldBySes--
 		default:
 			kept = append(kept, h)
 			continue
 		}
 		out = append(out, h.obs)
 	}
-	clear(m.held[len(kept):])
-	m.held = kept
+	clear(m.calls.held[len(kept):])
+	m.calls.held = kept
 	return out
 }
 
 // expireHeld drops the session events that no start still in flight can
 // claim: every start issued before they arrived has returned.
 func (m *Manager) expireHeld() {
-	if m.heldBySes == 0 {
+	if m.calls.heldBySes == 0 {
 		return
 	}
-	oldest := m.startSeq + 1
-	for seq := range m.inflight {
+	oldest := m.calls.startSeq + 1
+	for seq := range m.calls.inflight {
 		oldest = min(oldest, seq)
 	}
-	kept := m.held[:0]
-	for _, h := range m.held {
+	kept := m.calls.held[:0]
+	for _, h := range m.calls.held {
 		if h.attemptID == "" && h.horizon < oldest {
-			m.heldBySes--
+			m.calls.heldBySes--
 			m.rejectedLocked(h.obs.ev, resolved{}, ErrUnknownSession)
 			continue
 		}
 		kept = append(kept, h)
 	}
-	clear(m.held[len(kept):])
-	m.held = kept
+	clear(m.calls.held[len(kept):])
+	m.calls.held = kept
 }
 
 // apply applies an event to the current running attempt of e. m.mu is held.
@@ -1114,9 +1141,9 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 		ref := m.led.byAttempt[next.ID]
 		return ref.isCurrent() && ref.attempt().Status == StatusPending && ref.attempt().Token == next.Token
 	}
-	ok := m.group.Go(func() {
+	ok := m.life.group.Go(func() {
 		if abortOld {
-			ctx := withRun(m.life, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
+			ctx := withRun(m.life.ctx, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
 			if err := m.callAbort(ctx, failed.SessionID); err != nil {
 				m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
 					slog.String("task", e.info.id), slog.String("attempt", failed.ID),
@@ -1149,7 +1176,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 			case <-t.C():
 			case <-stop:
 				t.Stop()
-			case <-m.life.Done():
+			case <-m.life.ctx.Done():
 				t.Stop()
 			}
 		}
@@ -1201,12 +1228,12 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 		Agent:           e.info.agent,
 		Prompt:          e.info.prompt,
 	}
-	m.startSeq++
-	seq := m.startSeq
-	m.inflight[seq] = struct{}{}
+	m.calls.startSeq++
+	seq := m.calls.startSeq
+	m.calls.inflight[seq] = struct{}{}
 	e.rt.startSeq = seq
-	ok := m.group.Go(func() {
-		ctx := withRun(m.life, RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, callStart)
+	ok := m.life.group.Go(func() {
+		ctx := withRun(m.life.ctx, RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, callStart)
 		sid, err := m.callStart(ctx, req)
 		var f failure
 		if err != nil {
@@ -1216,7 +1243,7 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 		m.started(e, a, seq, sid, err, f)
 	})
 	if !ok {
-		delete(m.inflight, seq)
+		delete(m.calls.inflight, seq)
 		e.rt.startSeq = 0
 		m.finalize(e, a.ID, StatusInterrupt, "", "", m.now())
 	}
@@ -1237,7 +1264,7 @@ func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string
 func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error, f failure) {
 	m.mu.Lock()
 	defer m.unlock()
-	delete(m.inflight, seq)
+	delete(m.calls.inflight, seq)
 	if e.rt.startSeq == seq {
 		e.rt.startSeq = 0
 	}
@@ -1395,9 +1422,9 @@ func (m *Manager) changed(e *entry, wasTerminal bool) {
 
 // signal wakes everyone waiting on a manager-wide change.
 func (m *Manager) signal() {
-	if m.anyChange != nil {
-		close(m.anyChange)
-		m.anyChange = nil
+	if m.changes.anyChange != nil {
+		close(m.changes.anyChange)
+		m.changes.anyChange = nil
 	}
 }
 
@@ -1424,10 +1451,10 @@ func (e *entry) waitChange() <-chan struct{} {
 // waitAny returns a channel closed at the next change of any task. m.mu is
 // held.
 func (m *Manager) waitAny() <-chan struct{} {
-	if m.anyChange == nil {
-		m.anyChange = make(chan struct{})
+	if m.changes.anyChange == nil {
+		m.changes.anyChange = make(chan struct{})
 	}
-	return m.anyChange
+	return m.changes.anyChange
 }
 
 // notify queues a notification for e's parent, in production order.
@@ -1448,18 +1475,18 @@ func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
 // A lane that is full (WithNotifyLimits) gives up its oldest waiting
 // notification, which is kept as undelivered. m.mu is held.
 func (m *Manager) push(n Notification) {
-	m.nseq++
-	n.Seq = m.nseq
+	m.notes.seq++
+	n.Seq = m.notes.seq
 	if m.led.tap != nil {
 		m.led.emit(record{kind: recNotifyProduced, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: m.noticeOf(n)}})
 	}
-	old, evicted, ok := m.lanes.Push(n.ParentSessionID, n)
+	old, evicted, ok := m.notes.lanes.Push(n.ParentSessionID, n)
 	if evicted {
-		m.notifyFailures.Add(1)
+		m.notes.failures.Add(1)
 		m.keepLost(old, "its parent's queue is full (WithNotifyLimits)")
 	}
 	if !ok {
-		m.notifyFailures.Add(1)
+		m.notes.failures.Add(1)
 		m.logLocked(slog.LevelError, "bgtask: notification not delivered: the manager is shut down",
 			slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
 	}
@@ -1483,14 +1510,14 @@ func (m *Manager) noticeOf(n Notification) *notice {
 func (m *Manager) keepLost(n Notification, why string) {
 	m.logLocked(slog.LevelError, "bgtask: notification not delivered", slog.String("reason", why),
 		slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
-	if len(m.lost) >= m.cfg.undeliveredLimit {
-		m.notifyDropped.Add(1)
+	if len(m.notes.lost) >= m.cfg.undeliveredLimit {
+		m.notes.dropped.Add(1)
 		m.logLocked(slog.LevelError, "bgtask: undelivered notification dropped: Undelivered is full (WithNotifyLimits)",
-			slog.String("task", m.lost[0].TaskID), slog.String("parent", m.lost[0].ParentSessionID), slog.String("kind", string(m.lost[0].Kind)))
-		m.lost[0] = Notification{}
-		m.lost = m.lost[1:]
+			slog.String("task", m.notes.lost[0].TaskID), slog.String("parent", m.notes.lost[0].ParentSessionID), slog.String("kind", string(m.notes.lost[0].Kind)))
+		m.notes.lost[0] = Notification{}
+		m.notes.lost = m.notes.lost[1:]
 	}
-	m.lost = append(m.lost, n)
+	m.notes.lost = append(m.notes.lost, n)
 }
 
 // deliver hands n to the notifier, on the parent's lane goroutine.
@@ -1499,7 +1526,7 @@ func (m *Manager) keepLost(n Notification, why string) {
 // moves on, so one bad notification never blocks the next forever.
 func (m *Manager) deliver(_ string, n Notification) {
 	cur := n.Task.Current()
-	ctx := withRun(m.life, RunRef{TaskID: n.TaskID, AttemptID: cur.ID, Token: cur.Token}, callNotify)
+	ctx := withRun(m.life.ctx, RunRef{TaskID: n.TaskID, AttemptID: cur.ID, Token: cur.Token}, callNotify)
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = func() (err error) {
@@ -1518,7 +1545,7 @@ func (m *Manager) deliver(_ string, n Notification) {
 			}
 			return
 		}
-		if attempt >= m.cfg.notifyAttempts || m.life.Err() != nil {
+		if attempt >= m.cfg.notifyAttempts || m.life.ctx.Err() != nil {
 			break
 		}
 		d, ok := m.notifyBackoff(attempt + 1)
@@ -1530,12 +1557,12 @@ func (m *Manager) deliver(_ string, n Notification) {
 			t := m.cfg.clock.NewTimer(d)
 			select {
 			case <-t.C():
-			case <-m.life.Done():
+			case <-m.life.ctx.Done():
 				t.Stop()
 			}
 		}
 	}
-	m.notifyFailures.Add(1)
+	m.notes.failures.Add(1)
 	why := "the Notifier refused it: " + safeText(err) // user code: before the lock
 	m.mu.Lock()
 	m.keepLost(n, why)
@@ -1559,7 +1586,7 @@ func (m *Manager) notifyBackoff(n int) (d time.Duration, ok bool) {
 func (m *Manager) Undelivered() []Notification {
 	m.mu.Lock()
 	defer m.unlock()
-	return slices.Clone(m.lost)
+	return slices.Clone(m.notes.lost)
 }
 
 // WithNotifyRetry makes a refused Notify be tried up to attempts times in
@@ -1575,11 +1602,11 @@ func WithNotifyRetry(attempts int, backoff func(attempt int) time.Duration) Opti
 
 // NotifyFailures reports how many notifications were not delivered: refused
 // by the Notifier, pushed out of a full queue, or produced after Shutdown.
-func (m *Manager) NotifyFailures() uint64 { return m.notifyFailures.Load() }
+func (m *Manager) NotifyFailures() uint64 { return m.notes.failures.Load() }
 
 // NotifyDropped reports how many undelivered notifications were given up
 // because Undelivered was full (WithNotifyLimits): they are gone.
-func (m *Manager) NotifyDropped() uint64 { return m.notifyDropped.Load() }
+func (m *Manager) NotifyDropped() uint64 { return m.notes.dropped.Load() }
 
 // lessNeeded picks the notification a full queue gives up: the oldest retry
 // notification (the final summary repeats what it said), else the oldest.
@@ -1650,7 +1677,7 @@ func rejectedAttrs(ev Event, who resolved, err error) []slog.Attr {
 func (m *Manager) logRejected(ev Event, who resolved, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			m.logPanics.Add(1)
+			m.log.panics.Add(1)
 		}
 	}()
 	ctx := context.Background()
@@ -1685,8 +1712,8 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 func (m *Manager) Shutdown(ctx context.Context) error {
 	ctx = orBackground(ctx)
 	m.mu.Lock()
-	if !m.closing {
-		m.closing = true
+	if !m.life.closing {
+		m.life.closing = true
 		now := m.now()
 		for _, e := range m.order {
 			if e.terminal() {
@@ -1705,18 +1732,18 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	if err := m.awaitStops(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := m.lanes.Wait(ctx); err != nil {
+	if err := m.notes.lanes.Wait(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: waiting for deliveries: %w", err))
 	}
-	m.cancelLife()
+	m.life.cancel()
 	m.closeSubscriptions(ErrShutdown)
 	if err := m.join(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	m.watchers.Close()
-	_ = m.watchers.Wait(context.Background())
+	m.life.watchers.Close()
+	_ = m.life.watchers.Wait(context.Background())
 	m.mu.Lock()
-	lost := len(m.lost)
+	lost := len(m.notes.lost)
 	var live []string
 	for _, e := range m.order {
 		if !e.terminal() {
@@ -1727,7 +1754,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	if len(live) > 0 {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: children did not stop (their abort failed or never returned): %v", live))
 	}
-	if n := m.lanes.Pending() + lost; n > 0 {
+	if n := m.notes.lanes.Pending() + lost; n > 0 {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered (see Undelivered)", n))
 	}
 	return errors.Join(errs...)
@@ -1746,7 +1773,7 @@ const ShutdownGrace = time.Second
 func (m *Manager) join(ctx context.Context) error {
 	var ended error // ctx's error, once it ended
 	for {
-		err := m.group.Wait(ctx)
+		err := m.life.group.Wait(ctx)
 		if err != nil && ended == nil {
 			ended = err
 			grace, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
@@ -1755,8 +1782,8 @@ func (m *Manager) join(ctx context.Context) error {
 			continue
 		}
 		m.mu.Lock()
-		if n := m.group.Running(); n == 0 || err != nil {
-			m.group.Close()
+		if n := m.life.group.Running(); n == 0 || err != nil {
+			m.life.group.Close()
 			m.unlock()
 			if n == 0 {
 				return nil
@@ -1772,7 +1799,7 @@ func (m *Manager) join(ctx context.Context) error {
 func (m *Manager) awaitStops(ctx context.Context) error {
 	for {
 		m.mu.Lock()
-		busy := len(m.inflight) > 0 || m.abortsN > 0
+		busy := len(m.calls.inflight) > 0 || m.calls.abortsN > 0
 		ch := m.waitAny()
 		m.unlock()
 		if !busy {
@@ -1974,7 +2001,7 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 		return "", Permanent(errors.New("bgtask: FuncHost used without New"))
 	}
 	sid := "fn_" + req.AttemptID
-	runCtx, cancel := context.WithCancel(withRun(m.life, RunRef{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, callRun))
+	runCtx, cancel := context.WithCancel(withRun(m.life.ctx, RunRef{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, callRun))
 	fr := &funcRun{cancel: cancel, done: make(chan struct{})}
 	report := func(kind EventKind, text string, err error) {
 		_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: kind, Text: text, Err: err})
@@ -2223,7 +2250,7 @@ type queued struct {
 // admit starts attempt a of e when a slot is free, or queues it. m.mu is
 // held.
 func (m *Manager) admit(e *entry, a Attempt) {
-	if m.pool == nil {
+	if m.calls.pool == nil {
 		m.spawnStart(e, a)
 		return
 	}
@@ -2232,7 +2259,7 @@ func (m *Manager) admit(e *entry, a Attempt) {
 	if m.cfg.queueTimeout > 0 {
 		q.stop = make(chan struct{})
 	}
-	w := m.pool.Acquire(key, limit, q)
+	w := m.calls.pool.Acquire(key, limit, q)
 	if w == nil {
 		e.rt.slotKey, e.rt.slotToken = key, a.Token
 		m.spawnStart(e, a)
@@ -2261,7 +2288,7 @@ func (m *Manager) settleRun(e *entry) {
 	}
 	if w := e.rt.waiter; w != nil && over(w.V.token) {
 		e.rt.waiter = nil
-		m.pool.Remove(w)
+		m.calls.pool.Remove(w)
 		if w.V.stop != nil {
 			close(w.V.stop)
 		}
@@ -2269,7 +2296,7 @@ func (m *Manager) settleRun(e *entry) {
 	if e.rt.slotToken != "" && over(e.rt.slotToken) {
 		key := e.rt.slotKey
 		e.rt.slotKey, e.rt.slotToken = "", ""
-		m.pool.Release(key, m.granted)
+		m.calls.pool.Release(key, m.granted)
 	}
 }
 
@@ -2291,7 +2318,7 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 	if cur.Token != w.V.token || cur.Status != StatusPending {
 		// Cannot happen (a run leaves the queue as it ends), but a slot
 		// must never leak.
-		m.pool.Release(w.Key(), m.granted)
+		m.calls.pool.Release(w.Key(), m.granted)
 		return
 	}
 	e.rt.slotKey, e.rt.slotToken = w.Key(), cur.Token
@@ -2323,13 +2350,13 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 	// called under m.mu): however late the watcher runs, the timeout is
 	// measured from the moment it queued.
 	t := m.cfg.clock.NewTimer(d)
-	if !m.group.Go(func() {
+	if !m.life.group.Go(func() {
 		select {
 		case <-t.C():
 		case <-w.V.stop:
 			t.Stop()
 			return
-		case <-m.life.Done():
+		case <-m.life.ctx.Done():
 			t.Stop()
 			return
 		}
@@ -2338,7 +2365,7 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 		if !w.Queued() || e.rt.waiter != w {
 			return // dequeued as the timer fired
 		}
-		pos := m.pool.Position(w)
+		pos := m.calls.pool.Position(w)
 		e.output().reason = ReasonUnknown // no provider was involved
 		m.finalize(e, a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", d, pos, w.Key()), "", m.now())
 	}) {
@@ -2353,7 +2380,7 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 func (m *Manager) watchStall(e *entry, a Attempt) {
 	d := m.cfg.stallTimeout
 	done := m.runDone(e)
-	m.group.Go(func() {
+	m.life.group.Go(func() {
 		var retryAt time.Time // after a failed stall abort, wait d before the next
 		for {
 			m.mu.Lock()
@@ -2380,13 +2407,13 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 			}
 			m.unlock()
 			if wait != nil {
-				unpark := m.park(wait, done, m.life.Done())
+				unpark := m.life.parked.park(wait, done, m.life.ctx.Done())
 				select { // the abort's answer: stopped (failed over) or still alive
 				case <-wait:
 					unpark()
 					continue
 				case <-done:
-				case <-m.life.Done():
+				case <-m.life.ctx.Done():
 				}
 				unpark()
 				return
@@ -2397,7 +2424,7 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 			case <-done:
 				t.Stop()
 				return
-			case <-m.life.Done():
+			case <-m.life.ctx.Done():
 				t.Stop()
 				return
 			}
@@ -2418,11 +2445,11 @@ type QueueStat struct {
 func (m *Manager) Stats() []QueueStat {
 	m.mu.Lock()
 	defer m.unlock()
-	if m.pool == nil {
+	if m.calls.pool == nil {
 		return nil
 	}
 	var out []QueueStat
-	for _, s := range m.pool.Stats() {
+	for _, s := range m.calls.pool.Stats() {
 		out = append(out, QueueStat{Key: s.Key, Running: s.Running, Queued: s.Queued, Limit: s.Limit})
 	}
 	return out
@@ -2469,8 +2496,8 @@ func (m *Manager) roundEnded(e *entry) {
 	if r.live > 0 {
 		return
 	}
-	if m.rounds[r.parent] == r {
-		delete(m.rounds, r.parent)
+	if m.notes.rounds[r.parent] == r {
+		delete(m.notes.rounds, r.parent)
 	}
 	if m.cfg.notifier == nil {
 		return
@@ -2538,7 +2565,7 @@ type Snapshot struct {
 func (m *Manager) Snapshot() Snapshot {
 	m.mu.Lock()
 	defer m.unlock()
-	out := Snapshot{Epoch: m.epoch, Seq: m.seq, Tasks: make([]Task, len(m.order))}
+	out := Snapshot{Epoch: m.changes.epoch, Seq: m.changes.seq, Tasks: make([]Task, len(m.order))}
 	for i, e := range m.order {
 		out.Tasks[i] = e.project()
 	}
@@ -2581,10 +2608,10 @@ func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, err
 	s.C = s.ch
 	m.mu.Lock()
 	defer m.unlock()
-	if m.closing {
+	if m.life.closing {
 		return nil, ErrShutdown
 	}
-	if !m.watchers.Go(func() {
+	if !m.life.watchers.Go(func() {
 		select {
 		case <-ctx.Done():
 			m.mu.Lock()
@@ -2595,7 +2622,7 @@ func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, err
 	}) {
 		return nil, ErrShutdown
 	}
-	m.subs[s] = struct{}{}
+	m.changes.subs[s] = struct{}{}
 	return s, nil
 }
 
@@ -2615,10 +2642,10 @@ func (s *Subscription) Close() {
 
 // endSubscription closes s once. m.mu is held.
 func (m *Manager) endSubscription(s *Subscription, err error) {
-	if _, ok := m.subs[s]; !ok {
+	if _, ok := m.changes.subs[s]; !ok {
 		return
 	}
-	delete(m.subs, s)
+	delete(m.changes.subs, s)
 	s.err = err
 	close(s.ch)
 	close(s.done)
@@ -2627,7 +2654,7 @@ func (m *Manager) endSubscription(s *Subscription, err error) {
 func (m *Manager) closeSubscriptions(err error) {
 	m.mu.Lock()
 	defer m.unlock()
-	for s := range m.subs {
+	for s := range m.changes.subs {
 		m.endSubscription(s, err)
 	}
 }
@@ -2635,12 +2662,12 @@ func (m *Manager) closeSubscriptions(err error) {
 // publish sends e's new state to every subscriber, without ever blocking.
 // m.mu is held.
 func (m *Manager) publish(e *entry) {
-	m.seq++
-	if len(m.subs) == 0 {
+	m.changes.seq++
+	if len(m.changes.subs) == 0 {
 		return
 	}
-	c := Change{Epoch: m.epoch, Seq: m.seq, Task: e.project()}
-	for s := range m.subs {
+	c := Change{Epoch: m.changes.epoch, Seq: m.changes.seq, Task: e.project()}
+	for s := range m.changes.subs {
 		select {
 		case s.ch <- c:
 		default:

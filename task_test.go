@@ -437,7 +437,7 @@ func TestHeldEventsForSessionsNeverBoundAreDropped(t *testing.T) {
 	h.settle()
 	assert.ErrorIs(t, h.m.Observe(Event{SessionID: "someone-else", Kind: SessionIdle}), ErrUnknownSession)
 	h.m.mu.Lock()
-	assert.Empty(t, h.m.held)
+	assert.Empty(t, h.m.calls.held)
 	h.m.unlock()
 }
 
@@ -593,7 +593,7 @@ func TestShutdownInterruptsRunningChildrenAndRefusesWork(t *testing.T) {
 	assert.ElementsMatch(t, []string{"ses-1", "ses-2"}, h.host.Aborts())
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/b")})
 	assert.ErrorIs(t, err, ErrShutdown)
-	assert.Zero(t, h.m.group.Running())
+	assert.Zero(t, h.m.life.group.Running())
 	kinds := h.rec.Kinds(a.ID)
 	assert.Equal(t, []NotificationKind{NotifyFinalSummary}, kinds)
 }
@@ -625,7 +625,7 @@ func TestShutdownDuringSessionStartAbortsArrivingSession(t *testing.T) {
 	assert.Equal(t, StatusInterrupt, got.Status)
 	assert.Equal(t, "ses-1", got.SessionID, "the session existed: bound, then aborted on arrival")
 	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
-	assert.Zero(t, h.m.group.Running(), "no goroutine outlives Shutdown")
+	assert.Zero(t, h.m.life.group.Running(), "no goroutine outlives Shutdown")
 }
 
 func TestManyConcurrentTasksUnderRace(t *testing.T) {
