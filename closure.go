@@ -882,8 +882,6 @@ const yieldEvery = 1024
 // host calls start while the walk goes on; the answers that land meanwhile
 // are recorded by the pass itself, while the tasks they touch are hot.
 func (m *Manager) closurePass(c *closure) pass {
-	var p pass
-	asked := false // a stop was asked for a run that had none
 	m.closures.passMu.Lock()
 	defer m.closures.passMu.Unlock()
 	m.mu.Lock()
@@ -892,82 +890,113 @@ func (m *Manager) closurePass(c *closure) pass {
 		// Nothing that could add a run to the branch was recorded since
 		// the last walk, and every run that walk found has been dealt
 		// with: this walk is proven to find nothing runnable.
-		return p
+		return pass{}
 	}
 	c.widened = m.led.widened
-	now := m.now()
-	visited := 0
-	changedMeanwhile := false
-	m.walk(c, func(e *entry) {
-		if visited++; p.batch != nil && visited%takeEvery == 0 {
-			m.takeAborts(p.batch)
+	w := passWalk{c: c, now: m.now()}
+	m.walk(c, func(e *entry) { m.passVisit(&w, e) })
+	return m.passEnd(&w)
+}
+
+// passWalk is a closure pass's walk in progress: the pass it is making and
+// what it learnt on the way. It lives on closurePass's stack.
+type passWalk struct {
+	c       *closure
+	p       pass
+	now     time.Time
+	visited int
+	asked   bool // a stop was asked for a run that had none
+	// changedMeanwhile: a change was made while the walk let others in.
+	changedMeanwhile bool
+}
+
+// passVisit is the pass's visit of e: it takes the answers its batch's
+// workers landed every takeEvery tasks and lets others in every
+// yieldEvery, then asks e's live run to stop — joining the abort in flight,
+// adding an abort to the pass's batch for a running child, or stopping a
+// run with no child yet. m.mu and m.closures.passMu are held.
+func (m *Manager) passVisit(w *passWalk, e *entry) {
+	c, p := w.c, &w.p
+	if w.visited++; p.batch != nil && w.visited%takeEvery == 0 {
+		m.takeAborts(p.batch)
+	}
+	if w.visited%yieldEvery == 0 {
+		m.passYield(w)
+	}
+	if e.terminal() {
+		return
+	}
+	a := e.cur() // no attempt is added while the visit runs
+	if _, failed := c.failed[a.Token]; failed {
+		return
+	}
+	if e.stop == "" {
+		m.wantStop(e, c.stop, w.now)
+		w.asked = true
+	}
+	// A run is touched once: only a run whose start was in flight can
+	// still be live in a later pass (an abort that was waited for
+	// either stopped it or failed, and failed runs are skipped).
+	var t *touch
+	if !c.starting[a.Token] {
+		t = c.touched.Push(touch{ref: attemptRef{e: e, index: e.current}})
+		if e.rt.starting() {
+			c.starting[a.Token] = true
 		}
-		if visited%yieldEvery == 0 {
-			// A long walk lets others in (events, launches, cancels).
-			// Whatever they change is seen: each task is judged when
-			// visited, a widened ledger makes the next pass walk, and a
-			// change made meanwhile wakes a pass that ends waiting for
-			// one (a start seen in flight may have ended meanwhile).
-			change := m.waitAny()
-			m.unlock()
-			if m.hooks.yield != nil {
-				m.hooks.yield()
-			}
-			m.mu.Lock()
-			now = m.now()
-			select {
-			case <-change:
-				changedMeanwhile = true
-			default:
-			}
+	}
+	if c.self != "" && c.self == a.Token {
+		p.selfWait = true
+	}
+	switch {
+	case e.rt.abort != nil && e.rt.abort.run().Token == a.Token:
+		p.joined = append(p.joined, e.rt.abort)
+		p.waits = append(p.waits, e.rt.abort.waitDone())
+		if t != nil {
+			t.op = e.rt.abort
 		}
-		if e.terminal() {
-			return
+	case a.Status == StatusRunning:
+		op, _ := m.newAbort(e, a, c.ops.Push(abortOp{}))
+		if t != nil {
+			t.op = op
 		}
-		a := e.cur() // no attempt is added while the visit runs
-		if _, failed := c.failed[a.Token]; failed {
-			return
+		if p.batch == nil {
+			p.batch = m.newBatch()
 		}
-		if e.stop == "" {
-			m.wantStop(e, c.stop, now)
-			asked = true
+		m.addAbort(p.batch, op)
+	default:
+		m.stopRun(e, w.now) // no child yet: ends now, or on arrival
+		if !e.terminal() {
+			p.busy = true // a start in flight: its session is aborted on arrival
 		}
-		// A run is touched once: only a run whose start was in flight can
-		// still be live in a later pass (an abort that was waited for
-		// either stopped it or failed, and failed runs are skipped).
-		var t *touch
-		if !c.starting[a.Token] {
-			t = c.touched.Push(touch{ref: attemptRef{e: e, index: e.current}})
-			if e.rt.starting() {
-				c.starting[a.Token] = true
-			}
-		}
-		if c.self != "" && c.self == a.Token {
-			p.selfWait = true
-		}
-		switch {
-		case e.rt.abort != nil && e.rt.abort.run().Token == a.Token:
-			p.joined = append(p.joined, e.rt.abort)
-			p.waits = append(p.waits, e.rt.abort.waitDone())
-			if t != nil {
-				t.op = e.rt.abort
-			}
-		case a.Status == StatusRunning:
-			op, _ := m.newAbort(e, a, c.ops.Push(abortOp{}))
-			if t != nil {
-				t.op = op
-			}
-			if p.batch == nil {
-				p.batch = m.newBatch()
-			}
-			m.addAbort(p.batch, op)
-		default:
-			m.stopRun(e, now) // no child yet: ends now, or on arrival
-			if !e.terminal() {
-				p.busy = true // a start in flight: its session is aborted on arrival
-			}
-		}
-	})
+	}
+}
+
+// passYield releases m.mu for a moment: a long walk lets others in
+// (events, launches, cancels). Whatever they change is seen: each task is
+// judged when visited, a widened ledger makes the next pass walk, and a
+// change made meanwhile wakes a pass that ends waiting for one (a start
+// seen in flight may have ended meanwhile). m.closures.passMu stays held.
+func (m *Manager) passYield(w *passWalk) {
+	change := m.waitAny()
+	m.unlock()
+	if m.hooks.yield != nil {
+		m.hooks.yield()
+	}
+	m.mu.Lock()
+	w.now = m.now()
+	select {
+	case <-change:
+		w.changedMeanwhile = true
+	default:
+	}
+}
+
+// passEnd completes the pass once its walk is over: it waits for the starts
+// that may create the root, hands the batch's last aborts to the workers
+// and seals it, and says what to wait for. m.mu and m.closures.passMu are
+// held.
+func (m *Manager) passEnd(w *passWalk) pass {
+	c, p := w.c, w.p
 	if m.rootTask(c) == nil {
 		// The root may be a session a start in flight is creating: wait
 		// for the starts that were in flight when the closure opened.
@@ -982,12 +1011,12 @@ func (m *Manager) closurePass(c *closure) pass {
 		m.takeAborts(p.batch)
 		p.waits = append(p.waits, m.sealAborts(p.batch))
 	}
-	if asked {
+	if w.asked {
 		m.signal() // stops were asked for: waiters may look again
 	}
 	c.settled = !p.busy
 	p.change = m.waitAny()
-	if changedMeanwhile {
+	if w.changedMeanwhile {
 		p.change = closedChan
 	}
 	return p
