@@ -1165,10 +1165,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 				m.unlock()
 				return
 			}
-			if err := m.led.setPending(e, next.ID, PendingRetryDelay, m.now()); err != nil {
-				m.ledgerBug(e, err)
-			}
-			m.changed(e, false)
+			m.setPending(e, next.ID, PendingRetryDelay, m.now())
 			stop := m.runDone(e)
 			m.unlock()
 			t := m.cfg.clock.NewTimer(delay)
@@ -1190,10 +1187,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 			return
 		}
 		if delay > 0 {
-			if err := m.led.setPending(e, next.ID, PendingAwaitingSession, m.now()); err != nil {
-				m.ledgerBug(e, err)
-			}
-			m.changed(e, false)
+			m.setPending(e, next.ID, PendingAwaitingSession, m.now())
 		}
 		m.admit(e, next)
 	})
@@ -1360,11 +1354,9 @@ func (m *Manager) bindRun(e *entry, attemptID, sid string, now time.Time) bool {
 // startFailed records a failed session start of the current attempt a.
 func (m *Manager) startFailed(e *entry, a Attempt, f failure) {
 	now := m.now()
-	if lerr := m.led.setPending(e, a.ID, PendingSessionFailed, now); lerr != nil {
-		m.ledgerBug(e, lerr)
+	if !m.setPending(e, a.ID, PendingSessionFailed, now) {
 		return
 	}
-	m.changed(e, false)
 	if e.stop != "" {
 		// No child exists: the stop asked for is already true. The start's
 		// failure is kept as the attempt's error.
@@ -1649,6 +1641,18 @@ func WithNotifyLimits(queue, undelivered int) Option {
 }
 
 func (m *Manager) now() time.Time { return m.cfg.clock.Now() }
+
+// setPending records why e's pending attempt id waits now, and runs what
+// follows every applied change. A refused write is logged as the bug it is
+// and reported false. m.mu is held.
+func (m *Manager) setPending(e *entry, id string, reason PendingReason, at time.Time) bool {
+	if err := m.led.setPending(e, id, reason, at); err != nil {
+		m.ledgerBug(e, err)
+		return false
+	}
+	m.changed(e, false)
+	return true
+}
 
 // ledgerBug queues a log line for a write the ledger refused: a bug in the
 // Manager, never trusted away. m.mu is held.
@@ -2266,10 +2270,7 @@ func (m *Manager) admit(e *entry, a Attempt) {
 		return
 	}
 	e.rt.waiter = w
-	if err := m.led.setPending(e, a.ID, PendingQueued, m.now()); err != nil {
-		m.ledgerBug(e, err)
-	}
-	m.changed(e, false)
+	m.setPending(e, a.ID, PendingQueued, m.now())
 	if m.cfg.queueTimeout > 0 {
 		m.watchQueue(e, a, w)
 	}
@@ -2322,10 +2323,7 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 		return
 	}
 	e.rt.slotKey, e.rt.slotToken = w.Key(), cur.Token
-	if err := m.led.setPending(e, cur.ID, PendingAwaitingSession, m.now()); err != nil {
-		m.ledgerBug(e, err)
-	}
-	m.changed(e, false)
+	m.setPending(e, cur.ID, PendingAwaitingSession, m.now())
 	m.spawnStart(e, cur)
 }
 
