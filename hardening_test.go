@@ -537,10 +537,10 @@ func TestShutdownReturnsAtItsDeadlineWhenANotifierIgnoresItsContext(t *testing.T
 	err = m.Shutdown(ctx)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Contains(t, err.Error(), "waiting for deliveries")
-	got, _ := m.Task(task.ID)
-	assert.Equal(t, StatusInterrupt, got.Status)
 	close(stuck)
 	require.NoError(t, m.Shutdown(context.Background()))
+	got, _ := m.Task(task.ID)
+	assert.Equal(t, StatusInterrupt, got.Status)
 }
 
 func TestAStuckNotifierKeepsItsQueuesBounded(t *testing.T) {
