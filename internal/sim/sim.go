@@ -97,8 +97,9 @@ type world struct {
 }
 
 type closureCall struct {
-	root     string
-	known    bool // the root was a known session when the closure was called
+	root     string // the session closed; "" for a CloseTask
+	task     string // CloseTask: the task closed as a unit
+	known    bool   // the root was a known session when the closure was called
 	returned bool
 	err      error
 	checked  bool
@@ -339,6 +340,10 @@ func (w *world) cancel(tasks []bgtask.Task) {
 }
 
 func (w *world) closeBranch(tasks []bgtask.Task) {
+	if len(tasks) > 0 && w.rng.IntN(4) == 0 {
+		w.closeTask(tasks[w.rng.IntN(len(tasks))].ID)
+		return
+	}
 	root := fmt.Sprintf("root-%d", w.rng.IntN(3))
 	if s := w.sessions(tasks); len(s) > 0 && w.rng.IntN(2) == 0 {
 		root = s[w.rng.IntN(len(s))]
@@ -354,6 +359,25 @@ func (w *world) closeBranch(tasks []bgtask.Task) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		_, err := w.m.CloseBranch(ctx, root)
+		w.mu.Lock()
+		c.returned, c.err = true, err
+		w.mu.Unlock()
+	})
+}
+
+// closeTask closes a task as a unit (CloseTask).
+func (w *world) closeTask(taskID string) {
+	w.mu.Lock()
+	id := w.nextCall
+	w.nextCall++
+	c := &closureCall{task: taskID, known: true}
+	w.closures[id] = c
+	w.mu.Unlock()
+	w.log("close task %s (#%d)", taskID, id)
+	w.call(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := w.m.CloseTask(ctx, taskID)
 		w.mu.Lock()
 		c.returned, c.err = true, err
 		w.mu.Unlock()
@@ -546,12 +570,16 @@ func (g graph) known(session string) bool {
 	return false
 }
 
-// inBranch reports whether session lies in root's branch, by the recorded
-// edges: a task is the unit, so every session of root's task is in it.
-func (g graph) inBranch(session, root string) bool {
-	rootTask, rooted := g.taskOf[root]
+// inBranch reports whether session lies in c's branch, by the recorded
+// edges: a task is the unit, so every session of the root's task (the task
+// a CloseTask names, or the task the root session belongs to) is in it.
+func (g graph) inBranch(session string, c *closureCall) bool {
+	rootTask, rooted := c.task, c.task != ""
+	if !rooted {
+		rootTask, rooted = g.taskOf[c.root]
+	}
 	for range 10_000 {
-		if session == root {
+		if session == c.root && session != "" {
 			return true
 		}
 		t, ok := g.taskOf[session]
@@ -566,12 +594,15 @@ func (g graph) inBranch(session, root string) bool {
 	return false
 }
 
-// taskInBranch reports whether task t lies in root's branch.
-func (g graph) taskInBranch(t bgtask.Task, root string) bool {
-	if rt, ok := g.taskOf[root]; ok && rt == t.ID {
+// taskInBranch reports whether task t lies in c's branch.
+func (g graph) taskInBranch(t bgtask.Task, c *closureCall) bool {
+	if c.task == t.ID {
 		return true
 	}
-	return g.inBranch(t.ParentSessionID, root)
+	if rt, ok := g.taskOf[c.root]; ok && rt == t.ID {
+		return true
+	}
+	return g.inBranch(t.ParentSessionID, c)
 }
 
 func (w *world) activeClosureCovers(tasks []bgtask.Task, parent string) string {
@@ -579,8 +610,8 @@ func (w *world) activeClosureCovers(tasks []bgtask.Task, parent string) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, c := range w.closures {
-		if !c.returned && up.inBranch(parent, c.root) {
-			return c.root
+		if !c.returned && up.inBranch(parent, c) {
+			return c.root + c.task
 		}
 	}
 	return ""
@@ -616,7 +647,7 @@ func (w *world) checkClosures(tasks []bgtask.Task) {
 			continue
 		}
 		for _, t := range tasks {
-			if up.taskInBranch(t, c.root) && !t.Status.Terminal() {
+			if up.taskInBranch(t, c) && !t.Status.Terminal() {
 				w.failf("closure of %s returned nil but %s (parent %s) is %s", c.root, t.ID, t.ParentSessionID, t.Status)
 			}
 		}
