@@ -348,36 +348,29 @@ func (w *world) closeBranch(tasks []bgtask.Task) {
 	if s := w.sessions(tasks); len(s) > 0 && w.rng.IntN(2) == 0 {
 		root = s[w.rng.IntN(len(s))]
 	}
-	w.mu.Lock()
-	id := w.nextCall
-	w.nextCall++
-	c := &closureCall{root: root, known: edges(tasks).known(root)}
-	w.closures[id] = c
-	w.mu.Unlock()
-	w.log("close branch %s (#%d)", root, id)
-	w.call(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, err := w.m.CloseBranch(ctx, root)
-		w.mu.Lock()
-		c.returned, c.err = true, err
-		w.mu.Unlock()
-	})
+	w.runClosure(&closureCall{root: root, known: edges(tasks).known(root)}, "branch "+root,
+		func(ctx context.Context) error { _, err := w.m.CloseBranch(ctx, root); return err })
 }
 
 // closeTask closes a task as a unit (CloseTask).
 func (w *world) closeTask(taskID string) {
+	w.runClosure(&closureCall{task: taskID, known: true}, "task "+taskID,
+		func(ctx context.Context) error { _, err := w.m.CloseTask(ctx, taskID); return err })
+}
+
+// runClosure registers c and runs close as a driver call, recording what
+// it returned for checkClosures.
+func (w *world) runClosure(c *closureCall, what string, close func(context.Context) error) {
 	w.mu.Lock()
 	id := w.nextCall
 	w.nextCall++
-	c := &closureCall{task: taskID, known: true}
 	w.closures[id] = c
 	w.mu.Unlock()
-	w.log("close task %s (#%d)", taskID, id)
+	w.log("close %s (#%d)", what, id)
 	w.call(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		_, err := w.m.CloseTask(ctx, taskID)
+		err := close(ctx)
 		w.mu.Lock()
 		c.returned, c.err = true, err
 		w.mu.Unlock()
