@@ -266,31 +266,62 @@ func TestCloseTaskStopsTheTaskAndEverythingBelowIt(t *testing.T) {
 	assert.ErrorIs(t, err, ErrUnknownTask)
 }
 
-func TestEarlyTerminalEventPastTheHoldLimitIsKept(t *testing.T) {
-	release := make(chan struct{})
-	h := newHarness(t, startsAfter(release, ""), WithHoldLimit(2))
-	task := h.launch("a/one")
-	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
-	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
-	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionIdle, Text: "the answer"}), "a terminal event is always held")
-	close(release)
-	got := h.wait(task.ID)
-	assert.Equal(t, StatusCompleted, got.Status)
-	assert.Equal(t, "the answer", got.Result)
-}
-
-func TestEarlyTerminalEventByAttemptPastTheHoldLimitIsKept(t *testing.T) {
-	release := make(chan struct{})
-	h := newHarness(t, startsAfter(release, ""), WithHoldLimit(1))
-	task := h.launch("a/one")
-	a := task.Attempts[0]
-	require.NoError(t, h.m.Observe(Event{AttemptID: a.ID, Kind: SessionBusy}))
-	assert.ErrorIs(t, h.m.Observe(Event{AttemptID: a.ID, Kind: SessionWaiting}), ErrUnknownSession, "liveness past the bound is dropped")
-	require.NoError(t, h.m.Observe(Event{AttemptID: a.ID, Kind: SessionIdle, Text: "done"}))
-	close(release)
-	got := h.wait(task.ID)
-	assert.Equal(t, StatusCompleted, got.Status)
-	assert.Equal(t, "done", got.Result)
+func TestAnEarlyRunEndIsNeverLostToTheHoldLimit(t *testing.T) {
+	// Events come while the start is in flight; at the bound, liveness is
+	// dropped but the event that ends the run is held and applied.
+	type step struct {
+		ev      func(a Attempt) Event
+		wantErr error
+	}
+	bySession := func(sid string, k EventKind, text string) func(Attempt) Event {
+		return func(Attempt) Event { return Event{SessionID: sid, Kind: k, Text: text} }
+	}
+	byAttempt := func(k EventKind, text string) func(Attempt) Event {
+		return func(a Attempt) Event { return Event{AttemptID: a.ID, Kind: k, Text: text} }
+	}
+	tests := []struct {
+		name  string
+		limit int
+		give  []step
+		want  string // the answer the task completes with
+	}{
+		{name: "by session, after the bound is full of liveness", limit: 2, give: []step{
+			{ev: bySession("ses-1", SessionBusy, "")},
+			{ev: bySession("ses-1", SessionBusy, "")},
+			{ev: bySession("ses-1", SessionIdle, "the answer")},
+		}, want: "the answer"},
+		{name: "by attempt: liveness past the bound is dropped, the end kept", limit: 1, give: []step{
+			{ev: byAttempt(SessionBusy, "")},
+			{ev: byAttempt(SessionWaiting, ""), wantErr: ErrUnknownSession},
+			{ev: byAttempt(SessionIdle, "done")},
+		}, want: "done"},
+		{name: "another session's end does not crowd out the child's", limit: 1, give: []step{
+			// a harness that forwards every session's events: the parent
+			// chat goes idle while the child's start is in flight
+			{ev: bySession("ses-1", SessionBusy, "")},
+			{ev: bySession("parent", SessionIdle, "not the child")},
+			{ev: bySession("ses-1", SessionIdle, "the child's answer")},
+		}, want: "the child's answer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			release := make(chan struct{})
+			h := newHarness(t, startsAfter(release, ""), WithHoldLimit(tt.limit))
+			task := h.launch("a/one")
+			for i, st := range tt.give {
+				err := h.m.Observe(st.ev(task.Attempts[0]))
+				if st.wantErr != nil {
+					assert.ErrorIs(t, err, st.wantErr, "event %d", i)
+				} else {
+					require.NoError(t, err, "event %d", i)
+				}
+			}
+			close(release)
+			got := h.wait(task.ID)
+			assert.Equal(t, StatusCompleted, got.Status)
+			assert.Equal(t, tt.want, got.Result)
+		})
+	}
 }
 
 func TestFuncHostErrorAfterAbortIsKeptAsTheError(t *testing.T) {
@@ -609,21 +640,6 @@ func TestAllCompleteSaysCancelledNotFailed(t *testing.T) {
 	}
 	assert.Contains(t, text, "3 tasks under parent: 1 failed, 1 cancelled, 1 completed.")
 	assert.Equal(t, []string{b.ID, a.ID, c.ID}, order, "failures first, then stops, then answers")
-}
-
-func TestAnotherSessionsEarlyEndDoesNotCrowdOutTheChildsAnswer(t *testing.T) {
-	// A harness that forwards every session's events: the parent chat
-	// goes idle while the child's start is in flight.
-	release := make(chan struct{})
-	h := newHarness(t, startsAfter(release, ""), WithHoldLimit(1))
-	task := h.launch("a/one")
-	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
-	require.NoError(t, h.m.Observe(Event{SessionID: "parent", Kind: SessionIdle, Text: "not the child"}))
-	require.NoError(t, h.m.Observe(Event{SessionID: "ses-1", Kind: SessionIdle, Text: "the child's answer"}))
-	close(release)
-	got := h.wait(task.ID)
-	assert.Equal(t, StatusCompleted, got.Status)
-	assert.Equal(t, "the child's answer", got.Result)
 }
 
 func TestFuncHostReturnAfterItsAbortGaveUpEndsTheTask(t *testing.T) {
