@@ -532,18 +532,11 @@ func TestARetryDelayFunctionThatPanicsEndsTheAttemptItWouldDelay(t *testing.T) {
 func TestShutdownReturnsAtItsDeadlineWhenAHostIgnoresItsContext(t *testing.T) {
 	stuck := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	m := New(&testHost{abort: func(ctx context.Context, sid string) error {
+	m, task, err := shutdownRunningTask(t, func(ctx context.Context, sid string) error {
 		entered <- struct{}{}
 		<-stuck // ignores ctx
 		return nil
-	}}, WithIDs(SequentialIDs()))
-	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
-	require.NoError(t, err)
-	require.NoError(t, m.life.group.Wait(context.Background()))
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	err = m.Shutdown(ctx)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	})
 	assert.Contains(t, err.Error(), task.ID, "names what is still running")
 	assert.Contains(t, err.Error(), "still in Host")
 	got, _ := m.Task(task.ID)
@@ -803,17 +796,10 @@ func TestAnIDGeneratorThatPanicsFailsTheCallNotTheProcess(t *testing.T) {
 func TestShutdownAtItsDeadlineNamesTheTaskItLeavesRunning(t *testing.T) {
 	// The abort honours its context: it ends when Shutdown's grace does,
 	// failing, and the task stays running. The error must say which.
-	m := New(&testHost{abort: func(ctx context.Context, sid string) error {
+	m, task, err := shutdownRunningTask(t, func(ctx context.Context, sid string) error {
 		<-ctx.Done()
 		return ctx.Err()
-	}}, WithIDs(SequentialIDs()))
-	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
-	require.NoError(t, err)
-	require.NoError(t, m.life.group.Wait(context.Background()))
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	err = m.Shutdown(ctx)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	})
 	assert.Contains(t, err.Error(), task.ID)
 	got, _ := m.Task(task.ID)
 	assert.Equal(t, StatusRunning, got.Status)
@@ -823,4 +809,20 @@ func TestAFullNotificationQueueGivesUpRetryNoticesBeforeFinalSummaries(t *testin
 	waiting := []Notification{{Kind: NotifyFinalSummary}, {Kind: NotifyAllComplete}, {Kind: NotifyRetrySessionReady}, {Kind: NotifyRetryScheduled}}
 	assert.Equal(t, 2, lessNeeded(waiting), "the oldest retry notice")
 	assert.Equal(t, 0, lessNeeded(waiting[:2]), "only finals: the oldest")
+}
+
+// shutdownRunningTask launches one task on a host whose aborts are abort,
+// waits until it runs, and shuts the Manager down with a 50 ms deadline,
+// which must end first.
+func shutdownRunningTask(t *testing.T, abort func(ctx context.Context, sid string) error) (*Manager, Task, error) {
+	t.Helper()
+	m := New(&testHost{abort: abort}, WithIDs(SequentialIDs()))
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
+	require.NoError(t, err)
+	require.NoError(t, m.life.group.Wait(context.Background()))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err = m.Shutdown(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	return m, task, err
 }
