@@ -295,3 +295,49 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	}
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N*n), "ns/task")
 }
+
+// BenchmarkLifecycle3: launch → the first two models fail → the third
+// completes: three session starts, two aborts of the failed sessions, and
+// Wait, with a host that answers at once. The events come early, from
+// inside StartSession, and are held until each bind. Compare it with
+// BenchmarkFloorAsync3, measured in the same run.
+func BenchmarkLifecycle3(b *testing.B) {
+	host := &benchHost{onStart: func(m *Manager, req SessionRequest, sid string) {
+		ev := Event{AttemptID: req.AttemptID, Kind: SessionIdle, Text: "ok"}
+		if req.AttemptNumber < 3 {
+			ev = Event{AttemptID: req.AttemptID, Kind: SessionError, Err: errRateLimited}
+		}
+		if err := m.Observe(ev); err != nil {
+			panic(err)
+		}
+	}}
+	m := New(host)
+	host.m = m
+	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}, {Provider: "c", ID: "3"}}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		task, err := m.Launch(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		got, err := m.Wait(ctx, task.ID)
+		if err != nil || got.Status != StatusCompleted || len(got.Attempts) != 3 {
+			b.Fatalf("%v %+v", err, got)
+		}
+	}
+}
+
+// BenchmarkFloorAsync3 is the floor BenchmarkLifecycle3 is measured
+// against: three goroutine hand-offs, one after the other.
+func BenchmarkFloorAsync3(b *testing.B) {
+	ch := make(chan int)
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range 3 {
+			go func() { ch <- i }()
+			<-ch
+		}
+	}
+}

@@ -2,6 +2,8 @@ package bgtask
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -334,13 +336,45 @@ type IDGenerator interface {
 	NewID(kind IDKind) string
 }
 
-type uuidIDs struct{}
+// uuidIDs makes random (version 4) UUIDs from a ChaCha8 stream seeded from
+// crypto/rand: as unpredictable as reading crypto/rand for each id, without
+// a system call per id.
+type uuidIDs struct {
+	mu  sync.Mutex
+	src *rand.ChaCha8
+}
 
-func (uuidIDs) NewID(kind IDKind) string {
-	if kind == IDToken {
-		return "run_" + uuid.NewString()
+func newUUIDs() *uuidIDs {
+	var seed [32]byte
+	if _, err := crand.Read(seed[:]); err != nil {
+		panic("bgtask: crypto/rand: " + err.Error())
 	}
-	return uuid.NewString()
+	return &uuidIDs{src: rand.NewChaCha8(seed)}
+}
+
+func (g *uuidIDs) NewID(kind IDKind) string {
+	var u uuid.UUID
+	g.mu.Lock()
+	_, _ = g.src.Read(u[:])
+	g.mu.Unlock()
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	prefix := ""
+	if kind == IDToken {
+		prefix = "run_"
+	}
+	var buf [4 + 36]byte
+	n := copy(buf[:], prefix)
+	hex.Encode(buf[n:], u[0:4])
+	buf[n+8] = '-'
+	hex.Encode(buf[n+9:], u[4:6])
+	buf[n+13] = '-'
+	hex.Encode(buf[n+14:], u[6:8])
+	buf[n+18] = '-'
+	hex.Encode(buf[n+19:], u[8:10])
+	buf[n+23] = '-'
+	hex.Encode(buf[n+24:], u[10:])
+	return string(buf[:n+36])
 }
 
 // SequentialIDs returns an IDGenerator making "task-1", "attempt-1",
@@ -693,7 +727,7 @@ func New(host Host, opts ...Option) *Manager {
 		cfg.clock = clock.Real{}
 	}
 	if cfg.ids == nil {
-		cfg.ids = uuidIDs{}
+		cfg.ids = newUUIDs()
 	}
 	if cfg.retryable == nil {
 		cfg.retryable = DefaultRetryable

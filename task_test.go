@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -41,12 +42,35 @@ func TestLaunchRecordsFirstAttemptPending(t *testing.T) {
 }
 
 func TestTaskIDsAreUnique(t *testing.T) {
-	h := newHarness(t, nil, WithIDs(uuidIDs{}))
+	h := newHarness(t, nil, WithIDs(newUUIDs()))
 	seen := map[string]bool{}
 	for range 50 {
 		task := h.launch("a/b")
 		require.False(t, seen[task.ID], "task id %s reused", task.ID)
 		seen[task.ID] = true
+	}
+}
+
+// The default ids are random version 4 UUIDs (run tokens prefixed "run_"),
+// distinct across generators: two Managers never share a token.
+func TestDefaultIDsAreRandomUUIDs(t *testing.T) {
+	a, b := newUUIDs(), newUUIDs()
+	seen := map[string]bool{}
+	for range 1000 {
+		for _, g := range []*uuidIDs{a, b} {
+			id := g.NewID(IDAttempt)
+			u, err := uuid.Parse(id)
+			require.NoError(t, err, id)
+			assert.Equal(t, uuid.Version(4), u.Version(), id)
+			assert.Equal(t, uuid.RFC4122, u.Variant(), id)
+			assert.Equal(t, u.String(), id)
+			tok := g.NewID(IDToken)
+			require.True(t, strings.HasPrefix(tok, "run_"), tok)
+			_, err = uuid.Parse(strings.TrimPrefix(tok, "run_"))
+			require.NoError(t, err, tok)
+			require.False(t, seen[id] || seen[tok], "id reused")
+			seen[id], seen[tok] = true, true
+		}
 	}
 }
 

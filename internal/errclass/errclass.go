@@ -190,6 +190,40 @@ func FromMessage(msg string) Class {
 	if msg == "" {
 		return Unknown
 	}
+	if len(msg) > maxCachedMessage {
+		return fromMessage(msg)
+	}
+	msgCache.mu.Lock()
+	c, ok := msgCache.m[msg]
+	msgCache.mu.Unlock()
+	if ok {
+		return c
+	}
+	c = fromMessage(msg)
+	msgCache.mu.Lock()
+	if len(msgCache.m) >= maxCachedMessages {
+		clear(msgCache.m) // a burst of distinct messages: start again
+	}
+	msgCache.m[msg] = c
+	msgCache.mu.Unlock()
+	return c
+}
+
+// The message cache: a provider sends the same few messages again and
+// again (a rate limit hits many tasks at once), and matching a message is
+// most of what classifying it costs. The class depends on the text alone,
+// so a hit is exact. It is bounded in entries and in message length.
+const (
+	maxCachedMessages = 4096
+	maxCachedMessage  = 1024
+)
+
+var msgCache = struct {
+	mu sync.Mutex
+	m  map[string]Class
+}{m: make(map[string]Class)}
+
+func fromMessage(msg string) Class {
 	if c := FromStatus(statusInMessage(msg)); c != Unknown {
 		return refine(c, msg)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -413,4 +414,32 @@ func TestRetryAfterReadsDatesAgainstTheWallClock(t *testing.T) {
 	d, ok = RetryAfter(withHeader(http.Header{"Retry-After": {"30"}}))
 	require.True(t, ok)
 	assert.Equal(t, 30*time.Second, d)
+}
+
+// A cached message class is the class matching it gives, for every message
+// of the table, on the first and on a later call; and the cache stays
+// within its bound.
+func TestFromMessageCacheIsExact(t *testing.T) {
+	msgs := []string{"Too Many Requests", "model_not_found", "overloaded", "429", "something else", "context_length_exceeded"}
+	for _, msg := range msgs {
+		want := fromMessage(msg)
+		for range 3 {
+			if got := FromMessage(msg); got != want {
+				t.Fatalf("FromMessage(%q) = %v, want %v", msg, got, want)
+			}
+		}
+	}
+	for i := range 2 * maxCachedMessages {
+		FromMessage("distinct message " + strconv.Itoa(i))
+	}
+	msgCache.mu.Lock()
+	n := len(msgCache.m)
+	msgCache.mu.Unlock()
+	if n > maxCachedMessages {
+		t.Fatalf("cache holds %d messages, bound %d", n, maxCachedMessages)
+	}
+	long := strings.Repeat("x", maxCachedMessage) + " 503"
+	if got := FromMessage(long); got != fromMessage(long) {
+		t.Fatalf("a long message: %v", got)
+	}
 }
