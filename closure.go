@@ -179,7 +179,7 @@ type abortBatch struct {
 
 func (m *Manager) newBatch() *abortBatch {
 	b := &abortBatch{}
-	b.q = callq.New(maxAbortWorkers, m.life.group.Go,
+	b.q = callq.New(maxAbortWorkers, m.goLater, m.life.group.Go,
 		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.session) },
 		func(ops []*abortOp) {
 			m.mu.Lock()
@@ -309,16 +309,20 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 // stopped being current. The session is never adopted; a failed abort is
 // logged.
 func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
-	run := RunRef{TaskID: e.info.id, AttemptID: a.ID, Token: a.Token}
-	if !m.life.group.Go(func() {
-		if err := m.callAbort(withRun(m.life.ctx, run, callAbort), sessionID); err != nil {
-			m.logAttrs(slog.LevelWarn, "bgtask: abort of a session created for a superseded attempt failed",
-				slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID),
-				slog.String("session", sessionID), slog.String("err", err.Error()))
-		}
-	}) {
+	if !m.effect(effect{kind: fxAbortOrphan, e: e, a: a, session: sessionID}) {
 		m.logLocked(slog.LevelError, "bgtask: a session created for a superseded attempt was left running: the manager is shut down",
-			slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID), slog.String("session", sessionID))
+			slog.String("task", e.id), slog.String("attempt", a.ID), slog.String("session", sessionID))
+	}
+}
+
+// abortOrphanNow aborts sessionID, created for run a of e after a stopped
+// being current; a failed abort is logged.
+func (m *Manager) abortOrphanNow(e *entry, a Attempt, sessionID string) {
+	run := RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}
+	if err := m.callAbort(withRun(m.life.ctx, run, callAbort), sessionID); err != nil {
+		m.logAttrs(slog.LevelWarn, "bgtask: abort of a session created for a superseded attempt failed",
+			slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID),
+			slog.String("session", sessionID), slog.String("err", err.Error()))
 	}
 }
 
@@ -1161,13 +1165,16 @@ func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
 func (m *Manager) cascadeDelete(sessionID string) {
 	c := m.openClosure(sessionID, nil)
 	c.quiet = true
-	if !m.life.group.Go(func() {
-		if _, err := m.runClosure(m.life.ctx, c); err != nil && !errors.Is(err, context.Canceled) {
-			m.logAttrs(slog.LevelWarn, "bgtask: closing the branch of a deleted session failed",
-				slog.String("session", sessionID), slog.String("err", err.Error()))
-		}
-	}) {
+	if !m.effect(effect{kind: fxCascade, closure: c, session: sessionID}) {
 		delete(m.closures.active, c)
+	}
+}
+
+// cascadeNow runs the passes of closure c of a deleted session's branch.
+func (m *Manager) cascadeNow(c *closure, sessionID string) {
+	if _, err := m.runClosure(m.life.ctx, c); err != nil && !errors.Is(err, context.Canceled) {
+		m.logAttrs(slog.LevelWarn, "bgtask: closing the branch of a deleted session failed",
+			slog.String("session", sessionID), slog.String("err", err.Error()))
 	}
 }
 

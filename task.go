@@ -640,7 +640,7 @@ type Manager struct {
 	closures branchClosures // the closures in progress; its passMu, then m.mu
 	changes  changeFeed     // change sequence, signal, subscribers; guarded by m.mu
 	notes    notifications  // what parents are told; guarded by m.mu, but for lanes and counters
-	log      logQueue       // lines waiting for m.mu's release; guarded by m.mu, but for a counter
+	out      outbox         // effects and log lines waiting for m.mu's release; guarded by m.mu, but for a counter
 	hooks    testHooks      // set by tests before use, never changed after
 }
 
@@ -702,10 +702,12 @@ type notifications struct {
 	dropped  atomic.Uint64     // undelivered notifications given up past the bound
 }
 
-// logQueue is the log lines queued while m.mu is held, emitted by unlock
-// once it is released (lines: guarded by m.mu), and the count of calls
-// into the logger that panicked (panics: atomic).
-type logQueue struct {
+// outbox is what the core decided while m.mu was held and the shell does
+// once it is released (unlock): the effects, in the order decided, and the
+// log lines (both guarded by m.mu); and the count of calls into the logger
+// that panicked (panics: atomic).
+type outbox struct {
+	fx     []effect
 	lines  []logRec
 	panics atomic.Uint64
 }
@@ -752,7 +754,7 @@ func New(host Host, opts ...Option) *Manager {
 	}
 	m.life.ctx, m.life.cancel = context.WithCancel(context.Background())
 	m.changes.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
-	m.notes.lanes = dispatch.New(m.life.group.Go, m.deliver)
+	m.notes.lanes = dispatch.New(m.goLater, m.deliver)
 	m.notes.lanes.SetLimit(cfg.queueLimit, lessNeeded)
 	if cfg.limits != nil {
 		m.calls.pool = slots.New[queued]()
@@ -776,18 +778,105 @@ func (m *Manager) goLocked(f func()) bool {
 	return m.life.group.Go(f)
 }
 
-// unlock releases m.mu, then emits the log lines queued while it was held.
-func (m *Manager) unlock() {
-	if len(m.log.lines) == 0 {
+// unlock releases m.mu, then emits the log lines and runs the effects
+// queued while it was held.
+func (m *Manager) unlock() { m.unlockOn(nil) }
+
+// unlockOn is unlock on worker w of the Manager's group, as the last thing
+// the function w runs does: the first effect may run on w once that
+// function returns, instead of on a new goroutine (see group.Worker).
+func (m *Manager) unlockOn(w *group.Worker) {
+	if len(m.out.lines) == 0 && len(m.out.fx) == 0 {
 		m.mu.Unlock()
 		return
 	}
-	q := m.log.lines
-	m.log.lines = nil
+	lines, fx := m.out.lines, m.out.fx
+	m.out.lines, m.out.fx = nil, nil
 	m.mu.Unlock()
-	for _, r := range q {
+	for _, r := range lines {
 		m.logAttrs(r.level, r.msg, r.attrs...)
 	}
+	for i := range fx {
+		m.exec(fx[i], w)
+	}
+}
+
+// effect is one thing the core decided to do to the world: a host call, a
+// timer to wait on, a goroutine of the machinery. The core never does it
+// itself: it queues the effect (m.effect) under m.mu, and unlock runs it,
+// on a goroutine of the Manager, once the lock is released. What the
+// effect learns comes back into the core as an input (a start returned,
+// an abort returned, a timer fired).
+type effect struct {
+	kind effectKind
+	e    *entry
+	a    Attempt // the run it serves
+	// fxStart: the start's sequence. fxRetry: the failed attempt (prev),
+	// whose session is aborted first when abortOld, and its failure
+	// (cause), for the retry delay.
+	seq      uint64
+	prev     Attempt
+	abortOld bool
+	cause    error
+	session  string                // fxAbortOrphan, fxCascade: the session
+	closure  *closure              // fxCascade: the closure of its branch
+	timer    Timer                 // fxQueueTimeout: made as the run queued
+	done     <-chan struct{}       // fxStallWatch: closed when the run ends or is replaced
+	waiter   *slots.Waiter[queued] // fxQueueTimeout: the run's place in the queue
+	fn       func()                // fxGo: a goroutine of the machinery (a lane, abort workers)
+}
+
+type effectKind uint8
+
+const (
+	fxStart        effectKind = iota + 1 // call StartSession for run a (start seq)
+	fxRetry                              // abort the failed run's session, wait out the retry delay, admit run a
+	fxAbortOrphan                        // abort a session created for a run no longer current
+	fxStallWatch                         // watch run a for a stall
+	fxQueueTimeout                       // end queued run a when the queue timeout fires first
+	fxCascade                            // close the branch beneath a deleted session
+	fxGo                                 // run fn
+)
+
+// effect queues fx to run once m.mu is released, and reports true; or,
+// once the Manager's goroutines are closed (after Shutdown), reports false
+// and queues nothing: the caller settles what fx would have done. The
+// goroutine it will run on is reserved now, under m.mu, so Shutdown's join
+// never sees zero goroutines while an effect waits to run. m.mu is held.
+func (m *Manager) effect(fx effect) bool {
+	if !m.life.group.Reserve() {
+		return false
+	}
+	m.out.fx = append(m.out.fx, fx)
+	return true
+}
+
+// goLater runs f on a goroutine of the Manager once m.mu is released: the
+// spawn of the machinery the core feeds under its lock (notification
+// lanes, abort workers). m.mu is held.
+func (m *Manager) goLater(f func()) bool { return m.effect(effect{kind: fxGo, fn: f}) }
+
+// exec runs one effect, without m.mu, on the goroutine reserved for it:
+// worker w when w is free, else a new one.
+func (m *Manager) exec(fx effect, w *group.Worker) {
+	m.life.group.Start(w, func(w *group.Worker) {
+		switch fx.kind {
+		case fxStart:
+			m.startSession(fx.e, fx.a, fx.seq, w)
+		case fxRetry:
+			m.retry(fx, w)
+		case fxAbortOrphan:
+			m.abortOrphanNow(fx.e, fx.a, fx.session)
+		case fxStallWatch:
+			m.watchStallNow(fx.e, fx.a, fx.done)
+		case fxQueueTimeout:
+			m.watchQueueNow(fx.e, fx.a, fx.waiter, fx.timer)
+		case fxCascade:
+			m.cascadeNow(fx.closure, fx.session)
+		case fxGo:
+			fx.fn()
+		}
+	})
 }
 
 // logAttrs writes one line through the logger, which is user code: a panic
@@ -796,7 +885,7 @@ func (m *Manager) unlock() {
 func (m *Manager) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
 	defer func() {
 		if r := recover(); r != nil {
-			m.log.panics.Add(1)
+			m.out.panics.Add(1)
 		}
 	}()
 	ctx := context.Background()
@@ -809,11 +898,11 @@ func (m *Manager) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
 // LoggerPanics reports how many calls into the logger (WithLogger)
 // panicked. Such a panic is swallowed: the line is lost, the Manager goes
 // on.
-func (m *Manager) LoggerPanics() uint64 { return m.log.panics.Load() }
+func (m *Manager) LoggerPanics() uint64 { return m.out.panics.Load() }
 
 // logLocked queues a log line; m.mu is held and released with unlock.
 func (m *Manager) logLocked(level slog.Level, msg string, attrs ...slog.Attr) {
-	m.log.lines = append(m.log.lines, logRec{level: level, msg: msg, attrs: attrs})
+	m.out.lines = append(m.out.lines, logRec{level: level, msg: msg, attrs: attrs})
 }
 
 // Launch records a task and its first attempt (pending) and returns its
@@ -1161,73 +1250,80 @@ func (m *Manager) retryable(err error) bool {
 }
 
 // prepareRetry starts next: at once, or — when the failed attempt has a
-// session to abort or a retry delay may apply — on a goroutine that aborts
+// session to abort or a retry delay may apply — as an effect that aborts
 // the old session, waits out the delay, and gives up if next stopped being
-// current meanwhile. cause is the failure, for the retry delay.
+// current meanwhile (retry). cause is the failure, for the retry delay.
+// m.mu is held.
 func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 	abortOld := failed.SessionID != "" && e.seen.stopped != failed.Token
 	if !abortOld && m.cfg.retryDelay == nil {
 		m.admit(e, next)
 		return
 	}
+	if !m.effect(effect{kind: fxRetry, e: e, a: next, prev: failed, abortOld: abortOld, cause: cause}) {
+		m.finalize(e, next.ID, StatusInterrupt, "", "", m.now())
+	}
+}
+
+// retry runs a retry effect on worker w: abort the failed run's session,
+// wait out the retry delay, then admit the next run (fx.a) if it is still
+// the task's current, pending run.
+func (m *Manager) retry(fx effect, w *group.Worker) {
+	e, next := fx.e, fx.a
 	// live reports whether next is still the task's current, pending run.
 	live := func() bool {
 		ref := m.led.byAttempt[next.ID]
 		return ref.isCurrent() && ref.attempt().Status == StatusPending && ref.attempt().Token == next.Token
 	}
-	ok := m.life.group.Go(func() {
-		if abortOld {
-			ctx := withRun(m.life.ctx, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
-			if err := m.callAbort(ctx, failed.SessionID); err != nil {
-				m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
-					slog.String("task", e.info.id), slog.String("attempt", failed.ID),
-					slog.String("session", failed.SessionID), slog.String("err", err.Error()))
-			}
+	if fx.abortOld {
+		failed := fx.prev
+		ctx := withRun(m.life.ctx, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
+		if err := m.callAbort(ctx, failed.SessionID); err != nil {
+			m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
+				slog.String("task", e.info.id), slog.String("attempt", failed.ID),
+				slog.String("session", failed.SessionID), slog.String("err", err.Error()))
 		}
-		delay, derr := m.retryDelay(next.Number, cause)
-		if derr != "" {
-			m.mu.Lock()
-			if live() {
-				m.finalize(e, next.ID, StatusError, derr, "", m.now())
-			}
-			m.unlock()
-			return
-		}
-		if delay > 0 {
-			m.mu.Lock()
-			if !live() {
-				m.unlock()
-				return
-			}
-			m.setPending(e, next.ID, PendingRetryDelay, m.now())
-			stop := m.runDone(e)
-			m.unlock()
-			t := m.cfg.clock.NewTimer(delay)
-			select {
-			case <-t.C():
-			case <-stop:
-				t.Stop()
-			case <-m.life.ctx.Done():
-				t.Stop()
-			}
-		}
-		m.mu.Lock()
-		defer m.unlock()
-		if !live() {
-			return // the run was replaced or ended meanwhile
-		}
-		if m.fence(e) {
-			m.finalize(e, next.ID, e.stop, "", "", m.now())
-			return
-		}
-		if delay > 0 {
-			m.setPending(e, next.ID, PendingAwaitingSession, m.now())
-		}
-		m.admit(e, next)
-	})
-	if !ok {
-		m.finalize(e, next.ID, StatusInterrupt, "", "", m.now())
 	}
+	delay, derr := m.retryDelay(next.Number, fx.cause)
+	if derr != "" {
+		m.mu.Lock()
+		if live() {
+			m.finalize(e, next.ID, StatusError, derr, "", m.now())
+		}
+		m.unlockOn(w)
+		return
+	}
+	if delay > 0 {
+		m.mu.Lock()
+		if !live() {
+			m.unlockOn(w)
+			return
+		}
+		m.setPending(e, next.ID, PendingRetryDelay, m.now())
+		stop := m.runDone(e)
+		m.unlock()
+		t := m.cfg.clock.NewTimer(delay)
+		select {
+		case <-t.C():
+		case <-stop:
+			t.Stop()
+		case <-m.life.ctx.Done():
+			t.Stop()
+		}
+	}
+	m.mu.Lock()
+	defer m.unlockOn(w)
+	if !live() {
+		return // the run was replaced or ended meanwhile
+	}
+	if m.fence(e) {
+		m.finalize(e, next.ID, e.stop, "", "", m.now())
+		return
+	}
+	if delay > 0 {
+		m.setPending(e, next.ID, PendingAwaitingSession, m.now())
+	}
+	m.admit(e, next)
 }
 
 // retryDelay asks the user's retry delay function (user code: never under
@@ -1244,8 +1340,22 @@ func (m *Manager) retryDelay(attempt int, cause error) (d time.Duration, panicke
 	return m.cfg.retryDelay(attempt, cause), ""
 }
 
-// spawnStart runs StartSession for attempt a of e on an owned goroutine.
+// spawnStart has StartSession called for attempt a of e (an effect).
+// m.mu is held.
 func (m *Manager) spawnStart(e *entry, a Attempt) {
+	m.calls.startSeq++
+	seq := m.calls.startSeq
+	if !m.effect(effect{kind: fxStart, e: e, a: a, seq: seq}) {
+		m.finalize(e, a.ID, StatusInterrupt, "", "", m.now())
+		return
+	}
+	m.calls.inflight[seq] = struct{}{}
+	e.rt.startSeq = seq
+}
+
+// startSession calls StartSession for run a of e (start seq) and feeds its
+// answer back (started), on worker w.
+func (m *Manager) startSession(e *entry, a Attempt, seq uint64, w *group.Worker) {
 	req := SessionRequest{
 		TaskID:          e.info.id,
 		AttemptID:       a.ID,
@@ -1256,25 +1366,14 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 		Agent:           e.info.agent,
 		Prompt:          e.info.prompt,
 	}
-	m.calls.startSeq++
-	seq := m.calls.startSeq
-	m.calls.inflight[seq] = struct{}{}
-	e.rt.startSeq = seq
-	ok := m.life.group.Go(func() {
-		ctx := withRun(m.life.ctx, RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, callStart)
-		sid, err := m.callStart(ctx, req)
-		var f failure
-		if err != nil {
-			err = &StartError{Model: a.Model, Err: err}
-			f = m.classify(err)
-		}
-		m.started(e, a, seq, sid, err, f)
-	})
-	if !ok {
-		delete(m.calls.inflight, seq)
-		e.rt.startSeq = 0
-		m.finalize(e, a.ID, StatusInterrupt, "", "", m.now())
+	ctx := withRun(m.life.ctx, RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, callStart)
+	sid, err := m.callStart(ctx, req)
+	var f failure
+	if err != nil {
+		err = &StartError{Model: a.Model, Err: err}
+		f = m.classify(err)
 	}
+	m.started(e, a, seq, sid, err, f, w)
 }
 
 func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
@@ -1289,9 +1388,9 @@ func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string
 
 // started takes StartSession's result for attempt a of e (start seq). err,
 // when set, is a *StartError, and retry was decided before the lock.
-func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error, f failure) {
+func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error, f failure, w *group.Worker) {
 	m.mu.Lock()
-	defer m.unlock()
+	defer m.unlockOn(w)
 	delete(m.calls.inflight, seq)
 	if e.rt.startSeq == seq {
 		e.rt.startSeq = 0
@@ -1715,7 +1814,7 @@ func rejectedAttrs(ev Event, who resolved, err error) []slog.Attr {
 func (m *Manager) logRejected(ev Event, who resolved, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			m.log.panics.Add(1)
+			m.out.panics.Add(1)
 		}
 	}()
 	ctx := context.Background()
@@ -2382,27 +2481,31 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 	// called under m.mu): however late the watcher runs, the timeout is
 	// measured from the moment it queued.
 	t := m.cfg.clock.NewTimer(d)
-	if !m.life.group.Go(func() {
-		select {
-		case <-t.C():
-		case <-w.V.stop:
-			t.Stop()
-			return
-		case <-m.life.ctx.Done():
-			t.Stop()
-			return
-		}
-		m.mu.Lock()
-		defer m.unlock()
-		if !w.Queued() || e.rt.waiter != w {
-			return // dequeued as the timer fired
-		}
-		pos := m.calls.pool.Position(w)
-		e.output().reason = ReasonUnknown // no provider was involved
-		m.finalize(e, a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", d, pos, w.Key()), "", m.now())
-	}) {
+	if !m.effect(effect{kind: fxQueueTimeout, e: e, a: a, waiter: w, timer: t}) {
 		t.Stop()
 	}
+}
+
+// watchQueueNow waits for queued run a of e to leave the queue, or for the
+// queue timeout t to fire first and end it in error.
+func (m *Manager) watchQueueNow(e *entry, a Attempt, w *slots.Waiter[queued], t Timer) {
+	select {
+	case <-t.C():
+	case <-w.V.stop:
+		t.Stop()
+		return
+	case <-m.life.ctx.Done():
+		t.Stop()
+		return
+	}
+	m.mu.Lock()
+	defer m.unlock()
+	if !w.Queued() || e.rt.waiter != w {
+		return // dequeued as the timer fired
+	}
+	pos := m.calls.pool.Position(w)
+	e.output().reason = ReasonUnknown // no provider was involved
+	m.finalize(e, a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", m.cfg.queueTimeout, pos, w.Key()), "", m.now())
 }
 
 // watchStall aborts run a of e once it reported nothing for the stall
@@ -2410,9 +2513,14 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 // tied to the run's token: it stops when the run ends and cannot touch a
 // later run. m.mu is held.
 func (m *Manager) watchStall(e *entry, a Attempt) {
+	m.effect(effect{kind: fxStallWatch, e: e, a: a, done: m.runDone(e)})
+}
+
+// watchStallNow is the stall watch of run a of e; done closes when the run
+// ends or is replaced.
+func (m *Manager) watchStallNow(e *entry, a Attempt, done <-chan struct{}) {
 	d := m.cfg.stallTimeout
-	done := m.runDone(e)
-	m.life.group.Go(func() {
+	func() {
 		var retryAt time.Time // after a failed stall abort, wait d before the next
 		for {
 			m.mu.Lock()
@@ -2461,7 +2569,7 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 				return
 			}
 		}
-	})
+	}()
 }
 
 // QueueStat is the state of one concurrency key.

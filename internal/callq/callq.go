@@ -22,7 +22,8 @@ import "sync"
 // New.
 type Queue[T any] struct {
 	max    int
-	spawn  func(func()) bool
+	add    func(func()) bool // starts a worker from Add (the owner's side)
+	spawn  func(func()) bool // starts a worker or recorder from a worker
 	call   func(T)
 	record func([]T)
 
@@ -36,14 +37,17 @@ type Queue[T any] struct {
 	recording bool       // a recorder runs
 }
 
-// New returns a queue running at most max workers, each started with
-// spawn (which reports false when it can start no goroutine). call makes
-// one call; record is given answered items, by one goroutine at a time.
-func New[T any](max int, spawn func(func()) bool, call func(T), record func([]T)) *Queue[T] {
+// New returns a queue running at most max workers. A worker Add needs is
+// started with add, one a worker needs (another worker, a recorder) with
+// spawn; each reports false when it can start no goroutine. (The owner
+// calls Add under its own lock: add may queue the start for when it is
+// released.) call makes one call; record is given answered items, by one
+// goroutine at a time.
+func New[T any](max int, add, spawn func(func()) bool, call func(T), record func([]T)) *Queue[T] {
 	if max < 1 {
 		max = 1
 	}
-	return &Queue[T]{max: max, spawn: spawn, call: call, record: record}
+	return &Queue[T]{max: max, add: add, spawn: spawn, call: call, record: record}
 }
 
 // Add queues every item of vs, with one hand-over for all of them. It
@@ -62,7 +66,7 @@ func (q *Queue[T]) Add(vs ...T) bool {
 		q.workers++
 	}
 	q.mu.Unlock()
-	if !start || q.spawn(q.work) {
+	if !start || q.add(q.work) {
 		return true
 	}
 	q.mu.Lock()

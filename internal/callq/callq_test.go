@@ -37,7 +37,7 @@ func newRig(max int, call func(int)) *rig {
 		r.wg.Go(f)
 		return true
 	}
-	r.q = New(max, spawn, call, r.record)
+	r.q = New(max, spawn, spawn, call, r.record)
 	return r
 }
 
@@ -160,6 +160,7 @@ func TestTheOwnerTakesAnswersItself(t *testing.T) {
 	r := newRig(1, func(int) {})
 	spawn := r.q.spawn
 	r.q.spawn = func(f func()) bool { return spawn(func() { f(); exited <- struct{}{} }) }
+	r.q.add = r.q.spawn
 	r.q.record = func(items []int) {
 		owner.Lock()
 		defer owner.Unlock()
@@ -225,7 +226,7 @@ func TestARefusedGrowAfterTheWorkerTookEverything(t *testing.T) {
 		return true
 	}
 	inCall := make(chan struct{})
-	q = New(4, spawn, func(v int) {
+	q = New(4, spawn, spawn, func(v int) {
 		mu.Lock()
 		calls++
 		mu.Unlock()

@@ -41,19 +41,61 @@ func (g *Group) bump() {
 // Go runs f on a new goroutine and reports true, or reports false without
 // running f once the group is closed.
 func (g *Group) Go(f func()) bool {
-	g.mu.Lock()
-	if g.closed {
-		g.mu.Unlock()
+	if !g.Reserve() {
 		return false
 	}
-	g.n++
-	g.bump()
-	g.mu.Unlock()
 	go func() {
 		defer g.done()
 		f()
 	}()
 	return true
+}
+
+// Reserve counts one goroutine that Start will run, and reports true; or,
+// once the group is closed, reports false and counts nothing. A goroutine
+// reserved counts as running (Wait waits for it) from Reserve on, so an
+// owner can decide under its own lock what to start and start it once the
+// lock is released, without a Wait that sees zero in between.
+func (g *Group) Reserve() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.n++
+	g.bump()
+	return true
+}
+
+// Release gives back a reservation that will not be started.
+func (g *Group) Release() { g.done() }
+
+// Worker is a goroutine of the group running reserved work. While it runs
+// a function, it may take one more to run when that function returns
+// (Start with it): a chain of calls that each set off the next runs on one
+// goroutine, one after the other, with no new goroutine and no recursion.
+type Worker struct {
+	next func(*Worker)
+}
+
+// Start runs f, which was reserved. With w (the worker the caller runs on)
+// free, f runs on w once its current function returns; otherwise on a new
+// goroutine.
+func (g *Group) Start(w *Worker, f func(*Worker)) {
+	if w != nil && w.next == nil {
+		w.next = f
+		g.done() // w itself is counted while it runs f
+		return
+	}
+	go func() {
+		defer g.done()
+		w := &Worker{next: f}
+		for w.next != nil {
+			f := w.next
+			w.next = nil
+			f(w)
+		}
+	}()
 }
 
 func (g *Group) done() {
