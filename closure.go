@@ -281,15 +281,15 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		if live {
 			// The stop it served is withdrawn: the run goes on (a stop that
 			// was asked still forbids a retry).
-			rec := record{kind: recStopWithdrawn, at: now, attempt: *a, recordExt: &recordExt{note: err.Error()}}
-			if werr := m.led.write(e, op.ref, &rec); werr != nil {
-				m.ledgerBug(e, werr)
-			}
 			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
 				slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
 				slog.String("session", op.session), slog.String("err", err.Error()))
+			if !m.commit(e, record{kind: recStopWithdrawn, at: now, attempt: *a, recordExt: &recordExt{note: err.Error()}}) {
+				m.touched(e)
+			}
+		} else {
+			m.touched(e) // the stop's waiters learn the answer
 		}
-		m.changed(e, e.terminal())
 	case live && op.failWith != nil && !m.fence(e):
 		e.seen.stopped = op.run().Token // the retry need not abort it again
 		m.fail(e, *op.failWith, now)
@@ -300,7 +300,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		}
 		m.finalizeRef(op.ref, e.stopStatus(), errText, "", now)
 	default:
-		m.changed(e, e.terminal())
+		m.touched(e)
 	}
 	op.status = op.ref.attempt().Status
 }
@@ -665,10 +665,7 @@ func (m *Manager) wantStop(e *entry, stop *recordExt, at time.Time) {
 	if e.stop != "" {
 		return
 	}
-	rec := record{kind: recStopRequested, at: at, attempt: *e.cur(), recordExt: stop}
-	if err := m.led.write(e, attemptRef{e: e, index: e.current}, &rec); err != nil {
-		m.ledgerBug(e, err)
-	}
+	m.commit(e, record{kind: recStopRequested, at: at, attempt: *e.cur(), recordExt: stop})
 }
 
 // The stops a record can name: immutable, so every stop record of one

@@ -275,15 +275,7 @@ func (l *ledger) apply(rec record) (*entry, error) {
 	if e == nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownTask, rec.task)
 	}
-	var ref attemptRef
-	switch rec.kind {
-	case recAttemptPending, recSessionBound, recAttemptFinal, recSessionOrphan, recStopRequested, recStopWithdrawn:
-		var ok bool
-		if ref, ok = l.byAttempt[rec.attempt.ID]; !ok || ref.e != e {
-			return e, fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
-		}
-	}
-	return e, l.write(e, ref, &rec)
+	return e, l.put(e, &rec)
 }
 
 // write checks rec against e (and ref, the attempt it rewrites, if any),
@@ -417,24 +409,32 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 	return nil
 }
 
-// launch records a new task and its first attempt, pending. Ids are checked
-// before anything is recorded, so a refused launch leaves no trace.
-func (l *ledger) launch(info *taskInfo) (*entry, error) {
+// open records a new task and returns it with the record of its first
+// attempt, pending, which the caller commits at once. Ids are checked
+// before anything is recorded, so a refused launch leaves no trace, and
+// the first attempt's record cannot be refused.
+func (l *ledger) open(info *taskInfo) (*entry, record, error) {
 	if _, dup := l.tasks[info.id]; dup || info.id == "" {
-		return nil, fmt.Errorf("bgtask: IDGenerator returned task id %q, which is empty or in use", info.id)
+		return nil, record{}, fmt.Errorf("bgtask: IDGenerator returned task id %q, which is empty or in use", info.id)
 	}
 	first, err := l.newAttempt(1, info.modelFor(1))
 	if err != nil {
-		return nil, err
+		return nil, record{}, err
 	}
 	e, err := l.apply(record{kind: recTaskLaunched, task: info.id, at: info.launchedAt, recordExt: &recordExt{spec: info}})
 	if err != nil {
+		return nil, record{}, err
+	}
+	return e, record{kind: recAttemptCreated, at: info.launchedAt, attempt: first}, nil
+}
+
+// launch is open with the first attempt written.
+func (l *ledger) launch(info *taskInfo) (*entry, error) {
+	e, first, err := l.open(info)
+	if err != nil {
 		return nil, err
 	}
-	if err := l.write(e, attemptRef{}, &record{kind: recAttemptCreated, at: info.launchedAt, attempt: first}); err != nil {
-		return nil, err
-	}
-	return e, nil
+	return e, l.put(e, &first)
 }
 
 // newAttempt makes attempt number n, pending (awaiting session), with fresh
@@ -475,70 +475,132 @@ func newID(g IDGenerator, kind IDKind) (id string, err error) {
 	return g.NewID(kind), nil
 }
 
-// setPending changes why the current pending attempt waits.
-func (l *ledger) setPending(e *entry, attemptID string, reason PendingReason, at time.Time) error {
-	ref, a, err := l.version(e, attemptID)
-	if err != nil {
-		return err
-	}
+// The record builders make the record of one change from the attempt's
+// latest version, without writing it: Manager.commit writes what they
+// make, and derives what follows. The write helpers below (setPending,
+// bindSession, orphanSession, finalize, scheduleRetry) build and write in
+// one step, for the ledger's own tests and for a replay.
+
+// pendingRecord says why the current pending attempt waits now.
+func (l *ledger) pendingRecord(e *entry, attemptID string, reason PendingReason, at time.Time) (record, error) {
+	_, a, err := l.version(e, attemptID)
 	a.Status = StatusPending
 	a.Pending = reason
-	return l.write(e, ref, &record{kind: recAttemptPending, at: at, attempt: a})
+	return record{kind: recAttemptPending, at: at, attempt: a}, err
 }
 
-// bindSession binds sessionID to exactly attemptID, which must be the
+// bindRecord binds sessionID to exactly attemptID, which must be the
 // current attempt and pending; the attempt runs from at.
-func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time) error {
-	ref, a, err := l.version(e, attemptID)
-	if err != nil {
-		return err
-	}
+func (l *ledger) bindRecord(e *entry, attemptID, sessionID string, at time.Time) (record, error) {
+	_, a, err := l.version(e, attemptID)
 	a.SessionID = sessionID
 	a.Status = StatusRunning
 	a.Pending = ""
 	a.StartedAt = at
-	return l.write(e, ref, &record{kind: recSessionBound, at: at, attempt: a})
+	return record{kind: recSessionBound, at: at, attempt: a}, err
 }
 
-// orphanSession indexes a session that was created for attemptID after that
+// orphanRecord indexes a session that was created for attemptID after that
 // attempt stopped being current, so its events resolve (and are stale).
-func (l *ledger) orphanSession(e *entry, attemptID, sessionID string, at time.Time) error {
-	ref, a, err := l.version(e, attemptID)
-	if err != nil {
-		return err
-	}
-	return l.write(e, ref, &record{kind: recSessionOrphan, at: at, attempt: a, recordExt: &recordExt{session: sessionID}})
+func (l *ledger) orphanRecord(e *entry, attemptID, sessionID string, at time.Time) (record, error) {
+	_, a, err := l.version(e, attemptID)
+	return record{kind: recSessionOrphan, at: at, attempt: a, recordExt: &recordExt{session: sessionID}}, err
 }
 
-// finalize moves attemptID to a terminal status. errText is recorded for
-// error, result for completed.
-func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, result string, at time.Time) error {
+// finalRecord moves attemptID to a terminal status, with the evidence its
+// run reported. errText is recorded for error, result for completed.
+func (l *ledger) finalRecord(e *entry, attemptID string, status Status, errText, result string, at time.Time) (record, error) {
 	if !status.Terminal() {
-		return fmt.Errorf("%w: finalize to %s", errBadTransition, status)
+		return record{}, fmt.Errorf("%w: finalize to %s", errBadTransition, status)
 	}
-	ref, _, err := l.version(e, attemptID)
-	if err != nil {
-		return err
-	}
-	return l.finalizeRef(ref, status, errText, result, at)
-}
-
-// finalizeRef is finalize for an attempt already resolved.
-func (l *ledger) finalizeRef(ref attemptRef, status Status, errText, result string, at time.Time) error {
-	if !status.Terminal() {
-		return fmt.Errorf("%w: finalize to %s", errBadTransition, status)
-	}
-	a := *ref.attempt()
+	_, a, err := l.version(e, attemptID)
 	a.Status = status
 	a.Pending = ""
 	a.Error = errText
 	a.Result = result
 	a.CompletedAt = at
 	rec := record{kind: recAttemptFinal, at: at, attempt: a}
-	if ev, ok := ref.e.reported(a.Token); ok {
+	if ev, ok := e.reported(a.Token); ok {
 		rec.recordExt = &recordExt{evidence: ev}
 	}
-	return l.write(ref.e, ref, &rec)
+	return rec, err
+}
+
+// retryRecords end the current attempt as error with errText and create
+// the next attempt, pending on the next model, which becomes current: the
+// final record, the retry record (carrying the failed attempt's final
+// version) and the new attempt's, in the order the timeline relies on. The
+// next attempt's ids are made first, so a refusal leaves nothing to write.
+func (l *ledger) retryRecords(e *entry, errText string, at time.Time) ([3]record, error) {
+	n := len(e.attempts) + 1
+	next, err := l.newAttempt(n, e.info.modelFor(n))
+	if err != nil {
+		return [3]record{}, err
+	}
+	final, err := l.finalRecord(e, e.cur().ID, StatusError, errText, "", at)
+	if err != nil {
+		return [3]record{}, err
+	}
+	return [3]record{
+		final,
+		{kind: recRetryScheduled, at: at, attempt: final.attempt, recordExt: &recordExt{note: errText}},
+		{kind: recAttemptCreated, at: at, attempt: next},
+	}, nil
+}
+
+// put writes rec, which names an attempt of e (or a new one), resolving
+// the attempt it rewrites.
+func (l *ledger) put(e *entry, rec *record) error {
+	var ref attemptRef
+	switch rec.kind {
+	case recAttemptPending, recSessionBound, recAttemptFinal, recSessionOrphan, recStopRequested, recStopWithdrawn:
+		if e.current >= 0 && e.cur().ID == rec.attempt.ID {
+			ref = attemptRef{e: e, index: e.current} // the usual case: no lookup
+			break
+		}
+		var ok bool
+		if ref, ok = l.byAttempt[rec.attempt.ID]; !ok || ref.e != e {
+			return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
+		}
+	}
+	return l.write(e, ref, rec)
+}
+
+// build writes what a builder made, unless it refused.
+func (l *ledger) build(e *entry) func(record, error) error {
+	return func(rec record, err error) error {
+		if err != nil {
+			return err
+		}
+		return l.put(e, &rec)
+	}
+}
+
+func (l *ledger) setPending(e *entry, attemptID string, reason PendingReason, at time.Time) error {
+	return l.build(e)(l.pendingRecord(e, attemptID, reason, at))
+}
+
+func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time) error {
+	return l.build(e)(l.bindRecord(e, attemptID, sessionID, at))
+}
+
+func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, result string, at time.Time) error {
+	return l.build(e)(l.finalRecord(e, attemptID, status, errText, result, at))
+}
+
+// scheduleRetry writes retryRecords and returns the failed and the next
+// attempt.
+func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, next Attempt, err error) {
+	recs, err := l.retryRecords(e, errText, at)
+	if err != nil {
+		return Attempt{}, Attempt{}, err
+	}
+	for i := range recs {
+		if err := l.put(e, &recs[i]); err != nil {
+			return Attempt{}, Attempt{}, err
+		}
+	}
+	return recs[1].attempt, recs[2].attempt, nil
 }
 
 // reported is what the run with token reported that decides its outcome,
@@ -549,29 +611,6 @@ func (e *entry) reported(token string) (evidence, bool) {
 		return evidence{}, false
 	}
 	return evidence{output: out.output, finish: out.finish, noText: out.noText, reason: out.reason}, true
-}
-
-// scheduleRetry finalizes the current attempt as error with errText, then
-// creates the next attempt pending on the next model and makes it current:
-// the order the timeline relies on. The next attempt's ids are made first,
-// so a refusal leaves the current attempt untouched.
-func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, next Attempt, err error) {
-	n := len(e.attempts) + 1
-	next, err = l.newAttempt(n, e.info.modelFor(n))
-	if err != nil {
-		return Attempt{}, Attempt{}, err
-	}
-	if err := l.finalize(e, e.cur().ID, StatusError, errText, "", at); err != nil {
-		return Attempt{}, Attempt{}, err
-	}
-	failed = *e.cur()
-	if err := l.write(e, attemptRef{}, &record{kind: recRetryScheduled, at: at, attempt: failed, recordExt: &recordExt{note: errText}}); err != nil {
-		return Attempt{}, Attempt{}, err
-	}
-	if err := l.write(e, attemptRef{}, &record{kind: recAttemptCreated, at: at, attempt: next}); err != nil {
-		return Attempt{}, Attempt{}, err
-	}
-	return failed, next, nil
 }
 
 // version resolves attemptID of e and returns a copy of its latest version
@@ -776,4 +815,97 @@ func (m *Manager) checkReplay() error {
 	m.mu.Lock()
 	defer m.unlock()
 	return checkReplay(m.led)
+}
+
+// commit is the one way a change enters the ledger. It writes recs to e,
+// in order (a refused record is logged as the bug it is, and ends the
+// batch: the records before it stand), and derives from what was written —
+// never from the caller — everything that follows: waiters wake, the run's
+// slot and queue place are settled, the change is published, a retry's
+// notifications are produced, a bound run's stall watch starts, and, when
+// the task has just become terminal, its final summary, its done signal and
+// the end of its parent's round. It reports whether every record was
+// written. m.mu is held.
+func (m *Manager) commit(e *entry, recs ...record) bool {
+	was := e.current >= 0 && e.terminal()
+	n := 0
+	for i := range recs {
+		if err := m.led.put(e, &recs[i]); err != nil {
+			m.ledgerBug(e, err)
+			break
+		}
+		n++
+	}
+	m.follow(e, was, recs[:n])
+	return n == len(recs)
+}
+
+// commitBuilt commits what a record builder made, unless it refused (a bug,
+// logged). m.mu is held.
+func (m *Manager) commitBuilt(e *entry, rec record, err error) bool {
+	if err != nil {
+		m.ledgerBug(e, err)
+		return false
+	}
+	return m.commit(e, rec)
+}
+
+// follow derives what follows the records just written to e (wasTerminal:
+// whether e was terminal before them). m.mu is held.
+func (m *Manager) follow(e *entry, wasTerminal bool, recs []record) {
+	visible := false
+	for i := range recs {
+		switch recs[i].kind {
+		case recStopRequested, recSessionOrphan: // no projection a reader sees changes
+		default:
+			visible = true
+		}
+	}
+	if !visible {
+		return
+	}
+	m.touched(e)
+	for i := range recs {
+		switch rec := &recs[i]; rec.kind {
+		case recRetryScheduled:
+			if m.cfg.notifier != nil { // the new attempt is current by now
+				m.notify(e, NotifyRetryScheduled, retryScheduledText(rec.attempt, *e.cur()))
+			}
+		case recSessionBound:
+			e.seen.lastEvent = rec.attempt.StartedAt
+			if rec.attempt.Number > 1 && m.cfg.notifier != nil {
+				m.notify(e, NotifyRetrySessionReady, retrySessionReadyText(rec.attempt))
+			}
+			if m.cfg.stallTimeout > 0 {
+				m.watchStall(e, rec.attempt)
+			}
+		}
+	}
+	if !wasTerminal && e.terminal() {
+		m.ended(e)
+	}
+}
+
+// touched wakes everyone waiting on a change of e, settles its run's slot
+// and queue place, and publishes its state. m.mu is held.
+func (m *Manager) touched(e *entry) {
+	if e.rt.changed != nil {
+		close(e.rt.changed)
+		e.rt.changed = nil
+	}
+	m.signal()
+	m.settleRun(e)
+	m.publish(e)
+}
+
+// ended follows e becoming terminal: its final summary, its done signal,
+// and the end of its parent's round. m.mu is held.
+func (m *Manager) ended(e *entry) {
+	if m.cfg.notifier != nil {
+		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
+	}
+	if e.rt.done != nil {
+		close(e.rt.done)
+	}
+	m.roundEnded(e)
 }

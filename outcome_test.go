@@ -296,3 +296,16 @@ func checkWellFormed(t *testing.T, env string, o *Outcome) {
 		t.Fatalf("%d notices rendered, %d given: %q", notices, len(o.Notices), env)
 	}
 }
+
+func TestIsPermanentFollowsEveryWrapping(t *testing.T) {
+	base := errors.New("bad request")
+	p := Permanent(base)
+	assert.True(t, IsPermanent(p))
+	assert.True(t, IsPermanent(fmt.Errorf("wrapped: %w", p)))
+	assert.True(t, IsPermanent(errors.Join(errors.New("other"), fmt.Errorf("x: %w", p))))
+	assert.True(t, IsPermanent(&StartError{Err: p}))
+	assert.False(t, IsPermanent(base))
+	assert.False(t, IsPermanent(nil))
+	assert.False(t, IsPermanent(errors.Join(base, errors.New("other"))))
+	assert.False(t, IsPermanent(fmt.Errorf("no wrap: %v", p)))
+}

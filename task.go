@@ -797,7 +797,7 @@ func (m *Manager) unlockOn(w *group.Worker) {
 		m.logAttrs(r.level, r.msg, r.attrs...)
 	}
 	for i := range fx {
-		m.exec(fx[i], w)
+		m.life.group.Start(w, &fx[i]) // fx is this call's own: &fx[i] stays valid
 	}
 }
 
@@ -808,6 +808,7 @@ func (m *Manager) unlockOn(w *group.Worker) {
 // effect learns comes back into the core as an input (a start returned,
 // an abort returned, a timer fired).
 type effect struct {
+	m    *Manager
 	kind effectKind
 	e    *entry
 	a    Attempt // the run it serves
@@ -824,6 +825,7 @@ type effect struct {
 	done     <-chan struct{}       // fxStallWatch: closed when the run ends or is replaced
 	waiter   *slots.Waiter[queued] // fxQueueTimeout: the run's place in the queue
 	fn       func()                // fxGo: a goroutine of the machinery (a lane, abort workers)
+	ctx      runCtx                // fxStart, fxRetry: the host call's context, made as it runs
 }
 
 type effectKind uint8
@@ -847,6 +849,7 @@ func (m *Manager) effect(fx effect) bool {
 	if !m.life.group.Reserve() {
 		return false
 	}
+	fx.m = m
 	m.out.fx = append(m.out.fx, fx)
 	return true
 }
@@ -856,27 +859,27 @@ func (m *Manager) effect(fx effect) bool {
 // lanes, abort workers). m.mu is held.
 func (m *Manager) goLater(f func()) bool { return m.effect(effect{kind: fxGo, fn: f}) }
 
-// exec runs one effect, without m.mu, on the goroutine reserved for it:
-// worker w when w is free, else a new one.
-func (m *Manager) exec(fx effect, w *group.Worker) {
-	m.life.group.Start(w, func(w *group.Worker) {
-		switch fx.kind {
-		case fxStart:
-			m.startSession(fx.e, fx.a, fx.seq, w)
-		case fxRetry:
-			m.retry(fx, w)
-		case fxAbortOrphan:
-			m.abortOrphanNow(fx.e, fx.a, fx.session)
-		case fxStallWatch:
-			m.watchStallNow(fx.e, fx.a, fx.done)
-		case fxQueueTimeout:
-			m.watchQueueNow(fx.e, fx.a, fx.waiter, fx.timer)
-		case fxCascade:
-			m.cascadeNow(fx.closure, fx.session)
-		case fxGo:
-			fx.fn()
-		}
-	})
+// Run executes the effect, without m.mu, on worker w of the Manager's
+// group: the goroutine reserved for it, or one that took it on after its
+// own work (group.Worker).
+func (fx *effect) Run(w *group.Worker) {
+	m := fx.m
+	switch fx.kind {
+	case fxStart:
+		m.startSession(fx, w)
+	case fxRetry:
+		m.retry(fx, w)
+	case fxAbortOrphan:
+		m.abortOrphanNow(fx.e, fx.a, fx.session)
+	case fxStallWatch:
+		m.watchStallNow(fx.e, fx.a, fx.done)
+	case fxQueueTimeout:
+		m.watchQueueNow(fx.e, fx.a, fx.waiter, fx.timer)
+	case fxCascade:
+		m.cascadeNow(fx.closure, fx.session)
+	case fxGo:
+		fx.fn()
+	}
 }
 
 // logAttrs writes one line through the logger, which is user code: a panic
@@ -947,7 +950,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		metadata:    maps.Clone(spec.Metadata),
 		launchedAt:  now,
 	}
-	e, err := m.led.launch(info)
+	e, first, err := m.led.open(info)
 	if err != nil {
 		return Task{}, err
 	}
@@ -962,7 +965,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		r.tasks = append(r.tasks, e)
 		e.rt.round = r
 	}
-	m.publish(e)
+	m.commit(e, first)
 	m.admit(e, *e.cur())
 	return e.project(), nil
 }
@@ -1227,17 +1230,21 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 		m.finalize(e, a.ID, StatusError, text, "", at)
 		return
 	}
-	failed, next, lerr := m.led.scheduleRetry(e, text, at)
-	if lerr != nil {
-		m.ledgerBug(e, lerr)
+	recs, lerr := m.led.retryRecords(e, text, at)
+	if lerr != nil || !m.commit(e, recs[:]...) {
+		if lerr != nil {
+			m.ledgerBug(e, lerr)
+		}
 		if !e.terminal() { // the next attempt could not be made: end here
-			m.finalize(e, a.ID, StatusError, text+" (no retry: "+lerr.Error()+")", "", at)
+			why := "the ledger refused it"
+			if lerr != nil {
+				why = lerr.Error()
+			}
+			m.finalize(e, a.ID, StatusError, text+" (no retry: "+why+")", "", at)
 		}
 		return
 	}
-	m.changed(e, false)
-	m.notify(e, NotifyRetryScheduled, retryScheduledText(failed, next))
-	m.prepareRetry(e, failed, next, f.err)
+	m.prepareRetry(e, recs[1].attempt, recs[2].attempt, f.err)
 }
 
 // retryable applies the classifier; Permanent always wins. It runs user
@@ -1268,7 +1275,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 // retry runs a retry effect on worker w: abort the failed run's session,
 // wait out the retry delay, then admit the next run (fx.a) if it is still
 // the task's current, pending run.
-func (m *Manager) retry(fx effect, w *group.Worker) {
+func (m *Manager) retry(fx *effect, w *group.Worker) {
 	e, next := fx.e, fx.a
 	// live reports whether next is still the task's current, pending run.
 	live := func() bool {
@@ -1277,8 +1284,8 @@ func (m *Manager) retry(fx effect, w *group.Worker) {
 	}
 	if fx.abortOld {
 		failed := fx.prev
-		ctx := withRun(m.life.ctx, RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, callAbort)
-		if err := m.callAbort(ctx, failed.SessionID); err != nil {
+		fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, kind: callAbort}}
+		if err := m.callAbort(&fx.ctx, failed.SessionID); err != nil {
 			m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
 				slog.String("task", e.info.id), slog.String("attempt", failed.ID),
 				slog.String("session", failed.SessionID), slog.String("err", err.Error()))
@@ -1355,7 +1362,8 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 
 // startSession calls StartSession for run a of e (start seq) and feeds its
 // answer back (started), on worker w.
-func (m *Manager) startSession(e *entry, a Attempt, seq uint64, w *group.Worker) {
+func (m *Manager) startSession(fx *effect, w *group.Worker) {
+	e, a := fx.e, fx.a
 	req := SessionRequest{
 		TaskID:          e.info.id,
 		AttemptID:       a.ID,
@@ -1366,14 +1374,14 @@ func (m *Manager) startSession(e *entry, a Attempt, seq uint64, w *group.Worker)
 		Agent:           e.info.agent,
 		Prompt:          e.info.prompt,
 	}
-	ctx := withRun(m.life.ctx, RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, callStart)
-	sid, err := m.callStart(ctx, req)
+	fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, kind: callStart}}
+	sid, err := m.callStart(&fx.ctx, req)
 	var f failure
 	if err != nil {
 		err = &StartError{Model: a.Model, Err: err}
 		f = m.classify(err)
 	}
-	m.started(e, a, seq, sid, err, f, w)
+	m.started(e, a, fx.seq, sid, err, f, w)
 }
 
 func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
@@ -1450,9 +1458,8 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 	case sid != "":
 		// Created for an attempt that is no longer current: index it so its
 		// events resolve (as stale), abort it, never adopt it.
-		if oerr := m.led.orphanSession(e, a.ID, sid, m.now()); oerr != nil {
-			m.ledgerBug(e, oerr)
-		}
+		rec, err := m.led.orphanRecord(e, a.ID, sid, m.now())
+		m.commitBuilt(e, rec, err)
 		m.abortOrphan(e, a, sid)
 		replay()
 	case live:
@@ -1468,20 +1475,8 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 // stall watch starts. It reports false if the ledger refused the bind.
 // m.mu is held.
 func (m *Manager) bindRun(e *entry, attemptID, sid string, now time.Time) bool {
-	if err := m.led.bindSession(e, attemptID, sid, now); err != nil {
-		m.ledgerBug(e, err)
-		return false
-	}
-	cur := *e.cur()
-	e.seen.lastEvent = cur.StartedAt
-	m.changed(e, false)
-	if cur.Number > 1 {
-		m.notify(e, NotifyRetrySessionReady, retrySessionReadyText(cur))
-	}
-	if m.cfg.stallTimeout > 0 {
-		m.watchStall(e, cur)
-	}
-	return true
+	rec, err := m.led.bindRecord(e, attemptID, sid, now)
+	return m.commitBuilt(e, rec, err)
 }
 
 // startFailed records a failed session start of the current attempt a.
@@ -1512,37 +1507,8 @@ func (m *Manager) finalize(e *entry, id string, status Status, errText, result s
 
 // finalizeRef ends the attempt ref names with status. m.mu is held.
 func (m *Manager) finalizeRef(ref attemptRef, status Status, errText, result string, at time.Time) {
-	e := ref.e
-	was := e.terminal()
-	if err := m.led.finalizeRef(ref, status, errText, result, at); err != nil {
-		m.ledgerBug(e, err)
-		return
-	}
-	m.changed(e, was)
-}
-
-// changed runs after every applied change to e: it wakes waiters and, when
-// the task has just become terminal, sends the final summary and closes
-// done. "The task became terminal" is the trigger, not "an attempt did".
-func (m *Manager) changed(e *entry, wasTerminal bool) {
-	ended := !wasTerminal && e.terminal()
-	if e.rt.changed != nil {
-		close(e.rt.changed)
-		e.rt.changed = nil
-	}
-	m.signal()
-	m.settleRun(e)
-	m.publish(e)
-	if !ended {
-		return
-	}
-	if m.cfg.notifier != nil {
-		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
-	}
-	if e.rt.done != nil {
-		close(e.rt.done)
-	}
-	m.roundEnded(e)
+	rec, err := m.led.finalRecord(ref.e, ref.attempt().ID, status, errText, result, at)
+	m.commitBuilt(ref.e, rec, err)
 }
 
 // signal wakes everyone waiting on a manager-wide change.
@@ -1779,12 +1745,8 @@ func (m *Manager) now() time.Time { return m.cfg.clock.Now() }
 // follows every applied change. A refused write is logged as the bug it is
 // and reported false. m.mu is held.
 func (m *Manager) setPending(e *entry, id string, reason PendingReason, at time.Time) bool {
-	if err := m.led.setPending(e, id, reason, at); err != nil {
-		m.ledgerBug(e, err)
-		return false
-	}
-	m.changed(e, false)
-	return true
+	rec, err := m.led.pendingRecord(e, id, reason, at)
+	return m.commitBuilt(e, rec, err)
 }
 
 // ledgerBug queues a log line for a write the ledger refused: a bug in the
@@ -1982,8 +1944,24 @@ func Permanent(err error) error {
 
 // IsPermanent reports whether err or anything it wraps was marked Permanent.
 func IsPermanent(err error) bool {
-	var p *permanentError
-	return errors.As(err, &p)
+	for err != nil {
+		switch e := err.(type) {
+		case *permanentError:
+			return true
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				if IsPermanent(inner) {
+					return true
+				}
+			}
+			return false
+		case interface{ Unwrap() error }:
+			err = e.Unwrap()
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // DefaultRetryable is the classifier used unless WithRetryable replaces it.

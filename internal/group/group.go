@@ -75,25 +75,28 @@ func (g *Group) Release() { g.done() }
 // (Start with it): a chain of calls that each set off the next runs on one
 // goroutine, one after the other, with no new goroutine and no recursion.
 type Worker struct {
-	next func(*Worker)
+	next Job
 }
 
-// Start runs f, which was reserved. With w (the worker the caller runs on)
-// free, f runs on w once its current function returns; otherwise on a new
+// Job is work a Worker runs; w is the worker running it.
+type Job interface{ Run(w *Worker) }
+
+// Start runs job, which was reserved. With w (the worker the caller runs
+// on) free, job runs on w once its current job returns; otherwise on a new
 // goroutine.
-func (g *Group) Start(w *Worker, f func(*Worker)) {
+func (g *Group) Start(w *Worker, job Job) {
 	if w != nil && w.next == nil {
-		w.next = f
-		g.done() // w itself is counted while it runs f
+		w.next = job
+		g.done() // w itself is counted while it runs
 		return
 	}
 	go func() {
 		defer g.done()
-		w := &Worker{next: f}
+		w := &Worker{next: job}
 		for w.next != nil {
-			f := w.next
+			job := w.next
 			w.next = nil
-			f(w)
+			job.Run(w)
 		}
 	}()
 }
