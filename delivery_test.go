@@ -277,7 +277,7 @@ func TestActivityIsDerivedFromEventsAndNotInTheLedger(t *testing.T) {
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}))
 	assert.Equal(t, ActivityNone, h.wait(task.ID).Activity)
 	h.m.mu.Lock()
-	for _, r := range h.m.led.tasks[task.ID].records {
+	for _, r := range recordsOf(h.m.led, task.ID) {
 		b, _ := json.Marshal(r.attempt)
 		assert.NotContains(t, string(b), "generating")
 	}

@@ -147,6 +147,7 @@ func newHarness(t *testing.T, host *testHost, opts ...Option) *harness {
 		WithLogger(slog.New(h.logs)),
 	}, opts...)
 	h.m = New(host, all...)
+	h.m.recordAll() // tests read what the ledger committed (recordsOf)
 	shutdownAtCleanup(t, h.m)
 	return h
 }
@@ -269,7 +270,10 @@ func checkInvariants(t testing.TB, m *Manager) {
 			t.Fatalf("task %s: projection %+v differs from current attempt %+v", e.info.id, task, cur)
 		}
 		var changes uint64
-		for _, r := range e.records {
+		if m.led.tap == nil {
+			continue // the Manager keeps no records (recordAll)
+		}
+		for _, r := range recordsOf(m.led, e.id) {
 			switch r.kind {
 			case recAttemptCreated, recAttemptPending, recSessionBound, recAttemptFinal:
 				changes++
@@ -300,3 +304,15 @@ var (
 	errForbidden   = errors.New("Forbidden: Selected provider is forbidden") //lint:ignore ST1005 a provider's own text
 	errRateLimited = errors.New("Too Many Requests")                         //lint:ignore ST1005 a provider's own text
 )
+
+// recordsOf returns the records l committed for task, in order: l must
+// keep them (recordAll).
+func recordsOf(l *ledger, task string) []record {
+	var out []record
+	for _, r := range l.log {
+		if r.task == task {
+			out = append(out, r)
+		}
+	}
+	return out
+}

@@ -141,7 +141,6 @@ type entry struct {
 	stop     Status    // a stop was asked for (recStopRequested): the status it gives; no retry follows
 	kids     []*entry  // the tasks launched from any of sessions: byParent over them
 	revision uint64    // number of projection changes applied
-	records  []record
 	rt       runtime // process-local run state; never in the ledger
 	// first stores the first attempt inside the entry, so reading the
 	// current attempt of a task that never retried costs no pointer chase
@@ -261,9 +260,6 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		}
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
 		e.attempts = e.first[:0]
-		// A run that ends without a retry writes four records: launched,
-		// attempt created, session bound, final.
-		e.records = make([]record, 0, 4)
 		l.tasks[rec.task] = e
 		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
 		if ref, ok := l.bySession[rec.spec.parent]; ok {
@@ -286,14 +282,7 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		return err
 	}
 	rec.task = e.id
-	l.stamp(rec)
-	switch rec.kind {
-	case recStopRequested, recStopWithdrawn:
-		// Only projected here (and handed to the tap): in memory, a task
-		// keeps the records of its attempts.
-	default:
-		e.records = append(e.records, *rec)
-	}
+	l.stamp(rec) // handed to the tap (a journal, a test): memory keeps only the projection
 	switch rec.kind {
 	case recTaskLaunched, recAttemptCreated, recSessionBound, recSessionOrphan:
 		l.widened++

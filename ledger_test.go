@@ -47,6 +47,7 @@ func TestStatusTerminal(t *testing.T) {
 func newTestLedger(t *testing.T) (*ledger, *entry) {
 	t.Helper()
 	l := newLedger(SequentialIDs())
+	l.recordAll()
 	e, err := l.launch(&taskInfo{id: "task-1", parent: "p", models: mustModels(t, "a/one", "b/two"), maxAttempts: 2, launchedAt: t0})
 	require.NoError(t, err)
 	return l, e
@@ -59,7 +60,7 @@ func TestLedgerRefusesWritesToTerminalAttempts(t *testing.T) {
 	require.NoError(t, l.finalize(e, first, StatusCompleted, "", "answer", t0))
 	frozen := *e.cur()
 	rev := e.revision
-	records := len(e.records)
+	records := len(recordsOf(l, e.id))
 
 	assert.ErrorIs(t, l.finalize(e, first, StatusError, "late", "", t0), errTerminalAttempt)
 	assert.ErrorIs(t, l.finalize(e, first, StatusCompleted, "", "other", t0), errTerminalAttempt)
@@ -67,7 +68,7 @@ func TestLedgerRefusesWritesToTerminalAttempts(t *testing.T) {
 	assert.ErrorIs(t, l.bindSession(e, first, "ses-9", t0), errTerminalAttempt)
 	assert.Equal(t, frozen, *e.cur(), "the terminal attempt is unchanged")
 	assert.Equal(t, rev, e.revision)
-	assert.Len(t, e.records, records, "refused writes append nothing")
+	assert.Len(t, recordsOf(l, e.id), records, "refused writes append nothing")
 }
 
 func TestLedgerRefusesWritesToSupersededAttempts(t *testing.T) {
@@ -93,15 +94,16 @@ func TestLedgerRetryOrderIsFinalizeThenCreate(t *testing.T) {
 	_, _, err := l.scheduleRetry(e, "x", t0)
 	require.NoError(t, err)
 	var kinds []recordKind
-	for _, r := range e.records {
+	for _, r := range recordsOf(l, e.id) {
 		kinds = append(kinds, r.kind)
 	}
 	assert.Equal(t, []recordKind{
 		recTaskLaunched, recAttemptCreated, recSessionBound,
 		recAttemptFinal, recRetryScheduled, recAttemptCreated,
 	}, kinds)
-	for i := 1; i < len(e.records); i++ {
-		assert.Greater(t, e.records[i].seq, e.records[i-1].seq, "sequence grows")
+	recs := recordsOf(l, e.id)
+	for i := 1; i < len(recs); i++ {
+		assert.Greater(t, recs[i].seq, recs[i-1].seq, "sequence grows")
 	}
 }
 

@@ -86,7 +86,7 @@ func TestQueueIsFIFOPerKey(t *testing.T) {
 	// A queued attempt went queued → awaiting session → running.
 	h.m.mu.Lock()
 	var reasons []PendingReason
-	for _, r := range h.m.led.tasks[c.ID].records {
+	for _, r := range recordsOf(h.m.led, c.ID) {
 		if r.kind == recAttemptCreated || r.kind == recAttemptPending {
 			reasons = append(reasons, r.attempt.Pending)
 		}

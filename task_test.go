@@ -273,7 +273,7 @@ func TestSessionStartFailureFallsBack(t *testing.T) {
 	// The failed start was recorded as its own pending sub-state first.
 	h.m.mu.Lock()
 	var reasons []PendingReason
-	for _, r := range h.m.led.tasks[task.ID].records {
+	for _, r := range recordsOf(h.m.led, task.ID) {
 		if r.attempt.ID == first.ID && r.kind == recAttemptPending {
 			reasons = append(reasons, r.attempt.Pending)
 		}
