@@ -182,9 +182,7 @@ func (m *Manager) newBatch() *abortBatch {
 	b.q = callq.New(maxAbortWorkers, m.goLater, m.life.group.Go,
 		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.session) },
 		func(ops []*abortOp) {
-			m.mu.Lock()
-			m.recordAborts(b, ops, m.now())
-			m.unlock()
+			m.step(abortedIn{b: b, ops: ops})
 		})
 	return b
 }
@@ -309,7 +307,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 // stopped being current. The session is never adopted; a failed abort is
 // logged.
 func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
-	if !m.effect(effect{kind: fxAbortOrphan, e: e, a: a, session: sessionID}) {
+	if !m.effect(effect{kind: fxAbortOrphan, e: e, run: runOfAttempt(a), session: sessionID}) {
 		m.logLocked(slog.LevelError, "bgtask: a session created for a superseded attempt was left running: the manager is shut down",
 			slog.String("task", e.id), slog.String("attempt", a.ID), slog.String("session", sessionID))
 	}
@@ -374,30 +372,12 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 // at the first look.
 func (m *Manager) cancel(ctx context.Context, id, token string) error {
 	for {
-		m.mu.Lock()
-		e := m.led.tasks[id]
-		if e == nil {
-			m.unlock()
-			return fmt.Errorf("%w: %q", ErrUnknownTask, id)
+		r := m.step(stopIn{id: id, token: token})
+		if r.err != nil || r.done {
+			return r.err
 		}
-		a := *e.cur()
-		if e.terminal() || (token != "" && a.Token != token) {
-			m.unlock()
-			return nil
-		}
-		token = a.Token
-		m.wantStop(e, stopByCancel, m.now())
-		op := m.stopRun(e, m.now())
-		if e.terminal() {
-			m.unlock()
-			return nil
-		}
-		wait := e.waitChange()
-		if op != nil {
-			wait = op.waitDone()
-		}
-		m.unlock()
-
+		op, wait := r.op, r.wait
+		token = r.token // the run the stop acts on
 		if servesRun(ctx, token) {
 			return ErrStopPending
 		}
@@ -408,6 +388,7 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 			return err
 		}
 		if op != nil && op.err != nil {
+			e := op.ref.e
 			m.mu.Lock()
 			live := !e.terminal() && e.cur().Token == token
 			m.unlock()
@@ -416,6 +397,31 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 			}
 		}
 	}
+}
+
+// onStop decides a Cancel of task id's run (token, or "" for the current
+// one): the stop is recorded and acted on; the reply says what to wait for
+// (the abort, or the next change), or done when the task is terminal or
+// another run is current. m.mu is held.
+func (m *Manager) onStop(in stopIn) reply {
+	e := m.led.tasks[in.id]
+	if e == nil {
+		return reply{err: fmt.Errorf("%w: %q", ErrUnknownTask, in.id)}
+	}
+	a := *e.cur()
+	if e.terminal() || (in.token != "" && a.Token != in.token) {
+		return reply{done: true}
+	}
+	m.wantStop(e, stopByCancel, m.now())
+	op := m.stopRun(e, m.now())
+	if e.terminal() {
+		return reply{done: true}
+	}
+	r := reply{op: op, wait: e.waitChange(), token: a.Token}
+	if op != nil {
+		r.wait = op.waitDone()
+	}
+	return r
 }
 
 // Branch closure.

@@ -289,6 +289,11 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	}
 	switch rec.kind {
 	case recAttemptCreated:
+		if len(e.attempts) == cap(e.attempts) && e.info.maxAttempts > len(e.attempts) {
+			// Out of first's room: make room for every attempt the task may
+			// make, once.
+			e.attempts = append(make([]Attempt, 0, e.info.maxAttempts), e.attempts...)
+		}
 		e.attempts = append(e.attempts, rec.attempt)
 		e.current = len(e.attempts) - 1
 		l.byAttempt[rec.attempt.ID] = attemptRef{e: e, index: e.current}

@@ -153,7 +153,7 @@ func TestHeldSessionEventsExpireWhenTheirStartsReturn(t *testing.T) {
 	close(blockA) // A returns another session: "orphan" can no longer be claimed
 	for {         // (waiting for a change before the first look hung when A had returned already)
 		h.m.mu.Lock()
-		n, inflight := h.m.calls.heldBySes, len(h.m.calls.inflight)
+		n, inflight := h.m.calls.held.BySession(), len(h.m.calls.inflight)
 		wait := h.m.waitAny()
 		h.m.unlock()
 		if inflight == 1 {

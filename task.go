@@ -21,6 +21,7 @@ import (
 	"github.com/bgtask/bgtask/internal/dispatch"
 	"github.com/bgtask/bgtask/internal/errclass"
 	"github.com/bgtask/bgtask/internal/group"
+	"github.com/bgtask/bgtask/internal/held"
 	"github.com/bgtask/bgtask/internal/slots"
 	"github.com/google/uuid"
 )
@@ -519,7 +520,6 @@ type runtime struct {
 // ledger, and kept apart from runtime because a closure never reads it.
 type runSeen struct {
 	lastEvent time.Time // when the current run last reported anything
-	heldN     int       // events held by attempt id for the current attempt
 	stopped   string    // a run whose session the host confirmed stopped (a stall)
 	out       runOutput // what the current run said last
 }
@@ -604,16 +604,6 @@ func guardError(err error) error {
 // error outside the lock and come back.
 var errNeedsClass = errors.New("bgtask: classify first")
 
-// heldEvent is an event kept until the session or attempt it names is bound.
-type heldEvent struct {
-	obs       observation
-	attemptID string // set when it resolved by AttemptID
-	// horizon is the last start issued when the event arrived: only those
-	// starts can bind its session, so once all of them have returned it is
-	// dropped.
-	horizon uint64
-}
-
 // logRec is a log line queued while m.mu is held and emitted after it is
 // released: the logger is user code too.
 type logRec struct {
@@ -672,12 +662,11 @@ type lifetime struct {
 // (Shutdown waits for both), and the events held until a start in flight
 // binds the session or attempt they name.
 type hostCalls struct {
-	pool      *slots.Pool[queued] // concurrency slots; nil without WithConcurrency
-	startSeq  uint64              // last session start issued
-	inflight  map[uint64]struct{} // session starts in flight, by seq
-	abortsN   int                 // aborts in flight
-	held      []heldEvent
-	heldBySes int // held events keyed by session (bounded by holdLimit)
+	pool     *slots.Pool[queued]    // concurrency slots; nil without WithConcurrency
+	startSeq uint64                 // last session start issued
+	inflight map[uint64]struct{}    // session starts in flight, by seq
+	abortsN  int                    // aborts in flight
+	held     *held.Set[observation] // events waiting for a start in flight to bind their session
 }
 
 // changeFeed is how changes are heard of, guarded by m.mu: the manager-wide
@@ -750,7 +739,7 @@ func New(host Host, opts ...Option) *Manager {
 		closures: branchClosures{active: make(map[*closure]struct{})},
 		changes:  changeFeed{subs: make(map[*Subscription]struct{})},
 		notes:    notifications{rounds: make(map[string]*round)},
-		calls:    hostCalls{inflight: make(map[uint64]struct{})},
+		calls:    hostCalls{inflight: make(map[uint64]struct{}), held: held.New[observation](cfg.holdLimit)},
 	}
 	m.life.ctx, m.life.cancel = context.WithCancel(context.Background())
 	m.changes.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
@@ -811,12 +800,12 @@ type effect struct {
 	m    *Manager
 	kind effectKind
 	e    *entry
-	a    Attempt // the run it serves
-	// fxStart: the start's sequence. fxRetry: the failed attempt (prev),
+	run  runOf // the run it serves
+	// fxStart: the start's sequence. fxRetry: the failed run (prev),
 	// whose session is aborted first when abortOld, and its failure
 	// (cause), for the retry delay.
 	seq      uint64
-	prev     Attempt
+	prev     runOf
 	abortOld bool
 	cause    error
 	session  string                // fxAbortOrphan, fxCascade: the session
@@ -826,6 +815,23 @@ type effect struct {
 	waiter   *slots.Waiter[queued] // fxQueueTimeout: the run's place in the queue
 	fn       func()                // fxGo: a goroutine of the machinery (a lane, abort workers)
 	ctx      runCtx                // fxStart, fxRetry: the host call's context, made as it runs
+}
+
+// runOf is what identifies a run, copied from its attempt: immutable, so
+// an effect reads it without the lock.
+type runOf struct {
+	id, token, session string
+	number             int
+	model              Model
+}
+
+func runOfAttempt(a Attempt) runOf {
+	return runOf{id: a.ID, token: a.Token, session: a.SessionID, number: a.Number, model: a.Model}
+}
+
+// attempt is the run's identity as an Attempt (its status fields empty).
+func (r runOf) attempt() Attempt {
+	return Attempt{ID: r.id, Number: r.number, Token: r.token, Model: r.model, SessionID: r.session}
 }
 
 type effectKind uint8
@@ -870,11 +876,11 @@ func (fx *effect) Run(w *group.Worker) {
 	case fxRetry:
 		m.retry(fx, w)
 	case fxAbortOrphan:
-		m.abortOrphanNow(fx.e, fx.a, fx.session)
+		m.abortOrphanNow(fx.e, fx.run.attempt(), fx.session)
 	case fxStallWatch:
-		m.watchStallNow(fx.e, fx.a, fx.done)
+		m.watchStallNow(fx.e, fx.run.attempt(), fx.done)
 	case fxQueueTimeout:
-		m.watchQueueNow(fx.e, fx.a, fx.waiter, fx.timer)
+		m.watchQueueNow(fx.e, fx.run.attempt(), fx.waiter, fx.timer)
 	case fxCascade:
 		m.cascadeNow(fx.closure, fx.session)
 	case fxGo:
@@ -908,6 +914,133 @@ func (m *Manager) logLocked(level slog.Level, msg string, attrs ...slog.Attr) {
 	m.out.lines = append(m.out.lines, logRec{level: level, msg: msg, attrs: attrs})
 }
 
+// Inputs. Everything that can change a task enters the core as one of the
+// values below, and decide is the one place that routes each to the code
+// that decides it, under m.mu. Deciding does no I/O: it commits records
+// (commit, which derives every follow-up), queues effects (m.effect: host
+// calls, timers, goroutines of the machinery) and log lines, and returns a
+// reply; unlock then runs what was queued, outside the lock, and what an
+// effect learns comes back as another input. User code that must run
+// before a decision (an error's methods and the retry classifier, the
+// retry delay) runs in the shell, and its answer is part of the input.
+// The closure passes are the one other way in (closurePass, closure.go).
+type input interface{ input() }
+
+type (
+	// launchIn: Launch, with the spec resolved and validated.
+	launchIn struct{ info *taskInfo }
+	// eventIn: Observe, a child session's event; its failure classified
+	// when it needs to be (errNeedsClass asks for that first).
+	eventIn struct{ obs observation }
+	// startedIn: a StartSession call returned (start seq, for attempt a).
+	startedIn struct {
+		e   *entry
+		a   Attempt
+		seq uint64
+		sid string
+		err error   // a *StartError, or nil
+		f   failure // err, classified
+	}
+	// abortedIn: AbortSession calls of a batch returned (each op's err).
+	abortedIn struct {
+		b   *abortBatch
+		ops []*abortOp
+	}
+	// retryReadyIn: a retry's old session was aborted and its delay (if
+	// any) asked; afterDelay, the delay was also waited out.
+	retryReadyIn struct {
+		e          *entry
+		next       Attempt
+		delay      time.Duration
+		delayErr   string // the retry delay function panicked
+		afterDelay bool
+	}
+	// queueTimeoutIn: the queue timeout of queued run a fired.
+	queueTimeoutIn struct {
+		e *entry
+		a Attempt
+		w *slots.Waiter[queued]
+	}
+	// stallCheckIn: the stall watch of run a is due to look (retryAt: no
+	// new stall abort before then).
+	stallCheckIn struct {
+		e       *entry
+		a       Attempt
+		retryAt time.Time
+	}
+	// stopIn: Cancel asked to stop task id (token: the run it saw, or "").
+	stopIn struct{ id, token string }
+	// shutdownIn: Shutdown began.
+	shutdownIn struct{}
+	// runReturnedIn: a FuncHost function returned after it was asked to
+	// stop, with its error text; ended: no abort in flight will confirm it.
+	runReturnedIn struct {
+		attemptID, token, text string
+		ended                  bool
+	}
+)
+
+func (launchIn) input()       {}
+func (eventIn) input()        {}
+func (startedIn) input()      {}
+func (abortedIn) input()      {}
+func (retryReadyIn) input()   {}
+func (queueTimeoutIn) input() {}
+func (stallCheckIn) input()   {}
+func (stopIn) input()         {}
+func (shutdownIn) input()     {}
+func (runReturnedIn) input()  {}
+
+// reply is what deciding an input tells its caller.
+type reply struct {
+	task  Task            // launchIn: the new task
+	who   resolved        // eventIn: the attempt a rejected event resolved to
+	err   error           // launchIn, eventIn, stopIn: the input was refused
+	wait  <-chan struct{} // stopIn, stallCheckIn: what to wait for next
+	op    *abortOp        // stopIn: the abort the stop waits for
+	token string          // stopIn: the run the stop acts on
+	due   time.Time       // stallCheckIn: no new stall abort before then
+	after time.Duration   // stallCheckIn: look again after that long
+	done  bool            // stopIn: nothing to wait for; stallCheckIn: the watch ends
+}
+
+// decide decides one input. m.mu is held.
+func (m *Manager) decide(in input) reply {
+	switch in := in.(type) {
+	case launchIn:
+		return m.onLaunch(in)
+	case eventIn:
+		who, err := m.observeLocked(in.obs)
+		return reply{who: who, err: err}
+	case startedIn:
+		m.onStarted(in)
+	case abortedIn:
+		m.recordAborts(in.b, in.ops, m.now())
+	case retryReadyIn:
+		return m.onRetryReady(in)
+	case queueTimeoutIn:
+		m.onQueueTimeout(in)
+	case stallCheckIn:
+		return m.onStallCheck(in)
+	case stopIn:
+		return m.onStop(in)
+	case shutdownIn:
+		m.onShutdown()
+	case runReturnedIn:
+		m.onRunReturned(in)
+	}
+	return reply{}
+}
+
+// step decides one input under m.mu and runs what it queued once the lock
+// is released: the façade of every input that needs nothing between the
+// two.
+func (m *Manager) step(in input) reply {
+	m.mu.Lock()
+	defer m.unlock()
+	return m.decide(in)
+}
+
 // Launch records a task and its first attempt (pending) and returns its
 // snapshot. The child session is started on a goroutine the Manager owns;
 // Launch does not wait for it.
@@ -926,21 +1059,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if maxAttempts == 0 {
 		maxAttempts = len(spec.Models)
 	}
-	m.mu.Lock()
-	defer m.unlock()
-	if m.life.closing {
-		return Task{}, ErrShutdown
-	}
-	if m.closingParent(spec.ParentSessionID) {
-		return Task{}, fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, spec.ParentSessionID)
-	}
-	now := m.now()
-	id, err := newID(m.cfg.ids, IDTask)
-	if err != nil {
-		return Task{}, err
-	}
-	info := &taskInfo{
-		id:          id,
+	info := &taskInfo{ // id and launchedAt are the core's to give
 		parent:      spec.ParentSessionID,
 		description: spec.Description,
 		agent:       spec.Agent,
@@ -948,11 +1067,30 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		models:      slices.Clone(spec.Models),
 		maxAttempts: maxAttempts,
 		metadata:    maps.Clone(spec.Metadata),
-		launchedAt:  now,
 	}
+	r := m.step(launchIn{info: info})
+	return r.task, r.err
+}
+
+// onLaunch decides a launch: refused while shutting down or inside a
+// closing branch; else the task is recorded with its first attempt, which
+// is admitted. m.mu is held.
+func (m *Manager) onLaunch(in launchIn) reply {
+	info := in.info
+	if m.life.closing {
+		return reply{err: ErrShutdown}
+	}
+	if m.closingParent(info.parent) {
+		return reply{err: fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, info.parent)}
+	}
+	id, err := newID(m.cfg.ids, IDTask)
+	if err != nil {
+		return reply{err: err}
+	}
+	info.id, info.launchedAt = id, m.now()
 	e, first, err := m.led.open(info)
 	if err != nil {
-		return Task{}, err
+		return reply{err: err}
 	}
 	m.order = append(m.order, e)
 	if m.cfg.notifier != nil { // rounds exist only to tell a parent all is done
@@ -967,7 +1105,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	}
 	m.commit(e, first)
 	m.admit(e, *e.cur())
-	return e.project(), nil
+	return reply{task: e.project()}
 }
 
 // Task returns a snapshot of the task with that id.
@@ -1022,24 +1160,20 @@ func (m *Manager) Observe(ev Event) error {
 		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidEvent)
 	}
 	o := observation{ev: ev, classified: ev.Kind != SessionError}
-	m.mu.Lock()
-	who, err := m.observeLocked(o)
-	if err == errNeedsClass {
+	r := m.step(eventIn{obs: o})
+	if r.err == errNeedsClass {
 		// An error that will be applied: classify it without the lock (the
 		// classifier is user code), then resolve again from scratch.
-		m.unlock()
 		if o.ev.Err == nil {
 			o.ev.Err = errors.New("session error with no detail")
 		}
 		o.fail, o.classified = m.classify(o.ev.Err), true
-		m.mu.Lock()
-		who, err = m.observeLocked(o)
+		r = m.step(eventIn{obs: o})
 	}
-	m.unlock()
-	if err != nil {
-		m.logRejected(ev, who, err)
+	if r.err != nil {
+		m.logRejected(ev, r.who, r.err)
 	}
-	return err
+	return r.err
 }
 
 // resolved names the attempt an event resolved to, for logging.
@@ -1061,8 +1195,8 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 			if !o.classified {
 				return resolved{}, errNeedsClass
 			}
-			if !m.hold(o, &m.calls.heldBySes, "") {
-				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.calls.heldBySes)
+			if !m.hold(o, "") {
+				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.calls.held.BySession())
 			}
 			return resolved{}, nil
 		}
@@ -1082,8 +1216,8 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 		if !e.rt.starting() {
 			return ref.who(), ErrStaleEvent // no child can be running for it
 		}
-		if !m.hold(o, &e.seen.heldN, a.ID) {
-			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, e.seen.heldN, a.ID)
+		if !m.hold(o, a.ID) {
+			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, m.calls.held.ForAttempt(a.ID), a.ID)
 		}
 		return resolved{}, nil
 	}
@@ -1092,43 +1226,17 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 }
 
 // hold keeps o until the attempt it names (attemptID), or the session it
-// names (attemptID ""), is bound; n counts what is held for that key. At the
-// bound (WithHoldLimit) liveness is dropped, but an event that ends a run is
-// never lost to it: it takes the place of the oldest liveness event held
-// for its key, or, when only run ends are held, it is held past the bound
-// (up to twice the bound), unless that run's end is held already. m.mu is
-// held.
-func (m *Manager) hold(o observation, n *int, attemptID string) bool {
-	ev := o.ev
-	if *n >= m.cfg.holdLimit {
-		if !ev.Kind.ends() {
-			return false
-		}
-		victim := -1
-		for i, h := range m.calls.held {
-			if h.attemptID != attemptID {
-				continue // another key
-			}
-			if !h.obs.ev.Kind.ends() {
-				if victim < 0 {
-					victim = i
-				}
-			} else if attemptID != "" || h.obs.ev.SessionID == ev.SessionID {
-				return false // this run's end is held already
-			}
-		}
-		switch {
-		case victim >= 0:
-			m.rejectedLocked(m.calls.held[victim].obs.ev, resolved{}, fmt.Errorf("%w: dropped to hold an event that ends a run", ErrUnknownSession))
-			m.calls.held = slices.Delete(m.calls.held, victim, victim+1)
-			*n--
-		case *n >= 2*m.cfg.holdLimit:
-			return false
-		}
+// names (attemptID ""), is bound, within the WithHoldLimit bound (see
+// internal/held). A liveness event given up to make room is logged as
+// refused. m.mu is held.
+func (m *Manager) hold(o observation, attemptID string) bool {
+	dropped, gaveUp, ok := m.calls.held.Hold(held.Event[observation]{
+		V: o, Attempt: attemptID, Session: o.ev.SessionID, Ends: o.ev.Kind.ends(), Horizon: m.calls.startSeq,
+	})
+	if gaveUp {
+		m.rejectedLocked(dropped.ev, resolved{}, fmt.Errorf("%w: dropped to hold an event that ends a run", ErrUnknownSession))
 	}
-	*n++
-	m.calls.held = append(m.calls.held, heldEvent{obs: o, attemptID: attemptID, horizon: m.calls.startSeq})
-	return true
+	return ok
 }
 
 // who names the attempt for a log line.
@@ -1136,49 +1244,17 @@ func (r attemptRef) who() resolved {
 	return resolved{taskID: r.e.info.id, attemptID: r.attempt().ID}
 }
 
-// takeHeld removes and returns, in arrival order, the held events for the
-// attempt or its session.
-func (m *Manager) takeHeld(e *entry, attemptID, sessionID string) []observation {
-	var out []observation
-	kept := m.calls.held[:0]
-	for _, h := range m.calls.held {
-		switch {
-		case h.attemptID == attemptID:
-			e.seen.heldN--
-		case h.attemptID == "" && sessionID != "" && h.obs.ev.SessionID == sessionID:
-			m.calls.heldBySes--
-		default:
-			kept = append(kept, h)
-			continue
-		}
-		out = append(out, h.obs)
-	}
-	clear(m.calls.held[len(kept):])
-	m.calls.held = kept
-	return out
-}
-
 // expireHeld drops the session events that no start still in flight can
 // claim: every start issued before they arrived has returned.
 func (m *Manager) expireHeld() {
-	if m.calls.heldBySes == 0 {
+	if m.calls.held.BySession() == 0 {
 		return
 	}
 	oldest := m.calls.startSeq + 1
 	for seq := range m.calls.inflight {
 		oldest = min(oldest, seq)
 	}
-	kept := m.calls.held[:0]
-	for _, h := range m.calls.held {
-		if h.attemptID == "" && h.horizon < oldest {
-			m.calls.heldBySes--
-			m.rejectedLocked(h.obs.ev, resolved{}, ErrUnknownSession)
-			continue
-		}
-		kept = append(kept, h)
-	}
-	clear(m.calls.held[len(kept):])
-	m.calls.held = kept
+	m.calls.held.Expire(oldest, func(o observation) { m.rejectedLocked(o.ev, resolved{}, ErrUnknownSession) })
 }
 
 // apply applies an event to the current running attempt of e. m.mu is held.
@@ -1267,23 +1343,18 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 		m.admit(e, next)
 		return
 	}
-	if !m.effect(effect{kind: fxRetry, e: e, a: next, prev: failed, abortOld: abortOld, cause: cause}) {
+	if !m.effect(effect{kind: fxRetry, e: e, run: runOfAttempt(next), prev: runOfAttempt(failed), abortOld: abortOld, cause: cause}) {
 		m.finalize(e, next.ID, StatusInterrupt, "", "", m.now())
 	}
 }
 
 // retry runs a retry effect on worker w: abort the failed run's session,
-// wait out the retry delay, then admit the next run (fx.a) if it is still
-// the task's current, pending run.
+// ask the retry delay, wait it out, then have the next run (fx.run)
+// admitted if it is still the task's current, pending run.
 func (m *Manager) retry(fx *effect, w *group.Worker) {
-	e, next := fx.e, fx.a
-	// live reports whether next is still the task's current, pending run.
-	live := func() bool {
-		ref := m.led.byAttempt[next.ID]
-		return ref.isCurrent() && ref.attempt().Status == StatusPending && ref.attempt().Token == next.Token
-	}
+	e, next := fx.e, fx.run.attempt()
 	if fx.abortOld {
-		failed := fx.prev
+		failed := fx.prev.attempt()
 		fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, kind: callAbort}}
 		if err := m.callAbort(&fx.ctx, failed.SessionID); err != nil {
 			m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
@@ -1291,46 +1362,57 @@ func (m *Manager) retry(fx *effect, w *group.Worker) {
 				slog.String("session", failed.SessionID), slog.String("err", err.Error()))
 		}
 	}
-	delay, derr := m.retryDelay(next.Number, fx.cause)
-	if derr != "" {
-		m.mu.Lock()
-		if live() {
-			m.finalize(e, next.ID, StatusError, derr, "", m.now())
-		}
+	in := retryReadyIn{e: e, next: next}
+	in.delay, in.delayErr = m.retryDelay(next.Number, fx.cause)
+	m.mu.Lock()
+	r := m.decide(in)
+	if r.wait == nil {
 		m.unlockOn(w)
 		return
 	}
-	if delay > 0 {
-		m.mu.Lock()
-		if !live() {
-			m.unlockOn(w)
-			return
-		}
-		m.setPending(e, next.ID, PendingRetryDelay, m.now())
-		stop := m.runDone(e)
-		m.unlock()
-		t := m.cfg.clock.NewTimer(delay)
-		select {
-		case <-t.C():
-		case <-stop:
-			t.Stop()
-		case <-m.life.ctx.Done():
-			t.Stop()
-		}
+	m.unlock()
+	t := m.cfg.clock.NewTimer(in.delay)
+	select {
+	case <-t.C():
+	case <-r.wait:
+		t.Stop()
+	case <-m.life.ctx.Done():
+		t.Stop()
 	}
+	in.afterDelay = true
 	m.mu.Lock()
-	defer m.unlockOn(w)
-	if !live() {
-		return // the run was replaced or ended meanwhile
+	m.decide(in)
+	m.unlockOn(w)
+}
+
+// onRetryReady decides what follows a retry's abort of the old session
+// and its delay: nothing if the next run was replaced or ended meanwhile;
+// its end in error if the delay function panicked; a wait (reply.wait: the
+// run's end) before a delay; then, unless a stop was asked, its admission.
+// m.mu is held.
+func (m *Manager) onRetryReady(in retryReadyIn) reply {
+	e, next := in.e, in.next
+	ref := m.led.byAttempt[next.ID]
+	if !ref.isCurrent() || ref.attempt().Status != StatusPending || ref.attempt().Token != next.Token {
+		return reply{} // the run was replaced or ended meanwhile
+	}
+	switch {
+	case in.delayErr != "":
+		m.finalize(e, next.ID, StatusError, in.delayErr, "", m.now())
+		return reply{}
+	case in.delay > 0 && !in.afterDelay:
+		m.setPending(e, next.ID, PendingRetryDelay, m.now())
+		return reply{wait: m.runDone(e)}
 	}
 	if m.fence(e) {
 		m.finalize(e, next.ID, e.stop, "", "", m.now())
-		return
+		return reply{}
 	}
-	if delay > 0 {
+	if in.delay > 0 {
 		m.setPending(e, next.ID, PendingAwaitingSession, m.now())
 	}
 	m.admit(e, next)
+	return reply{}
 }
 
 // retryDelay asks the user's retry delay function (user code: never under
@@ -1352,7 +1434,7 @@ func (m *Manager) retryDelay(attempt int, cause error) (d time.Duration, panicke
 func (m *Manager) spawnStart(e *entry, a Attempt) {
 	m.calls.startSeq++
 	seq := m.calls.startSeq
-	if !m.effect(effect{kind: fxStart, e: e, a: a, seq: seq}) {
+	if !m.effect(effect{kind: fxStart, e: e, run: runOfAttempt(a), seq: seq}) {
 		m.finalize(e, a.ID, StatusInterrupt, "", "", m.now())
 		return
 	}
@@ -1363,7 +1445,7 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 // startSession calls StartSession for run a of e (start seq) and feeds its
 // answer back (started), on worker w.
 func (m *Manager) startSession(fx *effect, w *group.Worker) {
-	e, a := fx.e, fx.a
+	e, a := fx.e, fx.run.attempt()
 	req := SessionRequest{
 		TaskID:          e.info.id,
 		AttemptID:       a.ID,
@@ -1381,7 +1463,9 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 		err = &StartError{Model: a.Model, Err: err}
 		f = m.classify(err)
 	}
-	m.started(e, a, fx.seq, sid, err, f, w)
+	m.mu.Lock()
+	m.decide(startedIn{e: e, a: a, seq: fx.seq, sid: sid, err: err, f: f})
+	m.unlockOn(w)
 }
 
 func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
@@ -1394,11 +1478,11 @@ func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string
 	return sid, guardError(err)
 }
 
-// started takes StartSession's result for attempt a of e (start seq). err,
-// when set, is a *StartError, and retry was decided before the lock.
-func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error, f failure, w *group.Worker) {
-	m.mu.Lock()
-	defer m.unlockOn(w)
+// onStarted decides StartSession's answer for attempt a of e (start seq).
+// err, when set, is a *StartError, and f its classification, made before
+// the lock. m.mu is held.
+func (m *Manager) onStarted(in startedIn) {
+	e, a, seq, sid, err, f := in.e, in.a, in.seq, in.sid, in.err, in.f
 	delete(m.calls.inflight, seq)
 	if e.rt.startSeq == seq {
 		e.rt.startSeq = 0
@@ -1424,7 +1508,7 @@ func (m *Manager) started(e *entry, a Attempt, seq uint64, sid string, err error
 		}
 	}
 	replay := func() {
-		for _, o := range m.takeHeld(e, a.ID, sid) {
+		for _, o := range m.calls.held.Take(a.ID, sid) {
 			if who, rerr := m.observeLocked(o); rerr != nil {
 				m.rejectedLocked(o.ev, who, rerr)
 			}
@@ -1810,19 +1894,7 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 // from outside any callback to wait for the end.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	ctx = orBackground(ctx)
-	m.mu.Lock()
-	if !m.life.closing {
-		m.life.closing = true
-		now := m.now()
-		for _, e := range m.order {
-			if e.terminal() {
-				continue
-			}
-			m.wantStop(e, stopByShutdown, now)
-			m.stopRun(e, now)
-		}
-	}
-	m.unlock()
+	m.step(shutdownIn{})
 	if _, inCallback := RunFromContext(ctx); inCallback {
 		return ErrStopPending
 	}
@@ -1857,6 +1929,23 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered (see Undelivered)", n))
 	}
 	return errors.Join(errs...)
+}
+
+// onShutdown decides the start of Shutdown, once: no new work from now on,
+// and every live task's run is stopped (interrupt). m.mu is held.
+func (m *Manager) onShutdown() {
+	if m.life.closing {
+		return
+	}
+	m.life.closing = true
+	now := m.now()
+	for _, e := range m.order {
+		if e.terminal() {
+			continue
+		}
+		m.wantStop(e, stopByShutdown, now)
+		m.stopRun(e, now)
+	}
 }
 
 // ShutdownGrace is how long Shutdown, once its context has ended and the
@@ -2216,8 +2305,13 @@ func (m *Manager) awaitBound(ctx context.Context, attemptID, token, sid string) 
 // confirm it: the attempt ends now with the stop's status. It changes
 // nothing if the run was replaced or ended.
 func (m *Manager) stoppedWith(attemptID, token, text string, ended bool) {
-	m.mu.Lock()
-	defer m.unlock()
+	m.step(runReturnedIn{attemptID: attemptID, token: token, text: text, ended: ended})
+}
+
+// onRunReturned decides a FuncHost function's return after a stop was
+// asked (see stoppedWith). m.mu is held.
+func (m *Manager) onRunReturned(in runReturnedIn) {
+	attemptID, token, text, ended := in.attemptID, in.token, in.text, in.ended
 	ref, ok := m.led.byAttempt[attemptID]
 	if !ok || !ref.isCurrent() || ref.attempt().Token != token || ref.attempt().Status.Terminal() {
 		return
@@ -2459,13 +2553,13 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 	// called under m.mu): however late the watcher runs, the timeout is
 	// measured from the moment it queued.
 	t := m.cfg.clock.NewTimer(d)
-	if !m.effect(effect{kind: fxQueueTimeout, e: e, a: a, waiter: w, timer: t}) {
+	if !m.effect(effect{kind: fxQueueTimeout, e: e, run: runOfAttempt(a), waiter: w, timer: t}) {
 		t.Stop()
 	}
 }
 
 // watchQueueNow waits for queued run a of e to leave the queue, or for the
-// queue timeout t to fire first and end it in error.
+// queue timeout t to fire first (queueTimeoutIn).
 func (m *Manager) watchQueueNow(e *entry, a Attempt, w *slots.Waiter[queued], t Timer) {
 	select {
 	case <-t.C():
@@ -2476,14 +2570,20 @@ func (m *Manager) watchQueueNow(e *entry, a Attempt, w *slots.Waiter[queued], t 
 		t.Stop()
 		return
 	}
-	m.mu.Lock()
-	defer m.unlock()
+	m.step(queueTimeoutIn{e: e, a: a, w: w})
+}
+
+// onQueueTimeout decides a queue timeout: run a ends in error, with its
+// queue position and key, unless it left the queue as the timer fired.
+// m.mu is held.
+func (m *Manager) onQueueTimeout(in queueTimeoutIn) {
+	e, w := in.e, in.w
 	if !w.Queued() || e.rt.waiter != w {
 		return // dequeued as the timer fired
 	}
 	pos := m.calls.pool.Position(w)
 	e.output().reason = ReasonUnknown // no provider was involved
-	m.finalize(e, a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", m.cfg.queueTimeout, pos, w.Key()), "", m.now())
+	m.finalize(e, in.a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", m.cfg.queueTimeout, pos, w.Key()), "", m.now())
 }
 
 // watchStall aborts run a of e once it reported nothing for the stall
@@ -2491,63 +2591,73 @@ func (m *Manager) watchQueueNow(e *entry, a Attempt, w *slots.Waiter[queued], t 
 // tied to the run's token: it stops when the run ends and cannot touch a
 // later run. m.mu is held.
 func (m *Manager) watchStall(e *entry, a Attempt) {
-	m.effect(effect{kind: fxStallWatch, e: e, a: a, done: m.runDone(e)})
+	m.effect(effect{kind: fxStallWatch, e: e, run: runOfAttempt(a), done: m.runDone(e)})
 }
 
 // watchStallNow is the stall watch of run a of e; done closes when the run
-// ends or is replaced.
+// ends or is replaced. It asks the core (stallCheckIn) what to do, and
+// waits for what it says: a timer until the run is due to be looked at
+// again, or the answer to the abort a stall set off.
 func (m *Manager) watchStallNow(e *entry, a Attempt, done <-chan struct{}) {
-	d := m.cfg.stallTimeout
-	func() {
-		var retryAt time.Time // after a failed stall abort, wait d before the next
-		for {
-			m.mu.Lock()
-			if cur := e.cur(); cur.Token != a.Token || cur.Status != StatusRunning {
-				m.unlock()
-				return
+	in := stallCheckIn{e: e, a: a}
+	for {
+		r := m.step(in)
+		switch {
+		case r.done:
+			return
+		case r.wait != nil:
+			if !r.due.IsZero() {
+				in.retryAt = r.due // after a failed stall abort, wait before the next
 			}
-			now := m.now()
-			due := e.seen.lastEvent.Add(d)
-			if due.Before(retryAt) {
-				due = retryAt
-			}
-			var wait <-chan struct{}
-			switch {
-			case e.rt.abort != nil: // someone is stopping it already
-				wait = e.rt.abort.waitDone()
-			case !now.Before(due):
-				op, _ := m.newAbort(e, &a, nil)
-				stalled := fmt.Errorf("stalled: no activity for %s", d)
-				op.failWith = &failure{err: stalled, text: stalled.Error(), reason: ReasonUnknown, retry: true}
-				m.runAbort(op)
-				wait = op.waitDone()
-				retryAt = now.Add(d)
-			}
-			m.unlock()
-			if wait != nil {
-				unpark := m.life.parked.park(wait, done, m.life.ctx.Done())
-				select { // the abort's answer: stopped (failed over) or still alive
-				case <-wait:
-					unpark()
-					continue
-				case <-done:
-				case <-m.life.ctx.Done():
-				}
+			unpark := m.life.parked.park(r.wait, done, m.life.ctx.Done())
+			select { // the abort's answer: stopped (failed over) or still alive
+			case <-r.wait:
 				unpark()
-				return
-			}
-			t := m.cfg.clock.NewTimer(due.Sub(now))
-			select {
-			case <-t.C():
+				continue
 			case <-done:
-				t.Stop()
-				return
 			case <-m.life.ctx.Done():
-				t.Stop()
-				return
 			}
+			unpark()
+			return
 		}
-	}()
+		t := m.cfg.clock.NewTimer(r.after)
+		select {
+		case <-t.C():
+		case <-done:
+			t.Stop()
+			return
+		case <-m.life.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// onStallCheck decides a stall watch's look at run a: the watch ends with
+// the run; an abort in flight is waited for; a run silent for the stall
+// timeout (and past retryAt) is aborted, to fail over retryably once the
+// host confirms; else the watch sleeps until it is due. m.mu is held.
+func (m *Manager) onStallCheck(in stallCheckIn) reply {
+	e, a, d := in.e, in.a, m.cfg.stallTimeout
+	if cur := e.cur(); cur.Token != a.Token || cur.Status != StatusRunning {
+		return reply{done: true}
+	}
+	now := m.now()
+	due := e.seen.lastEvent.Add(d)
+	if due.Before(in.retryAt) {
+		due = in.retryAt
+	}
+	switch {
+	case e.rt.abort != nil: // someone is stopping it already
+		return reply{wait: e.rt.abort.waitDone()}
+	case !now.Before(due):
+		op, _ := m.newAbort(e, &a, nil)
+		stalled := fmt.Errorf("stalled: no activity for %s", d)
+		op.failWith = &failure{err: stalled, text: stalled.Error(), reason: ReasonUnknown, retry: true}
+		m.runAbort(op)
+		return reply{wait: op.waitDone(), due: now.Add(d)}
+	}
+	return reply{after: due.Sub(now)}
 }
 
 // QueueStat is the state of one concurrency key.
