@@ -12,6 +12,7 @@ import (
 
 	"github.com/bgtask/bgtask/internal/callq"
 	"github.com/bgtask/bgtask/internal/probe"
+	"github.com/bgtask/bgtask/internal/signal"
 	"github.com/bgtask/bgtask/internal/slab"
 )
 
@@ -108,13 +109,10 @@ type abortOp struct {
 // run names the run op stops (kept once, in its host call's context).
 func (op *abortOp) run() *RunRef { return &op.ctx.v.ref }
 
-// closedChan is returned to waiters of an op that already finished.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
-
 // waitDone returns a channel closed when the host answered op. m.mu is held.
 func (op *abortOp) waitDone() <-chan struct{} {
 	if op.finished {
-		return closedChan
+		return signal.Closed
 	}
 	if op.done == nil {
 		op.done = make(chan struct{})
@@ -1024,7 +1022,7 @@ func (m *Manager) passEnd(w *passWalk) pass {
 	c.settled = !p.busy
 	p.change = m.waitAny()
 	if w.changedMeanwhile {
-		p.change = closedChan
+		p.change = signal.Closed
 	}
 	return p
 }

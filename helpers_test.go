@@ -288,9 +288,9 @@ func checkInvariants(t testing.TB, m *Manager) {
 			default:
 				t.Fatalf("task %s is terminal but Wait is not released", e.info.id)
 			}
-			if e.rt.done != nil {
+			if done := e.rt.sig.Made(); done != nil {
 				select {
-				case <-e.rt.done:
+				case <-done:
 				default:
 					t.Fatalf("task %s is terminal but a Wait made before its end is not released", e.info.id)
 				}

@@ -141,7 +141,7 @@ type entry struct {
 	stop     Status    // a stop was asked for (recStopRequested): the status it gives; no retry follows
 	kids     []*entry  // the tasks launched from any of sessions: byParent over them
 	revision uint64    // number of projection changes applied
-	rt       runtime // process-local run state; never in the ledger
+	rt       runtime   // process-local run state; never in the ledger
 	// first stores the first attempt inside the entry, so reading the
 	// current attempt of a task that never retried costs no pointer chase
 	// to another allocation. attempts starts on it; a retry moves it out.
@@ -883,10 +883,7 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record) {
 // touched wakes everyone waiting on a change of e, settles its run's slot
 // and queue place, and publishes its state. m.mu is held.
 func (m *Manager) touched(e *entry) {
-	if e.rt.changed != nil {
-		close(e.rt.changed)
-		e.rt.changed = nil
-	}
+	e.rt.sig.Change()
 	m.signal()
 	m.settleRun(e)
 	m.publish(e)
@@ -898,8 +895,6 @@ func (m *Manager) ended(e *entry) {
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
 	}
-	if e.rt.done != nil {
-		close(e.rt.done)
-	}
+	e.rt.sig.End()
 	m.roundEnded(e)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/bgtask/bgtask/internal/errclass"
 	"github.com/bgtask/bgtask/internal/group"
 	"github.com/bgtask/bgtask/internal/held"
+	"github.com/bgtask/bgtask/internal/signal"
 	"github.com/bgtask/bgtask/internal/slots"
 	"github.com/google/uuid"
 )
@@ -503,17 +504,20 @@ func WithHoldLimit(n int) Option { return optionFunc(func(c *config) { c.holdLim
 type runtime struct {
 	// What a closure pass and the end of a run touch comes first: these
 	// share the entry's first cache lines.
-	scanGen   uint64        // the last closure walk that visited this task
-	abort     *abortOp      // the abort in flight for the current run, shared by all who ask
-	startSeq  uint64        // the StartSession in flight for the current attempt; 0: none
-	changed   chan struct{} // closed and cleared on every change; nil while nobody waits
-	done      chan struct{} // closed when the task becomes terminal; made only for a waiter
-	round     *round        // the parent's round the task counts in
-	runDone   chan struct{} // closed when that run ends or is replaced; made on demand
-	runToken  string        // the run runDone belongs to
-	waiter    *slots.Waiter[queued]
-	slotToken string // the run holding that slot
-	slotKey   string // the concurrency key whose slot the run holds
+	scanGen  uint64     // the last closure walk that visited this task
+	abort    *abortOp   // the abort in flight for the current run, shared by all who ask
+	startSeq uint64     // the StartSession in flight for the current attempt; 0: none
+	sig      signal.Set // the waiters' channels: next change, task end, run end
+	round    *round     // the parent's round the task counts in
+	slot     slotHold   // the concurrency slot the run holds, or its place in the queue
+}
+
+// slotHold is a run's claim on a concurrency slot (WithConcurrency): its
+// place in the queue while it waits, then the slot it holds.
+type slotHold struct {
+	waiter *slots.Waiter[queued]
+	token  string // the run holding the slot
+	key    string // the concurrency key whose slot it holds
 }
 
 // runSeen is what the current run reported: process-local, never in the
@@ -1605,22 +1609,11 @@ func (m *Manager) signal() {
 
 // waitDone returns a channel closed when e is terminal: made only for a
 // waiter. m.mu is held.
-func (e *entry) waitDone() <-chan struct{} {
-	if e.terminal() {
-		return closedChan
-	}
-	if e.rt.done == nil {
-		e.rt.done = make(chan struct{})
-	}
-	return e.rt.done
-}
+func (e *entry) waitDone() <-chan struct{} { return e.rt.sig.Done(e.terminal()) }
 
 // waitChange returns a channel closed at e's next change. m.mu is held.
 func (e *entry) waitChange() <-chan struct{} {
-	if e.rt.changed == nil {
-		e.rt.changed = make(chan struct{})
-	}
-	return e.rt.changed
+	return e.rt.sig.Changed()
 }
 
 // waitAny returns a channel closed at the next change of any task. m.mu is
@@ -2470,11 +2463,11 @@ func (m *Manager) admit(e *entry, a Attempt) {
 	}
 	w := m.calls.pool.Acquire(key, limit, q)
 	if w == nil {
-		e.rt.slotKey, e.rt.slotToken = key, a.Token
+		e.rt.slot.key, e.rt.slot.token = key, a.Token
 		m.spawnStart(e, a)
 		return
 	}
-	e.rt.waiter = w
+	e.rt.slot.waiter = w
 	m.setPending(e, a.ID, PendingQueued, m.now())
 	if m.cfg.queueTimeout > 0 {
 		m.watchQueue(e, a, w)
@@ -2488,20 +2481,17 @@ func (m *Manager) admit(e *entry, a Attempt) {
 func (m *Manager) settleRun(e *entry) {
 	cur := e.cur()
 	over := func(token string) bool { return cur.Token != token || cur.Status.Terminal() }
-	if e.rt.runDone != nil && over(e.rt.runToken) {
-		close(e.rt.runDone)
-		e.rt.runDone, e.rt.runToken = nil, ""
-	}
-	if w := e.rt.waiter; w != nil && over(w.V.token) {
-		e.rt.waiter = nil
+	e.rt.sig.RunOver(over)
+	if w := e.rt.slot.waiter; w != nil && over(w.V.token) {
+		e.rt.slot.waiter = nil
 		m.calls.pool.Remove(w)
 		if w.V.stop != nil {
 			close(w.V.stop)
 		}
 	}
-	if e.rt.slotToken != "" && over(e.rt.slotToken) {
-		key := e.rt.slotKey
-		e.rt.slotKey, e.rt.slotToken = "", ""
+	if e.rt.slot.token != "" && over(e.rt.slot.token) {
+		key := e.rt.slot.key
+		e.rt.slot.key, e.rt.slot.token = "", ""
 		m.calls.pool.Release(key, m.granted)
 	}
 }
@@ -2512,12 +2502,12 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 	if w.V.stop != nil {
 		close(w.V.stop)
 	}
-	if e.rt.waiter == w {
-		e.rt.waiter = nil
+	if e.rt.slot.waiter == w {
+		e.rt.slot.waiter = nil
 	}
 	cur := *e.cur()
 	if cur.Token == w.V.token && cur.Status == StatusPending && m.fence(e) {
-		e.rt.slotKey, e.rt.slotToken = w.Key(), cur.Token // given back as it ends
+		e.rt.slot.key, e.rt.slot.token = w.Key(), cur.Token // given back as it ends
 		m.finalize(e, cur.ID, e.stop, "", "", m.now())
 		return
 	}
@@ -2527,7 +2517,7 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 		m.calls.pool.Release(w.Key(), m.granted)
 		return
 	}
-	e.rt.slotKey, e.rt.slotToken = w.Key(), cur.Token
+	e.rt.slot.key, e.rt.slot.token = w.Key(), cur.Token
 	m.setPending(e, cur.ID, PendingAwaitingSession, m.now())
 	m.spawnStart(e, cur)
 }
@@ -2536,13 +2526,7 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 // replaced. m.mu is held.
 func (m *Manager) runDone(e *entry) <-chan struct{} {
 	cur := e.cur()
-	if cur.Status.Terminal() {
-		return closedChan
-	}
-	if e.rt.runDone == nil || e.rt.runToken != cur.Token {
-		e.rt.runDone, e.rt.runToken = make(chan struct{}), cur.Token
-	}
-	return e.rt.runDone
+	return e.rt.sig.Run(cur.Token, cur.Status.Terminal())
 }
 
 // watchQueue ends run a of e in error if it is still queued after the
@@ -2578,7 +2562,7 @@ func (m *Manager) watchQueueNow(e *entry, a Attempt, w *slots.Waiter[queued], t 
 // m.mu is held.
 func (m *Manager) onQueueTimeout(in queueTimeoutIn) {
 	e, w := in.e, in.w
-	if !w.Queued() || e.rt.waiter != w {
+	if !w.Queued() || e.rt.slot.waiter != w {
 		return // dequeued as the timer fired
 	}
 	pos := m.calls.pool.Position(w)
