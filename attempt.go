@@ -2,10 +2,16 @@ package bgtask
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/bgtask/bgtask/internal/held"
+	"github.com/bgtask/bgtask/internal/signal"
+	"github.com/bgtask/bgtask/internal/slots"
 )
 
 // Model names a provider's model, with an optional variant.
@@ -206,4 +212,591 @@ func (a *Attempt) UnmarshalJSON(data []byte) error {
 		StartedAt: j.StartedAt, CompletedAt: j.CompletedAt,
 	}
 	return nil
+}
+
+// runSeen is what the current run reported: process-local, never in the
+// ledger, and kept apart from runtime because a closure never reads it.
+type runSeen struct {
+	lastEvent time.Time // when the current run last reported anything
+	stopped   string    // a run whose session the host confirmed stopped (a stall)
+	out       runOutput // what the current run said last
+}
+
+func (rt *runtime) starting() bool { return rt.startSeq != 0 }
+
+// observation is an event with what was decided about it before the lock
+// was taken: whether its error is retryable (the classifier is user code
+// and never runs under the lock).
+type observation struct {
+	ev         Event
+	fail       failure // SessionError: the failure, classified before the lock
+	classified bool    // fail was filled in (only SessionError needs it)
+}
+
+// failure is an attempt's failure with everything that calls user code — the
+// error's own methods, the retry classifier — worked out before the lock.
+type failure struct {
+	err    error // the failure itself, for a retry delay that reads it
+	text   string
+	reason Reason
+	retry  bool
+}
+
+// errNeedsClass is observeLocked asking Observe to classify the event's
+// error outside the lock and come back.
+var errNeedsClass = errors.New("bgtask: classify first")
+
+// observeLocked resolves an event to an attempt identity and, if it is the
+// current live run, applies it. m.mu is held.
+func (m *Manager) observeLocked(o observation) (resolved, error) {
+	ev := o.ev
+	var ref attemptRef
+	var ok bool
+	if ev.AttemptID != "" {
+		ref, ok = m.led.byAttempt[ev.AttemptID]
+	} else {
+		ref, ok = m.led.bySession[ev.SessionID]
+	}
+	if !ok {
+		if ev.AttemptID == "" && len(m.calls.inflight) > 0 {
+			if !o.classified {
+				return resolved{}, errNeedsClass
+			}
+			if !m.hold(o, "") {
+				return resolved{}, fmt.Errorf("%w: %d events already held for sessions being started", ErrUnknownSession, m.calls.held.BySession())
+			}
+			return resolved{}, nil
+		}
+		return resolved{}, ErrUnknownSession
+	}
+	a := ref.attempt()
+	if !ref.isCurrent() || a.Status.Terminal() ||
+		(ev.Token != "" && ev.Token != a.Token) ||
+		(ev.SessionID != "" && a.SessionID != "" && ev.SessionID != a.SessionID) {
+		return ref.who(), ErrStaleEvent
+	}
+	if !o.classified && (a.Status == StatusRunning || ref.e.rt.starting()) {
+		return resolved{}, errNeedsClass
+	}
+	if a.Status == StatusPending {
+		e := ref.e
+		if !e.rt.starting() {
+			return ref.who(), ErrStaleEvent // no child can be running for it
+		}
+		if !m.hold(o, a.ID) {
+			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, m.calls.held.ForAttempt(a.ID), a.ID)
+		}
+		return resolved{}, nil
+	}
+	m.apply(ref.e, o)
+	return resolved{}, nil
+}
+
+// hold keeps o until the attempt it names (attemptID), or the session it
+// names (attemptID ""), is bound, within the WithHoldLimit bound (see
+// internal/held). A liveness event given up to make room is logged as
+// refused. m.mu is held.
+func (m *Manager) hold(o observation, attemptID string) bool {
+	dropped, gaveUp, ok := m.calls.held.Hold(held.Event[observation]{
+		V: o, Attempt: attemptID, Session: o.ev.SessionID, Ends: o.ev.Kind.ends(), Horizon: m.calls.startSeq,
+	})
+	if gaveUp {
+		m.rejectedLocked(dropped.ev, resolved{}, fmt.Errorf("%w: dropped to hold an event that ends a run", ErrUnknownSession))
+	}
+	return ok
+}
+
+// who names the attempt for a log line.
+func (r attemptRef) who() resolved {
+	return resolved{taskID: r.e.info.id, attemptID: r.attempt().ID}
+}
+
+// expireHeld drops the session events that no start still in flight can
+// claim: every start issued before they arrived has returned.
+func (m *Manager) expireHeld() {
+	if m.calls.held.BySession() == 0 {
+		return
+	}
+	oldest := m.calls.startSeq + 1
+	for seq := range m.calls.inflight {
+		oldest = min(oldest, seq)
+	}
+	m.calls.held.Expire(oldest, func(o observation) { m.rejectedLocked(o.ev, resolved{}, ErrUnknownSession) })
+}
+
+// apply applies an event to the current running attempt of e. m.mu is held.
+func (m *Manager) apply(e *entry, o observation) {
+	ev := o.ev
+	a := e.cur()
+	at := ev.At
+	if at.IsZero() {
+		at = m.now()
+	}
+	if at.Before(a.StartedAt) { // an early event, replayed at the bind
+		at = a.StartedAt
+	}
+	e.seen.lastEvent = at
+	e.output()
+	if ev.Text != "" {
+		e.seen.out.output = ev.Text
+	}
+	switch ev.Kind {
+	case SessionBusy, SessionCompacted:
+		// Liveness only: the run goes on.
+		m.setActivity(e, ActivityGenerating)
+	case SessionWaiting:
+		m.setActivity(e, ActivityWaiting)
+	case SessionIdle:
+		e.seen.out.finish, e.seen.out.noText = ev.Finish, ev.NoFinalText
+		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
+	case SessionError:
+		m.fail(e, o.fail, at)
+	case SessionInterrupted:
+		m.finalize(e, a.ID, StatusInterrupt, "", "", at)
+	case SessionDeleted:
+		m.finalize(e, a.ID, StatusCancelled, "session deleted", "", at)
+		m.cascadeDelete(a.SessionID)
+	}
+}
+
+// fail ends the current attempt of e with f: a retry on the next model
+// when f is retryable and nothing forbids it, else the task's error.
+func (m *Manager) fail(e *entry, f failure, at time.Time) {
+	m.fence(e)
+	a := e.cur()
+	text := f.text
+	e.output().reason = f.reason
+	if !f.retry || a.Number >= e.info.maxAttempts || e.stop != "" {
+		// The child's run ended on its own failure: that is what the
+		// status says, also when a stop (Cancel, a closure, Shutdown) was
+		// asked for, whose only say is that no new child starts.
+		m.finalize(e, a.ID, StatusError, text, "", at)
+		return
+	}
+	recs, lerr := m.led.retryRecords(e, text, at)
+	if lerr != nil || !m.commit(e, recs[:]...) {
+		if lerr != nil {
+			m.ledgerBug(e, lerr)
+		}
+		if !e.terminal() { // the next attempt could not be made: end here
+			why := "the ledger refused it"
+			if lerr != nil {
+				why = lerr.Error()
+			}
+			m.finalize(e, a.ID, StatusError, text+" (no retry: "+why+")", "", at)
+		}
+		return
+	}
+	m.prepareRetry(e, recs[1].attempt, recs[2].attempt, f.err)
+}
+
+// prepareRetry starts next: at once, or — when the failed attempt has a
+// session to abort or a retry delay may apply — as an effect that aborts
+// the old session, waits out the delay, and gives up if next stopped being
+// current meanwhile (retry). cause is the failure, for the retry delay.
+// m.mu is held.
+func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
+	abortOld := failed.SessionID != "" && e.seen.stopped != failed.Token
+	if !abortOld && m.cfg.retryDelay == nil {
+		m.admit(e, next)
+		return
+	}
+	if !m.effect(effect{kind: fxRetry, e: e, run: runOfAttempt(next), prev: runOfAttempt(failed), abortOld: abortOld, cause: cause}) {
+		m.finalize(e, next.ID, StatusInterrupt, "", "", m.now())
+	}
+}
+
+// onRetryReady decides what follows a retry's abort of the old session
+// and its delay: nothing if the next run was replaced or ended meanwhile;
+// its end in error if the delay function panicked; a wait (reply.wait: the
+// run's end) before a delay; then, unless a stop was asked, its admission.
+// m.mu is held.
+func (m *Manager) onRetryReady(in retryReadyIn) reply {
+	e, next := in.e, in.next
+	ref := m.led.byAttempt[next.ID]
+	if !ref.isCurrent() || ref.attempt().Status != StatusPending || ref.attempt().Token != next.Token {
+		return reply{} // the run was replaced or ended meanwhile
+	}
+	switch {
+	case in.delayErr != "":
+		m.finalize(e, next.ID, StatusError, in.delayErr, "", m.now())
+		return reply{}
+	case in.delay > 0 && !in.afterDelay:
+		m.setPending(e, next.ID, PendingRetryDelay, m.now())
+		return reply{wait: m.runDone(e)}
+	}
+	if m.fence(e) {
+		m.finalize(e, next.ID, e.stop, "", "", m.now())
+		return reply{}
+	}
+	if in.delay > 0 {
+		m.setPending(e, next.ID, PendingAwaitingSession, m.now())
+	}
+	m.admit(e, next)
+	return reply{}
+}
+
+// spawnStart has StartSession called for attempt a of e (an effect).
+// m.mu is held.
+func (m *Manager) spawnStart(e *entry, a Attempt) {
+	m.calls.startSeq++
+	seq := m.calls.startSeq
+	if !m.effect(effect{kind: fxStart, e: e, run: runOfAttempt(a), seq: seq}) {
+		m.finalize(e, a.ID, StatusInterrupt, "", "", m.now())
+		return
+	}
+	m.calls.inflight[seq] = struct{}{}
+	e.rt.startSeq = seq
+}
+
+// onStarted decides StartSession's answer for attempt a of e (start seq).
+// err, when set, is a *StartError, and f its classification, made before
+// the lock. m.mu is held.
+func (m *Manager) onStarted(in startedIn) {
+	e, a, seq, sid, err, f := in.e, in.a, in.seq, in.sid, in.err, in.f
+	delete(m.calls.inflight, seq)
+	if e.rt.startSeq == seq {
+		e.rt.startSeq = 0
+	}
+	defer m.signal() // Shutdown and closures wait for starts to return
+	defer m.expireHeld()
+
+	ref := m.led.byAttempt[a.ID]
+	live := ref.isCurrent() && ref.attempt().Token == a.Token && ref.attempt().Status == StatusPending
+	if err == nil && sid == "" {
+		err = Permanent(&StartError{Model: a.Model, Err: errors.New("Host.StartSession returned no session id")})
+		f = failure{err: err, text: err.Error(), reason: ReasonUnknown}
+	}
+	if sid != "" {
+		if owner, taken := m.led.bySession[sid]; taken {
+			// A host bug: never touch a session that belongs to another run.
+			m.logLocked(slog.LevelError, "bgtask: Host.StartSession returned a session that belongs to another attempt",
+				slog.String("task", e.info.id), slog.String("attempt", a.ID), slog.String("session", sid),
+				slog.String("owner", owner.attempt().ID))
+			err = Permanent(&StartError{Model: a.Model, Err: fmt.Errorf("Host.StartSession returned session %s, which belongs to attempt %s", sid, owner.attempt().ID)})
+			f = failure{err: err, text: err.Error(), reason: ReasonUnknown}
+			sid = ""
+		}
+	}
+	replay := func() {
+		for _, o := range m.calls.held.Take(a.ID, sid) {
+			if who, rerr := m.observeLocked(o); rerr != nil {
+				m.rejectedLocked(o.ev, who, rerr)
+			}
+		}
+	}
+	if live {
+		m.fence(e) // a run inside a closing branch is aborted on arrival
+	}
+	switch {
+	case live && sid != "":
+		// Adopt it: the session exists, so the attempt runs — also when a
+		// stop was asked for meanwhile, or the host reported the start
+		// failed although it made a session. Bind, then apply what the
+		// child already said (a child that already ended keeps its own
+		// outcome); then, for a stop or a failed start, abort it. It ends
+		// (cancelled, or failed with the start's error) only once the host
+		// confirms; if the abort fails, it is alive and runs on.
+		if !m.bindRun(e, a.ID, sid, m.now()) {
+			return
+		}
+		replay()
+		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && (e.stop != "" || err != nil) {
+			op, fresh := m.newAbort(e, cur, nil)
+			if err != nil {
+				op.failWith = &f
+			}
+			if fresh {
+				m.runAbort(op)
+			}
+		}
+	case sid != "":
+		// Created for an attempt that is no longer current: index it so its
+		// events resolve (as stale), abort it, never adopt it.
+		rec, err := m.led.orphanRecord(e, a.ID, sid, m.now())
+		m.commitBuilt(e, rec, err)
+		m.abortOrphan(e, a, sid)
+		replay()
+	case live:
+		replay() // held events for an attempt that never ran: stale
+		m.startFailed(e, a, f)
+	default:
+		replay()
+	}
+}
+
+// bindRun binds sid to attempt attemptID of e, which runs from now, and
+// does what every bind does: the parent hears of a retry's session, and the
+// stall watch starts. It reports false if the ledger refused the bind.
+// m.mu is held.
+func (m *Manager) bindRun(e *entry, attemptID, sid string, now time.Time) bool {
+	rec, err := m.led.bindRecord(e, attemptID, sid, now)
+	return m.commitBuilt(e, rec, err)
+}
+
+// startFailed records a failed session start of the current attempt a.
+func (m *Manager) startFailed(e *entry, a Attempt, f failure) {
+	now := m.now()
+	if !m.setPending(e, a.ID, PendingSessionFailed, now) {
+		return
+	}
+	if e.stop != "" {
+		// No child exists: the stop asked for is already true. The start's
+		// failure is kept as the attempt's error.
+		e.output().reason = f.reason
+		m.finalize(e, a.ID, e.stop, f.text, "", now)
+		return
+	}
+	m.fail(e, f, now)
+}
+
+// finalize ends attempt id of e with status. m.mu is held.
+func (m *Manager) finalize(e *entry, id string, status Status, errText, result string, at time.Time) {
+	ref, ok := m.led.byAttempt[id]
+	if !ok || ref.e != e {
+		m.ledgerBug(e, fmt.Errorf("bgtask: ledger: unknown attempt %q", id))
+		return
+	}
+	m.finalizeRef(ref, status, errText, result, at)
+}
+
+// finalizeRef ends the attempt ref names with status. m.mu is held.
+func (m *Manager) finalizeRef(ref attemptRef, status Status, errText, result string, at time.Time) {
+	rec, err := m.led.finalRecord(ref.e, ref.attempt().ID, status, errText, result, at)
+	m.commitBuilt(ref.e, rec, err)
+}
+
+// setPending records why e's pending attempt id waits now, and runs what
+// follows every applied change. A refused write is logged as the bug it is
+// and reported false. m.mu is held.
+func (m *Manager) setPending(e *entry, id string, reason PendingReason, at time.Time) bool {
+	rec, err := m.led.pendingRecord(e, id, reason, at)
+	return m.commitBuilt(e, rec, err)
+}
+
+// stopStatus is the status a stop of e's run gives: the one asked for,
+// cancelled by default. m.mu is held.
+func (e *entry) stopStatus() Status {
+	if e.stop != "" {
+		return e.stop
+	}
+	return StatusCancelled
+}
+
+// onRunReturned decides a FuncHost function's return after a stop was
+// asked (see stoppedWith). m.mu is held.
+func (m *Manager) onRunReturned(in runReturnedIn) {
+	attemptID, token, text, ended := in.attemptID, in.token, in.text, in.ended
+	ref, ok := m.led.byAttempt[attemptID]
+	if !ok || !ref.isCurrent() || ref.attempt().Token != token || ref.attempt().Status.Terminal() {
+		return
+	}
+	e := ref.e
+	out := e.output()
+	if text != "" {
+		out.stopErr = text
+		if out.output == "" {
+			out.output = text
+		}
+	}
+	if ended && (e.rt.abort == nil || e.rt.abort.run().Token != token) {
+		m.finalizeRef(ref, e.stopStatus(), out.stopErr, "", m.now())
+	}
+}
+
+// queued is a run waiting for a slot.
+type queued struct {
+	e     *entry
+	token string
+	stop  chan struct{} // closed when it leaves the queue
+}
+
+// admit starts attempt a of e when a slot is free, or queues it. m.mu is
+// held.
+func (m *Manager) admit(e *entry, a Attempt) {
+	if m.calls.pool == nil {
+		m.spawnStart(e, a)
+		return
+	}
+	key, limit := m.cfg.limits.key(a.Model)
+	q := queued{e: e, token: a.Token}
+	if m.cfg.queueTimeout > 0 {
+		q.stop = make(chan struct{})
+	}
+	w := m.calls.pool.Acquire(key, limit, q)
+	if w == nil {
+		e.rt.slot.key, e.rt.slot.token = key, a.Token
+		m.spawnStart(e, a)
+		return
+	}
+	e.rt.slot.waiter = w
+	m.setPending(e, a.ID, PendingQueued, m.now())
+	if m.cfg.queueTimeout > 0 {
+		m.watchQueue(e, a, w)
+	}
+}
+
+// settleRun runs at every change of e: when the run that holds a slot, waits
+// in a queue, or has waiters on runDone has ended or been replaced, it gives
+// the slot back (handing it to the next in line), leaves the queue, and
+// closes runDone — exactly once per run.
+func (m *Manager) settleRun(e *entry) {
+	cur := e.cur()
+	over := func(token string) bool { return cur.Token != token || cur.Status.Terminal() }
+	e.rt.sig.RunOver(over)
+	if w := e.rt.slot.waiter; w != nil && over(w.V.token) {
+		e.rt.slot.waiter = nil
+		m.calls.pool.Remove(w)
+		if w.V.stop != nil {
+			close(w.V.stop)
+		}
+	}
+	if e.rt.slot.token != "" && over(e.rt.slot.token) {
+		key := e.rt.slot.key
+		e.rt.slot.key, e.rt.slot.token = "", ""
+		m.calls.pool.Release(key, m.granted)
+	}
+}
+
+// granted starts a run that was handed a slot. m.mu is held.
+func (m *Manager) granted(w *slots.Waiter[queued]) {
+	e := w.V.e
+	if w.V.stop != nil {
+		close(w.V.stop)
+	}
+	if e.rt.slot.waiter == w {
+		e.rt.slot.waiter = nil
+	}
+	cur := *e.cur()
+	if cur.Token == w.V.token && cur.Status == StatusPending && m.fence(e) {
+		e.rt.slot.key, e.rt.slot.token = w.Key(), cur.Token // given back as it ends
+		m.finalize(e, cur.ID, e.stop, "", "", m.now())
+		return
+	}
+	if cur.Token != w.V.token || cur.Status != StatusPending {
+		// Cannot happen (a run leaves the queue as it ends), but a slot
+		// must never leak.
+		m.calls.pool.Release(w.Key(), m.granted)
+		return
+	}
+	e.rt.slot.key, e.rt.slot.token = w.Key(), cur.Token
+	m.setPending(e, cur.ID, PendingAwaitingSession, m.now())
+	m.spawnStart(e, cur)
+}
+
+// runDone returns a channel closed when e's current run ends or is
+// replaced. m.mu is held.
+func (m *Manager) runDone(e *entry) <-chan struct{} {
+	cur := e.cur()
+	return e.rt.sig.Run(cur.Token, cur.Status.Terminal())
+}
+
+// watchQueue ends run a of e in error if it is still queued after the
+// queue timeout. m.mu is held.
+func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
+	d := m.cfg.queueTimeout
+	// The timer is made now, as the attempt queues (the clock may be
+	// called under m.mu): however late the watcher runs, the timeout is
+	// measured from the moment it queued.
+	t := m.cfg.clock.NewTimer(d)
+	if !m.effect(effect{kind: fxQueueTimeout, e: e, run: runOfAttempt(a), waiter: w, timer: t}) {
+		t.Stop()
+	}
+}
+
+// onQueueTimeout decides a queue timeout: run a ends in error, with its
+// queue position and key, unless it left the queue as the timer fired.
+// m.mu is held.
+func (m *Manager) onQueueTimeout(in queueTimeoutIn) {
+	e, w := in.e, in.w
+	if !w.Queued() || e.rt.slot.waiter != w {
+		return // dequeued as the timer fired
+	}
+	pos := m.calls.pool.Position(w)
+	e.output().reason = ReasonUnknown // no provider was involved
+	m.finalize(e, in.a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", m.cfg.queueTimeout, pos, w.Key()), "", m.now())
+}
+
+// watchStall aborts run a of e once it reported nothing for the stall
+// timeout, and fails it (retryably) when the host confirms. Its timer is
+// tied to the run's token: it stops when the run ends and cannot touch a
+// later run. m.mu is held.
+func (m *Manager) watchStall(e *entry, a Attempt) {
+	m.effect(effect{kind: fxStallWatch, e: e, run: runOfAttempt(a), done: m.runDone(e)})
+}
+
+// onStallCheck decides a stall watch's look at run a: the watch ends with
+// the run; an abort in flight is waited for; a run silent for the stall
+// timeout (and past retryAt) is aborted, to fail over retryably once the
+// host confirms; else the watch sleeps until it is due. m.mu is held.
+func (m *Manager) onStallCheck(in stallCheckIn) reply {
+	e, a, d := in.e, in.a, m.cfg.stallTimeout
+	if cur := e.cur(); cur.Token != a.Token || cur.Status != StatusRunning {
+		return reply{done: true}
+	}
+	now := m.now()
+	due := e.seen.lastEvent.Add(d)
+	if due.Before(in.retryAt) {
+		due = in.retryAt
+	}
+	switch {
+	case e.rt.abort != nil: // someone is stopping it already
+		return reply{wait: e.rt.abort.waitDone()}
+	case !now.Before(due):
+		op, _ := m.newAbort(e, &a, nil)
+		stalled := fmt.Errorf("stalled: no activity for %s", d)
+		op.failWith = &failure{err: stalled, text: stalled.Error(), reason: ReasonUnknown, retry: true}
+		m.runAbort(op)
+		return reply{wait: op.waitDone(), due: now.Add(d)}
+	}
+	return reply{after: due.Sub(now)}
+}
+
+// output returns what e's current run reported, started afresh when the
+// run is new. m.mu is held.
+func (e *entry) output() *runOutput {
+	if tok := e.cur().Token; e.seen.out.token != tok {
+		e.seen.out = runOutput{token: tok}
+	}
+	return &e.seen.out
+}
+
+// runOutput is what a run reported last, kept to compute its outcome.
+type runOutput struct {
+	token    string // the run it belongs to
+	activity Activity
+	output   string // latest output text
+	finish   FinishReason
+	noText   bool
+	reason   Reason // of the failure that ended it, worked out outside the lock
+	stopErr  string // the error the run returned after it was asked to stop
+}
+
+// setActivity records what the current run is doing; a change is published.
+func (m *Manager) setActivity(e *entry, a Activity) {
+	if e.seen.out.activity != a {
+		e.seen.out.activity = a
+		m.publish(e)
+	}
+}
+
+// runtime is the process-local state of a task's current run. It is not in
+// the ledger and is never persisted.
+type runtime struct {
+	// What a closure pass and the end of a run touch comes first: these
+	// share the entry's first cache lines.
+	scanGen  uint64     // the last closure walk that visited this task
+	abort    *abortOp   // the abort in flight for the current run, shared by all who ask
+	startSeq uint64     // the StartSession in flight for the current attempt; 0: none
+	sig      signal.Set // the waiters' channels: next change, task end, run end
+	round    *round     // the parent's round the task counts in
+	slot     slotHold   // the concurrency slot the run holds, or its place in the queue
+}
+
+// slotHold is a run's claim on a concurrency slot (WithConcurrency): its
+// place in the queue while it waits, then the slot it holds.
+type slotHold struct {
+	waiter *slots.Waiter[queued]
+	token  string // the run holding the slot
+	key    string // the concurrency key whose slot it holds
 }
