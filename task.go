@@ -20,6 +20,7 @@ import (
 	"github.com/bgtask/bgtask/internal/clock"
 	"github.com/bgtask/bgtask/internal/dispatch"
 	"github.com/bgtask/bgtask/internal/errclass"
+	"github.com/bgtask/bgtask/internal/feed"
 	"github.com/bgtask/bgtask/internal/group"
 	"github.com/bgtask/bgtask/internal/held"
 	"github.com/bgtask/bgtask/internal/slots"
@@ -626,7 +627,7 @@ type changeFeed struct {
 	epoch     uint64        // this Manager's life: wall-clock nanoseconds at New
 	seq       uint64        // manager-wide change sequence
 	anyChange chan struct{} // manager-wide change signal, like runtime.changed
-	subs      map[*Subscription]struct{}
+	subs      *feed.Feed[Change]
 }
 
 // notifications is what the parents are told. seq, rounds and lost are
@@ -687,7 +688,7 @@ func New(host Host, opts ...Option) *Manager {
 		cfg:      cfg,
 		led:      newLedger(cfg.ids),
 		closures: branchClosures{active: make(map[*closure]struct{})},
-		changes:  changeFeed{subs: make(map[*Subscription]struct{})},
+		changes:  changeFeed{subs: feed.New[Change](ErrLagged)},
 		notes:    notifications{rounds: make(map[string]*round)},
 		calls:    hostCalls{inflight: make(map[uint64]struct{}), held: held.New[observation](cfg.holdLimit)},
 	}
@@ -2208,10 +2209,8 @@ type Subscription struct {
 	// then ErrLagged).
 	C <-chan Change
 
-	ch   chan Change
-	done chan struct{} // closed with ch
-	err  error         // guarded by the Manager's mu
-	m    *Manager
+	sub *feed.Sub[Change]
+	m   *Manager
 }
 
 // DefaultSubscriptionBuffer is the buffer of Subscribe(ctx, 0).
@@ -2228,74 +2227,53 @@ func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, err
 	if buffer <= 0 {
 		buffer = DefaultSubscriptionBuffer
 	}
-	s := &Subscription{ch: make(chan Change, buffer), done: make(chan struct{}), m: m}
-	s.C = s.ch
 	m.mu.Lock()
 	defer m.unlock()
 	if m.life.closing {
 		return nil, ErrShutdown
 	}
+	sub := m.changes.subs.Add(buffer)
 	if !m.life.watchers.Go(func() {
 		select {
 		case <-ctx.Done():
 			m.mu.Lock()
-			m.endSubscription(s, ctx.Err())
+			m.changes.subs.End(sub, ctx.Err())
 			m.unlock()
-		case <-s.done:
+		case <-sub.Done():
 		}
 	}) {
+		m.changes.subs.End(sub, ErrShutdown)
 		return nil, ErrShutdown
 	}
-	m.changes.subs[s] = struct{}{}
-	return s, nil
+	return &Subscription{C: sub.C(), sub: sub, m: m}, nil
 }
 
 // Err says why C was closed; nil while it is open.
 func (s *Subscription) Err() error {
 	s.m.mu.Lock()
 	defer s.m.unlock()
-	return s.err
+	return s.sub.Err()
 }
 
 // Close ends the subscription.
 func (s *Subscription) Close() {
 	s.m.mu.Lock()
-	s.m.endSubscription(s, nil)
+	s.m.changes.subs.End(s.sub, nil)
 	s.m.unlock()
-}
-
-// endSubscription closes s once. m.mu is held.
-func (m *Manager) endSubscription(s *Subscription, err error) {
-	if _, ok := m.changes.subs[s]; !ok {
-		return
-	}
-	delete(m.changes.subs, s)
-	s.err = err
-	close(s.ch)
-	close(s.done)
 }
 
 func (m *Manager) closeSubscriptions(err error) {
 	m.mu.Lock()
 	defer m.unlock()
-	for s := range m.changes.subs {
-		m.endSubscription(s, err)
-	}
+	m.changes.subs.EndAll(err)
 }
 
 // publish sends e's new state to every subscriber, without ever blocking.
 // m.mu is held.
 func (m *Manager) publish(e *entry) {
 	m.changes.seq++
-	if len(m.changes.subs) == 0 {
+	if m.changes.subs.Len() == 0 {
 		return
 	}
-	c := Change{Epoch: m.changes.epoch, Seq: m.changes.seq, Task: e.project()}
-	for s := range m.changes.subs {
-		select {
-		case s.ch <- c:
-		default:
-			m.endSubscription(s, ErrLagged)
-		}
-	}
+	m.changes.subs.Publish(Change{Epoch: m.changes.epoch, Seq: m.changes.seq, Task: e.project()})
 }
