@@ -21,6 +21,7 @@ import (
 	"github.com/bgtask/bgtask/internal/dispatch"
 	"github.com/bgtask/bgtask/internal/errclass"
 	"github.com/bgtask/bgtask/internal/feed"
+	"github.com/bgtask/bgtask/internal/funchost"
 	"github.com/bgtask/bgtask/internal/group"
 	"github.com/bgtask/bgtask/internal/held"
 	"github.com/bgtask/bgtask/internal/slots"
@@ -1773,20 +1774,7 @@ func (r Run) Compacted() { r.report(SessionCompacted) }
 // them (see its doc for a function that ignores its context).
 type FuncHost struct {
 	fn RunFunc
-
-	mu   sync.Mutex // guards m, runs
-	m    *Manager
-	runs map[string]*funcRun // live runs by session id
-}
-
-type funcRun struct {
-	cancel context.CancelFunc
-	done   chan struct{} // closed after fn returned and its outcome was reported
-
-	mu       sync.Mutex // guards aborted, gaveUp, finished
-	aborted  bool       // AbortSession asked it to stop
-	gaveUp   bool       // an AbortSession stopped waiting before it returned
-	finished bool       // fn returned, or will never run
+	h  *funchost.Host // the runs, and the stop protocol (internal/funchost)
 }
 
 // NewFuncHost returns a Host that runs fn for every attempt.
@@ -1794,91 +1782,60 @@ func NewFuncHost(fn RunFunc) *FuncHost {
 	if fn == nil {
 		panic("bgtask: NewFuncHost with a nil RunFunc")
 	}
-	return &FuncHost{fn: fn, runs: make(map[string]*funcRun)}
+	return &FuncHost{fn: fn, h: funchost.New()}
 }
 
 // attach is called by New.
 func (h *FuncHost) attach(m *Manager) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m != nil {
+	if err := h.h.Attach(funcEnv{m}); err != nil {
 		panic("bgtask: a FuncHost serves one Manager")
 	}
-	h.m = m
 }
 
 // StartSession starts fn for the attempt and returns the session id it runs
 // under.
 func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
-	h.mu.Lock()
-	m := h.m
-	h.mu.Unlock()
-	if m == nil {
-		return "", Permanent(errors.New("bgtask: FuncHost used without New"))
-	}
+	env, _ := h.h.Env().(funcEnv)
+	m := env.m
 	sid := "fn_" + req.AttemptID
-	runCtx, cancel := context.WithCancel(withRun(m.life.ctx, RunRef{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, callRun))
-	fr := &funcRun{cancel: cancel, done: make(chan struct{})}
-	report := func(kind EventKind, text string, err error) {
-		_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: kind, Text: text, Err: err})
-	}
 	run := Run{
 		TaskID: req.TaskID, AttemptID: req.AttemptID, Attempt: req.AttemptNumber, Token: req.Token,
 		SessionID: sid, ParentSessionID: req.ParentSessionID, Model: req.Model, Agent: req.Agent, Prompt: req.Prompt,
-		report: func(k EventKind) { report(k, "", nil) },
+		report: func(k EventKind) {
+			_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: k})
+		},
 	}
-	h.mu.Lock()
-	h.runs[sid] = fr
-	h.mu.Unlock()
-	started := m.goLocked(func() {
-		defer func() {
-			h.mu.Lock()
-			delete(h.runs, sid)
-			h.mu.Unlock()
-			cancel()
-			close(fr.done)
-		}()
-		// Bind first, then run: the function runs only once the Manager
-		// bound its session, so the task reads running for as long as it
-		// runs. A run that is never adopted, or stopped first, never runs.
-		if !m.awaitBound(runCtx, req.AttemptID, req.Token, sid) || runCtx.Err() != nil {
-			return
-		}
-		answer, err := callRunFunc(h.fn, runCtx, run)
-		var text string
-		if err != nil && !errors.Is(err, context.Canceled) {
-			text = safeText(err) // user code: before any lock
-		}
-		fr.mu.Lock()
-		fr.finished = true
-		aborted, gaveUp := fr.aborted, fr.gaveUp
-		if aborted && text != "" {
-			// Stopped by AbortSession: the stop gives the status, an error
-			// of its own is kept as its error text — recorded before an
-			// AbortSession can see the run finished and confirm the stop.
-			m.stoppedWith(req.AttemptID, req.Token, text, false)
-		}
-		fr.mu.Unlock()
-		switch {
-		case err == nil:
-			report(SessionIdle, answer, nil) // an answer is the truth, stop or not
-		case !aborted:
-			report(SessionError, "", err)
-		case gaveUp:
-			// The abort that asked it to stop gave up waiting, so none
-			// will confirm it: it has stopped now, and says so itself.
-			m.stoppedWith(req.AttemptID, req.Token, text, true)
-		}
-	})
-	if !started {
-		h.mu.Lock()
-		delete(h.runs, sid)
-		h.mu.Unlock()
-		cancel()
+	err := h.h.Start(funchost.Run{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, sid,
+		func(ctx context.Context) (string, error) { return callRunFunc(h.fn, ctx, run) })
+	switch {
+	case errors.Is(err, funchost.ErrNotAttached):
+		return "", Permanent(errors.New("bgtask: FuncHost used without New"))
+	case err != nil:
 		return "", ErrShutdown
 	}
 	return sid, nil
 }
+
+// funcEnv is what a FuncHost's runs need of the Manager.
+type funcEnv struct{ m *Manager }
+
+func (f funcEnv) RunContext(taskID, attemptID, token string) context.Context {
+	return withRun(f.m.life.ctx, RunRef{TaskID: taskID, AttemptID: attemptID, Token: token}, callRun)
+}
+func (f funcEnv) Go(fn func()) bool { return f.m.goLocked(fn) }
+func (f funcEnv) AwaitBound(ctx context.Context, attemptID, token, sid string) bool {
+	return f.m.awaitBound(ctx, attemptID, token, sid)
+}
+func (f funcEnv) StoppedWith(attemptID, token, text string, ended bool) {
+	f.m.stoppedWith(attemptID, token, text, ended)
+}
+func (f funcEnv) Answered(sid, attemptID, token, answer string) {
+	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionIdle, Text: answer})
+}
+func (f funcEnv) Failed(sid, attemptID, token string, err error) {
+	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionError, Err: err})
+}
+func (f funcEnv) Text(err error) string { return safeText(err) }
 
 // awaitBound waits until attempt attemptID's run (token) is bound to sid
 // and running, and reports true; or reports false as soon as that can no
@@ -1933,28 +1890,10 @@ func callRunFunc(fn RunFunc, ctx context.Context, run Run) (answer string, err e
 // ctx to end (then it returns an error and the run goes on). An unknown or
 // finished session is already stopped: nil.
 func (h *FuncHost) AbortSession(ctx context.Context, sessionID string) error {
-	h.mu.Lock()
-	fr := h.runs[sessionID]
-	h.mu.Unlock()
-	if fr == nil {
-		return nil
+	if err := h.h.Abort(ctx, sessionID); err != nil {
+		return fmt.Errorf("bgtask: subagent %s %w: %w", sessionID, err, ctx.Err())
 	}
-	fr.mu.Lock()
-	fr.aborted = true
-	fr.mu.Unlock()
-	fr.cancel()
-	select {
-	case <-fr.done:
-		return nil
-	case <-ctx.Done():
-		fr.mu.Lock()
-		defer fr.mu.Unlock()
-		if fr.finished {
-			return nil // it returned just now: stopped
-		}
-		fr.gaveUp = true // it will say so itself when it returns
-		return fmt.Errorf("bgtask: subagent %s did not return after cancellation: %w", sessionID, ctx.Err())
-	}
+	return nil
 }
 
 // Limits caps how many attempts run at once. An attempt holds a slot from
