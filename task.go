@@ -879,8 +879,9 @@ func (m *Manager) logLocked(level slog.Level, msg string, attrs ...slog.Attr) {
 type input interface{ input() }
 
 type (
-	// launchIn: Launch, with the spec resolved and validated.
-	launchIn struct{ info *taskInfo }
+	// launchIn: Launch, with the spec resolved and validated. (By value:
+	// an input that is one pointer would make every input escape.)
+	launchIn struct{ info taskInfo }
 	// eventIn: Observe, a child session's event; its failure classified
 	// when it needs to be (errNeedsClass asks for that first).
 	eventIn struct{ obs observation }
@@ -1011,7 +1012,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if maxAttempts == 0 {
 		maxAttempts = len(spec.Models)
 	}
-	info := &taskInfo{ // id and launchedAt are the core's to give
+	info := taskInfo{ // id and launchedAt are the core's to give
 		parent:      spec.ParentSessionID,
 		description: spec.Description,
 		agent:       spec.Agent,
@@ -1028,7 +1029,8 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 // closing branch; else the task is recorded with its first attempt, which
 // is admitted. m.mu is held.
 func (m *Manager) onLaunch(in launchIn) reply {
-	info := in.info
+	info := new(taskInfo)
+	*info = in.info
 	if m.life.closing {
 		return reply{err: ErrShutdown}
 	}
