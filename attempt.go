@@ -478,13 +478,6 @@ func (m *Manager) onStarted(in startedIn) {
 			sid = ""
 		}
 	}
-	replay := func() {
-		for _, o := range m.calls.held.Take(a.ID, sid) {
-			if who, rerr := m.observeLocked(o); rerr != nil {
-				m.rejectedLocked(o.ev, who, rerr)
-			}
-		}
-	}
 	if live {
 		m.fence(e) // a run inside a closing branch is aborted on arrival
 	}
@@ -500,7 +493,7 @@ func (m *Manager) onStarted(in startedIn) {
 		if !m.bindRun(e, a.ID, sid, m.now()) {
 			return
 		}
-		replay()
+		m.replayHeld(a.ID, sid)
 		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && (e.stop != "" || err != nil) {
 			op, fresh := m.newAbort(e, cur, nil)
 			if err != nil {
@@ -516,12 +509,23 @@ func (m *Manager) onStarted(in startedIn) {
 		rec, err := m.led.orphanRecord(e, a.ID, sid, m.now())
 		m.commitBuilt(e, rec, err)
 		m.abortOrphan(e, a, sid)
-		replay()
+		m.replayHeld(a.ID, sid)
 	case live:
-		replay() // held events for an attempt that never ran: stale
+		m.replayHeld(a.ID, sid) // held events for an attempt that never ran: stale
 		m.startFailed(e, a, f)
 	default:
-		replay()
+		m.replayHeld(a.ID, sid)
+	}
+}
+
+// replayHeld applies, in arrival order, the events held for the attempt or
+// its session (sid, "" if none): as they would have been applied had they
+// come now. m.mu is held.
+func (m *Manager) replayHeld(attemptID, sid string) {
+	for _, o := range m.calls.held.Take(attemptID, sid) {
+		if who, rerr := m.observeLocked(o); rerr != nil {
+			m.rejectedLocked(o.ev, who, rerr)
+		}
 	}
 }
 

@@ -73,6 +73,9 @@ type record struct {
 	task    string
 	at      time.Time
 	attempt Attempt // attempt records, stops: the attempt (run) it concerns
+	// evidence (recAttemptFinal) is what the run reported that decides its
+	// outcome: inline, as most final records carry some.
+	evidence evidence
 	// *recordExt holds what only some kinds carry; attempt records, by far
 	// the most, carry none.
 	*recordExt
@@ -83,9 +86,8 @@ type record struct {
 type recordExt struct {
 	spec     *taskInfo      // recTaskLaunched: the whole spec
 	session  string         // recSessionOrphan
-	note     string         // recRetryScheduled: the failure; recStopRequested: who asked; recStopWithdrawn: the abort's error
+	note     string         // recStopRequested: who asked; recStopWithdrawn: the abort's error
 	stop     Status         // recStopRequested: the status the stop gives
-	evidence evidence       // recAttemptFinal: what the run reported that decides its outcome
 	closure  *ClosureRecord // recBranchClosed, by value
 	notice   *notice        // recNotifyProduced, recNotifyDelivered
 }
@@ -150,8 +152,8 @@ type entry struct {
 	info     *taskInfo
 	sessions []string // every session indexed to one of its attempts, bound or orphaned
 	// evidence is the latest final record's: when the task is terminal,
-	// its current attempt's.
-	evidence *evidence
+	// its current attempt's (zero: it reported none).
+	evidence evidence
 	// outcome is computed once, at its first read after the task became
 	// terminal, from the attempts and the evidence (both immutable by
 	// then). Every carrier gets that value.
@@ -304,10 +306,7 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		case recSessionBound:
 			l.indexSession(e, ref, rec.attempt.SessionID)
 		case recAttemptFinal:
-			e.evidence = nil
-			if rec.recordExt != nil { // a final record's extension is its evidence
-				e.evidence = &rec.recordExt.evidence
-			}
+			e.evidence = rec.evidence
 		}
 		e.revision++
 	case recSessionOrphan:
@@ -322,6 +321,9 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 // already launched from it e's kids.
 func (l *ledger) indexSession(e *entry, ref attemptRef, session string) {
 	l.bySession[session] = ref
+	if e.sessions == nil {
+		e.sessions = make([]string, 0, e.info.maxAttempts) // one per attempt, usually
+	}
 	e.sessions = append(e.sessions, session)
 	e.kids = append(e.kids, l.byParent[session]...)
 }
@@ -514,9 +516,7 @@ func (l *ledger) finalRecord(e *entry, attemptID string, status Status, errText,
 	a.Result = result
 	a.CompletedAt = at
 	rec := record{kind: recAttemptFinal, at: at, attempt: a}
-	if ev, ok := e.reported(a.Token); ok {
-		rec.recordExt = &recordExt{evidence: ev}
-	}
+	rec.evidence, _ = e.reported(a.Token)
 	return rec, err
 }
 
@@ -537,7 +537,7 @@ func (l *ledger) retryRecords(e *entry, errText string, at time.Time) ([3]record
 	}
 	return [3]record{
 		final,
-		{kind: recRetryScheduled, at: at, attempt: final.attempt, recordExt: &recordExt{note: errText}},
+		{kind: recRetryScheduled, at: at, attempt: final.attempt}, // its Error says why
 		{kind: recAttemptCreated, at: at, attempt: next},
 	}, nil
 }
@@ -644,7 +644,11 @@ func (e *entry) project() Task {
 	}
 	if e.terminal() {
 		if e.outcome == nil {
-			e.outcome = outcomeOf(t, e.evidence)
+			var ev *evidence
+			if e.evidence != (evidence{}) {
+				ev = &e.evidence
+			}
+			e.outcome = outcomeOf(t, ev)
 		}
 		t.Outcome = e.outcome.clone()
 	}
