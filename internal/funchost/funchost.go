@@ -107,8 +107,14 @@ func (h *Host) Start(r Run, sid string, body Body) error {
 	h.runs[sid] = fr
 	h.mu.Unlock()
 	if !env.Go(func() { h.run(env, r, sid, fr, ctx, body) }) {
+		// It will never run: an Abort that found it meanwhile must not
+		// wait for it.
+		fr.mu.Lock()
+		fr.finished = true
+		fr.mu.Unlock()
 		h.forget(sid)
 		cancel()
+		close(fr.done)
 		return ErrNotStarted
 	}
 	return nil

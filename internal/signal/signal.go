@@ -60,6 +60,9 @@ func (s *Set) Run(key string, over bool) <-chan struct{} {
 		return Closed
 	}
 	if s.run == nil || s.runKey != key {
+		if s.run != nil {
+			close(s.run) // another run is asked for: the one it was made for is replaced
+		}
 		s.run, s.runKey = make(chan struct{}), key
 	}
 	return s.run
