@@ -1648,24 +1648,8 @@ func Permanent(err error) error {
 
 // IsPermanent reports whether err or anything it wraps was marked Permanent.
 func IsPermanent(err error) bool {
-	for err != nil {
-		switch e := err.(type) {
-		case *permanentError:
-			return true
-		case interface{ Unwrap() []error }:
-			for _, inner := range e.Unwrap() {
-				if IsPermanent(inner) {
-					return true
-				}
-			}
-			return false
-		case interface{ Unwrap() error }:
-			err = e.Unwrap()
-		default:
-			return false
-		}
-	}
-	return false
+	_, ok := inChain[*permanentError](err)
+	return ok
 }
 
 // DefaultRetryable is the classifier used unless WithRetryable replaces it.
@@ -1688,8 +1672,7 @@ func DefaultRetryable(err error) bool {
 	if errors.Is(err, ErrContextOverflow) || errors.Is(err, ErrOutputLimit) || errors.Is(err, ErrContentFilter) {
 		return false
 	}
-	var se *StartError
-	if errors.As(err, &se) {
+	if se := startErrorIn(err); se != nil {
 		switch errclass.Classify(se.Err) {
 		case errclass.ContextOverflow, errclass.Validation, errclass.Aborted:
 			return false
@@ -1697,6 +1680,39 @@ func DefaultRetryable(err error) bool {
 		return true
 	}
 	return errclass.Classify(err).Retryable()
+}
+
+// startErrorIn returns the first *StartError in err's chain, or nil.
+func startErrorIn(err error) *StartError {
+	se, _ := inChain[*StartError](err)
+	return se
+}
+
+// inChain returns the first error of type T in err's chain (Unwrap, and
+// every branch of an Unwrap() []error in order): errors.As without its
+// allocation, for the types bgtask itself defines (no As methods).
+func inChain[T error](err error) (T, bool) {
+	for err != nil {
+		switch e := err.(type) {
+		case T:
+			return e, true
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				if t, ok := inChain[T](inner); ok {
+					return t, true
+				}
+			}
+			var zero T
+			return zero, false
+		case interface{ Unwrap() error }:
+			err = e.Unwrap()
+		default:
+			var zero T
+			return zero, false
+		}
+	}
+	var zero T
+	return zero, false
 }
 
 // Backoff returns a retry delay for WithRetryDelay: base before attempt 2,

@@ -119,8 +119,13 @@ func Classify(err error) Class {
 	case errors.Is(err, context.DeadlineExceeded):
 		return Timeout
 	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
+	timedOut := false
+	walk(err, func(e error) bool {
+		ne, ok := e.(net.Error)
+		timedOut = ok && ne.Timeout()
+		return ok
+	})
+	if timedOut {
 		return Timeout
 	}
 	return FromMessage(err.Error())
