@@ -497,7 +497,8 @@ func (m *Manager) onStarted(in startedIn) {
 		if cur := e.cur(); cur.ID == a.ID && !cur.Status.Terminal() && (e.stop != "" || err != nil) {
 			op, fresh := m.newAbort(e, cur, nil)
 			if err != nil {
-				op.failWith = &f
+				fw := f // only this path pays for keeping it
+				op.failWith = &fw
 			}
 			if fresh {
 				m.runAbort(op)
