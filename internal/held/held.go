@@ -8,8 +8,10 @@
 // to New. At the limit, an event that does not end a run (liveness) is
 // refused, but an event that ends one is never lost to the bound: it takes
 // the place of the oldest liveness event held for its key or, when only run
-// ends are held there, is held past the limit (up to twice it), unless the
-// same run's end is held already. Session-keyed events are bounded all
+// ends are held there, is held past the limit (up to twice it). At the
+// limit, an end is refused (in either case) when the same run's end is held
+// already — for an attempt key any end of that attempt, for a session key
+// an end of that session: a run ends once. Session-keyed events are bounded all
 // together, attempt-keyed ones per attempt, so events for other sessions
 // never crowd out an event that names its attempt.
 //
