@@ -301,7 +301,21 @@ func BenchmarkQueueThroughput(b *testing.B) {
 // Wait, with a host that answers at once. The events come early, from
 // inside StartSession, and are held until each bind. Compare it with
 // BenchmarkFloorAsync3, measured in the same run.
+//
+// "steady" starts a fresh Manager every 1024 tasks (outside the timer), so
+// it measures the lifecycle at a steady ledger size; "accumulating" keeps
+// every task for the whole run, as a Manager without retention does, and
+// pays for its ever-growing indexes too.
 func BenchmarkLifecycle3(b *testing.B) {
+	for _, mode := range []struct {
+		name  string
+		every int
+	}{{"steady", 1024}, {"accumulating", 0}} {
+		b.Run(mode.name, func(b *testing.B) { benchLifecycle3(b, mode.every) })
+	}
+}
+
+func benchLifecycle3(b *testing.B, every int) {
 	host := &benchHost{onStart: func(m *Manager, req SessionRequest, sid string) {
 		ev := Event{AttemptID: req.AttemptID, Kind: SessionIdle, Text: "ok"}
 		if req.AttemptNumber < 3 {
@@ -311,13 +325,24 @@ func BenchmarkLifecycle3(b *testing.B) {
 			panic(err)
 		}
 	}}
-	m := New(host)
-	host.m = m
-	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
-	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}, {Provider: "c", ID: "3"}}}
 	ctx := context.Background()
+	fresh := func() *Manager {
+		m := New(host)
+		host.m = m
+		return m
+	}
+	m := fresh()
+	b.Cleanup(func() { _ = m.Shutdown(ctx) })
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}, {Provider: "c", ID: "3"}}}
 	b.ReportAllocs()
+	n := 0
 	for b.Loop() {
+		if n++; every > 0 && n%every == 0 {
+			b.StopTimer()
+			_ = m.Shutdown(ctx)
+			m = fresh()
+			b.StartTimer()
+		}
 		task, err := m.Launch(ctx, spec)
 		if err != nil {
 			b.Fatal(err)

@@ -9,16 +9,33 @@ package group
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Group counts running goroutines. The zero value is ready to use.
+//
+// A goroutine that ran reserved work (Start) does not exit at once: it
+// waits up to IdleTimeout for the next Start to hand it a job, so a stream
+// of short jobs reuses goroutines whose stacks have already grown. A
+// waiting goroutine is not counted as running; Close ends the waiting ones
+// and returns once they are gone.
 type Group struct {
-	mu      sync.Mutex // guards n, closed, idle, changed
+	mu      sync.Mutex // guards n, closed, idle, changed, parked, quit
 	n       int
 	closed  bool
-	idle    chan struct{} // closed when n drops to zero; nil while nobody waits
-	changed chan struct{} // closed when n changes; nil while nobody waits
+	idle    chan struct{}  // closed when n drops to zero; nil while nobody waits
+	changed chan struct{}  // closed when n changes; nil while nobody waits
+	parked  []chan Job     // goroutines waiting for a job, newest last
+	quit    chan struct{}  // closed by Close: waiting goroutines exit
+	waiting sync.WaitGroup // goroutines in the waiting state (parked, or leaving it)
 }
+
+// IdleTimeout is how long a goroutine that finished its work waits for
+// more before it exits; MaxIdle bounds how many wait at once.
+const (
+	IdleTimeout = 250 * time.Millisecond
+	MaxIdle     = 4
+)
 
 // Changed returns the number running now and a channel closed the next time
 // it changes.
@@ -82,23 +99,93 @@ type Worker struct {
 type Job interface{ Run(w *Worker) }
 
 // Start runs job, which was reserved. With w (the worker the caller runs
-// on) free, job runs on w once its current job returns; otherwise on a new
-// goroutine.
+// on) free, job runs on w once its current job returns; otherwise on a
+// waiting goroutine of the group, or a new one.
 func (g *Group) Start(w *Worker, job Job) {
 	if w != nil && w.next == nil {
 		w.next = job
 		g.done() // w itself is counted while it runs
 		return
 	}
-	go func() {
-		defer g.done()
-		w := &Worker{next: job}
+	g.mu.Lock()
+	if k := len(g.parked); k > 0 {
+		jobs := g.parked[k-1]
+		g.parked[k-1] = nil
+		g.parked = g.parked[:k-1]
+		g.mu.Unlock()
+		jobs <- job // it waits for exactly this send
+		return
+	}
+	if g.quit == nil {
+		g.quit = make(chan struct{})
+	}
+	g.mu.Unlock()
+	go g.work(job)
+}
+
+// work runs job and what follows it on one goroutine, then waits for the
+// next job (see IdleTimeout).
+func (g *Group) work(job Job) {
+	jobs := make(chan Job)
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	w := new(Worker) // one per goroutine, for all its jobs
+	for {
+		w.next = job
 		for w.next != nil {
 			job := w.next
 			w.next = nil
 			job.Run(w)
 		}
-	}()
+		g.done()
+		g.mu.Lock()
+		if g.closed || len(g.parked) >= MaxIdle {
+			g.mu.Unlock()
+			return
+		}
+		g.parked = append(g.parked, jobs)
+		g.waiting.Add(1) // under g.mu, before Close can see closed
+		quit := g.quit
+		g.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(IdleTimeout)
+		} else {
+			t.Reset(IdleTimeout)
+		}
+		select {
+		case job = <-jobs:
+			t.Stop()
+			g.waiting.Done()
+			continue
+		case <-t.C:
+		case <-quit:
+		}
+		if !g.unpark(jobs) {
+			job = <-jobs // a Start took it meanwhile: the job is on its way
+			g.waiting.Done()
+			continue
+		}
+		g.waiting.Done()
+		return
+	}
+}
+
+// unpark takes jobs out of the waiting list; false if a Start took it
+// first.
+func (g *Group) unpark(jobs chan Job) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, c := range g.parked {
+		if c == jobs {
+			g.parked = append(g.parked[:i], g.parked[i+1:]...)
+			return true
+		}
+	}
+	return false
 }
 
 func (g *Group) done() {
@@ -141,9 +228,19 @@ func (g *Group) Wait(ctx context.Context) error {
 	}
 }
 
-// Close makes every later Go refuse. Goroutines already running go on.
+// Close makes every later Go, Reserve and Start refuse, and ends the
+// goroutines waiting for work; it returns once they have exited.
+// Goroutines already running go on (their work then ends them).
 func (g *Group) Close() {
 	g.mu.Lock()
 	g.closed = true
+	if g.quit != nil {
+		select {
+		case <-g.quit:
+		default:
+			close(g.quit)
+		}
+	}
 	g.mu.Unlock()
+	g.waiting.Wait() // each waiting goroutine leaves: it exits, or has a job
 }
