@@ -329,7 +329,9 @@ func (m *Manager) apply(e *entry, o observation) {
 	ev := o.ev
 	a := e.cur()
 	at := ev.At
-	if at.IsZero() {
+	if at.IsZero() && (ev.Kind.ends() || m.cfg.stallTimeout > 0) {
+		// Only a run's end and the stall watch need the time: liveness
+		// without a stall watch reads no clock.
 		at = m.now()
 	}
 	if at.Before(a.StartedAt) { // an early event, replayed at the bind
@@ -411,7 +413,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 // its end in error if the delay function panicked; a wait (reply.wait: the
 // run's end) before a delay; then, unless a stop was asked, its admission.
 // m.mu is held.
-func (m *Manager) onRetryReady(in retryReadyIn) reply {
+func (m *Manager) onRetryReady(in *retryReadyIn) reply {
 	e, next := in.e, in.next
 	ref := m.led.byAttempt[next.ID]
 	if !ref.isCurrent() || ref.attempt().Status != StatusPending || ref.attempt().Token != next.Token {
@@ -452,7 +454,7 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 // onStarted decides StartSession's answer for attempt a of e (start seq).
 // err, when set, is a *StartError, and f its classification, made before
 // the lock. m.mu is held.
-func (m *Manager) onStarted(in startedIn) {
+func (m *Manager) onStarted(in *startedIn) {
 	e, a, seq, sid, err, f := in.e, in.a, in.seq, in.sid, in.err, in.f
 	delete(m.calls.inflight, seq)
 	if e.rt.startSeq == seq {
@@ -590,7 +592,7 @@ func (e *entry) stopStatus() Status {
 
 // onRunReturned decides a FuncHost function's return after a stop was
 // asked (see stoppedWith). m.mu is held.
-func (m *Manager) onRunReturned(in runReturnedIn) {
+func (m *Manager) onRunReturned(in *runReturnedIn) {
 	attemptID, token, text, ended := in.attemptID, in.token, in.text, in.ended
 	ref, ok := m.led.byAttempt[attemptID]
 	if !ok || !ref.isCurrent() || ref.attempt().Token != token || ref.attempt().Status.Terminal() {
@@ -712,7 +714,7 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 // onQueueTimeout decides a queue timeout: run a ends in error, with its
 // queue position and key, unless it left the queue as the timer fired.
 // m.mu is held.
-func (m *Manager) onQueueTimeout(in queueTimeoutIn) {
+func (m *Manager) onQueueTimeout(in *queueTimeoutIn) {
 	e, w := in.e, in.w
 	if !w.Queued() || e.rt.slot.waiter != w {
 		return // dequeued as the timer fired
@@ -734,7 +736,7 @@ func (m *Manager) watchStall(e *entry, a Attempt) {
 // the run; an abort in flight is waited for; a run silent for the stall
 // timeout (and past retryAt) is aborted, to fail over retryably once the
 // host confirms; else the watch sleeps until it is due. m.mu is held.
-func (m *Manager) onStallCheck(in stallCheckIn) reply {
+func (m *Manager) onStallCheck(in *stallCheckIn) reply {
 	e, a, d := in.e, in.a, m.cfg.stallTimeout
 	if cur := e.cur(); cur.Token != a.Token || cur.Status != StatusRunning {
 		return reply{done: true}

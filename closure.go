@@ -180,7 +180,7 @@ func (m *Manager) newBatch() *abortBatch {
 	b.q = callq.New(maxAbortWorkers, m.goLater, m.life.group.Go,
 		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.session) },
 		func(ops []*abortOp) {
-			m.step(abortedIn{b: b, ops: ops})
+			m.step(&abortedIn{b: b, ops: ops})
 		})
 	return b
 }
@@ -370,7 +370,9 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 // at the first look.
 func (m *Manager) cancel(ctx context.Context, id, token string) error {
 	for {
-		r := m.step(stopIn{id: id, token: token})
+		in := stopIn{id: id, token: token}
+		m.step(&in)
+		r := in.out
 		if r.err != nil || r.done {
 			return r.err
 		}
@@ -401,7 +403,7 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 // one): the stop is recorded and acted on; the reply says what to wait for
 // (the abort, or the next change), or done when the task is terminal or
 // another run is current. m.mu is held.
-func (m *Manager) onStop(in stopIn) reply {
+func (m *Manager) onStop(in *stopIn) reply {
 	e := m.led.tasks[in.id]
 	if e == nil {
 		return reply{err: fmt.Errorf("%w: %q", ErrUnknownTask, in.id)}

@@ -881,10 +881,17 @@ type input interface{ input() }
 type (
 	// launchIn: Launch, with the spec resolved and validated. (By value:
 	// an input that is one pointer would make every input escape.)
-	launchIn struct{ info taskInfo }
+	launchIn struct {
+		info taskInfo
+		out  reply
+	}
 	// eventIn: Observe, a child session's event; its failure classified
 	// when it needs to be (errNeedsClass asks for that first).
-	eventIn struct{ obs observation }
+	eventIn struct {
+		obs observation
+		who resolved // the attempt a refused event resolved to
+		err error    // why it was refused
+	}
 	// startedIn: a StartSession call returned (start seq, for attempt a).
 	startedIn struct {
 		e   *entry
@@ -907,6 +914,7 @@ type (
 		delay      time.Duration
 		delayErr   string // the retry delay function panicked
 		afterDelay bool
+		out        reply
 	}
 	// queueTimeoutIn: the queue timeout of queued run a fired.
 	queueTimeoutIn struct {
@@ -920,9 +928,13 @@ type (
 		e       *entry
 		a       Attempt
 		retryAt time.Time
+		out     reply
 	}
 	// stopIn: Cancel asked to stop task id (token: the run it saw, or "").
-	stopIn struct{ id, token string }
+	stopIn struct {
+		id, token string
+		out       reply
+	}
 	// shutdownIn: Shutdown began.
 	shutdownIn struct{}
 	// runReturnedIn: a FuncHost function returned after it was asked to
@@ -933,20 +945,21 @@ type (
 	}
 )
 
-func (launchIn) input()       {}
-func (eventIn) input()        {}
-func (startedIn) input()      {}
-func (abortedIn) input()      {}
-func (retryReadyIn) input()   {}
-func (queueTimeoutIn) input() {}
-func (stallCheckIn) input()   {}
-func (stopIn) input()         {}
-func (shutdownIn) input()     {}
-func (runReturnedIn) input()  {}
+func (*launchIn) input()       {}
+func (*eventIn) input()        {}
+func (*startedIn) input()      {}
+func (*abortedIn) input()      {}
+func (*retryReadyIn) input()   {}
+func (*queueTimeoutIn) input() {}
+func (*stallCheckIn) input()   {}
+func (*stopIn) input()         {}
+func (*shutdownIn) input()     {}
+func (*runReturnedIn) input()  {}
 
-// reply is what deciding an input tells its caller.
+// reply is what deciding an input tells its caller (the out field of the
+// inputs that have one).
 type reply struct {
-	task  Task            // launchIn: the new task
+	e     *entry          // launchIn: the new task
 	who   resolved        // eventIn: the attempt a rejected event resolved to
 	err   error           // launchIn, eventIn, stopIn: the input was refused
 	wait  <-chan struct{} // stopIn, stallCheckIn: what to wait for next
@@ -957,41 +970,40 @@ type reply struct {
 	done  bool            // stopIn: nothing to wait for; stallCheckIn: the watch ends
 }
 
-// decide decides one input. m.mu is held.
-func (m *Manager) decide(in input) reply {
+// decide decides one input; what it answers is left in the input's own
+// result fields. m.mu is held.
+func (m *Manager) decide(in input) {
 	switch in := in.(type) {
-	case launchIn:
-		return m.onLaunch(in)
-	case eventIn:
-		who, err := m.observeLocked(in.obs)
-		return reply{who: who, err: err}
-	case startedIn:
+	case *launchIn:
+		in.out = m.onLaunch(in)
+	case *eventIn:
+		in.who, in.err = m.observeLocked(in.obs)
+	case *startedIn:
 		m.onStarted(in)
-	case abortedIn:
+	case *abortedIn:
 		m.recordAborts(in.b, in.ops, m.now())
-	case retryReadyIn:
-		return m.onRetryReady(in)
-	case queueTimeoutIn:
+	case *retryReadyIn:
+		in.out = m.onRetryReady(in)
+	case *queueTimeoutIn:
 		m.onQueueTimeout(in)
-	case stallCheckIn:
-		return m.onStallCheck(in)
-	case stopIn:
-		return m.onStop(in)
-	case shutdownIn:
+	case *stallCheckIn:
+		in.out = m.onStallCheck(in)
+	case *stopIn:
+		in.out = m.onStop(in)
+	case *shutdownIn:
 		m.onShutdown()
-	case runReturnedIn:
+	case *runReturnedIn:
 		m.onRunReturned(in)
 	}
-	return reply{}
 }
 
 // step decides one input under m.mu and runs what it queued once the lock
 // is released: the façade of every input that needs nothing between the
 // two.
-func (m *Manager) step(in input) reply {
+func (m *Manager) step(in input) {
 	m.mu.Lock()
-	defer m.unlock()
-	return m.decide(in)
+	m.decide(in)
+	m.unlock()
 }
 
 // Launch records a task and its first attempt (pending) and returns its
@@ -1021,14 +1033,20 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		maxAttempts: maxAttempts,
 		metadata:    maps.Clone(spec.Metadata),
 	}
-	r := m.step(launchIn{info: info})
-	return r.task, r.err
+	m.mu.Lock()
+	defer m.unlock()
+	in := launchIn{info: info}
+	m.decide(&in)
+	if in.out.err != nil {
+		return Task{}, in.out.err
+	}
+	return in.out.e.project(), nil
 }
 
 // onLaunch decides a launch: refused while shutting down or inside a
 // closing branch; else the task is recorded with its first attempt, which
 // is admitted. m.mu is held.
-func (m *Manager) onLaunch(in launchIn) reply {
+func (m *Manager) onLaunch(in *launchIn) reply {
 	info := new(taskInfo)
 	*info = in.info
 	if m.life.closing {
@@ -1059,7 +1077,7 @@ func (m *Manager) onLaunch(in launchIn) reply {
 	}
 	m.commit(e, first)
 	m.admit(e, *e.cur())
-	return reply{task: e.project()}
+	return reply{e: e}
 }
 
 // Task returns a snapshot of the task with that id.
@@ -1113,21 +1131,22 @@ func (m *Manager) Observe(ev Event) error {
 	if ev.SessionID == "" && ev.AttemptID == "" {
 		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidEvent)
 	}
-	o := observation{ev: ev, classified: ev.Kind != SessionError}
-	r := m.step(eventIn{obs: o})
-	if r.err == errNeedsClass {
+	in := eventIn{obs: observation{ev: ev, classified: ev.Kind != SessionError}}
+	m.step(&in)
+	if in.err == errNeedsClass {
 		// An error that will be applied: classify it without the lock (the
 		// classifier is user code), then resolve again from scratch.
+		o := &in.obs
 		if o.ev.Err == nil {
 			o.ev.Err = errors.New("session error with no detail")
 		}
 		o.fail, o.classified = m.classify(o.ev.Err), true
-		r = m.step(eventIn{obs: o})
+		m.step(&in)
 	}
-	if r.err != nil {
-		m.logRejected(ev, r.who, r.err)
+	if in.err != nil {
+		m.logRejected(ev, in.who, in.err)
 	}
-	return r.err
+	return in.err
 }
 
 // resolved names the attempt an event resolved to, for logging.
@@ -1159,7 +1178,8 @@ func (m *Manager) retry(fx *effect, w *group.Worker) {
 	in := retryReadyIn{e: e, next: next}
 	in.delay, in.delayErr = m.retryDelay(next.Number, fx.cause)
 	m.mu.Lock()
-	r := m.decide(in)
+	m.decide(&in)
+	r := in.out
 	if r.wait == nil {
 		m.unlockOn(w)
 		return
@@ -1175,7 +1195,7 @@ func (m *Manager) retry(fx *effect, w *group.Worker) {
 	}
 	in.afterDelay = true
 	m.mu.Lock()
-	m.decide(in)
+	m.decide(&in)
 	m.unlockOn(w)
 }
 
@@ -1215,7 +1235,7 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 		f = m.classify(err)
 	}
 	m.mu.Lock()
-	m.decide(startedIn{e: e, a: a, seq: fx.seq, sid: sid, err: err, f: f})
+	m.decide(&startedIn{e: e, a: a, seq: fx.seq, sid: sid, err: err, f: f})
 	m.unlockOn(w)
 }
 
@@ -1509,7 +1529,7 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 // from outside any callback to wait for the end.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	ctx = orBackground(ctx)
-	m.step(shutdownIn{})
+	m.step(&shutdownIn{})
 	if _, inCallback := RunFromContext(ctx); inCallback {
 		return ErrStopPending
 	}
@@ -1892,7 +1912,7 @@ func (m *Manager) awaitBound(ctx context.Context, attemptID, token, sid string) 
 // confirm it: the attempt ends now with the stop's status. It changes
 // nothing if the run was replaced or ended.
 func (m *Manager) stoppedWith(attemptID, token, text string, ended bool) {
-	m.step(runReturnedIn{attemptID: attemptID, token: token, text: text, ended: ended})
+	m.step(&runReturnedIn{attemptID: attemptID, token: token, text: text, ended: ended})
 }
 
 func callRunFunc(fn RunFunc, ctx context.Context, run Run) (answer string, err error) {
@@ -2000,7 +2020,7 @@ func (m *Manager) watchQueueNow(e *entry, a Attempt, w *slots.Waiter[queued], t 
 		t.Stop()
 		return
 	}
-	m.step(queueTimeoutIn{e: e, a: a, w: w})
+	m.step(&queueTimeoutIn{e: e, a: a, w: w})
 }
 
 // watchStallNow is the stall watch of run a of e; done closes when the run
@@ -2010,7 +2030,8 @@ func (m *Manager) watchQueueNow(e *entry, a Attempt, w *slots.Waiter[queued], t 
 func (m *Manager) watchStallNow(e *entry, a Attempt, done <-chan struct{}) {
 	in := stallCheckIn{e: e, a: a}
 	for {
-		r := m.step(in)
+		m.step(&in)
+		r := in.out
 		switch {
 		case r.done:
 			return
