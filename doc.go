@@ -119,6 +119,33 @@
 // short grace, ShutdownGrace) and names what a Host or Notifier that
 // ignores its context left running.
 //
+// # How it is built: a core and a shell
+//
+// Everything that can change a task enters the Manager as one of a closed
+// set of inputs (a launch, an event, a session start or abort that
+// returned, a retry ready to go, a timer that fired, a stop, Shutdown),
+// decided under the Manager's one lock by code that does no I/O. Deciding
+// writes ledger records through a single commit, which derives everything
+// that follows from what was written — waiters woken, the change
+// published, a concurrency slot handed on, the notifications a retry or an
+// ended task produces, the end of a parent's round — and queues effects as
+// values: a session to start, a session to abort, a retry to prepare, a
+// timer to watch. Once the lock is released, the shell runs them on
+// goroutines the Manager owns (a chain of host calls for one task runs on
+// one goroutine), and what they learn comes back as the next input. User
+// code that must run before a decision (an error's own methods, the retry
+// classifier, the retry delay) runs in the shell, and its answer is part of
+// the input.
+//
+// The ledger's records stand alone: each carries its task, a sequence
+// number, and what its kind needs, with no pointer into live state. Memory
+// keeps only their projection (the tasks and their attempts); a tap sees
+// every record as it is committed, which is where a journal attaches, and
+// replaying the records into an empty ledger reproduces every task,
+// outcome, envelope, timeline, closure record and notification text.
+// Activity and the time of a run's last event are process-local on
+// purpose and not recorded.
+//
 // # Following state
 //
 // Subscribe streams a Change for every applied mutation, with a

@@ -10,15 +10,17 @@ import (
 	"time"
 )
 
-// The ledger is the one source of truth: an append-only sequence of records
-// per task, from which every attempt and every task-level field is a
-// projection. Records are applied by ledger.apply and nowhere else, and its
-// check refuses what the attempt state machine forbids (any write to a
-// terminal attempt among them). The helpers that build records are the only
-// callers of apply: launch and scheduleRetry (which start attempts),
-// bindSession, setPending, finalize, and orphanSession (an index entry for a
-// session that was never adopted). A journal will later persist exactly
-// these records, and restart will be a replay.
+// The ledger is the one source of truth: a sequence of self-contained
+// records, from which every attempt and every task-level field is a
+// projection. A change enters it one way, Manager.commit, which writes a
+// batch of records (each checked by ledger.check: the attempt state machine
+// refuses what it forbids, any write to a terminal attempt among them) and
+// derives every follow-up from what was written. The record builders make
+// the records from the attempts' latest versions; ledger.apply is the way
+// in for a record not yet resolved to its task (a launch, a replay). Memory
+// keeps the projection only; the tap sees every record as it is committed,
+// which is what a journal persists, and replayLedger rebuilds the same
+// projection from them.
 
 // recordKind says what a record did.
 type recordKind uint8
@@ -84,12 +86,12 @@ type record struct {
 // recordExt is the part of a record only some kinds carry. Everything it
 // points to is immutable once the record is made.
 type recordExt struct {
-	spec     *taskInfo      // recTaskLaunched: the whole spec
-	session  string         // recSessionOrphan
-	note     string         // recStopRequested: who asked; recStopWithdrawn: the abort's error
-	stop     Status         // recStopRequested: the status the stop gives
-	closure  *ClosureRecord // recBranchClosed, by value
-	notice   *notice        // recNotifyProduced, recNotifyDelivered
+	spec    *taskInfo      // recTaskLaunched: the whole spec
+	session string         // recSessionOrphan
+	note    string         // recStopRequested: who asked; recStopWithdrawn: the abort's error
+	stop    Status         // recStopRequested: the status the stop gives
+	closure *ClosureRecord // recBranchClosed, by value
+	notice  *notice        // recNotifyProduced, recNotifyDelivered
 }
 
 // evidence is what a run reported that decides its outcome, kept in its
