@@ -248,7 +248,7 @@ var errNeedsClass = errors.New("bgtask: classify first")
 
 // observeLocked resolves an event to an attempt identity and, if it is the
 // current live run, applies it. m.mu is held.
-func (m *Manager) observeLocked(o observation) (resolved, error) {
+func (m *Manager) observeLocked(o *observation) (resolved, error) {
 	ev := o.ev
 	var ref attemptRef
 	var ok bool
@@ -296,9 +296,9 @@ func (m *Manager) observeLocked(o observation) (resolved, error) {
 // names (attemptID ""), is bound, within the WithHoldLimit bound (see
 // internal/held). A liveness event given up to make room is logged as
 // refused. m.mu is held.
-func (m *Manager) hold(o observation, attemptID string) bool {
+func (m *Manager) hold(o *observation, attemptID string) bool {
 	dropped, gaveUp, ok := m.calls.held.Hold(held.Event[observation]{
-		V: o, Attempt: attemptID, Session: o.ev.SessionID, Ends: o.ev.Kind.ends(), Horizon: m.calls.startSeq,
+		V: *o, Attempt: attemptID, Session: o.ev.SessionID, Ends: o.ev.Kind.ends(), Horizon: m.calls.startSeq,
 	})
 	if gaveUp {
 		m.rejectedLocked(dropped.ev, resolved{}, fmt.Errorf("%w: dropped to hold an event that ends a run", ErrUnknownSession))
@@ -308,7 +308,7 @@ func (m *Manager) hold(o observation, attemptID string) bool {
 
 // who names the attempt for a log line.
 func (r attemptRef) who() resolved {
-	return resolved{taskID: r.e.info.id, attemptID: r.attempt().ID}
+	return resolved{taskID: r.e.id, attemptID: r.attempt().ID}
 }
 
 // expireHeld drops the session events that no start still in flight can
@@ -325,7 +325,7 @@ func (m *Manager) expireHeld() {
 }
 
 // apply applies an event to the current running attempt of e. m.mu is held.
-func (m *Manager) apply(e *entry, o observation) {
+func (m *Manager) apply(e *entry, o *observation) {
 	ev := o.ev
 	a := e.cur()
 	at := ev.At
@@ -525,9 +525,10 @@ func (m *Manager) onStarted(in *startedIn) {
 // its session (sid, "" if none): as they would have been applied had they
 // come now. m.mu is held.
 func (m *Manager) replayHeld(attemptID, sid string) {
-	for _, o := range m.calls.held.Take(attemptID, sid) {
-		if who, rerr := m.observeLocked(o); rerr != nil {
-			m.rejectedLocked(o.ev, who, rerr)
+	evs := m.calls.held.Take(attemptID, sid) // the Set's buffer: nothing below takes again
+	for i := range evs {
+		if who, rerr := m.observeLocked(&evs[i]); rerr != nil {
+			m.rejectedLocked(evs[i].ev, who, rerr)
 		}
 	}
 }

@@ -977,7 +977,7 @@ func (m *Manager) decide(in input) {
 	case *launchIn:
 		in.out = m.onLaunch(in)
 	case *eventIn:
-		in.who, in.err = m.observeLocked(in.obs)
+		in.who, in.err = m.observeLocked(&in.obs)
 	case *startedIn:
 		m.onStarted(in)
 	case *abortedIn:
