@@ -38,6 +38,9 @@ const (
 	recStopWithdrawn                         // the abort a stop asked for failed: the run goes on
 	recNotifyProduced                        // a notification was produced for a parent
 	recNotifyDelivered                       // the Notifier accepted a notification
+	recStartRequested                        // a StartSession call for the attempt is about to be made
+	recAbortRequested                        // an AbortSession call for the run is about to be made
+	recEpoch                                 // a process life began on this ledger (manager-wide)
 )
 
 var recordKindNames = [...]string{
@@ -53,6 +56,19 @@ var recordKindNames = [...]string{
 	recStopWithdrawn:   "stop_withdrawn",
 	recNotifyProduced:  "notification_produced",
 	recNotifyDelivered: "notification_delivered",
+	recStartRequested:  "start_requested",
+	recAbortRequested:  "abort_requested",
+	recEpoch:           "epoch",
+}
+
+// kindNamed is the kind with that name, or 0.
+func kindNamed(name string) recordKind {
+	for k, n := range recordKindNames {
+		if n == name && n != "" {
+			return recordKind(k)
+		}
+	}
+	return 0
 }
 
 func (k recordKind) String() string {
@@ -92,6 +108,7 @@ type recordExt struct {
 	stop    Status         // recStopRequested: the status the stop gives
 	closure *ClosureRecord // recBranchClosed, by value
 	notice  *notice        // recNotifyProduced, recNotifyDelivered
+	epoch   uint64         // recEpoch: the process life's number
 }
 
 // evidence is what a run reported that decides its outcome, kept in its
@@ -107,6 +124,7 @@ type evidence struct {
 // notice is a notification as the ledger records it: what was produced for
 // whom (the text as rendered), or, delivered, only its sequence.
 type notice struct {
+	id      string // Notification.ID: stable across restarts
 	seq     uint64 // Notification.Seq
 	kind    NotificationKind
 	parent  string
@@ -675,7 +693,7 @@ func replayLedger(recs []record) (*ledger, []*notice, error) {
 	var notes []*notice
 	for _, rec := range recs {
 		switch rec.kind {
-		case recNotifyProduced, recNotifyDelivered:
+		case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch:
 			if rec.kind == recNotifyProduced {
 				notes = append(notes, rec.notice)
 			}
@@ -707,7 +725,18 @@ func checkReplay(l *ledger) error {
 	if l.tap == nil {
 		return errors.New("bgtask: replay: the ledger kept no records (recordAll)")
 	}
-	r, notes, err := replayLedger(l.log)
+	// Through the journal's encoding and back: what a restart replays.
+	recs := make([]record, len(l.log))
+	for i := range l.log {
+		enc, err := encodeRecord(&l.log[i])
+		if err != nil {
+			return err
+		}
+		if recs[i], err = decodeRecord(enc); err != nil {
+			return err
+		}
+	}
+	r, notes, err := replayLedger(recs)
 	if err != nil {
 		return err
 	}
@@ -903,4 +932,153 @@ func (m *Manager) ended(e *entry) {
 	}
 	e.rt.sig.End()
 	m.roundEnded(e)
+}
+
+// Durability.
+//
+// A Journal keeps the records a Manager commits, so that a restart is a
+// replay. The Manager hands it every batch of records committed under its
+// lock, in commit order, and runs nothing the batch describes — no host
+// call, no notification — until the batch is durable.
+
+// Record is one ledger record as a Journal stores it: the fields a journal
+// may index or condition an append on, and the record itself, encoded.
+type Record struct {
+	Seq    uint64 // strictly increasing across the ledger
+	Kind   string // e.g. "task_launched", "session_bound", "attempt_finalized"
+	TaskID string // "" for a manager-wide record
+	// AttemptID and Token name the attempt (run) the record concerns, if
+	// any: what a journal shared by several processes conditions an append
+	// on (the task's current attempt and token).
+	AttemptID, Token string
+	Data             []byte // the whole record; a journal stores and returns it as is
+}
+
+// Journal persists a Manager's ledger records (WithJournal).
+type Journal interface {
+	// Append queues a batch of records after every batch appended before
+	// it and returns at once: it is called with the Manager's lock held
+	// and must not wait for I/O. The batch's Wait returns once it is
+	// durable, or with why it is not; after an error the Manager stops
+	// (fail-stop) and a restart recovers from what is durable.
+	Append(batch []Record) Commit
+	// Replay calls fn with every durable record, in order.
+	Replay(fn func(Record) error) error
+	// Compact replaces the journal's records with keep (in order), as one
+	// atomic step.
+	Compact(keep []Record) error
+	// Close releases the journal.
+	Close() error
+}
+
+// Commit is a batch appended to a Journal on its way to durable storage.
+type Commit interface {
+	// Wait returns once the batch is durable, or with the error that kept
+	// it from being.
+	Wait() error
+}
+
+// wireRecord is a record as it is encoded for a journal (JSON).
+type wireRecord struct {
+	Seq      uint64         `json:"seq"`
+	Kind     string         `json:"kind"`
+	Task     string         `json:"task,omitempty"`
+	At       time.Time      `json:"at"`
+	Attempt  *Attempt       `json:"attempt,omitempty"`
+	Evidence *wireEvidence  `json:"evidence,omitempty"`
+	Spec     *wireSpec      `json:"spec,omitempty"`
+	Session  string         `json:"session,omitempty"`
+	Note     string         `json:"note,omitempty"`
+	Stop     Status         `json:"stop,omitempty"`
+	Closure  *ClosureRecord `json:"closure,omitempty"`
+	Notice   *wireNotice    `json:"notice,omitempty"`
+	Epoch    uint64         `json:"epoch,omitempty"`
+}
+
+type wireEvidence struct {
+	Output string       `json:"output,omitempty"`
+	Finish FinishReason `json:"finish,omitempty"`
+	NoText bool         `json:"noText,omitempty"`
+	Reason Reason       `json:"reason,omitempty"`
+}
+
+type wireSpec struct {
+	ID          string            `json:"id"`
+	Parent      string            `json:"parent"`
+	Description string            `json:"description,omitempty"`
+	Agent       string            `json:"agent,omitempty"`
+	Prompt      string            `json:"prompt,omitempty"`
+	Models      []Model           `json:"models"`
+	MaxAttempts int               `json:"maxAttempts"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	LaunchedAt  time.Time         `json:"launchedAt"`
+}
+
+type wireNotice struct {
+	ID      string           `json:"id,omitempty"`
+	Seq     uint64           `json:"seq"`
+	Kind    NotificationKind `json:"kind"`
+	Parent  string           `json:"parent"`
+	Text    string           `json:"text,omitempty"`
+	Attempt string           `json:"attempt,omitempty"`
+	Tasks   []string         `json:"tasks,omitempty"`
+	Closure uint64           `json:"closure,omitempty"`
+}
+
+// encodeRecord is rec as a Journal stores it.
+func encodeRecord(rec *record) (Record, error) {
+	w := wireRecord{Seq: rec.seq, Kind: rec.kind.String(), Task: rec.task, At: rec.at}
+	if rec.attempt.ID != "" {
+		a := rec.attempt
+		w.Attempt = &a
+	}
+	if ev := rec.evidence; ev != (evidence{}) {
+		w.Evidence = &wireEvidence{Output: ev.output, Finish: ev.finish, NoText: ev.noText, Reason: ev.reason}
+	}
+	if x := rec.recordExt; x != nil {
+		if ti := x.spec; ti != nil {
+			w.Spec = &wireSpec{ID: ti.id, Parent: ti.parent, Description: ti.description, Agent: ti.agent, Prompt: ti.prompt,
+				Models: ti.models, MaxAttempts: ti.maxAttempts, Metadata: ti.metadata, LaunchedAt: ti.launchedAt}
+		}
+		w.Session, w.Note, w.Stop, w.Closure, w.Epoch = x.session, x.note, x.stop, x.closure, x.epoch
+		if n := x.notice; n != nil {
+			w.Notice = &wireNotice{ID: n.id, Seq: n.seq, Kind: n.kind, Parent: n.parent, Text: n.text, Attempt: n.attempt, Tasks: n.tasks, Closure: n.closure}
+		}
+	}
+	data, err := json.Marshal(w)
+	if err != nil {
+		return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
+	}
+	return Record{Seq: rec.seq, Kind: w.Kind, TaskID: rec.task, AttemptID: rec.attempt.ID, Token: rec.attempt.Token, Data: data}, nil
+}
+
+// decodeRecord is the record a Journal returned.
+func decodeRecord(r Record) (record, error) {
+	var w wireRecord
+	if err := json.Unmarshal(r.Data, &w); err != nil {
+		return record{}, fmt.Errorf("bgtask: decoding record %d: %w", r.Seq, err)
+	}
+	kind := kindNamed(w.Kind)
+	if kind == 0 {
+		return record{}, fmt.Errorf("bgtask: decoding record %d: unknown kind %q", w.Seq, w.Kind)
+	}
+	rec := record{seq: w.Seq, kind: kind, task: w.Task, at: w.At}
+	if w.Attempt != nil {
+		rec.attempt = *w.Attempt
+	}
+	if ev := w.Evidence; ev != nil {
+		rec.evidence = evidence{output: ev.Output, finish: ev.Finish, noText: ev.NoText, reason: ev.Reason}
+	}
+	x := recordExt{session: w.Session, note: w.Note, stop: w.Stop, closure: w.Closure, epoch: w.Epoch}
+	if sp := w.Spec; sp != nil {
+		x.spec = &taskInfo{id: sp.ID, parent: sp.Parent, description: sp.Description, agent: sp.Agent, prompt: sp.Prompt,
+			models: sp.Models, maxAttempts: sp.MaxAttempts, metadata: sp.Metadata, launchedAt: sp.LaunchedAt}
+	}
+	if n := w.Notice; n != nil {
+		x.notice = &notice{id: n.ID, seq: n.Seq, kind: n.Kind, parent: n.Parent, text: n.Text, attempt: n.Attempt, tasks: n.Tasks, closure: n.Closure}
+	}
+	if x != (recordExt{}) {
+		rec.recordExt = &x
+	}
+	return rec, nil
 }
