@@ -325,6 +325,9 @@ func (m *Manager) abortOrphanNow(e *entry, a Attempt, sessionID string) {
 // callAbort calls the host. A panic is an abort that failed; the host's
 // error is guarded, so rendering it later never calls user code.
 func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
+	if err := m.poisoned(); err != nil {
+		return err
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("bgtask: Host.AbortSession panicked: %s", panicText(r))
@@ -371,7 +374,9 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 func (m *Manager) cancel(ctx context.Context, id, token string) error {
 	for {
 		in := stopIn{id: id, token: token}
-		m.step(&in)
+		if err := m.step(&in); err != nil {
+			return err
+		}
 		r := in.out
 		if r.err != nil || r.done {
 			return r.err

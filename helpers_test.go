@@ -270,7 +270,7 @@ func checkInvariants(t testing.TB, m *Manager) {
 			t.Fatalf("task %s: projection %+v differs from current attempt %+v", e.info.id, task, cur)
 		}
 		var changes uint64
-		if m.led.tap == nil {
+		if !m.led.keepLog {
 			continue // the Manager keeps no records (recordAll)
 		}
 		for _, r := range recordsOf(m.led, e.id) {

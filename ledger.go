@@ -213,10 +213,11 @@ type ledger struct {
 	byParent  map[string][]*entry   // parent sessionID → the tasks launched from it
 	closures  []record              // recBranchClosed records, in order
 	// tap, when set, sees every record as it is committed, in sequence
-	// order (the replay test; later, a journal). It is called with the
-	// Manager's lock held.
-	tap func(record)
-	log []record // what recordAll keeps
+	// order (the Manager's journal batch). It is called with the Manager's
+	// lock held.
+	tap     func(record)
+	keepLog bool     // recordAll: keep every record in log (tests)
+	log     []record // what recordAll keeps
 	// widened counts the records that can widen a branch or start a run:
 	// a launch, a new attempt, a session indexed. A closure whose last scan
 	// saw the same count knows a new scan would find the same runs.
@@ -245,11 +246,15 @@ func (l *ledger) recordClosure(cr ClosureRecord, task string) {
 // produced or delivered): it is numbered and handed to the tap, and not
 // kept in memory.
 func (l *ledger) emit(rec record) {
-	if l.tap == nil {
+	if !l.recording() {
 		return
 	}
 	l.stamp(&rec)
 }
+
+// recording reports whether committed records go anywhere (a journal, a
+// test's log): records that change no projection are made only then.
+func (l *ledger) recording() bool { return l.tap != nil || l.keepLog }
 
 // stamp numbers rec (a replayed record keeps its number) and hands it to
 // the tap.
@@ -259,6 +264,9 @@ func (l *ledger) stamp(rec *record) {
 		rec.seq = l.seq
 	} else {
 		l.seq = max(l.seq, rec.seq)
+	}
+	if l.keepLog {
+		l.log = append(l.log, *rec)
 	}
 	if l.tap != nil {
 		l.tap(*rec)
@@ -713,7 +721,7 @@ func replayLedger(recs []record) (*ledger, []*notice, error) {
 // recordAll makes l keep a copy of every record it commits, for
 // checkReplay. Call it before the ledger is used.
 func (l *ledger) recordAll() {
-	l.tap = func(r record) { l.log = append(l.log, r) }
+	l.keepLog = true
 }
 
 // checkReplay replays the records l committed (recordAll) into a fresh
@@ -722,7 +730,7 @@ func (l *ledger) recordAll() {
 // out), every closure record, and the text of every notification produced,
 // rendered again from the replayed ledger. The caller holds what guards l.
 func checkReplay(l *ledger) error {
-	if l.tap == nil {
+	if !l.keepLog {
 		return errors.New("bgtask: replay: the ledger kept no records (recordAll)")
 	}
 	// Through the journal's encoding and back: what a restart replays.

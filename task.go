@@ -54,6 +54,10 @@ var (
 	// ErrInvalidArgument: a call was given a blank id where one is
 	// required (CloseBranch with no session). Nothing changed.
 	ErrInvalidArgument = errors.New("bgtask: invalid argument")
+	// ErrJournal: the journal (WithJournal) failed to make records
+	// durable. The Manager then stops: every input is refused with it, and
+	// no host call or notification is made. Restart from the journal.
+	ErrJournal = errors.New("bgtask: journal failed")
 )
 
 // orBackground treats a nil context as context.Background(), at every entry
@@ -296,6 +300,11 @@ const (
 // Notification is a message for the parent chat session.
 type Notification struct {
 	Kind NotificationKind `json:"kind"`
+	// ID names the notification for good: a notification delivered again
+	// after a restart (WithJournal) carries the same ID, so a receiver can
+	// drop a duplicate. Delivery is at least once across a crash, and
+	// exactly once without one.
+	ID string `json:"id,omitempty"`
 	// Seq orders notifications as they were produced, across all parents.
 	Seq             uint64 `json:"seq"`
 	ParentSessionID string `json:"parentSessionID"`
@@ -331,6 +340,8 @@ const (
 	IDTask    IDKind = "task"
 	IDAttempt IDKind = "attempt"
 	IDToken   IDKind = "run"
+	// IDNotification names a notification (Notification.ID).
+	IDNotification IDKind = "notification"
 )
 
 // IDGenerator makes ids. It must be safe for concurrent use, must not call
@@ -386,7 +397,7 @@ func (g *uuidIDs) NewID(kind IDKind) string {
 // where one Manager lives.
 func SequentialIDs() IDGenerator { return &seqIDs{} }
 
-type seqIDs struct{ task, attempt, run atomic.Uint64 }
+type seqIDs struct{ task, attempt, run, note atomic.Uint64 }
 
 func (s *seqIDs) NewID(kind IDKind) string {
 	var n uint64
@@ -395,6 +406,8 @@ func (s *seqIDs) NewID(kind IDKind) string {
 		n = s.task.Add(1)
 	case IDAttempt:
 		n = s.attempt.Add(1)
+	case IDNotification:
+		n = s.note.Add(1)
 	default:
 		n = s.run.Add(1)
 	}
@@ -423,9 +436,18 @@ type config struct {
 	holdLimit        int
 	queueLimit       int // notifications waiting per parent
 	undeliveredLimit int // notifications kept for Undelivered
+	journal          Journal
 
 	err error // an invalid option, found by New: every Launch returns it
 }
+
+// WithJournal makes the Manager durable: every record it commits is
+// appended to j, and made durable before anything it describes takes
+// effect (a host call, a notification); Open replays j and recovers what
+// was live. The Manager owns j from then on and closes it at the end of
+// Shutdown. Default: none — the Manager is memory-only, and a restart
+// forgets every task (its children keep running, unknown).
+func WithJournal(j Journal) Option { return optionFunc(func(c *config) { c.journal = j }) }
 
 // WithNotifier sends notifications to n. Default: none are sent.
 func WithNotifier(n Notifier) Option { return optionFunc(func(c *config) { c.notifier = n }) }
@@ -607,6 +629,8 @@ type lifetime struct {
 	// parked is the waits parked now, which the simulation harness sets
 	// against the goroutines running in group.
 	parked parking
+
+	jerr atomic.Pointer[error] // the journal's failure (poison), once it failed
 }
 
 // hostCalls is what stands between a run and the Host, guarded by m.mu:
@@ -650,6 +674,7 @@ type notifications struct {
 type outbox struct {
 	fx     []effect
 	lines  []logRec
+	recs   []record // committed records for the journal, in order
 	panics atomic.Uint64
 }
 
@@ -701,6 +726,9 @@ func New(host Host, opts ...Option) *Manager {
 		m.calls.pool = slots.New[queued]()
 		m.cfg.err = cfg.limits.validate()
 	}
+	if cfg.journal != nil {
+		m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
+	}
 	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
 		m.cfg.err = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
 	}
@@ -720,26 +748,80 @@ func (m *Manager) goLocked(f func()) bool {
 }
 
 // unlock releases m.mu, then emits the log lines and runs the effects
-// queued while it was held.
-func (m *Manager) unlock() { m.unlockOn(nil) }
+// queued while it was held. With a journal, the records committed while
+// it was held are appended (in commit order: under the lock) and made
+// durable before any effect runs; an error is returned, and the Manager
+// stops acting on the world (see poison).
+func (m *Manager) unlock() error { return m.unlockOn(nil) }
 
 // unlockOn is unlock on worker w of the Manager's group, as the last thing
 // the function w runs does: the first effect may run on w once that
 // function returns, instead of on a new goroutine (see group.Worker).
-func (m *Manager) unlockOn(w *group.Worker) {
-	if len(m.out.lines) == 0 && len(m.out.fx) == 0 {
+func (m *Manager) unlockOn(w *group.Worker) error {
+	if len(m.out.lines) == 0 && len(m.out.fx) == 0 && len(m.out.recs) == 0 {
 		m.mu.Unlock()
-		return
+		return nil
 	}
 	lines, fx := m.out.lines, m.out.fx
 	m.out.lines, m.out.fx = nil, nil
+	var durable Commit
+	if len(m.out.recs) > 0 {
+		durable = m.appendLocked(m.out.recs)
+		clear(m.out.recs)
+		m.out.recs = m.out.recs[:0]
+	}
 	m.mu.Unlock()
 	for _, r := range lines {
 		m.logAttrs(r.level, r.msg, r.attrs...)
 	}
+	var err error
+	if durable != nil {
+		if err = durable.Wait(); err != nil {
+			m.poison(err)
+		}
+	}
 	for i := range fx {
 		m.life.group.Start(w, &fx[i]) // fx is this call's own: &fx[i] stays valid
 	}
+	return err
+}
+
+// appendLocked hands recs to the journal, encoded, in commit order. m.mu
+// is held.
+func (m *Manager) appendLocked(recs []record) Commit {
+	batch := make([]Record, 0, len(recs))
+	for i := range recs {
+		r, err := encodeRecord(&recs[i])
+		if err != nil {
+			return failedCommit{err}
+		}
+		batch = append(batch, r)
+	}
+	return m.cfg.journal.Append(batch)
+}
+
+type failedCommit struct{ err error }
+
+func (c failedCommit) Wait() error { return c.err }
+
+// poison stops the Manager from acting on the world after its journal
+// failed: what it has in memory is no longer what is durable, so no host
+// call and no notification is made from then on (each fails with the
+// journal's error), and every input is refused with it. A restart recovers
+// from what the journal holds.
+func (m *Manager) poison(err error) {
+	err = fmt.Errorf("%w: %w", ErrJournal, err)
+	if m.life.jerr.CompareAndSwap(nil, &err) {
+		m.logAttrs(slog.LevelError, "bgtask: the journal failed; the manager stops acting on the world", slog.String("err", err.Error()))
+	}
+}
+
+// poisoned returns the journal's error once it failed, else nil.
+func (m *Manager) poisoned() error {
+	if p := m.life.jerr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // effect is one thing the core decided to do to the world: a host call, a
@@ -1000,10 +1082,13 @@ func (m *Manager) decide(in input) {
 // step decides one input under m.mu and runs what it queued once the lock
 // is released: the façade of every input that needs nothing between the
 // two.
-func (m *Manager) step(in input) {
+func (m *Manager) step(in input) error {
+	if err := m.poisoned(); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	m.decide(in)
-	m.unlock()
+	return m.unlock()
 }
 
 // Launch records a task and its first attempt (pending) and returns its
@@ -1033,14 +1118,21 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		maxAttempts: maxAttempts,
 		metadata:    maps.Clone(spec.Metadata),
 	}
+	if err := m.poisoned(); err != nil {
+		return Task{}, err
+	}
 	m.mu.Lock()
-	defer m.unlock()
 	in := launchIn{info: info}
 	m.decide(&in)
 	if in.out.err != nil {
+		m.unlock()
 		return Task{}, in.out.err
 	}
-	return in.out.e.project(), nil
+	task := in.out.e.project()
+	if err := m.unlock(); err != nil {
+		return Task{}, err // not durable: it never happened
+	}
+	return task, nil
 }
 
 // onLaunch decides a launch: refused while shutting down or inside a
@@ -1240,6 +1332,9 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 }
 
 func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
+	if err := m.poisoned(); err != nil {
+		return "", Permanent(err)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			sid, err = "", Permanent(fmt.Errorf("bgtask: Host.StartSession panicked: %s", panicText(r)))
@@ -1295,7 +1390,14 @@ func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
 func (m *Manager) push(n Notification) {
 	m.notes.seq++
 	n.Seq = m.notes.seq
-	if m.led.tap != nil {
+	if n.ID == "" {
+		id, err := newID(m.cfg.ids, IDNotification)
+		if err != nil || id == "" {
+			id = "n-" + strconv.FormatUint(m.changes.epoch, 10) + "-" + strconv.FormatUint(n.Seq, 10)
+		}
+		n.ID = id
+	}
+	if m.led.recording() {
 		m.led.emit(record{kind: recNotifyProduced, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: m.noticeOf(n)}})
 	}
 	old, evicted, ok := m.notes.lanes.Push(n.ParentSessionID, n)
@@ -1312,7 +1414,7 @@ func (m *Manager) push(n Notification) {
 
 // noticeOf is n as the ledger records it. m.mu is held.
 func (m *Manager) noticeOf(n Notification) *notice {
-	nt := &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID, text: n.Text, attempt: n.Task.CurrentAttemptID}
+	nt := &notice{id: n.ID, seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID, text: n.Text, attempt: n.Task.CurrentAttemptID}
 	for _, t := range n.Tasks {
 		nt.tasks = append(nt.tasks, t.ID)
 	}
@@ -1347,6 +1449,9 @@ func (m *Manager) deliver(_ string, n Notification) {
 	ctx := withRun(m.life.ctx, RunRef{TaskID: n.TaskID, AttemptID: cur.ID, Token: cur.Token}, callNotify)
 	var err error
 	for attempt := 1; ; attempt++ {
+		if err = m.poisoned(); err != nil {
+			break // not durable: never delivered
+		}
 		err = func() (err error) {
 			defer func() {
 				if r := recover(); r != nil {
@@ -1356,7 +1461,7 @@ func (m *Manager) deliver(_ string, n Notification) {
 			return m.cfg.notifier.Notify(ctx, n)
 		}()
 		if err == nil {
-			if m.led.tap != nil { // set before the Manager is used, never changed
+			if m.led.recording() { // set before the Manager is used, never changed
 				m.mu.Lock()
 				m.led.emit(record{kind: recNotifyDelivered, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID}}})
 				m.unlock()
