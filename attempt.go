@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -403,6 +404,9 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 		m.admit(e, next)
 		return
 	}
+	if abortOld {
+		m.intend(recAbortRequested, e, failed)
+	}
 	if !m.effect(effect{kind: fxRetry, e: e, run: runOfAttempt(next), prev: runOfAttempt(failed), abortOld: abortOld, cause: cause}) {
 		m.finalize(e, next.ID, StatusInterrupt, "", "", m.now())
 	}
@@ -449,6 +453,17 @@ func (m *Manager) spawnStart(e *entry, a Attempt) {
 	}
 	m.calls.inflight[seq] = struct{}{}
 	e.rt.startSeq = seq
+	m.intend(recStartRequested, e, a)
+}
+
+// intend records that a host call for run a of e is about to be made
+// (kind: recStartRequested, recAbortRequested): durable, with a journal,
+// before the call, so that after a crash recovery knows which calls may
+// have happened. m.mu is held.
+func (m *Manager) intend(kind recordKind, e *entry, a Attempt) {
+	if m.led.recording() {
+		m.led.emit(record{kind: kind, task: e.id, at: m.now(), attempt: a})
+	}
 }
 
 // onStarted decides StartSession's answer for attempt a of e (start seq).
@@ -807,4 +822,184 @@ type slotHold struct {
 	waiter *slots.Waiter[queued]
 	token  string // the run holding the slot
 	key    string // the concurrency key whose slot it holds
+}
+
+// Restart recovery.
+
+// LostAcrossRestart is the error of a run the host reported gone after a
+// restart, or that no host could report on (StatusHost missing, FuncHost).
+const LostAcrossRestart = "lost across restart"
+
+// StartOutcomeUnknown is the error of a run whose StartSession was asked
+// for before a restart and whose session no host could find.
+const StartOutcomeUnknown = "start outcome unknown after restart"
+
+// reconcile decides what each task that was live at the crash becomes,
+// after restore: a run that may have a child is asked about (a recovery
+// effect, with a StatusHost) or ends interrupt; a run that never asked
+// for a child is admitted again; the notifications produced and not
+// delivered are queued again, in their order. m.mu is held.
+func (m *Manager) reconcile(rv *recovery) {
+	now := m.now()
+	_, asks := m.host.(StatusHost)
+	for _, e := range m.order {
+		if e.terminal() {
+			continue
+		}
+		if m.cfg.notifier != nil {
+			r := m.notes.rounds[e.info.parent]
+			if r == nil {
+				r = &round{parent: e.info.parent}
+				m.notes.rounds[e.info.parent] = r
+			}
+			r.live++
+			r.tasks = append(r.tasks, e)
+			e.rt.round = r
+		}
+		a := *e.cur()
+		switch {
+		case a.Status == StatusRunning || rv.started[a.ID]:
+			// It may have a child: only the host can say.
+			if !asks {
+				why := LostAcrossRestart
+				if a.Status != StatusRunning {
+					why = StartOutcomeUnknown
+				}
+				m.finalize(e, a.ID, StatusInterrupt, why, "", now)
+				continue
+			}
+			if m.effect(effect{kind: fxRecover, e: e, run: runOfAttempt(a), rv: rv}) {
+				rv.left++
+			} else {
+				m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
+			}
+		case e.stop != "":
+			m.finalize(e, a.ID, e.stop, "", "", now) // no child was ever asked for
+		default:
+			m.admit(e, a) // it never asked for a child: ask now
+		}
+	}
+	rv.pending = make(chan struct{}, rv.left)
+	seqs := slices.Sorted(maps.Keys(rv.notes))
+	for _, seq := range seqs {
+		n := rv.notes[seq]
+		m.redeliver(n)
+	}
+}
+
+// redeliver queues again a notification produced before a restart and
+// not delivered, with its ID, sequence and text. m.mu is held.
+func (m *Manager) redeliver(n *notice) {
+	if m.cfg.notifier == nil {
+		return
+	}
+	out := Notification{ID: n.id, Seq: n.seq, Kind: n.kind, ParentSessionID: n.parent, Text: n.text}
+	if ref, ok := m.led.byAttempt[n.attempt]; ok {
+		out.TaskID, out.Task = ref.e.id, ref.e.project()
+	}
+	for _, id := range n.tasks {
+		if e := m.led.tasks[id]; e != nil {
+			out.Tasks = append(out.Tasks, e.project())
+		}
+	}
+	old, evicted, ok := m.notes.lanes.Push(out.ParentSessionID, out)
+	if evicted {
+		m.notes.failures.Add(1)
+		m.keepLost(old, "its parent's queue is full (WithNotifyLimits)")
+	}
+	if !ok {
+		m.notes.failures.Add(1)
+	}
+}
+
+// recoverRun asks the host what became of run a of e after a restart (a
+// recovery effect): the session it may have created (by attempt id, when
+// it was never bound), and that session's state. The answer comes back as
+// recoveredIn.
+func (m *Manager) recoverRun(fx *effect) {
+	e, a := fx.e, fx.run.attempt()
+	defer func() { fx.rv.pending <- struct{}{} }()
+	sh := m.host.(StatusHost)
+	in := recoveredIn{e: e, a: a, sid: a.SessionID}
+	ctx := withRun(m.life.ctx, RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}, callStart)
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				in.err = fmt.Errorf("bgtask: StatusHost panicked: %s", panicText(r))
+			}
+		}()
+		if in.sid == "" {
+			req := SessionRequest{TaskID: e.id, AttemptID: a.ID, AttemptNumber: a.Number, Token: a.Token,
+				ParentSessionID: e.info.parent, Model: a.Model, Agent: e.info.agent, Prompt: e.info.prompt}
+			in.sid, in.err = sh.FindSession(ctx, req)
+			if in.err != nil || in.sid == "" {
+				return
+			}
+		}
+		in.report, in.err = sh.SessionStatus(ctx, in.sid)
+	}()
+	if in.err != nil {
+		in.text = safeText(in.err) // user code: before the lock
+	}
+	if in.report.State == SessionEnded && in.report.End.Kind == SessionError {
+		err := in.report.End.Err
+		if err == nil {
+			err = errors.New("session error with no detail")
+		}
+		in.f = m.classify(err)
+	}
+	_ = m.step(&in)
+}
+
+// onRecovered decides what the host said of a run after a restart: alive,
+// it runs on (re-adopted: bound if it was not, its stall watch armed, and
+// stopped if a stop was asked); ended, it ends with that evidence; gone or
+// unknown, it is interrupt — never cancelled, never completed without
+// evidence. m.mu is held.
+func (m *Manager) onRecovered(in *recoveredIn) {
+	e, a := in.e, in.a
+	cur := e.cur()
+	if cur.ID != a.ID || cur.Token != a.Token || cur.Status.Terminal() {
+		return
+	}
+	now := m.now()
+	switch {
+	case in.err != nil:
+		why := LostAcrossRestart + ": the host could not say what became of it: " + in.text
+		m.finalize(e, a.ID, StatusInterrupt, why, "", now)
+		return
+	case in.sid == "":
+		m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+		return
+	case in.report.State == SessionGone || (in.report.State != SessionAlive && in.report.State != SessionEnded):
+		m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
+		return
+	}
+	if cur.Status == StatusPending {
+		if owner, taken := m.led.bySession[in.sid]; taken && owner.e != e {
+			m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+			return
+		}
+		if !m.bindRun(e, a.ID, in.sid, now) {
+			return
+		}
+	} else if m.cfg.stallTimeout > 0 {
+		e.seen.lastEvent = now // it was silent while nobody listened
+		m.watchStall(e, *e.cur())
+	}
+	if in.report.State == SessionEnded {
+		ev := in.report.End
+		if !ev.Kind.ends() {
+			ev.Kind = SessionInterrupted // ended, but not said how: an interruption, not an answer
+		}
+		ev.SessionID, ev.AttemptID, ev.Token = in.sid, a.ID, a.Token
+		o := observation{ev: ev, fail: in.f, classified: true}
+		if who, err := m.observeLocked(&o); err != nil {
+			m.rejectedLocked(ev, who, err)
+		}
+		return
+	}
+	if e.stop != "" {
+		m.stopRun(e, now) // a stop was asked before the restart: it goes on
+	}
 }

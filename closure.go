@@ -132,6 +132,7 @@ func (m *Manager) newAbort(e *entry, a *Attempt, store *abortOp) (op *abortOp, f
 		store = new(abortOp)
 	}
 	op = store
+	m.intend(recAbortRequested, e, *a)
 	*op = abortOp{
 		ref:     attemptRef{e: e, index: e.current},
 		session: a.SessionID,
@@ -305,6 +306,9 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 // stopped being current. The session is never adopted; a failed abort is
 // logged.
 func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
+	orphan := a
+	orphan.SessionID = sessionID
+	m.intend(recAbortRequested, e, orphan)
 	if !m.effect(effect{kind: fxAbortOrphan, e: e, run: runOfAttempt(a), session: sessionID}) {
 		m.logLocked(slog.LevelError, "bgtask: a session created for a superseded attempt was left running: the manager is shut down",
 			slog.String("task", e.id), slog.String("attempt", a.ID), slog.String("session", sessionID))

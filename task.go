@@ -205,6 +205,41 @@ type Host interface {
 	AbortSession(ctx context.Context, sessionID string) error
 }
 
+// StatusHost is a Host that can say, after a restart (WithJournal), what
+// became of the child sessions a previous process started. Without it
+// (and with FuncHost, whose functions died with the process) every run
+// that may have had a child ends interrupt ("lost across restart").
+type StatusHost interface {
+	Host
+	// SessionStatus reports what became of a child session: alive (it
+	// runs on, and its events are applied again), ended with the event that
+	// ended it (SessionIdle with its answer, SessionError with its error,
+	// SessionInterrupted), or gone.
+	SessionStatus(ctx context.Context, sessionID string) (SessionReport, error)
+	// FindSession returns the session a StartSession for req created
+	// before the restart, or "" if there is none: for a start whose answer
+	// was lost. Tag child sessions with req.AttemptID so they can be found.
+	FindSession(ctx context.Context, req SessionRequest) (sessionID string, err error)
+}
+
+// SessionState is what became of a child session (StatusHost).
+type SessionState string
+
+const (
+	SessionAlive SessionState = "alive" // it runs on
+	SessionEnded SessionState = "ended" // its run ended: SessionReport.End says how
+	SessionGone  SessionState = "gone"  // no such session any more
+)
+
+// SessionReport is a StatusHost's answer about one session.
+type SessionReport struct {
+	State SessionState
+	// End (SessionEnded) is the event that ended the run: its Kind
+	// (SessionIdle, SessionError, SessionInterrupted), Text, Err, Finish,
+	// NoFinalText. Its ids are filled in by the Manager.
+	End Event
+}
+
 // SessionRequest is what StartSession is asked to run.
 type SessionRequest struct {
 	TaskID          string
@@ -630,7 +665,8 @@ type lifetime struct {
 	// against the goroutines running in group.
 	parked parking
 
-	jerr atomic.Pointer[error] // the journal's failure (poison), once it failed
+	jerr          atomic.Pointer[error] // the journal's failure (poison), once it failed
+	journalClosed sync.Once             // Shutdown closes the journal, once nothing can commit
 }
 
 // hostCalls is what stands between a run and the Host, guarded by m.mu:
@@ -678,11 +714,83 @@ type outbox struct {
 	panics atomic.Uint64
 }
 
-// New returns a Manager that runs child sessions through host.
+// New returns a Manager that runs child sessions through host. With
+// WithJournal it recovers from the journal as Open does; a journal that
+// cannot be read makes every Launch fail with the error (use Open to see
+// it at once).
 func New(host Host, opts ...Option) *Manager {
 	if host == nil {
 		panic("bgtask: New with a nil Host")
 	}
+	m := newManager(host, opts)
+	if m.cfg.journal != nil {
+		if err := m.recover(context.Background()); err != nil {
+			m.cfg.err = err
+			m.logAttrs(slog.LevelError, "bgtask: recovering from the journal failed", slog.String("err", err.Error()))
+		}
+	}
+	return m
+}
+
+// Open returns a Manager that runs child sessions through host, durable
+// when opts has WithJournal: it replays the journal and recovers what was
+// live before it returns. Every task comes back as committed. A run that
+// may have had a child is asked about through the host (StatusHost):
+// alive, it is re-adopted; ended, it ends with that evidence; gone, or with
+// a host that cannot say, it ends interrupt ("lost across restart") —
+// never cancelled or completed without evidence. A run that never asked
+// for a child starts now. Notifications produced and not delivered are
+// delivered again, in their order, with their IDs. ctx bounds the host
+// calls of the recovery. Without a journal, Open is New.
+func Open(ctx context.Context, host Host, opts ...Option) (*Manager, error) {
+	if host == nil {
+		return nil, errors.New("bgtask: Open with a nil Host")
+	}
+	m := newManager(host, opts)
+	if m.cfg.journal == nil {
+		return m, m.cfg.err
+	}
+	if err := m.recover(orBackground(ctx)); err != nil {
+		m.life.cancel()
+		stop, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+		defer cancel()
+		_ = m.Shutdown(stop)
+		return nil, err
+	}
+	return m, m.cfg.err
+}
+
+// recover replays the journal, records the new process life's epoch, and
+// reconciles what was live (reconcile), waiting for the host's answers.
+func (m *Manager) recover(ctx context.Context) error {
+	if t, ok := m.cfg.journal.(interface{ TornTail() string }); ok {
+		if torn := t.TornTail(); torn != "" {
+			m.logAttrs(slog.LevelWarn, "bgtask: the journal's last record was torn (a crash mid-write) and was cut off", slog.String("where", torn))
+		}
+	}
+	m.mu.Lock()
+	rv, err := m.restore()
+	if err != nil {
+		m.mu.Unlock()
+		return err
+	}
+	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
+	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch}})
+	m.reconcile(rv)
+	if err := m.unlock(); err != nil {
+		return err
+	}
+	for range rv.left {
+		select {
+		case <-rv.pending:
+		case <-ctx.Done():
+			return fmt.Errorf("bgtask: recovering from the journal: %w", ctx.Err())
+		}
+	}
+	return m.poisoned()
+}
+
+func newManager(host Host, opts []Option) *Manager {
 	cfg := config{holdLimit: 1024, notifyAttempts: 3, notifyBackoff: Backoff(200*time.Millisecond, 5*time.Second, 0.2),
 		queueLimit: DefaultNotifyQueueLimit, undeliveredLimit: DefaultUndeliveredLimit}
 	for _, o := range opts {
@@ -725,9 +833,6 @@ func New(host Host, opts ...Option) *Manager {
 	if cfg.limits != nil {
 		m.calls.pool = slots.New[queued]()
 		m.cfg.err = cfg.limits.validate()
-	}
-	if cfg.journal != nil {
-		m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
 	}
 	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
 		m.cfg.err = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
@@ -777,7 +882,7 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	var err error
 	if durable != nil {
 		if err = durable.Wait(); err != nil {
-			m.poison(err)
+			err = m.poison(err)
 		}
 	}
 	for i := range fx {
@@ -809,11 +914,12 @@ func (c failedCommit) Wait() error { return c.err }
 // call and no notification is made from then on (each fails with the
 // journal's error), and every input is refused with it. A restart recovers
 // from what the journal holds.
-func (m *Manager) poison(err error) {
+func (m *Manager) poison(err error) error {
 	err = fmt.Errorf("%w: %w", ErrJournal, err)
 	if m.life.jerr.CompareAndSwap(nil, &err) {
 		m.logAttrs(slog.LevelError, "bgtask: the journal failed; the manager stops acting on the world", slog.String("err", err.Error()))
 	}
+	return m.poisoned()
 }
 
 // poisoned returns the journal's error once it failed, else nil.
@@ -844,6 +950,7 @@ type effect struct {
 	cause    error
 	session  string                // fxAbortOrphan, fxCascade: the session
 	closure  *closure              // fxCascade: the closure of its branch
+	rv       *recovery             // fxRecover: the restart it serves
 	timer    Timer                 // fxQueueTimeout: made as the run queued
 	done     <-chan struct{}       // fxStallWatch: closed when the run ends or is replaced
 	waiter   *slots.Waiter[queued] // fxQueueTimeout: the run's place in the queue
@@ -877,6 +984,7 @@ const (
 	fxStallWatch                         // watch run a for a stall
 	fxQueueTimeout                       // end queued run a when the queue timeout fires first
 	fxCascade                            // close the branch beneath a deleted session
+	fxRecover                            // ask a StatusHost what became of run a after a restart
 	fxGo                                 // run fn
 )
 
@@ -917,6 +1025,8 @@ func (fx *effect) Run(w *group.Worker) {
 		m.watchQueueNow(fx.e, fx.run.attempt(), fx.waiter, fx.timer)
 	case fxCascade:
 		m.cascadeNow(fx.closure, fx.session)
+	case fxRecover:
+		m.recoverRun(fx)
 	case fxGo:
 		fx.fn()
 	}
@@ -1025,6 +1135,17 @@ type (
 		attemptID, token, text string
 		ended                  bool
 	}
+	// recoveredIn: a StatusHost said, after a restart, what became of run
+	// a of e (sid: its session, found by attempt id if it was not bound).
+	recoveredIn struct {
+		e      *entry
+		a      Attempt
+		sid    string
+		report SessionReport
+		err    error
+		text   string  // err's text, worked out outside the lock
+		f      failure // an ended run's error, classified outside the lock
+	}
 )
 
 func (*launchIn) input()       {}
@@ -1037,6 +1158,7 @@ func (*stallCheckIn) input()   {}
 func (*stopIn) input()         {}
 func (*shutdownIn) input()     {}
 func (*runReturnedIn) input()  {}
+func (*recoveredIn) input()    {}
 
 // reply is what deciding an input tells its caller (the out field of the
 // inputs that have one).
@@ -1076,6 +1198,8 @@ func (m *Manager) decide(in input) {
 		m.onShutdown()
 	case *runReturnedIn:
 		m.onRunReturned(in)
+	case *recoveredIn:
+		m.onRecovered(in)
 	}
 }
 
@@ -1667,6 +1791,13 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	if n := m.notes.lanes.Pending() + lost; n > 0 {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered (see Undelivered)", n))
+	}
+	if j := m.cfg.journal; j != nil && m.life.group.Running() == 0 {
+		m.life.journalClosed.Do(func() {
+			if err := j.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("bgtask: shutdown: closing the journal: %w", err))
+			}
+		})
 	}
 	return errors.Join(errs...)
 }

@@ -1,0 +1,313 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// sessionService is a session service that outlives the harness process:
+// sessions are tagged with the attempt that asked for them, and answer
+// StatusHost's questions.
+type sessionService struct {
+	mu       sync.Mutex
+	sessions map[string]*svcSession // by session id
+	byAtt    map[string]string      // attempt id → session id
+	gate     map[int]chan struct{}  // attempt number → StartSession waits for it
+	gated    chan string            // the attempts whose StartSession waits at a gate
+}
+
+type svcSession struct {
+	state SessionState
+	end   Event
+}
+
+func newSessionService() *sessionService {
+	return &sessionService{sessions: map[string]*svcSession{}, byAtt: map[string]string{}, gate: map[int]chan struct{}{}, gated: make(chan string, 16)}
+}
+
+func (s *sessionService) set(sid string, state SessionState, end Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sessions[sid] = &svcSession{state: state, end: end}
+}
+
+// svcHost is one process's connection to the service.
+type svcHost struct {
+	svc    *sessionService
+	noStat bool // a Host without StatusHost's methods (see plainHost)
+}
+
+func (h *svcHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
+	sid := "s-" + req.AttemptID
+	h.svc.mu.Lock()
+	h.svc.sessions[sid] = &svcSession{state: SessionAlive}
+	h.svc.byAtt[req.AttemptID] = sid
+	gate := h.svc.gate[req.AttemptNumber]
+	h.svc.mu.Unlock()
+	if gate != nil { // the session exists; the answer is lost with the process
+		h.svc.gated <- req.AttemptID
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	return sid, nil
+}
+
+func (h *svcHost) AbortSession(ctx context.Context, sid string) error {
+	return errors.New("the harness is going away: the session service keeps it")
+}
+
+func (h *svcHost) SessionStatus(ctx context.Context, sid string) (SessionReport, error) {
+	h.svc.mu.Lock()
+	defer h.svc.mu.Unlock()
+	s := h.svc.sessions[sid]
+	if s == nil {
+		return SessionReport{State: SessionGone}, nil
+	}
+	return SessionReport{State: s.state, End: s.end}, nil
+}
+
+func (h *svcHost) FindSession(ctx context.Context, req SessionRequest) (string, error) {
+	h.svc.mu.Lock()
+	defer h.svc.mu.Unlock()
+	return h.svc.byAtt[req.AttemptID], nil
+}
+
+// plainHost is a Host that cannot say what became of a session.
+type plainHost struct{ h *svcHost }
+
+func (p plainHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
+	return p.h.StartSession(ctx, req)
+}
+func (p plainHost) AbortSession(ctx context.Context, sid string) error {
+	return p.h.AbortSession(ctx, sid)
+}
+
+// crashJournal is a journal whose process "dies": from crash on, nothing
+// more reaches the disk, and the Manager is not told.
+type crashJournal struct {
+	Journal
+	crashed atomic.Bool
+}
+
+type doneCommit struct{}
+
+func (doneCommit) Wait() error { return nil }
+
+func (j *crashJournal) Append(batch []Record) Commit {
+	if j.crashed.Load() {
+		return doneCommit{}
+	}
+	return j.Journal.Append(batch)
+}
+
+// crash ends m as a killed process would: nothing it does from now on is
+// durable. Its goroutines are joined (the test's, not the world's).
+func crash(t *testing.T, m *Manager, j *crashJournal) {
+	t.Helper()
+	j.crashed.Store(true)
+	// A short deadline: a start hanging in the dead process is cut off
+	// (what the process's death does).
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = m.Shutdown(ctx)
+}
+
+func openJournal(t *testing.T, dir string) *crashJournal {
+	t.Helper()
+	j, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	return &crashJournal{Journal: j}
+}
+
+func waitStatus(t *testing.T, m *Manager, id string, want Status) Task {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		task, ok := m.Task(id)
+		require.True(t, ok, "task %s", id)
+		if task.Status == want {
+			return task
+		}
+		m.mu.Lock()
+		ch := m.led.tasks[id].waitChange()
+		m.unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("task %s is %s, want %s", id, task.Status, want)
+		}
+	}
+}
+
+func TestRestartRecoversEveryTaskAsTheEvidenceSays(t *testing.T) {
+	dir := t.TempDir()
+	svc := newSessionService()
+	host := &svcHost{svc: svc}
+	rec1 := &recorder{}
+	j1 := openJournal(t, dir)
+	m1, err := Open(context.Background(), host, WithJournal(j1), WithNotifier(rec1))
+	require.NoError(t, err)
+	epoch1 := m1.Snapshot().Epoch
+	spec := func(parent string) Spec {
+		return Spec{ParentSessionID: parent, Models: []Model{{Provider: "a", ID: "1"}}}
+	}
+	ctx := context.Background()
+
+	done, err := m1.Launch(ctx, spec("p-done"))
+	require.NoError(t, err)
+	waitStatus(t, m1, done.ID, StatusRunning)
+	require.NoError(t, m1.Observe(Event{SessionID: "s-" + done.CurrentAttemptID, Kind: SessionIdle, Text: "before"}))
+	waitStatus(t, m1, done.ID, StatusCompleted)
+
+	alive, err := m1.Launch(ctx, spec("p-alive"))
+	require.NoError(t, err)
+	waitStatus(t, m1, alive.ID, StatusRunning)
+	ended, err := m1.Launch(ctx, spec("p-ended"))
+	require.NoError(t, err)
+	waitStatus(t, m1, ended.ID, StatusRunning)
+	gone, err := m1.Launch(ctx, spec("p-gone"))
+	require.NoError(t, err)
+	waitStatus(t, m1, gone.ID, StatusRunning)
+
+	// A start whose answer dies with the process: its session exists.
+	svc.mu.Lock()
+	svc.gate[1] = make(chan struct{}) // never opened
+	svc.mu.Unlock()
+	lost, err := m1.Launch(ctx, spec("p-lost"))
+	require.NoError(t, err)
+	require.Equal(t, lost.CurrentAttemptID, <-svc.gated, "the start was asked for, its session made")
+	finals1 := finalSummaries(rec1.All())
+	crash(t, m1, j1)
+	svc.mu.Lock()
+	delete(svc.gate, 1)
+	svc.mu.Unlock()
+
+	// While the harness is down, the service goes on.
+	svc.set("s-"+ended.CurrentAttemptID, SessionEnded, Event{Kind: SessionIdle, Text: "done while you were away"})
+	svc.mu.Lock()
+	delete(svc.sessions, "s-"+gone.CurrentAttemptID)
+	svc.mu.Unlock()
+
+	rec2 := &recorder{}
+	j2 := openJournal(t, dir)
+	m2, err := Open(ctx, host, WithJournal(j2), WithNotifier(rec2))
+	require.NoError(t, err)
+	defer func() { _ = m2.Shutdown(context.Background()) }()
+	assert.NotEqual(t, epoch1, m2.Snapshot().Epoch, "a new process life")
+
+	got, ok := m2.Task(done.ID)
+	require.True(t, ok)
+	assert.Equal(t, StatusCompleted, got.Status)
+	assert.Equal(t, "before", got.Result)
+
+	got = waitStatus(t, m2, alive.ID, StatusRunning)
+	assert.Equal(t, "s-"+alive.CurrentAttemptID, got.SessionID, "re-adopted, on its own session")
+	require.NoError(t, m2.Observe(Event{SessionID: got.SessionID, Kind: SessionIdle, Text: "after"}))
+	got = waitStatus(t, m2, alive.ID, StatusCompleted)
+	assert.Equal(t, "after", got.Result)
+
+	got = waitStatus(t, m2, ended.ID, StatusCompleted)
+	assert.Equal(t, "done while you were away", got.Result)
+
+	got = waitStatus(t, m2, gone.ID, StatusInterrupt)
+	assert.Contains(t, got.Error, LostAcrossRestart)
+
+	got = waitStatus(t, m2, lost.ID, StatusRunning)
+	assert.Equal(t, "s-"+lost.CurrentAttemptID, got.SessionID, "found by its attempt id and bound")
+
+	// Every task's final summary reaches its parent exactly once over both
+	// lives (by ID); none was lost.
+	require.NoError(t, m2.Observe(Event{SessionID: got.SessionID, Kind: SessionIdle, Text: "found"}))
+	waitStatus(t, m2, lost.ID, StatusCompleted)
+	require.NoError(t, m2.Shutdown(context.Background()))
+	byTask := map[string]int{}
+	ids := map[string]bool{}
+	for _, n := range append(finals1, finalSummaries(rec2.All())...) {
+		if ids[n.ID] {
+			continue // a duplicate across the crash: same ID, dropped by the receiver
+		}
+		ids[n.ID] = true
+		byTask[n.TaskID]++
+	}
+	for _, id := range []string{done.ID, alive.ID, ended.ID, gone.ID, lost.ID} {
+		assert.Equal(t, 1, byTask[id], "final summaries of %s", id)
+	}
+}
+
+func finalSummaries(ns []Notification) []Notification {
+	var out []Notification
+	for _, n := range ns {
+		if n.Kind == NotifyFinalSummary {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func TestRestartWithAHostThatCannotSayInterruptsWhatMayHaveAChild(t *testing.T) {
+	dir := t.TempDir()
+	svc := newSessionService()
+	host := plainHost{&svcHost{svc: svc}}
+	j1 := openJournal(t, dir)
+	m1, err := Open(context.Background(), host, WithJournal(j1), WithConcurrency(Limits{Default: 1}))
+	require.NoError(t, err)
+	ctx := context.Background()
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
+	running, err := m1.Launch(ctx, spec)
+	require.NoError(t, err)
+	waitStatus(t, m1, running.ID, StatusRunning)
+	queued, err := m1.Launch(ctx, spec) // waits for the slot: it never asked for a child
+	require.NoError(t, err)
+	assert.Equal(t, PendingQueued, waitStatus(t, m1, queued.ID, StatusPending).Pending)
+	crash(t, m1, j1)
+
+	j2 := openJournal(t, dir)
+	m2, err := Open(ctx, host, WithJournal(j2), WithConcurrency(Limits{Default: 1}))
+	require.NoError(t, err)
+	defer func() { _ = m2.Shutdown(context.Background()) }()
+	got := waitStatus(t, m2, running.ID, StatusInterrupt)
+	assert.Contains(t, got.Error, LostAcrossRestart, "never cancelled, never completed without evidence")
+	got = waitStatus(t, m2, queued.ID, StatusRunning)
+	assert.True(t, strings.HasPrefix(got.SessionID, "s-"), "the run that never started starts now")
+}
+
+func TestASecondOpenerOfAJournalIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	_, err = OpenFileJournal(dir)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "in use")
+	require.NoError(t, j.Close())
+	j, err = OpenFileJournal(dir)
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+}
+
+// failJournal fails every append from the first on.
+type failJournal struct{ Journal }
+
+func (failJournal) Append([]Record) Commit { return failedCommit{errors.New("disk full")} }
+
+func TestAJournalThatFailsStopsTheManagerBeforeAnyEffect(t *testing.T) {
+	dir := t.TempDir()
+	inner, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	host := &testHost{}
+	m, err := Open(context.Background(), host, WithJournal(failJournal{inner}))
+	require.ErrorIs(t, err, ErrJournal, "the epoch record could not be made durable")
+	assert.Nil(t, m)
+	assert.Empty(t, host.starts)
+}
