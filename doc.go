@@ -131,8 +131,9 @@
 // ended task produces, the end of a parent's round — and queues effects as
 // values: a session to start, a session to abort, a retry to prepare, a
 // timer to watch. Once the lock is released, the shell runs them on
-// goroutines the Manager owns (a chain of host calls for one task runs on
-// one goroutine), and what they learn comes back as the next input. User
+// goroutines the Manager owns (the next start or retry a host call's
+// answer sets off runs on the goroutine that made the call), and what they
+// learn comes back as the next input. User
 // code that must run before a decision (an error's own methods, the retry
 // classifier, the retry delay) runs in the shell, and its answer is part of
 // the input.

@@ -239,6 +239,21 @@ func newLedger(ids IDGenerator) *ledger {
 	}
 }
 
+// drop takes back a task just opened whose first attempt could not be
+// written (a bug, logged): nothing may see a task without an attempt.
+func (l *ledger) drop(e *entry) {
+	delete(l.tasks, e.id)
+	p := l.byParent[e.info.parent]
+	if n := len(p); n > 0 && p[n-1] == e {
+		l.byParent[e.info.parent] = p[:n-1]
+	}
+	if ref, ok := l.bySession[e.info.parent]; ok {
+		if k := ref.e.kids; len(k) > 0 && k[len(k)-1] == e {
+			ref.e.kids = k[:len(k)-1]
+		}
+	}
+}
+
 // recordClosure appends a branch closure's record, by value: cr is the
 // record's own (its slices are not shared with anything that changes).
 func (l *ledger) recordClosure(cr ClosureRecord, task string) {
@@ -878,7 +893,7 @@ func (m *Manager) commit(e *entry, recs ...record) bool {
 		}
 		n++
 	}
-	m.follow(e, was, recs[:n])
+	m.follow(e, was, recs[:n], n == len(recs))
 	return n == len(recs)
 }
 
@@ -893,8 +908,10 @@ func (m *Manager) commitBuilt(e *entry, rec record, err error) bool {
 }
 
 // follow derives what follows the records just written to e (wasTerminal:
-// whether e was terminal before them). m.mu is held.
-func (m *Manager) follow(e *entry, wasTerminal bool, recs []record) {
+// whether e was terminal before them; whole: the batch was written whole —
+// a retry is announced only then, when its new attempt exists). m.mu is
+// held.
+func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) {
 	visible := false
 	for i := range recs {
 		switch recs[i].kind {
@@ -910,7 +927,7 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record) {
 	for i := range recs {
 		switch rec := &recs[i]; rec.kind {
 		case recRetryScheduled:
-			if m.cfg.notifier != nil { // the new attempt is current by now
+			if whole && m.cfg.notifier != nil { // the new attempt is current by now
 				m.notify(e, NotifyRetryScheduled, retryScheduledText(rec.attempt, *e.cur()))
 			}
 		case recSessionBound:

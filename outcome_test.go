@@ -309,3 +309,22 @@ func TestIsPermanentFollowsEveryWrapping(t *testing.T) {
 	assert.False(t, IsPermanent(errors.Join(base, errors.New("other"))))
 	assert.False(t, IsPermanent(fmt.Errorf("no wrap: %v", p)))
 }
+
+// asStartError is a *StartError only through its As method.
+type asStartError struct{}
+
+func (asStartError) Error() string { return "opaque start failure" }
+func (asStartError) As(target any) bool {
+	if p, ok := target.(**StartError); ok {
+		*p = &StartError{Model: Model{Provider: "a", ID: "b"}, Err: errors.New("503")}
+		return true
+	}
+	return false
+}
+
+func TestAStartErrorSeenOnlyThroughAsIsRetriedAsOne(t *testing.T) {
+	assert.True(t, DefaultRetryable(fmt.Errorf("x: %w", asStartError{})))
+	se, ok := inChain[*StartError](asStartError{})
+	require.True(t, ok)
+	assert.Equal(t, "a", se.Model.Provider)
+}

@@ -645,7 +645,8 @@ type Manager struct {
 
 // lifetime is the Manager's life and the goroutines it owns. ctx and cancel
 // are set by New and never changed. group and watchers are safe for
-// concurrent use; every spawn on group happens under m.mu, which join
+// concurrent use; every goroutine of group is reserved under m.mu (an
+// effect) or started by a goroutine of group already counted, which join
 // relies on. closing is guarded by m.mu. parked has its own lock.
 type lifetime struct {
 	// ctx is the Manager's lifetime, not a request's: host and notifier
@@ -876,9 +877,6 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		m.out.recs = m.out.recs[:0]
 	}
 	m.mu.Unlock()
-	for _, r := range lines {
-		m.logAttrs(r.level, r.msg, r.attrs...)
-	}
 	var err error
 	if durable != nil {
 		if err = durable.Wait(); err != nil {
@@ -886,7 +884,18 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		}
 	}
 	for i := range fx {
-		m.life.group.Start(w, &fx[i]) // fx is this call's own: &fx[i] stays valid
+		// fx is this call's own: &fx[i] stays valid. Worker w, if any, goes
+		// on with the first host call (a start, a retry) of the chain.
+		on := w
+		if fx[i].kind != fxStart && fx[i].kind != fxRetry {
+			on = nil
+		} else {
+			w = nil
+		}
+		m.life.group.Start(on, &fx[i])
+	}
+	for _, r := range lines { // the logger is user code, and may be slow: after the effects start
+		m.logAttrs(r.level, r.msg, r.attrs...)
 	}
 	return err
 }
@@ -1291,7 +1300,15 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 		r.tasks = append(r.tasks, e)
 		e.rt.round = r
 	}
-	m.commit(e, first)
+	if !m.commit(e, first) { // cannot happen (open checked it): never leave a task without an attempt
+		m.led.drop(e)
+		m.order = m.order[:len(m.order)-1]
+		if r := e.rt.round; r != nil {
+			r.live--
+			r.tasks = r.tasks[:len(r.tasks)-1]
+		}
+		return reply{err: errors.New("bgtask: the ledger refused a task's first attempt")}
+	}
 	m.admit(e, *e.cur())
 	return reply{e: e}
 }
@@ -1825,8 +1842,8 @@ func (m *Manager) onShutdown() {
 const ShutdownGrace = time.Second
 
 // join waits until no goroutine of the Manager runs and closes the group so
-// none starts again. Every spawn happens under m.mu, so the check and the
-// close are one step. When ctx ends, the goroutines get ShutdownGrace to
+// none starts again. Every goroutine is reserved under m.mu (or started
+// by one already counted), so the check and the close are one step. When ctx ends, the goroutines get ShutdownGrace to
 // honour their cancelled contexts; then the group is closed anyway and the
 // error names what is left.
 func (m *Manager) join(ctx context.Context) error {
@@ -1946,12 +1963,16 @@ func startErrorIn(err error) *StartError {
 
 // inChain returns the first error of type T in err's chain (Unwrap, and
 // every branch of an Unwrap() []error in order): errors.As without its
-// allocation, for the types bgtask itself defines (no As methods).
+// allocation. A link with an As method is left to errors.As.
 func inChain[T error](err error) (T, bool) {
 	for err != nil {
 		switch e := err.(type) {
 		case T:
 			return e, true
+		case interface{ As(any) bool }:
+			var t T
+			ok := errors.As(err, &t)
+			return t, ok
 		case interface{ Unwrap() []error }:
 			for _, inner := range e.Unwrap() {
 				if t, ok := inChain[T](inner); ok {

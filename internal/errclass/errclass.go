@@ -119,12 +119,19 @@ func Classify(err error) Class {
 	case errors.Is(err, context.DeadlineExceeded):
 		return Timeout
 	}
-	timedOut := false
+	timedOut, found, hasAs := false, false, false
 	walk(err, func(e error) bool {
+		if _, ok := e.(interface{ As(any) bool }); ok {
+			hasAs = true
+		}
 		ne, ok := e.(net.Error)
-		timedOut = ok && ne.Timeout()
+		timedOut, found = ok && ne.Timeout(), ok
 		return ok
 	})
+	if !found && hasAs { // an error that says what it is only through As
+		var ne net.Error
+		timedOut = errors.As(err, &ne) && ne.Timeout()
+	}
 	if timedOut {
 		return Timeout
 	}

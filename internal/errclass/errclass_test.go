@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -442,4 +443,26 @@ func TestFromMessageCacheIsExact(t *testing.T) {
 	if got := FromMessage(long); got != fromMessage(long) {
 		t.Fatalf("a long message: %v", got)
 	}
+}
+
+// asTimeout says it is a net.Error only through an As method.
+type asTimeout struct{}
+
+func (asTimeout) Error() string { return "opaque" }
+func (asTimeout) As(target any) bool {
+	if p, ok := target.(*net.Error); ok {
+		*p = netTimeout{}
+		return true
+	}
+	return false
+}
+
+type netTimeout struct{}
+
+func (netTimeout) Error() string   { return "i/o timeout" }
+func (netTimeout) Timeout() bool   { return true }
+func (netTimeout) Temporary() bool { return true }
+
+func TestAnErrorThatIsATimeoutOnlyThroughAsIsATimeout(t *testing.T) {
+	assert.Equal(t, Timeout, Classify(fmt.Errorf("wrapped: %w", asTimeout{})))
 }
