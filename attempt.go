@@ -902,14 +902,7 @@ func (m *Manager) redeliver(n *notice) {
 			out.Tasks = append(out.Tasks, e.project())
 		}
 	}
-	old, evicted, ok := m.notes.lanes.Push(out.ParentSessionID, out)
-	if evicted {
-		m.notes.failures.Add(1)
-		m.keepLost(old, "its parent's queue is full (WithNotifyLimits)")
-	}
-	if !ok {
-		m.notes.failures.Add(1)
-	}
+	m.queueNote(out)
 }
 
 // recoverRun asks the host what became of run a of e after a restart (a

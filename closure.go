@@ -415,7 +415,7 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 func (m *Manager) onStop(in *stopIn) reply {
 	e := m.led.tasks[in.id]
 	if e == nil {
-		return reply{err: fmt.Errorf("%w: %q", ErrUnknownTask, in.id)}
+		return reply{err: m.missing(in.id)}
 	}
 	a := *e.cur()
 	if e.terminal() || (in.token != "" && a.Token != in.token) {

@@ -183,6 +183,9 @@ type entry struct {
 	// terminal, from the attempts and the evidence (both immutable by
 	// then). Every carrier gets that value.
 	outcome *Outcome
+	// notesOut counts its notifications produced and not yet delivered
+	// (or given up): an ended task is kept until it is 0 (retention).
+	notesOut int
 }
 
 func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
@@ -227,6 +230,15 @@ type ledger struct {
 	// a launch, a new attempt, a session indexed. A closure whose last scan
 	// saw the same count knows a new scan would find the same runs.
 	widened uint64
+
+	// Retention: the ended tasks still in memory, oldest end first; the
+	// live tasks per parent session; the ids of forgotten tasks (bounded,
+	// oldest dropped first).
+	ended     []*entry
+	liveBy    map[string]int
+	tombs     map[string]struct{}
+	tombOrder []string
+	forgotten uint64 // tasks forgotten, ever (a journal is compacted as they add up)
 }
 
 func newLedger(ids IDGenerator) *ledger {
@@ -236,6 +248,8 @@ func newLedger(ids IDGenerator) *ledger {
 		byAttempt: make(map[string]attemptRef),
 		bySession: make(map[string]attemptRef),
 		byParent:  make(map[string][]*entry),
+		liveBy:    make(map[string]int),
+		tombs:     make(map[string]struct{}),
 	}
 }
 
@@ -243,6 +257,11 @@ func newLedger(ids IDGenerator) *ledger {
 // written (a bug, logged): nothing may see a task without an attempt.
 func (l *ledger) drop(e *entry) {
 	delete(l.tasks, e.id)
+	if n := l.liveBy[e.info.parent] - 1; n > 0 {
+		l.liveBy[e.info.parent] = n
+	} else {
+		delete(l.liveBy, e.info.parent)
+	}
 	p := l.byParent[e.info.parent]
 	if n := len(p); n > 0 && p[n-1] == e {
 		l.byParent[e.info.parent] = p[:n-1]
@@ -309,6 +328,7 @@ func (l *ledger) apply(rec record) (*entry, error) {
 			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.task)
 		}
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
+		l.liveBy[rec.spec.parent]++ // it ends with its terminal attempt (ended, or a replay's count below)
 		e.attempts = e.first[:0]
 		l.tasks[rec.task] = e
 		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
@@ -962,6 +982,121 @@ func (m *Manager) ended(e *entry) {
 	}
 	e.rt.sig.End()
 	m.roundEnded(e)
+	l := m.led
+	if n := l.liveBy[e.info.parent] - 1; n > 0 {
+		l.liveBy[e.info.parent] = n
+	} else {
+		delete(l.liveBy, e.info.parent)
+	}
+	l.ended = append(l.ended, e)
+	m.sweep()
+}
+
+// Retention.
+
+// DefaultMaxEnded is how many ended tasks a Manager keeps by default.
+const DefaultMaxEnded = 10_000
+
+// maxTombstones bounds the ids of forgotten tasks a Manager remembers as
+// forgotten (ErrForgotten); an older one is then unknown.
+const maxTombstones = 100_000
+
+// sweepBudget bounds the ended tasks one sweep looks at: a sweep costs
+// O(1), whatever the backlog.
+const sweepBudget = 64
+
+// sweep forgets the oldest ended tasks past the retention bounds
+// (WithRetention), skipping those that must stay: a task whose parent
+// session has live tasks, or whose notifications are not all delivered.
+// m.mu is held.
+func (m *Manager) sweep() {
+	r, l := m.cfg.retention, m.led
+	if r.MaxEnded < 0 && r.MaxAge <= 0 {
+		return
+	}
+	var now time.Time
+	if r.MaxAge > 0 {
+		now = m.now()
+	}
+	kept := 0
+	for i := 0; i < len(l.ended) && i < sweepBudget; i++ {
+		e := l.ended[i]
+		over := r.MaxEnded >= 0 && len(l.ended)-(i-kept) > r.MaxEnded
+		old := r.MaxAge > 0 && now.Sub(e.cur().CompletedAt) > r.MaxAge
+		if !over && !old {
+			break
+		}
+		if l.liveBy[e.info.parent] > 0 || e.notesOut > 0 || len(m.closures.active) > 0 {
+			l.ended[kept] = e // it must stay: looked at again next time
+			kept++
+			continue
+		}
+		m.forget(e)
+		l.ended[i] = nil
+	}
+	// Close the gaps the forgotten left in the looked-at prefix.
+	n := 0
+	for i, e := range l.ended {
+		if i < kept || e != nil {
+			l.ended[n] = e
+			n++
+		}
+	}
+	clear(l.ended[n:])
+	l.ended = l.ended[:n]
+}
+
+// forget takes ended task e out of memory: its indexes, its place in
+// launch order and under its parent, its undelivered notifications; its
+// id is kept as a tombstone. m.mu is held.
+func (m *Manager) forget(e *entry) {
+	l := m.led
+	delete(l.tasks, e.id)
+	for _, a := range e.attempts {
+		delete(l.byAttempt, a.ID)
+	}
+	for _, s := range e.sessions {
+		if ref, ok := l.bySession[s]; ok && ref.e == e {
+			delete(l.bySession, s)
+		}
+	}
+	l.byParent[e.info.parent] = without(l.byParent[e.info.parent], e)
+	if len(l.byParent[e.info.parent]) == 0 {
+		delete(l.byParent, e.info.parent)
+	}
+	if ref, ok := l.bySession[e.info.parent]; ok {
+		ref.e.kids = without(ref.e.kids, e)
+	}
+	m.order = without(m.order, e)
+	lost := m.notes.lost[:0]
+	for _, n := range m.notes.lost {
+		if n.TaskID != e.id {
+			lost = append(lost, n)
+		}
+	}
+	clear(m.notes.lost[len(lost):])
+	m.notes.lost = lost
+	l.tombs[e.id] = struct{}{}
+	l.tombOrder = append(l.tombOrder, e.id)
+	if len(l.tombOrder) > maxTombstones {
+		delete(l.tombs, l.tombOrder[0])
+		l.tombOrder[0] = ""
+		l.tombOrder = l.tombOrder[1:]
+	}
+	m.led.forgotten++
+}
+
+// without is s less its first e (searched from the front: what is
+// forgotten is mostly the oldest).
+func without(s []*entry, e *entry) []*entry {
+	for i, x := range s {
+		if x == e {
+			copy(s[i:], s[i+1:])
+			s[len(s)-1] = nil
+			return s[:len(s)-1]
+		}
+	}
+	return s
 }
 
 // Durability.
@@ -1173,6 +1308,16 @@ func (m *Manager) restore() (*recovery, error) {
 		return nil, err
 	}
 	m.changes.epoch = lastEpoch + 1
+	for _, e := range m.order { // what ended before the restart counts as ended
+		if e.terminal() {
+			if n := l.liveBy[e.info.parent] - 1; n > 0 {
+				l.liveBy[e.info.parent] = n
+			} else {
+				delete(l.liveBy, e.info.parent)
+			}
+			l.ended = append(l.ended, e)
+		}
+	}
 	if g, ok := m.cfg.ids.(*seqIDs); ok {
 		g.skipPast(l)
 	}

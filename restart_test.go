@@ -135,14 +135,18 @@ func waitStatus(t *testing.T, m *Manager, id string, want Status) Task {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for {
-		task, ok := m.Task(id)
-		require.True(t, ok, "task %s", id)
+		m.mu.Lock()
+		e := m.led.tasks[id]
+		if e == nil {
+			m.unlock()
+			t.Fatalf("task %s: not found", id)
+		}
+		task := e.project()
+		ch := e.waitChange() // under the same lock: no change is missed
+		m.unlock()
 		if task.Status == want {
 			return task
 		}
-		m.mu.Lock()
-		ch := m.led.tasks[id].waitChange()
-		m.unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():

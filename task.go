@@ -33,6 +33,9 @@ import (
 var (
 	// ErrUnknownTask: no task has that id.
 	ErrUnknownTask = errors.New("bgtask: unknown task")
+	// ErrForgotten: the task existed, ended, and was forgotten under the
+	// retention rule (WithRetention). It is not ErrUnknownTask.
+	ErrForgotten = errors.New("bgtask: task was forgotten (retention)")
 	// ErrUnknownSession: an event named a session (or attempt) that no task
 	// knows and no session start in flight may be creating.
 	ErrUnknownSession = errors.New("bgtask: unknown session")
@@ -472,8 +475,37 @@ type config struct {
 	queueLimit       int // notifications waiting per parent
 	undeliveredLimit int // notifications kept for Undelivered
 	journal          Journal
+	retention        Retention
 
 	err error // an invalid option, found by New: every Launch returns it
+}
+
+// Retention bounds the ended tasks a Manager keeps in memory
+// (WithRetention). Live tasks are always kept.
+type Retention struct {
+	// MaxEnded is how many ended tasks are kept; the oldest ended that
+	// may go (see WithRetention) is forgotten first. 0: DefaultMaxEnded;
+	// < 0: no bound.
+	MaxEnded int
+	// MaxAge forgets a task that ended longer ago than this. 0: no age
+	// bound. Age is looked at as tasks end (an idle Manager forgets
+	// nothing).
+	MaxAge time.Duration
+}
+
+// WithRetention sets how many ended tasks, and for how long, a Manager
+// keeps. An ended task stays while its parent session has live tasks
+// (they may still be reported together) and until its notifications are
+// delivered. A forgotten task's id answers ErrForgotten (Lookup, Wait,
+// Cancel) for the last 100,000 forgotten; with a journal, compaction drops
+// it from disk too. Default: the last DefaultMaxEnded ended tasks.
+func WithRetention(r Retention) Option {
+	return optionFunc(func(c *config) {
+		if r.MaxEnded == 0 {
+			r.MaxEnded = DefaultMaxEnded
+		}
+		c.retention = r
+	})
 }
 
 // WithJournal makes the Manager durable: every record it commits is
@@ -793,7 +825,8 @@ func (m *Manager) recover(ctx context.Context) error {
 
 func newManager(host Host, opts []Option) *Manager {
 	cfg := config{holdLimit: 1024, notifyAttempts: 3, notifyBackoff: Backoff(200*time.Millisecond, 5*time.Second, 0.2),
-		queueLimit: DefaultNotifyQueueLimit, undeliveredLimit: DefaultUndeliveredLimit}
+		queueLimit: DefaultNotifyQueueLimit, undeliveredLimit: DefaultUndeliveredLimit,
+		retention: Retention{MaxEnded: DefaultMaxEnded}}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -1324,6 +1357,77 @@ func (m *Manager) Task(id string) (Task, bool) {
 	return e.project(), true
 }
 
+// Lookup returns a snapshot of the task with that id, or ErrForgotten for
+// a task forgotten under the retention rule, or ErrUnknownTask.
+func (m *Manager) Lookup(id string) (Task, error) {
+	m.mu.Lock()
+	defer m.unlock()
+	e := m.led.tasks[id]
+	if e == nil {
+		return Task{}, m.missing(id)
+	}
+	return e.project(), nil
+}
+
+// missing is the error for an id no task in memory has. m.mu is held.
+func (m *Manager) missing(id string) error {
+	if _, ok := m.led.tombs[id]; ok {
+		return fmt.Errorf("%w: %q", ErrForgotten, id)
+	}
+	return fmt.Errorf("%w: %q", ErrUnknownTask, id)
+}
+
+// Query selects tasks for a paged read (Manager.Page).
+type Query struct {
+	Parent string // only tasks launched from this session; "": any
+	Status Status // only tasks in this status; "": any
+	// After is the cursor of the previous page (Page.Next); "": from the
+	// first task launched.
+	After string
+	Limit int // at most this many tasks: 1..1000; 0: 100
+}
+
+// Page is one page of tasks, in launch order.
+type Page struct {
+	Tasks []Task
+	Next  string // the cursor of the next page; "" when this is the last
+}
+
+// Page returns the tasks Query selects, one page at a time, copying only
+// that page under the lock: for services that must not copy every task.
+func (m *Manager) Page(q Query) (Page, error) {
+	limit := q.Limit
+	switch {
+	case limit == 0:
+		limit = 100
+	case limit < 0 || limit > 1000:
+		return Page{}, fmt.Errorf("%w: Query.Limit %d is not in 1..1000", ErrInvalidArgument, q.Limit)
+	}
+	m.mu.Lock()
+	defer m.unlock()
+	start := 0
+	if q.After != "" {
+		e := m.led.tasks[q.After]
+		if e == nil {
+			return Page{}, fmt.Errorf("%w: cursor: %w", ErrInvalidArgument, m.missing(q.After))
+		}
+		start = slices.Index(m.order, e) + 1
+	}
+	var p Page
+	for i := start; i < len(m.order); i++ {
+		e := m.order[i]
+		if (q.Parent != "" && e.info.parent != q.Parent) || (q.Status != "" && e.cur().Status != q.Status) {
+			continue
+		}
+		if len(p.Tasks) == limit {
+			p.Next = p.Tasks[len(p.Tasks)-1].ID
+			break
+		}
+		p.Tasks = append(p.Tasks, e.project())
+	}
+	return p, nil
+}
+
 // Tasks returns snapshots of every task, in launch order.
 func (m *Manager) Tasks() []Task { return m.Snapshot().Tasks }
 
@@ -1334,8 +1438,9 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	m.mu.Lock()
 	e := m.led.tasks[id]
 	if e == nil {
+		err := m.missing(id)
 		m.unlock()
-		return Task{}, fmt.Errorf("%w: %q", ErrUnknownTask, id)
+		return Task{}, err
 	}
 	done := e.waitDone()
 	m.unlock()
@@ -1541,15 +1646,38 @@ func (m *Manager) push(n Notification) {
 	if m.led.recording() {
 		m.led.emit(record{kind: recNotifyProduced, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: m.noticeOf(n)}})
 	}
+	m.queueNote(n)
+}
+
+// queueNote puts n on its parent's lane; its task counts it as out until
+// it is delivered or given up. m.mu is held.
+func (m *Manager) queueNote(n Notification) {
 	old, evicted, ok := m.notes.lanes.Push(n.ParentSessionID, n)
+	if ok {
+		m.noteOut(n.TaskID, 1)
+	}
 	if evicted {
 		m.notes.failures.Add(1)
+		m.noteOut(old.TaskID, -1)
 		m.keepLost(old, "its parent's queue is full (WithNotifyLimits)")
 	}
 	if !ok {
 		m.notes.failures.Add(1)
 		m.logLocked(slog.LevelError, "bgtask: notification not delivered: the manager is shut down",
 			slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
+	}
+}
+
+// noteOut counts a notification of task id as out (d 1) or no longer
+// (d -1); an ended task none is out for may be forgotten. m.mu is held.
+func (m *Manager) noteOut(id string, d int) {
+	e := m.led.tasks[id]
+	if id == "" || e == nil {
+		return
+	}
+	e.notesOut += d
+	if d < 0 && e.notesOut == 0 && e.terminal() {
+		m.sweep()
 	}
 }
 
@@ -1602,11 +1730,12 @@ func (m *Manager) deliver(_ string, n Notification) {
 			return m.cfg.notifier.Notify(ctx, n)
 		}()
 		if err == nil {
-			if m.led.recording() { // set before the Manager is used, never changed
-				m.mu.Lock()
+			m.mu.Lock()
+			if m.led.recording() {
 				m.led.emit(record{kind: recNotifyDelivered, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID}}})
-				m.unlock()
 			}
+			m.noteOut(n.TaskID, -1)
+			m.unlock()
 			return
 		}
 		if attempt >= m.cfg.notifyAttempts || m.life.ctx.Err() != nil {
@@ -1629,6 +1758,7 @@ func (m *Manager) deliver(_ string, n Notification) {
 	m.notes.failures.Add(1)
 	why := "the Notifier refused it: " + safeText(err) // user code: before the lock
 	m.mu.Lock()
+	m.noteOut(n.TaskID, -1)
 	m.keepLost(n, why)
 	m.unlock()
 }
