@@ -234,11 +234,13 @@ type ledger struct {
 	// Retention: the ended tasks still in memory, oldest end first; the
 	// live tasks per parent session; the ids of forgotten tasks (bounded,
 	// oldest dropped first).
-	ended     []*entry
-	liveBy    map[string]int
-	tombs     map[string]struct{}
-	tombOrder []string
-	forgotten uint64 // tasks forgotten, ever (a journal is compacted as they add up)
+	ended         []*entry
+	liveBy        map[string]int
+	tombs         map[string]struct{}
+	tombOrder     []string
+	forgotten     uint64 // tasks forgotten, ever (a journal is compacted as they add up)
+	compactedAt   uint64 // forgotten at the last compaction
+	compactQueued bool   // a compaction is queued (an effect)
 }
 
 func newLedger(ids IDGenerator) *ledger {
@@ -1084,6 +1086,9 @@ func (m *Manager) forget(e *entry) {
 		l.tombOrder = l.tombOrder[1:]
 	}
 	m.led.forgotten++
+	if l := m.led; m.cfg.journal != nil && !l.compactQueued && l.forgotten-l.compactedAt >= compactEvery {
+		l.compactQueued = m.goLater(m.maybeCompact)
+	}
 }
 
 // without is s less its first e (searched from the front: what is
@@ -1425,4 +1430,116 @@ func (j *fileJournal) TornTail() string {
 		return fmt.Sprintf("%s at offset %d (%d bytes)", t.File, t.Offset, t.Bytes)
 	}
 	return ""
+}
+
+// Compaction.
+
+// compactEvery is how many tasks must have been forgotten since the last
+// compaction before the journal is compacted again.
+const compactEvery = 1000
+
+// snapshotRecords is the ledger as records, for a compacted journal: the
+// records that rebuild exactly the tasks in memory (their spec, each
+// attempt's versions as far as a replay needs them, sessions, stops),
+// the closure records kept, and the epoch. Nothing forgotten is in them.
+// Notifications are left out: compaction waits until none is out.
+// m.mu is held.
+func (m *Manager) snapshotRecords() []record {
+	var out []record
+	seq := uint64(0)
+	add := func(r record) {
+		seq++
+		r.seq = seq
+		out = append(out, r)
+	}
+	for _, e := range m.order {
+		ti := e.info
+		add(record{kind: recTaskLaunched, task: e.id, at: ti.launchedAt, recordExt: &recordExt{spec: ti}})
+		bound := make(map[string]bool, len(e.attempts))
+		for i, a := range e.attempts {
+			created := Attempt{ID: a.ID, Number: a.Number, Token: a.Token, Model: a.Model, Status: StatusPending, Pending: PendingAwaitingSession}
+			add(record{kind: recAttemptCreated, task: e.id, at: ti.launchedAt, attempt: created})
+			if a.SessionID != "" {
+				run := created
+				run.Status, run.Pending, run.SessionID, run.StartedAt = StatusRunning, "", a.SessionID, a.StartedAt
+				add(record{kind: recSessionBound, task: e.id, at: a.StartedAt, attempt: run})
+				bound[a.SessionID] = true
+			}
+			switch {
+			case a.Status.Terminal():
+				fin := record{kind: recAttemptFinal, task: e.id, at: a.CompletedAt, attempt: a}
+				if i == e.current {
+					fin.evidence = e.evidence
+				}
+				add(fin)
+			case a.Status == StatusPending && a.Pending != PendingAwaitingSession:
+				add(record{kind: recAttemptPending, task: e.id, at: ti.launchedAt, attempt: a})
+			}
+		}
+		for _, s := range e.sessions {
+			if !bound[s] {
+				if ref, ok := m.led.bySession[s]; ok && ref.e == e {
+					add(record{kind: recSessionOrphan, task: e.id, at: ti.launchedAt, attempt: *ref.attempt(), recordExt: &recordExt{session: s}})
+				}
+			}
+		}
+		if e.stop != "" {
+			add(record{kind: recStopRequested, task: e.id, at: ti.launchedAt, attempt: *e.cur(), recordExt: &recordExt{stop: e.stop, note: "restored"}})
+		}
+	}
+	for _, c := range m.led.closures {
+		add(c)
+	}
+	add(record{kind: recEpoch, recordExt: &recordExt{epoch: m.changes.epoch}})
+	return out
+}
+
+// maybeCompact compacts the journal once enough tasks were forgotten and
+// no notification is out (their records would be needed again): from the
+// shell, never under m.mu.
+func (m *Manager) maybeCompact() {
+	j := m.cfg.journal
+	if j == nil {
+		return
+	}
+	m.mu.Lock()
+	m.led.compactQueued = false
+	due := m.led.forgotten-m.led.compactedAt >= compactEvery && m.notes.lanes.Pending() == 0 && m.notesOut() == 0
+	if !due {
+		m.mu.Unlock()
+		return
+	}
+	recs := m.snapshotRecords()
+	batch := make([]Record, 0, len(recs))
+	for i := range recs {
+		r, err := encodeRecord(&recs[i])
+		if err != nil {
+			m.mu.Unlock()
+			m.poison(err)
+			return
+		}
+		batch = append(batch, r)
+	}
+	m.led.compactedAt = m.led.forgotten
+	// The order lock is taken before m.mu is released, as a commit takes
+	// it: a batch committed before the snapshot is appended before the
+	// swap (and the snapshot holds what it did); one committed after it
+	// waits, and is appended after the compacted records.
+	m.out.order.Lock()
+	m.mu.Unlock()
+	err := j.Compact(batch)
+	m.out.order.Unlock()
+	if err != nil {
+		m.poison(err)
+	}
+}
+
+// notesOut is how many notifications are out for tasks in memory. m.mu is
+// held.
+func (m *Manager) notesOut() int {
+	n := 0
+	for _, e := range m.order {
+		n += e.notesOut
+	}
+	return n
 }

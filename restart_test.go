@@ -315,3 +315,50 @@ func TestAJournalThatFailsStopsTheManagerBeforeAnyEffect(t *testing.T) {
 	assert.Nil(t, m)
 	assert.Empty(t, host.starts)
 }
+
+// A journal is compacted as tasks are forgotten: what a restart replays is
+// exactly what was retained, and the journal does not grow with every task
+// ever launched.
+func TestCompactionKeepsExactlyWhatRetentionKeeps(t *testing.T) {
+	dir := t.TempDir()
+	host := answeringHost()
+	j1, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	m1, err := Open(context.Background(), host, WithJournal(j1), WithRetention(Retention{MaxEnded: 50}))
+	require.NoError(t, err)
+	host.m = m1
+	ctx := context.Background()
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
+	for range compactEvery + 200 {
+		task, err := m1.Launch(ctx, spec)
+		require.NoError(t, err)
+		_, err = m1.Wait(ctx, task.ID)
+		require.NoError(t, err)
+	}
+	require.NoError(t, m1.life.group.Wait(ctx))
+	m1.mu.Lock()
+	compacted := m1.led.compactedAt
+	m1.mu.Unlock()
+	require.NotZero(t, compacted, "the journal was compacted")
+	want := m1.Tasks()
+	require.NoError(t, m1.Shutdown(ctx))
+
+	j2, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	m2, err := Open(ctx, &benchHost{}, WithJournal(j2), WithRetention(Retention{MaxEnded: 50}))
+	require.NoError(t, err)
+	defer func() { _ = m2.Shutdown(ctx) }()
+	got := m2.Tasks()
+	require.Equal(t, len(want), len(got), "the same retained tasks")
+	for i := range want {
+		want[i].Activity = ""
+		require.NoError(t, sameJSON("task "+want[i].ID, want[i], got[i]))
+	}
+	m2.mu.Lock()
+	n := 0
+	for _, e := range m2.led.tasks {
+		n += len(e.attempts)
+	}
+	m2.mu.Unlock()
+	assert.Less(t, n, compactEvery, "forgotten tasks are not on disk")
+}

@@ -743,7 +743,8 @@ type notifications struct {
 type outbox struct {
 	fx     []effect
 	lines  []logRec
-	recs   []record // committed records for the journal, in order
+	recs   []record   // committed records for the journal, in order
+	order  sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
 	panics atomic.Uint64
 }
 
@@ -810,6 +811,10 @@ func (m *Manager) recover(ctx context.Context) error {
 	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
 	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch}})
 	m.reconcile(rv)
+	for before := -1; before != len(m.led.ended); { // what the journal still held past retention
+		before = len(m.led.ended)
+		m.sweep()
+	}
 	if err := m.unlock(); err != nil {
 		return err
 	}
@@ -901,15 +906,20 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		m.mu.Unlock()
 		return nil
 	}
-	lines, fx := m.out.lines, m.out.fx
-	m.out.lines, m.out.fx = nil, nil
+	lines, fx, recs := m.out.lines, m.out.fx, m.out.recs
+	m.out.lines, m.out.fx, m.out.recs = nil, nil, nil
 	var durable Commit
-	if len(m.out.recs) > 0 {
-		durable = m.appendLocked(m.out.recs)
-		clear(m.out.recs)
-		m.out.recs = m.out.recs[:0]
+	if len(recs) > 0 {
+		// Batches reach the journal in commit order: the order lock is
+		// taken before m.mu is released, and the batch is encoded and
+		// appended under it alone, so the encoding holds up no input.
+		m.out.order.Lock()
+		m.mu.Unlock()
+		durable = m.appendBatch(recs)
+		m.out.order.Unlock()
+	} else {
+		m.mu.Unlock()
 	}
-	m.mu.Unlock()
 	var err error
 	if durable != nil {
 		if err = durable.Wait(); err != nil {
@@ -933,9 +943,8 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	return err
 }
 
-// appendLocked hands recs to the journal, encoded, in commit order. m.mu
-// is held.
-func (m *Manager) appendLocked(recs []record) Commit {
+// appendBatch hands recs to the journal, encoded. m.out.order is held.
+func (m *Manager) appendBatch(recs []record) Commit {
 	batch := make([]Record, 0, len(recs))
 	for i := range recs {
 		r, err := encodeRecord(&recs[i])

@@ -3,8 +3,10 @@
 //
 // Layout: a directory holds a LOCK file (one process at a time, by flock)
 // and segments named seg-<n>.log, replayed in order of n. A record on disk
-// is an 8-byte header — the payload's length and its CRC-32C (Castagnoli),
-// both little-endian uint32 — followed by the payload.
+// is a 12-byte header — the payload's length (its top bit marks a
+// compaction's base), the CRC-32C (Castagnoli) of those four bytes, and
+// the CRC-32C of the payload, all little-endian uint32 — then the payload.
+// The header's own checksum tells a damaged length from a write cut short.
 //
 // Durability: Append queues a batch and returns at once; a writer
 // goroutine writes every batch queued so far and makes them durable with
@@ -14,11 +16,12 @@
 // append (fail-stop), since what is on disk can no longer be known.
 //
 // Recovery: at Open, a torn last record — a header or payload cut short at
-// the end of the last segment, or a checksum mismatch in the record that
-// ends the last segment (the tail of a write the crash interrupted) — is
-// truncated away, and Open reports it (Torn). A bad checksum or a short
-// record anywhere else is corruption: Open fails with an error naming the
-// file and the offset, and never skips it.
+// the end of the last segment, a checksum mismatch in the record that ends
+// the last segment, or a tail of zeros (what some file systems leave after
+// a crash) — is the tail of a write the crash interrupted: it is truncated
+// away, and Open reports it (Torn). A bad checksum or a short record
+// anywhere else is corruption: Open fails with an error naming the file and
+// the offset, and never skips it.
 //
 // Compaction rewrites what the caller keeps into a new segment that starts
 // with a base marker, and renames it into place: the rename is the commit
@@ -46,12 +49,13 @@ import (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 const (
-	headerSize = 8
+	headerSize = 12
 	// MaxRecord bounds one record's payload: a longer length in a header
-	// is corruption (or a torn header), never an allocation.
+	// is corruption, never an allocation.
 	MaxRecord = 64 << 20
-	// base is the payload of a compaction's base marker.
-	base = "\x00bgtask-wal-base"
+	// baseFlag, in a header's length, marks a compaction's base: a record
+	// with no payload before which everything is replaced.
+	baseFlag = 1 << 31
 )
 
 // ErrLocked: another process (or another Log in this one) has the
@@ -127,10 +131,11 @@ type Log struct {
 	closed bool
 	done   chan struct{}
 
-	wmu     sync.Mutex // held while writing: guards seg, segN, segSize
-	seg     File       // the segment appended to
-	segN    int        // its number
-	segSize int64      // its size
+	wmu     sync.Mutex // held while writing: guards seg, segN, segSize, buf
+	buf     *bufio.Writer
+	seg     File  // the segment appended to
+	segN    int   // its number
+	segSize int64 // its size
 
 	records [][]byte // what Open found, handed to Replay once
 	torn    *Torn
@@ -146,6 +151,7 @@ type Torn struct {
 // Batch is a queued append.
 type Batch struct {
 	payloads [][]byte
+	base     bool // its nil payloads are base markers (Compact's own)
 	done     chan struct{}
 	err      error
 }
@@ -239,8 +245,8 @@ func (l *Log) load() error {
 		if err != nil {
 			return err
 		}
-		if len(recs) > 0 && string(recs[0]) == base {
-			segs = segs[:0] // a compaction's base: what came before is replaced
+		if len(recs) > 0 && recs[0] == nil { // a compaction's base: what came before is replaced
+			segs = segs[:0]
 			recs = recs[1:]
 		}
 		segs = append(segs, seg{n: n, recs: recs, end: end, torn: torn})
@@ -288,8 +294,10 @@ func (l *Log) load() error {
 	return nil
 }
 
-// read reads segment n. In the last segment a cut-short or mismatching
-// final record is a torn tail; anywhere else it is corruption.
+// read reads segment n; a base marker is returned as a nil payload, and
+// only what follows the last one in the segment is returned after it. In
+// the last segment a cut-short, mismatching or zero-filled final record is
+// a torn tail; anywhere else it is corruption.
 func (l *Log) read(n int, last bool) (recs [][]byte, end int64, torn *Torn, err error) {
 	name := filepath.Join(l.dir, segName(n))
 	f, err := l.fs.OpenFile(name, os.O_RDONLY, 0)
@@ -301,44 +309,53 @@ func (l *Log) read(n int, last bool) (recs [][]byte, end int64, torn *Torn, err 
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("bgtask: journal: reading %s: %w", name, err)
 	}
-	off := int64(0)
-	size := int64(len(data))
+	off, size := int64(0), int64(len(data))
+	cut := func(why string, tail bool) ([][]byte, int64, *Torn, error) {
+		if last && (tail || allZero(data[off:])) {
+			return recs, off, &Torn{File: name, Offset: off, Bytes: size - off}, nil
+		}
+		return nil, 0, nil, fmt.Errorf("bgtask: journal: %s at offset %d: %s: refusing to start (the journal is corrupt)", name, off, why)
+	}
 	for off < size {
-		bad := func(why string, recEnd int64) (bool, error) {
-			if last && recEnd >= size {
-				return true, nil // the tail of the write a crash cut short
-			}
-			return false, fmt.Errorf("bgtask: journal: %s at offset %d: %s: refusing to start (the journal is corrupt)", name, off, why)
-		}
 		if size-off < headerSize {
-			if t, err := bad("short header", size); t {
-				return recs, off, &Torn{File: name, Offset: off, Bytes: size - off}, nil
-			} else {
-				return nil, 0, nil, err
-			}
+			return cut("short header", true)
 		}
-		length := int64(binary.LittleEndian.Uint32(data[off:]))
-		sum := binary.LittleEndian.Uint32(data[off+4:])
+		hdr := data[off : off+headerSize]
+		field := binary.LittleEndian.Uint32(hdr)
+		length := int64(field &^ baseFlag)
 		recEnd := off + headerSize + length
-		if length > MaxRecord || recEnd > size {
-			if t, err := bad("record cut short", size); t {
-				return recs, off, &Torn{File: name, Offset: off, Bytes: size - off}, nil
-			} else {
-				return nil, 0, nil, err
-			}
+		if crc32.Checksum(hdr[:4], castagnoli) != binary.LittleEndian.Uint32(hdr[4:]) {
+			// The length is not to be trusted; the record is the torn tail
+			// only if, as written, it is the one that ends the segment.
+			return cut("header checksum mismatch", off+headerSize == size || recEnd == size)
+		}
+		switch {
+		case length > MaxRecord:
+			return cut("record length over the limit", false)
+		case recEnd > size:
+			return cut("record cut short", true)
 		}
 		payload := data[off+headerSize : recEnd]
-		if crc32.Checksum(payload, castagnoli) != sum {
-			if t, err := bad("checksum mismatch", recEnd); t {
-				return recs, off, &Torn{File: name, Offset: off, Bytes: size - off}, nil
-			} else {
-				return nil, 0, nil, err
-			}
+		if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[8:]) {
+			return cut("checksum mismatch", recEnd == size)
 		}
-		recs = append(recs, payload)
+		if field&baseFlag != 0 {
+			recs = [][]byte{nil} // a base: what came before it is replaced
+		} else {
+			recs = append(recs, payload)
+		}
 		off = recEnd
 	}
 	return recs, off, nil, nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Torn reports the torn tail Open truncated, or nil.
@@ -377,7 +394,10 @@ func (l *Log) Append(payloads [][]byte) *Batch {
 	return b
 }
 
-// writer writes what is queued, then makes it durable, until Close.
+// writer writes what is queued, then makes it durable, until Close. It
+// takes the write lock before it takes batches off the queue, so Compact
+// (which holds that lock) sees every batch either written or still queued.
+// After an error nothing more is written: what is queued fails with it.
 func (l *Log) writer() {
 	defer close(l.done)
 	for {
@@ -391,8 +411,11 @@ func (l *Log) writer() {
 			l.mu.Unlock()
 			return
 		}
+		l.mu.Unlock()
+		l.wmu.Lock()
+		l.mu.Lock()
 		batches := l.queue
-		if l.opts.SyncEach {
+		if l.opts.SyncEach && len(batches) > 0 {
 			batches = l.queue[:1]
 		}
 		l.queue = l.queue[len(batches):]
@@ -402,9 +425,11 @@ func (l *Log) writer() {
 			default:
 			}
 		}
+		err := l.err
 		l.mu.Unlock()
-		l.wmu.Lock()
-		err := l.write(batches, true)
+		if err == nil && len(batches) > 0 {
+			err = l.write(batches, true)
+		}
 		l.wmu.Unlock()
 		l.mu.Lock()
 		if err != nil && l.err == nil {
@@ -421,15 +446,24 @@ func (l *Log) writer() {
 // write writes batches to the current segment and fsyncs it once; with
 // rotate, a full segment is followed by a new one. l.wmu is held.
 func (l *Log) write(batches []*Batch, rotate bool) error {
-	w := bufio.NewWriterSize(l.seg, 64<<10)
+	if l.buf == nil {
+		l.buf = bufio.NewWriterSize(l.seg, 64<<10)
+	}
+	w := l.buf
+	w.Reset(l.seg)
 	var hdr [headerSize]byte
 	for _, b := range batches {
 		for _, p := range b.payloads {
 			if len(p) > MaxRecord {
 				return fmt.Errorf("bgtask: journal: a record of %d bytes is over the limit of %d", len(p), MaxRecord)
 			}
-			binary.LittleEndian.PutUint32(hdr[:], uint32(len(p)))
-			binary.LittleEndian.PutUint32(hdr[4:], crc32.Checksum(p, castagnoli))
+			field := uint32(len(p))
+			if p == nil && b.base {
+				field |= baseFlag
+			}
+			binary.LittleEndian.PutUint32(hdr[:], field)
+			binary.LittleEndian.PutUint32(hdr[4:], crc32.Checksum(hdr[:4], castagnoli))
+			binary.LittleEndian.PutUint32(hdr[8:], crc32.Checksum(p, castagnoli))
 			if _, err := w.Write(hdr[:]); err != nil {
 				return fmt.Errorf("bgtask: journal: write: %w", err)
 			}
@@ -504,12 +538,28 @@ func (l *Log) Compact(keep [][]byte) error {
 	}
 	old, oldN, oldSize := l.seg, l.segN, l.segSize
 	l.seg, l.segN, l.segSize = f, n, 0
-	err = l.write([]*Batch{{payloads: append([][]byte{[]byte(base)}, keep...)}}, false)
+	ps := make([][]byte, 0, len(keep)+1)
+	ps = append(ps, nil) // the base marker
+	for _, p := range keep {
+		if p == nil {
+			p = []byte{} // an empty record, not a marker
+		}
+		ps = append(ps, p)
+	}
+	err = l.write([]*Batch{{payloads: ps, base: true}}, false)
 	if err == nil {
 		err = l.fs.Rename(tmp, filepath.Join(l.dir, segName(n)))
-	}
-	if err == nil {
-		err = l.fs.SyncDir(l.dir) // the commit point
+		if err == nil {
+			if err = l.fs.SyncDir(l.dir); err != nil { // the commit point
+				// Renamed, but whether it is durable is unknown: which log
+				// a restart sees is unknown too, so nothing more may be
+				// appended (fail-stop).
+				_ = old.Close()
+				err = fmt.Errorf("bgtask: journal: compaction: %w", err)
+				l.fail(err)
+				return err
+			}
+		}
 	}
 	if err != nil {
 		_ = f.Close()
