@@ -264,6 +264,7 @@ func TestSubscriptionEndsAtShutdownAndCloseIsIdempotent(t *testing.T) {
 }
 
 func TestActivityIsDerivedFromEventsAndNotInTheLedger(t *testing.T) {
+	needRecords(t)
 	h := newHarness(t, nil)
 	task := h.launch("a/1")
 	h.settle()

@@ -58,6 +58,7 @@ func (h *harness) waitTimers(n int) {
 }
 
 func TestQueueIsFIFOPerKey(t *testing.T) {
+	needRecords(t)
 	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}))
 	a, b, c := h.launchOn("m/x"), h.launchOn("m/x"), h.launchOn("m/x")
 	other := h.launchOn("m/y") // another key is not held up

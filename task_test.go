@@ -252,6 +252,7 @@ func TestMaxAttempts(t *testing.T) {
 }
 
 func TestSessionStartFailureFallsBack(t *testing.T) {
+	needRecords(t)
 	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
 		if req.AttemptNumber == 1 {
 			return "", errors.New("provider returned 503 Service Unavailable")
