@@ -41,8 +41,7 @@ func (s *sessionService) set(sid string, state SessionState, end Event) {
 
 // svcHost is one process's connection to the service.
 type svcHost struct {
-	svc    *sessionService
-	noStat bool // a Host without StatusHost's methods (see plainHost)
+	svc *sessionService
 }
 
 func (h *svcHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {

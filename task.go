@@ -1215,7 +1215,6 @@ func (*recoveredIn) input()    {}
 // inputs that have one).
 type reply struct {
 	e     *entry          // launchIn: the new task
-	who   resolved        // eventIn: the attempt a rejected event resolved to
 	err   error           // launchIn, eventIn, stopIn: the input was refused
 	wait  <-chan struct{} // stopIn, stallCheckIn: what to wait for next
 	op    *abortOp        // stopIn: the abort the stop waits for

@@ -54,13 +54,12 @@ type fakeEnv struct {
 
 	wg sync.WaitGroup
 
-	mu          sync.Mutex
-	calls       []call
-	goCalls     int
-	runCtxArgs  [][3]string
-	awaitArgs   [][3]string
-	boundGiven  int // AwaitBound calls that returned
-	runCtxValue string
+	mu         sync.Mutex
+	calls      []call
+	goCalls    int
+	runCtxArgs [][3]string
+	awaitArgs  [][3]string
+	boundGiven int // AwaitBound calls that returned
 }
 
 func (e *fakeEnv) RunContext(taskID, attemptID, token string) context.Context {

@@ -259,7 +259,7 @@ func TestStartTakesOneContinuationPerWorker(t *testing.T) {
 	})
 	first := jobFunc(func(w *Worker) {
 		firstID, firstW = goid(), w
-		if !g.Reserve() || !g.Reserve() {
+		if ok1, ok2 := g.Reserve(), g.Reserve(); !ok1 || !ok2 {
 			panic("Reserve refused")
 		}
 		g.Start(w, second) // w is free: taken as its continuation
