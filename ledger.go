@@ -255,15 +255,36 @@ func newLedger(ids IDGenerator) *ledger {
 	}
 }
 
+// liveEnded counts one live task of parent out.
+func (l *ledger) liveEnded(parent string) {
+	if n := l.liveBy[parent] - 1; n > 0 {
+		l.liveBy[parent] = n
+	} else {
+		delete(l.liveBy, parent)
+	}
+}
+
+// replayOne applies one replayed record: the kinds that change no task
+// are numbered, a closure record is kept, the rest are applied (the entry
+// they concern is returned).
+func (l *ledger) replayOne(rec record) (*entry, error) {
+	switch rec.kind {
+	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch:
+		l.stamp(&rec)
+		return nil, nil
+	case recBranchClosed:
+		l.stamp(&rec)
+		l.closures = append(l.closures, rec)
+		return nil, nil
+	}
+	return l.apply(rec)
+}
+
 // drop takes back a task just opened whose first attempt could not be
 // written (a bug, logged): nothing may see a task without an attempt.
 func (l *ledger) drop(e *entry) {
 	delete(l.tasks, e.id)
-	if n := l.liveBy[e.info.parent] - 1; n > 0 {
-		l.liveBy[e.info.parent] = n
-	} else {
-		delete(l.liveBy, e.info.parent)
-	}
+	l.liveEnded(e.info.parent)
 	p := l.byParent[e.info.parent]
 	if n := len(p); n > 0 && p[n-1] == e {
 		l.byParent[e.info.parent] = p[:n-1]
@@ -742,19 +763,11 @@ func replayLedger(recs []record) (*ledger, []*notice, error) {
 	l := newLedger(nil)
 	var notes []*notice
 	for _, rec := range recs {
-		switch rec.kind {
-		case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch:
-			if rec.kind == recNotifyProduced {
-				notes = append(notes, rec.notice)
-			}
-			l.stamp(&rec)
-		case recBranchClosed:
-			l.stamp(&rec)
-			l.closures = append(l.closures, rec)
-		default:
-			if _, err := l.apply(rec); err != nil {
-				return nil, nil, fmt.Errorf("bgtask: replay: record %d (%s): %w", rec.seq, rec.kind, err)
-			}
+		if rec.kind == recNotifyProduced {
+			notes = append(notes, rec.notice)
+		}
+		if _, err := l.replayOne(rec); err != nil {
+			return nil, nil, fmt.Errorf("bgtask: replay: record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
 	return l, notes, nil
@@ -985,11 +998,7 @@ func (m *Manager) ended(e *entry) {
 	e.rt.sig.End()
 	m.roundEnded(e)
 	l := m.led
-	if n := l.liveBy[e.info.parent] - 1; n > 0 {
-		l.liveBy[e.info.parent] = n
-	} else {
-		delete(l.liveBy, e.info.parent)
-	}
+	l.liveEnded(e.info.parent)
 	l.ended = append(l.ended, e)
 	m.sweep()
 }
@@ -1222,6 +1231,19 @@ func encodeRecord(rec *record) (Record, error) {
 	return Record{Seq: rec.seq, Kind: w.Kind, TaskID: rec.task, AttemptID: rec.attempt.ID, Token: rec.attempt.Token, Data: data}, nil
 }
 
+// encodeAll encodes recs, in order.
+func encodeAll(recs []record) ([]Record, error) {
+	batch := make([]Record, 0, len(recs))
+	for i := range recs {
+		r, err := encodeRecord(&recs[i])
+		if err != nil {
+			return nil, err
+		}
+		batch = append(batch, r)
+	}
+	return batch, nil
+}
+
 // decodeRecord is the record a Journal returned.
 func decodeRecord(r Record) (record, error) {
 	var w wireRecord
@@ -1284,28 +1306,19 @@ func (m *Manager) restore() (*recovery, error) {
 			} else {
 				delete(rv.notes, rec.notice.seq)
 			}
-			l.stamp(&rec)
 		case recStartRequested:
 			rv.started[rec.attempt.ID] = true
-			l.stamp(&rec)
-		case recAbortRequested:
-			l.stamp(&rec)
 		case recEpoch:
 			if rec.recordExt != nil {
 				lastEpoch = max(lastEpoch, rec.epoch)
 			}
-			l.stamp(&rec)
-		case recBranchClosed:
-			l.stamp(&rec)
-			l.closures = append(l.closures, rec)
-		default:
-			e, err := l.apply(rec)
-			if err != nil {
-				return fmt.Errorf("bgtask: journal: record %d (%s): %w", rec.seq, rec.kind, err)
-			}
-			if rec.kind == recTaskLaunched {
-				m.order = append(m.order, e)
-			}
+		}
+		e, err := l.replayOne(rec)
+		if err != nil {
+			return fmt.Errorf("bgtask: journal: record %d (%s): %w", rec.seq, rec.kind, err)
+		}
+		if rec.kind == recTaskLaunched {
+			m.order = append(m.order, e)
 		}
 		return nil
 	})
@@ -1315,11 +1328,7 @@ func (m *Manager) restore() (*recovery, error) {
 	m.changes.epoch = lastEpoch + 1
 	for _, e := range m.order { // what ended before the restart counts as ended
 		if e.terminal() {
-			if n := l.liveBy[e.info.parent] - 1; n > 0 {
-				l.liveBy[e.info.parent] = n
-			} else {
-				delete(l.liveBy, e.info.parent)
-			}
+			l.liveEnded(e.info.parent)
 			l.ended = append(l.ended, e)
 		}
 	}
@@ -1509,16 +1518,11 @@ func (m *Manager) maybeCompact() {
 		m.mu.Unlock()
 		return
 	}
-	recs := m.snapshotRecords()
-	batch := make([]Record, 0, len(recs))
-	for i := range recs {
-		r, err := encodeRecord(&recs[i])
-		if err != nil {
-			m.mu.Unlock()
-			m.poison(err)
-			return
-		}
-		batch = append(batch, r)
+	batch, err := encodeAll(m.snapshotRecords())
+	if err != nil {
+		m.mu.Unlock()
+		m.poison(err)
+		return
 	}
 	m.led.compactedAt = m.led.forgotten
 	// The order lock is taken before m.mu is released, as a commit takes
@@ -1527,7 +1531,7 @@ func (m *Manager) maybeCompact() {
 	// waits, and is appended after the compacted records.
 	m.out.order.Lock()
 	m.mu.Unlock()
-	err := j.Compact(batch)
+	err = j.Compact(batch)
 	m.out.order.Unlock()
 	if err != nil {
 		m.poison(err)

@@ -945,13 +945,9 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 
 // appendBatch hands recs to the journal, encoded. m.out.order is held.
 func (m *Manager) appendBatch(recs []record) Commit {
-	batch := make([]Record, 0, len(recs))
-	for i := range recs {
-		r, err := encodeRecord(&recs[i])
-		if err != nil {
-			return failedCommit{err}
-		}
-		batch = append(batch, r)
+	batch, err := encodeAll(recs)
+	if err != nil {
+		return failedCommit{err}
 	}
 	return m.cfg.journal.Append(batch)
 }
