@@ -191,13 +191,24 @@ type attemptJSON struct {
 // attemptNumber, token, sessionID, providerID, modelID, variant, status,
 // pendingReason, error, result, startedAt, completedAt (RFC 3339); empty
 // optional fields are omitted.
-func (a Attempt) MarshalJSON() ([]byte, error) {
-	return json.Marshal(attemptJSON{
+func (a Attempt) MarshalJSON() ([]byte, error) { return json.Marshal(toAttemptJSON(a)) }
+
+func toAttemptJSON(a Attempt) *attemptJSON {
+	return &attemptJSON{
 		ID: a.ID, Number: a.Number, Token: a.Token, SessionID: a.SessionID,
 		ProviderID: a.Model.Provider, ModelID: a.Model.ID, Variant: a.Model.Variant,
 		Status: a.Status, Pending: a.Pending, Error: a.Error, Result: a.Result,
 		StartedAt: a.StartedAt, CompletedAt: a.CompletedAt,
-	})
+	}
+}
+
+func (j *attemptJSON) attempt() Attempt {
+	return Attempt{
+		ID: j.ID, Number: j.Number, Token: j.Token, SessionID: j.SessionID,
+		Model:  Model{Provider: j.ProviderID, ID: j.ModelID, Variant: j.Variant},
+		Status: j.Status, Pending: j.Pending, Error: j.Error, Result: j.Result,
+		StartedAt: j.StartedAt, CompletedAt: j.CompletedAt,
+	}
 }
 
 // UnmarshalJSON reads what MarshalJSON writes.
@@ -206,12 +217,7 @@ func (a *Attempt) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &j); err != nil {
 		return err
 	}
-	*a = Attempt{
-		ID: j.ID, Number: j.Number, Token: j.Token, SessionID: j.SessionID,
-		Model:  Model{Provider: j.ProviderID, ID: j.ModelID, Variant: j.Variant},
-		Status: j.Status, Pending: j.Pending, Error: j.Error, Result: j.Result,
-		StartedAt: j.StartedAt, CompletedAt: j.CompletedAt,
-	}
+	*a = j.attempt()
 	return nil
 }
 

@@ -152,7 +152,7 @@ func BenchmarkReplay(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			batch = append(batch, enc.Data)
+			batch = append(batch, packRecord(&enc))
 		}
 		led.log = led.log[:0]
 		if len(batch) >= 4000 {

@@ -2,6 +2,7 @@ package bgtask
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -1163,7 +1164,7 @@ type wireRecord struct {
 	Kind     string         `json:"kind"`
 	Task     string         `json:"task,omitempty"`
 	At       time.Time      `json:"at"`
-	Attempt  *Attempt       `json:"attempt,omitempty"`
+	Attempt  *attemptJSON   `json:"attempt,omitempty"`
 	Evidence *wireEvidence  `json:"evidence,omitempty"`
 	Spec     *wireSpec      `json:"spec,omitempty"`
 	Session  string         `json:"session,omitempty"`
@@ -1208,8 +1209,7 @@ type wireNotice struct {
 func encodeRecord(rec *record) (Record, error) {
 	w := wireRecord{Seq: rec.seq, Kind: rec.kind.String(), Task: rec.task, At: rec.at}
 	if rec.attempt.ID != "" {
-		a := rec.attempt
-		w.Attempt = &a
+		w.Attempt = toAttemptJSON(rec.attempt)
 	}
 	if ev := rec.evidence; ev != (evidence{}) {
 		w.Evidence = &wireEvidence{Output: ev.output, Finish: ev.finish, NoText: ev.noText, Reason: ev.reason}
@@ -1256,7 +1256,7 @@ func decodeRecord(r Record) (record, error) {
 	}
 	rec := record{seq: w.Seq, kind: kind, task: w.Task, at: w.At}
 	if w.Attempt != nil {
-		rec.attempt = *w.Attempt
+		rec.attempt = w.Attempt.attempt()
 	}
 	if ev := w.Evidence; ev != nil {
 		rec.evidence = evidence{output: ev.Output, finish: ev.Finish, noText: ev.NoText, reason: ev.Reason}
@@ -1392,28 +1392,48 @@ type fileJournal struct{ l *wal.Log }
 func (j *fileJournal) Append(batch []Record) Commit {
 	payloads := make([][]byte, len(batch))
 	for i := range batch {
-		payloads[i] = batch[i].Data
+		payloads[i] = packRecord(&batch[i])
 	}
 	return j.l.Append(payloads)
 }
 
+// packRecord is r as the file journal stores it: its fields, each a
+// uvarint length (or value) and bytes, then its Data.
+func packRecord(r *Record) []byte {
+	b := make([]byte, 0, binary.MaxVarintLen64+4*binary.MaxVarintLen32+len(r.Kind)+len(r.TaskID)+len(r.AttemptID)+len(r.Token)+len(r.Data))
+	b = binary.AppendUvarint(b, r.Seq)
+	for _, f := range [...]string{r.Kind, r.TaskID, r.AttemptID, r.Token} {
+		b = binary.AppendUvarint(b, uint64(len(f)))
+		b = append(b, f...)
+	}
+	return append(b, r.Data...)
+}
+
+// unpackRecord is packRecord's inverse.
+func unpackRecord(p []byte) (Record, error) {
+	var r Record
+	seq, n := binary.Uvarint(p)
+	if n <= 0 {
+		return r, errors.New("bgtask: journal: a record with no sequence")
+	}
+	r.Seq, p = seq, p[n:]
+	var fs [4]string
+	for i := range fs {
+		l, n := binary.Uvarint(p)
+		if n <= 0 || uint64(len(p)-n) < l {
+			return r, errors.New("bgtask: journal: a record cut short")
+		}
+		fs[i], p = string(p[n:n+int(l)]), p[n+int(l):]
+	}
+	r.Kind, r.TaskID, r.AttemptID, r.Token, r.Data = fs[0], fs[1], fs[2], fs[3], p
+	return r, nil
+}
+
 func (j *fileJournal) Replay(fn func(Record) error) error {
 	for _, p := range j.l.Records() {
-		var head struct {
-			Seq     uint64 `json:"seq"`
-			Kind    string `json:"kind"`
-			Task    string `json:"task"`
-			Attempt *struct {
-				ID    string `json:"attemptID"`
-				Token string `json:"token"`
-			} `json:"attempt"`
-		}
-		if err := json.Unmarshal(p, &head); err != nil {
-			return fmt.Errorf("bgtask: journal: a record that is not one: %w", err)
-		}
-		r := Record{Seq: head.Seq, Kind: head.Kind, TaskID: head.Task, Data: p}
-		if head.Attempt != nil {
-			r.AttemptID, r.Token = head.Attempt.ID, head.Attempt.Token
+		r, err := unpackRecord(p)
+		if err != nil {
+			return err
 		}
 		if err := fn(r); err != nil {
 			return err
@@ -1425,7 +1445,7 @@ func (j *fileJournal) Replay(fn func(Record) error) error {
 func (j *fileJournal) Compact(keep []Record) error {
 	payloads := make([][]byte, len(keep))
 	for i := range keep {
-		payloads[i] = keep[i].Data
+		payloads[i] = packRecord(&keep[i])
 	}
 	return j.l.Compact(payloads)
 }
