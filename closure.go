@@ -567,6 +567,7 @@ type closure struct {
 	self     string // the run token of the callback CloseBranch was called from
 	quiet    bool   // notify the parent only if something was in the branch
 	horizon  uint64 // the last session start issued when the closure opened
+	opened   uint64 // the sequence of its opening record (0: not recorded)
 	// settled: the last pass started no start it must wait for, and
 	// its scan saw the ledger at widened; every run it found was then
 	// stopped, ended, or failed to stop, and has been waited for.
@@ -833,6 +834,12 @@ func (m *Manager) sessionKnown(session string) bool {
 // task as a unit). m.mu is held.
 func (m *Manager) openClosure(root string, task *entry) *closure {
 	c := &closure{root: root, task: task, stop: stopBy(root, task), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.calls.startSeq}
+	taskID := ""
+	if task != nil {
+		taskID = task.id
+	}
+	// Recorded, so that a closure a crash interrupts is finished at restart.
+	c.opened = m.led.emit(record{kind: recClosureOpened, task: taskID, at: m.now(), recordExt: &recordExt{session: root, note: taskID}})
 	m.closures.active[c] = struct{}{}
 	m.signal()
 	return c
@@ -1117,12 +1124,13 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 	if owner == nil && c.touched.Len() == 0 && !m.sessionKnown(c.root) {
 		// The root was a session no start in flight turned out to create:
 		// nothing to record, nobody to tell.
+		m.led.emit(record{kind: recClosureDropped, at: m.now(), recordExt: &recordExt{opened: c.opened}})
 		return ClosureReport{SessionID: c.root, Passes: passes}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, c.root)
 	}
 	rep := m.reportLocked(c, passes)
 	rec := ClosureRecord{SessionID: c.root, TaskID: rep.TaskID, At: m.now(), Stopped: slices.Clone(rep.Stopped),
 		Failed: slices.Clone(rep.Failed), Stopping: slices.Clone(rep.Stopping), Passes: passes}
-	m.led.recordClosure(rec, rep.TaskID) // by value: the record owns its copy
+	m.led.recordClosure(rec, rep.TaskID, c.opened) // by value: the record owns its copy
 
 	parent, taskID := c.root, ""
 	var snap Task

@@ -47,6 +47,8 @@ const (
 	recStartRequested                        // a StartSession call for the attempt is about to be made
 	recAbortRequested                        // an AbortSession call for the run is about to be made
 	recEpoch                                 // a process life began on this ledger (manager-wide)
+	recClosureOpened                         // a branch closure began: its fence is up until it ends
+	recClosureDropped                        // a closure ended with nothing to record (its root was no one's)
 )
 
 var recordKindNames = [...]string{
@@ -65,6 +67,8 @@ var recordKindNames = [...]string{
 	recStartRequested:  "start_requested",
 	recAbortRequested:  "abort_requested",
 	recEpoch:           "epoch",
+	recClosureOpened:   "closure_opened",
+	recClosureDropped:  "closure_dropped",
 }
 
 // kindNamed is the kind with that name, or 0.
@@ -115,6 +119,7 @@ type recordExt struct {
 	closure *ClosureRecord // recBranchClosed, by value
 	notice  *notice        // recNotifyProduced, recNotifyDelivered
 	epoch   uint64         // recEpoch: the process life's number
+	opened  uint64         // recBranchClosed, recClosureDropped: the sequence of the closure's opening record
 }
 
 // evidence is what a run reported that decides its outcome, kept in its
@@ -270,7 +275,7 @@ func (l *ledger) liveEnded(parent string) {
 // they concern is returned).
 func (l *ledger) replayOne(rec record) (*entry, error) {
 	switch rec.kind {
-	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch:
+	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch, recClosureOpened, recClosureDropped:
 		l.stamp(&rec)
 		return nil, nil
 	case recBranchClosed:
@@ -299,8 +304,8 @@ func (l *ledger) drop(e *entry) {
 
 // recordClosure appends a branch closure's record, by value: cr is the
 // record's own (its slices are not shared with anything that changes).
-func (l *ledger) recordClosure(cr ClosureRecord, task string) {
-	rec := record{kind: recBranchClosed, task: task, at: cr.At, recordExt: &recordExt{closure: &cr}}
+func (l *ledger) recordClosure(cr ClosureRecord, task string, opened uint64) {
+	rec := record{kind: recBranchClosed, task: task, at: cr.At, recordExt: &recordExt{closure: &cr, opened: opened}}
 	l.stamp(&rec)
 	l.closures = append(l.closures, rec)
 }
@@ -308,11 +313,12 @@ func (l *ledger) recordClosure(cr ClosureRecord, task string) {
 // emit commits a record that changes no projection (a notification
 // produced or delivered): it is numbered and handed to the tap, and not
 // kept in memory.
-func (l *ledger) emit(rec record) {
+func (l *ledger) emit(rec record) uint64 {
 	if !l.recording() {
-		return
+		return 0
 	}
 	l.stamp(&rec)
+	return rec.seq
 }
 
 // recording reports whether committed records go anywhere (a journal, a
@@ -1173,6 +1179,7 @@ type wireRecord struct {
 	Closure  *ClosureRecord `json:"closure,omitempty"`
 	Notice   *wireNotice    `json:"notice,omitempty"`
 	Epoch    uint64         `json:"epoch,omitempty"`
+	Opened   uint64         `json:"opened,omitempty"`
 }
 
 type wireEvidence struct {
@@ -1219,7 +1226,7 @@ func encodeRecord(rec *record) (Record, error) {
 			w.Spec = &wireSpec{ID: ti.id, Parent: ti.parent, Description: ti.description, Agent: ti.agent, Prompt: ti.prompt,
 				Models: ti.models, MaxAttempts: ti.maxAttempts, Metadata: ti.metadata, LaunchedAt: ti.launchedAt}
 		}
-		w.Session, w.Note, w.Stop, w.Closure, w.Epoch = x.session, x.note, x.stop, x.closure, x.epoch
+		w.Session, w.Note, w.Stop, w.Closure, w.Epoch, w.Opened = x.session, x.note, x.stop, x.closure, x.epoch, x.opened
 		if n := x.notice; n != nil {
 			w.Notice = &wireNotice{ID: n.id, Seq: n.seq, Kind: n.kind, Parent: n.parent, Text: n.text, Attempt: n.attempt, Tasks: n.tasks, Closure: n.closure}
 		}
@@ -1261,7 +1268,7 @@ func decodeRecord(r Record) (record, error) {
 	if ev := w.Evidence; ev != nil {
 		rec.evidence = evidence{output: ev.Output, finish: ev.Finish, noText: ev.NoText, reason: ev.Reason}
 	}
-	x := recordExt{session: w.Session, note: w.Note, stop: w.Stop, closure: w.Closure, epoch: w.Epoch}
+	x := recordExt{session: w.Session, note: w.Note, stop: w.Stop, closure: w.Closure, epoch: w.Epoch, opened: w.Opened}
 	if sp := w.Spec; sp != nil {
 		x.spec = &taskInfo{id: sp.ID, parent: sp.Parent, description: sp.Description, agent: sp.Agent, prompt: sp.Prompt,
 			models: sp.Models, maxAttempts: sp.MaxAttempts, metadata: sp.Metadata, launchedAt: sp.LaunchedAt}
@@ -1277,17 +1284,21 @@ func decodeRecord(r Record) (record, error) {
 
 // recovery is what a replay found that a restart must act on.
 type recovery struct {
-	started map[string]bool    // attempts whose StartSession was asked for (they may have a session)
-	notes   map[uint64]*notice // notifications produced and not delivered, by Notification.Seq
-	pending chan struct{}      // one token per recovery effect still out
-	left    int                // recovery effects queued
+	started map[string]bool        // attempts whose StartSession was asked for (they may have a session)
+	notes   map[uint64]*notice     // notifications produced and not delivered, by Notification.Seq
+	pending chan struct{}          // one token per recovery effect still out
+	left    int                    // recovery effects queued
+	closing map[uint64]openClosure // closures in progress at the crash, by opening record
 }
+
+// openClosure is a closure in progress: its root session, or its task.
+type openClosure struct{ root, task string }
 
 // restore replays the journal into m's empty ledger: every task, attempt,
 // closure record and notification as committed, and the epoch of the last
 // process life. It touches nothing outside the Manager. m.mu is held.
 func (m *Manager) restore() (*recovery, error) {
-	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice)}
+	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice), closing: make(map[uint64]openClosure)}
 	var lastEpoch uint64
 	l := m.led
 	err := m.cfg.journal.Replay(func(r Record) error {
@@ -1308,6 +1319,14 @@ func (m *Manager) restore() (*recovery, error) {
 			}
 		case recStartRequested:
 			rv.started[rec.attempt.ID] = true
+		case recClosureOpened:
+			if rec.recordExt != nil {
+				rv.closing[rec.seq] = openClosure{root: rec.session, task: rec.note}
+			}
+		case recBranchClosed, recClosureDropped:
+			if rec.recordExt != nil {
+				delete(rv.closing, rec.opened)
+			}
 		case recEpoch:
 			if rec.recordExt != nil {
 				lastEpoch = max(lastEpoch, rec.epoch)

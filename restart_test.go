@@ -41,7 +41,9 @@ func (s *sessionService) set(sid string, state SessionState, end Event) {
 
 // svcHost is one process's connection to the service.
 type svcHost struct {
-	svc *sessionService
+	svc     *sessionService
+	abortOK bool          // aborts stop the session (else the process is going away)
+	aborted chan struct{} // with abortOK: closed at the first abort asked
 }
 
 func (h *svcHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
@@ -63,7 +65,19 @@ func (h *svcHost) StartSession(ctx context.Context, req SessionRequest) (string,
 }
 
 func (h *svcHost) AbortSession(ctx context.Context, sid string) error {
-	return errors.New("the harness is going away: the session service keeps it")
+	if !h.abortOK {
+		if h.aborted != nil { // the abort hangs until the process dies
+			close(h.aborted)
+			h.aborted = nil
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return errors.New("the harness is going away: the session service keeps it")
+	}
+	h.svc.mu.Lock()
+	defer h.svc.mu.Unlock()
+	delete(h.svc.sessions, sid)
+	return nil
 }
 
 func (h *svcHost) SessionStatus(ctx context.Context, sid string) (SessionReport, error) {
@@ -360,4 +374,44 @@ func TestCompactionKeepsExactlyWhatRetentionKeeps(t *testing.T) {
 	}
 	m2.mu.Unlock()
 	assert.Less(t, n, compactEvery, "forgotten tasks are not on disk")
+}
+
+// A closure a crash interrupts is finished by the restart: the fence goes
+// up again, the runs in the branch are stopped, and its record is kept.
+func TestAClosureInProgressAtACrashIsFinishedAtRestart(t *testing.T) {
+	dir := t.TempDir()
+	svc := newSessionService()
+	hung := make(chan struct{})
+	host1 := &svcHost{svc: svc, aborted: hung}
+	j1 := openJournal(t, dir)
+	m1, err := Open(context.Background(), host1, WithJournal(j1))
+	require.NoError(t, err)
+	ctx := context.Background()
+	task, err := m1.Launch(ctx, Spec{ParentSessionID: "root", Models: []Model{{Provider: "a", ID: "1"}}})
+	require.NoError(t, err)
+	waitStatus(t, m1, task.ID, StatusRunning)
+	closed := make(chan error, 1)
+	go func() {
+		_, err := m1.CloseBranch(ctx, "root")
+		closed <- err
+	}()
+	<-hung // the closure's abort is in flight when the process dies
+	crash(t, m1, j1)
+	<-closed
+
+	host2 := &svcHost{svc: svc, abortOK: true}
+	j2 := openJournal(t, dir)
+	m2, err := Open(ctx, host2, WithJournal(j2))
+	require.NoError(t, err)
+	defer func() { _ = m2.Shutdown(context.Background()) }()
+	got, err := m2.Lookup(task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusCancelled, got.Status, "the restart finished the closure: the child was stopped, confirmed")
+	recs := m2.ClosureRecords()
+	require.NotEmpty(t, recs)
+	assert.Equal(t, "root", recs[len(recs)-1].SessionID)
+	svc.mu.Lock()
+	_, alive := svc.sessions["s-"+task.CurrentAttemptID]
+	svc.mu.Unlock()
+	assert.False(t, alive, "the child session is gone")
 }

@@ -825,6 +825,20 @@ func (m *Manager) recover(ctx context.Context) error {
 			return fmt.Errorf("bgtask: recovering from the journal: %w", ctx.Err())
 		}
 	}
+	// A closure the crash interrupted is finished: its fence up again, its
+	// runs stopped, its record written.
+	for _, seq := range slices.Sorted(maps.Keys(rv.closing)) {
+		c := rv.closing[seq]
+		var err error
+		if c.task != "" {
+			_, err = m.CloseTask(ctx, c.task)
+		} else {
+			_, err = m.CloseBranch(ctx, c.root)
+		}
+		if err != nil && !errors.Is(err, ErrUnknownSession) && !errors.Is(err, ErrUnknownTask) {
+			m.logAttrs(slog.LevelWarn, "bgtask: finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", err.Error()))
+		}
+	}
 	return m.poisoned()
 }
 
