@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,16 +16,18 @@ import (
 )
 
 // lifecycles runs n single-attempt lifecycles (launch → the child answers
-// at once → Wait) on m, from 32 goroutines.
+// at once → Wait) on m, from 32 goroutines; each task has a parent session
+// of its own, as a harness's many chats do.
 func lifecycles(b *testing.B, m *Manager, n int) {
 	b.Helper()
-	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
 	ctx := context.Background()
 	var wg sync.WaitGroup
+	var next atomic.Uint64
 	per := (n + 31) / 32
 	for range 32 {
 		wg.Go(func() {
 			for range per {
+				spec := Spec{ParentSessionID: "p-" + strconv.FormatUint(next.Add(1), 10), Models: []Model{{Provider: "a", ID: "1"}}}
 				task, err := m.Launch(ctx, spec)
 				if err != nil {
 					b.Error(err)
