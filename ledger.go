@@ -1300,8 +1300,18 @@ type openClosure struct{ root, task string }
 func (m *Manager) restore() (*recovery, error) {
 	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice), closing: make(map[uint64]openClosure)}
 	var lastEpoch uint64
+	err := guardJournal("Replay", func() error { return m.cfg.journal.Replay(m.replayInto(rv, &lastEpoch)) })
+	if err != nil {
+		return nil, err
+	}
+	m.changes.epoch = lastEpoch + 1
+	return rv, m.afterReplay()
+}
+
+// replayInto is restore's step for one replayed record.
+func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(Record) error {
 	l := m.led
-	err := m.cfg.journal.Replay(func(r Record) error {
+	return func(r Record) error {
 		rec, err := decodeRecord(r)
 		if err != nil {
 			return err
@@ -1329,7 +1339,7 @@ func (m *Manager) restore() (*recovery, error) {
 			}
 		case recEpoch:
 			if rec.recordExt != nil {
-				lastEpoch = max(lastEpoch, rec.epoch)
+				*lastEpoch = max(*lastEpoch, rec.epoch)
 			}
 		}
 		e, err := l.replayOne(rec)
@@ -1340,12 +1350,14 @@ func (m *Manager) restore() (*recovery, error) {
 			m.order = append(m.order, e)
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
-	m.changes.epoch = lastEpoch + 1
-	for _, e := range m.order { // what ended before the restart counts as ended
+}
+
+// afterReplay counts what ended before the restart as ended, and moves
+// sequential ids past the journal's. m.mu is held.
+func (m *Manager) afterReplay() error {
+	l := m.led
+	for _, e := range m.order {
 		if e.terminal() {
 			l.liveEnded(e.info.parent)
 			l.ended = append(l.ended, e)
@@ -1354,7 +1366,18 @@ func (m *Manager) restore() (*recovery, error) {
 	if g, ok := m.cfg.ids.(*seqIDs); ok {
 		g.skipPast(l)
 	}
-	return rv, nil
+	return nil
+}
+
+// guardJournal calls a Journal method (user code): a panic is an error
+// that names it.
+func guardJournal(what string, f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("bgtask: Journal.%s panicked: %s", what, panicText(r))
+		}
+	}()
+	return f()
 }
 
 // skipPast moves g's counters past every id the ledger holds, so that a
@@ -1393,6 +1416,9 @@ func SegmentSize(n int64) FileJournalOption { return func(o *wal.Options) { o.Se
 // opens (a warning); a bad checksum anywhere else is an error naming the
 // file and offset, and the journal refuses to open.
 func OpenFileJournal(dir string, opts ...FileJournalOption) (Journal, error) {
+	if blank(dir) {
+		return nil, fmt.Errorf("%w: OpenFileJournal with no directory", ErrInvalidArgument)
+	}
 	var o wal.Options
 	for _, f := range opts {
 		f(&o)
@@ -1570,7 +1596,7 @@ func (m *Manager) maybeCompact() {
 	// waits, and is appended after the compacted records.
 	m.out.order.Lock()
 	m.mu.Unlock()
-	err = j.Compact(batch)
+	err = guardJournal("Compact", func() error { return j.Compact(batch) })
 	m.out.order.Unlock()
 	if err != nil {
 		m.poison(err)

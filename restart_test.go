@@ -415,3 +415,28 @@ func TestAClosureInProgressAtACrashIsFinishedAtRestart(t *testing.T) {
 	svc.mu.Unlock()
 	assert.False(t, alive, "the child session is gone")
 }
+
+// panicJournal is user code that panics in every method.
+type panicJournal struct{}
+
+func (panicJournal) Append([]Record) Commit          { panic("append") }
+func (panicJournal) Replay(func(Record) error) error { return nil }
+func (panicJournal) Compact([]Record) error          { panic("compact") }
+func (panicJournal) Close() error                    { panic("close") }
+
+type panicReplay struct{ panicJournal }
+
+func (panicReplay) Replay(func(Record) error) error { panic("replay") }
+
+func TestAJournalThatPanicsNeverCrashesTheProcess(t *testing.T) {
+	_, err := Open(context.Background(), &testHost{}, WithJournal(panicReplay{}))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Journal.Replay panicked")
+
+	_, err = Open(context.Background(), &testHost{}, WithJournal(panicJournal{}))
+	require.ErrorIs(t, err, ErrJournal, "the epoch's append panicked: the Manager stops")
+	assert.Contains(t, err.Error(), "Journal.Append panicked")
+
+	_, err = OpenFileJournal("  ")
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+}

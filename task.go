@@ -958,12 +958,30 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 }
 
 // appendBatch hands recs to the journal, encoded. m.out.order is held.
-func (m *Manager) appendBatch(recs []record) Commit {
+func (m *Manager) appendBatch(recs []record) (c Commit) {
 	batch, err := encodeAll(recs)
 	if err != nil {
 		return failedCommit{err}
 	}
-	return m.cfg.journal.Append(batch)
+	err = guardJournal("Append", func() error {
+		c = m.cfg.journal.Append(batch)
+		return nil
+	})
+	if err != nil || c == nil {
+		if err == nil {
+			err = errors.New("bgtask: Journal.Append returned no Commit")
+		}
+		return failedCommit{err}
+	}
+	return guardedCommit{c}
+}
+
+// guardedCommit is a Journal's Commit (user code) whose Wait cannot panic
+// through the Manager.
+type guardedCommit struct{ c Commit }
+
+func (g guardedCommit) Wait() error {
+	return guardJournal("Commit.Wait", g.c.Wait)
 }
 
 type failedCommit struct{ err error }
@@ -1959,7 +1977,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	if j := m.cfg.journal; j != nil && m.life.group.Running() == 0 {
 		m.life.journalClosed.Do(func() {
-			if err := j.Close(); err != nil {
+			if err := guardJournal("Close", j.Close); err != nil {
 				errs = append(errs, fmt.Errorf("bgtask: shutdown: closing the journal: %w", err))
 			}
 		})
