@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bgtask/bgtask/internal/codec"
 	"github.com/bgtask/bgtask/internal/wal"
 )
 
@@ -69,16 +70,6 @@ var recordKindNames = [...]string{
 	recEpoch:           "epoch",
 	recClosureOpened:   "closure_opened",
 	recClosureDropped:  "closure_dropped",
-}
-
-// kindNamed is the kind with that name, or 0.
-func kindNamed(name string) recordKind {
-	for k, n := range recordKindNames {
-		if n == name && n != "" {
-			return recordKind(k)
-		}
-	}
-	return 0
 }
 
 func (k recordKind) String() string {
@@ -1164,78 +1155,151 @@ type Commit interface {
 	Wait() error
 }
 
-// wireRecord is a record as it is encoded for a journal (JSON).
-type wireRecord struct {
-	Seq      uint64         `json:"seq"`
-	Kind     string         `json:"kind"`
-	Task     string         `json:"task,omitempty"`
-	At       time.Time      `json:"at"`
-	Attempt  *attemptJSON   `json:"attempt,omitempty"`
-	Evidence *wireEvidence  `json:"evidence,omitempty"`
-	Spec     *wireSpec      `json:"spec,omitempty"`
-	Session  string         `json:"session,omitempty"`
-	Note     string         `json:"note,omitempty"`
-	Stop     Status         `json:"stop,omitempty"`
-	Closure  *ClosureRecord `json:"closure,omitempty"`
-	Notice   *wireNotice    `json:"notice,omitempty"`
-	Epoch    uint64         `json:"epoch,omitempty"`
-	Opened   uint64         `json:"opened,omitempty"`
-}
+// recordFormat is the version byte that starts every encoded record.
+const recordFormat = 1
 
-type wireEvidence struct {
-	Output string       `json:"output,omitempty"`
-	Finish FinishReason `json:"finish,omitempty"`
-	NoText bool         `json:"noText,omitempty"`
-	Reason Reason       `json:"reason,omitempty"`
-}
-
-type wireSpec struct {
-	ID          string            `json:"id"`
-	Parent      string            `json:"parent"`
-	Description string            `json:"description,omitempty"`
-	Agent       string            `json:"agent,omitempty"`
-	Prompt      string            `json:"prompt,omitempty"`
-	Models      []Model           `json:"models"`
-	MaxAttempts int               `json:"maxAttempts"`
-	Metadata    map[string]string `json:"metadata,omitempty"`
-	LaunchedAt  time.Time         `json:"launchedAt"`
-}
-
-type wireNotice struct {
-	ID      string           `json:"id,omitempty"`
-	Seq     uint64           `json:"seq"`
-	Kind    NotificationKind `json:"kind"`
-	Parent  string           `json:"parent"`
-	Text    string           `json:"text,omitempty"`
-	Attempt string           `json:"attempt,omitempty"`
-	Tasks   []string         `json:"tasks,omitempty"`
-	Closure uint64           `json:"closure,omitempty"`
-}
-
-// encodeRecord is rec as a Journal stores it.
+// encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
+// length-prefixed strings, times with their zone offset).
 func encodeRecord(rec *record) (Record, error) {
-	w := wireRecord{Seq: rec.seq, Kind: rec.kind.String(), Task: rec.task, At: rec.at}
-	if rec.attempt.ID != "" {
-		w.Attempt = toAttemptJSON(rec.attempt)
+	w := codec.Writer{B: make([]byte, 0, 160)}
+	w.B = append(w.B, recordFormat)
+	w.Uint(rec.seq)
+	w.Uint(uint64(rec.kind))
+	w.String(rec.task)
+	w.Time(rec.at)
+	a := &rec.attempt
+	w.Bool(a.ID != "")
+	if a.ID != "" {
+		for _, f := range [...]string{a.ID, a.Token, a.SessionID, a.Model.Provider, a.Model.ID, a.Model.Variant, string(a.Status), string(a.Pending), a.Error, a.Result} {
+			w.String(f)
+		}
+		w.Uint(uint64(a.Number))
+		w.Time(a.StartedAt)
+		w.Time(a.CompletedAt)
 	}
-	if ev := rec.evidence; ev != (evidence{}) {
-		w.Evidence = &wireEvidence{Output: ev.output, Finish: ev.finish, NoText: ev.noText, Reason: ev.reason}
+	ev := rec.evidence
+	w.Bool(ev != (evidence{}))
+	if ev != (evidence{}) {
+		w.String(ev.output)
+		w.String(string(ev.finish))
+		w.Bool(ev.noText)
+		w.String(string(ev.reason))
 	}
-	if x := rec.recordExt; x != nil {
+	x := rec.recordExt
+	w.Bool(x != nil)
+	if x != nil {
+		w.Bool(x.spec != nil)
 		if ti := x.spec; ti != nil {
-			w.Spec = &wireSpec{ID: ti.id, Parent: ti.parent, Description: ti.description, Agent: ti.agent, Prompt: ti.prompt,
-				Models: ti.models, MaxAttempts: ti.maxAttempts, Metadata: ti.metadata, LaunchedAt: ti.launchedAt}
+			for _, f := range [...]string{ti.id, ti.parent, ti.description, ti.agent, ti.prompt} {
+				w.String(f)
+			}
+			w.Uint(uint64(len(ti.models)))
+			for _, m := range ti.models {
+				w.String(m.Provider)
+				w.String(m.ID)
+				w.String(m.Variant)
+			}
+			w.Uint(uint64(ti.maxAttempts))
+			w.Uint(uint64(len(ti.metadata)))
+			for k, v := range ti.metadata {
+				w.String(k)
+				w.String(v)
+			}
+			w.Time(ti.launchedAt)
 		}
-		w.Session, w.Note, w.Stop, w.Closure, w.Epoch, w.Opened = x.session, x.note, x.stop, x.closure, x.epoch, x.opened
+		w.String(x.session)
+		w.String(x.note)
+		w.String(string(x.stop))
+		w.Bool(x.closure != nil)
+		if x.closure != nil {
+			b, err := json.Marshal(x.closure) // rare, and a public type: its JSON shape
+			if err != nil {
+				return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
+			}
+			w.String(string(b))
+		}
+		w.Bool(x.notice != nil)
 		if n := x.notice; n != nil {
-			w.Notice = &wireNotice{ID: n.id, Seq: n.seq, Kind: n.kind, Parent: n.parent, Text: n.text, Attempt: n.attempt, Tasks: n.tasks, Closure: n.closure}
+			w.String(n.id)
+			w.Uint(n.seq)
+			for _, f := range [...]string{string(n.kind), n.parent, n.text, n.attempt} {
+				w.String(f)
+			}
+			w.Uint(uint64(len(n.tasks)))
+			for _, t := range n.tasks {
+				w.String(t)
+			}
+			w.Uint(n.closure)
 		}
+		w.Uint(x.epoch)
+		w.Uint(x.opened)
 	}
-	data, err := json.Marshal(w)
-	if err != nil {
-		return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
+	return Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, Data: w.B}, nil
+}
+
+// decodeRecord is the record a Journal returned.
+func decodeRecord(r Record) (record, error) {
+	if len(r.Data) == 0 || r.Data[0] != recordFormat {
+		return record{}, fmt.Errorf("bgtask: decoding record %d: not a record of format %d", r.Seq, recordFormat)
 	}
-	return Record{Seq: rec.seq, Kind: w.Kind, TaskID: rec.task, AttemptID: rec.attempt.ID, Token: rec.attempt.Token, Data: data}, nil
+	d := codec.Reader{B: r.Data[1:]}
+	rec := record{seq: d.Uint(), kind: recordKind(d.Uint()), task: d.String(), at: d.Time()}
+	if d.Bool() {
+		var f [10]string
+		for i := range f {
+			f[i] = d.String()
+		}
+		rec.attempt = Attempt{ID: f[0], Token: f[1], SessionID: f[2], Model: Model{Provider: f[3], ID: f[4], Variant: f[5]},
+			Status: Status(f[6]), Pending: PendingReason(f[7]), Error: f[8], Result: f[9], Number: int(d.Uint())}
+		rec.attempt.StartedAt, rec.attempt.CompletedAt = d.Time(), d.Time()
+	}
+	if d.Bool() {
+		rec.evidence = evidence{output: d.String(), finish: FinishReason(d.String()), noText: d.Bool(), reason: Reason(d.String())}
+	}
+	if d.Bool() {
+		x := &recordExt{}
+		if d.Bool() {
+			ti := &taskInfo{id: d.String(), parent: d.String(), description: d.String(), agent: d.String(), prompt: d.String()}
+			for n := d.Uint(); n > 0 && d.Err() == nil; n-- {
+				ti.models = append(ti.models, Model{Provider: d.String(), ID: d.String(), Variant: d.String()})
+			}
+			ti.maxAttempts = int(d.Uint())
+			for n := d.Uint(); n > 0 && d.Err() == nil; n-- {
+				if ti.metadata == nil {
+					ti.metadata = make(map[string]string)
+				}
+				k := d.String()
+				ti.metadata[k] = d.String()
+			}
+			ti.launchedAt = d.Time()
+			x.spec = ti
+		}
+		x.session, x.note, x.stop = d.String(), d.String(), Status(d.String())
+		if d.Bool() {
+			var cr ClosureRecord
+			if err := json.Unmarshal([]byte(d.String()), &cr); err != nil {
+				return record{}, fmt.Errorf("bgtask: decoding record %d: closure: %w", rec.seq, err)
+			}
+			x.closure = &cr
+		}
+		if d.Bool() {
+			n := &notice{id: d.String(), seq: d.Uint(), kind: NotificationKind(d.String()), parent: d.String(), text: d.String(), attempt: d.String()}
+			for k := d.Uint(); k > 0 && d.Err() == nil; k-- {
+				n.tasks = append(n.tasks, d.String())
+			}
+			n.closure = d.Uint()
+			x.notice = n
+		}
+		x.epoch, x.opened = d.Uint(), d.Uint()
+		rec.recordExt = x
+	}
+	if err := d.Err(); err != nil {
+		return record{}, fmt.Errorf("bgtask: decoding record %d: %w", r.Seq, err)
+	}
+	if int(rec.kind) >= len(recordKindNames) || recordKindNames[rec.kind] == "" {
+		return record{}, fmt.Errorf("bgtask: decoding record %d: unknown kind %d", rec.seq, rec.kind)
+	}
+	return rec, nil
 }
 
 // encodeAll encodes recs, in order.
@@ -1249,37 +1313,6 @@ func encodeAll(recs []record) ([]Record, error) {
 		batch = append(batch, r)
 	}
 	return batch, nil
-}
-
-// decodeRecord is the record a Journal returned.
-func decodeRecord(r Record) (record, error) {
-	var w wireRecord
-	if err := json.Unmarshal(r.Data, &w); err != nil {
-		return record{}, fmt.Errorf("bgtask: decoding record %d: %w", r.Seq, err)
-	}
-	kind := kindNamed(w.Kind)
-	if kind == 0 {
-		return record{}, fmt.Errorf("bgtask: decoding record %d: unknown kind %q", w.Seq, w.Kind)
-	}
-	rec := record{seq: w.Seq, kind: kind, task: w.Task, at: w.At}
-	if w.Attempt != nil {
-		rec.attempt = w.Attempt.attempt()
-	}
-	if ev := w.Evidence; ev != nil {
-		rec.evidence = evidence{output: ev.Output, finish: ev.Finish, noText: ev.NoText, reason: ev.Reason}
-	}
-	x := recordExt{session: w.Session, note: w.Note, stop: w.Stop, closure: w.Closure, epoch: w.Epoch, opened: w.Opened}
-	if sp := w.Spec; sp != nil {
-		x.spec = &taskInfo{id: sp.ID, parent: sp.Parent, description: sp.Description, agent: sp.Agent, prompt: sp.Prompt,
-			models: sp.Models, maxAttempts: sp.MaxAttempts, metadata: sp.Metadata, launchedAt: sp.LaunchedAt}
-	}
-	if n := w.Notice; n != nil {
-		x.notice = &notice{id: n.ID, seq: n.Seq, kind: n.Kind, parent: n.Parent, text: n.Text, attempt: n.Attempt, tasks: n.Tasks, closure: n.Closure}
-	}
-	if x != (recordExt{}) {
-		rec.recordExt = &x
-	}
-	return rec, nil
 }
 
 // recovery is what a replay found that a restart must act on.

@@ -2,6 +2,7 @@ package bgtask
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -193,4 +194,25 @@ func TestDuplicateIDsAreRefusedBeforeAnythingIsRecorded(t *testing.T) {
 	_, _, err = l.scheduleRetry(e, "x", t0)
 	assert.Error(t, err)
 	assert.Equal(t, before, *e.cur(), "a refused retry leaves the current attempt running")
+}
+
+// A record round-trips the journal's encoding exactly, and any cut of it
+// is an error, never a panic.
+func TestRecordEncodingRoundTripsAndRefusesCuts(t *testing.T) {
+	at := time.Date(2026, 12, 1, 9, 30, 0, 42, time.FixedZone("", -5*3600))
+	rec := record{seq: 7, kind: recTaskLaunched, task: "t1", at: at, recordExt: &recordExt{spec: &taskInfo{
+		id: "t1", parent: "p", description: "d", agent: "a", prompt: "q", maxAttempts: 2, launchedAt: at,
+		models: []Model{{Provider: "x", ID: "1", Variant: "v"}, {Provider: "y", ID: "2"}}, metadata: map[string]string{"k": "v"},
+	}}}
+	enc, err := encodeRecord(&rec)
+	require.NoError(t, err)
+	assert.Equal(t, "task_launched", enc.Kind)
+	got, err := decodeRecord(enc)
+	require.NoError(t, err)
+	assert.Equal(t, *rec.spec, *got.spec)
+	assert.True(t, got.at.Equal(at))
+	for cut := range len(enc.Data) {
+		_, err := decodeRecord(Record{Seq: 7, Data: enc.Data[:cut]})
+		assert.Error(t, err, "cut at %d", cut)
+	}
 }

@@ -1,0 +1,122 @@
+// Package codec is the compact binary encoding of bgtask's ledger records:
+// uvarints, length-prefixed strings and times, written by a Writer and read
+// back by a Reader that never panics on bad input (it remembers the first
+// error and returns zero values from then on).
+package codec
+
+import (
+	"encoding/binary"
+	"errors"
+	"time"
+)
+
+// ErrShort: the input ended inside a value, or a length was impossible.
+var ErrShort = errors.New("codec: record cut short or malformed")
+
+// Writer appends values to a buffer.
+type Writer struct{ B []byte }
+
+func (w *Writer) Uint(v uint64) { w.B = binary.AppendUvarint(w.B, v) }
+func (w *Writer) Int(v int64)   { w.B = binary.AppendVarint(w.B, v) }
+
+func (w *Writer) Bool(v bool) {
+	if v {
+		w.B = append(w.B, 1)
+	} else {
+		w.B = append(w.B, 0)
+	}
+}
+
+func (w *Writer) String(s string) {
+	w.Uint(uint64(len(s)))
+	w.B = append(w.B, s...)
+}
+
+// Time writes t to the nanosecond with its zone offset (not its monotonic
+// reading).
+func (w *Writer) Time(t time.Time) {
+	if t.IsZero() {
+		w.Bool(false)
+		return
+	}
+	w.Bool(true)
+	_, off := t.Zone()
+	w.Int(t.Unix())
+	w.Uint(uint64(t.Nanosecond()))
+	w.Int(int64(off))
+}
+
+// Reader reads values back; after the first error every read returns a
+// zero value, and Err reports it.
+type Reader struct {
+	B   []byte
+	err error
+}
+
+func (r *Reader) fail() { r.err, r.B = ErrShort, nil }
+
+// Err is the first error met, or nil.
+func (r *Reader) Err() error { return r.err }
+
+func (r *Reader) Uint() uint64 {
+	v, n := binary.Uvarint(r.B)
+	if n <= 0 {
+		r.fail()
+		return 0
+	}
+	r.B = r.B[n:]
+	return v
+}
+
+func (r *Reader) Int() int64 {
+	v, n := binary.Varint(r.B)
+	if n <= 0 {
+		r.fail()
+		return 0
+	}
+	r.B = r.B[n:]
+	return v
+}
+
+func (r *Reader) Bool() bool {
+	if len(r.B) == 0 {
+		r.fail()
+		return false
+	}
+	v := r.B[0]
+	r.B = r.B[1:]
+	return v != 0
+}
+
+func (r *Reader) String() string {
+	n := r.Uint()
+	if r.err != nil || n > uint64(len(r.B)) {
+		r.fail()
+		return ""
+	}
+	s := string(r.B[:n])
+	r.B = r.B[n:]
+	return s
+}
+
+// Time reads a time written by Writer.Time: UTC for a zero offset, the
+// local zone when its offset is local's at that instant, else a fixed
+// zone (as parsing the time's RFC 3339 text would give).
+func (r *Reader) Time() time.Time {
+	if !r.Bool() {
+		return time.Time{}
+	}
+	sec, nsec, off := r.Int(), r.Uint(), r.Int()
+	if r.err != nil || nsec >= 1e9 {
+		r.fail()
+		return time.Time{}
+	}
+	t := time.Unix(sec, int64(nsec))
+	switch {
+	case off == 0:
+		return t.UTC()
+	case func() bool { _, lo := t.Zone(); return int64(lo) == off }():
+		return t // time.Unix gives the local zone
+	}
+	return t.In(time.FixedZone("", int(off)))
+}

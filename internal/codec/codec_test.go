@@ -1,0 +1,69 @@
+package codec
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestValuesRoundTrip(t *testing.T) {
+	plus2 := time.FixedZone("", 2*3600)
+	times := []time.Time{
+		{},
+		time.Date(2026, 12, 1, 12, 0, 0, 123456789, time.UTC),
+		time.Date(1969, 7, 20, 20, 17, 0, 1, plus2),
+		time.Unix(math.MaxInt32, 999_999_999).UTC(),
+	}
+	var w Writer
+	w.Uint(0)
+	w.Uint(math.MaxUint64)
+	w.Int(math.MinInt64)
+	w.Bool(true)
+	w.String("")
+	w.String("héllo\x00world")
+	for _, tm := range times {
+		w.Time(tm)
+	}
+	r := Reader{B: w.B}
+	assert.Equal(t, uint64(0), r.Uint())
+	assert.Equal(t, uint64(math.MaxUint64), r.Uint())
+	assert.Equal(t, int64(math.MinInt64), r.Int())
+	assert.True(t, r.Bool())
+	assert.Equal(t, "", r.String())
+	assert.Equal(t, "héllo\x00world", r.String())
+	for _, want := range times {
+		got := r.Time()
+		assert.True(t, want.Equal(got), "%v != %v", want, got)
+		wb, _ := want.MarshalJSON()
+		gb, _ := got.MarshalJSON()
+		assert.Equal(t, string(wb), string(gb), "the same RFC 3339 text, zone included")
+	}
+	require.NoError(t, r.Err())
+	assert.Empty(t, r.B)
+}
+
+// Any input, cut anywhere or garbled, is an error: never a panic, never a
+// huge allocation.
+func TestBadInputIsAnErrorNeverAPanic(t *testing.T) {
+	var w Writer
+	w.String("a string that will be cut")
+	w.Time(time.Now())
+	for cut := range len(w.B) {
+		r := Reader{B: w.B[:cut]}
+		_ = r.String()
+		_ = r.Time()
+		assert.Error(t, r.Err(), "cut at %d", cut)
+	}
+	huge := Writer{}
+	huge.Uint(math.MaxUint64) // a length no input has
+	r := Reader{B: huge.B}
+	assert.Equal(t, "", r.String())
+	assert.ErrorIs(t, r.Err(), ErrShort)
+	assert.Equal(t, uint64(0), r.Uint(), "after an error, zero values")
+}
