@@ -1027,8 +1027,8 @@ func (m *Manager) sweep() {
 	if r.MaxAge > 0 {
 		now = m.now()
 	}
-	kept := 0
-	for i := 0; i < len(l.ended) && i < sweepBudget; i++ {
+	kept, i := 0, 0
+	for ; i < len(l.ended) && i < sweepBudget; i++ {
 		e := l.ended[i]
 		over := r.MaxEnded >= 0 && len(l.ended)-(i-kept) > r.MaxEnded
 		old := r.MaxAge > 0 && now.Sub(e.cur().CompletedAt) > r.MaxAge
@@ -1041,18 +1041,14 @@ func (m *Manager) sweep() {
 			continue
 		}
 		m.forget(e)
-		l.ended[i] = nil
 	}
-	// Close the gaps the forgotten left in the looked-at prefix.
-	n := 0
-	for i, e := range l.ended {
-		if i < kept || e != nil {
-			l.ended[n] = e
-			n++
-		}
+	if gone := i - kept; gone > 0 {
+		// The looked-at prefix is now kept[:kept] and gone slots: close
+		// them, moving the few kept ones up rather than the long rest down.
+		copy(l.ended[gone:i], l.ended[:kept])
+		clear(l.ended[:gone])
+		l.ended = l.ended[gone:]
 	}
-	clear(l.ended[n:])
-	l.ended = l.ended[:n]
 }
 
 // forget takes ended task e out of memory: its indexes, its place in
