@@ -243,3 +243,37 @@ func BenchmarkRetained3(b *testing.B) {
 		_ = m.Shutdown(context.Background())
 	}
 }
+
+// blockingHost's starts never return before the Manager's context ends.
+type blockingHost struct{}
+
+func (blockingHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
+	<-ctx.Done()
+	return "", ctx.Err()
+}
+func (blockingHost) AbortSession(ctx context.Context, sid string) error { return nil }
+
+// BenchmarkDurableHopAlone: one durable Launch with nothing else committing
+// (its start never returns, so no bind commit shares the writer): the
+// latency of exactly one durable hop.
+func BenchmarkDurableHopAlone(b *testing.B) {
+	j, err := OpenFileJournal(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := Open(context.Background(), blockingHost{}, WithJournal(j))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = m.Shutdown(ctx)
+	}()
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
+	for b.Loop() {
+		if _, err := m.Launch(context.Background(), spec); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
