@@ -147,6 +147,24 @@
 // Activity and the time of a run's last event are process-local on
 // purpose and not recorded.
 //
+// # Durability and restart
+//
+// Without a journal a Manager is memory-only. With WithJournal (the file
+// journal: OpenFileJournal) every committed record is appended and made
+// durable — group commit: concurrent commits share one fsync — before
+// anything it describes happens: a session start, an abort, a
+// notification. A record of intent (start requested, abort requested,
+// notification produced) precedes each such call, so after a crash the
+// replay knows which calls may have happened. Open replays the journal and
+// reconciles what was live through the host (StatusHost): an alive child
+// is re-adopted, an ended one finishes with its evidence, a gone one (or
+// one no host can report on) ends interrupt; a run that never asked for a
+// child starts; undelivered notifications are delivered again with their
+// stable Notification.ID; a closure the crash interrupted is finished. A
+// journal that fails stops the Manager (ErrJournal). Ended tasks leave
+// memory under WithRetention (ErrForgotten answers for them), and the
+// journal is compacted as they go.
+//
 // # Following state
 //
 // Subscribe streams a Change for every applied mutation, with a
