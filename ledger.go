@@ -1130,8 +1130,9 @@ type Record struct {
 // Journal persists a Manager's ledger records (WithJournal).
 type Journal interface {
 	// Append queues a batch of records after every batch appended before
-	// it and returns at once: it is called with the Manager's lock held
-	// and must not wait for I/O. The batch's Wait returns once it is
+	// it and returns at once: the Manager calls it in commit order, one
+	// call at a time, while commits behind it wait, so it must not wait for
+	// I/O. The batch's Wait returns once it is
 	// durable, or with why it is not; after an error the Manager stops
 	// (fail-stop) and a restart recovers from what is durable.
 	Append(batch []Record) Commit

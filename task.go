@@ -749,9 +749,10 @@ type outbox struct {
 }
 
 // New returns a Manager that runs child sessions through host. With
-// WithJournal it recovers from the journal as Open does; a journal that
-// cannot be read makes every Launch fail with the error (use Open to see
-// it at once).
+// WithJournal it recovers from the journal as Open does, with no deadline
+// (a StatusHost that never answers holds New); a journal that cannot be
+// read makes every Launch fail with the error. Use Open to bound the
+// recovery and see its error at once.
 func New(host Host, opts ...Option) *Manager {
 	if host == nil {
 		panic("bgtask: New with a nil Host")
