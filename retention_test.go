@@ -3,6 +3,7 @@ package bgtask
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,9 +17,16 @@ func finish(t *testing.T, h *harness, parent string) Task {
 	task, err := h.m.Launch(context.Background(), Spec{ParentSessionID: parent, Models: []Model{{Provider: "a", ID: "1"}}})
 	require.NoError(t, err)
 	got := waitStatus(t, h.m, task.ID, StatusRunning)
+	// It may be forgotten as soon as it ends: hold on to it first.
+	h.m.mu.Lock()
+	e := h.m.led.tasks[task.ID]
+	ended := e.waitDone()
+	h.m.mu.Unlock()
 	require.NoError(t, h.m.Observe(Event{SessionID: got.SessionID, Kind: SessionIdle, Text: "ok"}))
-	done, err := h.m.Wait(context.Background(), task.ID) // it may be forgotten as soon as it ended
-	require.NoError(t, err)
+	<-ended
+	h.m.mu.Lock()
+	done := e.project()
+	h.m.mu.Unlock()
 	require.Equal(t, StatusCompleted, done.Status)
 	return done
 }
@@ -80,6 +88,8 @@ func TestRetentionKeepsTasksWhoseParentStillHasLiveOnes(t *testing.T) {
 func TestRetentionKeepsATaskUntilItsNotificationsAreDelivered(t *testing.T) {
 	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 1}))
 	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // a failing test never holds the lane
 	h.rec.hook = func(ctx context.Context, n Notification) error {
 		if n.Kind == NotifyFinalSummary && n.ParentSessionID == "slow" {
 			<-release
@@ -91,7 +101,7 @@ func TestRetentionKeepsATaskUntilItsNotificationsAreDelivered(t *testing.T) {
 	finish(t, h, "q2")
 	_, err := h.m.Lookup(slow.ID)
 	require.NoError(t, err, "its final summary is not delivered yet")
-	close(release)
+	once.Do(func() { close(release) })
 	h.settle() // the lane delivers it
 	finish(t, h, "q3")
 	_, err = h.m.Lookup(slow.ID)
