@@ -44,7 +44,7 @@ const (
 	recStopRequested                         // a stop of the task was asked for (which, and by whom); no retry follows
 	recStopWithdrawn                         // the abort a stop asked for failed: the run goes on
 	recNotifyProduced                        // a notification was produced for a parent
-	recNotifyDelivered                       // the Notifier accepted a notification
+	recNotifyDelivered                       // the Notifier accepted a notification, or it was given up (note says why)
 	recStartRequested                        // a StartSession call for the attempt is about to be made
 	recAbortRequested                        // an AbortSession call for the run is about to be made
 	recEpoch                                 // a process life began on this ledger (manager-wide)

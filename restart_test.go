@@ -440,3 +440,31 @@ func TestAJournalThatPanicsNeverCrashesTheProcess(t *testing.T) {
 	_, err = OpenFileJournal("  ")
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 }
+
+// A notification the Notifier refused for good before a crash is settled:
+// the restart does not deliver it again (out of its parent's order).
+func TestAGivenUpNotificationIsNotDeliveredAgainAfterARestart(t *testing.T) {
+	dir := t.TempDir()
+	svc := newSessionService()
+	host := &svcHost{svc: svc}
+	refuse := NotifierFunc(func(ctx context.Context, n Notification) error { return errors.New("no") })
+	j1 := openJournal(t, dir)
+	m1, err := Open(context.Background(), host, WithJournal(j1), WithNotifier(refuse), WithNotifyRetry(1, nil))
+	require.NoError(t, err)
+	ctx := context.Background()
+	task, err := m1.Launch(ctx, Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}})
+	require.NoError(t, err)
+	got := waitStatus(t, m1, task.ID, StatusRunning)
+	require.NoError(t, m1.Observe(Event{SessionID: got.SessionID, Kind: SessionIdle, Text: "x"}))
+	waitStatus(t, m1, task.ID, StatusCompleted)
+	require.NoError(t, m1.life.group.Wait(ctx)) // the refusal is settled
+	require.NotEmpty(t, m1.Undelivered())
+	crash(t, m1, j1)
+
+	rec := &recorder{}
+	j2 := openJournal(t, dir)
+	m2, err := Open(ctx, host, WithJournal(j2), WithNotifier(rec))
+	require.NoError(t, err)
+	require.NoError(t, m2.Shutdown(ctx))
+	assert.Empty(t, rec.All(), "nothing is delivered again")
+}

@@ -1734,6 +1734,11 @@ func (m *Manager) noticeOf(n Notification) *notice {
 // most the WithNotifyLimits bound, the oldest given up first (counted by
 // NotifyDropped). Either way it is logged at error level. m.mu is held.
 func (m *Manager) keepLost(n Notification, why string) {
+	// Recorded as settled: a restart does not deliver it again, out of its
+	// parent's order, after what came later was delivered.
+	if m.led.recording() {
+		m.led.emit(record{kind: recNotifyDelivered, task: n.TaskID, at: m.now(), recordExt: &recordExt{note: "given up: " + why, notice: &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID}}})
+	}
 	m.logLocked(slog.LevelError, "bgtask: notification not delivered", slog.String("reason", why),
 		slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
 	if len(m.notes.lost) >= m.cfg.undeliveredLimit {
