@@ -886,6 +886,11 @@ func (m *Manager) reconcile(rv *recovery) {
 		}
 	}
 	rv.pending = make(chan struct{}, rv.left)
+	for _, n := range rv.lost {
+		if len(m.notes.lost) < m.cfg.undeliveredLimit {
+			m.notes.lost = append(m.notes.lost, m.noticeNotification(n))
+		}
+	}
 	seqs := slices.Sorted(maps.Keys(rv.notes))
 	for _, seq := range seqs {
 		n := rv.notes[seq]
@@ -899,6 +904,12 @@ func (m *Manager) redeliver(n *notice) {
 	if m.cfg.notifier == nil {
 		return
 	}
+	m.queueNote(m.noticeNotification(n))
+}
+
+// noticeNotification is the notification a recorded notice was, its task
+// snapshots taken now. m.mu is held.
+func (m *Manager) noticeNotification(n *notice) Notification {
 	out := Notification{ID: n.id, Seq: n.seq, Kind: n.kind, ParentSessionID: n.parent, Text: n.text}
 	if ref, ok := m.led.byAttempt[n.attempt]; ok {
 		out.TaskID, out.Task = ref.e.id, ref.e.project()
@@ -908,7 +919,7 @@ func (m *Manager) redeliver(n *notice) {
 			out.Tasks = append(out.Tasks, e.project())
 		}
 	}
-	m.queueNote(out)
+	return out
 }
 
 // recoverRun asks the host what became of run a of e after a restart (a

@@ -1319,6 +1319,7 @@ type recovery struct {
 	pending chan struct{}          // one token per recovery effect still out
 	left    int                    // recovery effects queued
 	closing map[uint64]openClosure // closures in progress at the crash, by opening record
+	lost    []*notice              // notifications given up before the restart, in that order
 }
 
 // openClosure is a closure in progress: its root session, or its task.
@@ -1355,6 +1356,9 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(Record) error
 				rv.notes[rec.notice.seq] = rec.notice
 				m.notes.seq = max(m.notes.seq, rec.notice.seq)
 			} else {
+				if n := rv.notes[rec.notice.seq]; n != nil && strings.HasPrefix(rec.note, "given up") {
+					rv.lost = append(rv.lost, n) // Undelivered outlives the process
+				}
 				delete(rv.notes, rec.notice.seq)
 			}
 		case recStartRequested:

@@ -465,6 +465,15 @@ func TestAGivenUpNotificationIsNotDeliveredAgainAfterARestart(t *testing.T) {
 	j2 := openJournal(t, dir)
 	m2, err := Open(ctx, host, WithJournal(j2), WithNotifier(rec))
 	require.NoError(t, err)
-	require.NoError(t, m2.Shutdown(ctx))
+	want := m1.Undelivered()
+	lost := m2.Undelivered()
+	require.Len(t, lost, len(want), "Undelivered outlives the process")
+	for i := range want {
+		assert.Equal(t, want[i].ID, lost[i].ID)
+		assert.Equal(t, want[i].Text, lost[i].Text)
+	}
+	err = m2.Shutdown(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "not delivered (see Undelivered)")
 	assert.Empty(t, rec.All(), "nothing is delivered again")
 }

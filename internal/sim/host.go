@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/bgtask/bgtask"
 )
@@ -18,7 +19,7 @@ import (
 // in every run of a seed.
 type host struct {
 	seed int64
-	m    *bgtask.Manager
+	m    atomic.Pointer[bgtask.Manager] // the live harness process's Manager
 
 	mu         sync.Mutex // guards everything below
 	blocked    map[string]chan struct{}
@@ -121,7 +122,7 @@ func (h *host) StartSession(ctx context.Context, req bgtask.SessionRequest) (str
 	h.mu.Unlock()
 	if !reliable {
 		if d%7 == 0 { // the child talks before the start returns
-			_ = h.m.Observe(bgtask.Event{AttemptID: req.AttemptID, Kind: bgtask.SessionBusy})
+			_ = h.m.Load().Observe(bgtask.Event{AttemptID: req.AttemptID, Kind: bgtask.SessionBusy})
 		}
 		switch {
 		case d < 8:
@@ -167,3 +168,108 @@ func (h *host) AbortSession(ctx context.Context, sid string) error {
 	h.mu.Unlock()
 	return nil
 }
+
+// gate is one harness process's connection to the world: the host and the
+// parents. Once its process has died (a restart), nothing it does reaches
+// either; the sessions it started live on in the host.
+type gate struct {
+	h    *host
+	n    *notes
+	dead atomic.Bool
+}
+
+var errDead = errors.New("sim: this harness process is dead")
+
+func (g *gate) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	if g.dead.Load() {
+		return "", errDead
+	}
+	return g.h.StartSession(ctx, req)
+}
+
+func (g *gate) AbortSession(ctx context.Context, sid string) error {
+	if g.dead.Load() {
+		return errDead
+	}
+	return g.h.AbortSession(ctx, sid)
+}
+
+// SessionStatus: a session the host made and did not stop is alive; any
+// other is gone (the sim's children end only through events the driver
+// sends, which a dead process never hears).
+func (g *gate) SessionStatus(ctx context.Context, sid string) (bgtask.SessionReport, error) {
+	if g.dead.Load() {
+		return bgtask.SessionReport{}, errDead
+	}
+	g.h.mu.Lock()
+	defer g.h.mu.Unlock()
+	if g.h.created[sid] && !g.h.confirmed[sid] {
+		return bgtask.SessionReport{State: bgtask.SessionAlive}, nil
+	}
+	return bgtask.SessionReport{State: bgtask.SessionGone}, nil
+}
+
+func (g *gate) FindSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	if g.dead.Load() {
+		return "", errDead
+	}
+	sid := "s-" + req.AttemptID
+	g.h.mu.Lock()
+	defer g.h.mu.Unlock()
+	if g.h.created[sid] && !g.h.confirmed[sid] {
+		return sid, nil
+	}
+	return "", nil
+}
+
+func (g *gate) Notify(ctx context.Context, x bgtask.Notification) error {
+	if g.dead.Load() {
+		return errDead
+	}
+	return g.n.Notify(ctx, x)
+}
+
+// memJournal is a journal in memory, shared by the harness's process
+// lives: what was appended before a crash is what the next life replays.
+type memJournal struct {
+	mu      sync.Mutex
+	recs    []bgtask.Record
+	crashed bool
+}
+
+type doneCommit struct{}
+
+func (doneCommit) Wait() error { return nil }
+
+func (j *memJournal) Append(batch []bgtask.Record) bgtask.Commit {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !j.crashed {
+		j.recs = append(j.recs, batch...)
+	}
+	return doneCommit{}
+}
+
+func (j *memJournal) Replay(fn func(bgtask.Record) error) error {
+	j.mu.Lock()
+	recs := append([]bgtask.Record(nil), j.recs...)
+	j.mu.Unlock()
+	for _, r := range recs {
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (j *memJournal) Compact(keep []bgtask.Record) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !j.crashed {
+		j.recs = append([]bgtask.Record(nil), keep...)
+	}
+	return nil
+}
+
+// Close ends a process life: the next one reopens it.
+func (j *memJournal) Close() error { return nil }

@@ -94,6 +94,11 @@ type world struct {
 	mu       sync.Mutex // guards closures, results
 	closures map[int]*closureCall
 	nextCall int
+
+	cfg       []bgtask.Option
+	gate      *gate       // the live process's connection to the world
+	journal   *memJournal // with "restarts": what outlives a process
+	restarted bool
 }
 
 type closureCall struct {
@@ -126,7 +131,6 @@ func Run(opts Options) ([]string, error) {
 	cfg := []bgtask.Option{
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithClock(w.clock),
-		bgtask.WithNotifier(w.notes),
 		bgtask.WithNotifyRetry(2, func(int) time.Duration { return time.Second }),
 	}
 	var features []string
@@ -146,9 +150,20 @@ func Run(opts Options) ([]string, error) {
 		cfg = append(cfg, bgtask.WithRetryDelay(bgtask.Backoff(time.Second, 8*time.Second, 0)))
 		features = append(features, "retry-delay")
 	}
-	w.m = bgtask.New(w.host, cfg...)
+	if w.rng.IntN(3) == 0 {
+		w.journal = &memJournal{}
+		cfg = append(cfg, bgtask.WithJournal(w.journal))
+		features = append(features, "restarts")
+	}
+	w.cfg = cfg
+	w.gate = &gate{h: w.host, n: w.notes}
+	m, err := bgtask.Open(context.Background(), w.gate, append(cfg[:len(cfg):len(cfg)], bgtask.WithNotifier(w.gate))...)
+	if err != nil {
+		return nil, err
+	}
+	w.m = m
 	probe.Record(w.m) // replay must reproduce the run, checked at the end
-	w.host.m = w.m
+	w.host.m.Store(w.m)
 	w.log("start: %v", features)
 
 	for w.step = 1; w.step <= opts.Steps && w.fail == nil; w.step++ {
@@ -211,6 +226,8 @@ func (w *world) act() {
 		on := !w.notes.fail.Load()
 		w.notes.fail.Store(on)
 		w.log("notifier failing=%v", on)
+	case op < 93+2 && w.journal != nil && w.calls.Load() == 0 && w.rng.IntN(3) == 0:
+		w.restart()
 	case op < 95:
 		w.host.mu.Lock()
 		w.host.abortsFail = !w.host.abortsFail
@@ -496,7 +513,12 @@ func (w *world) checkNotifications(tasks []bgtask.Task, final bool) {
 	last := map[string]uint64{}
 	finals := map[string]int{}
 	after := map[string]bool{}
+	ids := map[string]bool{}
 	for _, n := range w.notes.all() {
+		if ids[n.ID] {
+			continue // delivered again after a crash: the same ID, dropped by its receiver
+		}
+		ids[n.ID] = true
 		if n.Seq <= last[n.ParentSessionID] {
 			w.failf("parent %s: notification %d delivered after %d", n.ParentSessionID, n.Seq, last[n.ParentSessionID])
 		}
@@ -680,8 +702,10 @@ func (w *world) finish() {
 				}
 			}
 			w.checkNotifications(w.m.Tasks(), true)
-			if err := probe.Replay(w.m); err != nil {
-				w.failf("%v", err)
+			if !w.restarted { // across a restart, the journal's replay was the check
+				if err := probe.Replay(w.m); err != nil {
+					w.failf("%v", err)
+				}
 			}
 			if n, _ := probe.Running(w.m); n != 0 {
 				w.failf("%d goroutines outlived Shutdown", n)
@@ -695,4 +719,31 @@ func (w *world) finish() {
 			return
 		}
 	}
+}
+
+// restart kills the harness process (nothing it does from now on is
+// durable or reaches the world) and starts the next one on the same
+// journal, as a crash and a restart would.
+func (w *world) restart() {
+	w.log("crash and restart")
+	w.journal.mu.Lock()
+	w.journal.crashed = true
+	w.journal.mu.Unlock()
+	w.gate.dead.Store(true)
+	old := w.m
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	_ = old.Shutdown(ctx) // the dead process's goroutines, joined (the test's, not the world's)
+	cancel()
+	w.journal.mu.Lock()
+	w.journal.crashed = false
+	w.journal.mu.Unlock()
+	w.gate = &gate{h: w.host, n: w.notes}
+	m, err := bgtask.Open(context.Background(), w.gate, append(w.cfg[:len(w.cfg):len(w.cfg)], bgtask.WithNotifier(w.gate))...)
+	if err != nil {
+		w.failf("restart: %v", err)
+		return
+	}
+	w.m = m
+	w.host.m.Store(m)
+	w.restarted = true
 }
