@@ -477,3 +477,11 @@ func TestAGivenUpNotificationIsNotDeliveredAgainAfterARestart(t *testing.T) {
 	assert.Contains(t, err.Error(), "not delivered (see Undelivered)")
 	assert.Empty(t, rec.All(), "nothing is delivered again")
 }
+
+// A typed-nil journal is a caller's bug: an error, never a crash.
+func TestATypedNilJournalIsAnErrorNotACrash(t *testing.T) {
+	var j *fileJournal
+	_, err := Open(context.Background(), &testHost{}, WithJournal(j))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "panicked")
+}

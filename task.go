@@ -799,7 +799,11 @@ func Open(ctx context.Context, host Host, opts ...Option) (*Manager, error) {
 // reconciles what was live (reconcile), waiting for the host's answers.
 func (m *Manager) recover(ctx context.Context) error {
 	if t, ok := m.cfg.journal.(interface{ TornTail() string }); ok {
-		if torn := t.TornTail(); torn != "" {
+		var torn string
+		if err := guardJournal("TornTail", func() error { torn = t.TornTail(); return nil }); err != nil {
+			return err
+		}
+		if torn != "" {
 			m.logAttrs(slog.LevelWarn, "bgtask: the journal's last record was torn (a crash mid-write) and was cut off", slog.String("where", torn))
 		}
 	}
