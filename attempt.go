@@ -276,22 +276,31 @@ func (m *Manager) observeLocked(o *observation) (resolved, error) {
 		}
 		return resolved{}, ErrUnknownSession
 	}
-	a := ref.attempt()
-	if !ref.isCurrent() || a.Status.Terminal() ||
-		(ev.Token != "" && ev.Token != a.Token) ||
-		(ev.SessionID != "" && a.SessionID != "" && ev.SessionID != a.SessionID) {
-		return ref.who(), ErrStaleEvent
+	// The entry's first cache line decides most events: whether the
+	// attempt is current, and its status. The attempt itself is read only
+	// for a token to compare, or a session when the event was resolved by
+	// its attempt (bySession names the session's attempt by construction).
+	e := ref.e
+	if !ref.isCurrent() || e.state.Terminal() {
+		return m.who(ref), ErrStaleEvent
 	}
-	if !o.classified && (a.Status == StatusRunning || ref.e.rt.starting()) {
+	if ev.Token != "" || ev.AttemptID != "" {
+		a := ref.attempt()
+		if (ev.Token != "" && ev.Token != a.Token) ||
+			(ev.SessionID != "" && a.SessionID != "" && ev.SessionID != a.SessionID) {
+			return m.who(ref), ErrStaleEvent
+		}
+	}
+	if !o.classified && (e.state == StatusRunning || e.rt.starting()) {
 		return resolved{}, errNeedsClass
 	}
-	if a.Status == StatusPending {
-		e := ref.e
+	if e.state == StatusPending {
+		a := ref.attempt()
 		if !e.rt.starting() {
-			return ref.who(), ErrStaleEvent // no child can be running for it
+			return m.who(ref), ErrStaleEvent // no child can be running for it
 		}
 		if !m.hold(o, a.ID) {
-			return ref.who(), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, m.calls.held.ForAttempt(a.ID), a.ID)
+			return m.who(ref), fmt.Errorf("%w: %d events already held for attempt %s", ErrUnknownSession, m.calls.held.ForAttempt(a.ID), a.ID)
 		}
 		return resolved{}, nil
 	}
@@ -313,8 +322,12 @@ func (m *Manager) hold(o *observation, attemptID string) bool {
 	return ok
 }
 
-// who names the attempt for a log line.
-func (r attemptRef) who() resolved {
+// who names the attempt for a log line; a Manager that logs nothing does
+// not read them. m.mu is held.
+func (m *Manager) who(r attemptRef) resolved {
+	if m.cfg.silent {
+		return resolved{}
+	}
 	return resolved{taskID: r.e.id, attemptID: r.attempt().ID}
 }
 
@@ -333,21 +346,21 @@ func (m *Manager) expireHeld() {
 
 // apply applies an event to the current running attempt of e. m.mu is held.
 func (m *Manager) apply(e *entry, o *observation) {
-	ev := o.ev
-	a := e.cur()
-	at := ev.At
-	if at.IsZero() && (ev.Kind.ends() || m.cfg.stallTimeout > 0) {
+	ev, a := o.ev, e.cur()
+	var at time.Time
+	if ev.Kind.ends() || m.cfg.stallTimeout > 0 {
 		// Only a run's end and the stall watch need the time: liveness
-		// without a stall watch reads no clock.
-		at = m.now()
+		// without a stall watch reads no clock and not the attempt.
+		if at = ev.At; at.IsZero() {
+			at = m.now()
+		}
+		if at.Before(a.StartedAt) { // an early event, replayed at the bind
+			at = a.StartedAt
+		}
+		e.seen.lastEvent = at
 	}
-	if at.Before(a.StartedAt) { // an early event, replayed at the bind
-		at = a.StartedAt
-	}
-	e.seen.lastEvent = at
-	e.output()
 	if ev.Text != "" {
-		e.seen.out.output = ev.Text
+		e.output().output = ev.Text
 	}
 	switch ev.Kind {
 	case SessionBusy, SessionCompacted:
@@ -356,7 +369,8 @@ func (m *Manager) apply(e *entry, o *observation) {
 	case SessionWaiting:
 		m.setActivity(e, ActivityWaiting)
 	case SessionIdle:
-		e.seen.out.finish, e.seen.out.noText = ev.Finish, ev.NoFinalText
+		out := e.output()
+		out.finish, out.noText = ev.Finish, ev.NoFinalText
 		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
 	case SessionError:
 		m.fail(e, o.fail, at)
@@ -792,19 +806,18 @@ func (e *entry) output() *runOutput {
 
 // runOutput is what a run reported last, kept to compute its outcome.
 type runOutput struct {
-	token    string // the run it belongs to
-	activity Activity
-	output   string // latest output text
-	finish   FinishReason
-	noText   bool
-	reason   Reason // of the failure that ended it, worked out outside the lock
-	stopErr  string // the error the run returned after it was asked to stop
+	token   string // the run it belongs to
+	output  string // latest output text
+	finish  FinishReason
+	noText  bool
+	reason  Reason // of the failure that ended it, worked out outside the lock
+	stopErr string // the error the run returned after it was asked to stop
 }
 
 // setActivity records what the current run is doing; a change is published.
 func (m *Manager) setActivity(e *entry, a Activity) {
-	if e.seen.out.activity != a {
-		e.seen.out.activity = a
+	if e.activity != a {
+		e.activity = a
 		m.publish(e)
 	}
 }

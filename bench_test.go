@@ -207,6 +207,43 @@ func BenchmarkBaselineMapUpdate(b *testing.B) {
 	}
 }
 
+// BenchmarkBaselineTwoProbe is the floor the issue measures Observe
+// against: a mutex, a probe of a session→attempt map and one of an
+// attempt→task map, and a field write, with the same key count and access
+// pattern as BenchmarkObserveApplied. Its records are as small as they can
+// be; a task's are not.
+func BenchmarkBaselineTwoProbe(b *testing.B) {
+	type rec struct {
+		status string
+		last   int64
+	}
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("tasks=%d", n), func(b *testing.B) {
+			var mu sync.Mutex
+			bySession := make(map[string]string, n)
+			byAttempt := make(map[string]*rec, n)
+			keys := make([]string, n)
+			for i := range n {
+				keys[i] = "ses-" + strconv.Itoa(i+1)
+				att := "att-" + strconv.Itoa(i+1)
+				bySession[keys[i]] = att
+				byAttempt[att] = &rec{status: "running"}
+			}
+			keys = shuffled(keys)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				mu.Lock()
+				r := byAttempt[bySession[keys[i%n]]]
+				if r.status == "running" {
+					r.last = int64(i)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+}
+
 // BenchmarkFanOut measures the cost of one applied change delivered to 1, 8
 // and 64 subscribers (each drained by its own goroutine).
 func BenchmarkFanOut(b *testing.B) {

@@ -157,15 +157,18 @@ func (ti *taskInfo) modelFor(n int) Model {
 
 // entry is one task in the ledger: its records and their projection.
 type entry struct {
-	// The fields read by every event and every closure come first, to
-	// share cache lines.
+	// The fields an event reads come first, on one cache line: resolving
+	// an event and applying liveness to it touch nothing else.
 	current  int       // index into attempts of the current attempt
 	attempts []Attempt // the latest version of each attempt, in order
-	id       string    // info.id, kept beside the hot fields
-	stop     Status    // a stop was asked for (recStopRequested): the status it gives; no retry follows
-	kids     []*entry  // the tasks launched from any of sessions: byParent over them
-	revision uint64    // number of projection changes applied
-	rt       runtime   // process-local run state; never in the ledger
+	state    Status    // the current attempt's status (write keeps it)
+	activity Activity  // what the current run does now; a new attempt starts with none
+	// The fields every closure reads come next.
+	id       string   // info.id, kept beside the hot fields
+	stop     Status   // a stop was asked for (recStopRequested): the status it gives; no retry follows
+	kids     []*entry // the tasks launched from any of sessions: byParent over them
+	revision uint64   // number of projection changes applied
+	rt       runtime  // process-local run state; never in the ledger
 	// first stores the first attempt inside the entry, so reading the
 	// current attempt of a task that never retried costs no pointer chase
 	// to another allocation. attempts starts on it; a retry moves it out.
@@ -189,7 +192,7 @@ func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
 
 // terminal reports whether the task has ended: its current attempt is
 // terminal (a retry makes the next attempt current in the same step).
-func (e *entry) terminal() bool { return e.cur().Status.Terminal() }
+func (e *entry) terminal() bool { return e.state.Terminal() }
 
 // attemptRef locates an attempt.
 type attemptRef struct {
@@ -387,10 +390,14 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		}
 		e.attempts = append(e.attempts, rec.attempt)
 		e.current = len(e.attempts) - 1
+		e.state, e.activity = rec.attempt.Status, ActivityNone
 		l.byAttempt[rec.attempt.ID] = attemptRef{e: e, index: e.current}
 		e.revision++
 	case recAttemptPending, recSessionBound, recAttemptFinal:
 		e.attempts[ref.index] = rec.attempt
+		if ref.index == e.current {
+			e.state = rec.attempt.Status
+		}
 		switch rec.kind {
 		case recSessionBound:
 			l.indexSession(e, ref, rec.attempt.SessionID)
@@ -729,7 +736,7 @@ func (e *entry) project() Task {
 		Revision:         e.revision,
 		LaunchedAt:       e.info.launchedAt,
 		Metadata:         maps.Clone(e.info.metadata),
-		Activity:         e.activity(),
+		Activity:         e.liveActivity(),
 	}
 	if e.terminal() {
 		if e.outcome == nil {
@@ -746,12 +753,11 @@ func (e *entry) project() Task {
 
 // activity is what the current run does now: process-local, and only while
 // it runs.
-func (e *entry) activity() Activity {
-	cur := e.cur()
-	if cur.Status != StatusRunning || e.seen.out.token != cur.Token {
+func (e *entry) liveActivity() Activity {
+	if e.state != StatusRunning {
 		return ActivityNone
 	}
-	return e.seen.out.activity
+	return e.activity
 }
 
 // replayLedger rebuilds a ledger from committed records, in sequence

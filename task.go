@@ -467,6 +467,7 @@ type config struct {
 	stallTimeout     time.Duration
 	notifier         Notifier
 	logger           *slog.Logger
+	silent           bool // logger discards everything: no log line is worth building
 	clock            Clock
 	ids              IDGenerator
 	retryable        func(error) bool
@@ -857,6 +858,7 @@ func newManager(host Host, opts []Option) *Manager {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.silent = cfg.logger.Handler() == slog.DiscardHandler
 	if cfg.clock == nil {
 		cfg.clock = clock.Real{}
 	}
