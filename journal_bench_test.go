@@ -253,27 +253,36 @@ func (blockingHost) StartSession(ctx context.Context, req SessionRequest) (strin
 }
 func (blockingHost) AbortSession(ctx context.Context, sid string) error { return nil }
 
-// BenchmarkDurableHopAlone: one durable Launch with nothing else committing
-// (its start never returns, so no bind commit shares the writer): the
-// latency of exactly one durable hop.
+// BenchmarkDurableHopAlone: one Launch with nothing else committing (its
+// start never returns, so no bind commit shares the fsync), memory-only
+// and durable, in the same run: the latency a durable hop adds is the
+// difference, compared with BenchmarkFsync1KiB.
 func BenchmarkDurableHopAlone(b *testing.B) {
-	j, err := OpenFileJournal(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, err := Open(context.Background(), blockingHost{}, WithJournal(j))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = m.Shutdown(ctx)
-	}()
-	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
-	for b.Loop() {
-		if _, err := m.Launch(context.Background(), spec); err != nil {
-			b.Fatal(err)
-		}
+	for _, mode := range []string{"memory", "journal"} {
+		b.Run(mode, func(b *testing.B) {
+			var opts []Option
+			if mode == "journal" {
+				j, err := OpenFileJournal(b.TempDir())
+				if err != nil {
+					b.Fatal(err)
+				}
+				opts = append(opts, WithJournal(j))
+			}
+			m, err := Open(context.Background(), blockingHost{}, opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				_ = m.Shutdown(ctx)
+			}()
+			spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
+			for b.Loop() {
+				if _, err := m.Launch(context.Background(), spec); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

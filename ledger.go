@@ -239,6 +239,7 @@ type ledger struct {
 	tombs         map[string]struct{}
 	tombOrder     []string
 	forgotten     uint64 // tasks forgotten, ever (a journal is compacted as they add up)
+	notesOut      int    // notifications out for tasks in memory: the sum of their notesOut
 	compactedAt   uint64 // forgotten at the last compaction
 	compactQueued bool   // a compaction is queued (an effect)
 }
@@ -1095,22 +1096,28 @@ func (m *Manager) forget(e *entry) {
 		l.tombOrder = l.tombOrder[1:]
 	}
 	m.led.forgotten++
-	if l := m.led; m.cfg.journal != nil && !l.compactQueued && l.forgotten-l.compactedAt >= compactEvery {
+	if l := m.led; m.cfg.journal != nil && !l.compactQueued && l.compactDue() {
 		l.compactQueued = m.goLater(m.maybeCompact)
 	}
 }
 
 // without is s less its first e (searched from the front: what is
-// forgotten is mostly the oldest).
+// forgotten is mostly the oldest). It moves the shorter side of s over
+// the gap, so taking out the oldest costs nothing however long s is.
 func without(s []*entry, e *entry) []*entry {
-	for i, x := range s {
-		if x == e {
-			copy(s[i:], s[i+1:])
-			s[len(s)-1] = nil
-			return s[:len(s)-1]
-		}
+	i := slices.Index(s, e)
+	switch {
+	case i < 0:
+		return s
+	case i < len(s)/2:
+		copy(s[1:i+1], s[:i])
+		s[0] = nil
+		return s[1:]
+	default:
+		copy(s[i:], s[i+1:])
+		s[len(s)-1] = nil
+		return s[:len(s)-1]
 	}
-	return s
 }
 
 // Durability.
@@ -1548,9 +1555,17 @@ func (j *fileJournal) TornTail() string {
 
 // Compaction.
 
-// compactEvery is how many tasks must have been forgotten since the last
-// compaction before the journal is compacted again.
+// compactEvery is how many tasks must at least have been forgotten since
+// the last compaction before the journal is compacted again.
 const compactEvery = 1000
+
+// compactDue says the journal is worth compacting: at least compactEvery
+// tasks, and at least as many as are kept, were forgotten since the last
+// compaction. So a compaction rewrites no more than it drops, and its cost
+// per forgotten task stays constant however many tasks retention keeps.
+func (l *ledger) compactDue() bool {
+	return l.forgotten-l.compactedAt >= max(compactEvery, uint64(len(l.tasks)))
+}
 
 // snapshotRecords is the ledger as records, for a compacted journal: the
 // records that rebuild exactly the tasks in memory (their spec, each
@@ -1618,37 +1633,26 @@ func (m *Manager) maybeCompact() {
 	}
 	m.mu.Lock()
 	m.led.compactQueued = false
-	due := m.led.forgotten-m.led.compactedAt >= compactEvery && m.notes.lanes.Pending() == 0 && m.notesOut() == 0
+	due := m.led.compactDue() && m.notes.lanes.Pending() == 0 && m.led.notesOut == 0
 	if !due {
 		m.mu.Unlock()
 		return
 	}
-	batch, err := encodeAll(m.snapshotRecords())
-	if err != nil {
-		m.mu.Unlock()
-		m.poison(err)
-		return
-	}
+	recs := m.snapshotRecords()
 	m.led.compactedAt = m.led.forgotten
 	// The order lock is taken before m.mu is released, as a commit takes
 	// it: a batch committed before the snapshot is appended before the
 	// swap (and the snapshot holds what it did); one committed after it
-	// waits, and is appended after the compacted records.
+	// waits, and is appended after the compacted records. The records are
+	// values: they are encoded under the order lock alone, as a commit's.
 	m.out.order.Lock()
 	m.mu.Unlock()
-	err = guardJournal("Compact", func() error { return j.Compact(batch) })
+	batch, err := encodeAll(recs)
+	if err == nil {
+		err = guardJournal("Compact", func() error { return j.Compact(batch) })
+	}
 	m.out.order.Unlock()
 	if err != nil {
 		m.poison(err)
 	}
-}
-
-// notesOut is how many notifications are out for tasks in memory. m.mu is
-// held.
-func (m *Manager) notesOut() int {
-	n := 0
-	for _, e := range m.order {
-		n += e.notesOut
-	}
-	return n
 }

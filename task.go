@@ -1719,6 +1719,7 @@ func (m *Manager) noteOut(id string, d int) {
 		return
 	}
 	e.notesOut += d
+	m.led.notesOut += d
 	if d < 0 && e.notesOut == 0 && e.terminal() {
 		m.sweep()
 	}

@@ -248,6 +248,14 @@ type gate struct {
 	release chan error    // the first call's result
 }
 
+// waiting waits for b on a goroutine of its own (the waiter writes: with
+// no waiter nothing is written) and hands back what Wait returned.
+func waiting(b *wal.Batch) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- b.Wait() }()
+	return done
+}
+
 func newGate() *gate {
 	return &gate{entered: make(chan struct{}), release: make(chan error, 1)}
 }

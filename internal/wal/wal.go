@@ -8,12 +8,15 @@
 // the CRC-32C of the payload, all little-endian uint32 — then the payload.
 // The header's own checksum tells a damaged length from a write cut short.
 //
-// Durability: Append queues a batch and returns at once; a writer
-// goroutine writes every batch queued so far and makes them durable with
-// one fsync (group commit), or, with SyncEach, one fsync per batch. A
-// batch's Wait returns once it is durable, or with the error that stopped
-// the writer: after a write or fsync error the log refuses every later
-// append (fail-stop), since what is on disk can no longer be known.
+// Durability: Append queues a batch and returns at once. A batch's Wait
+// takes the writer's turn (there is no writer goroutine): it writes every
+// batch queued so far and makes them durable with one fsync (group
+// commit), or, with SyncEach, one fsync per batch, while the other waiters
+// wait for their batch or for the turn. A commit alone thus costs one
+// write and one fsync with no hand-off between goroutines. Wait returns
+// once the batch is durable, or with the error that stopped the log: after
+// a write or fsync error the log refuses every later append (fail-stop),
+// since what is on disk can no longer be known.
 //
 // Recovery: at Open, a torn last record — a header or payload cut short at
 // the end of the last segment, a checksum mismatch in the record that ends
@@ -125,11 +128,13 @@ type Log struct {
 	lock File
 
 	mu     sync.Mutex // guards queue, err, closed, records
-	queue  []*Batch   // appended, not yet taken by the writer
-	wake   chan struct{}
-	err    error // what stopped the writer: every later append fails with it
+	queue  []*Batch   // appended, not yet taken by a writer
+	err    error      // what stopped the log: every later append fails with it
 	closed bool
-	done   chan struct{}
+	// turn is the writer's role (group commit without a goroutine of its
+	// own): a waiter that takes it writes everything queued, fsyncs once,
+	// and gives it back; the others wait for their batch or for the turn.
+	turn chan struct{}
 
 	wmu     sync.Mutex // held while writing: guards seg, segN, segSize, buf
 	buf     *bufio.Writer
@@ -150,6 +155,7 @@ type Torn struct {
 
 // Batch is a queued append.
 type Batch struct {
+	l        *Log // nil: completed when made
 	payloads [][]byte
 	base     bool // its nil payloads are base markers (Compact's own)
 	done     chan struct{}
@@ -157,8 +163,23 @@ type Batch struct {
 }
 
 // Wait returns once the batch is durable, or with the error that kept it
-// from being.
+// from being. The first waiter writes: it takes the writer's turn, writes
+// every batch queued by then and fsyncs once; batches appended meanwhile
+// are written, together, by the next waiter to take the turn. So a commit
+// alone costs its caller one write and one fsync, and no hand-off to
+// another goroutine.
 func (b *Batch) Wait() error {
+	if l := b.l; l != nil {
+		for {
+			select {
+			case <-b.done:
+				return b.err
+			case l.turn <- struct{}{}:
+				l.round()
+				<-l.turn
+			}
+		}
+	}
 	<-b.done
 	return b.err
 }
@@ -188,12 +209,11 @@ func Open(dir string, opts Options) (*Log, error) {
 		}
 		return nil, fmt.Errorf("bgtask: journal %s: lock: %w", dir, err)
 	}
-	l := &Log{dir: dir, opts: opts, fs: fs, lock: lock, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	l := &Log{dir: dir, opts: opts, fs: fs, lock: lock, turn: make(chan struct{}, 1)}
 	if err := l.load(); err != nil {
 		l.unlock()
 		return nil, err
 	}
-	go l.writer()
 	return l, nil
 }
 
@@ -371,9 +391,10 @@ func (l *Log) Records() [][]byte {
 }
 
 // Append queues payloads as one batch, after every batch appended before
-// it. It does no I/O; Wait on the batch for durability.
+// it. It does no I/O: the batch is written by the first Wait on it or on a
+// later batch, by Compact, or by Close.
 func (l *Log) Append(payloads [][]byte) *Batch {
-	b := &Batch{payloads: payloads, done: make(chan struct{})}
+	b := &Batch{l: l, payloads: payloads, done: make(chan struct{})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -387,59 +408,42 @@ func (l *Log) Append(payloads [][]byte) *Batch {
 		return b
 	}
 	l.queue = append(l.queue, b)
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
 	return b
 }
 
-// writer writes what is queued, then makes it durable, until Close. It
-// takes the write lock before it takes batches off the queue, so Compact
-// (which holds that lock) sees every batch either written or still queued.
-// After an error nothing more is written: what is queued fails with it.
-func (l *Log) writer() {
-	defer close(l.done)
-	for {
-		l.mu.Lock()
-		for len(l.queue) == 0 && !l.closed {
-			l.mu.Unlock()
-			<-l.wake
-			l.mu.Lock()
+// round writes what is queued (with SyncEach, its first batch only) and
+// fsyncs once, then completes those batches. It takes the write lock
+// before it takes batches off the queue, so Compact (which holds that
+// lock) sees every batch either written or still queued. After an error
+// nothing more is written: what is queued fails with it. The caller holds
+// the turn.
+func (l *Log) round() {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.mu.Lock()
+	batches := l.queue
+	if l.opts.SyncEach && len(batches) > 0 {
+		batches = batches[:1]
+	}
+	l.queue = l.queue[len(batches):]
+	err := l.err
+	l.mu.Unlock()
+	if len(batches) == 0 {
+		return
+	}
+	if err == nil {
+		if err = l.write(batches, true); err != nil {
+			l.fail(err)
 		}
-		if len(l.queue) == 0 && l.closed {
-			l.mu.Unlock()
-			return
-		}
-		l.mu.Unlock()
-		l.wmu.Lock()
-		l.mu.Lock()
-		batches := l.queue
-		if l.opts.SyncEach && len(batches) > 0 {
-			batches = l.queue[:1]
-		}
-		l.queue = l.queue[len(batches):]
-		if len(l.queue) > 0 {
-			select {
-			case l.wake <- struct{}{}:
-			default:
-			}
-		}
-		err := l.err
-		l.mu.Unlock()
-		if err == nil && len(batches) > 0 {
-			err = l.write(batches, true)
-		}
-		l.wmu.Unlock()
-		l.mu.Lock()
-		if err != nil && l.err == nil {
-			l.err = err
-		}
-		l.mu.Unlock()
-		for _, b := range batches {
-			b.err = err
-			close(b.done)
-		}
+	}
+	complete(batches, err)
+}
+
+// complete ends batches with err (nil: durable).
+func complete(batches []*Batch, err error) {
+	for _, b := range batches {
+		b.err = err
+		close(b.done)
 	}
 }
 
@@ -521,10 +525,7 @@ func (l *Log) Compact(keep [][]byte) error {
 	l.mu.Unlock()
 	if len(pending) > 0 {
 		err := l.write(pending, true)
-		for _, b := range pending {
-			b.err = err
-			close(b.done)
-		}
+		complete(pending, err)
 		if err != nil {
 			l.fail(err)
 			return err
@@ -592,8 +593,8 @@ func (l *Log) fail(err error) {
 	l.mu.Unlock()
 }
 
-// Close writes what is queued, stops the writer and releases the
-// directory.
+// Close writes what is queued and releases the directory. Appends after
+// it fail with ErrClosed.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -601,13 +602,20 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
 	l.mu.Unlock()
-	<-l.done
-	l.wmu.Lock()
+	l.wmu.Lock() // a round or a compaction in flight ends first
+	l.mu.Lock()
+	pending, werr := l.queue, l.err
+	l.queue = nil
+	l.mu.Unlock()
+	if len(pending) > 0 {
+		if werr == nil {
+			if werr = l.write(pending, false); werr != nil {
+				l.fail(werr)
+			}
+		}
+		complete(pending, werr)
+	}
 	err := l.seg.Close()
 	l.wmu.Unlock()
 	l.unlock()

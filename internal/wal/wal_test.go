@@ -261,8 +261,8 @@ func TestGroupCommit(t *testing.T) {
 		fs.onSync = func(string) error { _, err := g.hold(); return err }
 	})
 	before := fs.syncCount()
-	first := l.Append([][]byte{[]byte("first")})
-	<-g.entered // the writer is inside the first fsync
+	first := waiting(l.Append([][]byte{[]byte("first")}))
+	<-g.entered // the first waiter is inside the fsync
 
 	var wg sync.WaitGroup
 	batches := make([]*wal.Batch, n-1)
@@ -271,7 +271,7 @@ func TestGroupCommit(t *testing.T) {
 	}
 	wg.Wait() // all queued behind the fsync in flight
 	g.release <- nil
-	require.NoError(t, first.Wait())
+	require.NoError(t, <-first)
 	for _, b := range batches {
 		require.NoError(t, b.Wait())
 	}
@@ -295,7 +295,7 @@ func TestSyncEach(t *testing.T) {
 		fs.onSync = func(string) error { _, err := g.hold(); return err }
 	})
 	before := fs.syncCount()
-	first := l.Append([][]byte{[]byte("first")})
+	first := waiting(l.Append([][]byte{[]byte("first")}))
 	<-g.entered
 	var wg sync.WaitGroup
 	batches := make([]*wal.Batch, n-1)
@@ -304,7 +304,7 @@ func TestSyncEach(t *testing.T) {
 	}
 	wg.Wait()
 	g.release <- nil
-	require.NoError(t, first.Wait())
+	require.NoError(t, <-first)
 	for _, b := range batches {
 		require.NoError(t, b.Wait())
 	}
@@ -456,12 +456,12 @@ func TestFailStopQueuedBehindFault(t *testing.T) {
 
 			g := newGate()
 			fs.set(func(fs *faultFS) { tc.arm(fs, g) })
-			doomed := l.Append([][]byte{[]byte("doomed-1"), []byte("doomed-2")})
-			<-g.entered // the writer is inside the failing call
+			doomed := waiting(l.Append([][]byte{[]byte("doomed-1"), []byte("doomed-2")}))
+			<-g.entered // the waiter is inside the failing call
 			queued := l.Append([][]byte{[]byte("queued")})
 			g.release <- errInjected // only this one call fails
 
-			require.ErrorIs(t, doomed.Wait(), errInjected)
+			require.ErrorIs(t, <-doomed, errInjected)
 			assert.Error(t, queued.Wait(), "a batch queued behind the failed one must not be acknowledged")
 			assert.Error(t, l.Append([][]byte{[]byte("later")}).Wait())
 			_ = l.Close()
