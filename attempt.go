@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -369,9 +370,10 @@ func (m *Manager) apply(e *entry, o *observation) {
 	case SessionWaiting:
 		m.setActivity(e, ActivityWaiting)
 	case SessionIdle:
-		out := e.output()
-		out.finish, out.noText = ev.Finish, ev.NoFinalText
-		m.finalize(e, a.ID, StatusCompleted, "", ev.Text, at)
+		if m.atGate(e, &ev, at) {
+			return
+		}
+		m.turnEnded(e, ev.Invocation, ev.Text, ev.Finish, ev.NoFinalText, "", at)
 	case SessionError:
 		m.fail(e, o.fail, at)
 	case SessionInterrupted:
@@ -410,6 +412,8 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 		}
 		return
 	}
+	e.gate = nil // a candidate of the failed run answers nothing
+	m.answerAtRetry(e, recs[1].attempt, text, at)
 	m.prepareRetry(e, recs[1].attempt, recs[2].attempt, f.err)
 }
 
@@ -812,6 +816,7 @@ type runOutput struct {
 	noText  bool
 	reason  Reason // of the failure that ended it, worked out outside the lock
 	stopErr string // the error the run returned after it was asked to stop
+	notice  string // a fact that rides its answer (a degraded children gate)
 }
 
 // setActivity records what the current run is doing; a change is published.
@@ -1025,4 +1030,371 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 	if e.stop != "" {
 		m.stopRun(e, now) // a stop was asked before the restart: it goes on
 	}
+}
+
+// Invocations and the children gate.
+//
+// Every prompt sent into a task's child conversation is an invocation: the
+// launch prompt is 1, Extend admits the next. A turn end answers every
+// invocation up to the last it had seen that has no answer yet; answers are
+// released in invocation order, each once (to WaitAnswer, and as a parent
+// notification: NotifyAnswer, or the final summary for the last); the task
+// ends only once its last admitted invocation is answered. A task that is
+// never extended carries no invocation state: its turn end is its end.
+
+// invocations is a task's invocations, once it was extended.
+type invocations struct {
+	list []Invocation // list[i] is invocation i+1; list[0] the launch prompt
+	// What follows is process-local, never in the ledger.
+	lastText string // the text of the last turn end, for the final record (process-local)
+}
+
+// released reports whether invocation n and every one before it has its
+// answer: answers are released in order.
+func (iv *invocations) released(n int) bool {
+	for i := 0; i < n && i < len(iv.list); i++ {
+		if iv.list[i].Answer == nil {
+			return false
+		}
+	}
+	return n >= 1 && n <= len(iv.list)
+}
+
+// records are the records that rebuild iv: its admissions, then its
+// answers (compaction).
+func (iv *invocations) records(task string) []record {
+	var out []record
+	for _, in := range iv.list[1:] {
+		adm := in
+		adm.Answer = nil
+		out = append(out, record{kind: recInvocationAdmitted, task: task, at: in.AdmittedAt, recordExt: &recordExt{inv: &adm}})
+	}
+	for _, in := range iv.list {
+		if in.Answer != nil {
+			filed := Invocation{N: in.N, Answer: in.Answer}
+			out = append(out, record{kind: recAnswerFiled, task: task, at: in.Answer.At, recordExt: &recordExt{inv: &filed}})
+		}
+	}
+	return out
+}
+
+// clone is the projection of iv onto a snapshot.
+func (iv *invocations) clone() []Invocation {
+	out := slices.Clone(iv.list)
+	for i := range out {
+		if a := out[i].Answer; a != nil {
+			c := *a
+			c.Notices = slices.Clone(a.Notices)
+			out[i].Answer = &c
+		}
+	}
+	return out
+}
+
+// turnEnded files the turn end of e's current run (upTo: the last
+// invocation it had seen, 0 for the latest admitted) and ends the task if
+// that answered everything admitted. notice, when set, rides the answer (a
+// degraded gate). A turn end that arrives while a prompt is in flight is
+// kept until that prompt is admitted or refused (replayEarly). m.mu is
+// held.
+func (m *Manager) turnEnded(e *entry, upTo int, text string, finish FinishReason, noText bool, notice string, at time.Time) {
+	a := e.cur()
+	admitted := 1
+	if e.inv != nil {
+		admitted = len(e.inv.list)
+	}
+	if upTo <= 0 {
+		upTo = admitted
+	}
+	if lane := m.calls.prompts[e]; lane != nil && lane.inflight > 0 {
+		lane.early = append(lane.early, gateHold{token: a.Token, text: text, finish: finish, noText: noText, upTo: upTo, at: at})
+		return
+	}
+	upTo = min(upTo, admitted)
+	out := e.output()
+	out.finish, out.noText, out.notice = finish, noText, notice
+	iv := e.inv
+	if iv == nil { // never extended: the turn end is the task's end
+		m.finalize(e, a.ID, StatusCompleted, "", text, at)
+		return
+	}
+	iv.lastText = text
+	o := answerOutcome(e.id, StatusCompleted, text, "", evidence{output: text, finish: finish, noText: noText, notice: notice})
+	from, to := m.fileAnswers(e, upTo, o, notice != "", at)
+	m.releaseAnswers(e, from, to, m.settled(e)) // ending now: the final summary is the last answer
+	m.endIfAnswered(e, at)
+}
+
+// fileAnswers answers every invocation of e up to upTo that has none yet
+// with o, and returns the invocations whose answers that released (from,
+// to: indexes into e.inv.list), since answers are released in order.
+// m.mu is held.
+func (m *Manager) fileAnswers(e *entry, upTo int, o *Outcome, degraded bool, at time.Time) (from, to int) {
+	iv := e.inv
+	for from < len(iv.list) && iv.list[from].Answer != nil {
+		from++
+	}
+	for n := from + 1; n <= upTo && n <= len(iv.list); n++ {
+		if iv.list[n-1].Answer == nil && !m.fileAnswer(e, n, o, degraded, at) {
+			break
+		}
+	}
+	to = from
+	for to < len(iv.list) && iv.list[to].Answer != nil {
+		to++
+	}
+	return from, to
+}
+
+// releaseAnswers tells the parent the answers of invocations from..to-1
+// (indexes), in order, each once; with skipLast the last invocation's is
+// left to the final summary, which carries it. m.mu is held.
+func (m *Manager) releaseAnswers(e *entry, from, to int, skipLast bool) {
+	if m.cfg.notifier == nil {
+		return
+	}
+	iv := e.inv
+	for i := from; i < to; i++ {
+		if skipLast && i == len(iv.list)-1 {
+			break
+		}
+		m.notify(e, NotifyAnswer, answerText(e.project(), *iv.list[i].Answer))
+	}
+}
+
+// answerAtEnd answers every open invocation of e, which has just ended,
+// with its outcome: none is left waiting. m.mu is held.
+func (m *Manager) answerAtEnd(e *entry) {
+	iv := e.inv
+	if iv == nil || iv.released(len(iv.list)) {
+		return
+	}
+	lastOpen := iv.list[len(iv.list)-1].Answer == nil
+	t := e.project()
+	from, to := m.fileAnswers(e, len(iv.list), t.Outcome, false, t.CompletedAt)
+	m.releaseAnswers(e, from, to, lastOpen)
+}
+
+// answerAtRetry answers the supplemental invocations still open when e's
+// run failed over to a new attempt: they were sent to the failed session,
+// and the retry, which starts from the launch prompt, never receives them.
+// They are released once invocation 1 is answered. m.mu is held.
+func (m *Manager) answerAtRetry(e *entry, failed Attempt, why string, at time.Time) {
+	iv := e.inv
+	if iv == nil || len(iv.list) < 2 {
+		return
+	}
+	text := "the run this prompt was sent to (attempt " + strconv.Itoa(failed.Number) + " on " + failed.Model.String() + ") failed: " + why + "; the retry starts from the launch prompt and never received it"
+	o := answerOutcome(e.id, StatusError, "", text, evidence{reason: ReasonUnknown})
+	for n := 2; n <= len(iv.list); n++ {
+		if iv.list[n-1].Answer == nil && !m.fileAnswer(e, n, o, false, at) {
+			return
+		}
+	}
+}
+
+// fileAnswer records o as the answer of invocation n of e. m.mu is held.
+func (m *Manager) fileAnswer(e *entry, n int, o *Outcome, degraded bool, at time.Time) bool {
+	ans := Answer{Invocation: n, Status: o.State, Degraded: degraded, Notices: o.Notices, At: at, Envelope: renderAnswerEnvelope(e.id, n, o)}
+	if o.HasAnswer {
+		ans.Text = o.Answer
+	} else {
+		ans.Text = o.Error
+	}
+	filed := Invocation{N: n, Answer: &ans}
+	return m.commit(e, record{kind: recAnswerFiled, task: e.id, at: at, recordExt: &recordExt{inv: &filed}})
+}
+
+// childrenOutstanding reports whether a task launched from e's current
+// session is still live, or has notifications not yet delivered to that
+// session. m.mu is held.
+func (m *Manager) childrenOutstanding(e *entry) bool {
+	sid := e.cur().SessionID
+	for _, k := range e.kids {
+		if k.info.parent == sid && (!k.terminal() || k.notesOut > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// gateHold is a turn end the children gate holds back: the candidate
+// answer while tasks the child's session launched are outstanding.
+type gateHold struct {
+	token  string // the run whose turn it is
+	text   string
+	finish FinishReason
+	noText bool
+	upTo   int
+	at     time.Time
+	armed  bool // the release watch runs: the children settled
+}
+
+// atGate decides a turn end of e's run at the children gate: while tasks
+// its session launched are outstanding, the turn is held as the candidate
+// (a turn that stopped at a tool call is not even that), and true says so.
+// The gate is inert for a task whose sessions launched nothing. m.mu is
+// held.
+func (m *Manager) atGate(e *entry, ev *Event, at time.Time) bool {
+	if len(e.kids) == 0 {
+		return false
+	}
+	if !m.childrenOutstanding(e) {
+		e.gate = nil // this turn, after they settled, is the answer
+		return false
+	}
+	if ev.Finish == FinishToolCalls {
+		return true // a pause at a tool call is never an answer
+	}
+	e.gate = &gateHold{token: e.cur().Token, text: ev.Text, finish: ev.Finish, noText: ev.NoFinalText, upTo: ev.Invocation, at: at}
+	m.setActivity(e, ActivityAwaitingChildren)
+	return true
+}
+
+// kidSettled follows a task k that has ended and has no notification out:
+// if it was the last outstanding task of the session that launched it, and
+// that session's task holds a candidate, the candidate's release watch
+// starts. m.mu is held.
+func (m *Manager) kidSettled(k *entry) {
+	ref, ok := m.led.bySession[k.info.parent]
+	if !ok || !ref.isCurrent() {
+		return
+	}
+	e := ref.e
+	g := e.gate
+	if g == nil || g.armed || e.terminal() || e.cur().Token != g.token || m.childrenOutstanding(e) {
+		return
+	}
+	g.armed = true
+	d := m.gateTimeout()
+	t := m.cfg.clock.NewTimer(d)
+	done := m.runDone(e)
+	m.goLater(func() {
+		select {
+		case <-t.C():
+			m.step(&gateCheckIn{e: e, g: g})
+		case <-done:
+			t.Stop()
+		case <-m.life.ctx.Done():
+			t.Stop()
+		}
+	})
+}
+
+// gateTimeout is how long a candidate waits for a further turn once the
+// children settled: WithGateTimeout, else the stall timeout, else 10
+// minutes.
+func (m *Manager) gateTimeout() time.Duration {
+	switch {
+	case m.cfg.gateTimeout > 0:
+		return m.cfg.gateTimeout
+	case m.cfg.stallTimeout > 0:
+		return m.cfg.stallTimeout
+	}
+	return DefaultGateTimeout
+}
+
+// DefaultGateTimeout is how long the children gate waits, by default, for
+// a turn after the tasks a child launched settled, before it releases the
+// turn it held, degraded.
+const DefaultGateTimeout = 10 * time.Minute
+
+// onGateCheck releases the candidate g of e, degraded, if no turn came
+// since the children settled. m.mu is held.
+func (m *Manager) onGateCheck(in *gateCheckIn) {
+	e, g := in.e, in.g
+	if e.gate != g || e.terminal() || e.cur().Token != g.token || e.state != StatusRunning || m.childrenOutstanding(e) {
+		return
+	}
+	e.gate = nil
+	m.setActivity(e, ActivityNone)
+	notice := "degraded: the children gate released the child's last turn; no further turn came within " + m.gateTimeout().String() + " after the tasks it launched had ended"
+	m.turnEnded(e, g.upTo, g.text, g.finish, g.noText, notice, m.now())
+}
+
+// onExtend decides an Extend of in.e: before the host call, whether the
+// prompt may be sent and as which invocation (the task's run is running,
+// no stop was asked, no closure fences it); after it, the admission
+// record, or nothing when the host refused (the task may then end, if it
+// waited only for this). m.mu is held.
+func (m *Manager) onExtend(in *extendIn) (int, error) {
+	e := in.e
+	lane := m.calls.prompts[e]
+	if !in.done {
+		switch {
+		case e.terminal():
+			return 0, fmt.Errorf("%w: task %s is %s", ErrNotRunning, e.id, e.state)
+		case e.state != StatusRunning:
+			return 0, fmt.Errorf("%w: task %s has no session yet (%s)", ErrNotRunning, e.id, e.state)
+		case e.stop != "":
+			return 0, fmt.Errorf("%w: task %s is being stopped", ErrNotRunning, e.id)
+		case m.inClosingBranch(e):
+			return 0, fmt.Errorf("%w: task %s is inside a branch being closed", ErrBranchClosing, e.id)
+		}
+		n := 2
+		if e.inv != nil {
+			n = len(e.inv.list) + 1
+		}
+		a := e.cur()
+		in.req = PromptRequest{TaskID: e.id, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Invocation: n, Prompt: in.prompt}
+		lane.inflight++
+		return n, nil
+	}
+	lane.inflight--
+	a, now := e.cur(), m.now()
+	early := lane.early
+	lane.early = nil
+	switch {
+	case in.hostErr != nil:
+		m.replayEarly(e, early)
+		m.endIfAnswered(e, now)
+		return 0, fmt.Errorf("%w: %w", ErrPromptRefused, in.hostErr)
+	case e.terminal() || a.Token != in.req.Token:
+		return 0, fmt.Errorf("%w: the run of task %s ended before the prompt was admitted", ErrNotRunning, e.id)
+	}
+	inv := Invocation{N: in.req.Invocation, Prompt: in.prompt, AdmittedAt: now}
+	if !m.commit(e, record{kind: recInvocationAdmitted, task: e.id, at: now, attempt: *a, recordExt: &recordExt{inv: &inv}}) {
+		m.endIfAnswered(e, now)
+		return 0, fmt.Errorf("%w: the ledger refused the invocation", ErrNotRunning)
+	}
+	m.replayEarly(e, early)
+	return inv.N, nil
+}
+
+// replayEarly files, in order, the turn ends that arrived while a prompt
+// was in flight, now that the prompt's fate is known. m.mu is held.
+func (m *Manager) replayEarly(e *entry, early []gateHold) {
+	for _, g := range early {
+		if !e.terminal() && e.cur().Token == g.token {
+			m.turnEnded(e, g.upTo, g.text, g.finish, g.noText, "", g.at)
+		}
+	}
+}
+
+// endIfAnswered ends e completed with its last turn's text once every
+// admitted invocation is answered and no prompt is in flight. m.mu is held.
+func (m *Manager) endIfAnswered(e *entry, at time.Time) {
+	if iv := e.inv; iv != nil && !e.terminal() && e.state == StatusRunning && m.settled(e) {
+		m.finalize(e, e.cur().ID, StatusCompleted, "", iv.lastText, at)
+	}
+}
+
+// settled reports whether every admitted invocation of e is answered and
+// no prompt is in flight: the task may end. m.mu is held.
+func (m *Manager) settled(e *entry) bool {
+	if lane := m.calls.prompts[e]; lane != nil && lane.inflight > 0 {
+		return false
+	}
+	return e.inv == nil || e.inv.released(len(e.inv.list))
+}
+
+// inClosingBranch reports whether a closure in progress covers e, without
+// recording a stop. m.mu is held.
+func (m *Manager) inClosingBranch(e *entry) bool {
+	for c := range m.closures.active {
+		if m.taskInBranch(e, c) {
+			return true
+		}
+	}
+	return false
 }

@@ -39,12 +39,13 @@ func TestCloseBranchStopsGrandchildrenBehindAFinishedIntermediate(t *testing.T) 
 	mid, midSes := h.child("root")
 	grand, grandSes := h.child(midSes)
 	great, _ := h.child(grandSes)
-	// The intermediate finishes; its descendants run on.
-	require.NoError(t, h.observe(Event{SessionID: midSes, Kind: SessionIdle, Text: "done early"}))
+	// The intermediate ends (it fails: a turn end would wait at the
+	// children gate); its descendants run on.
+	require.NoError(t, h.observe(Event{SessionID: midSes, Kind: SessionError, Err: Permanent(errors.New("done early"))}))
 
 	rep, err := h.m.CloseBranch(context.Background(), "root")
 	require.NoError(t, err)
-	assert.Equal(t, StatusCompleted, h.task(mid.ID).Status, "a finished task keeps its outcome")
+	assert.Equal(t, StatusError, h.task(mid.ID).Status, "a finished task keeps its outcome")
 	assert.Equal(t, []Status{StatusCancelled, StatusCancelled}, statuses(h, grand.ID, great.ID))
 	var stopped []string
 	for _, s := range rep.Stopped {

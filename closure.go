@@ -47,7 +47,8 @@ const (
 	callStart callKind = iota + 1
 	callAbort
 	callNotify
-	callRun // a FuncHost's function
+	callRun    // a FuncHost's function
+	callPrompt // a Prompter's PromptSession (Extend)
 )
 
 type runKey struct{}
@@ -55,6 +56,7 @@ type runKey struct{}
 type runValue struct {
 	ref  RunRef
 	kind callKind
+	e    *entry // the task, when known: Fence reads its live run without a lock
 }
 
 // runCtx is a context carrying the run a callback serves: one allocation,
@@ -74,6 +76,35 @@ func (c *runCtx) Value(key any) any {
 
 func withRun(ctx context.Context, ref RunRef, kind callKind) context.Context {
 	return &runCtx{Context: ctx, v: runValue{ref: ref, kind: kind}}
+}
+
+// withRunOf is withRun for the run req names, with its task known (Fence).
+func withRunOf(ctx context.Context, e *entry, req PromptRequest) context.Context {
+	return &runCtx{Context: ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, kind: callPrompt, e: e}}
+}
+
+// Fence returns nil while the run ctx carries (a Host call's context, or a
+// FuncHost function's) is still its task's current live run, and
+// ErrSuperseded once it is not: it was replaced by a retry, a stop was
+// asked for it (a cancel, a closure, Shutdown), or it ended. A tool about
+// to make a side effect calls it first, so that a superseded run refuses
+// its own effect. It is one atomic read, with no lock. A context that
+// carries no run gets ErrInvalidArgument.
+func Fence(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: Fence with a nil context", ErrInvalidArgument)
+	}
+	v, ok := ctx.Value(runKey{}).(*runValue)
+	if !ok {
+		return fmt.Errorf("%w: the context carries no run", ErrInvalidArgument)
+	}
+	if v.e == nil {
+		return fmt.Errorf("%w: the context's run cannot be checked (not a start, prompt or FuncHost context)", ErrInvalidArgument)
+	}
+	if live := v.e.live.Load(); live == nil || *live != v.ref.Token {
+		return fmt.Errorf("%w: run %s of task %s", ErrSuperseded, v.ref.Token, v.ref.TaskID)
+	}
+	return nil
 }
 
 // RunFromContext returns the run a Host or Notifier call serves, from the

@@ -256,8 +256,8 @@ func TestCloseTaskStopsTheTaskAndEverythingBelowIt(t *testing.T) {
 	done := h.launch("a/one")
 	h.settle()
 	doneSes := h.task(done.ID).SessionID
-	kid, _ := h.child(doneSes)
 	require.NoError(t, h.observe(Event{SessionID: doneSes, Kind: SessionIdle, Text: "ok"}))
+	kid, _ := h.child(doneSes) // launched after it ended (the children gate holds a turn end while its kids run)
 	_, err = h.m.CloseTask(context.Background(), done.ID)
 	require.NoError(t, err)
 	assert.Equal(t, []Status{StatusCompleted, StatusCancelled}, statuses(h, done.ID, kid.ID))

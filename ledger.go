@@ -33,43 +33,47 @@ import (
 type recordKind uint8
 
 const (
-	recTaskLaunched    recordKind = iota + 1 // a task and its spec
-	recAttemptCreated                        // a new attempt, pending; it becomes current
-	recAttemptPending                        // a pending attempt's reason changed
-	recSessionBound                          // a pending attempt got its session and runs
-	recAttemptFinal                          // an attempt reached a terminal status
-	recRetryScheduled                        // the current attempt failed and the next was chosen
-	recSessionOrphan                         // a session was created for an attempt no longer current
-	recBranchClosed                          // a branch closure ended (manager-wide, not per task)
-	recStopRequested                         // a stop of the task was asked for (which, and by whom); no retry follows
-	recStopWithdrawn                         // the abort a stop asked for failed: the run goes on
-	recNotifyProduced                        // a notification was produced for a parent
-	recNotifyDelivered                       // the Notifier accepted a notification, or it was given up (note says why)
-	recStartRequested                        // a StartSession call for the attempt is about to be made
-	recAbortRequested                        // an AbortSession call for the run is about to be made
-	recEpoch                                 // a process life began on this ledger (manager-wide)
-	recClosureOpened                         // a branch closure began: its fence is up until it ends
-	recClosureDropped                        // a closure ended with nothing to record (its root was no one's)
+	recTaskLaunched       recordKind = iota + 1 // a task and its spec
+	recAttemptCreated                           // a new attempt, pending; it becomes current
+	recAttemptPending                           // a pending attempt's reason changed
+	recSessionBound                             // a pending attempt got its session and runs
+	recAttemptFinal                             // an attempt reached a terminal status
+	recRetryScheduled                           // the current attempt failed and the next was chosen
+	recSessionOrphan                            // a session was created for an attempt no longer current
+	recBranchClosed                             // a branch closure ended (manager-wide, not per task)
+	recStopRequested                            // a stop of the task was asked for (which, and by whom); no retry follows
+	recStopWithdrawn                            // the abort a stop asked for failed: the run goes on
+	recNotifyProduced                           // a notification was produced for a parent
+	recNotifyDelivered                          // the Notifier accepted a notification, or it was given up (note says why)
+	recStartRequested                           // a StartSession call for the attempt is about to be made
+	recAbortRequested                           // an AbortSession call for the run is about to be made
+	recEpoch                                    // a process life began on this ledger (manager-wide)
+	recClosureOpened                            // a branch closure began: its fence is up until it ends
+	recClosureDropped                           // a closure ended with nothing to record (its root was no one's)
+	recInvocationAdmitted                       // a supplemental prompt was handed to the task's child session (Extend)
+	recAnswerFiled                              // a turn end answered an invocation, released in invocation order
 )
 
 var recordKindNames = [...]string{
-	recTaskLaunched:    "task_launched",
-	recAttemptCreated:  "attempt_created",
-	recAttemptPending:  "attempt_pending",
-	recSessionBound:    "session_bound",
-	recAttemptFinal:    "attempt_finalized",
-	recRetryScheduled:  "retry_scheduled",
-	recSessionOrphan:   "session_orphaned",
-	recBranchClosed:    "branch_closed",
-	recStopRequested:   "stop_requested",
-	recStopWithdrawn:   "stop_withdrawn",
-	recNotifyProduced:  "notification_produced",
-	recNotifyDelivered: "notification_delivered",
-	recStartRequested:  "start_requested",
-	recAbortRequested:  "abort_requested",
-	recEpoch:           "epoch",
-	recClosureOpened:   "closure_opened",
-	recClosureDropped:  "closure_dropped",
+	recTaskLaunched:       "task_launched",
+	recAttemptCreated:     "attempt_created",
+	recAttemptPending:     "attempt_pending",
+	recSessionBound:       "session_bound",
+	recAttemptFinal:       "attempt_finalized",
+	recRetryScheduled:     "retry_scheduled",
+	recSessionOrphan:      "session_orphaned",
+	recBranchClosed:       "branch_closed",
+	recStopRequested:      "stop_requested",
+	recStopWithdrawn:      "stop_withdrawn",
+	recNotifyProduced:     "notification_produced",
+	recNotifyDelivered:    "notification_delivered",
+	recStartRequested:     "start_requested",
+	recAbortRequested:     "abort_requested",
+	recEpoch:              "epoch",
+	recClosureOpened:      "closure_opened",
+	recClosureDropped:     "closure_dropped",
+	recInvocationAdmitted: "invocation_admitted",
+	recAnswerFiled:        "answer_filed",
 }
 
 func (k recordKind) String() string {
@@ -111,6 +115,7 @@ type recordExt struct {
 	notice  *notice        // recNotifyProduced, recNotifyDelivered
 	epoch   uint64         // recEpoch: the process life's number
 	opened  uint64         // recBranchClosed, recClosureDropped: the sequence of the closure's opening record
+	inv     *Invocation    // recInvocationAdmitted: the invocation, with no answer; recAnswerFiled: with its answer
 }
 
 // evidence is what a run reported that decides its outcome, kept in its
@@ -121,6 +126,7 @@ type evidence struct {
 	finish FinishReason
 	noText bool
 	reason Reason
+	notice string // a fact that rides the answer (the children gate released it degraded)
 }
 
 // notice is a notification as the ledger records it: what was produced for
@@ -147,6 +153,7 @@ type taskInfo struct {
 	maxAttempts int // resolved: > 0
 	metadata    map[string]string
 	launchedAt  time.Time
+	key         string // Spec.Key: one live task per key
 }
 
 // modelFor returns the model of attempt number n (1-based): the chain in
@@ -186,6 +193,15 @@ type entry struct {
 	// notesOut counts its notifications produced and not yet delivered
 	// (or given up): an ended task is kept until it is 0 (retention).
 	notesOut int
+	// inv holds the task's invocations once it was extended (Extend); nil
+	// for a task that only ever had its launch prompt.
+	inv *invocations
+	// gate is the turn end held back by the children gate; nil while none
+	// is (and always for a task whose sessions launched nothing).
+	gate *gateHold
+	// live is the token of the task's current run while it is live and no
+	// stop was asked for it (nil otherwise): what Fence reads, lock-free.
+	live atomic.Pointer[string]
 }
 
 func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
@@ -219,6 +235,7 @@ type ledger struct {
 	byAttempt map[string]attemptRef // attemptID → attempt
 	bySession map[string]attemptRef // sessionID → the attempt it was created for
 	byParent  map[string][]*entry   // parent sessionID → the tasks launched from it
+	byKey     map[string]*entry     // Spec.Key → the last task launched with it (live or not)
 	closures  []record              // recBranchClosed records, in order
 	// tap, when set, sees every record as it is committed, in sequence
 	// order (the Manager's journal batch). It is called with the Manager's
@@ -251,9 +268,21 @@ func newLedger(ids IDGenerator) *ledger {
 		byAttempt: make(map[string]attemptRef),
 		bySession: make(map[string]attemptRef),
 		byParent:  make(map[string][]*entry),
+		byKey:     make(map[string]*entry),
 		liveBy:    make(map[string]int),
 		tombs:     make(map[string]struct{}),
 	}
+}
+
+// live is the live task launched with key, or nil.
+func (l *ledger) live(key string) *entry {
+	if key == "" {
+		return nil
+	}
+	if o := l.byKey[key]; o != nil && o.current >= 0 && !o.terminal() {
+		return o
+	}
+	return nil
 }
 
 // liveEnded counts one live task of parent out.
@@ -352,10 +381,16 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		if _, dup := l.tasks[rec.task]; dup {
 			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.task)
 		}
+		if o := l.live(rec.spec.key); o != nil {
+			return nil, fmt.Errorf("bgtask: key %q is held by live task %s", rec.spec.key, o.id)
+		}
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
 		l.liveBy[rec.spec.parent]++ // it ends with its terminal attempt (ended, or a replay's count below)
 		e.attempts = e.first[:0]
 		l.tasks[rec.task] = e
+		if k := rec.spec.key; k != "" {
+			l.byKey[k] = e
+		}
 		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
 		if ref, ok := l.bySession[rec.spec.parent]; ok {
 			ref.e.kids = append(ref.e.kids, e)
@@ -392,12 +427,17 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		e.attempts = append(e.attempts, rec.attempt)
 		e.current = len(e.attempts) - 1
 		e.state, e.activity = rec.attempt.Status, ActivityNone
+		tok := rec.attempt.Token
+		e.live.Store(&tok)
 		l.byAttempt[rec.attempt.ID] = attemptRef{e: e, index: e.current}
 		e.revision++
 	case recAttemptPending, recSessionBound, recAttemptFinal:
 		e.attempts[ref.index] = rec.attempt
 		if ref.index == e.current {
 			e.state = rec.attempt.Status
+			if e.state.Terminal() {
+				e.live.Store(nil)
+			}
 		}
 		switch rec.kind {
 		case recSessionBound:
@@ -410,6 +450,17 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		l.indexSession(e, ref, rec.session)
 	case recStopRequested:
 		e.stop = rec.stop
+		e.live.Store(nil)
+	case recInvocationAdmitted:
+		if e.inv == nil {
+			e.inv = &invocations{list: []Invocation{{N: 1, Prompt: e.info.prompt, AdmittedAt: e.info.launchedAt}}}
+		}
+		e.inv.list = append(e.inv.list, *rec.inv)
+		e.revision++
+	case recAnswerFiled:
+		ans := *rec.inv.Answer
+		e.inv.list[rec.inv.N-1].Answer = &ans
+		e.revision++
 	}
 	return nil
 }
@@ -443,6 +494,21 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		}
 		return nil
 	case recRetryScheduled:
+		return nil
+	case recInvocationAdmitted:
+		next := 2
+		if e.inv != nil {
+			next = len(e.inv.list) + 1
+		}
+		if rec.recordExt == nil || rec.inv == nil || rec.inv.N != next || rec.inv.Answer != nil || e.terminal() {
+			return fmt.Errorf("%w: an invocation is admitted to a live task as number %d, unanswered", errBadTransition, next)
+		}
+		return nil
+	case recAnswerFiled:
+		if rec.recordExt == nil || rec.inv == nil || rec.inv.Answer == nil || e.inv == nil ||
+			rec.inv.N < 1 || rec.inv.N > len(e.inv.list) || e.inv.list[rec.inv.N-1].Answer != nil {
+			return fmt.Errorf("%w: an answer is filed once, for an admitted invocation", errBadTransition)
+		}
 		return nil
 	case recStopRequested:
 		if rec.recordExt == nil || !rec.stop.Terminal() || e.stop != "" {
@@ -698,10 +764,10 @@ func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, 
 // for its final record; false if it reported nothing of the kind.
 func (e *entry) reported(token string) (evidence, bool) {
 	out := &e.seen.out
-	if out.token != token || (out.output == "" && out.finish == "" && !out.noText && out.reason == "") {
+	if out.token != token || (out.output == "" && out.finish == "" && !out.noText && out.reason == "" && out.notice == "") {
 		return evidence{}, false
 	}
-	return evidence{output: out.output, finish: out.finish, noText: out.noText, reason: out.reason}, true
+	return evidence{output: out.output, finish: out.finish, noText: out.noText, reason: out.reason, notice: out.notice}, true
 }
 
 // version resolves attemptID of e and returns a copy of its latest version
@@ -738,6 +804,9 @@ func (e *entry) project() Task {
 		LaunchedAt:       e.info.launchedAt,
 		Metadata:         maps.Clone(e.info.metadata),
 		Activity:         e.liveActivity(),
+	}
+	if e.inv != nil {
+		t.Invocations = e.inv.clone()
 	}
 	if e.terminal() {
 		if e.outcome == nil {
@@ -997,6 +1066,7 @@ func (m *Manager) touched(e *entry) {
 // ended follows e becoming terminal: its final summary, its done signal,
 // and the end of its parent's round. m.mu is held.
 func (m *Manager) ended(e *entry) {
+	m.answerAtEnd(e)
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
 	}
@@ -1005,6 +1075,9 @@ func (m *Manager) ended(e *entry) {
 	l := m.led
 	l.liveEnded(e.info.parent)
 	l.ended = append(l.ended, e)
+	if e.notesOut == 0 {
+		m.kidSettled(e)
+	}
 	m.sweep()
 }
 
@@ -1071,6 +1144,9 @@ func (m *Manager) forget(e *entry) {
 		if ref, ok := l.bySession[s]; ok && ref.e == e {
 			delete(l.bySession, s)
 		}
+	}
+	if k := e.info.key; k != "" && l.byKey[k] == e {
+		delete(l.byKey, k)
 	}
 	l.byParent[e.info.parent] = without(l.byParent[e.info.parent], e)
 	if len(l.byParent[e.info.parent]) == 0 {
@@ -1166,7 +1242,9 @@ type Commit interface {
 }
 
 // recordFormat is the version byte that starts every encoded record.
-const recordFormat = 1
+// Format 2 added evidence's notice, an invocation, and a spec's key; a
+// format 1 record is still read.
+const recordFormat = 2
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
 // length-prefixed strings, times with their zone offset).
@@ -1194,6 +1272,7 @@ func encodeRecord(rec *record) (Record, error) {
 		w.String(string(ev.finish))
 		w.Bool(ev.noText)
 		w.String(string(ev.reason))
+		w.String(ev.notice)
 	}
 	x := rec.recordExt
 	w.Bool(x != nil)
@@ -1243,16 +1322,30 @@ func encodeRecord(rec *record) (Record, error) {
 		}
 		w.Uint(x.epoch)
 		w.Uint(x.opened)
+		w.Bool(x.inv != nil) // format 2 on
+
+		if x.inv != nil {
+			b, err := json.Marshal(x.inv) // a public type: its JSON shape
+			if err != nil {
+				return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
+			}
+			w.String(string(b))
+		}
+		key := ""
+		if x.spec != nil {
+			key = x.spec.key
+		}
+		w.String(key)
 	}
 	return Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, Data: w.B}, nil
 }
 
 // decodeRecord is the record a Journal returned.
 func decodeRecord(r Record) (record, error) {
-	if len(r.Data) == 0 || r.Data[0] != recordFormat {
-		return record{}, fmt.Errorf("bgtask: decoding record %d: not a record of format %d", r.Seq, recordFormat)
+	if len(r.Data) == 0 || r.Data[0] == 0 || r.Data[0] > recordFormat {
+		return record{}, fmt.Errorf("bgtask: decoding record %d: not a record of format 1 to %d", r.Seq, recordFormat)
 	}
-	d := codec.Reader{B: r.Data[1:]}
+	format, d := r.Data[0], codec.Reader{B: r.Data[1:]}
 	rec := record{seq: d.Uint(), kind: recordKind(d.Uint()), task: d.String(), at: d.Time()}
 	if d.Bool() {
 		var f [10]string
@@ -1265,6 +1358,9 @@ func decodeRecord(r Record) (record, error) {
 	}
 	if d.Bool() {
 		rec.evidence = evidence{output: d.String(), finish: FinishReason(d.String()), noText: d.Bool(), reason: Reason(d.String())}
+		if format >= 2 {
+			rec.evidence.notice = d.String()
+		}
 	}
 	if d.Bool() {
 		x := &recordExt{}
@@ -1301,6 +1397,18 @@ func decodeRecord(r Record) (record, error) {
 			x.notice = n
 		}
 		x.epoch, x.opened = d.Uint(), d.Uint()
+		if format >= 2 {
+			if d.Bool() {
+				var inv Invocation
+				if err := json.Unmarshal([]byte(d.String()), &inv); err != nil {
+					return record{}, fmt.Errorf("bgtask: decoding record %d: invocation: %w", rec.seq, err)
+				}
+				x.inv = &inv
+			}
+			if key := d.String(); x.spec != nil {
+				x.spec.key = key
+			}
+		}
 		rec.recordExt = x
 	}
 	if err := d.Err(); err != nil {
@@ -1593,6 +1701,11 @@ func (m *Manager) snapshotRecords() []record {
 				run.Status, run.Pending, run.SessionID, run.StartedAt = StatusRunning, "", a.SessionID, a.StartedAt
 				add(record{kind: recSessionBound, task: e.id, at: a.StartedAt, attempt: run})
 				bound[a.SessionID] = true
+			}
+			if i == e.current && e.inv != nil { // while the task is live, as they were made
+				for _, r := range e.inv.records(e.id) {
+					add(r)
+				}
 			}
 			switch {
 			case a.Status.Terminal():

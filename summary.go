@@ -296,6 +296,9 @@ func outcomeOf(t Task, ev *evidence) *Outcome {
 		o.Evidence, o.EvidenceDropped = textbound.Middle(evidence, MaxEvidenceRunes)
 	}
 	o.Notices = notices(t, o)
+	if last.notice != "" {
+		o.Notices = append(o.Notices, last.notice)
+	}
 	o.Envelope = renderEnvelope(t.ID, o)
 	return o
 }
@@ -358,7 +361,7 @@ func Envelope(t Task) string {
 		status = "pending (" + strings.ReplaceAll(string(cur.Pending), "_", " ") + "): attempt " + strconv.Itoa(cur.Number) + " on " + cur.Model.String()
 	}
 	var b strings.Builder
-	openTask(&b, t.ID, "running")
+	openTask(&b, t.ID, "running", 0)
 	openElement(&b, "task_status")
 	b.WriteString(markup.Text(status))
 	closeElement(&b, "task_status")
@@ -366,10 +369,14 @@ func Envelope(t Task) string {
 	return b.String()
 }
 
-func renderEnvelope(id string, o *Outcome) string {
+func renderEnvelope(id string, o *Outcome) string { return renderAnswerEnvelope(id, 0, o) }
+
+// renderAnswerEnvelope is the envelope of o as the answer of invocation n
+// (0: the task's own, with no invocation attribute).
+func renderAnswerEnvelope(id string, n int, o *Outcome) string {
 	var b strings.Builder
-	b.Grow(160 + len(o.Answer) + len(o.Error) + len(o.Evidence))
-	openTask(&b, id, string(o.State))
+	b.Grow(180 + len(o.Answer) + len(o.Error) + len(o.Evidence))
+	openTask(&b, id, string(o.State), n)
 	switch {
 	case o.HasAnswer:
 		openElement(&b, "task_result")
@@ -415,9 +422,14 @@ func writeEvidence(b *strings.Builder, o *Outcome) {
 	b.WriteString(markup.Body(o.Evidence))
 }
 
-func openTask(b *strings.Builder, id, state string) {
+// openTask opens a <task> element; n > 0 names the invocation answered.
+func openTask(b *strings.Builder, id, state string, n int) {
 	b.WriteString(`<task id="`)
 	b.WriteString(markup.Attr(id))
+	if n > 0 {
+		b.WriteString(`" invocation="`)
+		b.WriteString(strconv.Itoa(n))
+	}
 	b.WriteString(`" state="`)
 	b.WriteString(markup.Attr(state))
 	b.WriteString("\">\n")
@@ -458,6 +470,24 @@ func AnswerFromEnvelope(env string) (string, bool) {
 		return "", false
 	}
 	return markup.Unbody(rest[:j]), true
+}
+
+// answerOutcome is the outcome of one turn (or failure) as an answer: the
+// rules of a task's outcome (a turn with no final text, cut off, or ended
+// on a tool call is not a usable answer), for a single result.
+func answerOutcome(id string, status Status, text, errText string, ev evidence) *Outcome {
+	t := Task{ID: id, CurrentAttemptID: "answer", Attempts: []Attempt{{ID: "answer", Status: status, Result: text, Error: errText}}}
+	return outcomeOf(t, &ev)
+}
+
+// answerText tells a parent that invocation a.Invocation of t was
+// answered, while the task goes on.
+func answerText(t Task, a Answer) string {
+	head := "[Background task ANSWER " + strconv.Itoa(a.Invocation) + "] " + t.ID
+	if t.Description != "" {
+		head += ": " + textbound.OneLine(t.Description, 120)
+	}
+	return head + "\n" + a.Envelope
 }
 
 // allCompleteText tells a parent every task of its round has ended,

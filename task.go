@@ -61,7 +61,38 @@ var (
 	// durable. The Manager then stops: every input is refused with it, and
 	// no host call or notification is made. Restart from the journal.
 	ErrJournal = errors.New("bgtask: journal failed")
+	// ErrNotRunning: Extend was given a task whose run is not running
+	// (pending, ended, or being stopped). Nothing changed.
+	ErrNotRunning = errors.New("bgtask: task is not running")
+	// ErrNoPrompter: Extend needs a Host that implements Prompter.
+	ErrNoPrompter = errors.New("bgtask: the host cannot prompt a running session (no Prompter)")
+	// ErrPromptRefused: the Host's PromptSession refused a supplemental
+	// prompt; the error wraps the host's. Nothing changed.
+	ErrPromptRefused = errors.New("bgtask: the host refused the prompt")
+	// ErrNoInvocation: WaitAnswer named an invocation the task never
+	// admitted.
+	ErrNoInvocation = errors.New("bgtask: no such invocation")
+	// ErrKeyHeld: Launch was given a Spec.Key a live task holds; the error
+	// is a *KeyHeldError naming it.
+	ErrKeyHeld = errors.New("bgtask: key is held by a live task")
+	// ErrSuperseded: Fence found that the run its context carries is no
+	// longer its task's current live run (replaced by a retry, stopped, or
+	// ended): a side effect it was about to make must not happen.
+	ErrSuperseded = errors.New("bgtask: run superseded")
 )
+
+// KeyHeldError is ErrKeyHeld with the key and the live task holding it.
+type KeyHeldError struct {
+	Key    string
+	TaskID string
+}
+
+func (e *KeyHeldError) Error() string {
+	return "bgtask: key " + strconv.Quote(e.Key) + " is held by live task " + e.TaskID
+}
+
+// Is makes errors.Is(err, ErrKeyHeld) true.
+func (e *KeyHeldError) Is(target error) bool { return target == ErrKeyHeld }
 
 // orBackground treats a nil context as context.Background(), at every entry
 // point that takes one: a nil context is never a crash and never leaves a
@@ -117,6 +148,54 @@ type Task struct {
 	// Activity is what the child is doing now, from its latest events:
 	// process-local, never persisted, empty unless the task is running.
 	Activity Activity `json:"activity,omitempty"`
+	// Invocations are the prompts sent into the child conversation, in
+	// admission order, with their answers: set once the task was extended
+	// (Extend); a task that only had its launch prompt has none.
+	Invocations []Invocation `json:"invocations,omitempty"`
+}
+
+// Invocation is one prompt sent into a task's child conversation. The
+// launch prompt is invocation 1; Extend admits the next ones.
+type Invocation struct {
+	N          int       `json:"n"`
+	Prompt     string    `json:"prompt"`
+	AdmittedAt time.Time `json:"admittedAt"`
+	// Answer is set once the invocation was answered; answers are released
+	// in invocation order, each exactly once.
+	Answer *Answer `json:"answer,omitempty"`
+}
+
+// Answer is what an invocation got: the turn that answered it, or the
+// outcome of the run's failure or stop.
+type Answer struct {
+	Invocation int    `json:"invocation"`
+	Status     Status `json:"status"` // completed, error, cancelled or interrupt
+	// Text is the answer (completed) or the error.
+	Text string `json:"text,omitempty"`
+	// Degraded: the children gate released this answer without a turn
+	// after the children settled (see Notices).
+	Degraded bool      `json:"degraded,omitempty"`
+	Notices  []string  `json:"notices,omitempty"`
+	At       time.Time `json:"at"`
+	// Envelope is the <task> block the parent model reads for it.
+	Envelope string `json:"envelope"`
+}
+
+// Prompter is a Host that can hand a supplemental prompt to a running child
+// session (Extend). PromptSession must queue the prompt for the session's
+// next turn, not interrupt the one in flight; nil means it was accepted.
+// The Manager makes at most one PromptSession call per task at a time, in
+// invocation order. A turn end that answers it says so with
+// Event.Invocation.
+type Prompter interface {
+	PromptSession(ctx context.Context, req PromptRequest) error
+}
+
+// PromptRequest is one supplemental prompt for a running child session.
+type PromptRequest struct {
+	TaskID, AttemptID, Token, SessionID string
+	Invocation                          int // its number: 2 or more
+	Prompt                              string
 }
 
 // Activity is what a running child is doing now.
@@ -131,6 +210,11 @@ const (
 	// ActivityWaiting: the child waits — on a tool, a permission, input
 	// (SessionWaiting).
 	ActivityWaiting Activity = "waiting"
+	// ActivityAwaitingChildren: the child ended a turn while tasks its
+	// session launched were still running (or their results undelivered):
+	// the turn is held as a candidate, and the task answers once they
+	// settled (the children gate).
+	ActivityAwaitingChildren Activity = "awaiting_children"
 )
 
 // Current returns the current attempt.
@@ -161,6 +245,14 @@ type Spec struct {
 	// "bgtask." prefix are reserved for the library; a Spec using one is
 	// refused.
 	Metadata map[string]string
+	// Key, when set, makes this task the one start owner of the key: a
+	// Launch with the key of a live task starts no second run; it fails
+	// with a *KeyHeldError naming that task, or, with ExtendLive, hands
+	// Prompt to it as its next invocation (Extend) and returns its
+	// snapshot. Keys survive a restart with a journal.
+	Key string
+	// ExtendLive: see Key.
+	ExtendLive bool
 }
 
 // ReservedMetadataPrefix starts the Metadata keys only bgtask may write.
@@ -316,6 +408,10 @@ type Event struct {
 	Finish FinishReason
 	Err    error     // SessionError: the failure
 	At     time.Time // when it happened; zero means now
+	// Invocation (SessionIdle) is the last invocation the turn had seen:
+	// its answer goes to every invocation up to it that has none yet. 0
+	// means the latest admitted.
+	Invocation int
 }
 
 // NotificationKind says what a notification tells the parent.
@@ -329,6 +425,10 @@ const (
 	// NotifyFinalSummary: the task ended (completed, error, cancelled or
 	// interrupt); sent exactly once per task, after its other notifications.
 	NotifyFinalSummary NotificationKind = "final_summary"
+	// NotifyAnswer: an invocation of a task that was extended was
+	// answered while the task goes on (Text carries the answer's
+	// envelope). The answer of the last invocation is the final summary.
+	NotifyAnswer NotificationKind = "answer"
 	// NotifyAllComplete: the last live task of a parent ended; Tasks holds
 	// every task of that round, failures first. Exactly one per round; a
 	// task launched later under the same parent starts a new round.
@@ -465,6 +565,7 @@ type config struct {
 	limits           *Limits
 	queueTimeout     time.Duration
 	stallTimeout     time.Duration
+	gateTimeout      time.Duration
 	notifier         Notifier
 	logger           *slog.Logger
 	silent           bool // logger discards everything: no log line is worth building
@@ -713,6 +814,16 @@ type hostCalls struct {
 	inflight map[uint64]struct{}    // session starts in flight, by seq
 	abortsN  int                    // aborts in flight
 	held     *held.Set[observation] // events waiting for a start in flight to bind their session
+	prompts  map[*entry]*promptLane // Extends of a task under way: one host prompt call at a time
+}
+
+// promptLane serializes the Extends of one task: its turn is taken, in
+// arrival order, for the admission check, the host call and the record.
+type promptLane struct {
+	turn     chan struct{}
+	users    int        // Extends holding or waiting for the turn
+	inflight int        // host prompt calls in flight: the task does not end meanwhile
+	early    []gateHold // turn ends that came while a prompt was in flight, in order
 }
 
 // changeFeed is how changes are heard of, guarded by m.mu: the manager-wide
@@ -1200,6 +1311,22 @@ type (
 		a Attempt
 		w *slots.Waiter[queued]
 	}
+	// gateCheckIn: the children gate's release watch of candidate g fired.
+	gateCheckIn struct {
+		e *entry
+		g *gateHold
+	}
+	// extendIn: Extend, before the host call (admit: check and reserve),
+	// and after it (done: hostErr is its answer).
+	extendIn struct {
+		e       *entry
+		prompt  string
+		done    bool
+		hostErr error
+		req     PromptRequest // admit: what to send
+		n       int
+		err     error
+	}
 	// stallCheckIn: the stall watch of run a is due to look (retryAt: no
 	// new stall abort before then).
 	stallCheckIn struct {
@@ -1240,6 +1367,8 @@ func (*startedIn) input()      {}
 func (*abortedIn) input()      {}
 func (*retryReadyIn) input()   {}
 func (*queueTimeoutIn) input() {}
+func (*gateCheckIn) input()    {}
+func (*extendIn) input()       {}
 func (*stallCheckIn) input()   {}
 func (*stopIn) input()         {}
 func (*shutdownIn) input()     {}
@@ -1275,6 +1404,10 @@ func (m *Manager) decide(in input) {
 		in.out = m.onRetryReady(in)
 	case *queueTimeoutIn:
 		m.onQueueTimeout(in)
+	case *gateCheckIn:
+		m.onGateCheck(in)
+	case *extendIn:
+		in.n, in.err = m.onExtend(in)
 	case *stallCheckIn:
 		in.out = m.onStallCheck(in)
 	case *stopIn:
@@ -1326,6 +1459,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		models:      slices.Clone(spec.Models),
 		maxAttempts: maxAttempts,
 		metadata:    maps.Clone(spec.Metadata),
+		key:         spec.Key,
 	}
 	if err := m.poisoned(); err != nil {
 		return Task{}, err
@@ -1335,6 +1469,13 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	m.decide(&in)
 	if in.out.err != nil {
 		m.unlock()
+		var held *KeyHeldError
+		if spec.ExtendLive && errors.As(in.out.err, &held) {
+			if _, err := m.Extend(ctx, held.TaskID, spec.Prompt); err != nil {
+				return Task{}, err
+			}
+			return m.Lookup(held.TaskID)
+		}
 		return Task{}, in.out.err
 	}
 	task := in.out.e.project()
@@ -1355,6 +1496,9 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	}
 	if m.closingParent(info.parent) {
 		return reply{err: fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, info.parent)}
+	}
+	if o := m.led.live(info.key); o != nil {
+		return reply{err: &KeyHeldError{Key: info.key, TaskID: o.id}}
 	}
 	id, err := newID(m.cfg.ids, IDTask)
 	if err != nil {
@@ -1497,6 +1641,143 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	return e.project(), nil
 }
 
+// Extend sends prompt into the running task's child conversation as its
+// next invocation and returns the invocation's number (the launch prompt
+// is 1). The host must implement Prompter; the prompt is queued for the
+// child's next turn, not interrupting the one in flight. Extends of one
+// task are admitted one at a time, in the order they arrive, and each host
+// prompt call is made only after the one before it returned. An Extend
+// that cannot be admitted changes nothing and says why: ErrNotRunning (the
+// task ended, has no session yet, or is being stopped), ErrBranchClosing,
+// ErrNoPrompter, ErrPromptRefused (wrapping the host's error),
+// ErrUnknownTask or ErrForgotten, or ctx's error while it waited its turn.
+// An Extend never starts a run. Its answer: WaitAnswer.
+func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error) {
+	ctx = orBackground(ctx)
+	switch {
+	case ctx.Err() != nil:
+		return 0, ctx.Err()
+	case blank(taskID):
+		return 0, fmt.Errorf("%w: Extend with no task id", ErrInvalidArgument)
+	case blank(prompt):
+		return 0, fmt.Errorf("%w: Extend with an empty prompt", ErrInvalidArgument)
+	}
+	p, ok := m.host.(Prompter)
+	if !ok {
+		return 0, ErrNoPrompter
+	}
+	if err := m.poisoned(); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	e := m.led.tasks[taskID]
+	if e == nil {
+		err := m.missing(taskID)
+		m.unlock()
+		return 0, err
+	}
+	if m.calls.prompts == nil {
+		m.calls.prompts = make(map[*entry]*promptLane)
+	}
+	lane := m.calls.prompts[e]
+	if lane == nil {
+		lane = &promptLane{turn: make(chan struct{}, 1)}
+		m.calls.prompts[e] = lane
+	}
+	lane.users++
+	m.unlock()
+	defer func() {
+		m.mu.Lock()
+		if lane.users--; lane.users == 0 {
+			delete(m.calls.prompts, e)
+		}
+		m.unlock()
+	}()
+	select {
+	case lane.turn <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-lane.turn }()
+	in := extendIn{e: e, prompt: prompt}
+	if err := m.step(&in); err != nil {
+		return 0, err
+	}
+	if in.err != nil {
+		return 0, in.err
+	}
+	in.done = true
+	in.hostErr = m.callPrompt(withRunOf(ctx, e, in.req), p, in.req)
+	if err := m.step(&in); err != nil {
+		return 0, err
+	}
+	return in.n, in.err
+}
+
+// callPrompt calls the host's PromptSession, which is user code: a panic
+// is its refusal.
+func (m *Manager) callPrompt(ctx context.Context, p Prompter, req PromptRequest) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("bgtask: Host.PromptSession panicked: %s", panicText(r))
+		}
+	}()
+	return guardError(p.PromptSession(ctx, req))
+}
+
+// WaitAnswer waits for the answer of invocation n of a task (1 is its
+// launch prompt) and returns it. Answers are released in invocation order:
+// n's answer is returned only once every invocation before it has its
+// own. ErrNoInvocation if the task never admitted invocation n.
+func (m *Manager) WaitAnswer(ctx context.Context, taskID string, n int) (Answer, error) {
+	ctx = orBackground(ctx)
+	for {
+		m.mu.Lock()
+		e := m.led.tasks[taskID]
+		if e == nil {
+			err := m.missing(taskID)
+			m.unlock()
+			return Answer{}, err
+		}
+		admitted := 1
+		if e.inv != nil {
+			admitted = len(e.inv.list)
+		}
+		switch {
+		case n < 1 || (n > admitted && e.terminal()):
+			m.unlock()
+			return Answer{}, fmt.Errorf("%w: task %s has no invocation %d", ErrNoInvocation, taskID, n)
+		case e.inv != nil && e.inv.released(n):
+			a := *e.inv.list[n-1].Answer
+			a.Notices = slices.Clone(a.Notices)
+			m.unlock()
+			return a, nil
+		case e.inv == nil && n == 1 && e.terminal():
+			t := e.project()
+			m.unlock()
+			return answerOfTask(t), nil
+		}
+		changed := e.waitChange()
+		m.unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return Answer{}, ctx.Err()
+		}
+	}
+}
+
+// answerOfTask is the answer of a task that was never extended: its
+// outcome.
+func answerOfTask(t Task) Answer {
+	o := t.Outcome
+	a := Answer{Invocation: 1, Status: o.State, Text: o.Error, Notices: slices.Clone(o.Notices), At: t.CompletedAt, Envelope: o.Envelope}
+	if o.HasAnswer {
+		a.Text = o.Answer
+	}
+	return a
+}
+
 // Observe applies a child session's lifecycle event. It returns nil when the
 // event was applied, or held until the session a start in flight creates is
 // bound; ErrStaleEvent when it belongs to a superseded or terminal attempt,
@@ -1608,7 +1889,7 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 		Agent:           e.info.agent,
 		Prompt:          e.info.prompt,
 	}
-	fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, kind: callStart}}
+	fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, kind: callStart, e: e}}
 	sid, err := m.callStart(&fx.ctx, req)
 	var f failure
 	if err != nil {
@@ -1721,6 +2002,7 @@ func (m *Manager) noteOut(id string, d int) {
 	e.notesOut += d
 	m.led.notesOut += d
 	if d < 0 && e.notesOut == 0 && e.terminal() {
+		m.kidSettled(e)
 		m.sweep()
 	}
 }
@@ -2213,6 +2495,44 @@ type Run struct {
 	Agent, Prompt   string
 
 	report func(EventKind)
+	inbox  *inbox
+}
+
+// Prompt is a supplemental prompt (Extend) handed to a running FuncHost
+// function: invocation N of its task (2 or more).
+type Prompt struct {
+	N    int
+	Text string
+}
+
+// Prompts delivers the task's supplemental prompts (Extend), in invocation
+// order. A prompt is admitted when the function receives it; an Extend
+// waits for that (or for its context), and one the function never takes
+// before it returns is refused, changing nothing. The function's return
+// answers every invocation up to the last it received.
+func (r Run) Prompts() <-chan Prompt {
+	if r.inbox == nil {
+		return nil
+	}
+	return r.inbox.ch
+}
+
+// Answer ends a turn without returning: text answers every invocation up
+// to n (the last the function had received) that has no answer yet. When
+// that answers everything admitted, the task completes with text, and the
+// function should return.
+func (r Run) Answer(n int, text string) {
+	if r.inbox != nil {
+		r.inbox.answer(n, text)
+	}
+}
+
+// inbox is how a FuncHost function receives supplemental prompts.
+type inbox struct {
+	ch     chan Prompt   // unbuffered: a prompt is admitted when taken
+	done   chan struct{} // closed when the function returned
+	seen   atomic.Int64  // the last invocation the function received (1: the launch prompt)
+	answer func(n int, text string)
 }
 
 // Busy reports that the function is generating (liveness; never ends the
@@ -2247,8 +2567,34 @@ func (r Run) Compacted() { r.report(SessionCompacted) }
 // really returns. The goroutines belong to the Manager; Shutdown waits for
 // them (see its doc for a function that ignores its context).
 type FuncHost struct {
-	fn RunFunc
-	h  *funchost.Host // the runs, and the stop protocol (internal/funchost)
+	fn      RunFunc
+	h       *funchost.Host // the runs, and the stop protocol (internal/funchost)
+	inboxes sync.Map       // session id → *inbox, while its function may run
+}
+
+// PromptSession hands a supplemental prompt to the function running the
+// session (see Run.Prompts): nil once the function received it; an error
+// if it returned first, or ctx ended.
+func (h *FuncHost) PromptSession(ctx context.Context, req PromptRequest) error {
+	v, ok := h.inboxes.Load(req.SessionID)
+	if !ok {
+		return errors.New("bgtask: no function runs session " + req.SessionID)
+	}
+	ib := v.(*inbox)
+	select {
+	case <-ib.done:
+		return errors.New("bgtask: the function returned before it took the prompt")
+	default:
+	}
+	select {
+	case ib.ch <- Prompt{N: req.Invocation, Text: req.Prompt}:
+		ib.seen.Store(int64(req.Invocation))
+		return nil
+	case <-ib.done:
+		return errors.New("bgtask: the function returned before it took the prompt")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // NewFuncHost returns a Host that runs fn for every attempt.
@@ -2272,15 +2618,32 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	env, _ := h.h.Env().(funcEnv)
 	m := env.m
 	sid := "fn_" + req.AttemptID
+	ib := &inbox{ch: make(chan Prompt), done: make(chan struct{})}
+	ib.seen.Store(1)
+	ib.answer = func(n int, text string) {
+		_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: SessionIdle, Text: text, Invocation: n})
+	}
 	run := Run{
 		TaskID: req.TaskID, AttemptID: req.AttemptID, Attempt: req.AttemptNumber, Token: req.Token,
 		SessionID: sid, ParentSessionID: req.ParentSessionID, Model: req.Model, Agent: req.Agent, Prompt: req.Prompt,
 		report: func(k EventKind) {
 			_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: k})
 		},
+		inbox: ib,
 	}
-	err := h.h.Start(funchost.Run{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, sid,
-		func(ctx context.Context) (string, error) { return callRunFunc(h.fn, ctx, run) })
+	h.inboxes.Store(sid, ib)
+	seen := func() int { return int(ib.seen.Load()) }
+	err := h.h.Start(funchost.Run{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token, Seen: seen}, sid,
+		func(ctx context.Context) (string, error) {
+			defer func() {
+				close(ib.done) // before its answer is reported: no prompt is taken after it
+				h.inboxes.Delete(sid)
+			}()
+			return callRunFunc(h.fn, ctx, run)
+		})
+	if err != nil {
+		h.inboxes.Delete(sid)
+	}
 	switch {
 	case errors.Is(err, funchost.ErrNotAttached):
 		return "", Permanent(errors.New("bgtask: FuncHost used without New"))
@@ -2294,17 +2657,24 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 type funcEnv struct{ m *Manager }
 
 func (f funcEnv) RunContext(taskID, attemptID, token string) context.Context {
-	return withRun(f.m.life.ctx, RunRef{TaskID: taskID, AttemptID: attemptID, Token: token}, callRun)
+	f.m.mu.Lock()
+	e := f.m.led.tasks[taskID]
+	f.m.mu.Unlock()
+	return &runCtx{Context: f.m.life.ctx, v: runValue{ref: RunRef{TaskID: taskID, AttemptID: attemptID, Token: token}, kind: callRun, e: e}}
 }
 func (f funcEnv) Go(fn func()) bool { return f.m.goLocked(fn) }
 func (f funcEnv) AwaitBound(ctx context.Context, attemptID, token, sid string) bool {
-	return f.m.awaitBound(ctx, attemptID, token, sid)
+	ok := f.m.awaitBound(ctx, attemptID, token, sid) && ctx.Err() == nil
+	if fh, isFunc := f.m.host.(*FuncHost); !ok && isFunc {
+		fh.inboxes.Delete(sid) // the function never runs: no prompt can reach it
+	}
+	return ok
 }
 func (f funcEnv) StoppedWith(attemptID, token, text string, ended bool) {
 	f.m.stoppedWith(attemptID, token, text, ended)
 }
-func (f funcEnv) Answered(sid, attemptID, token, answer string) {
-	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionIdle, Text: answer})
+func (f funcEnv) Answered(sid, attemptID, token, answer string, seen int) {
+	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionIdle, Text: answer, Invocation: seen})
 }
 func (f funcEnv) Failed(sid, attemptID, token string, err error) {
 	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionError, Err: err})
@@ -2434,6 +2804,15 @@ func WithConcurrency(l Limits) Option {
 // slot longer than d. It leaves the queue at once. Default: 0, no timeout.
 func WithQueueTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.queueTimeout = d })
+}
+
+// WithGateTimeout bounds how long the children gate holds a child's turn
+// end once the tasks its session launched have all settled: if no further
+// turn comes within d, the held turn is released as the answer, marked
+// degraded with a notice. Default: the stall timeout if set, else
+// DefaultGateTimeout.
+func WithGateTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.gateTimeout = d })
 }
 
 // WithStallTimeout aborts, through the host, a running attempt that reported

@@ -1,6 +1,6 @@
 // Command closure builds a three-level tree of background tasks whose
 // subagents launch subagents of their own, lets one intermediate task
-// finish early (its children run on), then closes the whole branch below
+// end early (it gives up; its children run on), then closes the whole branch below
 // the chat session and prints the report, the closure record and the
 // parent's notification.
 //
@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -38,7 +39,8 @@ func run(ctx context.Context, w io.Writer) error {
 
 	// Each subagent at level < depth launches two children from its own
 	// session, then works until it is stopped — except "early", which
-	// returns an answer right after launching its children.
+	// gives up right after launching its children. (An answer would wait:
+	// the children gate holds a task's answer while tasks it launched run.)
 	subagent := func(ctx context.Context, run bgtask.Run) (string, error) {
 		level := strings.Count(run.Prompt, "/")
 		if level < depth {
@@ -56,7 +58,7 @@ func run(ctx context.Context, w io.Writer) error {
 		}
 		started.Done()
 		if run.Prompt == "task/0" {
-			return "finished early; my children go on", nil
+			return "", bgtask.Permanent(errors.New("gave up early; my children go on"))
 		}
 		<-ctx.Done()
 		return "", ctx.Err()

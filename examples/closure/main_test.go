@@ -21,10 +21,10 @@ func TestRunEndToEnd(t *testing.T) {
 	require.NoError(t, run(ctx, &buf))
 	out := buf.String()
 
-	// 14 tasks; the early finisher completed, the other 13 were stopped,
+	// 14 tasks; the early one ended in error, the other 13 were stopped,
 	// its grandchildren included.
 	assert.Contains(t, out, "13 runs stopped")
-	assert.Equal(t, 1, strings.Count(out, " completed "), out)
+	assert.Equal(t, 1, strings.Count(out, " error "), out)
 	assert.Equal(t, 13+13, strings.Count(out, " cancelled "), "13 in the report, 13 in the task list")
 	assert.Contains(t, out, "task/0/1/1")
 	assert.Contains(t, out, "Closure record: root ses_chat, 13 stopped, 0 failed")

@@ -34,14 +34,19 @@ type Env interface {
 	// to stop; with ended, the run has stopped and no abort will confirm it.
 	StoppedWith(attemptID, token, text string, ended bool)
 	// Answered and Failed report the function's return as the run's event.
-	Answered(sid, attemptID, token, answer string)
+	Answered(sid, attemptID, token, answer string, seen int)
 	Failed(sid, attemptID, token string, err error)
 	// Text renders a function's error (user code, guarded).
 	Text(err error) string
 }
 
 // Run names one run of a function.
-type Run struct{ TaskID, AttemptID, Token string }
+type Run struct {
+	TaskID, AttemptID, Token string
+	// Seen, if set, is the last invocation the function had received
+	// when it returned: its answer answers up to that one.
+	Seen func() int
+}
 
 // Body is a run's function, called with the run's context.
 type Body func(ctx context.Context) (answer string, err error)
@@ -156,7 +161,11 @@ func (h *Host) run(env Env, r Run, sid string, fr *run, ctx context.Context, bod
 	fr.mu.Unlock()
 	switch {
 	case err == nil:
-		env.Answered(sid, r.AttemptID, r.Token, answer) // an answer is the truth, stop or not
+		seen := 0
+		if r.Seen != nil {
+			seen = r.Seen()
+		}
+		env.Answered(sid, r.AttemptID, r.Token, answer, seen) // an answer is the truth, stop or not
 	case !aborted:
 		env.Failed(sid, r.AttemptID, r.Token, err)
 	case gaveUp:

@@ -1,0 +1,408 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// funcManager is a Manager on a FuncHost running fn, with a recording
+// notifier, shut down at the end of the test.
+func funcManager(t *testing.T, fn RunFunc, opts ...Option) (*Manager, *recorder) {
+	t.Helper()
+	rec := &recorder{}
+	m := New(NewFuncHost(fn), append([]Option{WithIDs(SequentialIDs()), WithNotifier(rec)}, opts...)...)
+	shutdownAtCleanup(t, m)
+	return m, rec
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var oneModel = []Model{{Provider: "a", ID: "one"}}
+
+// A supplemental prompt is invocation 2; the function answers 1 without
+// returning, then returns the answer to 2. Each answer is released once, in
+// order: invocation 1's as a NotifyAnswer, the last as the final summary.
+func TestExtendAnswersEachInvocationOnceInOrder(t *testing.T) {
+	running := make(chan struct{})
+	m, rec := funcManager(t, func(ctx context.Context, run Run) (string, error) {
+		close(running)
+		select {
+		case p := <-run.Prompts():
+			run.Answer(1, "first answer")
+			return "answer to " + p.Text, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	})
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "start", Models: oneModel})
+	require.NoError(t, err)
+	<-running
+	n, err := m.Extend(ctx, task.ID, "more")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+
+	a1, err := m.WaitAnswer(ctx, task.ID, 1)
+	require.NoError(t, err)
+	assert.Equal(t, StatusCompleted, a1.Status)
+	assert.Equal(t, "first answer", a1.Text)
+	assert.Contains(t, a1.Envelope, `invocation="1"`)
+	a2, err := m.WaitAnswer(ctx, task.ID, 2)
+	require.NoError(t, err)
+	assert.Equal(t, "answer to more", a2.Text)
+
+	done, err := m.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Equal(t, "answer to more", done.Result)
+	require.Len(t, done.Invocations, 2)
+	assert.Equal(t, "start", done.Invocations[0].Prompt)
+	assert.Equal(t, "more", done.Invocations[1].Prompt)
+
+	require.NoError(t, m.Shutdown(ctx)) // every notification delivered
+	assert.Equal(t, []NotificationKind{NotifyAnswer, NotifyFinalSummary}, rec.Kinds(task.ID))
+	for _, n := range rec.All() {
+		if n.Kind == NotifyAnswer {
+			assert.Contains(t, n.Text, a1.Envelope)
+		}
+	}
+	_, err = m.WaitAnswer(ctx, task.ID, 3)
+	assert.ErrorIs(t, err, ErrNoInvocation)
+}
+
+// Extends arriving together are admitted one at a time: numbers follow
+// the order the function receives them, never interleaved.
+func TestConcurrentExtendsAreOrdered(t *testing.T) {
+	const extra = 8
+	running := make(chan struct{})
+	var got []Prompt
+	m, _ := funcManager(t, func(ctx context.Context, run Run) (string, error) {
+		close(running)
+		for len(got) < extra {
+			select {
+			case p := <-run.Prompts():
+				got = append(got, p)
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		}
+		return "all read", nil
+	})
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "start", Models: oneModel})
+	require.NoError(t, err)
+	<-running
+	var wg sync.WaitGroup
+	nums := make([]int, extra)
+	for i := range extra {
+		wg.Go(func() {
+			n, err := m.Extend(ctx, task.ID, fmt.Sprintf("prompt %d", i))
+			assert.NoError(t, err)
+			nums[i] = n
+		})
+	}
+	wg.Wait()
+	done, err := m.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	require.Len(t, got, extra)
+	for i, p := range got {
+		assert.Equal(t, i+2, p.N, "received in invocation order")
+		assert.Equal(t, p.Text, done.Invocations[p.N-1].Prompt, "each number names its own prompt")
+	}
+	for i, n := range nums {
+		assert.Equal(t, fmt.Sprintf("prompt %d", i), done.Invocations[n-1].Prompt)
+	}
+	for _, in := range done.Invocations {
+		require.NotNil(t, in.Answer, "invocation %d answered", in.N)
+		assert.Equal(t, "all read", in.Answer.Text)
+	}
+}
+
+// An Extend that cannot be admitted says why and changes nothing.
+func TestExtendRefusals(t *testing.T) {
+	ctx := testCtx(t)
+	m, _ := funcManager(t, func(ctx context.Context, run Run) (string, error) { return "done", nil })
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	_, err = m.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	before, _ := m.Task(task.ID)
+
+	_, err = m.Extend(ctx, task.ID, "late")
+	assert.ErrorIs(t, err, ErrNotRunning)
+	_, err = m.Extend(ctx, "nope", "x")
+	assert.ErrorIs(t, err, ErrUnknownTask)
+	_, err = m.Extend(ctx, task.ID, "  ")
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = m.Extend(nil, "", "x") //nolint:staticcheck // a nil context is refused, not a crash
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	after, _ := m.Task(task.ID)
+	assert.Equal(t, before, after, "a refused Extend changes nothing")
+
+	h := newHarness(t, nil) // testHost has no PromptSession
+	t2 := h.launch("a/one")
+	h.settle()
+	_, err = h.m.Extend(ctx, t2.ID, "more")
+	assert.ErrorIs(t, err, ErrNoPrompter)
+}
+
+// promptHost is a testHost whose PromptSession reports each call and
+// answers what the test says.
+type promptHost struct {
+	*testHost
+	entered chan PromptRequest
+	answer  chan error
+}
+
+func (h *promptHost) PromptSession(ctx context.Context, req PromptRequest) error {
+	h.entered <- req
+	select {
+	case err := <-h.answer:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// A turn end that comes while a prompt is in flight does not end the task;
+// if the host then refuses the prompt, the Extend changes nothing and the
+// task ends with that turn's answer.
+func TestTurnEndWhileAPromptIsInFlight(t *testing.T) {
+	for _, refuse := range []bool{true, false} {
+		t.Run(fmt.Sprintf("refused=%v", refuse), func(t *testing.T) {
+			ctx := testCtx(t)
+			host := &promptHost{testHost: &testHost{}, entered: make(chan PromptRequest, 1), answer: make(chan error, 1)}
+			m := New(host, WithIDs(SequentialIDs()))
+			shutdownAtCleanup(t, m)
+			task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "start", Models: oneModel})
+			require.NoError(t, err)
+			require.NoError(t, m.life.group.Wait(ctx))
+			ses := m.mustTask(t, task.ID).SessionID
+			res := make(chan error, 1)
+			go func() {
+				_, err := m.Extend(ctx, task.ID, "more")
+				res <- err
+			}()
+			req := <-host.entered
+			assert.Equal(t, 2, req.Invocation)
+			assert.Equal(t, ses, req.SessionID)
+			require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "answer 1"}))
+			assert.Equal(t, StatusRunning, m.mustTask(t, task.ID).Status, "not ended while a prompt is in flight")
+			if refuse {
+				host.answer <- errors.New("no")
+				assert.ErrorIs(t, <-res, ErrPromptRefused)
+				done, err := m.Wait(ctx, task.ID)
+				require.NoError(t, err)
+				assert.Equal(t, "answer 1", done.Result)
+				assert.Empty(t, done.Invocations, "the refused prompt left nothing behind")
+				return
+			}
+			host.answer <- nil
+			require.NoError(t, <-res)
+			a1, err := m.WaitAnswer(ctx, task.ID, 1)
+			require.NoError(t, err)
+			assert.Equal(t, "answer 1", a1.Text)
+			assert.Equal(t, StatusRunning, m.mustTask(t, task.ID).Status, "invocation 2 is open")
+			require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "answer 2", Invocation: 2}))
+			done, err := m.Wait(ctx, task.ID)
+			require.NoError(t, err)
+			assert.Equal(t, "answer 2", done.Result)
+			assert.Equal(t, "answer 2", done.Invocations[1].Answer.Text)
+		})
+	}
+}
+
+func (m *Manager) mustTask(t *testing.T, id string) Task {
+	t.Helper()
+	task, ok := m.Task(id)
+	require.True(t, ok)
+	return task
+}
+
+// A stop answers every open invocation with its outcome: none waits.
+func TestCancelAnswersEveryOpenInvocation(t *testing.T) {
+	running := make(chan struct{})
+	m, _ := funcManager(t, func(ctx context.Context, run Run) (string, error) {
+		close(running)
+		<-run.Prompts()
+		<-ctx.Done()
+		return "", ctx.Err()
+	})
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	<-running
+	_, err = m.Extend(ctx, task.ID, "more")
+	require.NoError(t, err)
+	err = m.Cancel(ctx, task.ID)
+	require.NoError(t, err)
+	for n := 1; n <= 2; n++ {
+		a, err := m.WaitAnswer(ctx, task.ID, n)
+		require.NoError(t, err)
+		assert.Equal(t, StatusCancelled, a.Status, "invocation %d", n)
+	}
+}
+
+// Fence refuses the side effects of a run once it is no longer current.
+func TestFenceRefusesASupersededRun(t *testing.T) {
+	before, after := make(chan error, 1), make(chan error, 1)
+	m, _ := funcManager(t, func(ctx context.Context, run Run) (string, error) {
+		before <- Fence(ctx)
+		<-ctx.Done()
+		after <- Fence(ctx)
+		return "", ctx.Err()
+	})
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	require.NoError(t, <-before)
+	err = m.Cancel(ctx, task.ID)
+	require.NoError(t, err)
+	assert.ErrorIs(t, <-after, ErrSuperseded)
+	assert.ErrorIs(t, Fence(context.Background()), ErrInvalidArgument)
+	assert.ErrorIs(t, Fence(nil), ErrInvalidArgument) //nolint:staticcheck // nil is refused, not a crash
+}
+
+// The children gate: a turn end while a task the child's session launched
+// runs is held; the first turn end after it ended and its summary was
+// delivered is the answer.
+func TestChildrenGateHoldsTheAnswerUntilChildrenSettle(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launch("a/one")
+	h.settle()
+	ses := h.task(task.ID).SessionID
+	kid, kidSes := h.child(ses)
+
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "too soon"}))
+	got := h.task(task.ID)
+	assert.Equal(t, StatusRunning, got.Status, "no answer while a child runs")
+	assert.Equal(t, ActivityAwaitingChildren, got.Activity)
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Finish: FinishToolCalls}))
+
+	_, armed := h.clock.Created()
+	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
+	<-armed // the kid's final summary was delivered: the gate's watch starts
+	assert.Equal(t, StatusCompleted, h.task(kid.ID).Status)
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "the held turn is not the answer")
+
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "with the kid's result"}))
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Equal(t, "with the kid's result", done.Result)
+	assert.NotContains(t, done.Outcome.Envelope, "degraded")
+}
+
+// With no further turn after the children settled, the held turn is
+// released at the gate timeout, marked degraded: nothing the child said is
+// dropped.
+func TestChildrenGateReleasesDegradedWithoutAFurtherTurn(t *testing.T) {
+	h := newHarness(t, nil, WithGateTimeout(time.Minute))
+	task := h.launch("a/one")
+	h.settle()
+	ses := h.task(task.ID).SessionID
+	_, kidSes := h.child(ses)
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "my answer"}))
+	_, armed := h.clock.Created()
+	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
+	<-armed // delivered: the gate's watch is armed on the fake clock
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
+	h.clock.Advance(time.Minute)
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Equal(t, "my answer", done.Result)
+	assert.True(t, slicesContain(done.Outcome.Notices, "degraded"), "%v", done.Outcome.Notices)
+	assert.Contains(t, done.Outcome.Envelope, "<task_notice>degraded")
+}
+
+func slicesContain(ss []string, sub string) bool {
+	for _, s := range ss {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// A task whose session launched nothing answers on its first turn end, as
+// before.
+func TestChildrenGateIsInertWithoutChildren(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launch("a/one")
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
+	assert.Equal(t, StatusCompleted, h.wait(task.ID).Status)
+}
+
+// One start owner per key: of many concurrent Launches with one key,
+// exactly one starts a run; the others are told which task holds it.
+func TestKeyHasOneStartOwner(t *testing.T) {
+	h := newHarness(t, nil)
+	const n = 16
+	var wg sync.WaitGroup
+	ids := make(chan string, n)
+	holders := make(chan string, n)
+	for range n {
+		wg.Go(func() {
+			task, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Key: "k", Models: mustModels(t, "a/one")})
+			var held *KeyHeldError
+			switch {
+			case err == nil:
+				ids <- task.ID
+			case errors.As(err, &held):
+				assert.ErrorIs(t, err, ErrKeyHeld)
+				holders <- held.TaskID
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	close(ids)
+	close(holders)
+	var started []string
+	for id := range ids {
+		started = append(started, id)
+	}
+	require.Len(t, started, 1)
+	for id := range holders {
+		assert.Equal(t, started[0], id)
+	}
+	h.settle()
+	assert.Len(t, h.host.Starts(), 1, "one run started")
+	// Once it ended, the key is free again.
+	require.NoError(t, h.observe(Event{SessionID: h.task(started[0]).SessionID, Kind: SessionIdle, Text: "ok"}))
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Key: "k", Models: mustModels(t, "a/one")})
+	assert.NoError(t, err)
+}
+
+// With ExtendLive, a Launch whose key a live task holds becomes an Extend.
+func TestKeyExtendLive(t *testing.T) {
+	running := make(chan struct{})
+	m, _ := funcManager(t, func(ctx context.Context, run Run) (string, error) {
+		close(running)
+		p := <-run.Prompts()
+		return "got " + p.Text, nil
+	})
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Key: "k", Models: oneModel})
+	require.NoError(t, err)
+	<-running
+	same, err := m.Launch(ctx, Spec{ParentSessionID: "p", Key: "k", ExtendLive: true, Prompt: "again", Models: oneModel})
+	require.NoError(t, err)
+	assert.Equal(t, task.ID, same.ID)
+	done, err := m.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "got again", done.Result)
+}
