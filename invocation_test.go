@@ -406,3 +406,76 @@ func TestKeyExtendLive(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "got again", done.Result)
 }
+
+// promptingSvcHost is a svcHost (its sessions outlive the process) that
+// accepts every prompt.
+type promptingSvcHost struct{ *svcHost }
+
+func (promptingSvcHost) PromptSession(context.Context, PromptRequest) error { return nil }
+
+// Invocations, their answers and a task's key survive a restart: the new
+// process sees the same invocations, refuses a second owner of the key, and
+// files the answer the re-adopted session gives.
+func TestInvocationsAndKeysSurviveARestart(t *testing.T) {
+	dir := t.TempDir()
+	svc := newSessionService()
+	host := promptingSvcHost{&svcHost{svc: svc}}
+	ctx := testCtx(t)
+	j1 := openJournal(t, dir)
+	m1, err := Open(ctx, host, WithJournal(j1))
+	require.NoError(t, err)
+	task, err := m1.Launch(ctx, Spec{ParentSessionID: "p", Key: "k", Prompt: "start", Models: oneModel})
+	require.NoError(t, err)
+	waitStatus(t, m1, task.ID, StatusRunning)
+	ses := "s-" + task.CurrentAttemptID
+	n, err := m1.Extend(ctx, task.ID, "more")
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.NoError(t, m1.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "answer 1", Invocation: 1}))
+	before := m1.mustTask(t, task.ID)
+	crash(t, m1, j1)
+
+	j2 := openJournal(t, dir)
+	m2, err := Open(ctx, host, WithJournal(j2))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	after := m2.mustTask(t, task.ID)
+	require.Equal(t, StatusRunning, after.Status, "the session is alive: re-adopted")
+	require.NoError(t, sameJSON("invocations", before.Invocations, after.Invocations))
+	_, err = m2.Launch(ctx, Spec{ParentSessionID: "p", Key: "k", Models: oneModel})
+	assert.ErrorIs(t, err, ErrKeyHeld)
+	require.NoError(t, m2.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "answer 2", Invocation: 2}))
+	done, err := m2.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "answer 2", done.Result)
+	a1, err := m2.WaitAnswer(ctx, task.ID, 1)
+	require.NoError(t, err)
+	assert.Equal(t, "answer 1", a1.Text)
+}
+
+// TaskProtocol promises what the gate does: pinned against the behaviour
+// (TestChildrenGateHoldsTheAnswerUntilChildrenSettle runs it in full).
+func TestTaskProtocolPromisesWhatBgtaskDoes(t *testing.T) {
+	for _, claim := range []string{"delivered to this conversation automatically", "never poll", "ending your turn does not return your result", "The first turn you end after they have all finished is the one returned"} {
+		assert.Contains(t, TaskProtocol, claim)
+	}
+	h := newHarness(t, nil)
+	task := h.launch("a/one")
+	h.settle()
+	ses := h.task(task.ID).SessionID
+	_, kidSes := h.child(ses)
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "held"}))
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "ending a turn with a task running returns nothing")
+	_, armed := h.clock.Created()
+	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid"}))
+	<-armed
+	found := false
+	for _, n := range h.rec.All() {
+		if n.ParentSessionID == ses && n.Kind == NotifyFinalSummary {
+			found = true
+		}
+	}
+	assert.True(t, found, "the child's result was delivered to the session automatically")
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "complete answer"}))
+	assert.Equal(t, "complete answer", h.wait(task.ID).Result, "the first turn after they finished is returned")
+}

@@ -472,6 +472,13 @@ func AnswerFromEnvelope(env string) (string, bool) {
 	return markup.Unbody(rest[:j]), true
 }
 
+// TaskProtocol is the text a harness puts in its task tool's description,
+// so that the model is told only what bgtask really does. Receipts for
+// running work (Envelope's <task_status>) rely on it.
+const TaskProtocol = `Background tasks report back on their own: each task's result or error is delivered to this conversation automatically when it is ready, so never poll, wait or sleep for one.
+While async tasks you started are still running, ending your turn does not return your result: your answer is held until they have all finished and their results have reached you.
+The first turn you end after they have all finished is the one returned, so it must be a complete, self-contained answer.`
+
 // answerOutcome is the outcome of one turn (or failure) as an answer: the
 // rules of a task's outcome (a turn with no final text, cut off, or ended
 // on a tool call is not a usable answer), for a single result.
