@@ -427,8 +427,7 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		e.attempts = append(e.attempts, rec.attempt)
 		e.current = len(e.attempts) - 1
 		e.state, e.activity = rec.attempt.Status, ActivityNone
-		tok := rec.attempt.Token
-		e.live.Store(&tok)
+		e.live.Store(&e.attempts[e.current].Token) // the token is immutable: no copy to make
 		l.byAttempt[rec.attempt.ID] = attemptRef{e: e, index: e.current}
 		e.revision++
 	case recAttemptPending, recSessionBound, recAttemptFinal:
