@@ -146,7 +146,8 @@ func TestExtendRefusals(t *testing.T) {
 	assert.ErrorIs(t, err, ErrUnknownTask)
 	_, err = m.Extend(ctx, task.ID, "  ")
 	assert.ErrorIs(t, err, ErrInvalidArgument)
-	_, err = m.Extend(nil, "", "x") //nolint:staticcheck // a nil context is refused, not a crash
+	var noCtx context.Context // a nil context is refused, not a crash
+	_, err = m.Extend(noCtx, "", "x")
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 	after, _ := m.Task(task.ID)
 	assert.Equal(t, before, after, "a refused Extend changes nothing")
@@ -272,7 +273,8 @@ func TestFenceRefusesASupersededRun(t *testing.T) {
 	require.NoError(t, err)
 	assert.ErrorIs(t, <-after, ErrSuperseded)
 	assert.ErrorIs(t, Fence(context.Background()), ErrInvalidArgument)
-	assert.ErrorIs(t, Fence(nil), ErrInvalidArgument) //nolint:staticcheck // nil is refused, not a crash
+	var noCtx context.Context // nil is refused, not a crash
+	assert.ErrorIs(t, Fence(noCtx), ErrInvalidArgument)
 }
 
 // The children gate: a turn end while a task the child's session launched
