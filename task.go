@@ -2529,9 +2529,13 @@ func (r Run) Answer(n int, text string) {
 
 // inbox is how a FuncHost function receives supplemental prompts.
 type inbox struct {
-	ch     chan Prompt   // unbuffered: a prompt is admitted when taken
-	done   chan struct{} // closed when the function returned
-	seen   atomic.Int64  // the last invocation the function received (1: the launch prompt)
+	ch   chan Prompt   // unbuffered: a prompt is admitted when taken
+	done chan struct{} // closed when the function returned
+	// mu is held by PromptSession across its hand-off and the update of
+	// seen, so the function's return (after done closed) reads seen only
+	// once a prompt it took is counted.
+	mu     sync.Mutex
+	seen   atomic.Int64 // the last invocation the function received (1: the launch prompt)
 	answer func(n int, text string)
 }
 
@@ -2581,6 +2585,8 @@ func (h *FuncHost) PromptSession(ctx context.Context, req PromptRequest) error {
 		return errors.New("bgtask: no function runs session " + req.SessionID)
 	}
 	ib := v.(*inbox)
+	ib.mu.Lock()
+	defer ib.mu.Unlock()
 	select {
 	case <-ib.done:
 		return errors.New("bgtask: the function returned before it took the prompt")
@@ -2632,7 +2638,11 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 		inbox: ib,
 	}
 	h.inboxes.Store(sid, ib)
-	seen := func() int { return int(ib.seen.Load()) }
+	seen := func() int { // called once the function returned: done is closed
+		ib.mu.Lock()
+		defer ib.mu.Unlock()
+		return int(ib.seen.Load())
+	}
 	err := h.h.Start(funchost.Run{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token, Seen: seen}, sid,
 		func(ctx context.Context) (string, error) {
 			defer func() {
