@@ -494,21 +494,8 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		return nil
 	case recRetryScheduled:
 		return nil
-	case recInvocationAdmitted:
-		next := 2
-		if e.inv != nil {
-			next = len(e.inv.list) + 1
-		}
-		if rec.recordExt == nil || rec.inv == nil || rec.inv.N != next || rec.inv.Answer != nil || e.terminal() {
-			return fmt.Errorf("%w: an invocation is admitted to a live task as number %d, unanswered", errBadTransition, next)
-		}
-		return nil
-	case recAnswerFiled:
-		if rec.recordExt == nil || rec.inv == nil || rec.inv.Answer == nil || e.inv == nil ||
-			rec.inv.N < 1 || rec.inv.N > len(e.inv.list) || e.inv.list[rec.inv.N-1].Answer != nil {
-			return fmt.Errorf("%w: an answer is filed once, for an admitted invocation", errBadTransition)
-		}
-		return nil
+	case recInvocationAdmitted, recAnswerFiled:
+		return checkInvocation(e, rec)
 	case recStopRequested:
 		if rec.recordExt == nil || !rec.stop.Terminal() || e.stop != "" {
 			return fmt.Errorf("%w: a stop must name its terminal status, once", errBadTransition)
@@ -563,6 +550,30 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		if prev, taken := l.bySession[rec.attempt.SessionID]; taken && prev.attempt().ID != old.ID {
 			return fmt.Errorf("bgtask: session %q already belongs to attempt %s", rec.attempt.SessionID, prev.attempt().ID)
 		}
+	}
+	return nil
+}
+
+// checkInvocation refuses an invocation record out of order: an admission
+// must be the live task's next number, unanswered; an answer is filed once,
+// for an admitted invocation.
+func checkInvocation(e *entry, rec *record) error {
+	if rec.recordExt == nil || rec.inv == nil {
+		return fmt.Errorf("%w: an invocation record must carry its invocation", errBadTransition)
+	}
+	admitted := 1
+	if e.inv != nil {
+		admitted = len(e.inv.list)
+	}
+	n := rec.inv.N
+	if rec.kind == recInvocationAdmitted {
+		if n != admitted+1 || rec.inv.Answer != nil || e.terminal() {
+			return fmt.Errorf("%w: an invocation is admitted to a live task as number %d, unanswered", errBadTransition, admitted+1)
+		}
+		return nil
+	}
+	if rec.inv.Answer == nil || e.inv == nil || n < 1 || n > admitted || e.inv.list[n-1].Answer != nil {
+		return fmt.Errorf("%w: an answer is filed once, for an admitted invocation", errBadTransition)
 	}
 	return nil
 }
@@ -1273,70 +1284,90 @@ func encodeRecord(rec *record) (Record, error) {
 		w.String(string(ev.reason))
 		w.String(ev.notice)
 	}
-	x := rec.recordExt
-	w.Bool(x != nil)
-	if x != nil {
-		w.Bool(x.spec != nil)
-		if ti := x.spec; ti != nil {
-			for _, f := range [...]string{ti.id, ti.parent, ti.description, ti.agent, ti.prompt} {
-				w.String(f)
-			}
-			w.Uint(uint64(len(ti.models)))
-			for _, m := range ti.models {
-				w.String(m.Provider)
-				w.String(m.ID)
-				w.String(m.Variant)
-			}
-			w.Uint(uint64(ti.maxAttempts))
-			w.Uint(uint64(len(ti.metadata)))
-			for k, v := range ti.metadata {
-				w.String(k)
-				w.String(v)
-			}
-			w.Time(ti.launchedAt)
+	w.Bool(rec.recordExt != nil)
+	if rec.recordExt != nil {
+		if err := encodeExt(&w, rec.recordExt); err != nil {
+			return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
-		w.String(x.session)
-		w.String(x.note)
-		w.String(string(x.stop))
-		w.Bool(x.closure != nil)
-		if x.closure != nil {
-			b, err := json.Marshal(x.closure) // rare, and a public type: its JSON shape
-			if err != nil {
-				return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
-			}
-			w.String(string(b))
-		}
-		w.Bool(x.notice != nil)
-		if n := x.notice; n != nil {
-			w.String(n.id)
-			w.Uint(n.seq)
-			for _, f := range [...]string{string(n.kind), n.parent, n.text, n.attempt} {
-				w.String(f)
-			}
-			w.Uint(uint64(len(n.tasks)))
-			for _, t := range n.tasks {
-				w.String(t)
-			}
-			w.Uint(n.closure)
-		}
-		w.Uint(x.epoch)
-		w.Uint(x.opened)
-		w.Bool(x.inv != nil) // format 2 on
-
-		if x.inv != nil {
-			b, err := json.Marshal(x.inv) // a public type: its JSON shape
-			if err != nil {
-				return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
-			}
-			w.String(string(b))
-		}
-		key := ""
-		if x.spec != nil {
-			key = x.spec.key
-		}
-		w.String(key)
 	}
 	return Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, Data: w.B}, nil
+}
+
+// encodeExt writes the part of a record only some kinds carry.
+func encodeExt(w *codec.Writer, x *recordExt) error {
+	w.Bool(x.spec != nil)
+	if ti := x.spec; ti != nil {
+		for _, f := range [...]string{ti.id, ti.parent, ti.description, ti.agent, ti.prompt} {
+			w.String(f)
+		}
+		w.Uint(uint64(len(ti.models)))
+		for _, m := range ti.models {
+			w.String(m.Provider)
+			w.String(m.ID)
+			w.String(m.Variant)
+		}
+		w.Uint(uint64(ti.maxAttempts))
+		w.Uint(uint64(len(ti.metadata)))
+		for k, v := range ti.metadata {
+			w.String(k)
+			w.String(v)
+		}
+		w.Time(ti.launchedAt)
+	}
+	w.String(x.session)
+	w.String(x.note)
+	w.String(string(x.stop))
+	if err := writeJSON(w, x.closure != nil, x.closure); err != nil { // rare, and a public type: its JSON shape
+		return err
+	}
+	w.Bool(x.notice != nil)
+	if n := x.notice; n != nil {
+		w.String(n.id)
+		w.Uint(n.seq)
+		for _, f := range [...]string{string(n.kind), n.parent, n.text, n.attempt} {
+			w.String(f)
+		}
+		w.Uint(uint64(len(n.tasks)))
+		for _, t := range n.tasks {
+			w.String(t)
+		}
+		w.Uint(n.closure)
+	}
+	w.Uint(x.epoch)
+	w.Uint(x.opened)
+	// Format 2 on: the invocation, then the spec's key.
+	if err := writeJSON(w, x.inv != nil, x.inv); err != nil {
+		return err
+	}
+	key := ""
+	if x.spec != nil {
+		key = x.spec.key
+	}
+	w.String(key)
+	return nil
+}
+
+// writeJSON writes whether v is present and, if it is, its JSON.
+func writeJSON(w *codec.Writer, present bool, v any) error {
+	w.Bool(present)
+	if !present {
+		return nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	w.String(string(b))
+	return nil
+}
+
+// readJSON reads what writeJSON wrote into v, and reports whether it was
+// present.
+func readJSON(d *codec.Reader, v any) (bool, error) {
+	if !d.Bool() {
+		return false, nil
+	}
+	return true, json.Unmarshal([]byte(d.String()), v)
 }
 
 // decodeRecord is the record a Journal returned.
@@ -1362,51 +1393,9 @@ func decodeRecord(r Record) (record, error) {
 		}
 	}
 	if d.Bool() {
-		x := &recordExt{}
-		if d.Bool() {
-			ti := &taskInfo{id: d.String(), parent: d.String(), description: d.String(), agent: d.String(), prompt: d.String()}
-			for n := d.Uint(); n > 0 && d.Err() == nil; n-- {
-				ti.models = append(ti.models, Model{Provider: d.String(), ID: d.String(), Variant: d.String()})
-			}
-			ti.maxAttempts = int(d.Uint())
-			for n := d.Uint(); n > 0 && d.Err() == nil; n-- {
-				if ti.metadata == nil {
-					ti.metadata = make(map[string]string)
-				}
-				k := d.String()
-				ti.metadata[k] = d.String()
-			}
-			ti.launchedAt = d.Time()
-			x.spec = ti
-		}
-		x.session, x.note, x.stop = d.String(), d.String(), Status(d.String())
-		if d.Bool() {
-			var cr ClosureRecord
-			if err := json.Unmarshal([]byte(d.String()), &cr); err != nil {
-				return record{}, fmt.Errorf("bgtask: decoding record %d: closure: %w", rec.seq, err)
-			}
-			x.closure = &cr
-		}
-		if d.Bool() {
-			n := &notice{id: d.String(), seq: d.Uint(), kind: NotificationKind(d.String()), parent: d.String(), text: d.String(), attempt: d.String()}
-			for k := d.Uint(); k > 0 && d.Err() == nil; k-- {
-				n.tasks = append(n.tasks, d.String())
-			}
-			n.closure = d.Uint()
-			x.notice = n
-		}
-		x.epoch, x.opened = d.Uint(), d.Uint()
-		if format >= 2 {
-			if d.Bool() {
-				var inv Invocation
-				if err := json.Unmarshal([]byte(d.String()), &inv); err != nil {
-					return record{}, fmt.Errorf("bgtask: decoding record %d: invocation: %w", rec.seq, err)
-				}
-				x.inv = &inv
-			}
-			if key := d.String(); x.spec != nil {
-				x.spec.key = key
-			}
+		x, err := decodeExt(&d, format)
+		if err != nil {
+			return record{}, fmt.Errorf("bgtask: decoding record %d: %w", rec.seq, err)
 		}
 		rec.recordExt = x
 	}
@@ -1417,6 +1406,55 @@ func decodeRecord(r Record) (record, error) {
 		return record{}, fmt.Errorf("bgtask: decoding record %d: unknown kind %d", rec.seq, rec.kind)
 	}
 	return rec, nil
+}
+
+// decodeExt reads what encodeExt wrote, in a record of format.
+func decodeExt(d *codec.Reader, format byte) (*recordExt, error) {
+	x := &recordExt{}
+	if d.Bool() {
+		ti := &taskInfo{id: d.String(), parent: d.String(), description: d.String(), agent: d.String(), prompt: d.String()}
+		for n := d.Uint(); n > 0 && d.Err() == nil; n-- {
+			ti.models = append(ti.models, Model{Provider: d.String(), ID: d.String(), Variant: d.String()})
+		}
+		ti.maxAttempts = int(d.Uint())
+		for n := d.Uint(); n > 0 && d.Err() == nil; n-- {
+			if ti.metadata == nil {
+				ti.metadata = make(map[string]string)
+			}
+			k := d.String()
+			ti.metadata[k] = d.String()
+		}
+		ti.launchedAt = d.Time()
+		x.spec = ti
+	}
+	x.session, x.note, x.stop = d.String(), d.String(), Status(d.String())
+	var cr ClosureRecord
+	if ok, err := readJSON(d, &cr); err != nil {
+		return nil, fmt.Errorf("closure: %w", err)
+	} else if ok {
+		x.closure = &cr
+	}
+	if d.Bool() {
+		n := &notice{id: d.String(), seq: d.Uint(), kind: NotificationKind(d.String()), parent: d.String(), text: d.String(), attempt: d.String()}
+		for k := d.Uint(); k > 0 && d.Err() == nil; k-- {
+			n.tasks = append(n.tasks, d.String())
+		}
+		n.closure = d.Uint()
+		x.notice = n
+	}
+	x.epoch, x.opened = d.Uint(), d.Uint()
+	if format >= 2 {
+		var inv Invocation
+		if ok, err := readJSON(d, &inv); err != nil {
+			return nil, fmt.Errorf("invocation: %w", err)
+		} else if ok {
+			x.inv = &inv
+		}
+		if key := d.String(); x.spec != nil {
+			x.spec.key = key
+		}
+	}
+	return x, nil
 }
 
 // encodeAll encodes recs, in order.
