@@ -370,10 +370,9 @@ func (m *Manager) apply(e *entry, o *observation) {
 	case SessionWaiting:
 		m.setActivity(e, ActivityWaiting)
 	case SessionIdle:
-		if m.atGate(e, &ev, at) {
-			return
+		if t := (turnEnd{token: a.Token, text: ev.Text, finish: ev.Finish, noText: ev.NoFinalText, upTo: ev.Invocation, at: at}); !m.atGate(e, t) {
+			m.turnEnded(e, t, "")
 		}
-		m.turnEnded(e, ev.Invocation, ev.Text, ev.Finish, ev.NoFinalText, "", at)
 	case SessionError:
 		m.fail(e, o.fail, at)
 	case SessionInterrupted:
@@ -1045,8 +1044,17 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 // invocations is a task's invocations, once it was extended.
 type invocations struct {
 	list []Invocation // list[i] is invocation i+1; list[0] the launch prompt
-	// What follows is process-local, never in the ledger.
-	lastText string // the text of the last turn end, for the final record (process-local)
+}
+
+// turnEnd is one turn end of a run (a SessionIdle), as the gate holds it
+// and as an Extend in flight keeps it until the prompt's fate is known.
+type turnEnd struct {
+	token  string // the run that ended the turn
+	text   string
+	finish FinishReason
+	noText bool
+	upTo   int // the last invocation the turn had seen; 0: the latest admitted
+	at     time.Time
 }
 
 // released reports whether invocation n and every one before it has its
@@ -1091,38 +1099,35 @@ func (iv *invocations) clone() []Invocation {
 	return out
 }
 
-// turnEnded files the turn end of e's current run (upTo: the last
-// invocation it had seen, 0 for the latest admitted) and ends the task if
-// that answered everything admitted. notice, when set, rides the answer (a
+// turnEnded files turn end t of e's current run and ends the task if that
+// answered everything admitted. notice, when set, rides the answer (a
 // degraded gate). A turn end that arrives while a prompt is in flight is
 // kept until that prompt is admitted or refused (replayEarly). m.mu is
 // held.
-func (m *Manager) turnEnded(e *entry, upTo int, text string, finish FinishReason, noText bool, notice string, at time.Time) {
-	a := e.cur()
+func (m *Manager) turnEnded(e *entry, t turnEnd, notice string) {
 	admitted := 1
 	if e.inv != nil {
 		admitted = len(e.inv.list)
 	}
-	if upTo <= 0 {
-		upTo = admitted
+	if t.upTo <= 0 {
+		t.upTo = admitted
 	}
 	if lane := m.calls.prompts[e]; lane != nil && lane.inflight > 0 {
-		lane.early = append(lane.early, gateHold{token: a.Token, text: text, finish: finish, noText: noText, upTo: upTo, at: at})
+		lane.early = append(lane.early, t)
 		return
 	}
-	upTo = min(upTo, admitted)
 	out := e.output()
-	out.finish, out.noText, out.notice = finish, noText, notice
-	iv := e.inv
-	if iv == nil { // never extended: the turn end is the task's end
-		m.finalize(e, a.ID, StatusCompleted, "", text, at)
-		return
+	out.finish, out.noText, out.notice = t.finish, t.noText, notice
+	if e.inv != nil {
+		o := answerOutcome(e.id, StatusCompleted, t.text, "", evidence{output: t.text, finish: t.finish, noText: t.noText, notice: notice})
+		from, to := m.fileAnswers(e, min(t.upTo, admitted), o, notice != "", t.at)
+		ending := m.settled(e)
+		m.releaseAnswers(e, from, to, ending) // ending: the final summary is the last answer
+		if !ending {
+			return // an invocation is still open: the run goes on
+		}
 	}
-	iv.lastText = text
-	o := answerOutcome(e.id, StatusCompleted, text, "", evidence{output: text, finish: finish, noText: noText, notice: notice})
-	from, to := m.fileAnswers(e, upTo, o, notice != "", at)
-	m.releaseAnswers(e, from, to, m.settled(e)) // ending now: the final summary is the last answer
-	m.endIfAnswered(e, at)
+	m.finalize(e, e.cur().ID, StatusCompleted, "", t.text, t.at)
 }
 
 // fileAnswers answers every invocation of e up to upTo that has none yet
@@ -1158,7 +1163,7 @@ func (m *Manager) releaseAnswers(e *entry, from, to int, skipLast bool) {
 		if skipLast && i == len(iv.list)-1 {
 			break
 		}
-		m.notify(e, NotifyAnswer, answerText(e.project(), *iv.list[i].Answer))
+		m.notify(e, NotifyAnswer, answerText(e.id, e.info.description, *iv.list[i].Answer))
 	}
 }
 
@@ -1221,13 +1226,8 @@ func (m *Manager) childrenOutstanding(e *entry) bool {
 // gateHold is a turn end the children gate holds back: the candidate
 // answer while tasks the child's session launched are outstanding.
 type gateHold struct {
-	token  string // the run whose turn it is
-	text   string
-	finish FinishReason
-	noText bool
-	upTo   int
-	at     time.Time
-	armed  bool // the release watch runs: the children settled
+	turnEnd
+	armed bool // the release watch runs: the children settled
 }
 
 // atGate decides a turn end of e's run at the children gate: while tasks
@@ -1235,7 +1235,7 @@ type gateHold struct {
 // (a turn that stopped at a tool call is not even that), and true says so.
 // The gate is inert for a task whose sessions launched nothing. m.mu is
 // held.
-func (m *Manager) atGate(e *entry, ev *Event, at time.Time) bool {
+func (m *Manager) atGate(e *entry, t turnEnd) bool {
 	if len(e.kids) == 0 {
 		return false
 	}
@@ -1243,10 +1243,10 @@ func (m *Manager) atGate(e *entry, ev *Event, at time.Time) bool {
 		e.gate = nil // this turn, after they settled, is the answer
 		return false
 	}
-	if ev.Finish == FinishToolCalls {
+	if t.finish == FinishToolCalls {
 		return true // a pause at a tool call is never an answer
 	}
-	e.gate = &gateHold{token: e.cur().Token, text: ev.Text, finish: ev.Finish, noText: ev.NoFinalText, upTo: ev.Invocation, at: at}
+	e.gate = &gateHold{turnEnd: t}
 	m.setActivity(e, ActivityAwaitingChildren)
 	return true
 }
@@ -1309,7 +1309,9 @@ func (m *Manager) onGateCheck(in *gateCheckIn) {
 	e.gate = nil
 	m.setActivity(e, ActivityNone)
 	notice := "degraded: the children gate released the child's last turn; no further turn came within " + m.gateTimeout().String() + " after the tasks it launched had ended"
-	m.turnEnded(e, g.upTo, g.text, g.finish, g.noText, notice, m.now())
+	t := g.turnEnd
+	t.at = m.now()
+	m.turnEnded(e, t, notice)
 }
 
 // onExtend decides an Extend of in.e: before the host call, whether the
@@ -1341,41 +1343,30 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 		return n, nil
 	}
 	lane.inflight--
-	a, now := e.cur(), m.now()
 	early := lane.early
 	lane.early = nil
+	defer m.replayEarly(e, early) // whatever became of the prompt
+	a, now := e.cur(), m.now()
 	switch {
 	case in.hostErr != nil:
-		m.replayEarly(e, early)
-		m.endIfAnswered(e, now)
 		return 0, fmt.Errorf("%w: %w", ErrPromptRefused, in.hostErr)
 	case e.terminal() || a.Token != in.req.Token:
 		return 0, fmt.Errorf("%w: the run of task %s ended before the prompt was admitted", ErrNotRunning, e.id)
 	}
 	inv := Invocation{N: in.req.Invocation, Prompt: in.prompt, AdmittedAt: now}
 	if !m.commit(e, record{kind: recInvocationAdmitted, task: e.id, at: now, attempt: *a, recordExt: &recordExt{inv: &inv}}) {
-		m.endIfAnswered(e, now)
 		return 0, fmt.Errorf("%w: the ledger refused the invocation", ErrNotRunning)
 	}
-	m.replayEarly(e, early)
 	return inv.N, nil
 }
 
 // replayEarly files, in order, the turn ends that arrived while a prompt
 // was in flight, now that the prompt's fate is known. m.mu is held.
-func (m *Manager) replayEarly(e *entry, early []gateHold) {
-	for _, g := range early {
-		if !e.terminal() && e.cur().Token == g.token {
-			m.turnEnded(e, g.upTo, g.text, g.finish, g.noText, "", g.at)
+func (m *Manager) replayEarly(e *entry, early []turnEnd) {
+	for _, t := range early {
+		if !e.terminal() && e.cur().Token == t.token {
+			m.turnEnded(e, t, "")
 		}
-	}
-}
-
-// endIfAnswered ends e completed with its last turn's text once every
-// admitted invocation is answered and no prompt is in flight. m.mu is held.
-func (m *Manager) endIfAnswered(e *entry, at time.Time) {
-	if iv := e.inv; iv != nil && !e.terminal() && e.state == StatusRunning && m.settled(e) {
-		m.finalize(e, e.cur().ID, StatusCompleted, "", iv.lastText, at)
 	}
 }
 

@@ -28,30 +28,34 @@ func startsAfter(release <-chan struct{}, sid string) *testHost {
 	}}
 }
 
-// abortGate is a host whose aborts block until released (or fail with
-// err when it is set at release).
-type abortGate struct {
-	entered chan string
+// callGate holds host calls: each reports what it was called with on
+// entered and blocks until the test releases it with the call's error (or
+// its context ends).
+type callGate[T any] struct {
+	entered chan T
 	release chan error
 }
 
-func newAbortGate() *abortGate {
-	return &abortGate{entered: make(chan string, 16), release: make(chan error, 16)}
+func newCallGate[T any]() *callGate[T] {
+	return &callGate[T]{entered: make(chan T, 16), release: make(chan error, 16)}
 }
 
-func (a *abortGate) abort(ctx context.Context, sid string) error {
-	a.entered <- sid
+func (g *callGate[T]) pass(ctx context.Context, v T) error {
+	g.entered <- v
 	select {
-	case err := <-a.release:
+	case err := <-g.release:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
+// newAbortGate is a gate for a testHost's aborts (abort: held.pass).
+func newAbortGate() *callGate[string] { return newCallGate[string]() }
+
 func TestChildFailureWhileCancelAbortIsInFlightEndsError(t *testing.T) {
 	held := newAbortGate()
-	h := newHarness(t, &testHost{abort: held.abort})
+	h := newHarness(t, &testHost{abort: held.pass})
 	task := h.launch("a/one", "b/two")
 	h.settle()
 	sid := h.task(task.ID).SessionID
@@ -84,7 +88,7 @@ func TestChildFailureAfterAFailedCancelEndsErrorWithoutRetry(t *testing.T) {
 
 func TestChildFailureInsideAClosingBranchEndsError(t *testing.T) {
 	held := newAbortGate()
-	h := newHarness(t, &testHost{abort: held.abort})
+	h := newHarness(t, &testHost{abort: held.pass})
 	task, sid := h.child("root")
 	done := make(chan error, 1)
 	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
@@ -685,7 +689,7 @@ func TestStartFailureWhileACancelWaitsKeepsItsError(t *testing.T) {
 
 func TestChildFailureDuringShutdownEndsErrorWithoutRetry(t *testing.T) {
 	held := newAbortGate()
-	h := newHarness(t, &testHost{abort: held.abort})
+	h := newHarness(t, &testHost{abort: held.pass})
 	task := h.launch("a/one", "b/two")
 	h.settle()
 	sid := h.task(task.ID).SessionID

@@ -159,22 +159,14 @@ func TestExtendRefusals(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNoPrompter)
 }
 
-// promptHost is a testHost whose PromptSession reports each call and
-// answers what the test says.
+// promptHost is a testHost whose PromptSession calls wait at a gate.
 type promptHost struct {
 	*testHost
-	entered chan PromptRequest
-	answer  chan error
+	*callGate[PromptRequest]
 }
 
 func (h *promptHost) PromptSession(ctx context.Context, req PromptRequest) error {
-	h.entered <- req
-	select {
-	case err := <-h.answer:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return h.pass(ctx, req)
 }
 
 // A turn end that comes while a prompt is in flight does not end the task;
@@ -184,7 +176,7 @@ func TestTurnEndWhileAPromptIsInFlight(t *testing.T) {
 	for _, refuse := range []bool{true, false} {
 		t.Run(fmt.Sprintf("refused=%v", refuse), func(t *testing.T) {
 			ctx := testCtx(t)
-			host := &promptHost{testHost: &testHost{}, entered: make(chan PromptRequest, 1), answer: make(chan error, 1)}
+			host := &promptHost{testHost: &testHost{}, callGate: newCallGate[PromptRequest]()}
 			m := New(host, WithIDs(SequentialIDs()))
 			shutdownAtCleanup(t, m)
 			task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "start", Models: oneModel})
@@ -202,7 +194,7 @@ func TestTurnEndWhileAPromptIsInFlight(t *testing.T) {
 			require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "answer 1"}))
 			assert.Equal(t, StatusRunning, m.mustTask(t, task.ID).Status, "not ended while a prompt is in flight")
 			if refuse {
-				host.answer <- errors.New("no")
+				host.release <- errors.New("no")
 				assert.ErrorIs(t, <-res, ErrPromptRefused)
 				done, err := m.Wait(ctx, task.ID)
 				require.NoError(t, err)
@@ -210,7 +202,7 @@ func TestTurnEndWhileAPromptIsInFlight(t *testing.T) {
 				assert.Empty(t, done.Invocations, "the refused prompt left nothing behind")
 				return
 			}
-			host.answer <- nil
+			host.release <- nil
 			require.NoError(t, <-res)
 			a1, err := m.WaitAnswer(ctx, task.ID, 1)
 			require.NoError(t, err)
@@ -277,15 +269,23 @@ func TestFenceRefusesASupersededRun(t *testing.T) {
 	assert.ErrorIs(t, Fence(noCtx), ErrInvalidArgument)
 }
 
+// gatedTask launches a task whose session then launches a child; it
+// returns the task, its session, the child and the child's session.
+func gatedTask(h *harness) (task Task, ses string, kid Task, kidSes string) {
+	h.t.Helper()
+	task = h.launch("a/one")
+	h.settle()
+	ses = h.task(task.ID).SessionID
+	kid, kidSes = h.child(ses)
+	return task, ses, kid, kidSes
+}
+
 // The children gate: a turn end while a task the child's session launched
 // runs is held; the first turn end after it ended and its summary was
 // delivered is the answer.
 func TestChildrenGateHoldsTheAnswerUntilChildrenSettle(t *testing.T) {
 	h := newHarness(t, nil)
-	task := h.launch("a/one")
-	h.settle()
-	ses := h.task(task.ID).SessionID
-	kid, kidSes := h.child(ses)
+	task, ses, kid, kidSes := gatedTask(h)
 
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "too soon"}))
 	got := h.task(task.ID)
@@ -311,10 +311,7 @@ func TestChildrenGateHoldsTheAnswerUntilChildrenSettle(t *testing.T) {
 // dropped.
 func TestChildrenGateReleasesDegradedWithoutAFurtherTurn(t *testing.T) {
 	h := newHarness(t, nil, WithGateTimeout(time.Minute))
-	task := h.launch("a/one")
-	h.settle()
-	ses := h.task(task.ID).SessionID
-	_, kidSes := h.child(ses)
+	task, ses, _, kidSes := gatedTask(h)
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "my answer"}))
 	_, armed := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
@@ -462,10 +459,7 @@ func TestTaskProtocolPromisesWhatBgtaskDoes(t *testing.T) {
 		assert.Contains(t, TaskProtocol, claim)
 	}
 	h := newHarness(t, nil)
-	task := h.launch("a/one")
-	h.settle()
-	ses := h.task(task.ID).SessionID
-	_, kidSes := h.child(ses)
+	task, ses, _, kidSes := gatedTask(h)
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "held"}))
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "ending a turn with a task running returns nothing")
 	_, armed := h.clock.Created()

@@ -381,8 +381,8 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		if _, dup := l.tasks[rec.task]; dup {
 			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.task)
 		}
-		if o := l.live(rec.spec.key); o != nil {
-			return nil, fmt.Errorf("bgtask: key %q is held by live task %s", rec.spec.key, o.id)
+		if o := l.live(rec.spec.key); o != nil { // the invariant, for a replay too
+			return nil, &KeyHeldError{Key: rec.spec.key, TaskID: o.id}
 		}
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
 		l.liveBy[rec.spec.parent]++ // it ends with its terminal attempt (ended, or a replay's count below)

@@ -77,10 +77,7 @@ func retrySessionReadyText(a Attempt) string {
 // finalSummaryText is the final notification: a headline, the <task>
 // envelope (the same the task's Outcome holds), and the timeline.
 func finalSummaryText(t Task) string {
-	head := "[Background task " + strings.ToUpper(string(t.Status)) + "] " + t.ID
-	if t.Description != "" {
-		head += ": " + textbound.OneLine(t.Description, 120)
-	}
+	head := headline(strings.ToUpper(string(t.Status)), t.ID, t.Description)
 	if t.Outcome != nil {
 		head += "\n" + t.Outcome.Envelope
 	}
@@ -487,14 +484,20 @@ func answerOutcome(id string, status Status, text, errText string, ev evidence) 
 	return outcomeOf(t, &ev)
 }
 
-// answerText tells a parent that invocation a.Invocation of t was
+// answerText tells a parent that invocation a.Invocation of task id was
 // answered, while the task goes on.
-func answerText(t Task, a Answer) string {
-	head := "[Background task ANSWER " + strconv.Itoa(a.Invocation) + "] " + t.ID
-	if t.Description != "" {
-		head += ": " + textbound.OneLine(t.Description, 120)
+func answerText(id, description string, a Answer) string {
+	return headline("ANSWER "+strconv.Itoa(a.Invocation), id, description) + "\n" + a.Envelope
+}
+
+// headline is the first line of a notification about task id: what it
+// says (tag) and the task's description, on one line.
+func headline(tag, id, description string) string {
+	head := "[Background task " + tag + "] " + id
+	if description != "" {
+		head += ": " + textbound.OneLine(description, 120)
 	}
-	return head + "\n" + a.Envelope
+	return head
 }
 
 // allCompleteText tells a parent every task of its round has ended,

@@ -821,9 +821,9 @@ type hostCalls struct {
 // arrival order, for the admission check, the host call and the record.
 type promptLane struct {
 	turn     chan struct{}
-	users    int        // Extends holding or waiting for the turn
-	inflight int        // host prompt calls in flight: the task does not end meanwhile
-	early    []gateHold // turn ends that came while a prompt was in flight, in order
+	users    int       // Extends holding or waiting for the turn
+	inflight int       // host prompt calls in flight: the task does not end meanwhile
+	early    []turnEnd // turn ends that came while a prompt was in flight, in order
 }
 
 // changeFeed is how changes are heard of, guarded by m.mu: the manager-wide
@@ -1497,7 +1497,7 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	if m.closingParent(info.parent) {
 		return reply{err: fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, info.parent)}
 	}
-	if o := m.led.live(info.key); o != nil {
+	if o := m.led.live(info.key); o != nil { // before any id is drawn: a refused launch leaves no trace
 		return reply{err: &KeyHeldError{Key: info.key, TaskID: o.id}}
 	}
 	id, err := newID(m.cfg.ids, IDTask)

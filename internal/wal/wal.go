@@ -223,8 +223,11 @@ func (l *Log) unlock() {
 }
 
 // segments lists the segment numbers in dir, in order.
-func (l *Log) segments() ([]int, error) {
-	ents, err := l.fs.ReadDir(l.dir)
+func (l *Log) segments() ([]int, error) { return segmentsIn(l.fs, l.dir) }
+
+// segmentsIn lists the segment numbers in dir, in order.
+func segmentsIn(fs FS, dir string) ([]int, error) {
+	ents, err := fs.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("bgtask: journal: %w", err)
 	}

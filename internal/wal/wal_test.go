@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 
@@ -90,28 +87,9 @@ func strs(ps [][]byte) []string {
 // segments lists dir's segment files (seg-<n>.log) in order of n.
 func segments(t *testing.T, dir string) []string {
 	t.Helper()
-	ents, err := os.ReadDir(dir)
+	names, err := wal.SegmentFiles(dir)
 	require.NoError(t, err)
-	type seg struct {
-		n    int
-		name string
-	}
-	var segs []seg
-	for _, e := range ents {
-		name := e.Name()
-		if !strings.HasPrefix(name, "seg-") || !strings.HasSuffix(name, ".log") {
-			continue
-		}
-		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(name, "seg-"), ".log"))
-		require.NoError(t, err, name)
-		segs = append(segs, seg{n, name})
-	}
-	sort.Slice(segs, func(i, j int) bool { return segs[i].n < segs[j].n })
-	out := make([]string, len(segs))
-	for i, s := range segs {
-		out[i] = s.name
-	}
-	return out
+	return names
 }
 
 // lastSegment is the path of dir's last segment.
