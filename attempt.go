@@ -1240,7 +1240,10 @@ func (m *Manager) atGate(e *entry, t turnEnd) bool {
 		return false
 	}
 	if !m.childrenOutstanding(e) {
-		e.gate = nil // this turn, after they settled, is the answer
+		if e.gate != nil { // this turn, after they settled, is the answer
+			e.gate = nil
+			m.setActivity(e, ActivityNone)
+		}
 		return false
 	}
 	if t.finish == FinishToolCalls {
@@ -1303,7 +1306,11 @@ const DefaultGateTimeout = 10 * time.Minute
 // since the children settled. m.mu is held.
 func (m *Manager) onGateCheck(in *gateCheckIn) {
 	e, g := in.e, in.g
-	if e.gate != g || e.terminal() || e.cur().Token != g.token || e.state != StatusRunning || m.childrenOutstanding(e) {
+	if e.gate != g || e.terminal() || e.cur().Token != g.token || e.state != StatusRunning {
+		return
+	}
+	if m.childrenOutstanding(e) {
+		g.armed = false // launched another meanwhile: its settling arms the watch again
 		return
 	}
 	e.gate = nil
@@ -1330,6 +1337,8 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 			return 0, fmt.Errorf("%w: task %s has no session yet (%s)", ErrNotRunning, e.id, e.state)
 		case e.stop != "":
 			return 0, fmt.Errorf("%w: task %s is being stopped", ErrNotRunning, e.id)
+		case m.life.closing:
+			return 0, ErrShutdown
 		case m.inClosingBranch(e):
 			return 0, fmt.Errorf("%w: task %s is inside a branch being closed", ErrBranchClosing, e.id)
 		}

@@ -475,3 +475,82 @@ func TestTaskProtocolPromisesWhatBgtaskDoes(t *testing.T) {
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "complete answer"}))
 	assert.Equal(t, "complete answer", h.wait(task.ID).Result, "the first turn after they finished is returned")
 }
+
+// A child launched after the children settled, before the gate's watch
+// fired, holds the candidate again: the watch starts over once it settles.
+func TestChildrenGateWaitsForAChildLaunchedWhileItsWatchRuns(t *testing.T) {
+	h := newHarness(t, nil, WithGateTimeout(time.Minute))
+	task, ses, _, kidSes := gatedTask(h)
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "my answer"}))
+	_, armed := h.clock.Created()
+	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
+	<-armed
+	kid2 := h.launchSpec(Spec{ParentSessionID: ses, Models: mustModels(t, "a/one")})
+	kid2Ses := waitStatus(t, h.m, kid2.ID, StatusRunning).SessionID // (settle would wait for the armed watch too)
+	h.clock.Advance(time.Minute)                                    // the watch fires with kid2 running: nothing is released
+	h.settle()
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "held while the new child runs")
+	_, armed = h.clock.Created()
+	require.NoError(t, h.observe(Event{SessionID: kid2Ses, Kind: SessionIdle, Text: "kid 2 done"}))
+	<-armed // settled again: a new watch
+	h.clock.Advance(time.Minute)
+	done := h.wait(task.ID)
+	assert.Equal(t, "my answer", done.Result)
+	assert.True(t, slicesContain(done.Outcome.Notices, "degraded"))
+}
+
+// A prompt call that hangs ends at Shutdown: its context is the Manager's
+// as well as the caller's.
+func TestAHangingPromptCallEndsAtShutdown(t *testing.T) {
+	host := &promptHost{testHost: &testHost{}, callGate: newCallGate[PromptRequest]()}
+	m := New(host, WithIDs(SequentialIDs()))
+	ctx := context.Background() // the caller never gives up
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	require.NoError(t, m.life.group.Wait(testCtx(t)))
+	res := make(chan error, 1)
+	go func() {
+		_, err := m.Extend(ctx, task.ID, "more")
+		res <- err
+	}()
+	<-host.entered
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = m.Shutdown(sctx)
+	select {
+	case err := <-res:
+		assert.Error(t, err)
+	case <-sctx.Done():
+		t.Fatal("the prompt call outlived Shutdown")
+	}
+}
+
+// Fence reads the live run with no lock while the ledger rewrites the
+// attempt (here: its final version, as it fails over): under -race this
+// is a test that the two share no memory.
+func TestFenceWhileTheAttemptIsRewritten(t *testing.T) {
+	started := make(chan Run, 2)
+	superseded := make(chan error, 2)
+	m, _ := funcManager(t, func(ctx context.Context, run Run) (string, error) {
+		started <- run
+		if run.Attempt > 1 {
+			return "second", nil
+		}
+		err := Fence(ctx)
+		for err == nil {
+			err = Fence(ctx)
+		}
+		superseded <- err
+		<-ctx.Done()
+		return "", ctx.Err()
+	})
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}, {Provider: "b", ID: "two"}}})
+	require.NoError(t, err)
+	run := <-started
+	require.NoError(t, m.Observe(Event{AttemptID: run.AttemptID, Token: run.Token, Kind: SessionError, Err: errRateLimited}))
+	assert.ErrorIs(t, <-superseded, ErrSuperseded)
+	done, err := m.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "second", done.Result)
+}

@@ -427,7 +427,8 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		e.attempts = append(e.attempts, rec.attempt)
 		e.current = len(e.attempts) - 1
 		e.state, e.activity = rec.attempt.Status, ActivityNone
-		e.live.Store(&e.attempts[e.current].Token) // the token is immutable: no copy to make
+		tok := rec.attempt.Token // its own copy: Fence reads it with no lock, while versions rewrite the attempt
+		e.live.Store(&tok)
 		l.byAttempt[rec.attempt.ID] = attemptRef{e: e, index: e.current}
 		e.revision++
 	case recAttemptPending, recSessionBound, recAttemptFinal:

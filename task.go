@@ -1648,7 +1648,8 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 // task are admitted one at a time, in the order they arrive, and each host
 // prompt call is made only after the one before it returned. An Extend
 // that cannot be admitted changes nothing and says why: ErrNotRunning (the
-// task ended, has no session yet, or is being stopped), ErrBranchClosing,
+// task ended, has no session yet, or is being stopped), ErrShutdown,
+// ErrBranchClosing,
 // ErrNoPrompter, ErrPromptRefused (wrapping the host's error),
 // ErrUnknownTask or ErrForgotten, or ctx's error while it waited its turn.
 // An Extend never starts a run. Its answer: WaitAnswer.
@@ -1707,7 +1708,13 @@ func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error
 		return 0, in.err
 	}
 	in.done = true
-	in.hostErr = m.callPrompt(withRunOf(ctx, e, in.req), p, in.req)
+	// The call's context ends with the caller's, and at Shutdown, as every
+	// host call's does.
+	callCtx, cancel := context.WithCancel(m.life.ctx)
+	stop := context.AfterFunc(ctx, cancel)
+	in.hostErr = m.callPrompt(withRunOf(callCtx, e, in.req), p, in.req)
+	stop()
+	cancel()
 	if err := m.step(&in); err != nil {
 		return 0, err
 	}
@@ -2819,8 +2826,8 @@ func WithQueueTimeout(d time.Duration) Option {
 // WithGateTimeout bounds how long the children gate holds a child's turn
 // end once the tasks its session launched have all settled: if no further
 // turn comes within d, the held turn is released as the answer, marked
-// degraded with a notice. Default: the stall timeout if set, else
-// DefaultGateTimeout.
+// degraded with a notice. d <= 0, the default: the stall timeout if set,
+// else DefaultGateTimeout.
 func WithGateTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.gateTimeout = d })
 }
