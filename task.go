@@ -1649,9 +1649,9 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 // prompt call is made only after the one before it returned. An Extend
 // that cannot be admitted changes nothing and says why: ErrNotRunning (the
 // task ended, has no session yet, or is being stopped), ErrShutdown,
-// ErrBranchClosing,
-// ErrNoPrompter, ErrPromptRefused (wrapping the host's error),
-// ErrUnknownTask or ErrForgotten, or ctx's error while it waited its turn.
+// ErrBranchClosing, ErrNoPrompter, ErrPromptRefused (wrapping the host's
+// error), ErrUnknownTask or ErrForgotten, or ctx's error while it waited
+// its turn.
 // An Extend never starts a run. Its answer: WaitAnswer.
 func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error) {
 	ctx = orBackground(ctx)
@@ -2542,7 +2542,7 @@ type inbox struct {
 	// seen, so the function's return (after done closed) reads seen only
 	// once a prompt it took is counted.
 	mu     sync.Mutex
-	seen   atomic.Int64 // the last invocation the function received (1: the launch prompt)
+	seen   int // the last invocation the function received (1: the launch prompt); guarded by mu
 	answer func(n int, text string)
 }
 
@@ -2594,14 +2594,9 @@ func (h *FuncHost) PromptSession(ctx context.Context, req PromptRequest) error {
 	ib := v.(*inbox)
 	ib.mu.Lock()
 	defer ib.mu.Unlock()
-	select {
-	case <-ib.done:
-		return errors.New("bgtask: the function returned before it took the prompt")
-	default:
-	}
-	select {
+	select { // once done is closed, nobody can take the prompt: done is chosen
 	case ib.ch <- Prompt{N: req.Invocation, Text: req.Prompt}:
-		ib.seen.Store(int64(req.Invocation))
+		ib.seen = req.Invocation
 		return nil
 	case <-ib.done:
 		return errors.New("bgtask: the function returned before it took the prompt")
@@ -2631,8 +2626,7 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	env, _ := h.h.Env().(funcEnv)
 	m := env.m
 	sid := "fn_" + req.AttemptID
-	ib := &inbox{ch: make(chan Prompt), done: make(chan struct{})}
-	ib.seen.Store(1)
+	ib := &inbox{ch: make(chan Prompt), done: make(chan struct{}), seen: 1}
 	ib.answer = func(n int, text string) {
 		_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: SessionIdle, Text: text, Invocation: n})
 	}
@@ -2648,7 +2642,7 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	seen := func() int { // called once the function returned: done is closed
 		ib.mu.Lock()
 		defer ib.mu.Unlock()
-		return int(ib.seen.Load())
+		return ib.seen
 	}
 	err := h.h.Start(funchost.Run{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token, Seen: seen}, sid,
 		func(ctx context.Context) (string, error) {
