@@ -1044,6 +1044,19 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 // invocations is a task's invocations, once it was extended.
 type invocations struct {
 	list []Invocation // list[i] is invocation i+1; list[0] the launch prompt
+	// answered is how many invocations from the first have their answers:
+	// those are released. The ledger's writer keeps it, so neither a
+	// release nor a turn end walks the list.
+	answered int
+}
+
+// file records ans as the answer of invocation n (the ledger's writer).
+// ans is the record's, immutable: it is shared, never written.
+func (iv *invocations) file(n int, ans *Answer) {
+	iv.list[n-1].Answer = ans
+	for iv.answered < len(iv.list) && iv.list[iv.answered].Answer != nil {
+		iv.answered++
+	}
 }
 
 // turnEnd is one turn end of a run (a SessionIdle), as the gate holds it
@@ -1059,14 +1072,7 @@ type turnEnd struct {
 
 // released reports whether invocation n and every one before it has its
 // answer: answers are released in order.
-func (iv *invocations) released(n int) bool {
-	for i := 0; i < n && i < len(iv.list); i++ {
-		if iv.list[i].Answer == nil {
-			return false
-		}
-	}
-	return n >= 1 && n <= len(iv.list)
-}
+func (iv *invocations) released(n int) bool { return n >= 1 && n <= iv.answered }
 
 // records are the records that rebuild iv: its admissions, then its
 // answers (compaction).
@@ -1136,19 +1142,13 @@ func (m *Manager) turnEnded(e *entry, t turnEnd, notice string) {
 // m.mu is held.
 func (m *Manager) fileAnswers(e *entry, upTo int, o *Outcome, degraded bool, at time.Time) (from, to int) {
 	iv := e.inv
-	for from < len(iv.list) && iv.list[from].Answer != nil {
-		from++
-	}
+	from = iv.answered
 	for n := from + 1; n <= upTo && n <= len(iv.list); n++ {
 		if iv.list[n-1].Answer == nil && !m.fileAnswer(e, n, o, degraded, at) {
 			break
 		}
 	}
-	to = from
-	for to < len(iv.list) && iv.list[to].Answer != nil {
-		to++
-	}
-	return from, to
+	return from, iv.answered
 }
 
 // releaseAnswers tells the parent the answers of invocations from..to-1

@@ -403,3 +403,71 @@ func BenchmarkFloorAsync3(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkExtendRoundTrip: one supplemental prompt admitted and the
+// answer before it released: Extend(n) hands prompt n to a FuncHost
+// function, which answers invocation n-1 (keeping the task open), and
+// WaitAnswer(n-1) returns. Compare it with BenchmarkFloorHandOff2.
+func BenchmarkExtendRoundTrip(b *testing.B) {
+	running := make(chan struct{})
+	m := New(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
+		close(running)
+		for {
+			select {
+			case p := <-run.Prompts():
+				run.Answer(p.N-1, "ok")
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		}
+	}), WithIDs(SequentialIDs()))
+	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	ctx := context.Background()
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	<-running
+	b.ReportAllocs()
+	for b.Loop() {
+		n, err := m.Extend(ctx, task.ID, "more")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := m.WaitAnswer(ctx, task.ID, n-1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFloorHandOff2 is the floor BenchmarkExtendRoundTrip is measured
+// against: two goroutine hand-offs, one after the other.
+func BenchmarkFloorHandOff2(b *testing.B) {
+	ch := make(chan int)
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range 2 {
+			go func() { ch <- i }()
+			<-ch
+		}
+	}
+}
+
+// BenchmarkGateInert: what the children gate costs a turn end of a task
+// whose sessions launched nothing (the decision alone, under the lock).
+func BenchmarkGateInert(b *testing.B) {
+	m, cur, _ := runningTasks(b, 1, false)
+	m.mu.Lock()
+	ref := m.led.bySession[cur[0]]
+	m.mu.Unlock()
+	t := turnEnd{token: ref.attempt().Token, text: "ok"}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.mu.Lock()
+		gated := m.atGate(ref.e, t)
+		m.mu.Unlock()
+		if gated {
+			b.Fatal("gated with no child")
+		}
+	}
+}

@@ -458,8 +458,7 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		e.inv.list = append(e.inv.list, *rec.inv)
 		e.revision++
 	case recAnswerFiled:
-		ans := *rec.inv.Answer
-		e.inv.list[rec.inv.N-1].Answer = &ans
+		e.inv.file(rec.inv.N, rec.inv.Answer)
 		e.revision++
 	}
 	return nil
@@ -1078,6 +1077,9 @@ func (m *Manager) touched(e *entry) {
 // and the end of its parent's round. m.mu is held.
 func (m *Manager) ended(e *entry) {
 	m.answerAtEnd(e)
+	if lane := m.calls.prompts[e]; lane != nil && lane.users == 0 {
+		delete(m.calls.prompts, e) // else the last Extend waiting on it does
+	}
 	if m.cfg.notifier != nil {
 		m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
 	}

@@ -814,7 +814,7 @@ type hostCalls struct {
 	inflight map[uint64]struct{}    // session starts in flight, by seq
 	abortsN  int                    // aborts in flight
 	held     *held.Set[observation] // events waiting for a start in flight to bind their session
-	prompts  map[*entry]*promptLane // Extends of a task under way: one host prompt call at a time
+	prompts  map[*entry]*promptLane // the Extend lanes of live tasks: one host prompt call at a time
 }
 
 // promptLane serializes the Extends of one task: its turn is taken, in
@@ -1689,8 +1689,8 @@ func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error
 	m.unlock()
 	defer func() {
 		m.mu.Lock()
-		if lane.users--; lane.users == 0 {
-			delete(m.calls.prompts, e)
+		if lane.users--; lane.users == 0 && e.terminal() {
+			delete(m.calls.prompts, e) // a live task keeps its lane for the next Extend
 		}
 		m.unlock()
 	}()
@@ -1710,11 +1710,14 @@ func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error
 	in.done = true
 	// The call's context ends with the caller's, and at Shutdown, as every
 	// host call's does.
-	callCtx, cancel := context.WithCancel(m.life.ctx)
-	stop := context.AfterFunc(ctx, cancel)
+	callCtx := m.life.ctx
+	if ctx.Done() != nil { // a caller that can give up
+		var cancel context.CancelFunc
+		callCtx, cancel = context.WithCancel(m.life.ctx)
+		defer cancel()
+		defer context.AfterFunc(ctx, cancel)()
+	}
 	in.hostErr = m.callPrompt(withRunOf(callCtx, e, in.req), p, in.req)
-	stop()
-	cancel()
 	if err := m.step(&in); err != nil {
 		return 0, err
 	}
