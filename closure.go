@@ -54,9 +54,10 @@ const (
 type runKey struct{}
 
 type runValue struct {
-	ref  RunRef
-	kind callKind
-	e    *entry // the task, when known: Fence reads its live run without a lock
+	ref       RunRef
+	kind      callKind
+	e         *entry // the task, when known: Fence reads its live run without a lock
+	delivered func() // a Notify's: records its notification delivered (Delivered)
 }
 
 // runCtx is a context carrying the run a callback serves: one allocation,
@@ -105,6 +106,22 @@ func Fence(ctx context.Context) error {
 		return fmt.Errorf("%w: run %s of task %s", ErrSuperseded, v.ref.Token, v.ref.TaskID)
 	}
 	return nil
+}
+
+// Delivered is what a Notifier calls, inside Notify, at the moment the
+// notification reached its session, when that comes before Notify returns:
+// it is recorded delivered from then on (and Notify's error, if any, is
+// ignored). It matters to the children gate: a session that answers at
+// once on reading a child's result (an in-process function) could
+// otherwise end its turn before the delivery is recorded, and its turn
+// would wait as a candidate. Outside a Notify call it does nothing.
+func Delivered(ctx context.Context) {
+	if ctx == nil {
+		return
+	}
+	if v, ok := ctx.Value(runKey{}).(*runValue); ok && v.delivered != nil {
+		v.delivered()
+	}
 }
 
 // RunFromContext returns the run a Host or Notifier call serves, from the

@@ -554,3 +554,53 @@ func TestFenceWhileTheAttemptIsRewritten(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "second", done.Result)
 }
+
+// A Notifier that says Delivered before handing a child's result to an
+// in-process parent lets the parent answer at once on reading it: the
+// answer is not held (nor released degraded later).
+func TestDeliveredInsideNotifyLetsAParentAnswerAtOnce(t *testing.T) {
+	results := make(chan string, 1)
+	parent := make(chan string, 1)
+	var m *Manager
+	fn := func(ctx context.Context, run Run) (string, error) {
+		if run.Agent == "kid" {
+			return "kid result", nil
+		}
+		parent <- run.TaskID
+		if _, err := m.Launch(ctx, Spec{ParentSessionID: run.SessionID, Agent: "kid", Models: oneModel}); err != nil {
+			return "", err
+		}
+		select {
+		case r := <-results:
+			return "parent got " + r, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	m = New(NewFuncHost(fn), WithIDs(SequentialIDs()), WithNotifier(NotifierFunc(func(ctx context.Context, n Notification) error {
+		if n.Kind == NotifyFinalSummary && n.ParentSessionID != "p" {
+			Delivered(ctx)
+			Delivered(ctx) // once is what counts
+			results <- n.Task.Result
+			// Notify returns only once the parent ended: without Delivered
+			// its turn end would come while this result is still out, and
+			// wait at the gate for this very call.
+			_, err := m.Wait(ctx, <-parent)
+			return err
+		}
+		return nil
+	})))
+	shutdownAtCleanup(t, m)
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	done, err := m.Wait(ctx, task.ID) // held at the gate, this would wait 10 minutes
+	require.NoError(t, err)
+	assert.Equal(t, "parent got kid result", done.Result)
+	assert.False(t, slicesContain(done.Outcome.Notices, "degraded"))
+	Delivered(ctx) // outside a Notify: nothing
+	var noCtx context.Context
+	Delivered(noCtx)
+	require.NoError(t, m.Shutdown(ctx))
+	assert.Empty(t, m.Undelivered())
+}

@@ -2056,7 +2056,19 @@ func (m *Manager) keepLost(n Notification, why string) {
 // moves on, so one bad notification never blocks the next forever.
 func (m *Manager) deliver(_ string, n Notification) {
 	cur := n.Task.Current()
-	ctx := withRun(m.life.ctx, RunRef{TaskID: n.TaskID, AttemptID: cur.ID, Token: cur.Token}, callNotify)
+	var acked bool // guarded by m.mu
+	delivered := func() {
+		m.mu.Lock()
+		if !acked {
+			acked = true
+			if m.led.recording() {
+				m.led.emit(record{kind: recNotifyDelivered, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID}}})
+			}
+			m.noteOut(n.TaskID, -1)
+		}
+		m.unlock()
+	}
+	ctx := &runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: n.TaskID, AttemptID: cur.ID, Token: cur.Token}, kind: callNotify, delivered: delivered}}
 	var err error
 	for attempt := 1; ; attempt++ {
 		if err = m.poisoned(); err != nil {
@@ -2070,13 +2082,11 @@ func (m *Manager) deliver(_ string, n Notification) {
 			}()
 			return m.cfg.notifier.Notify(ctx, n)
 		}()
-		if err == nil {
-			m.mu.Lock()
-			if m.led.recording() {
-				m.led.emit(record{kind: recNotifyDelivered, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID}}})
-			}
-			m.noteOut(n.TaskID, -1)
-			m.unlock()
+		m.mu.Lock()
+		done := acked
+		m.mu.Unlock()
+		if err == nil || done { // a Delivered inside Notify is final
+			delivered()
 			return
 		}
 		if attempt >= m.cfg.notifyAttempts || m.life.ctx.Err() != nil {
@@ -2099,8 +2109,11 @@ func (m *Manager) deliver(_ string, n Notification) {
 	m.notes.failures.Add(1)
 	why := "the Notifier refused it: " + safeText(err) // user code: before the lock
 	m.mu.Lock()
-	m.noteOut(n.TaskID, -1)
-	m.keepLost(n, why)
+	if !acked { // a Delivered after this, from a Notifier that kept ctx, is too late
+		acked = true
+		m.noteOut(n.TaskID, -1)
+		m.keepLost(n, why)
+	}
 	m.unlock()
 }
 
