@@ -927,7 +927,7 @@ func (m *Manager) redeliver(n *notice) {
 // noticeNotification is the notification a recorded notice was, its task
 // snapshots taken now. m.mu is held.
 func (m *Manager) noticeNotification(n *notice) Notification {
-	out := Notification{ID: n.id, Seq: n.seq, Kind: n.kind, ParentSessionID: n.parent, Text: n.text}
+	out := Notification{ID: n.id, Seq: n.seq, Kind: n.kind, ParentSessionID: n.parent, Text: n.text, Invocation: n.invocation}
 	if ref, ok := m.led.byAttempt[n.attempt]; ok {
 		out.TaskID, out.Task = ref.e.id, ref.e.project()
 	}
@@ -1092,11 +1092,14 @@ func (iv *invocations) records(task string) []record {
 	return out
 }
 
-// clone is the projection of iv onto a snapshot.
+// clone is the projection of iv onto a snapshot: an answer shows once it
+// is released (every invocation before it has its own).
 func (iv *invocations) clone() []Invocation {
 	out := slices.Clone(iv.list)
 	for i := range out {
-		if a := out[i].Answer; a != nil {
+		if i >= iv.answered {
+			out[i].Answer = nil // filed (at a retry), not yet released
+		} else if a := out[i].Answer; a != nil {
 			c := *a
 			c.Notices = slices.Clone(a.Notices)
 			out[i].Answer = &c
@@ -1124,11 +1127,14 @@ func (m *Manager) turnEnded(e *entry, t turnEnd, notice string) {
 	}
 	out := e.output()
 	out.finish, out.noText, out.notice = t.finish, t.noText, notice
-	if e.inv != nil {
+	if iv := e.inv; iv != nil {
+		lastOpen := iv.list[len(iv.list)-1].Answer == nil
 		o := answerOutcome(e.id, StatusCompleted, t.text, "", evidence{output: t.text, finish: t.finish, noText: t.noText, notice: notice})
 		from, to := m.fileAnswers(e, min(t.upTo, admitted), o, notice != "", t.at)
 		ending := m.settled(e)
-		m.releaseAnswers(e, from, to, ending) // ending: the final summary is the last answer
+		// Ending with this turn as the last invocation's answer: the final
+		// summary carries it. (One filed earlier, at a retry, is told.)
+		m.releaseAnswers(e, from, to, ending && lastOpen)
 		if !ending {
 			return // an invocation is still open: the run goes on
 		}
@@ -1163,7 +1169,7 @@ func (m *Manager) releaseAnswers(e *entry, from, to int, skipLast bool) {
 		if skipLast && i == len(iv.list)-1 {
 			break
 		}
-		m.notify(e, NotifyAnswer, answerText(e.id, e.info.description, *iv.list[i].Answer))
+		m.notifyOf(e, NotifyAnswer, i+1, answerText(e.id, e.info.description, *iv.list[i].Answer))
 	}
 }
 
@@ -1348,6 +1354,7 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 		}
 		a := e.cur()
 		in.req = PromptRequest{TaskID: e.id, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Invocation: n, Prompt: in.prompt}
+		in.runDone = m.runDone(e)
 		lane.inflight++
 		return n, nil
 	}

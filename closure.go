@@ -1276,7 +1276,8 @@ type parking struct {
 }
 
 // park registers a goroutine as waiting on chans until the returned func is
-// called.
+// called. They must be close signals: state tells whether one is ready by
+// receiving from it, which would steal a value sent on it.
 func (pk *parking) park(chans ...<-chan struct{}) func() {
 	pk.mu.Lock()
 	pk.seq++

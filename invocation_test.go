@@ -604,3 +604,45 @@ func TestDeliveredInsideNotifyLetsAParentAnswerAtOnce(t *testing.T) {
 	require.NoError(t, m.Shutdown(ctx))
 	assert.Empty(t, m.Undelivered())
 }
+
+// A prompt sent to a run that fails over is answered with that failure (the
+// retry never received it), released only after invocation 1's answer, and
+// told once.
+func TestAPromptToARunThatFailsOverIsAnsweredInOrder(t *testing.T) {
+	admitted := make(chan struct{})
+	m, rec := funcManager(t, func(ctx context.Context, run Run) (string, error) {
+		if run.Attempt > 1 {
+			return "second", nil
+		}
+		<-run.Prompts()
+		<-admitted // fails once the prompt is admitted (a failure before that refuses it)
+		return "", errRateLimited
+	})
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}, {Provider: "b", ID: "two"}}})
+	require.NoError(t, err)
+	waitStatus(t, m, task.ID, StatusRunning)
+	_, err = m.Extend(ctx, task.ID, "more")
+	require.NoError(t, err)
+	close(admitted)
+	done, err := m.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "second", done.Result)
+	a1, err := m.WaitAnswer(ctx, task.ID, 1)
+	require.NoError(t, err)
+	assert.Equal(t, "second", a1.Text)
+	a2, err := m.WaitAnswer(ctx, task.ID, 2)
+	require.NoError(t, err)
+	assert.Equal(t, StatusError, a2.Status)
+	assert.Contains(t, a2.Text, "never received it")
+	require.NoError(t, m.Shutdown(ctx))
+	var told []int
+	for _, n := range rec.All() {
+		if n.TaskID == task.ID && n.Kind == NotifyAnswer {
+			told = append(told, n.Invocation)
+		}
+	}
+	assert.Equal(t, []int{1, 2}, told, "each answer told once, in order, before the final summary")
+	kinds := rec.Kinds(task.ID)
+	assert.Equal(t, NotifyFinalSummary, kinds[len(kinds)-1])
+}

@@ -132,14 +132,15 @@ type evidence struct {
 // notice is a notification as the ledger records it: what was produced for
 // whom (the text as rendered), or, delivered, only its sequence.
 type notice struct {
-	id      string // Notification.ID: stable across restarts
-	seq     uint64 // Notification.Seq
-	kind    NotificationKind
-	parent  string
-	text    string
-	attempt string   // retry notifications: the attempt the task had just made current
-	tasks   []string // NotifyAllComplete: the round's tasks, in the order given
-	closure uint64   // NotifyBranchClosed: the sequence of its closure record
+	id         string // Notification.ID: stable across restarts
+	seq        uint64 // Notification.Seq
+	kind       NotificationKind
+	parent     string
+	text       string
+	attempt    string   // retry notifications: the attempt the task had just made current
+	tasks      []string // NotifyAllComplete: the round's tasks, in the order given
+	invocation int      // NotifyAnswer: the invocation answered
+	closure    uint64   // NotifyBranchClosed: the sequence of its closure record
 }
 
 // taskInfo is what a task was launched with; it never changes.
@@ -815,6 +816,7 @@ func (e *entry) project() Task {
 		Metadata:         maps.Clone(e.info.metadata),
 		Activity:         e.liveActivity(),
 	}
+	t.Key = e.info.key
 	if e.inv != nil {
 		t.Invocations = e.inv.clone()
 	}
@@ -959,6 +961,11 @@ func (l *ledger) render(n *notice) (string, error) {
 		return retrySessionReadyText(*ref.attempt()), nil
 	case NotifyFinalSummary:
 		return finalSummaryText(ref.e.project()), nil
+	case NotifyAnswer:
+		if iv := ref.e.inv; iv != nil && n.invocation >= 1 && n.invocation <= len(iv.list) && iv.list[n.invocation-1].Answer != nil {
+			return answerText(ref.e.id, ref.e.info.description, *iv.list[n.invocation-1].Answer), nil
+		}
+		return "", fmt.Errorf("bgtask: replay: answer notification %d names no answered invocation %d", n.seq, n.invocation)
 	}
 	return "", fmt.Errorf("bgtask: replay: notification %d of unknown kind %q", n.seq, n.kind)
 }
@@ -1347,6 +1354,11 @@ func encodeExt(w *codec.Writer, x *recordExt) error {
 		key = x.spec.key
 	}
 	w.String(key)
+	inv := 0
+	if x.notice != nil {
+		inv = x.notice.invocation
+	}
+	w.Uint(uint64(inv))
 	return nil
 }
 
@@ -1455,6 +1467,9 @@ func decodeExt(d *codec.Reader, format byte) (*recordExt, error) {
 		}
 		if key := d.String(); x.spec != nil {
 			x.spec.key = key
+		}
+		if inv := int(d.Uint()); x.notice != nil {
+			x.notice.invocation = inv
 		}
 	}
 	return x, nil

@@ -148,6 +148,8 @@ type Task struct {
 	// Activity is what the child is doing now, from its latest events:
 	// process-local, never persisted, empty unless the task is running.
 	Activity Activity `json:"activity,omitempty"`
+	// Key is Spec.Key: while the task is live, no other task with it starts.
+	Key string `json:"key,omitempty"`
 	// Invocations are the prompts sent into the child conversation, in
 	// admission order, with their answers: set once the task was extended
 	// (Extend); a task that only had its launch prompt has none.
@@ -449,7 +451,9 @@ type Notification struct {
 	TaskID          string `json:"taskID"`
 	Task            Task   `json:"task"`            // snapshot when it was produced
 	Tasks           []Task `json:"tasks,omitempty"` // NotifyAllComplete: the round's tasks
-	Text            string `json:"text"`            // rendered for the parent chat
+	// Invocation (NotifyAnswer) is the invocation answered.
+	Invocation int    `json:"invocation,omitempty"`
+	Text       string `json:"text"` // rendered for the parent chat
 }
 
 // Notifier receives notifications. Notifications for one parent session are
@@ -818,12 +822,15 @@ type hostCalls struct {
 }
 
 // promptLane serializes the Extends of one task: its turn is taken, in
-// arrival order, for the admission check, the host call and the record.
+// arrival order, for the admission check, the host call and the record,
+// then handed to the next. (The waits are close signals, as parked waits
+// must be: the simulation's probe reads them.)
 type promptLane struct {
-	turn     chan struct{}
-	users    int       // Extends holding or waiting for the turn
-	inflight int       // host prompt calls in flight: the task does not end meanwhile
-	early    []turnEnd // turn ends that came while a prompt was in flight, in order
+	busy     bool            // an Extend holds the turn
+	waiters  []chan struct{} // Extends waiting for it, in arrival order: closed when handed it
+	users    int             // Extends holding or waiting for the turn
+	inflight int             // host prompt calls in flight: the task does not end meanwhile
+	early    []turnEnd       // turn ends that came while a prompt was in flight, in order
 }
 
 // changeFeed is how changes are heard of, guarded by m.mu: the manager-wide
@@ -1323,7 +1330,8 @@ type (
 		prompt  string
 		done    bool
 		hostErr error
-		req     PromptRequest // admit: what to send
+		req     PromptRequest   // admit: what to send
+		runDone <-chan struct{} // admit: closed when the run prompted ends
 		n       int
 		err     error
 	}
@@ -1677,29 +1685,15 @@ func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error
 		m.unlock()
 		return 0, err
 	}
-	if m.calls.prompts == nil {
-		m.calls.prompts = make(map[*entry]*promptLane)
-	}
-	lane := m.calls.prompts[e]
-	if lane == nil {
-		lane = &promptLane{turn: make(chan struct{}, 1)}
-		m.calls.prompts[e] = lane
-	}
-	lane.users++
-	m.unlock()
-	defer func() {
-		m.mu.Lock()
-		if lane.users--; lane.users == 0 && e.terminal() {
-			delete(m.calls.prompts, e) // a live task keeps its lane for the next Extend
-		}
+	if e.terminal() { // no turn to wait for
 		m.unlock()
-	}()
-	select {
-	case lane.turn <- struct{}{}:
-	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, fmt.Errorf("%w: task %s is %s", ErrNotRunning, e.id, e.state)
 	}
-	defer func() { <-lane.turn }()
+	lane, err := m.takeTurn(ctx, e) // unlocks m.mu
+	if err != nil {
+		return 0, err
+	}
+	defer m.passTurn(e, lane)
 	in := extendIn{e: e, prompt: prompt}
 	if err := m.step(&in); err != nil {
 		return 0, err
@@ -1708,20 +1702,93 @@ func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error
 		return 0, in.err
 	}
 	in.done = true
-	// The call's context ends with the caller's, and at Shutdown, as every
+	// The call's context ends with the caller's, when the run it prompts
+	// ends (its answer could change nothing), and at Shutdown, as every
 	// host call's does.
-	callCtx := m.life.ctx
+	callCtx, cancel := context.WithCancel(m.life.ctx)
+	defer cancel()
 	if ctx.Done() != nil { // a caller that can give up
-		var cancel context.CancelFunc
-		callCtx, cancel = context.WithCancel(m.life.ctx)
-		defer cancel()
 		defer context.AfterFunc(ctx, cancel)()
 	}
+	watched := make(chan struct{})
+	go func() { // joined below
+		defer close(watched)
+		select {
+		case <-in.runDone:
+			cancel()
+		case <-callCtx.Done():
+		}
+	}()
 	in.hostErr = m.callPrompt(withRunOf(callCtx, e, in.req), p, in.req)
+	cancel()
+	<-watched
 	if err := m.step(&in); err != nil {
 		return 0, err
 	}
 	return in.n, in.err
+}
+
+// takeTurn waits, in arrival order, for e's Extend turn and returns the
+// lane holding it; the caller passes it on (passTurn). m.mu is held, and
+// released.
+func (m *Manager) takeTurn(ctx context.Context, e *entry) (*promptLane, error) {
+	if m.calls.prompts == nil {
+		m.calls.prompts = make(map[*entry]*promptLane)
+	}
+	lane := m.calls.prompts[e]
+	if lane == nil {
+		lane = &promptLane{}
+		m.calls.prompts[e] = lane
+	}
+	lane.users++
+	if !lane.busy {
+		lane.busy = true
+		m.unlock()
+		return lane, nil
+	}
+	handed := make(chan struct{})
+	lane.waiters = append(lane.waiters, handed)
+	m.unlock()
+	err := m.parkOn(ctx, handed)
+	if err == nil {
+		return lane, nil
+	}
+	m.mu.Lock()
+	if i := slices.Index(lane.waiters, handed); i >= 0 {
+		lane.waiters = slices.Delete(lane.waiters, i, i+1)
+		m.leaveLane(e, lane)
+	} else { // handed the turn as ctx ended: on to the next
+		m.handOn(e, lane)
+	}
+	m.unlock()
+	return nil, err
+}
+
+// passTurn gives e's Extend turn to the next waiting Extend, if any.
+func (m *Manager) passTurn(e *entry, lane *promptLane) {
+	m.mu.Lock()
+	m.handOn(e, lane)
+	m.unlock()
+}
+
+// handOn passes the turn of lane, held by a leaving Extend, to the first
+// waiter. m.mu is held.
+func (m *Manager) handOn(e *entry, lane *promptLane) {
+	if len(lane.waiters) > 0 {
+		close(lane.waiters[0]) // its owner now
+		lane.waiters = lane.waiters[1:]
+	} else {
+		lane.busy = false
+	}
+	m.leaveLane(e, lane)
+}
+
+// leaveLane counts an Extend out of lane; an ended task's last one takes
+// the lane away (a live task keeps it for the next Extend). m.mu is held.
+func (m *Manager) leaveLane(e *entry, lane *promptLane) {
+	if lane.users--; lane.users == 0 && e.terminal() {
+		delete(m.calls.prompts, e)
+	}
 }
 
 // callPrompt calls the host's PromptSession, which is user code: a panic
@@ -1952,6 +2019,12 @@ func (m *Manager) waitAny() <-chan struct{} {
 
 // notify queues a notification for e's parent, in production order.
 func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
+	m.notifyOf(e, kind, 0, text)
+}
+
+// notifyOf is notify, for the answer of invocation inv (NotifyAnswer).
+// m.mu is held.
+func (m *Manager) notifyOf(e *entry, kind NotificationKind, inv int, text string) {
 	if m.cfg.notifier == nil {
 		return
 	}
@@ -1961,6 +2034,7 @@ func (m *Manager) notify(e *entry, kind NotificationKind, text string) {
 		TaskID:          e.info.id,
 		Task:            e.project(),
 		Text:            text,
+		Invocation:      inv,
 	})
 }
 
@@ -2019,7 +2093,7 @@ func (m *Manager) noteOut(id string, d int) {
 
 // noticeOf is n as the ledger records it. m.mu is held.
 func (m *Manager) noticeOf(n Notification) *notice {
-	nt := &notice{id: n.ID, seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID, text: n.Text, attempt: n.Task.CurrentAttemptID}
+	nt := &notice{id: n.ID, seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID, text: n.Text, attempt: n.Task.CurrentAttemptID, invocation: n.Invocation}
 	for _, t := range n.Tasks {
 		nt.tasks = append(nt.tasks, t.ID)
 	}

@@ -169,6 +169,23 @@ func (h *host) AbortSession(ctx context.Context, sid string) error {
 	return nil
 }
 
+// PromptSession accepts a supplemental prompt, refuses it, or hangs until
+// the driver releases it, as the seed decides for that invocation.
+func (h *host) PromptSession(ctx context.Context, req bgtask.PromptRequest) error {
+	d := h.decide("prompt", req.AttemptID, strconv.Itoa(req.Invocation))
+	h.mu.Lock()
+	reliable := h.reliable
+	h.mu.Unlock()
+	switch {
+	case reliable:
+	case d < 15:
+		return errors.New("prompt refused: session busy")
+	case d < 35:
+		return h.block(ctx, "prompt "+req.AttemptID+" #"+strconv.Itoa(req.Invocation))
+	}
+	return nil
+}
+
 // gate is one harness process's connection to the world: the host and the
 // parents. Once its process has died (a restart), nothing it does reaches
 // either; the sessions it started live on in the host.
@@ -192,6 +209,13 @@ func (g *gate) AbortSession(ctx context.Context, sid string) error {
 		return errDead
 	}
 	return g.h.AbortSession(ctx, sid)
+}
+
+func (g *gate) PromptSession(ctx context.Context, req bgtask.PromptRequest) error {
+	if g.dead.Load() {
+		return errDead
+	}
+	return g.h.PromptSession(ctx, req)
 }
 
 // SessionStatus: a session the host made and did not stop is alive; any

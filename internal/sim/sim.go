@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,10 @@ type world struct {
 	fail   *Failure
 	frozen map[string]bgtask.Attempt
 	revs   map[string]uint64
+	// answers are the invocations' answers as first seen ("task/n"): an
+	// answer, once given, never changes; ended are the tasks seen ended.
+	answers map[string]bgtask.Answer
+	ended   map[string]bool
 
 	calls     atomic.Int64 // driver API calls (Cancel, CloseBranch) not yet returned
 	callsDone sync.WaitGroup
@@ -126,6 +131,8 @@ func Run(opts Options) ([]string, error) {
 		notes:    &notes{},
 		frozen:   map[string]bgtask.Attempt{},
 		revs:     map[string]uint64{},
+		answers:  map[string]bgtask.Answer{},
+		ended:    map[string]bool{},
 		closures: map[int]*closureCall{},
 	}
 	cfg := []bgtask.Option{
@@ -206,8 +213,10 @@ func (w *world) act() {
 	switch op := w.rng.IntN(100); {
 	case op < 22 || len(tasks) == 0:
 		w.launch(tasks)
-	case op < 55:
+	case op < 50:
 		w.event(tasks)
+	case op < 55:
+		w.extend(tasks)
 	case op < 62:
 		w.cancel(tasks)
 	case op < 68:
@@ -251,11 +260,28 @@ func (w *world) launch(tasks []bgtask.Task) {
 		chain = append(chain, models[(start+i)%len(models)])
 	}
 	spec := bgtask.Spec{ParentSessionID: parent, Prompt: "work", Models: chain, MaxAttempts: w.rng.IntN(4)}
+	if w.rng.IntN(4) == 0 {
+		spec.Key = fmt.Sprintf("key-%d", w.rng.IntN(3))
+	}
 	closing := w.activeClosureCovers(tasks, parent)
+	holder := ""
+	for _, t := range tasks {
+		if spec.Key != "" && t.Key == spec.Key && !t.Status.Terminal() {
+			holder = t.ID
+		}
+	}
 	task, err := w.m.Launch(context.Background(), spec)
+	var held *bgtask.KeyHeldError
 	switch {
 	case err == nil && closing != "":
 		w.failf("launch under %s was admitted while closure of %s was running", parent, closing)
+	case err == nil && holder != "":
+		w.failf("launch with key %s started a second run beside %s", spec.Key, holder)
+	case errors.As(err, &held):
+		if held.TaskID != holder && holder != "" {
+			w.failf("key %s: refused naming %s, held by %s", spec.Key, held.TaskID, holder)
+		}
+		w.log("launch with key %s refused: held by %s", spec.Key, held.TaskID)
 	case err != nil && !errors.Is(err, bgtask.ErrBranchClosing):
 		w.failf("launch: %v", err)
 	case err != nil:
@@ -292,6 +318,12 @@ func (w *world) event(tasks []bgtask.Task) {
 	if ev.SessionID == "" && ev.AttemptID == "" {
 		ev.AttemptID = a.ID
 	}
+	if ev.Kind == bgtask.SessionIdle && w.rng.IntN(2) == 0 {
+		ev.Invocation = w.rng.IntN(len(t.Invocations) + 2) // 0 (the latest), one admitted, or one past them
+	}
+	if ev.Kind == bgtask.SessionIdle && w.rng.IntN(6) == 0 {
+		ev.Finish = bgtask.FinishToolCalls
+	}
 	times := 1
 	if w.rng.IntN(8) == 0 {
 		times = 2 // duplicated
@@ -311,6 +343,34 @@ func (w *world) event(tasks []bgtask.Task) {
 		}
 		w.log("event %s session=%q attempt=%q token=%q on %s/%d: %v", ev.Kind, ev.SessionID, ev.AttemptID, ev.Token, t.ID, a.Number, err)
 	}
+}
+
+// extend sends a supplemental prompt to a task, on a driver goroutine (the
+// host may hang it): admitted or refused with a typed error, never anything
+// else.
+func (w *world) extend(tasks []bgtask.Task) {
+	t := tasks[w.rng.IntN(len(tasks))]
+	w.log("extend %s (%s)", t.ID, t.Status)
+	w.call(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // past quiesce's: a hang is reported with its stacks
+		defer cancel()
+		_, err := w.m.Extend(ctx, t.ID, "more")
+		switch {
+		case err == nil, errors.Is(err, bgtask.ErrNotRunning), errors.Is(err, bgtask.ErrPromptRefused),
+			errors.Is(err, bgtask.ErrBranchClosing), errors.Is(err, bgtask.ErrShutdown), errors.Is(err, bgtask.ErrForgotten),
+			errors.Is(err, bgtask.ErrJournal):
+		case errors.Is(err, context.DeadlineExceeded):
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			w.mu.Lock()
+			w.failf("extend of %s hung; goroutines:\n%s", t.ID, buf)
+			w.mu.Unlock()
+		default:
+			w.mu.Lock()
+			w.failf("extend of %s: %v", t.ID, err)
+			w.mu.Unlock()
+		}
+	})
 }
 
 // call runs a blocking API call on a driver goroutine, counted until it
@@ -433,8 +493,10 @@ func (w *world) quiesce() {
 		case <-cch:
 		case <-tch:
 		case <-deadline:
-			w.failf("the manager never went idle: %d running, %d blocked in the host, %d timers, %d parked, %d calls",
-				running, blocked, w.clock.Pending(), parked, w.calls.Load())
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			w.failf("the manager never went idle: %d running, %d blocked in the host, %d timers, %d parked, %d calls; goroutines:\n%s",
+				running, blocked, w.clock.Pending(), parked, w.calls.Load(), buf)
 			return
 		}
 	}
@@ -497,6 +559,7 @@ func (w *world) check() {
 			w.failf("%s is %s with outcome %v", t.ID, t.Status, t.Outcome)
 		}
 	}
+	w.checkInvocations(tasks)
 	for _, s := range w.m.Stats() {
 		if s.Limit > 0 && s.Running > s.Limit {
 			w.failf("key %s runs %d over its limit %d", s.Key, s.Running, s.Limit)
@@ -506,11 +569,61 @@ func (w *world) check() {
 	w.checkClosures(tasks)
 }
 
+// checkInvocations: every answer is given once and never changes; answers
+// are given in invocation order; no task ends with an open invocation; a
+// task that completes has no live task launched from its session (the
+// children gate); at most one live task holds a key.
+func (w *world) checkInvocations(tasks []bgtask.Task) {
+	live := map[string]int{} // parent session → its live tasks
+	keys := map[string]string{}
+	for _, t := range tasks {
+		if !t.Status.Terminal() {
+			live[t.ParentSessionID]++
+			if t.Key != "" {
+				if o, ok := keys[t.Key]; ok {
+					w.failf("key %s is held by %s and %s", t.Key, o, t.ID)
+				}
+				keys[t.Key] = t.ID
+			}
+		}
+	}
+	for _, t := range tasks {
+		open := false
+		for _, in := range t.Invocations {
+			k := t.ID + "/" + strconv.Itoa(in.N)
+			if in.Answer == nil {
+				open = true
+				if _, had := w.answers[k]; had {
+					w.failf("%s: invocation %d lost its answer", t.ID, in.N)
+				}
+				continue
+			}
+			if open {
+				w.failf("%s: invocation %d answered before an earlier one", t.ID, in.N)
+			}
+			if old, had := w.answers[k]; had && (old.Text != in.Answer.Text || old.Status != in.Answer.Status || old.Envelope != in.Answer.Envelope) {
+				w.failf("%s: the answer of invocation %d changed: %+v → %+v", t.ID, in.N, old, *in.Answer)
+			}
+			w.answers[k] = *in.Answer
+		}
+		if t.Status.Terminal() && open {
+			w.failf("%s is %s with an open invocation", t.ID, t.Status)
+		}
+		if t.Status == bgtask.StatusCompleted && !w.ended[t.ID] && t.SessionID != "" && live[t.SessionID] > 0 {
+			w.failf("%s completed while %d tasks its session launched run", t.ID, live[t.SessionID])
+		}
+		if t.Status.Terminal() {
+			w.ended[t.ID] = true
+		}
+	}
+}
+
 // checkNotifications: per parent, delivery order is production order; per
 // task at most one final summary, last among its own notifications (and, at
 // the end, exactly one for every terminal task).
 func (w *world) checkNotifications(tasks []bgtask.Task, final bool) {
 	last := map[string]uint64{}
+	answered := map[string]int{} // task → the last invocation whose answer was told
 	finals := map[string]int{}
 	after := map[string]bool{}
 	ids := map[string]bool{}
@@ -524,6 +637,15 @@ func (w *world) checkNotifications(tasks []bgtask.Task, final bool) {
 		}
 		last[n.ParentSessionID] = n.Seq
 		switch n.Kind {
+		case bgtask.NotifyAnswer:
+			inv := n.Invocation
+			if inv <= answered[n.TaskID] {
+				w.failf("%s: the answer of invocation %d told after that of %d", n.TaskID, inv, answered[n.TaskID])
+			}
+			answered[n.TaskID] = inv
+			if finals[n.TaskID] > 0 {
+				after[n.TaskID] = true
+			}
 		case bgtask.NotifyFinalSummary:
 			finals[n.TaskID]++
 		case bgtask.NotifyRetryScheduled, bgtask.NotifyRetrySessionReady:
