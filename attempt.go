@@ -508,7 +508,7 @@ func (m *Manager) onStarted(in *startedIn) {
 		f = failure{err: err, text: err.Error(), reason: ReasonUnknown}
 	}
 	if sid != "" {
-		if owner, taken := m.led.bySession[sid]; taken {
+		if owner, taken := m.led.bySession[sid]; taken && !(a.Number == 1 && continues(e, owner, sid)) {
 			// A host bug: never touch a session that belongs to another run.
 			m.logLocked(slog.LevelError, "bgtask: Host.StartSession returned a session that belongs to another attempt",
 				slog.String("task", e.info.id), slog.String("attempt", a.ID), slog.String("session", sid),

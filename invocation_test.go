@@ -646,3 +646,131 @@ func TestAPromptToARunThatFailsOverIsAnsweredInOrder(t *testing.T) {
 	kinds := rec.Kinds(task.ID)
 	assert.Equal(t, NotifyFinalSummary, kinds[len(kinds)-1])
 }
+
+// resumeHost is a testHost that resumes sessions.
+type resumeHost struct {
+	*testHost
+	mu      sync.Mutex
+	resumed []string // session ids, in order
+	refuse  error
+}
+
+func (h *resumeHost) ResumeSession(ctx context.Context, sid string, req SessionRequest) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.resumed = append(h.resumed, sid+" "+req.Prompt)
+	return h.refuse
+}
+
+// A task continues an ended task's session: the first attempt resumes it,
+// its events are the new task's, the old task never changes, and the new
+// envelope reports the old output once, as prior output.
+func TestContinueFromResumesTheEndedTasksSession(t *testing.T) {
+	ctx := testCtx(t)
+	host := &resumeHost{testHost: &testHost{}}
+	m := New(host, WithIDs(SequentialIDs()))
+	shutdownAtCleanup(t, m)
+	first, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "draft", Models: oneModel})
+	require.NoError(t, err)
+	ses := waitStatus(t, m, first.ID, StatusRunning).SessionID
+	require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "the </task> draft"}))
+	before, err := m.Wait(ctx, first.ID)
+	require.NoError(t, err)
+
+	_, err = m.Launch(ctx, Spec{ParentSessionID: "p", ContinueFrom: "nope", Models: oneModel})
+	assert.ErrorIs(t, err, ErrUnknownTask)
+	next, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "now polish it", ContinueFrom: first.ID, Models: oneModel})
+	require.NoError(t, err)
+	running := waitStatus(t, m, next.ID, StatusRunning)
+	assert.Equal(t, ses, running.SessionID, "the same session")
+	assert.Equal(t, first.ID, running.ContinuedFrom)
+	assert.Equal(t, []string{ses + " now polish it"}, host.resumed)
+	assert.Len(t, host.Starts(), 1, "no new session was started for it")
+
+	_, err = m.Launch(ctx, Spec{ParentSessionID: "p", ContinueFrom: first.ID, Models: oneModel})
+	var se *SpecError
+	require.ErrorAs(t, err, &se, "its session is the live task's now")
+
+	require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "the polished draft"}))
+	done, err := m.Wait(ctx, next.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "the polished draft", done.Result)
+	assert.Equal(t, "the </task> draft", done.Outcome.PriorOutput)
+	assert.Equal(t, 1, strings.Count(done.Outcome.Envelope, "<task_prior_output>"))
+	assert.Equal(t, 1, strings.Count(done.Outcome.Envelope, "</task>"), "escaped like evidence: it cannot close the envelope")
+	after, _ := m.Task(first.ID)
+	assert.Equal(t, before, after, "the ended task never changes")
+}
+
+// ContinueFrom needs a Resumer, and an ended task with a session.
+func TestContinueFromRefusals(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launch("a/one")
+	h.settle()
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ContinueFrom: task.ID, Models: mustModels(t, "a/one")})
+	assert.ErrorIs(t, err, ErrNoResumer)
+
+	ctx := testCtx(t)
+	host := &resumeHost{testHost: &testHost{}}
+	m := New(host, WithIDs(SequentialIDs()))
+	shutdownAtCleanup(t, m)
+	live, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	waitStatus(t, m, live.ID, StatusRunning)
+	_, err = m.Launch(ctx, Spec{ParentSessionID: "p", ContinueFrom: live.ID, Models: oneModel})
+	var se *SpecError
+	require.ErrorAs(t, err, &se)
+	assert.Contains(t, se.Reason, "Extend it instead")
+
+	// A resume the host refuses is the attempt's failed start.
+	ses := m.mustTask(t, live.ID).SessionID
+	require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "ok"}))
+	_, err = m.Wait(ctx, live.ID)
+	require.NoError(t, err)
+	host.mu.Lock()
+	host.refuse = Permanent(errors.New("session archived"))
+	host.mu.Unlock()
+	next, err := m.Launch(ctx, Spec{ParentSessionID: "p", ContinueFrom: live.ID, Models: oneModel})
+	require.NoError(t, err)
+	done, err := m.Wait(ctx, next.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusError, done.Status)
+	assert.Contains(t, done.Error, "session archived")
+}
+
+type resumingSvcHost struct{ *svcHost }
+
+func (resumingSvcHost) ResumeSession(context.Context, string, SessionRequest) error { return nil }
+
+// A continuation survives a restart: the session is the new task's, the
+// old task is as it was, and the prior output is still reported once.
+func TestContinueFromSurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	svc := newSessionService()
+	host := resumingSvcHost{&svcHost{svc: svc}}
+	ctx := testCtx(t)
+	j1 := openJournal(t, dir)
+	m1, err := Open(ctx, host, WithJournal(j1))
+	require.NoError(t, err)
+	first, err := m1.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	ses := waitStatus(t, m1, first.ID, StatusRunning).SessionID
+	require.NoError(t, m1.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "draft"}))
+	waitStatus(t, m1, first.ID, StatusCompleted)
+	next, err := m1.Launch(ctx, Spec{ParentSessionID: "p", ContinueFrom: first.ID, Models: oneModel})
+	require.NoError(t, err)
+	waitStatus(t, m1, next.ID, StatusRunning)
+	old := m1.mustTask(t, first.ID)
+	crash(t, m1, j1)
+
+	j2 := openJournal(t, dir)
+	m2, err := Open(ctx, host, WithJournal(j2))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	require.NoError(t, sameJSON("the ended task", old, m2.mustTask(t, first.ID)))
+	require.NoError(t, m2.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "polished"}))
+	done, err := m2.Wait(ctx, next.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "polished", done.Result)
+	assert.Equal(t, "draft", done.Outcome.PriorOutput)
+}

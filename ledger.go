@@ -155,6 +155,9 @@ type taskInfo struct {
 	metadata    map[string]string
 	launchedAt  time.Time
 	key         string // Spec.Key: one live task per key
+	continues   string // Spec.ContinueFrom: the ended task whose session it resumes
+	resume      string // that task's session, resumed by the first attempt
+	prior       string // that task's output, reported once as prior output
 }
 
 // modelFor returns the model of attempt number n (1-based): the chain in
@@ -548,11 +551,18 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		if rec.attempt.SessionID == "" {
 			return errors.New("bgtask: ledger: bind with an empty session id")
 		}
-		if prev, taken := l.bySession[rec.attempt.SessionID]; taken && prev.attempt().ID != old.ID {
+		if prev, taken := l.bySession[rec.attempt.SessionID]; taken && prev.attempt().ID != old.ID && !continues(e, prev, rec.attempt.SessionID) {
 			return fmt.Errorf("bgtask: session %q already belongs to attempt %s", rec.attempt.SessionID, prev.attempt().ID)
 		}
 	}
 	return nil
+}
+
+// continues reports whether e's first attempt may take session sid over
+// from prev: sid is the session e continues (Spec.ContinueFrom), and prev
+// is the ended task's attempt it belonged to.
+func continues(e *entry, prev attemptRef, sid string) bool {
+	return e.info.resume == sid && prev.e.id == e.info.continues && prev.e != e && prev.attempt().Status.Terminal()
 }
 
 // checkInvocation refuses an invocation record out of order: an admission
@@ -816,7 +826,7 @@ func (e *entry) project() Task {
 		Metadata:         maps.Clone(e.info.metadata),
 		Activity:         e.liveActivity(),
 	}
-	t.Key = e.info.key
+	t.Key, t.ContinuedFrom = e.info.key, e.info.continues
 	if e.inv != nil {
 		t.Invocations = e.inv.clone()
 	}
@@ -827,6 +837,9 @@ func (e *entry) project() Task {
 				ev = &e.evidence
 			}
 			e.outcome = outcomeOf(t, ev)
+			if e.info.prior != "" {
+				e.outcome.withPrior(t.ID, e.info.continues, e.info.prior)
+			}
 		}
 		t.Outcome = e.outcome.clone()
 	}
@@ -1359,6 +1372,13 @@ func encodeExt(w *codec.Writer, x *recordExt) error {
 		inv = x.notice.invocation
 	}
 	w.Uint(uint64(inv))
+	var cont [3]string
+	if ti := x.spec; ti != nil {
+		cont = [3]string{ti.continues, ti.resume, ti.prior}
+	}
+	for _, f := range cont {
+		w.String(f)
+	}
 	return nil
 }
 
@@ -1470,6 +1490,9 @@ func decodeExt(d *codec.Reader, format byte) (*recordExt, error) {
 		}
 		if inv := int(d.Uint()); x.notice != nil {
 			x.notice.invocation = inv
+		}
+		if c, r, p := d.String(), d.String(), d.String(); x.spec != nil {
+			x.spec.continues, x.spec.resume, x.spec.prior = c, r, p
 		}
 	}
 	return x, nil

@@ -203,6 +203,10 @@ type Outcome struct {
 	// characters dropped from its middle.
 	Evidence        string `json:"evidence,omitempty"`
 	EvidenceDropped int    `json:"evidenceDropped,omitempty"`
+	// PriorOutput is the output of the ended task whose session this task
+	// continued (Spec.ContinueFrom), bounded as Evidence is: reported once,
+	// in this task's envelope.
+	PriorOutput string `json:"priorOutput,omitempty"`
 	// Notices are one-line facts that ride along ("retried on 2 models").
 	Notices []string `json:"notices,omitempty"`
 	// Envelope is the <task> block for the parent model.
@@ -298,6 +302,14 @@ func outcomeOf(t Task, ev *evidence) *Outcome {
 	}
 	o.Envelope = renderEnvelope(t.ID, o)
 	return o
+}
+
+// withPrior adds to o, the outcome of task id, the output of the ended
+// task from whose session it continued, and renders its envelope again.
+func (o *Outcome) withPrior(id, from, prior string) {
+	o.PriorOutput = prior
+	o.Notices = append(o.Notices, "continues the session of task "+from+": its output is given once, as prior output")
+	o.Envelope = renderEnvelope(id, o)
 }
 
 // unusableAnswer explains a turn that ended without a usable answer.
@@ -400,6 +412,11 @@ func renderAnswerEnvelope(id string, n int, o *Outcome) string {
 		}
 		writeEvidence(&b, o)
 		closeElement(&b, "task_status")
+	}
+	if o.PriorOutput != "" {
+		openElement(&b, "task_prior_output")
+		b.WriteString(markup.Body(o.PriorOutput))
+		closeElement(&b, "task_prior_output")
 	}
 	closeTask(&b, o.Notices)
 	return b.String()

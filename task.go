@@ -25,6 +25,7 @@ import (
 	"github.com/bgtask/bgtask/internal/group"
 	"github.com/bgtask/bgtask/internal/held"
 	"github.com/bgtask/bgtask/internal/slots"
+	"github.com/bgtask/bgtask/internal/textbound"
 	"github.com/google/uuid"
 )
 
@@ -69,6 +70,8 @@ var (
 	// ErrPromptRefused: the Host's PromptSession refused a supplemental
 	// prompt; the error wraps the host's. Nothing changed.
 	ErrPromptRefused = errors.New("bgtask: the host refused the prompt")
+	// ErrNoResumer: Spec.ContinueFrom needs a Host that implements Resumer.
+	ErrNoResumer = errors.New("bgtask: the host cannot resume a session (no Resumer)")
 	// ErrNoInvocation: WaitAnswer named an invocation the task never
 	// admitted.
 	ErrNoInvocation = errors.New("bgtask: no such invocation")
@@ -150,6 +153,9 @@ type Task struct {
 	Activity Activity `json:"activity,omitempty"`
 	// Key is Spec.Key: while the task is live, no other task with it starts.
 	Key string `json:"key,omitempty"`
+	// ContinuedFrom is Spec.ContinueFrom: the ended task whose session this
+	// task continues.
+	ContinuedFrom string `json:"continuedFrom,omitempty"`
 	// Invocations are the prompts sent into the child conversation, in
 	// admission order, with their answers: set once the task was extended
 	// (Extend); a task that only had its launch prompt has none.
@@ -255,6 +261,20 @@ type Spec struct {
 	Key string
 	// ExtendLive: see Key.
 	ExtendLive bool
+	// ContinueFrom, when set, names an ended task whose child session this
+	// task continues: its first attempt resumes that session with Prompt
+	// (the Host must implement Resumer) instead of starting a new one, and
+	// its envelope reports the ended task's output once, as prior output.
+	// The ended task never changes; the session's events are this task's
+	// from then on. A retry starts a new session, as always.
+	ContinueFrom string
+}
+
+// Resumer is a Host that can resume an existing child session with a new
+// prompt (Spec.ContinueFrom). nil means the session runs req.Prompt now, as
+// attempt req.AttemptID.
+type Resumer interface {
+	ResumeSession(ctx context.Context, sessionID string, req SessionRequest) error
 }
 
 // ReservedMetadataPrefix starts the Metadata keys only bgtask may write.
@@ -1468,6 +1488,12 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		maxAttempts: maxAttempts,
 		metadata:    maps.Clone(spec.Metadata),
 		key:         spec.Key,
+		continues:   spec.ContinueFrom,
+	}
+	if spec.ContinueFrom != "" {
+		if _, ok := m.host.(Resumer); !ok {
+			return Task{}, ErrNoResumer
+		}
 	}
 	if err := m.poisoned(); err != nil {
 		return Task{}, err
@@ -1493,6 +1519,34 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	return task, nil
 }
 
+// continuation resolves info's Spec.ContinueFrom: an ended task that holds
+// its session still (not continued by another already); the session and
+// the task's output, bounded, go into info. m.mu is held.
+func (m *Manager) continuation(info *taskInfo) error {
+	old := m.led.tasks[info.continues]
+	if old == nil {
+		return m.missing(info.continues)
+	}
+	sid := old.cur().SessionID
+	switch {
+	case !old.terminal():
+		return &SpecError{Field: "ContinueFrom", Reason: "names live task " + old.id + " (Extend it instead)"}
+	case sid == "":
+		return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", which has no session to continue"}
+	}
+	if holder := m.led.bySession[sid]; holder.e != old {
+		return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", whose session task " + holder.e.id + " continued: continue that one"}
+	}
+	o := old.project().Outcome
+	prior := o.Evidence
+	if o.HasAnswer {
+		prior = o.Answer
+	}
+	info.resume = sid
+	info.prior, _ = textbound.Middle(prior, MaxEvidenceRunes)
+	return nil
+}
+
 // onLaunch decides a launch: refused while shutting down or inside a
 // closing branch; else the task is recorded with its first attempt, which
 // is admitted. m.mu is held.
@@ -1507,6 +1561,11 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	}
 	if o := m.led.live(info.key); o != nil { // before any id is drawn: a refused launch leaves no trace
 		return reply{err: &KeyHeldError{Key: info.key, TaskID: o.id}}
+	}
+	if info.continues != "" {
+		if err := m.continuation(info); err != nil {
+			return reply{err: err}
+		}
 	}
 	id, err := newID(m.cfg.ids, IDTask)
 	if err != nil {
@@ -1967,7 +2026,13 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 		Prompt:          e.info.prompt,
 	}
 	fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, kind: callStart, e: e}}
-	sid, err := m.callStart(&fx.ctx, req)
+	var sid string
+	var err error
+	if a.Number == 1 && e.info.resume != "" {
+		sid, err = m.callResume(&fx.ctx, e.info.resume, req)
+	} else {
+		sid, err = m.callStart(&fx.ctx, req)
+	}
 	var f failure
 	if err != nil {
 		err = &StartError{Model: a.Model, Err: err}
@@ -1976,6 +2041,24 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 	m.mu.Lock()
 	m.decide(&startedIn{e: e, a: a, seq: fx.seq, sid: sid, err: err, f: f})
 	m.unlockOn(w)
+}
+
+// callResume resumes session sid for req (Spec.ContinueFrom) and returns
+// it; the host is user code.
+func (m *Manager) callResume(ctx context.Context, sid string, req SessionRequest) (_ string, err error) {
+	if err := m.poisoned(); err != nil {
+		return "", Permanent(err)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = Permanent(fmt.Errorf("bgtask: Host.ResumeSession panicked: %s", panicText(r)))
+		}
+	}()
+	r, _ := m.host.(Resumer) // Launch checked
+	if err := guardError(r.ResumeSession(ctx, sid, req)); err != nil {
+		return "", err
+	}
+	return sid, nil
 }
 
 func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
