@@ -1206,6 +1206,11 @@ func (m *Manager) answerAtRetry(e *entry, failed Attempt, why string, at time.Ti
 
 // fileAnswer records o as the answer of invocation n of e. m.mu is held.
 func (m *Manager) fileAnswer(e *entry, n int, o *Outcome, degraded bool, at time.Time) bool {
+	if note := e.inv.list[n-1].Notice; note != "" { // a fact of its admission rides its answer
+		c := *o
+		c.Notices = append(slices.Clone(o.Notices), note)
+		o = &c
+	}
 	ans := Answer{Invocation: n, Status: o.State, Degraded: degraded, Notices: o.Notices, At: at, Envelope: renderAnswerEnvelope(e.id, n, o)}
 	if o.HasAnswer {
 		ans.Text = o.Answer
@@ -1369,7 +1374,7 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 	case e.terminal() || a.Token != in.req.Token:
 		return 0, fmt.Errorf("%w: the run of task %s ended before the prompt was admitted", ErrNotRunning, e.id)
 	}
-	inv := Invocation{N: in.req.Invocation, Prompt: in.prompt, AdmittedAt: now}
+	inv := Invocation{N: in.req.Invocation, Prompt: in.prompt, AdmittedAt: now, Notice: in.notice}
 	if !m.commit(e, record{kind: recInvocationAdmitted, task: e.id, at: now, attempt: *a, recordExt: &recordExt{inv: &inv}}) {
 		return 0, fmt.Errorf("%w: the ledger refused the invocation", ErrNotRunning)
 	}

@@ -404,6 +404,10 @@ func TestKeyExtendLive(t *testing.T) {
 	done, err := m.Wait(ctx, task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, "got again", done.Result)
+	a2, err := m.WaitAnswer(ctx, task.ID, 2)
+	require.NoError(t, err)
+	assert.True(t, slicesContain(a2.Notices, `key "k"`), "the collided key rides its answer: %v", a2.Notices)
+	assert.Contains(t, a2.Envelope, "<task_notice>a Launch with key")
 }
 
 // promptingSvcHost is a svcHost (its sessions outlive the process) that
@@ -455,6 +459,9 @@ func TestInvocationsAndKeysSurviveARestart(t *testing.T) {
 // TaskProtocol promises what the gate does: pinned against the behaviour
 // (TestChildrenGateHoldsTheAnswerUntilChildrenSettle runs it in full).
 func TestTaskProtocolPromisesWhatBgtaskDoes(t *testing.T) {
+	assert.Contains(t, TaskProtocol, deliveryPromise)
+	assert.Contains(t, Envelope(Task{ID: "t", Status: StatusRunning, CurrentAttemptID: "a", Attempts: []Attempt{{ID: "a", Status: StatusRunning}}}),
+		"<task_notice>"+deliveryPromise+"</task_notice>", "a running task's receipt repeats the protocol's delivery promise")
 	for _, claim := range []string{"delivered to this conversation automatically", "never poll", "ending your turn does not return your result", "The first turn you end after they have all finished is the one returned"} {
 		assert.Contains(t, TaskProtocol, claim)
 	}

@@ -374,7 +374,7 @@ func Envelope(t Task) string {
 	openElement(&b, "task_status")
 	b.WriteString(markup.Text(status))
 	closeElement(&b, "task_status")
-	closeTask(&b, nil)
+	closeTask(&b, []string{deliveryPromise}) // the receipt's share of TaskProtocol
 	return b.String()
 }
 
@@ -489,9 +489,13 @@ func AnswerFromEnvelope(env string) (string, bool) {
 // TaskProtocol is the text a harness puts in its task tool's description,
 // so that the model is told only what bgtask really does. Receipts for
 // running work (Envelope's <task_status>) rely on it.
-const TaskProtocol = `Background tasks report back on their own: each task's result or error is delivered to this conversation automatically when it is ready, so never poll, wait or sleep for one.
-While async tasks you started are still running, ending your turn does not return your result: your answer is held until they have all finished and their results have reached you.
-The first turn you end after they have all finished is the one returned, so it must be a complete, self-contained answer.`
+const TaskProtocol = "Background tasks report back on their own: " + deliveryPromise + ".\n" +
+	"While async tasks you started are still running, ending your turn does not return your result: your answer is held until they have all finished and their results have reached you.\n" +
+	"The first turn you end after they have all finished is the one returned, so it must be a complete, self-contained answer."
+
+// deliveryPromise is the part of TaskProtocol a running task's receipt
+// repeats.
+const deliveryPromise = "each task's result or error is delivered to this conversation automatically when it is ready, so never poll, wait or sleep for one"
 
 // answerOutcome is the outcome of one turn (or failure) as an answer: the
 // rules of a task's outcome (a turn with no final text, cut off, or ended

@@ -168,6 +168,9 @@ type Invocation struct {
 	N          int       `json:"n"`
 	Prompt     string    `json:"prompt"`
 	AdmittedAt time.Time `json:"admittedAt"`
+	// Notice is a fact of its admission that rides its answer (a Launch
+	// whose key the task held, made an Extend by ExtendLive).
+	Notice string `json:"notice,omitempty"`
 	// Answer is set once the invocation was answered; answers are released
 	// in invocation order, each exactly once.
 	Answer *Answer `json:"answer,omitempty"`
@@ -1348,6 +1351,7 @@ type (
 	extendIn struct {
 		e       *entry
 		prompt  string
+		notice  string // rides the invocation's answer
 		done    bool
 		hostErr error
 		req     PromptRequest   // admit: what to send
@@ -1505,7 +1509,8 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		m.unlock()
 		var held *KeyHeldError
 		if spec.ExtendLive && errors.As(in.out.err, &held) {
-			if _, err := m.Extend(ctx, held.TaskID, spec.Prompt); err != nil {
+			note := "a Launch with key " + strconv.Quote(held.Key) + ", which this task held, became this invocation (Spec.ExtendLive)"
+			if _, err := m.extend(ctx, held.TaskID, spec.Prompt, note); err != nil {
 				return Task{}, err
 			}
 			return m.Lookup(held.TaskID)
@@ -1721,6 +1726,11 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 // its turn.
 // An Extend never starts a run. Its answer: WaitAnswer.
 func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error) {
+	return m.extend(ctx, taskID, prompt, "")
+}
+
+// extend is Extend; notice, if set, rides the invocation's answer.
+func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (int, error) {
 	ctx = orBackground(ctx)
 	switch {
 	case ctx.Err() != nil:
@@ -1753,7 +1763,7 @@ func (m *Manager) Extend(ctx context.Context, taskID, prompt string) (int, error
 		return 0, err
 	}
 	defer m.passTurn(e, lane)
-	in := extendIn{e: e, prompt: prompt}
+	in := extendIn{e: e, prompt: prompt, notice: notice}
 	if err := m.step(&in); err != nil {
 		return 0, err
 	}
