@@ -781,3 +781,34 @@ func TestContinueFromSurvivesARestart(t *testing.T) {
 	assert.Equal(t, "polished", done.Result)
 	assert.Equal(t, "draft", done.Outcome.PriorOutput)
 }
+
+type panickingHost struct{ *testHost }
+
+func (panickingHost) PromptSession(context.Context, PromptRequest) error { panic("prompt boom") }
+func (panickingHost) ResumeSession(context.Context, string, SessionRequest) error {
+	panic("resume boom")
+}
+
+// A host that panics in PromptSession or ResumeSession crashes nothing: the
+// Extend is refused, the resumed attempt fails.
+func TestPanickingPromptAndResumeCrashNothing(t *testing.T) {
+	ctx := testCtx(t)
+	m := New(panickingHost{&testHost{}}, WithIDs(SequentialIDs()))
+	shutdownAtCleanup(t, m)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	ses := waitStatus(t, m, task.ID, StatusRunning).SessionID
+	_, err = m.Extend(ctx, task.ID, "more")
+	assert.ErrorIs(t, err, ErrPromptRefused)
+	assert.ErrorContains(t, err, "prompt boom")
+	require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "ok"}))
+	done, err := m.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	assert.Empty(t, done.Invocations)
+	next, err := m.Launch(ctx, Spec{ParentSessionID: "p", ContinueFrom: task.ID, Models: oneModel})
+	require.NoError(t, err)
+	failed, err := m.Wait(ctx, next.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusError, failed.Status)
+	assert.Contains(t, failed.Error, "resume boom")
+}
