@@ -393,11 +393,14 @@ func benchLifecycle3(b *testing.B, every int) {
 
 // BenchmarkFloorAsync3 is the floor BenchmarkLifecycle3 is measured
 // against: three goroutine hand-offs, one after the other.
-func BenchmarkFloorAsync3(b *testing.B) {
+func BenchmarkFloorAsync3(b *testing.B) { floorHandOffs(b, 3) }
+
+// floorHandOffs measures n goroutine hand-offs, one after the other.
+func floorHandOffs(b *testing.B, n int) {
 	ch := make(chan int)
 	b.ReportAllocs()
 	for b.Loop() {
-		for i := range 3 {
+		for i := range n {
 			go func() { ch <- i }()
 			<-ch
 		}
@@ -442,16 +445,7 @@ func BenchmarkExtendRoundTrip(b *testing.B) {
 
 // BenchmarkFloorHandOff2 is the floor BenchmarkExtendRoundTrip is measured
 // against: two goroutine hand-offs, one after the other.
-func BenchmarkFloorHandOff2(b *testing.B) {
-	ch := make(chan int)
-	b.ReportAllocs()
-	for b.Loop() {
-		for i := range 2 {
-			go func() { ch <- i }()
-			<-ch
-		}
-	}
-}
+func BenchmarkFloorHandOff2(b *testing.B) { floorHandOffs(b, 2) }
 
 // BenchmarkGateInert: what the children gate costs a turn end of a task
 // whose sessions launched nothing (the decision alone, under the lock).

@@ -410,6 +410,15 @@ func TestKeyExtendLive(t *testing.T) {
 	assert.Contains(t, a2.Envelope, "<task_notice>a Launch with key")
 }
 
+// openOn opens a Manager on host with the file journal in dir.
+func openOn(t *testing.T, dir string, host Host) (*Manager, *crashJournal) {
+	t.Helper()
+	j := openJournal(t, dir)
+	m, err := Open(context.Background(), host, WithJournal(j))
+	require.NoError(t, err)
+	return m, j
+}
+
 // promptingSvcHost is a svcHost (its sessions outlive the process) that
 // accepts every prompt.
 type promptingSvcHost struct{ *svcHost }
@@ -421,12 +430,9 @@ func (promptingSvcHost) PromptSession(context.Context, PromptRequest) error { re
 // files the answer the re-adopted session gives.
 func TestInvocationsAndKeysSurviveARestart(t *testing.T) {
 	dir := t.TempDir()
-	svc := newSessionService()
-	host := promptingSvcHost{&svcHost{svc: svc}}
+	host := promptingSvcHost{&svcHost{svc: newSessionService()}}
 	ctx := testCtx(t)
-	j1 := openJournal(t, dir)
-	m1, err := Open(ctx, host, WithJournal(j1))
-	require.NoError(t, err)
+	m1, j1 := openOn(t, dir, host)
 	task, err := m1.Launch(ctx, Spec{ParentSessionID: "p", Key: "k", Prompt: "start", Models: oneModel})
 	require.NoError(t, err)
 	waitStatus(t, m1, task.ID, StatusRunning)
@@ -438,9 +444,7 @@ func TestInvocationsAndKeysSurviveARestart(t *testing.T) {
 	before := m1.mustTask(t, task.ID)
 	crash(t, m1, j1)
 
-	j2 := openJournal(t, dir)
-	m2, err := Open(ctx, host, WithJournal(j2))
-	require.NoError(t, err)
+	m2, _ := openOn(t, dir, host)
 	shutdownAtCleanup(t, m2)
 	after := m2.mustTask(t, task.ID)
 	require.Equal(t, StatusRunning, after.Status, "the session is alive: re-adopted")
@@ -753,12 +757,9 @@ func (resumingSvcHost) ResumeSession(context.Context, string, SessionRequest) er
 // old task is as it was, and the prior output is still reported once.
 func TestContinueFromSurvivesARestart(t *testing.T) {
 	dir := t.TempDir()
-	svc := newSessionService()
-	host := resumingSvcHost{&svcHost{svc: svc}}
+	host := resumingSvcHost{&svcHost{svc: newSessionService()}}
 	ctx := testCtx(t)
-	j1 := openJournal(t, dir)
-	m1, err := Open(ctx, host, WithJournal(j1))
-	require.NoError(t, err)
+	m1, j1 := openOn(t, dir, host)
 	first, err := m1.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
 	require.NoError(t, err)
 	ses := waitStatus(t, m1, first.ID, StatusRunning).SessionID
@@ -770,9 +771,7 @@ func TestContinueFromSurvivesARestart(t *testing.T) {
 	old := m1.mustTask(t, first.ID)
 	crash(t, m1, j1)
 
-	j2 := openJournal(t, dir)
-	m2, err := Open(ctx, host, WithJournal(j2))
-	require.NoError(t, err)
+	m2, _ := openOn(t, dir, host)
 	shutdownAtCleanup(t, m2)
 	require.NoError(t, sameJSON("the ended task", old, m2.mustTask(t, first.ID)))
 	require.NoError(t, m2.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "polished"}))
