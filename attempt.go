@@ -1359,11 +1359,12 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 		}
 		a := e.cur()
 		in.req = PromptRequest{TaskID: e.id, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Invocation: n, Prompt: in.prompt}
-		in.runDone = m.runDone(e)
+		lane.stopCall = in.cancel
 		lane.inflight++
 		return n, nil
 	}
 	lane.inflight--
+	lane.stopCall = nil
 	early := lane.early
 	lane.early = nil
 	defer m.replayEarly(e, early) // whatever became of the prompt

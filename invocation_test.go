@@ -811,3 +811,27 @@ func TestPanickingPromptAndResumeCrashNothing(t *testing.T) {
 	assert.Equal(t, StatusError, failed.Status)
 	assert.Contains(t, failed.Error, "resume boom")
 }
+
+// A prompt call hanging in the host ends when the run it prompts ends.
+func TestAHangingPromptCallEndsWithItsRun(t *testing.T) {
+	host := &promptHost{testHost: &testHost{}, callGate: newCallGate[PromptRequest]()}
+	m := New(host, WithIDs(SequentialIDs()))
+	shutdownAtCleanup(t, m)
+	ctx := testCtx(t)
+	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
+	require.NoError(t, err)
+	ses := waitStatus(t, m, task.ID, StatusRunning).SessionID
+	res := make(chan error, 1)
+	go func() {
+		_, err := m.Extend(context.Background(), task.ID, "more") // a caller that never gives up
+		res <- err
+	}()
+	<-host.entered
+	require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionError, Err: Permanent(errors.New("gone"))}))
+	select {
+	case err := <-res:
+		assert.Error(t, err)
+	case <-ctx.Done():
+		t.Fatal("the prompt call outlived its run")
+	}
+}

@@ -1079,6 +1079,13 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 			}
 		}
 	}
+	for i := range recs {
+		if recs[i].kind == recAttemptFinal { // the run a prompt call in flight serves has ended
+			if lane := m.calls.prompts[e]; lane != nil && lane.stopCall != nil {
+				lane.stopCall()
+			}
+		}
+	}
 	if !wasTerminal && e.terminal() {
 		m.ended(e)
 	}

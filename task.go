@@ -853,6 +853,7 @@ type promptLane struct {
 	waiters  []chan struct{} // Extends waiting for it, in arrival order: closed when handed it
 	users    int             // Extends holding or waiting for the turn
 	inflight int             // host prompt calls in flight: the task does not end meanwhile
+	stopCall func()          // ends the call in flight, when the run it prompts ends
 	early    []turnEnd       // turn ends that came while a prompt was in flight, in order
 }
 
@@ -1354,8 +1355,8 @@ type (
 		notice  string // rides the invocation's answer
 		done    bool
 		hostErr error
-		req     PromptRequest   // admit: what to send
-		runDone <-chan struct{} // admit: closed when the run prompted ends
+		req     PromptRequest      // admit: what to send
+		cancel  context.CancelFunc // ends the host call (when the run prompted ends)
 		n       int
 		err     error
 	}
@@ -1763,7 +1764,15 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 		return 0, err
 	}
 	defer m.passTurn(e, lane)
-	in := extendIn{e: e, prompt: prompt, notice: notice}
+	// The call's context ends with the caller's, when the run it prompts
+	// ends (its answer could change nothing: the core cancels it then),
+	// and at Shutdown, as every host call's does.
+	callCtx, cancel := context.WithCancel(m.life.ctx)
+	defer cancel()
+	if ctx.Done() != nil { // a caller that can give up
+		defer context.AfterFunc(ctx, cancel)()
+	}
+	in := extendIn{e: e, prompt: prompt, notice: notice, cancel: cancel}
 	if err := m.step(&in); err != nil {
 		return 0, err
 	}
@@ -1771,26 +1780,7 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 		return 0, in.err
 	}
 	in.done = true
-	// The call's context ends with the caller's, when the run it prompts
-	// ends (its answer could change nothing), and at Shutdown, as every
-	// host call's does.
-	callCtx, cancel := context.WithCancel(m.life.ctx)
-	defer cancel()
-	if ctx.Done() != nil { // a caller that can give up
-		defer context.AfterFunc(ctx, cancel)()
-	}
-	watched := make(chan struct{})
-	go func() { // joined below
-		defer close(watched)
-		select {
-		case <-in.runDone:
-			cancel()
-		case <-callCtx.Done():
-		}
-	}()
 	in.hostErr = m.callPrompt(withRunOf(callCtx, e, in.req), p, in.req)
-	cancel()
-	<-watched
 	if err := m.step(&in); err != nil {
 		return 0, err
 	}
