@@ -106,6 +106,26 @@
 // stuck Notifier costs bounded memory. When the last live task of a parent
 // ends, the parent gets exactly one NotifyAllComplete.
 //
+// # Invocations and the children gate
+//
+// Every prompt sent into a task's child conversation is an invocation: the
+// launch prompt is 1, and Extend admits the next ones to a running task
+// through a Host that implements Prompter (FuncHost does: Run.Prompts,
+// Run.Answer). A turn end (Event.Invocation) answers every open invocation
+// up to the one it had seen; answers are released in invocation order,
+// each once, to WaitAnswer and as a NotifyAnswer (the last one is the final
+// summary), and the task ends only when its last invocation is answered. A
+// stop or a failure answers every open invocation.
+//
+// A turn end while tasks the child's session launched still run, or their
+// results are not yet delivered to it, is held (ActivityAwaitingChildren);
+// the first turn after they settled is the answer, and without one the held
+// turn is released degraded after WithGateTimeout. A Notifier that hands a
+// result to an in-process session calls Delivered first. TaskProtocol is
+// the text that tells a model so. Spec.Key makes one start owner per key,
+// Spec.ContinueFrom resumes an ended task's session (Resumer), and Fence
+// lets a tool refuse the side effect of a superseded run.
+//
 // # Bad input and user code
 //
 // A nil context is treated as context.Background() by every method that
