@@ -16,28 +16,39 @@ import (
 	"github.com/bgtask/bgtask/internal/slots"
 )
 
-// Model names a provider's model, with an optional variant.
+// Model names a provider's model, with an optional variant. Provider may
+// be empty: a harness's own name for a model (an alias such as
+// "gpt-primary", a router's name) is a Model with only an ID, rendered as
+// the ID alone.
 type Model struct {
 	Provider string `json:"providerID"`
 	ID       string `json:"modelID"`
 	Variant  string `json:"variant,omitempty"`
 }
 
-// String returns "provider/id", or "provider/id (variant)" with a variant.
+// String returns "provider/id" ("id" with no provider), and a variant in
+// parentheses after it: "provider/id (variant)".
 func (m Model) String() string {
-	s := m.Provider + "/" + m.ID
+	s := m.ID
+	if m.Provider != "" {
+		s = m.Provider + "/" + m.ID
+	}
 	if m.Variant != "" {
 		s += " (" + m.Variant + ")"
 	}
 	return s
 }
 
-// ParseModel splits s at its first "/" into provider and model ID. A string
-// with no "/" or an empty side is an error.
+// ParseModel splits s at its first "/" into provider and model ID; a
+// string with no "/" is a model with no provider (its ID is s). An empty
+// side, or an empty s, is an error.
 func ParseModel(s string) (Model, error) {
 	provider, id, ok := strings.Cut(s, "/")
 	if !ok {
-		return Model{}, fmt.Errorf("bgtask: model %q has no provider: want \"provider/id\"", s)
+		if blank(s) {
+			return Model{}, fmt.Errorf("bgtask: model %q is empty", s)
+		}
+		return Model{ID: s}, nil
 	}
 	if provider == "" || id == "" {
 		return Model{}, fmt.Errorf("bgtask: model %q has an empty provider or ID", s)
@@ -370,6 +381,10 @@ func (m *Manager) apply(e *entry, o *observation) {
 	case SessionWaiting:
 		m.setActivity(e, ActivityWaiting)
 	case SessionIdle:
+		if ev.Value != nil { // the turn's structured result, for Task.Value
+			l := e.keep()
+			l.value, l.valueTok = ev.Value, a.Token
+		}
 		if t := (turnEnd{token: a.Token, text: ev.Text, finish: ev.Finish, noText: ev.NoFinalText, upTo: ev.Invocation, at: at}); !m.atGate(e, t) {
 			m.turnEnded(e, t, "")
 		}
@@ -388,6 +403,10 @@ func (m *Manager) apply(e *entry, o *observation) {
 func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	m.fence(e)
 	a := e.cur()
+	if f.err != nil { // the value itself, for Task.Err
+		l := e.keep()
+		l.err, l.errTok = f.err, a.Token
+	}
 	text := f.text
 	e.output().reason = f.reason
 	if !f.retry || a.Number >= e.info.maxAttempts || e.stop != "" {
@@ -470,7 +489,7 @@ func (m *Manager) onRetryReady(in *retryReadyIn) reply {
 func (m *Manager) spawnStart(e *entry, a Attempt) {
 	m.calls.startSeq++
 	seq := m.calls.startSeq
-	if !m.effect(effect{kind: fxStart, e: e, run: runOfAttempt(a), seq: seq}) {
+	if !m.effect(effect{kind: fxStart, e: e, run: runOfAttempt(a), seq: seq, ctx: runCtx{values: e.values()}}) {
 		m.finalize(e, a.ID, StatusInterrupt, "", "", m.now())
 		return
 	}
@@ -798,6 +817,70 @@ func (m *Manager) onStallCheck(in *stallCheckIn) reply {
 	return reply{after: due.Sub(now)}
 }
 
+// Deadlines (Spec.Timeout, Spec.AttemptTimeout).
+
+// armDeadline arms the task's deadline (a.ID ""), from its launch, or run
+// a's, from its start: a timer on the Manager's clock whose watch ends
+// with the task, or the run. m.mu is held.
+func (m *Manager) armDeadline(e *entry, a Attempt) {
+	due, done := e.info.launchedAt.Add(e.info.timeout), e.waitDone()
+	if a.ID != "" {
+		due, done = a.StartedAt.Add(e.info.attemptTimeout), m.runDone(e)
+	}
+	t := m.cfg.clock.NewTimer(max(due.Sub(m.now()), 0))
+	if !m.effect(effect{kind: fxDeadline, e: e, run: runOfAttempt(a), timer: t, done: done}) {
+		t.Stop()
+	}
+}
+
+// watchDeadlineNow waits for the deadline fx arms, and has the core act on
+// it unless the task (or run) ended first.
+func (m *Manager) watchDeadlineNow(fx *effect) {
+	select {
+	case <-fx.timer.C():
+		m.step(&deadlineIn{e: fx.e, a: fx.run.attempt()})
+	case <-fx.done:
+		fx.timer.Stop()
+	case <-m.life.ctx.Done():
+		fx.timer.Stop()
+	}
+}
+
+// onDeadline decides a deadline that came due. The task's: a stop is
+// recorded (no retry follows) and the run fails, reason deadline — at
+// once with no child, else once the host confirms the abort. A run's: it
+// is aborted and fails, reason deadline, falling back to the next model
+// only with Spec.RetryOnTimeout. A run already being stopped keeps that
+// stop. m.mu is held.
+func (m *Manager) onDeadline(in *deadlineIn) {
+	e, a := in.e, in.a
+	cur := e.cur()
+	switch {
+	case e.terminal():
+		return
+	case a.ID == "":
+		m.wantStop(e, stopByDeadline, m.now())
+		m.stopRun(e, m.now())
+		return
+	case cur.Token != a.Token || cur.Status != StatusRunning || e.rt.abort != nil:
+		return
+	}
+	op, _ := m.newAbort(e, cur, nil)
+	op.failWith = deadlineFailure(e, true)
+	m.runAbort(op)
+}
+
+// deadlineFailure is how a run stopped at a deadline fails: the task's
+// (Spec.Timeout), never retried, or its own (Spec.AttemptTimeout),
+// retried with Spec.RetryOnTimeout.
+func deadlineFailure(e *entry, attempt bool) *failure {
+	err := fmt.Errorf("%w: the task ran longer than its timeout of %s", ErrDeadline, e.info.timeout)
+	if attempt {
+		err = fmt.Errorf("%w: the attempt ran longer than its timeout of %s", ErrDeadline, e.info.attemptTimeout)
+	}
+	return &failure{err: err, text: err.Error(), reason: ReasonDeadline, retry: attempt && e.info.retryOnTimeout}
+}
+
 // output returns what e's current run reported, started afresh when the
 // run is new. m.mu is held.
 func (e *entry) output() *runOutput {
@@ -897,9 +980,12 @@ func (m *Manager) reconcile(rv *recovery) {
 				m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
 			}
 		case e.stop != "":
-			m.finalize(e, a.ID, e.stop, "", "", now) // no child was ever asked for
+			m.stopRun(e, now) // no child was ever asked for: it ends now
 		default:
 			m.admit(e, a) // it never asked for a child: ask now
+		}
+		if !e.terminal() && e.stop == "" && e.info.timeout > 0 {
+			m.armDeadline(e, Attempt{}) // due from the launch: at once if it passed meanwhile
 		}
 	}
 	rv.pending = make(chan struct{}, rv.left)
@@ -1010,9 +1096,14 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 		if !m.bindRun(e, a.ID, in.sid, now) {
 			return
 		}
-	} else if m.cfg.stallTimeout > 0 {
-		e.seen.lastEvent = now // it was silent while nobody listened
-		m.watchStall(e, *e.cur())
+	} else {
+		if m.cfg.stallTimeout > 0 {
+			e.seen.lastEvent = now // it was silent while nobody listened
+			m.watchStall(e, *e.cur())
+		}
+		if e.info.attemptTimeout > 0 {
+			m.armDeadline(e, *e.cur())
+		}
 	}
 	if in.report.State == SessionEnded {
 		ev := in.report.End
@@ -1265,6 +1356,25 @@ func (m *Manager) atGate(e *entry, t turnEnd) bool {
 	return true
 }
 
+// taskSettled follows a task k that has ended and has no notification
+// out (its final summary was delivered or given up): its parent's gate
+// may open, and its Spec.OnDone is called. m.mu is held.
+func (m *Manager) taskSettled(k *entry) {
+	m.kidSettled(k)
+	if l := k.loc; l != nil && l.onDone != nil {
+		done, t := l.onDone, k.project()
+		l.onDone = nil
+		m.out.later = append(m.out.later, func() {
+			defer func() {
+				if r := recover(); r != nil {
+					m.logAttrs(slog.LevelError, "bgtask: Spec.OnDone panicked", slog.String("task", t.ID), slog.String("panic", panicText(r)))
+				}
+			}()
+			done(t)
+		})
+	}
+}
+
 // kidSettled follows a task k that has ended and has no notification out:
 // if it was the last outstanding task of the session that launched it, and
 // that session's task holds a candidate, the candidate's release watch
@@ -1359,6 +1469,7 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 		}
 		a := e.cur()
 		in.req = PromptRequest{TaskID: e.id, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Invocation: n, Prompt: in.prompt}
+		in.values = e.values()
 		lane.stopCall = in.cancel
 		lane.inflight++
 		return n, nil

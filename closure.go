@@ -65,12 +65,21 @@ type runValue struct {
 type runCtx struct {
 	context.Context
 	v runValue
+	// values, if set, is the Launch context whose values the call sees
+	// (Spec.InheritValues): only its values, never its Done or Err.
+	values context.Context
 }
 
-// Value returns the run for runKey and defers to the parent otherwise.
+// Value returns the run for runKey, then a value of the Launch context
+// (Spec.InheritValues), and defers to the parent otherwise.
 func (c *runCtx) Value(key any) any {
 	if key == (runKey{}) {
 		return &c.v
+	}
+	if c.values != nil {
+		if v := c.values.Value(key); v != nil {
+			return v
+		}
 	}
 	return c.Context.Value(key)
 }
@@ -80,8 +89,8 @@ func withRun(ctx context.Context, ref RunRef, kind callKind) context.Context {
 }
 
 // withRunOf is withRun for the run req names, with its task known (Fence).
-func withRunOf(ctx context.Context, e *entry, req PromptRequest) context.Context {
-	return &runCtx{Context: ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, kind: callPrompt, e: e}}
+func withRunOf(ctx context.Context, e *entry, req PromptRequest, values context.Context) context.Context {
+	return &runCtx{Context: ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token}, kind: callPrompt, e: e}, values: values}
 }
 
 // Fence returns nil while the run ctx carries (a Host call's context, or a
@@ -188,6 +197,9 @@ func (m *Manager) newAbort(e *entry, a *Attempt, store *abortOp) (op *abortOp, f
 			ref:  RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token},
 			kind: callAbort,
 		}},
+	}
+	if e.stop == StatusError { // the task's deadline asked for it: the run fails with that
+		op.failWith = deadlineFailure(e, false)
 	}
 	e.rt.abort = op
 	m.calls.abortsN++
@@ -397,6 +409,8 @@ func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 		return op // joined: an arriving session, a stall, another stop
 	}
 	switch {
+	case a.Status == StatusPending && !e.rt.starting() && e.stop == StatusError:
+		m.fail(e, *deadlineFailure(e, false), now) // no child: the task's deadline ends it now
 	case a.Status == StatusPending && !e.rt.starting():
 		m.finalize(e, a.ID, e.stop, "", "", now)
 	case a.Status == StatusRunning:
@@ -737,6 +751,9 @@ func (m *Manager) wantStop(e *entry, stop *recordExt, at time.Time) {
 var (
 	stopByCancel   = &recordExt{stop: StatusCancelled, note: "cancel"}
 	stopByShutdown = &recordExt{stop: StatusInterrupt, note: "shutdown"}
+	// stopByDeadline is the task's deadline (Spec.Timeout): the only stop
+	// that ends a run error (deadlineFailure says how).
+	stopByDeadline = &recordExt{stop: StatusError, note: "deadline"}
 )
 
 // stopBy is the stop a closure of root (or, for CloseTask, of task) asks.

@@ -2,6 +2,7 @@ package bgtask
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -158,6 +159,15 @@ type taskInfo struct {
 	continues   string // Spec.ContinueFrom: the ended task whose session it resumes
 	resume      string // that task's session, resumed by the first attempt
 	prior       string // that task's output, reported once as prior output
+	// Spec.Timeout, Spec.AttemptTimeout, Spec.RetryOnTimeout: the task's
+	// and each run's wall-clock deadline (0: none).
+	timeout, attemptTimeout time.Duration
+	retryOnTimeout          bool
+	// Derived from the ledger as the launch is applied (never encoded):
+	// the session at the top of the task's tree, and its depth in it (1:
+	// launched from a session no task owns).
+	root  string
+	depth int
 }
 
 // modelFor returns the model of attempt number n (1-based): the chain in
@@ -206,6 +216,40 @@ type entry struct {
 	// live is the token of the task's current run while it is live and no
 	// stop was asked for it (nil otherwise): what Fence reads, lock-free.
 	live atomic.Pointer[string]
+	// loc is what only this process keeps of the task (see local); nil
+	// while it keeps nothing.
+	loc *local
+}
+
+// local is what a task keeps only while this process lives, beside its
+// records: never journaled, gone after a restart. values and the
+// CancelWithCaller watch are set at the launch, before the task is
+// published, and values never changes after; the rest is guarded by
+// m.mu.
+type local struct {
+	values   context.Context // Spec.InheritValues: the Launch context, for its values
+	onDone   func(Task)      // Spec.OnDone, until it is called
+	stopWait func() bool     // ends the Spec.CancelWithCaller watch
+	value    any             // the structured result of run valueTok (Event.Value)
+	valueTok string
+	err      error // the error value that ended run errTok
+	errTok   string
+}
+
+// values is the Launch context whose values e's calls carry, or nil.
+func (e *entry) values() context.Context {
+	if e == nil || e.loc == nil {
+		return nil
+	}
+	return e.loc.values
+}
+
+// keep returns e's process-local part, made on first use. m.mu is held.
+func (e *entry) keep() *local {
+	if e.loc == nil {
+		e.loc = new(local)
+	}
+	return e.loc
 }
 
 func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
@@ -240,6 +284,8 @@ type ledger struct {
 	bySession map[string]attemptRef // sessionID → the attempt it was created for
 	byParent  map[string][]*entry   // parent sessionID → the tasks launched from it
 	byKey     map[string]*entry     // Spec.Key → the last task launched with it (live or not)
+	byRoot    map[string][]*entry   // root session → the tasks of its tree, in launch order
+	byMeta    map[string][]*entry   // metaKey(k, v) → the tasks with that metadata, in launch order
 	closures  []record              // recBranchClosed records, in order
 	// tap, when set, sees every record as it is committed, in sequence
 	// order (the Manager's journal batch). It is called with the Manager's
@@ -253,10 +299,11 @@ type ledger struct {
 	widened uint64
 
 	// Retention: the ended tasks still in memory, oldest end first; the
-	// live tasks per parent session; the ids of forgotten tasks (bounded,
-	// oldest dropped first).
+	// live tasks per parent session and per root session; the ids of
+	// forgotten tasks (bounded, oldest dropped first).
 	ended         []*entry
 	liveBy        map[string]int
+	liveRoot      map[string]int
 	tombs         map[string]struct{}
 	tombOrder     []string
 	forgotten     uint64 // tasks forgotten, ever (a journal is compacted as they add up)
@@ -273,6 +320,9 @@ func newLedger(ids IDGenerator) *ledger {
 		bySession: make(map[string]attemptRef),
 		byParent:  make(map[string][]*entry),
 		byKey:     make(map[string]*entry),
+		byRoot:    make(map[string][]*entry),
+		byMeta:    make(map[string][]*entry),
+		liveRoot:  make(map[string]int),
 		liveBy:    make(map[string]int),
 		tombs:     make(map[string]struct{}),
 	}
@@ -289,14 +339,40 @@ func (l *ledger) live(key string) *entry {
 	return nil
 }
 
-// liveEnded counts one live task of parent out.
-func (l *ledger) liveEnded(parent string) {
-	if n := l.liveBy[parent] - 1; n > 0 {
-		l.liveBy[parent] = n
+// liveEnded counts live task e out of its parent's and its root's.
+func (l *ledger) liveEnded(e *entry) {
+	countDown(l.liveBy, e.info.parent)
+	countDown(l.liveRoot, e.info.root)
+}
+
+// taken reports whether a task the ledger knows has id: in memory, or
+// forgotten lately (a tombstone).
+func (l *ledger) taken(id string) bool {
+	_, known := l.tasks[id]
+	_, gone := l.tombs[id]
+	return known || gone
+}
+
+// countDown takes one from counts[k], deleting it at 0.
+func countDown(counts map[string]int, k string) {
+	if n := counts[k] - 1; n > 0 {
+		counts[k] = n
 	} else {
-		delete(l.liveBy, parent)
+		delete(counts, k)
 	}
 }
+
+// lineage is where a task launched from session parent sits: the root
+// session of its tree and its depth (1 when no task owns parent).
+func (l *ledger) lineage(parent string) (root string, depth int) {
+	if ref, ok := l.bySession[parent]; ok {
+		return ref.e.info.root, ref.e.info.depth + 1
+	}
+	return parent, 1
+}
+
+// metaKey is the byMeta key of one metadata pair.
+func metaKey(k, v string) string { return k + "\x00" + v }
 
 // replayOne applies one replayed record: the kinds that change no task
 // are numbered, a closure record is kept, the rest are applied (the entry
@@ -318,15 +394,32 @@ func (l *ledger) replayOne(rec record) (*entry, error) {
 // written (a bug, logged): nothing may see a task without an attempt.
 func (l *ledger) drop(e *entry) {
 	delete(l.tasks, e.id)
-	l.liveEnded(e.info.parent)
-	p := l.byParent[e.info.parent]
-	if n := len(p); n > 0 && p[n-1] == e {
-		l.byParent[e.info.parent] = p[:n-1]
-	}
+	l.liveEnded(e)
+	l.unindex(e)
 	if ref, ok := l.bySession[e.info.parent]; ok {
 		if k := ref.e.kids; len(k) > 0 && k[len(k)-1] == e {
 			ref.e.kids = k[:len(k)-1]
 		}
+	}
+}
+
+// unindex takes e out of the indexes of its launch: under its parent (and
+// its parent task's kids), its root, its metadata.
+func (l *ledger) unindex(e *entry) {
+	drop := func(index map[string][]*entry, k string) {
+		if rest := without(index[k], e); len(rest) > 0 {
+			index[k] = rest
+		} else {
+			delete(index, k)
+		}
+	}
+	drop(l.byParent, e.info.parent)
+	drop(l.byRoot, e.info.root)
+	for k, v := range e.info.metadata {
+		drop(l.byMeta, metaKey(k, v))
+	}
+	if ref, ok := l.bySession[e.info.parent]; ok {
+		ref.e.kids = without(ref.e.kids, e)
 	}
 }
 
@@ -389,13 +482,19 @@ func (l *ledger) apply(rec record) (*entry, error) {
 			return nil, &KeyHeldError{Key: rec.spec.key, TaskID: o.id}
 		}
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
+		rec.spec.root, rec.spec.depth = l.lineage(rec.spec.parent)
 		l.liveBy[rec.spec.parent]++ // it ends with its terminal attempt (ended, or a replay's count below)
+		l.liveRoot[rec.spec.root]++
 		e.attempts = e.first[:0]
 		l.tasks[rec.task] = e
 		if k := rec.spec.key; k != "" {
 			l.byKey[k] = e
 		}
 		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
+		l.byRoot[rec.spec.root] = append(l.byRoot[rec.spec.root], e)
+		for k, v := range rec.spec.metadata {
+			l.byMeta[metaKey(k, v)] = append(l.byMeta[metaKey(k, v)], e)
+		}
 		if ref, ok := l.bySession[rec.spec.parent]; ok {
 			ref.e.kids = append(ref.e.kids, e)
 		}
@@ -827,6 +926,15 @@ func (e *entry) project() Task {
 		Activity:         e.liveActivity(),
 	}
 	t.Key, t.ContinuedFrom = e.info.key, e.info.continues
+	t.Prompt, t.Root, t.Depth = e.info.prompt, e.info.root, e.info.depth
+	if l := e.loc; l != nil {
+		if l.valueTok == cur.Token {
+			t.Value = l.value
+		}
+		if l.errTok == cur.Token {
+			t.Err = l.err
+		}
+	}
 	if e.inv != nil {
 		t.Invocations = e.inv.clone()
 	}
@@ -1077,6 +1185,9 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 			if m.cfg.stallTimeout > 0 {
 				m.watchStall(e, rec.attempt)
 			}
+			if e.info.attemptTimeout > 0 {
+				m.armDeadline(e, rec.attempt)
+			}
 		}
 	}
 	for i := range recs {
@@ -1113,10 +1224,15 @@ func (m *Manager) ended(e *entry) {
 	e.rt.sig.End()
 	m.roundEnded(e)
 	l := m.led
-	l.liveEnded(e.info.parent)
+	l.liveEnded(e)
+	m.wakeFanout(e.info.parent)
+	if loc := e.loc; loc != nil && loc.stopWait != nil {
+		loc.stopWait() // Spec.CancelWithCaller: nothing left to cancel
+		loc.stopWait = nil
+	}
 	l.ended = append(l.ended, e)
 	if e.notesOut == 0 {
-		m.kidSettled(e)
+		m.taskSettled(e)
 	}
 	m.sweep()
 }
@@ -1188,13 +1304,7 @@ func (m *Manager) forget(e *entry) {
 	if k := e.info.key; k != "" && l.byKey[k] == e {
 		delete(l.byKey, k)
 	}
-	l.byParent[e.info.parent] = without(l.byParent[e.info.parent], e)
-	if len(l.byParent[e.info.parent]) == 0 {
-		delete(l.byParent, e.info.parent)
-	}
-	if ref, ok := l.bySession[e.info.parent]; ok {
-		ref.e.kids = without(ref.e.kids, e)
-	}
+	l.unindex(e)
 	m.order = without(m.order, e)
 	lost := m.notes.lost[:0]
 	for _, n := range m.notes.lost {
@@ -1282,9 +1392,9 @@ type Commit interface {
 }
 
 // recordFormat is the version byte that starts every encoded record.
-// Format 2 added evidence's notice, an invocation, and a spec's key; a
-// format 1 record is still read.
-const recordFormat = 2
+// Format 2 added evidence's notice, an invocation, and a spec's key;
+// format 3 a spec's deadlines. Records of older formats are still read.
+const recordFormat = 3
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
 // length-prefixed strings, times with their zone offset).
@@ -1386,6 +1496,16 @@ func encodeExt(w *codec.Writer, x *recordExt) error {
 	for _, f := range cont {
 		w.String(f)
 	}
+	// Format 3 on: the spec's deadlines.
+	var timeouts [2]time.Duration
+	retry := false
+	if ti := x.spec; ti != nil {
+		timeouts, retry = [2]time.Duration{ti.timeout, ti.attemptTimeout}, ti.retryOnTimeout
+	}
+	for _, d := range timeouts {
+		w.Uint(uint64(d))
+	}
+	w.Bool(retry)
 	return nil
 }
 
@@ -1502,6 +1622,11 @@ func decodeExt(d *codec.Reader, format byte) (*recordExt, error) {
 			x.spec.continues, x.spec.resume, x.spec.prior = c, r, p
 		}
 	}
+	if format >= 3 {
+		if t, at, retry := time.Duration(d.Uint()), time.Duration(d.Uint()), d.Bool(); x.spec != nil {
+			x.spec.timeout, x.spec.attemptTimeout, x.spec.retryOnTimeout = t, at, retry
+		}
+	}
 	return x, nil
 }
 
@@ -1599,7 +1724,7 @@ func (m *Manager) afterReplay() error {
 	l := m.led
 	for _, e := range m.order {
 		if e.terminal() {
-			l.liveEnded(e.info.parent)
+			l.liveEnded(e)
 			l.ended = append(l.ended, e)
 		}
 	}

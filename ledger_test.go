@@ -140,7 +140,8 @@ func TestModelStringAndParse(t *testing.T) {
 	}{
 		{give: "openai/gpt-5.4-mini", want: Model{Provider: "openai", ID: "gpt-5.4-mini"}},
 		{give: "openrouter/meta/llama-4", want: Model{Provider: "openrouter", ID: "meta/llama-4"}},
-		{give: "gpt-5", wantErr: true},
+		{give: "gpt-primary", want: Model{ID: "gpt-primary"}},
+		{give: "", wantErr: true},
 		{give: "/x", wantErr: true},
 		{give: "x/", wantErr: true},
 	}

@@ -145,6 +145,9 @@ const (
 	// ReasonUnconsumedToolCall: the turn ended on a tool call nobody
 	// answered.
 	ReasonUnconsumedToolCall Reason = "unconsumed_tool_call"
+	// ReasonDeadline: the run was stopped at its wall-clock deadline
+	// (Spec.Timeout, Spec.AttemptTimeout).
+	ReasonDeadline Reason = "deadline"
 	// ReasonUnknown: the run failed and the library could not establish
 	// why. It is never a guess.
 	ReasonUnknown Reason = "unknown"

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/bgtask/bgtask/internal/clock"
 	"github.com/bgtask/bgtask/internal/dispatch"
@@ -82,7 +84,43 @@ var (
 	// longer its task's current live run (replaced by a retry, stopped, or
 	// ended): a side effect it was about to make must not happen.
 	ErrSuperseded = errors.New("bgtask: run superseded")
+	// ErrIDTaken: Launch was given a Spec.ID that a task this Manager
+	// knows has (live, ended, or forgotten lately). Nothing changed.
+	ErrIDTaken = errors.New("bgtask: task id is taken")
+	// ErrDepthLimit, ErrFanOutLimit, ErrTreeLimit: Launch was refused by
+	// a limit of WithTreeLimits (spawn depth, live tasks per parent
+	// session, live tasks per root session); the error is a *LimitError.
+	// Nothing changed.
+	ErrDepthLimit  = errors.New("bgtask: spawn depth limit reached")
+	ErrFanOutLimit = errors.New("bgtask: live tasks per parent session limit reached")
+	ErrTreeLimit   = errors.New("bgtask: live tasks per root session limit reached")
+	// ErrDeadline is in the chain of Task.Err when a run was stopped at its
+	// wall-clock deadline (Spec.Timeout, Spec.AttemptTimeout); the
+	// outcome's reason is ReasonDeadline.
+	ErrDeadline = errors.New("deadline")
 )
+
+// LimitError is a Launch refused by a limit of WithTreeLimits. It matches
+// ErrDepthLimit, ErrFanOutLimit or ErrTreeLimit (errors.Is), as Limit says.
+type LimitError struct {
+	Limit   error  // ErrDepthLimit, ErrFanOutLimit or ErrTreeLimit
+	Max     int    // the limit
+	Session string // the session it counts under: the parent, or the root
+	// Waited is how long the Launch waited for a slot (ErrFanOutLimit
+	// with TreeLimits.ParentWait) before it gave up.
+	Waited time.Duration
+}
+
+func (e *LimitError) Error() string {
+	s := fmt.Sprintf("%v (%d) under session %s", e.Limit, e.Max, e.Session)
+	if e.Waited > 0 {
+		s += ", after waiting " + e.Waited.String() + " for a slot"
+	}
+	return s
+}
+
+// Is makes errors.Is match the limit's sentinel.
+func (e *LimitError) Is(target error) bool { return target == e.Limit }
 
 // KeyHeldError is ErrKeyHeld with the key and the live task holding it.
 type KeyHeldError struct {
@@ -160,6 +198,30 @@ type Task struct {
 	// admission order, with their answers: set once the task was extended
 	// (Extend); a task that only had its launch prompt has none.
 	Invocations []Invocation `json:"invocations,omitempty"`
+	// Prompt is Spec.Prompt: the launch prompt (invocation 1).
+	Prompt string `json:"prompt,omitempty"`
+	// Root is the session at the top of the task's tree: its parent
+	// session, or, for a task launched from a task's session, that task's
+	// Root. Depth is its level in the tree: 1 when launched from a session
+	// no task owns, one more for each task session above it.
+	Root  string `json:"root,omitempty"`
+	Depth int    `json:"depth,omitempty"`
+
+	// Value is the structured result of the current attempt's run
+	// (Event.Value, or what a Returning function returned); Err is the
+	// original error value that ended the current attempt (a SessionError's
+	// Event.Err, a failed start's *StartError, a deadline or a stall), for
+	// errors.Is and errors.As — Error is its text. Both are process-local:
+	// never journaled, nil after a restart, and never in JSON. ValueOf
+	// reads Value as the harness's type.
+	Value any   `json:"-"`
+	Err   error `json:"-"`
+}
+
+// ValueOf returns t.Value as a T, and whether it is one.
+func ValueOf[T any](t Task) (T, bool) {
+	v, ok := t.Value.(T)
+	return v, ok
 }
 
 // Invocation is one prompt sent into a task's child conversation. The
@@ -247,7 +309,8 @@ type Spec struct {
 	Agent           string
 	Prompt          string
 	// Models is the fallback chain: Models[0] first, then the rest in
-	// order. Required, each with a Provider and an ID.
+	// order. Required, each with an ID; Provider may be empty (a model the
+	// harness names by an alias alone).
 	Models []Model
 	// MaxAttempts caps the attempts. 0 means one attempt per model; a
 	// larger value than len(Models) reuses the last model for the rest.
@@ -271,6 +334,49 @@ type Spec struct {
 	// The ended task never changes; the session's events are this task's
 	// from then on. A retry starts a new session, as always.
 	ContinueFrom string
+
+	// ID, when set, is the task's id instead of one the IDGenerator makes
+	// (the harness's own ids): at most 128 bytes of valid UTF-8, with no
+	// white space or control characters. A Launch with the id of a task
+	// the Manager knows — live, ended, or forgotten lately — is refused
+	// with ErrIDTaken.
+	ID string
+
+	// Timeout is the task's wall-clock deadline, from its launch: at
+	// Timeout the current attempt is stopped and the task ends error,
+	// reason deadline ("deadline: ..."), whatever attempts are left.
+	// AttemptTimeout bounds each attempt the same way, from the moment
+	// its session runs; the attempt ends error, reason deadline, and the
+	// task falls back to its next model only with RetryOnTimeout. Unlike
+	// WithStallTimeout, which catches silence, these catch a chatty child
+	// stuck in a loop. 0: no deadline. Both survive a restart with a
+	// journal (the timers are armed again).
+	Timeout        time.Duration
+	AttemptTimeout time.Duration
+	RetryOnTimeout bool
+
+	// The fields below are process-local: they hold what only this
+	// process can keep (a function, a context), are not journaled, and
+	// are gone after a restart.
+
+	// OnDone, when set, is called once the task has ended and its final
+	// summary was delivered (or given up, or no Notifier is set): exactly
+	// once, on a goroutine of the Manager, never under its lock, with the
+	// task's final snapshot. It is how the one caller that launched a
+	// task hears of its end without racing Launch's return. A panic in it
+	// is recovered and logged.
+	OnDone func(Task)
+	// InheritValues makes the contexts of the task's host calls — the
+	// FuncHost function's, StartSession's, PromptSession's — carry the
+	// values of the context passed to Launch (a channel, a chat, turn
+	// state: what tools read), never its cancellation or deadline. The
+	// context is kept with the task while it is in memory.
+	InheritValues bool
+	// CancelWithCaller stops the task when the context passed to Launch
+	// ends before the task does: the task and what its sessions launched
+	// are stopped as CloseTask stops them (honestly: cancelled once the
+	// host confirmed), and the close's error, if any, is logged.
+	CancelWithCaller bool
 }
 
 // Resumer is a Host that can resume an existing child session with a new
@@ -291,6 +397,15 @@ func (s Spec) validate() error {
 		return &SpecError{Field: "Models", Reason: "has no model"}
 	case s.MaxAttempts < 0:
 		return &SpecError{Field: "MaxAttempts", Reason: "is negative (" + strconv.Itoa(s.MaxAttempts) + ")"}
+	case s.Timeout < 0:
+		return &SpecError{Field: "Timeout", Reason: "is negative (" + s.Timeout.String() + ")"}
+	case s.AttemptTimeout < 0:
+		return &SpecError{Field: "AttemptTimeout", Reason: "is negative (" + s.AttemptTimeout.String() + ")"}
+	}
+	if s.ID != "" {
+		if reason := badID(s.ID); reason != "" {
+			return &SpecError{Field: "ID", Reason: reason}
+		}
 	}
 	for k := range s.Metadata {
 		if len(k) >= len(ReservedMetadataPrefix) && strings.EqualFold(k[:len(ReservedMetadataPrefix)], ReservedMetadataPrefix) {
@@ -299,8 +414,8 @@ func (s Spec) validate() error {
 	}
 	for i, m := range s.Models {
 		field := "Models[" + strconv.Itoa(i) + "]"
-		if blank(m.Provider) {
-			return &SpecError{Field: field + ".Provider", Reason: "is empty"}
+		if m.Provider != "" && blank(m.Provider) {
+			return &SpecError{Field: field + ".Provider", Reason: "is only white space (leave it empty for a model with no provider)"}
 		}
 		if blank(m.ID) {
 			return &SpecError{Field: field + ".ID", Reason: "is empty"}
@@ -308,6 +423,25 @@ func (s Spec) validate() error {
 	}
 	return nil
 }
+
+// badID says what is wrong with a task id a caller chose, or "".
+func badID(id string) string {
+	switch {
+	case len(id) > maxIDBytes:
+		return "is longer than " + strconv.Itoa(maxIDBytes) + " bytes"
+	case !utf8.ValidString(id):
+		return "is not valid UTF-8"
+	}
+	for _, r := range id {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return "contains white space or a control character (" + strconv.QuoteRune(r) + ")"
+		}
+	}
+	return ""
+}
+
+// maxIDBytes bounds a task id a caller chose (Spec.ID).
+const maxIDBytes = 128
 
 // blank reports whether s is empty or only white space.
 func blank(s string) bool { return strings.TrimSpace(s) == "" }
@@ -369,6 +503,8 @@ type SessionRequest struct {
 	ParentSessionID string
 	Model           Model
 	Agent, Prompt   string
+	Description     string
+	Metadata        map[string]string // the task's Spec.Metadata: the host's copy
 }
 
 // EventKind is what a child session reported.
@@ -437,6 +573,10 @@ type Event struct {
 	// its answer goes to every invocation up to it that has none yet. 0
 	// means the latest admitted.
 	Invocation int
+	// Value (SessionIdle) is the turn's structured result, of the
+	// harness's own type, kept beside the task while the process lives
+	// (Task.Value); Text stays the answer the parent model reads.
+	Value any
 }
 
 // NotificationKind says what a notification tells the parent.
@@ -556,6 +696,11 @@ func (g *uuidIDs) NewID(kind IDKind) string {
 	return string(buf[:n+36])
 }
 
+// UUIDs returns the default IDGenerator: random (version 4) UUIDs, with
+// run tokens prefixed "run_". Each call returns a new generator, safe for
+// concurrent use.
+func UUIDs() IDGenerator { return newUUIDs() }
+
 // SequentialIDs returns an IDGenerator making "task-1", "attempt-1",
 // "run-1", … with a counter per kind: deterministic ids for tests and
 // examples. Tokens from two such generators are not distinct; use it only
@@ -605,6 +750,8 @@ type config struct {
 	undeliveredLimit int // notifications kept for Undelivered
 	journal          Journal
 	retention        Retention
+	tree             TreeLimits
+	classifier       func(err error, retryable bool) bool // WithRetryClassifier, composed into retryable by New
 
 	err error // an invalid option, found by New: every Launch returns it
 }
@@ -666,6 +813,54 @@ func WithIDs(g IDGenerator) Option { return optionFunc(func(c *config) { c.ids =
 func WithRetryable(f func(error) bool) Option {
 	return optionFunc(func(c *config) { c.retryable = f })
 }
+
+// WithRetryClassifier extends the retry classifier instead of replacing
+// it: f sees each failure and the answer the classifier gave
+// (DefaultRetryable, or WithRetryable's), and its answer decides. A
+// Permanent error is never retried, whatever f says. f is user code, run
+// outside the Manager's lock; a panic in it makes the failure
+// non-retryable, named in its text.
+//
+//	bgtask.WithRetryClassifier(func(err error, retry bool) bool {
+//		var q *QuotaError
+//		return retry || errors.As(err, &q)
+//	})
+func WithRetryClassifier(f func(err error, retryable bool) bool) Option {
+	return optionFunc(func(c *config) { c.classifier = f })
+}
+
+// TreeLimits are the limits a tree of subagents needs (WithTreeLimits).
+// A task launched from a task's session is one level deeper than that
+// task (Task.Depth); the root of a tree is the session at its top
+// (Task.Root). Every limit is off at 0, the default.
+type TreeLimits struct {
+	// MaxDepth refuses a Launch whose task would be deeper than MaxDepth
+	// (ErrDepthLimit).
+	MaxDepth int
+	// MaxPerParent caps the live (pending or running) tasks launched from
+	// one session. A Launch past it waits, first come first served, for
+	// one of them to end — at most ParentWait, then it is refused
+	// (ErrFanOutLimit); with ParentWait 0 it is refused at once. A waiting
+	// Launch also gives up when its context ends (its error) or at
+	// Shutdown (ErrShutdown).
+	MaxPerParent int
+	ParentWait   time.Duration
+	// MaxPerRoot caps the live tasks of one tree, at any depth: a Launch
+	// past it is refused (ErrTreeLimit).
+	MaxPerRoot int
+}
+
+func (t *TreeLimits) validate() error {
+	if t.MaxDepth < 0 || t.MaxPerParent < 0 || t.MaxPerRoot < 0 || t.ParentWait < 0 {
+		return fmt.Errorf("bgtask: invalid TreeLimits %+v: every limit is ≥ 0", *t)
+	}
+	return nil
+}
+
+// WithTreeLimits limits the depth and breadth of subagent trees; see
+// TreeLimits. The limits are checked by the core as each task is
+// launched, from what the ledger holds. Default: no limits.
+func WithTreeLimits(t TreeLimits) Option { return optionFunc(func(c *config) { c.tree = t }) }
 
 // WithRetryDelay waits f(n) before starting attempt n (n ≥ 2) of a retry.
 // The attempt is pending with PendingRetryDelay meanwhile, and Cancel ends
@@ -836,12 +1031,21 @@ type lifetime struct {
 // (Shutdown waits for both), and the events held until a start in flight
 // binds the session or attempt they name.
 type hostCalls struct {
-	pool     *slots.Pool[queued]    // concurrency slots; nil without WithConcurrency
-	startSeq uint64                 // last session start issued
-	inflight map[uint64]struct{}    // session starts in flight, by seq
-	abortsN  int                    // aborts in flight
-	held     *held.Set[observation] // events waiting for a start in flight to bind their session
-	prompts  map[*entry]*promptLane // the Extend lanes of live tasks: one host prompt call at a time
+	pool     *slots.Pool[queued]     // concurrency slots; nil without WithConcurrency
+	startSeq uint64                  // last session start issued
+	inflight map[uint64]struct{}     // session starts in flight, by seq
+	abortsN  int                     // aborts in flight
+	held     *held.Set[observation]  // events waiting for a start in flight to bind their session
+	prompts  map[*entry]*promptLane  // the Extend lanes of live tasks: one host prompt call at a time
+	fanout   map[string][]*fanWaiter // Launches waiting for a live-task slot of their parent session, in arrival order
+}
+
+// fanWaiter is a Launch waiting for a slot of its parent session
+// (TreeLimits.MaxPerParent): ch is closed when it may look again.
+type fanWaiter struct {
+	ch    chan struct{}
+	woken bool
+	since time.Time
 }
 
 // promptLane serializes the Extends of one task: its turn is taken, in
@@ -887,6 +1091,7 @@ type outbox struct {
 	fx     []effect
 	lines  []logRec
 	recs   []record   // committed records for the journal, in order
+	later  []func()   // user callbacks (Spec.OnDone), run once the records are durable
 	order  sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
 	panics atomic.Uint64
 }
@@ -1010,6 +1215,9 @@ func newManager(host Host, opts []Option) *Manager {
 	if cfg.retryable == nil {
 		cfg.retryable = DefaultRetryable
 	}
+	if f, base := cfg.classifier, cfg.retryable; f != nil {
+		cfg.retryable = func(err error) bool { return f(err, base(err)) }
+	}
 	if cfg.holdLimit <= 0 {
 		cfg.holdLimit = 1024
 	}
@@ -1039,6 +1247,9 @@ func newManager(host Host, opts []Option) *Manager {
 	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
 		m.cfg.err = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
 	}
+	if err := cfg.tree.validate(); err != nil {
+		m.cfg.err = err
+	}
 	if a, ok := host.(interface{ attach(*Manager) }); ok {
 		a.attach(m)
 	}
@@ -1065,12 +1276,12 @@ func (m *Manager) unlock() error { return m.unlockOn(nil) }
 // the function w runs does: the first effect may run on w once that
 // function returns, instead of on a new goroutine (see group.Worker).
 func (m *Manager) unlockOn(w *group.Worker) error {
-	if len(m.out.lines) == 0 && len(m.out.fx) == 0 && len(m.out.recs) == 0 {
+	if len(m.out.lines) == 0 && len(m.out.fx) == 0 && len(m.out.recs) == 0 && len(m.out.later) == 0 {
 		m.mu.Unlock()
 		return nil
 	}
-	lines, fx, recs := m.out.lines, m.out.fx, m.out.recs
-	m.out.lines, m.out.fx, m.out.recs = nil, nil, nil
+	lines, fx, recs, later := m.out.lines, m.out.fx, m.out.recs, m.out.later
+	m.out.lines, m.out.fx, m.out.recs, m.out.later = nil, nil, nil, nil
 	var durable Commit
 	if len(recs) > 0 {
 		// Batches reach the journal in commit order: the order lock is
@@ -1102,6 +1313,14 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	}
 	for _, r := range lines { // the logger is user code, and may be slow: after the effects start
 		m.logAttrs(r.level, r.msg, r.attrs...)
+	}
+	for _, f := range later { // user callbacks: on a goroutine of their own, or here once none starts
+		if err != nil {
+			break // not durable: what they would be told did not happen
+		}
+		if !m.life.group.Go(f) {
+			f()
+		}
 	}
 	return err
 }
@@ -1179,7 +1398,7 @@ type effect struct {
 	session  string                // fxAbortOrphan, fxCascade: the session
 	closure  *closure              // fxCascade: the closure of its branch
 	rv       *recovery             // fxRecover: the restart it serves
-	timer    Timer                 // fxQueueTimeout: made as the run queued
+	timer    Timer                 // fxQueueTimeout: made as the run queued; fxDeadline: made as it was armed
 	done     <-chan struct{}       // fxStallWatch: closed when the run ends or is replaced
 	waiter   *slots.Waiter[queued] // fxQueueTimeout: the run's place in the queue
 	fn       func()                // fxGo: a goroutine of the machinery (a lane, abort workers)
@@ -1213,6 +1432,7 @@ const (
 	fxQueueTimeout                       // end queued run a when the queue timeout fires first
 	fxCascade                            // close the branch beneath a deleted session
 	fxRecover                            // ask a StatusHost what became of run a after a restart
+	fxDeadline                           // stop run a (or, with no run, the task) at its deadline: due
 	fxGo                                 // run fn
 )
 
@@ -1255,6 +1475,8 @@ func (fx *effect) Run(w *group.Worker) {
 		m.cascadeNow(fx.closure, fx.session)
 	case fxRecover:
 		m.recoverRun(fx)
+	case fxDeadline:
+		m.watchDeadlineNow(fx)
 	case fxGo:
 		fx.fn()
 	}
@@ -1302,8 +1524,9 @@ type (
 	// launchIn: Launch, with the spec resolved and validated. (By value:
 	// an input that is one pointer would make every input escape.)
 	launchIn struct {
-		info taskInfo
-		out  reply
+		info   taskInfo
+		ticket *fanWaiter // its place in its parent's queue (TreeLimits.MaxPerParent), once it waits
+		out    reply
 	}
 	// eventIn: Observe, a child session's event; its failure classified
 	// when it needs to be (errNeedsClass asks for that first).
@@ -1357,6 +1580,7 @@ type (
 		hostErr error
 		req     PromptRequest      // admit: what to send
 		cancel  context.CancelFunc // ends the host call (when the run prompted ends)
+		values  context.Context    // admit: the Launch context whose values the call carries
 		n       int
 		err     error
 	}
@@ -1367,6 +1591,11 @@ type (
 		a       Attempt
 		retryAt time.Time
 		out     reply
+	}
+	// deadlineIn: the deadline of run a of e (a.ID "": the task's) is due.
+	deadlineIn struct {
+		e *entry
+		a Attempt
 	}
 	// stopIn: Cancel asked to stop task id (token: the run it saw, or "").
 	stopIn struct {
@@ -1404,6 +1633,7 @@ func (*gateCheckIn) input()    {}
 func (*extendIn) input()       {}
 func (*stallCheckIn) input()   {}
 func (*stopIn) input()         {}
+func (*deadlineIn) input()     {}
 func (*shutdownIn) input()     {}
 func (*runReturnedIn) input()  {}
 func (*recoveredIn) input()    {}
@@ -1445,6 +1675,8 @@ func (m *Manager) decide(in input) {
 		in.out = m.onStallCheck(in)
 	case *stopIn:
 		in.out = m.onStop(in)
+	case *deadlineIn:
+		m.onDeadline(in)
 	case *shutdownIn:
 		m.onShutdown()
 	case *runReturnedIn:
@@ -1484,7 +1716,8 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if maxAttempts == 0 {
 		maxAttempts = len(spec.Models)
 	}
-	info := taskInfo{ // id and launchedAt are the core's to give
+	info := taskInfo{ // launchedAt is the core's to give, and id unless the spec has one
+		id:          spec.ID,
 		parent:      spec.ParentSessionID,
 		description: spec.Description,
 		agent:       spec.Agent,
@@ -1494,6 +1727,10 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		metadata:    maps.Clone(spec.Metadata),
 		key:         spec.Key,
 		continues:   spec.ContinueFrom,
+
+		timeout:        spec.Timeout,
+		attemptTimeout: spec.AttemptTimeout,
+		retryOnTimeout: spec.RetryOnTimeout,
 	}
 	if spec.ContinueFrom != "" {
 		if _, ok := m.host.(Resumer); !ok {
@@ -1503,9 +1740,10 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err := m.poisoned(); err != nil {
 		return Task{}, err
 	}
-	m.mu.Lock()
 	in := launchIn{info: info}
-	m.decide(&in)
+	if err := m.launchDecide(ctx, &in); err != nil {
+		return Task{}, err
+	}
 	if in.out.err != nil {
 		m.unlock()
 		var held *KeyHeldError
@@ -1518,11 +1756,90 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		}
 		return Task{}, in.out.err
 	}
+	m.keepLocal(ctx, in.out.e, &spec)
 	task := in.out.e.project()
 	if err := m.unlock(); err != nil {
 		return Task{}, err // not durable: it never happened
 	}
 	return task, nil
+}
+
+// launchDecide decides launch in, waiting in its parent's queue while
+// TreeLimits.MaxPerParent says so (at most ParentWait, and never past
+// ctx). It returns with m.mu held, unless it returns an error.
+func (m *Manager) launchDecide(ctx context.Context, in *launchIn) error {
+	var timer Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		m.mu.Lock()
+		m.decide(in)
+		if in.out.wait == nil {
+			if in.out.err != nil && in.ticket != nil {
+				m.leaveFanout(in)
+			}
+			return nil
+		}
+		wait, since := in.out.wait, in.ticket.since
+		if timer == nil {
+			timer = m.cfg.clock.NewTimer(m.cfg.tree.ParentWait)
+		}
+		m.unlock()
+		var err error
+		select {
+		case <-wait:
+			continue
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-timer.C():
+			t := m.cfg.tree
+			err = &LimitError{Limit: ErrFanOutLimit, Max: t.MaxPerParent, Session: in.info.parent, Waited: m.now().Sub(since)}
+		}
+		m.mu.Lock()
+		m.leaveFanout(in)
+		m.unlock()
+		return err
+	}
+}
+
+// keepLocal keeps what only this process holds of new task e: its
+// OnDone, the Launch context for its values, and the CancelWithCaller
+// watch. m.mu is held.
+func (m *Manager) keepLocal(ctx context.Context, e *entry, spec *Spec) {
+	if spec.OnDone == nil && !spec.InheritValues && (!spec.CancelWithCaller || ctx.Done() == nil) {
+		return
+	}
+	l := e.keep()
+	l.onDone = spec.OnDone
+	if spec.InheritValues {
+		l.values = ctx
+	}
+	if spec.CancelWithCaller && ctx.Done() != nil && !e.terminal() {
+		id := e.id
+		l.stopWait = context.AfterFunc(ctx, func() { m.callerDone(id) })
+	}
+}
+
+// callerDone stops task id, whose caller's context ended
+// (Spec.CancelWithCaller), with its branch, as CloseTask does: on a
+// goroutine of the Manager, which logs the close's error.
+func (m *Manager) callerDone(id string) {
+	m.goLocked(func() {
+		m.mu.Lock()
+		e := m.led.tasks[id]
+		live := e != nil && !e.terminal()
+		m.unlock()
+		if !live {
+			return
+		}
+		if _, err := m.CloseTask(m.life.ctx, id); err != nil && !errors.Is(err, ErrShutdown) {
+			m.logAttrs(slog.LevelWarn, "bgtask: stopping a task whose caller's context ended failed",
+				slog.String("task", id), slog.String("err", err.Error()))
+		}
+	})
 }
 
 // continuation resolves info's Spec.ContinueFrom: an ended task that holds
@@ -1568,16 +1885,25 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	if o := m.led.live(info.key); o != nil { // before any id is drawn: a refused launch leaves no trace
 		return reply{err: &KeyHeldError{Key: info.key, TaskID: o.id}}
 	}
+	if info.id != "" && m.led.taken(info.id) {
+		return reply{err: fmt.Errorf("%w: %q", ErrIDTaken, info.id)}
+	}
+	if wait, err := m.treeAdmit(in); wait != nil || err != nil {
+		return reply{wait: wait, err: err}
+	}
 	if info.continues != "" {
 		if err := m.continuation(info); err != nil {
 			return reply{err: err}
 		}
 	}
-	id, err := newID(m.cfg.ids, IDTask)
-	if err != nil {
-		return reply{err: err}
+	if info.id == "" {
+		id, err := m.taskID()
+		if err != nil {
+			return reply{err: err}
+		}
+		info.id = id
 	}
-	info.id, info.launchedAt = id, m.now()
+	info.launchedAt = m.now()
 	e, first, err := m.led.open(info)
 	if err != nil {
 		return reply{err: err}
@@ -1603,7 +1929,84 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 		return reply{err: errors.New("bgtask: the ledger refused a task's first attempt")}
 	}
 	m.admit(e, *e.cur())
+	if info.timeout > 0 && !e.terminal() {
+		m.armDeadline(e, Attempt{})
+	}
+	if in.ticket != nil { // it had its turn: the next in line may look
+		m.leaveFanout(in)
+	}
 	return reply{e: e}
+}
+
+// taskID draws a task id from the IDGenerator; one that a caller already
+// chose (Spec.ID) is drawn again, a few times. m.mu is held.
+func (m *Manager) taskID() (string, error) {
+	for range 4 {
+		id, err := newID(m.cfg.ids, IDTask)
+		if err != nil || !m.led.taken(id) {
+			return id, err
+		}
+	}
+	return "", errors.New("bgtask: the IDGenerator keeps returning task ids in use")
+}
+
+// treeAdmit applies WithTreeLimits to launch in: an error refuses it; a
+// channel says it waits, in its parent's queue, until the channel is
+// closed. m.mu is held.
+func (m *Manager) treeAdmit(in *launchIn) (<-chan struct{}, error) {
+	t, parent := &m.cfg.tree, in.info.parent
+	root, depth := m.led.lineage(parent)
+	switch {
+	case t.MaxDepth > 0 && depth > t.MaxDepth:
+		return nil, &LimitError{Limit: ErrDepthLimit, Max: t.MaxDepth, Session: parent}
+	case t.MaxPerRoot > 0 && m.led.liveRoot[root] >= t.MaxPerRoot:
+		return nil, &LimitError{Limit: ErrTreeLimit, Max: t.MaxPerRoot, Session: root}
+	case t.MaxPerParent == 0:
+		return nil, nil
+	}
+	q := m.calls.fanout[parent]
+	ahead := len(q) > 0 && q[0] != in.ticket
+	if !ahead && m.led.liveBy[parent] < t.MaxPerParent {
+		return nil, nil
+	}
+	if in.ticket == nil {
+		if t.ParentWait <= 0 {
+			return nil, &LimitError{Limit: ErrFanOutLimit, Max: t.MaxPerParent, Session: parent}
+		}
+		in.ticket = &fanWaiter{ch: make(chan struct{}), since: m.now()}
+		if m.calls.fanout == nil {
+			m.calls.fanout = make(map[string][]*fanWaiter)
+		}
+		m.calls.fanout[parent] = append(q, in.ticket)
+	} else if in.ticket.woken { // woken, and beaten to the slot: wait again
+		in.ticket.ch, in.ticket.woken = make(chan struct{}), false
+	}
+	return in.ticket.ch, nil
+}
+
+// leaveFanout takes launch in out of its parent's queue, and lets the
+// next one look if there is room. m.mu is held.
+func (m *Manager) leaveFanout(in *launchIn) {
+	parent := in.info.parent
+	q := slices.DeleteFunc(m.calls.fanout[parent], func(w *fanWaiter) bool { return w == in.ticket })
+	in.ticket = nil
+	if len(q) == 0 {
+		delete(m.calls.fanout, parent)
+		return
+	}
+	m.calls.fanout[parent] = q
+	m.wakeFanout(parent)
+}
+
+// wakeFanout lets the first Launch waiting for a slot of parent look
+// again, if one is free. m.mu is held.
+func (m *Manager) wakeFanout(parent string) {
+	q := m.calls.fanout[parent]
+	if len(q) == 0 || m.led.liveBy[parent] >= m.cfg.tree.MaxPerParent || q[0].woken {
+		return
+	}
+	q[0].woken = true
+	close(q[0].ch)
 }
 
 // Task returns a snapshot of the task with that id.
@@ -1640,7 +2043,14 @@ func (m *Manager) missing(id string) error {
 // Query selects tasks for a paged read (Manager.Page).
 type Query struct {
 	Parent string // only tasks launched from this session; "": any
+	Root   string // only tasks of the tree under this session (Task.Root), at any depth; "": any
 	Status Status // only tasks in this status; "": any
+	// Statuses, if set, keeps tasks in any of these statuses (with Status
+	// too, in Status or any of these).
+	Statuses []Status
+	// Metadata keeps tasks whose Spec.Metadata has every one of these
+	// key/value pairs.
+	Metadata map[string]string
 	// After is the cursor of the previous page (Page.Next); "": from the
 	// first task launched.
 	After string
@@ -1655,6 +2065,8 @@ type Page struct {
 
 // Page returns the tasks Query selects, one page at a time, copying only
 // that page under the lock: for services that must not copy every task.
+// A query by Parent, Root or Metadata reads an index of the tasks it
+// names (the smallest of them), not every task.
 func (m *Manager) Page(q Query) (Page, error) {
 	limit := q.Limit
 	switch {
@@ -1665,18 +2077,22 @@ func (m *Manager) Page(q Query) (Page, error) {
 	}
 	m.mu.Lock()
 	defer m.unlock()
+	from := m.candidates(&q)
 	start := 0
 	if q.After != "" {
 		e := m.led.tasks[q.After]
 		if e == nil {
 			return Page{}, fmt.Errorf("%w: cursor: %w", ErrInvalidArgument, m.missing(q.After))
 		}
-		start = slices.Index(m.order, e) + 1
+		start = slices.Index(from, e) + 1
+		if start == 0 {
+			return Page{}, fmt.Errorf("%w: cursor %q is not a task of this query", ErrInvalidArgument, q.After)
+		}
 	}
 	var p Page
-	for i := start; i < len(m.order); i++ {
-		e := m.order[i]
-		if (q.Parent != "" && e.info.parent != q.Parent) || (q.Status != "" && e.cur().Status != q.Status) {
+	for i := start; i < len(from); i++ {
+		e := from[i]
+		if !q.matches(e) {
 			continue
 		}
 		if len(p.Tasks) == limit {
@@ -1686,6 +2102,45 @@ func (m *Manager) Page(q Query) (Page, error) {
 		p.Tasks = append(p.Tasks, e.project())
 	}
 	return p, nil
+}
+
+// candidates returns the tasks q can select from, in launch order: the
+// smallest index q names, or every task. m.mu is held.
+func (m *Manager) candidates(q *Query) []*entry {
+	from, l := m.order, m.led
+	pick := func(c []*entry) { // an index with none of the tasks is the smallest
+		if len(c) < len(from) {
+			from = c
+		}
+	}
+	if q.Parent != "" {
+		pick(l.byParent[q.Parent])
+	}
+	if q.Root != "" {
+		pick(l.byRoot[q.Root])
+	}
+	for k, v := range q.Metadata {
+		pick(l.byMeta[metaKey(k, v)])
+	}
+	return from
+}
+
+// matches reports whether q selects e. m.mu is held.
+func (q *Query) matches(e *entry) bool {
+	switch {
+	case q.Parent != "" && e.info.parent != q.Parent:
+		return false
+	case q.Root != "" && e.info.root != q.Root:
+		return false
+	case (q.Status != "" || len(q.Statuses) > 0) && e.cur().Status != q.Status && !slices.Contains(q.Statuses, e.cur().Status):
+		return false
+	}
+	for k, v := range q.Metadata {
+		if got, ok := e.info.metadata[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
 // Tasks returns snapshots of every task, in launch order.
@@ -1780,7 +2235,7 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 		return 0, in.err
 	}
 	in.done = true
-	in.hostErr = m.callPrompt(withRunOf(callCtx, e, in.req), p, in.req)
+	in.hostErr = m.callPrompt(withRunOf(callCtx, e, in.req, in.values), p, in.req)
 	if err := m.step(&in); err != nil {
 		return 0, err
 	}
@@ -2024,8 +2479,10 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 		Model:           a.Model,
 		Agent:           e.info.agent,
 		Prompt:          e.info.prompt,
+		Description:     e.info.description,
+		Metadata:        maps.Clone(e.info.metadata),
 	}
-	fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, kind: callStart, e: e}}
+	fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, kind: callStart, e: e}, values: fx.ctx.values}
 	var sid string
 	var err error
 	if a.Number == 1 && e.info.resume != "" {
@@ -2169,7 +2626,7 @@ func (m *Manager) noteOut(id string, d int) {
 	e.notesOut += d
 	m.led.notesOut += d
 	if d < 0 && e.notesOut == 0 && e.terminal() {
-		m.kidSettled(e)
+		m.taskSettled(e)
 		m.sweep()
 	}
 }
@@ -2467,6 +2924,14 @@ func (m *Manager) onShutdown() {
 		return
 	}
 	m.life.closing = true
+	for _, q := range m.calls.fanout { // a Launch waiting for a slot looks again, and is refused
+		for _, w := range q {
+			if !w.woken {
+				w.woken = true
+				close(w.ch)
+			}
+		}
+	}
 	now := m.now()
 	for _, e := range m.order {
 		if e.terminal() {
@@ -2579,12 +3044,22 @@ func IsPermanent(err error) bool {
 // failed session start (*StartError) unless its cause is known not to be
 // worth retrying. Context-length, validation and aborted errors, and
 // anything unrecognised, are not retried.
+//
+// Before all of that (but after Permanent and those three sentinels), an
+// error that says so itself decides: the first
+// error in the chain with an IsRetryable() bool method is retried exactly
+// when it returns true, and one whose Temporary() bool or Timeout() bool
+// returns true is retried. To add rules of your own without losing these,
+// use WithRetryClassifier.
 func DefaultRetryable(err error) bool {
 	if err == nil || IsPermanent(err) {
 		return false
 	}
 	if errors.Is(err, ErrContextOverflow) || errors.Is(err, ErrOutputLimit) || errors.Is(err, ErrContentFilter) {
 		return false
+	}
+	if retry, ok := errclass.Stated(err); ok {
+		return retry
 	}
 	if se := startErrorIn(err); se != nil {
 		switch errclass.Classify(se.Err) {
@@ -2659,8 +3134,36 @@ func Backoff(base, max time.Duration, jitter float64) func(attempt int) time.Dur
 
 // RunFunc is a subagent written as a Go function: it does one attempt's
 // work and returns the final answer, or an error. It must return once ctx
-// ends (a Cancel, a closure or Shutdown stopped the attempt).
+// ends (a Cancel, a closure or Shutdown stopped the attempt). To return a
+// structured result beside the answer text, wrap a function with
+// Returning.
 type RunFunc func(ctx context.Context, run Run) (answer string, err error)
+
+// Returning makes a RunFunc of a function that returns a value of the
+// harness's own type: the value is kept beside the task while the
+// process lives (Task.Value, ValueOf), and text(v) is the answer text the
+// parent model reads (the Result, the envelope). A nil text renders the
+// value with fmt.Sprint. An error is returned as it is (Task.Err keeps
+// it); text is not called then. A panic in text is the run's panic.
+func Returning[T any](fn func(ctx context.Context, run Run) (T, error), text func(T) string) RunFunc {
+	if fn == nil {
+		panic("bgtask: Returning with a nil function")
+	}
+	return func(ctx context.Context, run Run) (string, error) {
+		v, err := fn(ctx, run)
+		if err != nil {
+			return "", err
+		}
+		if run.value != nil {
+			var kept any = v
+			run.value.Store(&kept)
+		}
+		if text == nil {
+			return fmt.Sprint(v), nil
+		}
+		return text(v), nil
+	}
+}
 
 // Run is what a RunFunc is told about the attempt it runs, and how it
 // reports progress. It is a value; its methods are safe for concurrent use.
@@ -2673,9 +3176,35 @@ type Run struct {
 	ParentSessionID string
 	Model           Model
 	Agent, Prompt   string
+	Description     string
+	Metadata        map[string]string // the task's Spec.Metadata: this run's copy
+	Root            string            // the task's tree (Task.Root, Task.Depth)
+	Depth           int
 
 	report func(EventKind)
 	inbox  *inbox
+	value  *atomic.Pointer[any] // what a Returning function returned
+	m      *Manager
+}
+
+// Manager returns the Manager running this attempt: what a function uses
+// to look tasks up, wait for them, or stop them.
+func (r Run) Manager() *Manager { return r.m }
+
+// Launch launches a subagent from this run: a task whose parent session
+// is this run's session (unless spec.ParentSessionID names another), one
+// level deeper in the tree (WithTreeLimits counts it there). Pass the
+// function's ctx: with spec.InheritValues the child's calls see its
+// values, and with spec.CancelWithCaller the child stops when this run's
+// context ends.
+func (r Run) Launch(ctx context.Context, spec Spec) (Task, error) {
+	if r.m == nil {
+		return Task{}, errors.New("bgtask: Run.Launch on a Run no FuncHost made")
+	}
+	if spec.ParentSessionID == "" {
+		spec.ParentSessionID = r.SessionID
+	}
+	return r.m.Launch(ctx, spec)
 }
 
 // Prompt is a supplemental prompt (Extend) handed to a running FuncHost
@@ -2803,13 +3332,17 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	ib.answer = func(n int, text string) {
 		_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: SessionIdle, Text: text, Invocation: n})
 	}
+	root, depth := m.treeOf(req.TaskID)
 	run := Run{
 		TaskID: req.TaskID, AttemptID: req.AttemptID, Attempt: req.AttemptNumber, Token: req.Token,
 		SessionID: sid, ParentSessionID: req.ParentSessionID, Model: req.Model, Agent: req.Agent, Prompt: req.Prompt,
+		Description: req.Description, Metadata: req.Metadata, Root: root, Depth: depth,
 		report: func(k EventKind) {
 			_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: k})
 		},
 		inbox: ib,
+		value: new(atomic.Pointer[any]),
+		m:     m,
 	}
 	h.inboxes.Store(sid, ib)
 	seen := func() int { // called once the function returned: done is closed
@@ -2817,7 +3350,13 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 		defer ib.mu.Unlock()
 		return ib.seen
 	}
-	err := h.h.Start(funchost.Run{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token, Seen: seen}, sid,
+	value := func() any {
+		if v := run.value.Load(); v != nil {
+			return *v
+		}
+		return nil
+	}
+	err := h.h.Start(funchost.Run{TaskID: req.TaskID, AttemptID: req.AttemptID, Token: req.Token, Seen: seen, Value: value}, sid,
 		func(ctx context.Context) (string, error) {
 			defer func() {
 				close(ib.done) // before its answer is reported: no prompt is taken after it
@@ -2837,14 +3376,25 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	return sid, nil
 }
 
+// treeOf returns task id's root session and depth (Task.Root, Task.Depth).
+func (m *Manager) treeOf(id string) (root string, depth int) {
+	m.mu.Lock()
+	defer m.unlock()
+	if e := m.led.tasks[id]; e != nil {
+		return e.info.root, e.info.depth
+	}
+	return "", 0
+}
+
 // funcEnv is what a FuncHost's runs need of the Manager.
 type funcEnv struct{ m *Manager }
 
 func (f funcEnv) RunContext(taskID, attemptID, token string) context.Context {
 	f.m.mu.Lock()
 	e := f.m.led.tasks[taskID]
+	values := e.values()
 	f.m.mu.Unlock()
-	return &runCtx{Context: f.m.life.ctx, v: runValue{ref: RunRef{TaskID: taskID, AttemptID: attemptID, Token: token}, kind: callRun, e: e}}
+	return &runCtx{Context: f.m.life.ctx, v: runValue{ref: RunRef{TaskID: taskID, AttemptID: attemptID, Token: token}, kind: callRun, e: e}, values: values}
 }
 func (f funcEnv) Go(fn func()) bool { return f.m.goLocked(fn) }
 func (f funcEnv) AwaitBound(ctx context.Context, attemptID, token, sid string) bool {
@@ -2857,8 +3407,8 @@ func (f funcEnv) AwaitBound(ctx context.Context, attemptID, token, sid string) b
 func (f funcEnv) StoppedWith(attemptID, token, text string, ended bool) {
 	f.m.stoppedWith(attemptID, token, text, ended)
 }
-func (f funcEnv) Answered(sid, attemptID, token, answer string, seen int) {
-	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionIdle, Text: answer, Invocation: seen})
+func (f funcEnv) Answered(sid, attemptID, token, answer string, seen int, value any) {
+	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionIdle, Text: answer, Invocation: seen, Value: value})
 }
 func (f funcEnv) Failed(sid, attemptID, token string, err error) {
 	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionError, Err: err})
@@ -2935,9 +3485,12 @@ func (h *FuncHost) AbortSession(ctx context.Context, sessionID string) error {
 // provider together), or Default (that model alone). A limit of 0 means no
 // limit; a negative one is invalid (Launch reports it).
 type Limits struct {
-	// Models caps single models, keyed "provider/id" (no variant).
+	// Models caps single models, keyed "provider/id" (no variant), or by
+	// the ID alone for a model with no provider.
 	Models map[string]int
 	// Providers caps all models of a provider together, keyed by provider.
+	// A model with no provider is never under one: its entry in Models or
+	// Default caps it.
 	Providers map[string]int
 	// Default caps every other model on its own. 0: no limit.
 	Default int
@@ -2960,14 +3513,14 @@ func (l *Limits) validate() error {
 	return nil
 }
 
-// key returns the concurrency key of model and its limit: "model:p/id" or
-// "provider:p".
+// key returns the concurrency key of model and its limit: "model:p/id"
+// ("model:id" with no provider) or "provider:p".
 func (l *Limits) key(model Model) (string, int) {
-	id := model.Provider + "/" + model.ID
+	id := Model{Provider: model.Provider, ID: model.ID}.String()
 	if n, ok := l.Models[id]; ok {
 		return "model:" + id, n
 	}
-	if n, ok := l.Providers[model.Provider]; ok {
+	if n, ok := l.Providers[model.Provider]; ok && model.Provider != "" {
 		return "provider:" + model.Provider, n
 	}
 	return "model:" + id, l.Default

@@ -84,7 +84,7 @@ func TestLaunchRejectsBadSpecs(t *testing.T) {
 		{name: "no parent", give: func(s *Spec) { s.ParentSessionID = "" }, field: "ParentSessionID"},
 		{name: "no models", give: func(s *Spec) { s.Models = nil }, field: "Models"},
 		{name: "empty model id", give: func(s *Spec) { s.Models = []Model{{Provider: "a", ID: "b"}, {Provider: "c"}} }, field: "Models[1].ID"},
-		{name: "empty provider", give: func(s *Spec) { s.Models = []Model{{ID: "b"}} }, field: "Models[0].Provider"},
+		{name: "blank provider", give: func(s *Spec) { s.Models = []Model{{Provider: " ", ID: "b"}} }, field: "Models[0].Provider"},
 		{name: "negative max attempts", give: func(s *Spec) { s.MaxAttempts = -1 }, field: "MaxAttempts"},
 	}
 	for _, tt := range tests {

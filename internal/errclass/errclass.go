@@ -535,6 +535,31 @@ func headerValue(h map[string][]string, name string) (string, bool) {
 // itself ends.
 const maxNodes = 1000
 
+// Stated reports what an error says of itself about retrying, from the
+// first error in err's chain with one of these methods: IsRetryable()
+// bool decides either way; Temporary() bool or Timeout() bool returning
+// true says retry (false says nothing: many errors have the method and
+// know nothing). ok is false when nothing in the chain said. The methods
+// are user code: a panic in one is the caller's to recover.
+func Stated(err error) (retry, ok bool) {
+	walk(err, func(e error) bool {
+		if r, has := e.(interface{ IsRetryable() bool }); has {
+			retry, ok = r.IsRetryable(), true
+			return true
+		}
+		if t, has := e.(interface{ Temporary() bool }); has && t.Temporary() {
+			retry, ok = true, true
+			return true
+		}
+		if t, has := e.(interface{ Timeout() bool }); has && t.Timeout() {
+			retry, ok = true, true
+			return true
+		}
+		return false
+	})
+	return retry, ok
+}
+
 // walk calls f on err and each error it wraps, outermost first and
 // errors.Join trees depth first (the order errors.As uses), until f returns
 // true. Typed nil pointers are skipped, with what they would wrap.

@@ -34,7 +34,8 @@ type Env interface {
 	// to stop; with ended, the run has stopped and no abort will confirm it.
 	StoppedWith(attemptID, token, text string, ended bool)
 	// Answered and Failed report the function's return as the run's event.
-	Answered(sid, attemptID, token, answer string, seen int)
+	// value is the run's structured result (Run.Value), or nil.
+	Answered(sid, attemptID, token, answer string, seen int, value any)
 	Failed(sid, attemptID, token string, err error)
 	// Text renders a function's error (user code, guarded).
 	Text(err error) string
@@ -46,6 +47,9 @@ type Run struct {
 	// Seen, if set, is the last invocation the function had received
 	// when it returned: its answer answers up to that one.
 	Seen func() int
+	// Value, if set, is the run's structured result once the function
+	// returned an answer.
+	Value func() any
 }
 
 // Body is a run's function, called with the run's context.
@@ -165,7 +169,11 @@ func (h *Host) run(env Env, r Run, sid string, fr *run, ctx context.Context, bod
 		if r.Seen != nil {
 			seen = r.Seen()
 		}
-		env.Answered(sid, r.AttemptID, r.Token, answer, seen) // an answer is the truth, stop or not
+		var value any
+		if r.Value != nil {
+			value = r.Value()
+		}
+		env.Answered(sid, r.AttemptID, r.Token, answer, seen, value) // an answer is the truth, stop or not
 	case !aborted:
 		env.Failed(sid, r.AttemptID, r.Token, err)
 	case gaveUp:

@@ -119,7 +119,7 @@ func (e *fakeEnv) StoppedWith(attemptID, token, text string, ended bool) {
 	e.record(call{kind: "StoppedWith", attemptID: attemptID, token: token, text: text, ended: ended})
 }
 
-func (e *fakeEnv) Answered(sid, attemptID, token, answer string, _ int) {
+func (e *fakeEnv) Answered(sid, attemptID, token, answer string, _ int, _ any) {
 	e.record(call{kind: "Answered", sid: sid, attemptID: attemptID, token: token, answer: answer})
 }
 
@@ -542,6 +542,6 @@ func (e *refusingAbortEnv) Go(func()) bool {
 }
 func (e *refusingAbortEnv) AwaitBound(context.Context, string, string, string) bool { return true }
 func (e *refusingAbortEnv) StoppedWith(string, string, string, bool)                {}
-func (e *refusingAbortEnv) Answered(string, string, string, string, int)            {}
+func (e *refusingAbortEnv) Answered(string, string, string, string, int, any)       {}
 func (e *refusingAbortEnv) Failed(string, string, string, error)                    {}
 func (e *refusingAbortEnv) Text(err error) string                                   { return err.Error() }
