@@ -107,11 +107,13 @@ func TestConcurrentExtendsAreOrdered(t *testing.T) {
 	var wg sync.WaitGroup
 	nums := make([]int, extra)
 	for i := range extra {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			n, err := m.Extend(ctx, task.ID, fmt.Sprintf("prompt %d", i))
 			assert.NoError(t, err)
 			nums[i] = n
-		})
+		}()
 	}
 	wg.Wait()
 	done, err := m.Wait(ctx, task.ID)
@@ -353,7 +355,9 @@ func TestKeyHasOneStartOwner(t *testing.T) {
 	ids := make(chan string, n)
 	holders := make(chan string, n)
 	for range n {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			task, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Key: "k", Models: mustModels(t, "a/one")})
 			var held *KeyHeldError
 			switch {
@@ -365,7 +369,7 @@ func TestKeyHasOneStartOwner(t *testing.T) {
 			default:
 				t.Error(err)
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	close(ids)

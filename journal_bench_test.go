@@ -25,7 +25,9 @@ func lifecycles(b *testing.B, m *Manager, n int) {
 	var next atomic.Uint64
 	per := (n + 31) / 32
 	for range 32 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for range per {
 				spec := Spec{ParentSessionID: "p-" + strconv.FormatUint(next.Add(1), 10), Models: []Model{{Provider: "a", ID: "1"}}}
 				task, err := m.Launch(ctx, spec)
@@ -38,7 +40,7 @@ func lifecycles(b *testing.B, m *Manager, n int) {
 					return
 				}
 			}
-		})
+		}()
 	}
 	wg.Wait()
 }

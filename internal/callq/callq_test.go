@@ -34,7 +34,8 @@ func newRig(max int, call func(int)) *rig {
 		if refuse {
 			return false
 		}
-		r.wg.Go(f)
+		r.wg.Add(1)
+		go func() { defer r.wg.Done(); f() }()
 		return true
 	}
 	r.q = New(max, spawn, spawn, call, r.record)
@@ -215,13 +216,19 @@ func TestARefusedGrowAfterTheWorkerTookEverything(t *testing.T) {
 		mu.Unlock()
 		switch n {
 		case 1: // the worker
-			wg.Go(func() { f(); close(workerLeft) })
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f()
+				close(workerLeft)
+			}()
 		case 2: // Add's grow: refused once the worker is gone
 			close(release)
 			<-workerLeft
 			return false
 		default: // recorders
-			wg.Go(f)
+			wg.Add(1)
+			go func() { defer wg.Done(); f() }()
 		}
 		return true
 	}

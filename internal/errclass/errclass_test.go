@@ -312,11 +312,13 @@ func TestClassifyConcurrentTypes(t *testing.T) {
 	want := []Class{ModelNotFound, RateLimited, Unknown, Overloaded, Unauthorized}
 	var wg sync.WaitGroup
 	for range 8 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for i, err := range gives {
 				assert.Equal(t, want[i], Classify(err))
 			}
-		})
+		}()
 	}
 	wg.Wait()
 }

@@ -195,11 +195,13 @@ func TestCrashKeepsEveryAcknowledgedRecord(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines*perG)
 	for g := range goroutines {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for i := range perG {
 				errs <- l.Append([][]byte{fmt.Appendf(nil, "g%d-%02d", g, i)}).Wait()
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	close(errs)

@@ -175,7 +175,9 @@ func TestRoundTripConcurrentAppends(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*goroutines*perG) // every batch once, some twice
 	for g := range goroutines {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			var pending []*wal.Batch
 			for i := range perG {
 				p := fmt.Appendf(nil, "g%d-%d", g, i)
@@ -191,7 +193,7 @@ func TestRoundTripConcurrentAppends(t *testing.T) {
 			for _, b := range pending {
 				errs <- b.Wait()
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	close(errs)
@@ -245,7 +247,11 @@ func TestGroupCommit(t *testing.T) {
 	var wg sync.WaitGroup
 	batches := make([]*wal.Batch, n-1)
 	for i := range batches {
-		wg.Go(func() { batches[i] = l.Append([][]byte{fmt.Appendf(nil, "r%d", i)}) })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batches[i] = l.Append([][]byte{fmt.Appendf(nil, "r%d", i)})
+		}()
 	}
 	wg.Wait() // all queued behind the fsync in flight
 	g.release <- nil
@@ -278,7 +284,11 @@ func TestSyncEach(t *testing.T) {
 	var wg sync.WaitGroup
 	batches := make([]*wal.Batch, n-1)
 	for i := range batches {
-		wg.Go(func() { batches[i] = l.Append([][]byte{fmt.Appendf(nil, "r%d", i), []byte("second of batch")}) })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batches[i] = l.Append([][]byte{fmt.Appendf(nil, "r%d", i), []byte("second of batch")})
+		}()
 	}
 	wg.Wait()
 	g.release <- nil
