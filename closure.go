@@ -347,7 +347,9 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		} else {
 			m.touched(e) // the stop's waiters learn the answer
 		}
-	case live && op.failWith != nil && !m.fence(e):
+	case live && op.failWith != nil && (e.stop == StatusError || !m.fence(e)):
+		// A failure to record (a stall, a failed start: unless a stop
+		// was asked since, whose status wins), or the task's deadline.
 		e.seen.stopped = op.run().Token // the retry need not abort it again
 		m.fail(e, *op.failWith, now)
 	case live:
@@ -614,6 +616,9 @@ type testHooks struct {
 	// yield, when set, is called while a closure walk has released m.mu
 	// to let others in.
 	yield func()
+	// queued, when set, is called (m.mu held) when a Launch starts waiting
+	// for a slot of its parent session (TreeLimits.MaxPerParent).
+	queued func(parent string)
 }
 
 // closure is one CloseBranch in progress: while it is in m.closures.active,

@@ -1526,6 +1526,7 @@ type (
 	launchIn struct {
 		info   taskInfo
 		ticket *fanWaiter // its place in its parent's queue (TreeLimits.MaxPerParent), once it waits
+		loc    *local     // what the new task keeps only in this process, if anything
 		out    reply
 	}
 	// eventIn: Observe, a child session's event; its failure classified
@@ -1741,6 +1742,12 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		return Task{}, err
 	}
 	in := launchIn{info: info}
+	if spec.OnDone != nil || spec.InheritValues {
+		in.loc = &local{onDone: spec.OnDone}
+		if spec.InheritValues {
+			in.loc.values = ctx
+		}
+	}
 	if err := m.launchDecide(ctx, &in); err != nil {
 		return Task{}, err
 	}
@@ -1756,7 +1763,10 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		}
 		return Task{}, in.out.err
 	}
-	m.keepLocal(ctx, in.out.e, &spec)
+	if e := in.out.e; spec.CancelWithCaller && ctx.Done() != nil && !e.terminal() {
+		id := e.id
+		e.keep().stopWait = context.AfterFunc(ctx, func() { m.callerDone(id) })
+	}
 	task := in.out.e.project()
 	if err := m.unlock(); err != nil {
 		return Task{}, err // not durable: it never happened
@@ -1802,24 +1812,6 @@ func (m *Manager) launchDecide(ctx context.Context, in *launchIn) error {
 		m.leaveFanout(in)
 		m.unlock()
 		return err
-	}
-}
-
-// keepLocal keeps what only this process holds of new task e: its
-// OnDone, the Launch context for its values, and the CancelWithCaller
-// watch. m.mu is held.
-func (m *Manager) keepLocal(ctx context.Context, e *entry, spec *Spec) {
-	if spec.OnDone == nil && !spec.InheritValues && (!spec.CancelWithCaller || ctx.Done() == nil) {
-		return
-	}
-	l := e.keep()
-	l.onDone = spec.OnDone
-	if spec.InheritValues {
-		l.values = ctx
-	}
-	if spec.CancelWithCaller && ctx.Done() != nil && !e.terminal() {
-		id := e.id
-		l.stopWait = context.AfterFunc(ctx, func() { m.callerDone(id) })
 	}
 }
 
@@ -1909,6 +1901,7 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 		return reply{err: err}
 	}
 	m.order = append(m.order, e)
+	e.loc = in.loc
 	if m.cfg.notifier != nil { // rounds exist only to tell a parent all is done
 		r := m.notes.rounds[info.parent]
 		if r == nil {
@@ -1978,6 +1971,9 @@ func (m *Manager) treeAdmit(in *launchIn) (<-chan struct{}, error) {
 			m.calls.fanout = make(map[string][]*fanWaiter)
 		}
 		m.calls.fanout[parent] = append(q, in.ticket)
+		if m.hooks.queued != nil {
+			m.hooks.queued(parent)
+		}
 	} else if in.ticket.woken { // woken, and beaten to the slot: wait again
 		in.ticket.ch, in.ticket.woken = make(chan struct{}), false
 	}

@@ -1,0 +1,803 @@
+package bgtask
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bgtask/bgtask/internal/clock"
+)
+
+// The tests of what a real harness needed (structured results, a
+// completion hook, what the run is told, context, tree limits, deadlines,
+// lookups, models, ids, retry classification, dependency cost).
+
+// report is a harness's own result type: a part for the model, a part for
+// the user.
+type report struct {
+	ForModel string
+	ForUser  string
+}
+
+func TestARunReturnsAStructuredResultKeptBesideTheTask(t *testing.T) {
+	h := newFuncHarness(t, Returning(func(ctx context.Context, run Run) (report, error) {
+		return report{ForModel: "model part of " + run.Prompt, ForUser: "user part"}, nil
+	}, func(r report) string { return r.ForModel }))
+	task := h.launchSpec(Spec{ParentSessionID: "p", Prompt: "q", Models: mustModels(t, "a/one")})
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Equal(t, "model part of q", done.Result, "the text form is text(v)")
+	assert.Equal(t, "model part of q", done.Outcome.Answer)
+	got, ok := ValueOf[report](done)
+	require.True(t, ok, "Value is a report: %#v", done.Value)
+	assert.Equal(t, report{ForModel: "model part of q", ForUser: "user part"}, got)
+	_, isString := ValueOf[string](done)
+	assert.False(t, isString)
+	again, err := h.m.Lookup(task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, got, again.Value, "every later snapshot carries it")
+	b, err := json.Marshal(done)
+	require.NoError(t, err)
+	assert.NotContains(t, string(b), "user part", "process-local: never in JSON")
+}
+
+func TestReturningWithoutTextRendersTheValue(t *testing.T) {
+	h := newFuncHarness(t, Returning(func(context.Context, Run) (int, error) { return 42, nil }, nil))
+	done := h.wait(h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")}).ID)
+	assert.Equal(t, "42", done.Result)
+	n, ok := ValueOf[int](done)
+	assert.True(t, ok)
+	assert.Equal(t, 42, n)
+}
+
+// quotaError is a provider error of a harness's own type.
+type quotaError struct{ code int }
+
+func (e *quotaError) Error() string   { return fmt.Sprintf("quota exhausted (%d)", e.code) }
+func (e *quotaError) StatusCode() int { return e.code }
+
+func TestTaskErrIsTheOriginalErrorOfTheCurrentAttempt(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launch("a/one", "b/two")
+	h.settle()
+	first := h.task(task.ID)
+	require.NoError(t, h.observe(Event{SessionID: first.SessionID, Kind: SessionError, Err: fmt.Errorf("calling the provider: %w", &quotaError{code: 429})}))
+	h.settle()
+	retried := h.task(task.ID)
+	require.Len(t, retried.Attempts, 2)
+	assert.Nil(t, retried.Err, "the new attempt has not failed: the old one's error is not its")
+	require.NoError(t, h.observe(Event{SessionID: retried.SessionID, Kind: SessionError, Err: Permanent(&quotaError{code: 403})}))
+	done := h.wait(task.ID)
+	require.Equal(t, StatusError, done.Status)
+	var q *quotaError
+	require.ErrorAs(t, done.Err, &q, "the value itself, for errors.As")
+	assert.Equal(t, 403, q.code)
+	assert.True(t, IsPermanent(done.Err))
+	assert.Equal(t, done.Error, done.Err.Error(), "Error is its text")
+}
+
+func TestTaskErrOfAFailedStartIsAStartErrorWrappingTheHosts(t *testing.T) {
+	host := &testHost{start: func(context.Context, SessionRequest, string) (string, error) {
+		return "", &quotaError{code: 400}
+	}}
+	h := newHarness(t, host)
+	done := h.wait(h.launch("a/one").ID)
+	require.Equal(t, StatusError, done.Status)
+	var se *StartError
+	require.ErrorAs(t, done.Err, &se)
+	var q *quotaError
+	require.ErrorAs(t, done.Err, &q)
+	assert.Equal(t, 400, q.code)
+}
+
+func TestEventValueIsTheCurrentRunsResult(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launch("a/one")
+	h.settle()
+	ses := h.task(task.ID).SessionID
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "the answer", Value: report{ForUser: "for the user"}}))
+	done := h.wait(task.ID)
+	got, ok := ValueOf[report](done)
+	require.True(t, ok)
+	assert.Equal(t, "for the user", got.ForUser)
+	assert.Nil(t, done.Err)
+}
+
+// doneLog records, in order, the final summaries a notifier was given and
+// the OnDone calls.
+type doneLog struct {
+	mu   sync.Mutex
+	seen []string
+	done chan Task
+}
+
+func (l *doneLog) add(s string) {
+	l.mu.Lock()
+	l.seen = append(l.seen, s)
+	l.mu.Unlock()
+}
+
+func (l *doneLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.seen...)
+}
+
+func (l *doneLog) onDone(t Task) {
+	l.add("done " + t.ID)
+	l.done <- t
+}
+
+func TestOnDoneIsCalledOnceAfterTheFinalSummary(t *testing.T) {
+	log := &doneLog{done: make(chan Task, 4)}
+	h := newHarness(t, nil)
+	h.rec.hook = func(_ context.Context, n Notification) error {
+		if n.Kind == NotifyFinalSummary {
+			log.add("summary " + n.TaskID)
+		}
+		return nil
+	}
+	task := h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), OnDone: log.onDone})
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
+	got := <-log.done
+	assert.Equal(t, StatusCompleted, got.Status)
+	require.NotNil(t, got.Outcome, "the final snapshot, with its outcome")
+	assert.Equal(t, "ok", got.Outcome.Answer)
+	h.settle()
+	assert.Equal(t, []string{"summary " + task.ID, "done " + task.ID}, log.all(), "after the final summary, once")
+}
+
+func TestOnDoneFollowsAFinalSummaryTheNotifierRefused(t *testing.T) {
+	log := &doneLog{done: make(chan Task, 4)}
+	h := newHarness(t, nil, WithNotifyRetry(1, nil))
+	h.rec.hook = func(context.Context, Notification) error { return errors.New("chat is gone") }
+	task := h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), OnDone: log.onDone})
+	h.settle()
+	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	got := <-log.done
+	assert.Equal(t, StatusCancelled, got.Status)
+	var kinds []NotificationKind
+	for _, n := range h.m.Undelivered() {
+		kinds = append(kinds, n.Kind)
+	}
+	assert.Contains(t, kinds, NotifyFinalSummary, "the summary was given up before OnDone")
+}
+
+func TestOnDoneWithoutANotifierForATaskThatEndsBeforeLaunchReturns(t *testing.T) {
+	m := New(NewFuncHost(func(context.Context, Run) (string, error) { return "at once", nil }))
+	shutdownAtCleanup(t, m)
+	log := &doneLog{done: make(chan Task, 4)}
+	for range 3 {
+		_, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), OnDone: log.onDone})
+		require.NoError(t, err)
+	}
+	for range 3 {
+		got := <-log.done
+		assert.Equal(t, "at once", got.Result)
+	}
+}
+
+func TestAPanickingOnDoneCrashesNothing(t *testing.T) {
+	called := make(chan struct{})
+	h := newHarness(t, nil)
+	task := h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), OnDone: func(Task) {
+		close(called)
+		panic("harness bug")
+	}})
+	h.settle()
+	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	<-called
+	h.settle()
+	assert.True(t, hasLog(h.logs, "OnDone panicked"), "%v", h.logs.Records())
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
+	assert.NoError(t, err, "the Manager goes on")
+}
+
+func hasLog(s *logSink, sub string) bool {
+	for _, r := range s.Records() {
+		if strings.Contains(r["msg"], sub) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestRunIsToldItsTaskAndLaunchesChildrenBeneathItsSession(t *testing.T) {
+	runs := make(chan Run, 4)
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		runs <- run
+		if run.Depth > 1 {
+			return "child of " + run.ParentSessionID, nil
+		}
+		child, err := run.Launch(ctx, Spec{Description: "sub", Prompt: "dig", Models: mustModels(t, "a/one")})
+		if err != nil {
+			return "", err
+		}
+		run.Metadata["scribble"] = "on the run's copy"
+		done, err := run.Manager().Wait(ctx, child.ID)
+		if err != nil {
+			return "", err
+		}
+		return "parent saw: " + done.Result, nil
+	})
+	task := h.launchSpec(Spec{ParentSessionID: "chat", Description: "research", Agent: "explore", Prompt: "go",
+		Metadata: map[string]string{"channel": "c1"}, Models: mustModels(t, "a/one")})
+	done := h.wait(task.ID)
+	parent, child := <-runs, <-runs
+	assert.Equal(t, "research", parent.Description)
+	assert.Equal(t, map[string]string{"channel": "c1", "scribble": "on the run's copy"}, parent.Metadata)
+	assert.Equal(t, map[string]string{"channel": "c1"}, done.Metadata, "the run's copy is its own")
+	assert.Equal(t, "chat", parent.Root)
+	assert.Equal(t, 1, parent.Depth)
+	assert.Equal(t, parent.SessionID, child.ParentSessionID, "launched beneath the run's session")
+	assert.Equal(t, "chat", child.Root)
+	assert.Equal(t, 2, child.Depth)
+	assert.Equal(t, "sub", child.Description)
+	assert.Equal(t, "parent saw: child of "+parent.SessionID, done.Result)
+	kid, err := h.m.Lookup(child.TaskID)
+	require.NoError(t, err)
+	assert.Equal(t, "chat", kid.Root)
+	assert.Equal(t, 2, kid.Depth)
+	assert.Equal(t, "dig", kid.Prompt, "the prompt is part of the snapshot")
+}
+
+func TestSessionRequestCarriesDescriptionAndMetadata(t *testing.T) {
+	h := newHarness(t, nil)
+	h.launchSpec(Spec{ParentSessionID: "p", Description: "d", Metadata: map[string]string{"k": "v"}, Models: mustModels(t, "a/one")})
+	h.settle()
+	starts := h.host.Starts()
+	require.Len(t, starts, 1)
+	assert.Equal(t, "d", starts[0].Description)
+	assert.Equal(t, map[string]string{"k": "v"}, starts[0].Metadata)
+}
+
+type turnKey struct{}
+
+func TestInheritValuesCarriesTheLaunchContextsValuesNotItsCancellation(t *testing.T) {
+	seen := make(chan string, 2)
+	release := make(chan struct{})
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		v, _ := ctx.Value(turnKey{}).(string)
+		ref, ok := RunFromContext(ctx)
+		seen <- fmt.Sprintf("%s %v", v, ok && ref.TaskID == run.TaskID)
+		<-release
+		return fmt.Sprintf("ctx err: %v", ctx.Err()), nil
+	})
+	launchCtx, cancel := context.WithCancel(context.WithValue(context.Background(), turnKey{}, "turn-7"))
+	task, err := h.m.Launch(launchCtx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), InheritValues: true})
+	require.NoError(t, err)
+	assert.Equal(t, "turn-7 true", <-seen, "the launch context's value, and the run still its own")
+	cancel() // the caller's turn ends: the task does not
+	close(release)
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Equal(t, "ctx err: <nil>", done.Result, "never the launch context's cancellation")
+
+	plain, err := h.m.Launch(context.WithValue(context.Background(), turnKey{}, "not passed"), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
+	require.NoError(t, err)
+	assert.Equal(t, " true", <-seen, "without InheritValues no value is carried")
+	h.wait(plain.ID)
+}
+
+func TestInheritValuesReachesTheHostsStartSession(t *testing.T) {
+	got := make(chan any, 1)
+	host := &testHost{start: func(ctx context.Context, _ SessionRequest, sid string) (string, error) {
+		got <- ctx.Value(turnKey{})
+		return sid, nil
+	}}
+	h := newHarness(t, host)
+	_, err := h.m.Launch(context.WithValue(context.Background(), turnKey{}, "chat-9"), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), InheritValues: true})
+	require.NoError(t, err)
+	assert.Equal(t, "chat-9", <-got)
+}
+
+func TestCancelWithCallerStopsTheTaskAndItsBranchWhenTheCallersContextEnds(t *testing.T) {
+	started := make(chan string, 4)
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		if run.Depth == 1 {
+			if _, err := run.Launch(ctx, Spec{Prompt: "kid", Models: mustModels(t, "a/one")}); err != nil {
+				return "", err
+			}
+		}
+		started <- run.TaskID
+		<-ctx.Done()
+		return "", ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	task, err := h.m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), CancelWithCaller: true})
+	require.NoError(t, err)
+	first, second := <-started, <-started
+	cancel()
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusCancelled, done.Status, "an honest cancel: the function returned")
+	for _, id := range []string{first, second} {
+		assert.Equal(t, StatusCancelled, h.wait(id).Status, "task %s", id)
+	}
+
+	_, err = h.m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), CancelWithCaller: true})
+	assert.ErrorIs(t, err, context.Canceled, "a launch with a done context is refused")
+}
+
+func TestCancelWithCallerLeavesATaskThatEndedFirstAlone(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	task, err := h.m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), CancelWithCaller: true})
+	require.NoError(t, err)
+	h.settle()
+	require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionIdle, Text: "done first"}))
+	h.wait(task.ID)
+	cancel()
+	h.settle()
+	assert.Equal(t, StatusCompleted, h.task(task.ID).Status)
+	assert.Empty(t, h.host.Aborts())
+}
+
+// running launches a task under parent and waits until its session runs.
+func (h *harness) running(parent string, opts ...func(*Spec)) Task {
+	h.t.Helper()
+	spec := Spec{ParentSessionID: parent, Prompt: "p", Models: mustModels(h.t, "a/one", "b/two")}
+	for _, o := range opts {
+		o(&spec)
+	}
+	task := h.launchSpec(spec)
+	return waitFor(h.t, h.m, task.ID, func(t Task) bool { return t.Status == StatusRunning || t.Pending == PendingQueued })
+}
+
+// waitFor waits until task id's snapshot satisfies ok, without sleeping.
+func waitFor(t *testing.T, m *Manager, id string, ok func(Task) bool) Task {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		m.mu.Lock()
+		e := m.led.tasks[id]
+		if e == nil {
+			m.unlock()
+			t.Fatalf("task %s: not found", id)
+		}
+		task := e.project()
+		ch := e.waitChange() // under the same lock: no change is missed
+		m.unlock()
+		if ok(task) {
+			return task
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("task %s: still %s", id, task.Status)
+		}
+	}
+}
+
+func TestTreeLimitsRefuseASpawnPastTheDepth(t *testing.T) {
+	h := newHarness(t, nil, WithTreeLimits(TreeLimits{MaxDepth: 3}))
+	one := h.running("chat")
+	two := h.running(one.SessionID)
+	three := h.running(two.SessionID)
+	assert.Equal(t, []int{1, 2, 3}, []int{one.Depth, two.Depth, three.Depth})
+	assert.Equal(t, "chat", three.Root)
+	before := len(h.m.Tasks())
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: three.SessionID, Models: mustModels(t, "a/one")})
+	require.ErrorIs(t, err, ErrDepthLimit)
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, 3, le.Max)
+	assert.Equal(t, three.SessionID, le.Session)
+	assert.Len(t, h.m.Tasks(), before, "a refused launch records nothing")
+	h.running(two.SessionID) // a sibling at depth 3 is fine
+}
+
+func TestTreeLimitsRefuseAFanOutPastThePerParentCap(t *testing.T) {
+	h := newHarness(t, nil, WithTreeLimits(TreeLimits{MaxPerParent: 2}))
+	a := h.running("chat")
+	h.running("chat")
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	require.ErrorIs(t, err, ErrFanOutLimit)
+	h.running("other") // another parent has its own cap
+	require.NoError(t, h.observe(Event{SessionID: a.SessionID, Kind: SessionIdle, Text: "ok"}))
+	h.running("chat") // one ended: room again
+}
+
+// queuedLaunch launches spec on a goroutine of the test and returns its
+// result channel, once the launch waits in its parent's queue.
+func queuedLaunch(t *testing.T, h *harness, queued <-chan string, spec Spec) <-chan error {
+	t.Helper()
+	out := make(chan error, 1)
+	go func() {
+		_, err := h.m.Launch(context.Background(), spec)
+		out <- err
+	}()
+	<-queued
+	return out
+}
+
+func TestTreeLimitsLetLaunchesWaitForAParentSlotInOrder(t *testing.T) {
+	h := newHarness(t, nil, WithTreeLimits(TreeLimits{MaxPerParent: 2, ParentWait: time.Minute}))
+	queued := make(chan string, 8)
+	h.m.hooks.queued = func(parent string) { queued <- parent }
+	a, b := h.running("chat"), h.running("chat")
+	third := queuedLaunch(t, h, queued, Spec{ParentSessionID: "chat", Description: "third", Models: mustModels(t, "a/one")})
+	fourth := queuedLaunch(t, h, queued, Spec{ParentSessionID: "chat", Description: "fourth", Models: mustModels(t, "a/one")})
+
+	require.NoError(t, h.observe(Event{SessionID: a.SessionID, Kind: SessionIdle, Text: "ok"}))
+	require.NoError(t, <-third, "the first in line gets the slot")
+	select {
+	case err := <-fourth:
+		t.Fatalf("the fourth jumped the queue: %v", err)
+	default:
+	}
+	require.NoError(t, h.observe(Event{SessionID: b.SessionID, Kind: SessionIdle, Text: "ok"}))
+	require.NoError(t, <-fourth)
+	var order []string
+	for _, task := range h.m.Tasks() {
+		order = append(order, task.Description)
+	}
+	assert.Equal(t, []string{"", "", "third", "fourth"}, order)
+
+	h.m.mu.Lock()
+	assert.Empty(t, h.m.calls.fanout, "no queue left behind")
+	h.m.mu.Unlock()
+}
+
+func TestTreeLimitsBoundTheWaitForAParentSlot(t *testing.T) {
+	h := newHarness(t, nil, WithTreeLimits(TreeLimits{MaxPerParent: 1, ParentWait: time.Minute}))
+	queued := make(chan string, 8)
+	h.m.hooks.queued = func(parent string) { queued <- parent }
+	h.running("chat")
+	late := queuedLaunch(t, h, queued, Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	h.clock.Advance(time.Minute)
+	err := <-late
+	require.ErrorIs(t, err, ErrFanOutLimit)
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, time.Minute, le.Waited)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := h.m.Launch(ctx, Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+		gaveUp <- err
+	}()
+	<-queued
+	cancel()
+	assert.ErrorIs(t, <-gaveUp, context.Canceled)
+
+	atShutdown := queuedLaunch(t, h, queued, Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	require.NoError(t, h.m.Shutdown(context.Background()))
+	assert.ErrorIs(t, <-atShutdown, ErrShutdown)
+	h.m.mu.Lock()
+	assert.Empty(t, h.m.calls.fanout)
+	h.m.mu.Unlock()
+	assert.Len(t, h.m.Tasks(), 1, "no waiting launch left a task")
+}
+
+func TestTreeLimitsCapTheLiveTasksOfATree(t *testing.T) {
+	h := newHarness(t, nil, WithTreeLimits(TreeLimits{MaxPerRoot: 2}))
+	top := h.running("chat")
+	kid := h.running(top.SessionID)
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: kid.SessionID, Models: mustModels(t, "a/one")})
+	require.ErrorIs(t, err, ErrTreeLimit)
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "chat", le.Session, "counted under the root")
+	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	require.ErrorIs(t, err, ErrTreeLimit)
+	h.running("another chat")
+	require.NoError(t, h.observe(Event{SessionID: kid.SessionID, Kind: SessionIdle, Text: "ok"}))
+	h.running(top.SessionID)
+}
+
+func TestInvalidTreeLimitsAreReported(t *testing.T) {
+	h := newHarness(t, nil, WithTreeLimits(TreeLimits{MaxDepth: -1}))
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
+	assert.ErrorContains(t, err, "TreeLimits")
+}
+
+func TestATaskTimeoutEndsItErrorWithReasonDeadline(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
+	for range 4 { // a chatty child: never silent, never done
+		h.clock.Advance(14 * time.Second)
+		require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionBusy, Text: "still looping"}))
+	}
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
+	h.clock.Advance(4 * time.Second)
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusError, done.Status)
+	assert.Len(t, done.Attempts, 1, "a task's deadline never falls back")
+	assert.Equal(t, []string{task.SessionID}, h.host.Aborts(), "the child was stopped")
+	require.NotNil(t, done.Outcome)
+	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
+	assert.ErrorIs(t, done.Err, ErrDeadline)
+	assert.Contains(t, done.Error, "deadline: the task ran longer than its timeout of 1m0s")
+	assert.Equal(t, "still looping", done.Outcome.Evidence)
+}
+
+func TestATaskTimeoutEndsAQueuedTaskWithoutAChild(t *testing.T) {
+	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}))
+	h.running("chat")
+	queued := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
+	require.Equal(t, PendingQueued, queued.Pending)
+	h.clock.Advance(time.Minute)
+	done := h.wait(queued.ID)
+	assert.Equal(t, StatusError, done.Status)
+	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
+	assert.Empty(t, h.host.Aborts())
+}
+
+func TestAnAttemptTimeoutFallsBackOnlyWhenAsked(t *testing.T) {
+	for _, retry := range []bool{false, true} {
+		t.Run(fmt.Sprint("retry=", retry), func(t *testing.T) {
+			h := newHarness(t, nil)
+			task := h.running("chat", func(s *Spec) { s.AttemptTimeout = time.Minute; s.RetryOnTimeout = retry })
+			h.clock.Advance(time.Minute)
+			if !retry {
+				done := h.wait(task.ID)
+				assert.Equal(t, StatusError, done.Status)
+				assert.Len(t, done.Attempts, 1)
+				assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
+				assert.Contains(t, done.Error, "the attempt ran longer than its timeout of 1m0s")
+				return
+			}
+			now := waitFor(t, h.m, task.ID, func(t Task) bool { return len(t.Attempts) == 2 && t.Status == StatusRunning })
+			assert.Equal(t, StatusError, now.Attempts[0].Status)
+			assert.Contains(t, now.Attempts[0].Error, "deadline")
+			assert.Equal(t, StatusRunning, now.Status)
+			h.clock.Advance(time.Minute) // the second attempt has its own deadline, from its start
+			done := h.wait(task.ID)
+			assert.Equal(t, StatusError, done.Status)
+			assert.Len(t, done.Attempts, 2)
+		})
+	}
+}
+
+func TestDeadlinesAreArmedAgainAfterARestart(t *testing.T) {
+	dir := t.TempDir()
+	svc := newSessionService()
+	clk := clock.NewFake(t0)
+	j := openJournal(t, dir)
+	m := New(&svcHost{svc: svc}, WithJournal(j), WithIDs(SequentialIDs()), WithClock(clk))
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Timeout: time.Hour})
+	require.NoError(t, err)
+	waitStatus(t, m, task.ID, StatusRunning)
+	crash(t, m, j)
+
+	later := clock.NewFake(t0.Add(2 * time.Hour)) // the deadline passed while nobody ran
+	m2, err := Open(context.Background(), &svcHost{svc: svc, abortOK: true}, WithJournal(openJournal(t, dir)), WithClock(later))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	done := waitStatus(t, m2, task.ID, StatusError)
+	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
+	assert.Contains(t, done.Error, "deadline")
+}
+
+func TestPageLooksTasksUpByRootMetadataAndStatuses(t *testing.T) {
+	h := newHarness(t, nil)
+	a := h.running("chat", func(s *Spec) { s.Metadata = map[string]string{"team": "x"}; s.Prompt = "prompt of a" })
+	b := h.running(a.SessionID, func(s *Spec) { s.Metadata = map[string]string{"team": "y"} })
+	c := h.running("other", func(s *Spec) { s.Metadata = map[string]string{"team": "x", "env": "prod"} })
+	require.NoError(t, h.observe(Event{SessionID: b.SessionID, Kind: SessionIdle, Text: "ok"}))
+	h.wait(b.ID)
+
+	ids := func(q Query) []string {
+		t.Helper()
+		p, err := h.m.Page(q)
+		require.NoError(t, err)
+		var out []string
+		for _, task := range p.Tasks {
+			out = append(out, task.ID)
+		}
+		return out
+	}
+	assert.Equal(t, []string{a.ID, b.ID}, ids(Query{Root: "chat"}))
+	assert.Equal(t, []string{a.ID, c.ID}, ids(Query{Metadata: map[string]string{"team": "x"}}))
+	assert.Equal(t, []string{c.ID}, ids(Query{Metadata: map[string]string{"team": "x", "env": "prod"}}))
+	assert.Equal(t, []string{a.ID}, ids(Query{Root: "chat", Metadata: map[string]string{"team": "x"}}))
+	assert.Equal(t, []string{b.ID}, ids(Query{Root: "chat", Statuses: []Status{StatusCompleted, StatusError}}))
+	assert.Equal(t, []string{a.ID, c.ID}, ids(Query{Statuses: []Status{StatusRunning}}))
+	assert.Empty(t, ids(Query{Root: "nobody"}))
+	assert.Empty(t, ids(Query{Metadata: map[string]string{"team": "z"}}))
+
+	first, err := h.m.Page(Query{Root: "chat", Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, a.ID, first.Next)
+	assert.Equal(t, "prompt of a", first.Tasks[0].Prompt)
+	second, err := h.m.Page(Query{Root: "chat", Limit: 1, After: first.Next})
+	require.NoError(t, err)
+	assert.Equal(t, []string{b.ID}, []string{second.Tasks[0].ID})
+	assert.Empty(t, second.Next)
+	_, err = h.m.Page(Query{Root: "other", After: a.ID})
+	assert.ErrorIs(t, err, ErrInvalidArgument, "a cursor from another query")
+}
+
+func TestAModelWithNoProviderIsItsIDAlone(t *testing.T) {
+	alias, err := ParseModel("gpt-primary")
+	require.NoError(t, err)
+	assert.Equal(t, Model{ID: "gpt-primary"}, alias)
+	assert.Equal(t, "gpt-primary", alias.String())
+	assert.Equal(t, "gpt-primary (fast)", Model{ID: "gpt-primary", Variant: "fast"}.String())
+
+	h := newHarness(t, nil, WithConcurrency(Limits{Models: map[string]int{"gpt-primary": 1}, Providers: map[string]int{"": 5}}))
+	spec := func(s *Spec) { s.Models = []Model{alias, {Provider: "b", ID: "two"}} }
+	first := h.running("chat", spec)
+	second := h.running("chat", spec)
+	assert.Equal(t, StatusRunning, first.Status)
+	assert.Equal(t, PendingQueued, second.Pending, "keyed by its ID under Limits.Models, never under a provider")
+	assert.Contains(t, fmt.Sprint(h.m.Stats()), "model:gpt-primary")
+	require.NoError(t, h.observe(Event{SessionID: first.SessionID, Kind: SessionError, Err: errors.New("HTTP 503 overloaded")}))
+	h.settle()
+	line := Timeline(h.task(first.ID))
+	assert.Contains(t, line, "gpt-primary")
+	assert.NotContains(t, line, "/gpt-primary")
+}
+
+func TestSpecIDSetsTheTaskID(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.launchSpec(Spec{ParentSessionID: "p", ID: "harness-42", Models: mustModels(t, "a/one")})
+	assert.Equal(t, "harness-42", task.ID)
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ID: "harness-42", Models: mustModels(t, "a/one")})
+	assert.ErrorIs(t, err, ErrIDTaken)
+	assert.Len(t, h.m.Tasks(), 1)
+	for _, bad := range []string{"has space", "tab\there", strings.Repeat("x", 129), "bad\xffutf8", "nul\x00"} {
+		_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ID: bad, Models: mustModels(t, "a/one")})
+		var se *SpecError
+		require.ErrorAs(t, err, &se, "%q", bad)
+		assert.Equal(t, "ID", se.Field)
+	}
+	// The generator's next id is one a caller took: it draws again.
+	taken := h.launchSpec(Spec{ParentSessionID: "p", ID: "task-2", Models: mustModels(t, "a/one")})
+	drawn := h.launch("a/one")
+	assert.Equal(t, "task-2", taken.ID)
+	assert.NotEqual(t, "task-2", drawn.ID)
+	assert.Len(t, h.m.Tasks(), 3)
+}
+
+func TestAForgottenTasksIDIsStillTaken(t *testing.T) {
+	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 1}))
+	for _, id := range []string{"first", "second"} {
+		task := h.running("chat", func(s *Spec) { s.ID = id })
+		require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	}
+	h.settle()
+	_, err := h.m.Lookup("first")
+	require.ErrorIs(t, err, ErrForgotten)
+	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ID: "first", Models: mustModels(t, "a/one")})
+	assert.ErrorIs(t, err, ErrIDTaken)
+}
+
+func TestUUIDsIsTheDefaultGenerator(t *testing.T) {
+	g1, g2 := UUIDs(), UUIDs()
+	seen := map[string]bool{}
+	for _, g := range []IDGenerator{g1, g2} {
+		for range 50 {
+			id := g.NewID(IDTask)
+			u, err := uuid.Parse(id)
+			require.NoError(t, err)
+			assert.Equal(t, uuid.Version(4), u.Version())
+			assert.False(t, seen[id])
+			seen[id] = true
+		}
+	}
+	assert.True(t, strings.HasPrefix(g1.NewID(IDToken), "run_"))
+}
+
+type statedErr struct{ msg string }
+
+func (e statedErr) Error() string { return e.msg }
+
+type retryableErr struct {
+	statedErr
+	v bool
+}
+
+func (e retryableErr) IsRetryable() bool { return e.v }
+
+type temporaryErr struct {
+	statedErr
+	v bool
+}
+
+func (e temporaryErr) Temporary() bool { return e.v }
+
+type timeoutErr struct {
+	statedErr
+	v bool
+}
+
+func (e timeoutErr) Timeout() bool { return e.v }
+
+type overloaded struct{ retryableErr }
+
+func (overloaded) StatusCode() int { return 503 }
+
+func TestDefaultRetryableHearsWhatAnErrorSaysOfItself(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"IsRetryable true on an unknown error", retryableErr{statedErr{msg: "opaque"}, true}, true},
+		{"IsRetryable false on a 503", overloaded{retryableErr{statedErr{msg: "overloaded"}, false}}, false},
+		{"Temporary true", temporaryErr{statedErr{msg: "opaque"}, true}, true},
+		{"Temporary false says nothing", temporaryErr{statedErr{msg: "opaque"}, false}, false},
+		{"Temporary false leaves a 429 retried", fmt.Errorf("%w: 429 Too Many Requests", temporaryErr{statedErr{msg: "x"}, false}), true},
+		{"Timeout true", timeoutErr{statedErr{msg: "opaque"}, true}, true},
+		{"wrapped", fmt.Errorf("calling: %w", retryableErr{statedErr{msg: "opaque"}, true}), true},
+		{"Permanent wins", Permanent(retryableErr{statedErr{msg: "opaque"}, true}), false},
+		{"context overflow wins", errors.Join(ErrContextOverflow, retryableErr{statedErr{msg: "opaque"}, true}), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, DefaultRetryable(tt.err))
+		})
+	}
+}
+
+func TestWithRetryClassifierExtendsTheDefault(t *testing.T) {
+	var mu sync.Mutex
+	var defaults []bool
+	h := newHarness(t, nil, WithRetryClassifier(func(err error, retry bool) bool {
+		mu.Lock()
+		defaults = append(defaults, retry)
+		mu.Unlock()
+		var q *quotaError
+		return retry || errors.As(err, &q)
+	}))
+	task := h.running("chat", func(s *Spec) { s.Models = mustModels(t, "a/one", "b/two", "c/three") })
+	require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionError, Err: &quotaError{code: 400}}))
+	h.settle()
+	second := h.task(task.ID)
+	require.Len(t, second.Attempts, 2, "the classifier made a 400 quota error retryable")
+	require.NoError(t, h.observe(Event{SessionID: second.SessionID, Kind: SessionError, Err: errors.New("HTTP 503 overloaded")}))
+	h.settle()
+	third := h.task(task.ID)
+	require.Len(t, third.Attempts, 3, "the default's own answer is kept")
+	require.NoError(t, h.observe(Event{SessionID: third.SessionID, Kind: SessionError, Err: errors.New("400 invalid request")}))
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusError, done.Status)
+	mu.Lock()
+	assert.Equal(t, []bool{false, true, false}, defaults, "it saw the default's answers")
+	mu.Unlock()
+}
+
+func TestAPanickingRetryClassifierMakesTheFailureFinal(t *testing.T) {
+	h := newHarness(t, nil, WithRetryClassifier(func(error, bool) bool { panic("classifier bug") }))
+	task := h.running("chat")
+	require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionError, Err: errors.New("HTTP 503")}))
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusError, done.Status)
+	assert.Len(t, done.Attempts, 1)
+	assert.Contains(t, done.Error, "classifier bug")
+}
+
+// The root module asks importers for little: the Go version the README
+// states, and no dependency beyond the design card's.
+func TestTheModuleRequiresWhatTheREADMESays(t *testing.T) {
+	mod, err := os.ReadFile("go.mod")
+	require.NoError(t, err)
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	goLine := regexp.MustCompile(`(?m)^go (1\.\d+)$`).FindSubmatch(mod)
+	require.NotNil(t, goLine, "go.mod has a go directive")
+	stated := regexp.MustCompile(`Go (1\.\d+) or newer`).FindSubmatch(readme)
+	require.NotNil(t, stated, "the README says which Go versions are supported")
+	assert.Equal(t, string(stated[1]), string(goLine[1]), "go.mod's go directive is the README's oldest supported Go")
+	assert.NotContains(t, string(mod), "\ntoolchain ", "no toolchain line forces a newer Go on importers")
+	direct := regexp.MustCompile(`(?m)^\t(\S+) v\S+$`).FindAllSubmatch(mod, -1)
+	allowed := map[string]bool{"github.com/google/uuid": true, "github.com/stretchr/testify": true, "go.uber.org/goleak": true}
+	for _, d := range direct {
+		assert.True(t, allowed[string(d[1])], "direct dependency %s is not on the design card", d[1])
+	}
+}
