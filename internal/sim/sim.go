@@ -101,8 +101,11 @@ type world struct {
 	nextCall int
 
 	cfg       []bgtask.Option
-	gate      *gate       // the live process's connection to the world
-	journal   *memJournal // with "restarts": what outlives a process
+	tree      bgtask.TreeLimits      // with "tree": the limits every check holds to
+	deadlines bool                   // with "deadlines": launches may carry timeouts
+	specs     map[string]bgtask.Spec // each task's spec, by id (its timeouts)
+	gate      *gate                  // the live process's connection to the world
+	journal   *memJournal            // with "restarts": what outlives a process
 	restarted bool
 }
 
@@ -134,6 +137,7 @@ func Run(opts Options) ([]string, error) {
 		answers:  map[string]bgtask.Answer{},
 		ended:    map[string]bool{},
 		closures: map[int]*closureCall{},
+		specs:    map[string]bgtask.Spec{},
 	}
 	cfg := []bgtask.Option{
 		bgtask.WithIDs(bgtask.SequentialIDs()),
@@ -156,6 +160,15 @@ func Run(opts Options) ([]string, error) {
 	if w.rng.IntN(3) == 0 {
 		cfg = append(cfg, bgtask.WithRetryDelay(bgtask.Backoff(time.Second, 8*time.Second, 0)))
 		features = append(features, "retry-delay")
+	}
+	if w.rng.IntN(3) == 0 {
+		w.tree = bgtask.TreeLimits{MaxDepth: 2 + w.rng.IntN(2), MaxPerParent: 2 + w.rng.IntN(2), MaxPerRoot: 4 + w.rng.IntN(4)}
+		cfg = append(cfg, bgtask.WithTreeLimits(w.tree))
+		features = append(features, "tree")
+	}
+	if w.rng.IntN(3) == 0 {
+		w.deadlines = true
+		features = append(features, "deadlines")
 	}
 	if w.rng.IntN(3) == 0 {
 		w.journal = &memJournal{}
@@ -263,6 +276,14 @@ func (w *world) launch(tasks []bgtask.Task) {
 	if w.rng.IntN(4) == 0 {
 		spec.Key = fmt.Sprintf("key-%d", w.rng.IntN(3))
 	}
+	if w.deadlines && w.rng.IntN(2) == 0 {
+		spec.Timeout = time.Duration(60+w.rng.IntN(120)) * time.Second
+	}
+	if w.deadlines && w.rng.IntN(2) == 0 {
+		spec.AttemptTimeout = time.Duration(20+w.rng.IntN(60)) * time.Second
+		spec.RetryOnTimeout = w.rng.IntN(2) == 0
+	}
+	limited := w.treeRefusal(tasks, parent)
 	closing := w.activeClosureCovers(tasks, parent)
 	holder := ""
 	for _, t := range tasks {
@@ -272,7 +293,15 @@ func (w *world) launch(tasks []bgtask.Task) {
 	}
 	task, err := w.m.Launch(context.Background(), spec)
 	var held *bgtask.KeyHeldError
+	var limit *bgtask.LimitError
 	switch {
+	case errors.As(err, &limit):
+		if limited == nil || !errors.Is(err, limited) {
+			w.failf("launch under %s refused by %v; the tasks say %v", parent, err, limited)
+		}
+		w.log("launch under %s refused: %v", parent, err)
+	case err == nil && limited != nil && closing == "" && holder == "":
+		w.failf("launch under %s admitted past a limit: %v", parent, limited)
 	case err == nil && closing != "":
 		w.failf("launch under %s was admitted while closure of %s was running", parent, closing)
 	case err == nil && holder != "":
@@ -287,7 +316,91 @@ func (w *world) launch(tasks []bgtask.Task) {
 	case err != nil:
 		w.log("launch under %s refused: branch closing", parent)
 	default:
-		w.log("launch %s under %s on %v max=%d", task.ID, parent, chain, spec.MaxAttempts)
+		w.specs[task.ID] = spec
+		w.log("launch %s under %s on %v max=%d timeout=%s attempt-timeout=%s retry=%v", task.ID, parent, chain, spec.MaxAttempts,
+			spec.Timeout, spec.AttemptTimeout, spec.RetryOnTimeout)
+	}
+}
+
+// treeRefusal is the tree limit a launch under parent must be refused by,
+// worked out from the tasks alone (nil: none applies).
+func (w *world) treeRefusal(tasks []bgtask.Task, parent string) error {
+	t := w.tree
+	root, depth := parent, 1
+	liveUnder, liveRoot := 0, map[string]int{}
+	for _, task := range tasks {
+		for _, a := range task.Attempts {
+			if a.SessionID == parent {
+				root, depth = task.Root, task.Depth+1
+			}
+		}
+	}
+	for _, task := range tasks {
+		if task.Status.Terminal() {
+			continue
+		}
+		liveRoot[task.Root]++
+		if task.ParentSessionID == parent {
+			liveUnder++
+		}
+	}
+	switch {
+	case t.MaxDepth > 0 && depth > t.MaxDepth:
+		return bgtask.ErrDepthLimit
+	case t.MaxPerRoot > 0 && liveRoot[root] >= t.MaxPerRoot:
+		return bgtask.ErrTreeLimit
+	case t.MaxPerParent > 0 && liveUnder >= t.MaxPerParent:
+		return bgtask.ErrFanOutLimit
+	}
+	return nil
+}
+
+// checkTree: no task is deeper than the limit, and no parent session or
+// tree has more live tasks than its limit; a task that ended at a deadline
+// had one, and ended no earlier than it was due.
+func (w *world) checkTree(tasks []bgtask.Task) {
+	t := w.tree
+	parents, roots := map[string]int{}, map[string]int{}
+	for _, task := range tasks {
+		if t.MaxDepth > 0 && task.Depth > t.MaxDepth {
+			w.failf("%s is at depth %d, past the limit %d", task.ID, task.Depth, t.MaxDepth)
+		}
+		if !task.Status.Terminal() {
+			parents[task.ParentSessionID]++
+			roots[task.Root]++
+		}
+		if task.Outcome == nil || task.Outcome.Reason != bgtask.ReasonDeadline {
+			continue
+		}
+		spec, ok := w.specs[task.ID]
+		due := time.Time{}
+		switch cur := task.Current(); {
+		case !ok:
+			continue // launched before a restart this world does not track
+		case strings.Contains(cur.Error, "the task ran longer"):
+			due = task.LaunchedAt.Add(spec.Timeout)
+		case strings.Contains(cur.Error, "the attempt ran longer"):
+			due = cur.StartedAt.Add(spec.AttemptTimeout)
+		default:
+			w.failf("%s ended at a deadline with error %q", task.ID, cur.Error)
+			continue
+		}
+		if spec.Timeout == 0 && spec.AttemptTimeout == 0 {
+			w.failf("%s ended at a deadline it did not have", task.ID)
+		}
+		if task.CompletedAt.Before(due) {
+			w.failf("%s ended at a deadline at %s, before it was due at %s", task.ID, task.CompletedAt, due)
+		}
+	}
+	for p, n := range parents {
+		if t.MaxPerParent > 0 && n > t.MaxPerParent {
+			w.failf("parent %s has %d live tasks, past the limit %d", p, n, t.MaxPerParent)
+		}
+	}
+	for r, n := range roots {
+		if t.MaxPerRoot > 0 && n > t.MaxPerRoot {
+			w.failf("tree %s has %d live tasks, past the limit %d", r, n, t.MaxPerRoot)
+		}
 	}
 }
 
@@ -567,6 +680,7 @@ func (w *world) check() {
 	}
 	w.checkNotifications(tasks, false)
 	w.checkClosures(tasks)
+	w.checkTree(tasks)
 }
 
 // checkInvocations: every answer is given once and never changes; answers
