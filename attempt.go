@@ -833,25 +833,49 @@ func (m *Manager) armDeadline(e *entry, a Attempt) {
 	}
 }
 
+// deadlineRetry is how long a deadline waits, after an abort that did not
+// stop the run, before it asks for another.
+const deadlineRetry = 30 * time.Second
+
 // watchDeadlineNow waits for the deadline fx arms, and has the core act on
-// it unless the task (or run) ended first.
+// it unless the task (or run) ended first; while the abort it set off (or
+// found in flight) leaves the run alive, it asks again every
+// deadlineRetry.
 func (m *Manager) watchDeadlineNow(fx *effect) {
-	select {
-	case <-fx.timer.C():
-		m.step(&deadlineIn{e: fx.e, a: fx.run.attempt()})
-	case <-fx.done:
-		fx.timer.Stop()
-	case <-m.life.ctx.Done():
-		fx.timer.Stop()
+	t := fx.timer
+	for {
+		select {
+		case <-t.C():
+		case <-fx.done:
+			t.Stop()
+			return
+		case <-m.life.ctx.Done():
+			t.Stop()
+			return
+		}
+		in := deadlineIn{e: fx.e, a: fx.run.attempt()}
+		m.step(&in)
+		if in.wait == nil {
+			return
+		}
+		unpark := m.life.parked.park(in.wait, fx.done, m.life.ctx.Done())
+		select { // the abort's answer: stopped (then done closes), or still alive
+		case <-in.wait:
+		case <-fx.done:
+		case <-m.life.ctx.Done():
+		}
+		unpark()
+		t = m.cfg.clock.NewTimer(deadlineRetry)
 	}
 }
 
 // onDeadline decides a deadline that came due. The task's: a stop is
 // recorded (no retry follows) and the run fails, reason deadline — at
-// once with no child, else once the host confirms the abort. A run's: it
-// is aborted and fails, reason deadline, falling back to the next model
-// only with Spec.RetryOnTimeout. A run already being stopped keeps that
-// stop. m.mu is held.
+// once with no child, else once the host confirms the abort, whoever
+// asked for it. A run's: it is aborted and fails, reason deadline,
+// falling back to the next model only with Spec.RetryOnTimeout; an abort
+// already in flight is waited for instead. in.wait is the abort to wait
+// for before looking again. m.mu is held.
 func (m *Manager) onDeadline(in *deadlineIn) {
 	e, a := in.e, in.a
 	cur := e.cur()
@@ -860,14 +884,20 @@ func (m *Manager) onDeadline(in *deadlineIn) {
 		return
 	case a.ID == "":
 		m.wantStop(e, stopByDeadline, m.now())
-		m.stopRun(e, m.now())
+		if op := m.stopRun(e, m.now()); op != nil && !e.terminal() {
+			in.wait = op.waitDone()
+		}
 		return
-	case cur.Token != a.Token || cur.Status != StatusRunning || e.rt.abort != nil:
+	case cur.Token != a.Token || cur.Status != StatusRunning:
+		return
+	case e.rt.abort != nil:
+		in.wait = e.rt.abort.waitDone()
 		return
 	}
 	op, _ := m.newAbort(e, cur, nil)
 	op.failWith = deadlineFailure(e, true)
 	m.runAbort(op)
+	in.wait = op.waitDone()
 }
 
 // deadlineFailure is how a run stopped at a deadline fails: the task's

@@ -198,9 +198,6 @@ func (m *Manager) newAbort(e *entry, a *Attempt, store *abortOp) (op *abortOp, f
 			kind: callAbort,
 		}},
 	}
-	if e.stop == StatusError { // the task's deadline asked for it: the run fails with that
-		op.failWith = deadlineFailure(e, false)
-	}
 	e.rt.abort = op
 	m.calls.abortsN++
 	return op, true
@@ -347,9 +344,9 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		} else {
 			m.touched(e) // the stop's waiters learn the answer
 		}
-	case live && op.failWith != nil && (e.stop == StatusError || !m.fence(e)):
-		// A failure to record (a stall, a failed start: unless a stop
-		// was asked since, whose status wins), or the task's deadline.
+	case live && e.stop == StatusError: // the task's deadline, whoever's abort stopped the run
+		m.fail(e, *deadlineFailure(e, false), now)
+	case live && op.failWith != nil && !m.fence(e):
 		e.seen.stopped = op.run().Token // the retry need not abort it again
 		m.fail(e, *op.failWith, now)
 	case live:

@@ -801,3 +801,60 @@ func TestTheModuleRequiresWhatTheREADMESays(t *testing.T) {
 		assert.True(t, allowed[string(d[1])], "direct dependency %s is not on the design card", d[1])
 	}
 }
+
+func TestATaskDeadlineAsksAgainWhenTheAbortFails(t *testing.T) {
+	aborts := make(chan string, 4)
+	var mu sync.Mutex
+	refuse := true
+	host := &testHost{abort: func(_ context.Context, sid string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		aborts <- sid
+		if refuse {
+			refuse = false
+			return errors.New("the session service is busy")
+		}
+		return nil
+	}}
+	h := newHarness(t, host)
+	task := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
+	made, _ := h.clock.Created()
+	h.clock.Advance(time.Minute)
+	<-aborts
+	for n, next := h.clock.Created(); n == made; n, next = h.clock.Created() {
+		<-next // the retry's timer: the refused abort was answered
+	}
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "alive: never reported stopped")
+	h.clock.Advance(deadlineRetry)
+	<-aborts
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusError, done.Status)
+	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
+}
+
+func TestATaskDeadlineDuringASessionStartAbortsTheSessionOnArrival(t *testing.T) {
+	release := make(chan struct{})
+	asked := make(chan struct{}, 1)
+	host := &testHost{start: func(ctx context.Context, _ SessionRequest, sid string) (string, error) {
+		asked <- struct{}{}
+		<-release
+		return sid, nil
+	}}
+	h := newHarness(t, host)
+	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one", "b/two"), Timeout: time.Minute})
+	<-asked
+	h.clock.Advance(time.Minute)
+	for n, changed := h.m.life.group.Changed(); n > 1; n, changed = h.m.life.group.Changed() {
+		<-changed // until only the start in flight runs: the deadline's watch has decided
+	}
+	h.m.mu.Lock()
+	stop := h.m.led.tasks[task.ID].stop
+	h.m.mu.Unlock()
+	require.Equal(t, StatusError, stop, "the deadline's stop is recorded while the start is in flight")
+	close(release)
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusError, done.Status)
+	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
+	assert.Equal(t, []string{"ses-1"}, h.host.Aborts(), "the session that arrived late was stopped")
+	assert.Len(t, done.Attempts, 1)
+}

@@ -350,7 +350,9 @@ type Spec struct {
 	// task falls back to its next model only with RetryOnTimeout. Unlike
 	// WithStallTimeout, which catches silence, these catch a chatty child
 	// stuck in a loop. 0: no deadline. Both survive a restart with a
-	// journal (the timers are armed again).
+	// journal (the timers are armed again). The task reads running until
+	// the child really stopped: an abort the host refuses is asked again
+	// every 30 seconds.
 	Timeout        time.Duration
 	AttemptTimeout time.Duration
 	RetryOnTimeout bool
@@ -1595,8 +1597,9 @@ type (
 	}
 	// deadlineIn: the deadline of run a of e (a.ID "": the task's) is due.
 	deadlineIn struct {
-		e *entry
-		a Attempt
+		e    *entry
+		a    Attempt
+		wait <-chan struct{} // the abort to wait for before looking again
 	}
 	// stopIn: Cancel asked to stop task id (token: the run it saw, or "").
 	stopIn struct {
