@@ -1202,12 +1202,12 @@ func (iv *invocations) records(task string) []record {
 	for _, in := range iv.list[1:] {
 		adm := in
 		adm.Answer = nil
-		out = append(out, record{kind: recInvocationAdmitted, task: task, at: in.AdmittedAt, recordExt: &recordExt{inv: &adm}})
+		out = append(out, record{kind: recInvocationAdmitted, task: task, at: in.AdmittedAt, inv: &adm})
 	}
 	for _, in := range iv.list {
 		if in.Answer != nil {
 			filed := Invocation{N: in.N, Answer: in.Answer}
-			out = append(out, record{kind: recAnswerFiled, task: task, at: in.Answer.At, recordExt: &recordExt{inv: &filed}})
+			out = append(out, record{kind: recAnswerFiled, task: task, at: in.Answer.At, inv: &filed})
 		}
 	}
 	return out
@@ -1332,14 +1332,21 @@ func (m *Manager) fileAnswer(e *entry, n int, o *Outcome, degraded bool, at time
 		c.Notices = append(slices.Clone(o.Notices), note)
 		o = &c
 	}
-	ans := Answer{Invocation: n, Status: o.State, Degraded: degraded, Notices: o.Notices, At: at, Envelope: renderAnswerEnvelope(e.id, n, o)}
+	// The record's invocation and its answer are made as one: the ledger
+	// keeps the answer, the record only passes through.
+	filed := &struct {
+		inv Invocation
+		ans Answer
+	}{}
+	ans := &filed.ans
+	*ans = Answer{Invocation: n, Status: o.State, Degraded: degraded, Notices: o.Notices, At: at, Envelope: renderAnswerEnvelope(e.id, n, o)}
 	if o.HasAnswer {
 		ans.Text = o.Answer
 	} else {
 		ans.Text = o.Error
 	}
-	filed := Invocation{N: n, Answer: &ans}
-	return m.commit(e, record{kind: recAnswerFiled, task: e.id, at: at, recordExt: &recordExt{inv: &filed}})
+	filed.inv = Invocation{N: n, Answer: ans}
+	return m.commit(e, record{kind: recAnswerFiled, task: e.id, at: at, inv: &filed.inv})
 }
 
 // childrenOutstanding reports whether a task launched from e's current
@@ -1517,7 +1524,7 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 		return 0, fmt.Errorf("%w: the run of task %s ended before the prompt was admitted", ErrNotRunning, e.id)
 	}
 	inv := Invocation{N: in.req.Invocation, Prompt: in.prompt, AdmittedAt: now, Notice: in.notice}
-	if !m.commit(e, record{kind: recInvocationAdmitted, task: e.id, at: now, attempt: *a, recordExt: &recordExt{inv: &inv}}) {
+	if !m.commit(e, record{kind: recInvocationAdmitted, task: e.id, at: now, attempt: *a, inv: &inv}) {
 		return 0, fmt.Errorf("%w: the ledger refused the invocation", ErrNotRunning)
 	}
 	return inv.N, nil

@@ -100,6 +100,10 @@ type record struct {
 	// evidence (recAttemptFinal) is what the run reported that decides its
 	// outcome: inline, as most final records carry some.
 	evidence evidence
+	// inv (recInvocationAdmitted: the invocation, with no answer;
+	// recAnswerFiled: with its answer) is inline: a round trip of Extend
+	// writes two such records, and they need nothing else.
+	inv *Invocation
 	// *recordExt holds what only some kinds carry; attempt records, by far
 	// the most, carry none.
 	*recordExt
@@ -116,8 +120,11 @@ type recordExt struct {
 	notice  *notice        // recNotifyProduced, recNotifyDelivered
 	epoch   uint64         // recEpoch: the process life's number
 	opened  uint64         // recBranchClosed, recClosureDropped: the sequence of the closure's opening record
-	inv     *Invocation    // recInvocationAdmitted: the invocation, with no answer; recAnswerFiled: with its answer
 }
+
+// noExt is the extension of a record that has none, for encoding one whose
+// only extended field is inline (record.inv). Never written to.
+var noExt recordExt
 
 // evidence is what a run reported that decides its outcome, kept in its
 // final record: its last output, how its turn ended, and the reason of the
@@ -668,7 +675,7 @@ func continues(e *entry, prev attemptRef, sid string) bool {
 // must be the live task's next number, unanswered; an answer is filed once,
 // for an admitted invocation.
 func checkInvocation(e *entry, rec *record) error {
-	if rec.recordExt == nil || rec.inv == nil {
+	if rec.inv == nil {
 		return fmt.Errorf("%w: an invocation record must carry its invocation", errBadTransition)
 	}
 	admitted := 1
@@ -1424,9 +1431,12 @@ func encodeRecord(rec *record) (Record, error) {
 		w.String(string(ev.reason))
 		w.String(ev.notice)
 	}
-	w.Bool(rec.recordExt != nil)
-	if rec.recordExt != nil {
-		if err := encodeExt(&w, rec.recordExt); err != nil {
+	w.Bool(rec.recordExt != nil || rec.inv != nil)
+	if x := rec.recordExt; x != nil || rec.inv != nil {
+		if x == nil {
+			x = &noExt
+		}
+		if err := encodeExt(&w, x, rec.inv); err != nil {
 			return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
@@ -1434,7 +1444,7 @@ func encodeRecord(rec *record) (Record, error) {
 }
 
 // encodeExt writes the part of a record only some kinds carry.
-func encodeExt(w *codec.Writer, x *recordExt) error {
+func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation) error {
 	w.Bool(x.spec != nil)
 	if ti := x.spec; ti != nil {
 		for _, f := range [...]string{ti.id, ti.parent, ti.description, ti.agent, ti.prompt} {
@@ -1476,7 +1486,7 @@ func encodeExt(w *codec.Writer, x *recordExt) error {
 	w.Uint(x.epoch)
 	w.Uint(x.opened)
 	// Format 2 on: the invocation, then the spec's key.
-	if err := writeJSON(w, x.inv != nil, x.inv); err != nil {
+	if err := writeJSON(w, inv != nil, inv); err != nil {
 		return err
 	}
 	key := ""
@@ -1484,11 +1494,11 @@ func encodeExt(w *codec.Writer, x *recordExt) error {
 		key = x.spec.key
 	}
 	w.String(key)
-	inv := 0
+	noteInv := 0
 	if x.notice != nil {
-		inv = x.notice.invocation
+		noteInv = x.notice.invocation
 	}
-	w.Uint(uint64(inv))
+	w.Uint(uint64(noteInv))
 	var cont [3]string
 	if ti := x.spec; ti != nil {
 		cont = [3]string{ti.continues, ti.resume, ti.prior}
@@ -1555,11 +1565,13 @@ func decodeRecord(r Record) (record, error) {
 		}
 	}
 	if d.Bool() {
-		x, err := decodeExt(&d, format)
+		x, inv, err := decodeExt(&d, format)
 		if err != nil {
 			return record{}, fmt.Errorf("bgtask: decoding record %d: %w", rec.seq, err)
 		}
-		rec.recordExt = x
+		if rec.inv = inv; *x != noExt {
+			rec.recordExt = x
+		}
 	}
 	if err := d.Err(); err != nil {
 		return record{}, fmt.Errorf("bgtask: decoding record %d: %w", r.Seq, err)
@@ -1571,7 +1583,7 @@ func decodeRecord(r Record) (record, error) {
 }
 
 // decodeExt reads what encodeExt wrote, in a record of format.
-func decodeExt(d *codec.Reader, format byte) (*recordExt, error) {
+func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ error) {
 	x := &recordExt{}
 	if d.Bool() {
 		ti := &taskInfo{id: d.String(), parent: d.String(), description: d.String(), agent: d.String(), prompt: d.String()}
@@ -1592,7 +1604,7 @@ func decodeExt(d *codec.Reader, format byte) (*recordExt, error) {
 	x.session, x.note, x.stop = d.String(), d.String(), Status(d.String())
 	var cr ClosureRecord
 	if ok, err := readJSON(d, &cr); err != nil {
-		return nil, fmt.Errorf("closure: %w", err)
+		return nil, nil, fmt.Errorf("closure: %w", err)
 	} else if ok {
 		x.closure = &cr
 	}
@@ -1606,11 +1618,11 @@ func decodeExt(d *codec.Reader, format byte) (*recordExt, error) {
 	}
 	x.epoch, x.opened = d.Uint(), d.Uint()
 	if format >= 2 {
-		var inv Invocation
-		if ok, err := readJSON(d, &inv); err != nil {
-			return nil, fmt.Errorf("invocation: %w", err)
+		var in Invocation
+		if ok, err := readJSON(d, &in); err != nil {
+			return nil, nil, fmt.Errorf("invocation: %w", err)
 		} else if ok {
-			x.inv = &inv
+			inv = &in
 		}
 		if key := d.String(); x.spec != nil {
 			x.spec.key = key
@@ -1627,7 +1639,7 @@ func decodeExt(d *codec.Reader, format byte) (*recordExt, error) {
 			x.spec.timeout, x.spec.attemptTimeout, x.spec.retryOnTimeout = t, at, retry
 		}
 	}
-	return x, nil
+	return x, inv, nil
 }
 
 // encodeAll encodes recs, in order.

@@ -256,6 +256,13 @@ func reasonOf(err error) Reason {
 // what its run reported (ev, from the attempt's final record; nil if the
 // run reported nothing that bears on it).
 func outcomeOf(t Task, ev *evidence) *Outcome {
+	o := outcomeFacts(t, ev)
+	o.Envelope = renderEnvelope(t.ID, o)
+	return o
+}
+
+// outcomeFacts is outcomeOf without the envelope.
+func outcomeFacts(t Task, ev *evidence) *Outcome {
 	cur := t.Current()
 	o := &Outcome{State: cur.Status}
 	last := evidence{}
@@ -303,7 +310,6 @@ func outcomeOf(t Task, ev *evidence) *Outcome {
 	if last.notice != "" {
 		o.Notices = append(o.Notices, last.notice)
 	}
-	o.Envelope = renderEnvelope(t.ID, o)
 	return o
 }
 
@@ -503,9 +509,11 @@ const deliveryPromise = "each task's result or error is delivered to this conver
 // answerOutcome is the outcome of one turn (or failure) as an answer: the
 // rules of a task's outcome (a turn with no final text, cut off, or ended
 // on a tool call is not a usable answer), for a single result.
+// Its Envelope is left empty: an answer renders its own
+// (renderAnswerEnvelope).
 func answerOutcome(id string, status Status, text, errText string, ev evidence) *Outcome {
 	t := Task{ID: id, CurrentAttemptID: "answer", Attempts: []Attempt{{ID: "answer", Status: status, Result: text, Error: errText}}}
-	return outcomeOf(t, &ev)
+	return outcomeFacts(t, &ev)
 }
 
 // answerText tells a parent that invocation a.Invocation of task id was
