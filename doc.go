@@ -126,6 +126,24 @@
 // Spec.ContinueFrom resumes an ended task's session (Resumer), and Fence
 // lets a tool refuse the side effect of a superseded run.
 //
+// # Subagent trees
+//
+// A FuncHost function is told its task (Run: description, metadata, root
+// and depth) and can spawn beneath its own session (Run.Launch); Returning
+// lets it return a value of the harness's type, kept beside the task
+// (Task.Value) while Task.Result stays its text, and Task.Err keeps the
+// original error value. Spec.OnDone tells the launching caller once, after
+// the final summary. Spec.InheritValues passes the Launch context's values
+// (never its cancellation) to the host calls, and Spec.CancelWithCaller
+// stops the task's branch when that context ends. WithTreeLimits bounds
+// depth, live tasks per parent session (a Launch past it waits its turn,
+// bounded) and per tree; Spec.Timeout and Spec.AttemptTimeout end a run at
+// a wall-clock deadline (reason deadline). Page looks tasks up by parent,
+// root, metadata and status through indexes. A Model may be a bare alias
+// (no provider), Spec.ID may set a task's id, and WithRetryClassifier
+// extends DefaultRetryable, which also hears an error's own IsRetryable,
+// Temporary and Timeout methods.
+//
 // # Bad input and user code
 //
 // A nil context is treated as context.Background() by every method that
