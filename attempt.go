@@ -385,7 +385,7 @@ func (m *Manager) apply(e *entry, o *observation) {
 			l := e.keep()
 			l.value, l.valueTok = ev.Value, a.Token
 		}
-		if t := (turnEnd{token: a.Token, text: ev.Text, finish: ev.Finish, noText: ev.NoFinalText, upTo: ev.Invocation, at: at}); !m.atGate(e, t) {
+		if t := (turnEnd{token: a.Token, text: ev.Text, finish: ev.Finish, noText: ev.NoFinalText, upTo: ev.Invocation, at: at, last: ev.last}); !m.atGate(e, t) {
 			m.turnEnded(e, t, "")
 		}
 	case SessionError:
@@ -878,14 +878,21 @@ func (m *Manager) watchDeadlineNow(fx *effect) {
 // for before looking again. m.mu is held.
 func (m *Manager) onDeadline(in *deadlineIn) {
 	e, a := in.e, in.a
+	if m.hooks.deadline != nil {
+		defer m.hooks.deadline(e.id)
+	}
 	cur := e.cur()
 	switch {
 	case e.terminal():
 		return
 	case a.ID == "":
 		m.wantStop(e, stopByDeadline, m.now())
-		if op := m.stopRun(e, m.now()); op != nil && !e.terminal() {
+		switch op := m.stopRun(e, m.now()); {
+		case e.terminal():
+		case op != nil:
 			in.wait = op.waitDone()
+		default: // a start in flight: its session is aborted as it arrives, then looked at again
+			in.wait = e.waitChange()
 		}
 		return
 	case cur.Token != a.Token || cur.Status != StatusRunning:
@@ -978,7 +985,7 @@ const StartOutcomeUnknown = "start outcome unknown after restart"
 func (m *Manager) reconcile(rv *recovery) {
 	now := m.now()
 	_, asks := m.host.(StatusHost)
-	for _, e := range m.order {
+	for _, e := range slices.Clone(m.order) { // an end here may forget an ended task (retention)
 		if e.terminal() {
 			continue
 		}
@@ -1014,8 +1021,8 @@ func (m *Manager) reconcile(rv *recovery) {
 		default:
 			m.admit(e, a) // it never asked for a child: ask now
 		}
-		if !e.terminal() && e.stop == "" && e.info.timeout > 0 {
-			m.armDeadline(e, Attempt{}) // due from the launch: at once if it passed meanwhile
+		if !e.terminal() && (e.stop == "" || e.stop == StatusError) && e.info.timeout > 0 {
+			m.armDeadline(e, Attempt{}) // due from the launch: at once if it passed meanwhile, or it was asked already
 		}
 	}
 	rv.pending = make(chan struct{}, rv.left)
@@ -1189,6 +1196,7 @@ type turnEnd struct {
 	noText bool
 	upTo   int // the last invocation the turn had seen; 0: the latest admitted
 	at     time.Time
+	last   bool // the run is over (a FuncHost function returned): no turn follows
 }
 
 // released reports whether invocation n and every one before it has its
@@ -1362,6 +1370,18 @@ func (m *Manager) childrenOutstanding(e *entry) bool {
 	return false
 }
 
+// childrenLive reports whether a task launched from e's current session
+// is still live. m.mu is held.
+func (m *Manager) childrenLive(e *entry) bool {
+	sid := e.cur().SessionID
+	for _, k := range e.kids {
+		if k.info.parent == sid && !k.terminal() {
+			return true
+		}
+	}
+	return false
+}
+
 // gateHold is a turn end the children gate holds back: the candidate
 // answer while tasks the child's session launched are outstanding.
 type gateHold struct {
@@ -1378,7 +1398,11 @@ func (m *Manager) atGate(e *entry, t turnEnd) bool {
 	if len(e.kids) == 0 {
 		return false
 	}
-	if !m.childrenOutstanding(e) {
+	// A run's last turn (a FuncHost function returned) is held only while
+	// a task it launched is live: one that ended was the function's to
+	// wait for (Wait, OnDone), not its notification's to reach it, and no
+	// further turn can come.
+	if !m.childrenOutstanding(e) || (t.last && !m.childrenLive(e)) {
 		if e.gate != nil { // this turn, after they settled, is the answer
 			e.gate = nil
 			m.setActivity(e, ActivityNone)
@@ -1398,9 +1422,17 @@ func (m *Manager) atGate(e *entry, t turnEnd) bool {
 // may open, and its Spec.OnDone is called. m.mu is held.
 func (m *Manager) taskSettled(k *entry) {
 	m.kidSettled(k)
-	if l := k.loc; l != nil && l.onDone != nil {
-		done, t := l.onDone, k.project()
+	if l := k.loc; l != nil && len(l.onDone) > 0 {
+		m.callOnDone(l.onDone, k.project())
 		l.onDone = nil
+	}
+}
+
+// callOnDone has each of hooks called with t once m.mu is released, on a
+// goroutine of the Manager; a panic in one is logged. m.mu is held.
+func (m *Manager) callOnDone(hooks []*func(Task), t Task) {
+	for _, hook := range hooks {
+		done := *hook
 		m.out.later = append(m.out.later, func() {
 			defer func() {
 				if r := recover(); r != nil {
@@ -1427,6 +1459,10 @@ func (m *Manager) kidSettled(k *entry) {
 		return
 	}
 	g.armed = true
+	if g.last { // no turn can follow the run's last: it is the answer now
+		m.releaseGate(e, g, "degraded: the child's run ended while tasks it launched were still running; its last turn was released once they had ended")
+		return
+	}
 	d := m.gateTimeout()
 	t := m.cfg.clock.NewTimer(d)
 	done := m.runDone(e)
@@ -1471,9 +1507,14 @@ func (m *Manager) onGateCheck(in *gateCheckIn) {
 		g.armed = false // launched another meanwhile: its settling arms the watch again
 		return
 	}
+	m.releaseGate(e, g, "degraded: the children gate released the child's last turn; no further turn came within "+m.gateTimeout().String()+" after the tasks it launched had ended")
+}
+
+// releaseGate files g, the turn the children gate held, as the answer,
+// with notice. m.mu is held.
+func (m *Manager) releaseGate(e *entry, g *gateHold, notice string) {
 	e.gate = nil
 	m.setActivity(e, ActivityNone)
-	notice := "degraded: the children gate released the child's last turn; no further turn came within " + m.gateTimeout().String() + " after the tasks it launched had ended"
 	t := g.turnEnd
 	t.at = m.now()
 	m.turnEnded(e, t, notice)

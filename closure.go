@@ -616,6 +616,9 @@ type testHooks struct {
 	// queued, when set, is called (m.mu held) when a Launch starts waiting
 	// for a slot of its parent session (TreeLimits.MaxPerParent).
 	queued func(parent string)
+	// deadline, when set, is called (m.mu held) once a deadline that came
+	// due was decided.
+	deadline func(taskID string)
 }
 
 // closure is one CloseBranch in progress: while it is in m.closures.active,

@@ -628,6 +628,12 @@ func TestAModelWithNoProviderIsItsIDAlone(t *testing.T) {
 	assert.Equal(t, Model{ID: "gpt-primary"}, alias)
 	assert.Equal(t, "gpt-primary", alias.String())
 	assert.Equal(t, "gpt-primary (fast)", Model{ID: "gpt-primary", Variant: "fast"}.String())
+	plain := New(&testHost{})
+	shutdownAtCleanup(t, plain)
+	_, err = plain.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{ID: "a/b"}}})
+	var se *SpecError
+	require.ErrorAs(t, err, &se, "an ID with a slash and no provider would read as provider/id")
+	assert.Equal(t, "Models[0].ID", se.Field)
 
 	h := newHarness(t, nil, WithConcurrency(Limits{Models: map[string]int{"gpt-primary": 1}, Providers: map[string]int{"": 5}}))
 	spec := func(s *Spec) { s.Models = []Model{alias, {Provider: "b", ID: "two"}} }
@@ -841,12 +847,12 @@ func TestATaskDeadlineDuringASessionStartAbortsTheSessionOnArrival(t *testing.T)
 		return sid, nil
 	}}
 	h := newHarness(t, host)
+	decided := make(chan string, 4)
+	h.m.hooks.deadline = func(id string) { decided <- id }
 	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one", "b/two"), Timeout: time.Minute})
 	<-asked
 	h.clock.Advance(time.Minute)
-	for n, changed := h.m.life.group.Changed(); n > 1; n, changed = h.m.life.group.Changed() {
-		<-changed // until only the start in flight runs: the deadline's watch has decided
-	}
+	<-decided
 	h.m.mu.Lock()
 	stop := h.m.led.tasks[task.ID].stop
 	h.m.mu.Unlock()
@@ -857,4 +863,246 @@ func TestATaskDeadlineDuringASessionStartAbortsTheSessionOnArrival(t *testing.T)
 	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
 	assert.Equal(t, []string{"ses-1"}, h.host.Aborts(), "the session that arrived late was stopped")
 	assert.Len(t, done.Attempts, 1)
+}
+
+// A FuncHost parent that waited for its child (Wait) returns while the
+// child's final summary is still on its way: its last turn is the answer,
+// not held for the gate timeout.
+func TestAFuncHostParentThatWaitedForItsChildIsNotHeldByTheGate(t *testing.T) {
+	var h *harness
+	h = newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		if run.Depth > 1 {
+			return "kid", nil
+		}
+		child, err := run.Launch(ctx, Spec{Prompt: "dig", Models: mustModels(t, "a/one")})
+		if err != nil {
+			return "", err
+		}
+		done, err := run.Manager().Wait(ctx, child.ID)
+		if err != nil {
+			return "", err
+		}
+		return "saw " + done.Result, nil
+	})
+	release := make(chan struct{})
+	h.rec.hook = func(_ context.Context, n Notification) error {
+		if n.Kind == NotifyFinalSummary && n.Task.Depth == 2 {
+			<-release // a slow chat: the kid's summary is not delivered yet
+		}
+		return nil
+	}
+	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	done := h.wait(task.ID)
+	close(release)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Equal(t, "saw kid", done.Result)
+	assert.Empty(t, done.Outcome.Notices, "not degraded: it had the kid's result")
+}
+
+// A FuncHost parent that returns while its child still runs is held until
+// the child settled, then released at once (no turn can follow), marked
+// degraded.
+func TestAFuncHostParentThatReturnedBeforeItsChildIsReleasedWhenItSettles(t *testing.T) {
+	kidGo := make(chan struct{})
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		if run.Depth > 1 {
+			<-kidGo
+			return "kid", nil
+		}
+		if _, err := run.Launch(ctx, Spec{Prompt: "dig", Models: mustModels(t, "a/one")}); err != nil {
+			return "", err
+		}
+		return "did not wait", nil
+	})
+	sub, err := h.m.Subscribe(context.Background(), 256)
+	require.NoError(t, err)
+	defer sub.Close()
+	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	for c := range sub.C { // activity is process-local: it is published, not waited on
+		if c.Task.ID == task.ID && c.Task.Activity == ActivityAwaitingChildren {
+			break
+		}
+	}
+	close(kidGo)
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Equal(t, "did not wait", done.Result)
+	assert.True(t, slicesContain(done.Outcome.Notices, "degraded"), "%v", done.Outcome.Notices)
+}
+
+func TestOnDoneOfALaunchThatExtendLiveMadeAnExtend(t *testing.T) {
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		p := <-run.Prompts()
+		return "got " + p.Text, nil
+	})
+	first := h.launchSpec(Spec{ParentSessionID: "p", Key: "k", Models: mustModels(t, "a/one")})
+	waitStatus(t, h.m, first.ID, StatusRunning)
+	log := &doneLog{done: make(chan Task, 4)}
+	same, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Key: "k", ExtendLive: true, Prompt: "again",
+		Models: mustModels(t, "a/one"), OnDone: log.onDone})
+	require.NoError(t, err)
+	require.Equal(t, first.ID, same.ID)
+	got := <-log.done
+	assert.Equal(t, "got again", got.Result)
+	h.settle()
+	assert.Equal(t, []string{"done " + first.ID}, log.all(), "once")
+
+	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Key: "k", ExtendLive: true, CancelWithCaller: true, Models: mustModels(t, "a/one")})
+	var se *SpecError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, "ExtendLive", se.Field)
+}
+
+func TestOnDoneAtShutdownWithANotifierThatNeverDelivers(t *testing.T) {
+	h := newHarness(t, nil)
+	h.rec.hook = func(ctx context.Context, n Notification) error {
+		if n.Kind == NotifyFinalSummary {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}
+	log := &doneLog{done: make(chan Task, 4)}
+	task := h.running("p", func(s *Spec) { s.OnDone = log.onDone })
+	require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionIdle, Text: "ok"}))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = h.m.Shutdown(ctx)
+	assert.Equal(t, []string{"done " + task.ID}, log.all())
+}
+
+func TestAnEndedTaskWhoseSessionLaunchedLiveTasksIsKeptWhole(t *testing.T) {
+	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 1}), WithTreeLimits(TreeLimits{MaxDepth: 2}))
+	p := h.running("chat", func(s *Spec) { s.Models = mustModels(t, "a/one") })
+	kid := h.running(p.SessionID)
+	require.NoError(t, h.m.Cancel(context.Background(), p.ID)) // p alone
+	for range 3 {                                              // others end: retention would forget p
+		o := h.running("other")
+		require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "ok"}))
+	}
+	_, err := h.m.Lookup(p.ID)
+	require.NoError(t, err, "kept while a task its session launched is live")
+	sibling, err := h.m.Launch(context.Background(), Spec{ParentSessionID: p.SessionID, Models: mustModels(t, "a/one")})
+	require.NoError(t, err)
+	assert.Equal(t, "chat", sibling.Root)
+	assert.Equal(t, 2, sibling.Depth)
+	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: kid.SessionID, Models: mustModels(t, "a/one")})
+	assert.ErrorIs(t, err, ErrDepthLimit, "the tree's depth is still known")
+	rep, err := h.m.CloseBranch(context.Background(), "chat")
+	require.NoError(t, err)
+	assert.Len(t, rep.Stopped, 2, "a closure of the root still reaches them")
+}
+
+func TestALaunchRecordKeepsItsPlaceInTheTree(t *testing.T) {
+	info := &taskInfo{id: "t", parent: "ses-9", models: []Model{{ID: "m"}}, maxAttempts: 1, root: "chat", depth: 3,
+		timeout: time.Minute, attemptTimeout: time.Second, retryOnTimeout: true, launchedAt: t0}
+	enc, err := encodeRecord(&record{seq: 1, kind: recTaskLaunched, task: "t", at: t0, recordExt: &recordExt{spec: info}})
+	require.NoError(t, err)
+	dec, err := decodeRecord(enc)
+	require.NoError(t, err)
+	got := dec.spec
+	assert.Equal(t, "chat", got.root)
+	assert.Equal(t, 3, got.depth)
+	assert.Equal(t, time.Minute, got.timeout)
+	assert.Equal(t, time.Second, got.attemptTimeout)
+	assert.True(t, got.retryOnTimeout)
+}
+
+// memJournal keeps records in memory: a journal that outlives a Manager.
+type memJournal struct {
+	mu      sync.Mutex
+	recs    []Record
+	crashed bool // the process died: nothing more is kept
+}
+
+func (j *memJournal) Append(batch []Record) Commit {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.crashed {
+		return doneCommit{}
+	}
+	for _, r := range batch {
+		r.Data = append([]byte(nil), r.Data...)
+		j.recs = append(j.recs, r)
+	}
+	return doneCommit{}
+}
+
+func (j *memJournal) Replay(fn func(Record) error) error {
+	j.mu.Lock()
+	recs := append([]Record(nil), j.recs...)
+	j.mu.Unlock()
+	for _, r := range recs {
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (j *memJournal) Compact(keep []Record) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.recs = append([]Record(nil), keep...)
+	return nil
+}
+
+func (j *memJournal) Close() error { return nil }
+
+// A restart that ends live tasks while retention forgets ended ones never
+// trips over the launch order it walks.
+func TestARestartThatForgetsAsItReconcilesCrashesNothing(t *testing.T) {
+	j := &memJournal{}
+	opts := []Option{WithJournal(j), WithIDs(SequentialIDs()), WithRetention(Retention{MaxEnded: 50})}
+	host := &testHost{}
+	m := New(host, opts...)
+	var live Task
+	for i := range 1100 {
+		task, err := m.Launch(context.Background(), Spec{ParentSessionID: fmt.Sprintf("chat-%d", i%7), Models: mustModels(t, "a/one")})
+		require.NoError(t, err)
+		running := waitStatus(t, m, task.ID, StatusRunning)
+		if i == 0 {
+			live = running
+			continue
+		}
+		require.NoError(t, m.Observe(Event{SessionID: running.SessionID, Kind: SessionIdle, Text: "ok"}))
+	}
+	j.mu.Lock()
+	j.crashed = true
+	j.mu.Unlock()
+	require.NoError(t, m.Shutdown(context.Background()))
+	j.mu.Lock()
+	j.crashed = false
+	j.mu.Unlock()
+
+	m2, err := Open(context.Background(), plainHost{&svcHost{svc: newSessionService()}}, opts...)
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	got, err := m2.Lookup(live.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusInterrupt, got.Status)
+}
+
+// Shutdown ends queued tasks while retention forgets ended ones: the launch
+// order it walks is never tripped over.
+func TestAShutdownThatForgetsAsItStopsCrashesNothing(t *testing.T) {
+	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 5}), WithConcurrency(Limits{Models: map[string]int{"a/one": 1}}))
+	one := func(s *Spec) { s.Models = mustModels(t, "a/one") }
+	h.running("chat", one)
+	var queued []Task
+	for range 10 {
+		queued = append(queued, h.running("chat", one))
+	}
+	require.Equal(t, PendingQueued, queued[0].Pending)
+	for i := range 5 { // ended tasks after them in launch order, which retention may forget
+		old := h.running(fmt.Sprintf("old-%d", i), func(s *Spec) { s.Models = mustModels(t, "b/two") })
+		require.NoError(t, h.observe(Event{SessionID: old.SessionID, Kind: SessionIdle, Text: "ok"}))
+		h.wait(old.ID)
+	}
+	require.NoError(t, h.m.Shutdown(context.Background()))
+	for _, q := range queued {
+		if got, err := h.m.Lookup(q.ID); err == nil {
+			assert.Equal(t, StatusInterrupt, got.Status)
+		}
+	}
 }

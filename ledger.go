@@ -170,8 +170,8 @@ type taskInfo struct {
 	// and each run's wall-clock deadline (0: none).
 	timeout, attemptTimeout time.Duration
 	retryOnTimeout          bool
-	// Derived from the ledger as the launch is applied (never encoded):
-	// the session at the top of the task's tree, and its depth in it (1:
+	// Worked out as the launch is applied, then recorded with it: the
+	// session at the top of the task's tree, and its depth in it (1:
 	// launched from a session no task owns).
 	root  string
 	depth int
@@ -229,13 +229,10 @@ type entry struct {
 }
 
 // local is what a task keeps only while this process lives, beside its
-// records: never journaled, gone after a restart. values and the
-// CancelWithCaller watch are set at the launch, before the task is
-// published, and values never changes after; the rest is guarded by
-// m.mu.
+// records: never journaled, gone after a restart. Guarded by m.mu.
 type local struct {
 	values   context.Context // Spec.InheritValues: the Launch context, for its values
-	onDone   func(Task)      // Spec.OnDone, until it is called
+	onDone   []*func(Task)   // Spec.OnDone (and those of Launches ExtendLive made Extends), until called
 	stopWait func() bool     // ends the Spec.CancelWithCaller watch
 	value    any             // the structured result of run valueTok (Event.Value)
 	valueTok string
@@ -350,6 +347,18 @@ func (l *ledger) live(key string) *entry {
 func (l *ledger) liveEnded(e *entry) {
 	countDown(l.liveBy, e.info.parent)
 	countDown(l.liveRoot, e.info.root)
+}
+
+// launchedLive reports whether one of e's sessions launched a task that is
+// still live: e stays in memory, its tree whole (a closure walks it, a
+// launch from its session is counted deeper in it).
+func (l *ledger) launchedLive(e *entry) bool {
+	for _, s := range e.sessions {
+		if l.liveBy[s] > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // taken reports whether a task the ledger knows has id: in memory, or
@@ -489,7 +498,9 @@ func (l *ledger) apply(rec record) (*entry, error) {
 			return nil, &KeyHeldError{Key: rec.spec.key, TaskID: o.id}
 		}
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
-		rec.spec.root, rec.spec.depth = l.lineage(rec.spec.parent)
+		if rec.spec.depth == 0 { // a new launch, or a record of format 2: its parent is in memory
+			rec.spec.root, rec.spec.depth = l.lineage(rec.spec.parent)
+		}
 		l.liveBy[rec.spec.parent]++ // it ends with its terminal attempt (ended, or a replay's count below)
 		l.liveRoot[rec.spec.root]++
 		e.attempts = e.first[:0]
@@ -1233,9 +1244,12 @@ func (m *Manager) ended(e *entry) {
 	l := m.led
 	l.liveEnded(e)
 	m.wakeFanout(e.info.parent)
-	if loc := e.loc; loc != nil && loc.stopWait != nil {
-		loc.stopWait() // Spec.CancelWithCaller: nothing left to cancel
-		loc.stopWait = nil
+	if loc := e.loc; loc != nil {
+		if loc.stopWait != nil {
+			loc.stopWait() // Spec.CancelWithCaller: nothing left to cancel
+			loc.stopWait = nil
+		}
+		loc.values = nil // no call of the task is made any more: let the caller's context go
 	}
 	l.ended = append(l.ended, e)
 	if e.notesOut == 0 {
@@ -1278,7 +1292,7 @@ func (m *Manager) sweep() {
 		if !over && !old {
 			break
 		}
-		if l.liveBy[e.info.parent] > 0 || e.notesOut > 0 || len(m.closures.active) > 0 {
+		if l.liveBy[e.info.parent] > 0 || e.notesOut > 0 || len(m.closures.active) > 0 || l.launchedLive(e) {
 			l.ended[kept] = e // it must stay: looked at again next time
 			kept++
 			continue
@@ -1400,7 +1414,8 @@ type Commit interface {
 
 // recordFormat is the version byte that starts every encoded record.
 // Format 2 added evidence's notice, an invocation, and a spec's key;
-// format 3 a spec's deadlines. Records of older formats are still read.
+// format 3 a spec's deadlines and its place in its tree. Records of older
+// formats are still read.
 const recordFormat = 3
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
@@ -1516,6 +1531,12 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation) error {
 		w.Uint(uint64(d))
 	}
 	w.Bool(retry)
+	root, depth := "", 0
+	if ti := x.spec; ti != nil {
+		root, depth = ti.root, ti.depth
+	}
+	w.String(root)
+	w.Uint(uint64(depth))
 	return nil
 }
 
@@ -1637,6 +1658,9 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 	if format >= 3 {
 		if t, at, retry := time.Duration(d.Uint()), time.Duration(d.Uint()), d.Bool(); x.spec != nil {
 			x.spec.timeout, x.spec.attemptTimeout, x.spec.retryOnTimeout = t, at, retry
+		}
+		if root, depth := d.String(), int(d.Uint()); x.spec != nil {
+			x.spec.root, x.spec.depth = root, depth
 		}
 	}
 	return x, inv, nil

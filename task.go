@@ -366,7 +366,11 @@ type Spec struct {
 	// once, on a goroutine of the Manager, never under its lock, with the
 	// task's final snapshot. It is how the one caller that launched a
 	// task hears of its end without racing Launch's return. A panic in it
-	// is recovered and logged.
+	// is recovered and logged. A Launch that ExtendLive makes an Extend
+	// adds its OnDone to the extended task's (also when that Extend fails
+	// with ErrNotRunning: the task is ending, and OnDone says how). It is
+	// not called for an end the journal could not make durable (the
+	// Manager then refuses everything with ErrJournal).
 	OnDone func(Task)
 	// InheritValues makes the contexts of the task's host calls — the
 	// FuncHost function's, StartSession's, PromptSession's — carry the
@@ -378,6 +382,9 @@ type Spec struct {
 	// ends before the task does: the task and what its sessions launched
 	// are stopped as CloseTask stops them (honestly: cancelled once the
 	// host confirmed), and the close's error, if any, is logged.
+	// InheritValues and CancelWithCaller apply to the task a Launch
+	// creates: with ExtendLive they are refused (ErrInvalidSpec), as that
+	// Launch may extend a task another caller started.
 	CancelWithCaller bool
 }
 
@@ -409,6 +416,9 @@ func (s Spec) validate() error {
 			return &SpecError{Field: "ID", Reason: reason}
 		}
 	}
+	if s.ExtendLive && (s.InheritValues || s.CancelWithCaller) {
+		return &SpecError{Field: "ExtendLive", Reason: "cannot be used with InheritValues or CancelWithCaller: they apply to the task a Launch creates"}
+	}
 	for k := range s.Metadata {
 		if len(k) >= len(ReservedMetadataPrefix) && strings.EqualFold(k[:len(ReservedMetadataPrefix)], ReservedMetadataPrefix) {
 			return &SpecError{Field: "Metadata[" + strconv.Quote(k) + "]", Reason: "the " + ReservedMetadataPrefix + " prefix is reserved for the library"}
@@ -418,6 +428,9 @@ func (s Spec) validate() error {
 		field := "Models[" + strconv.Itoa(i) + "]"
 		if m.Provider != "" && blank(m.Provider) {
 			return &SpecError{Field: field + ".Provider", Reason: "is only white space (leave it empty for a model with no provider)"}
+		}
+		if m.Provider == "" && strings.Contains(m.ID, "/") {
+			return &SpecError{Field: field + ".ID", Reason: "has a \"/\" but no Provider: it would read as provider/id (set Provider)"}
 		}
 		if blank(m.ID) {
 			return &SpecError{Field: field + ".ID", Reason: "is empty"}
@@ -579,6 +592,8 @@ type Event struct {
 	// harness's own type, kept beside the task while the process lives
 	// (Task.Value); Text stays the answer the parent model reads.
 	Value any
+
+	last bool // SessionIdle from a FuncHost function's return: no turn follows
 }
 
 // NotificationKind says what a notification tells the parent.
@@ -1746,7 +1761,10 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	}
 	in := launchIn{info: info}
 	if spec.OnDone != nil || spec.InheritValues {
-		in.loc = &local{onDone: spec.OnDone}
+		in.loc = &local{}
+		if spec.OnDone != nil {
+			in.loc.onDone = []*func(Task){&spec.OnDone}
+		}
 		if spec.InheritValues {
 			in.loc.values = ctx
 		}
@@ -1759,22 +1777,72 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		var held *KeyHeldError
 		if spec.ExtendLive && errors.As(in.out.err, &held) {
 			note := "a Launch with key " + strconv.Quote(held.Key) + ", which this task held, became this invocation (Spec.ExtendLive)"
+			var hook *func(Task)
+			if spec.OnDone != nil { // before the Extend: the task cannot end unseen in between
+				hook = &spec.OnDone
+				m.alsoOnDone(held.TaskID, hook)
+			}
 			if _, err := m.extend(ctx, held.TaskID, spec.Prompt, note); err != nil {
+				if !errors.Is(err, ErrNotRunning) { // else the task is ending: OnDone tells of it
+					m.dropOnDone(held.TaskID, hook)
+				}
 				return Task{}, err
 			}
 			return m.Lookup(held.TaskID)
 		}
 		return Task{}, in.out.err
 	}
-	if e := in.out.e; spec.CancelWithCaller && ctx.Done() != nil && !e.terminal() {
-		id := e.id
-		e.keep().stopWait = context.AfterFunc(ctx, func() { m.callerDone(id) })
-	}
 	task := in.out.e.project()
 	if err := m.unlock(); err != nil {
 		return Task{}, err // not durable: it never happened
 	}
+	if spec.CancelWithCaller {
+		m.watchCaller(ctx, in.out.e)
+	}
 	return task, nil
+}
+
+// watchCaller stops task e when ctx ends first (Spec.CancelWithCaller).
+// The caller's context is user code: it is looked at outside m.mu.
+func (m *Manager) watchCaller(ctx context.Context, e *entry) {
+	if ctx.Done() == nil {
+		return
+	}
+	id := e.id
+	stop := context.AfterFunc(ctx, func() { m.callerDone(id) })
+	m.mu.Lock()
+	if e.terminal() {
+		m.unlock()
+		stop()
+		return
+	}
+	e.keep().stopWait = stop
+	m.unlock()
+}
+
+// alsoOnDone adds the OnDone of a Launch that extends task id
+// (Spec.ExtendLive) to the task's: it is called when the task ends, as
+// the task's own is. m.mu is taken.
+func (m *Manager) alsoOnDone(id string, hook *func(Task)) {
+	m.mu.Lock()
+	defer m.unlock()
+	if e := m.led.tasks[id]; e != nil && !e.terminal() {
+		l := e.keep()
+		l.onDone = append(l.onDone, hook)
+	}
+}
+
+// dropOnDone takes back a hook alsoOnDone added, for an Extend that
+// failed (the Launch failed: it is told nothing). m.mu is taken.
+func (m *Manager) dropOnDone(id string, hook *func(Task)) {
+	if hook == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.unlock()
+	if e := m.led.tasks[id]; e != nil && e.loc != nil {
+		e.loc.onDone = slices.DeleteFunc(e.loc.onDone, func(h *func(Task)) bool { return h == hook })
+	}
 }
 
 // launchDecide decides launch in, waiting in its parent's queue while
@@ -2932,7 +3000,7 @@ func (m *Manager) onShutdown() {
 		}
 	}
 	now := m.now()
-	for _, e := range m.order {
+	for _, e := range slices.Clone(m.order) { // an end here may forget an ended task (retention)
 		if e.terminal() {
 			continue
 		}
@@ -3407,7 +3475,7 @@ func (f funcEnv) StoppedWith(attemptID, token, text string, ended bool) {
 	f.m.stoppedWith(attemptID, token, text, ended)
 }
 func (f funcEnv) Answered(sid, attemptID, token, answer string, seen int, value any) {
-	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionIdle, Text: answer, Invocation: seen, Value: value})
+	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionIdle, Text: answer, Invocation: seen, Value: value, last: true})
 }
 func (f funcEnv) Failed(sid, attemptID, token string, err error) {
 	_ = f.m.Observe(Event{SessionID: sid, AttemptID: attemptID, Token: token, Kind: SessionError, Err: err})

@@ -331,8 +331,17 @@ func (h *Harness) Stops(ctx context.Context, chat string) (StopRun, error) {
 	endCaller() // the caller's turn is over: its subagents stop
 	<-callerDone
 	page, err = h.M.Page(bgtask.Query{Root: caller.ParentSessionID})
-	out.Caller = page.Tasks
-	return out, err
+	if err != nil {
+		return out, err
+	}
+	for _, t := range page.Tasks { // the fan's end is told once it settled; its subagent may still be stopping
+		done, err := h.M.Wait(ctx, t.ID)
+		if err != nil {
+			return out, err
+		}
+		out.Caller = append(out.Caller, done)
+	}
+	return out, nil
 }
 
 func errIf(bad bool, msg string) error {
