@@ -869,8 +869,7 @@ func TestATaskDeadlineDuringASessionStartAbortsTheSessionOnArrival(t *testing.T)
 // child's final summary is still on its way: its last turn is the answer,
 // not held for the gate timeout.
 func TestAFuncHostParentThatWaitedForItsChildIsNotHeldByTheGate(t *testing.T) {
-	var h *harness
-	h = newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
 		if run.Depth > 1 {
 			return "kid", nil
 		}
