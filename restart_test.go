@@ -145,27 +145,7 @@ func openJournal(t *testing.T, dir string) *crashJournal {
 
 func waitStatus(t *testing.T, m *Manager, id string, want Status) Task {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for {
-		m.mu.Lock()
-		e := m.led.tasks[id]
-		if e == nil {
-			m.unlock()
-			t.Fatalf("task %s: not found", id)
-		}
-		task := e.project()
-		ch := e.waitChange() // under the same lock: no change is missed
-		m.unlock()
-		if task.Status == want {
-			return task
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			t.Fatalf("task %s is %s, want %s", id, task.Status, want)
-		}
-	}
+	return waitFor(t, m, id, func(task Task) bool { return task.Status == want })
 }
 
 func TestRestartRecoversEveryTaskAsTheEvidenceSays(t *testing.T) {
