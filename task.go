@@ -370,7 +370,8 @@ type Spec struct {
 	// adds its OnDone to the extended task's (also when that Extend fails
 	// with ErrNotRunning: the task is ending, and OnDone says how). It is
 	// not called for an end the journal could not make durable (the
-	// Manager then refuses everything with ErrJournal).
+	// Manager then refuses everything with ErrJournal). Shutdown waits for
+	// OnDone calls: one must not wait for Shutdown in turn.
 	OnDone func(Task)
 	// InheritValues makes the contexts of the task's host calls — the
 	// FuncHost function's, StartSession's, PromptSession's — carry the
