@@ -14,6 +14,7 @@ import (
 	"github.com/bgtask/bgtask/internal/held"
 	"github.com/bgtask/bgtask/internal/signal"
 	"github.com/bgtask/bgtask/internal/slots"
+	"github.com/bgtask/bgtask/internal/textbound"
 )
 
 // Model names a provider's model, with an optional variant. Provider may
@@ -377,8 +378,10 @@ func (m *Manager) apply(e *entry, o *observation) {
 	switch ev.Kind {
 	case SessionBusy, SessionCompacted:
 		// Liveness only: the run goes on.
+		m.setProgress(e, ev.Progress)
 		m.setActivity(e, ActivityGenerating)
 	case SessionWaiting:
+		m.setProgress(e, ev.Progress)
 		m.setActivity(e, ActivityWaiting)
 	case SessionIdle:
 		if ev.Value != nil { // the turn's structured result, for Task.Value
@@ -929,16 +932,29 @@ func (e *entry) output() *runOutput {
 
 // runOutput is what a run reported last, kept to compute its outcome.
 type runOutput struct {
-	token   string // the run it belongs to
-	output  string // latest output text
-	finish  FinishReason
-	noText  bool
-	reason  Reason // of the failure that ended it, worked out outside the lock
-	stopErr string // the error the run returned after it was asked to stop
-	notice  string // a fact that rides its answer (a degraded children gate)
+	token    string // the run it belongs to
+	output   string // latest output text
+	finish   FinishReason
+	noText   bool
+	reason   Reason // of the failure that ended it, worked out outside the lock
+	stopErr  string // the error the run returned after it was asked to stop
+	notice   string // a fact that rides its answer (a degraded children gate)
+	progress string // its latest line of progress (Task.Progress)
 }
 
 // setActivity records what the current run is doing; a change is published.
+// setProgress keeps p, bounded, as e's run's latest progress; a change
+// is published. m.mu is held.
+func (m *Manager) setProgress(e *entry, p string) {
+	if p == "" {
+		return
+	}
+	if p = textbound.OneLine(p, MaxProgressRunes); e.output().progress != p {
+		e.output().progress = p
+		m.publish(e)
+	}
+}
+
 func (m *Manager) setActivity(e *entry, a Activity) {
 	if e.activity != a {
 		e.activity = a

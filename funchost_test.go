@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -258,4 +259,44 @@ func TestFuncHostServesOneManager(t *testing.T) {
 	m := New(host)
 	defer func() { require.NoError(t, m.Shutdown(context.Background())) }()
 	assert.Panics(t, func() { New(host) })
+}
+
+func TestFuncHostProgressAndWaitingShowOnTheTaskAndInTheStream(t *testing.T) {
+	step := make(chan struct{})
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		run.Progress("reading 3 files\nand more")
+		<-step
+		run.Waiting()
+		<-step
+		run.Progress(strings.Repeat("x", 500))
+		<-step
+		return "", errors.New("provider went away")
+	})
+	sub, err := h.m.Subscribe(context.Background(), 256)
+	require.NoError(t, err)
+	defer sub.Close()
+	task := h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
+	next := func(ok func(Task) bool) Task {
+		t.Helper()
+		for c := range sub.C {
+			if c.Task.ID == task.ID && ok(c.Task) {
+				return c.Task
+			}
+		}
+		t.Fatal("stream closed")
+		return Task{}
+	}
+	got := next(func(t Task) bool { return t.Progress != "" })
+	assert.Equal(t, "reading 3 files and more", got.Progress, "one line")
+	assert.Equal(t, ActivityGenerating, got.Activity)
+	step <- struct{}{}
+	got = next(func(t Task) bool { return t.Activity == ActivityWaiting })
+	assert.Equal(t, "reading 3 files and more", got.Progress, "kept while it waits")
+	step <- struct{}{}
+	got = next(func(t Task) bool { return t.Progress != "reading 3 files and more" })
+	assert.LessOrEqual(t, len([]rune(got.Progress)), MaxProgressRunes)
+	step <- struct{}{}
+	done := h.wait(task.ID)
+	assert.Empty(t, done.Progress, "only while it runs")
+	assert.Contains(t, done.Outcome.Evidence, "xxxx", "the last progress is the failure's evidence")
 }

@@ -943,6 +943,9 @@ func (e *entry) project() Task {
 		Metadata:         maps.Clone(e.info.metadata),
 		Activity:         e.liveActivity(),
 	}
+	if t.Activity != ActivityNone && e.seen.out.token == cur.Token {
+		t.Progress = e.seen.out.progress
+	}
 	t.Key, t.ContinuedFrom = e.info.key, e.info.continues
 	t.Prompt, t.Root, t.Depth = e.info.prompt, e.info.root, e.info.depth
 	if l := e.loc; l != nil {

@@ -178,6 +178,9 @@ var (
 // beginning and end.
 const MaxEvidenceRunes = 2000
 
+// MaxProgressRunes bounds Task.Progress, one line.
+const MaxProgressRunes = 200
+
 // Outcome is what a parent gets when a task ends: computed once, at its
 // first read after the task became terminal (from what the task ended
 // with, which never changes after), and carried by both Wait

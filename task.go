@@ -189,6 +189,10 @@ type Task struct {
 	// Activity is what the child is doing now, from its latest events:
 	// process-local, never persisted, empty unless the task is running.
 	Activity Activity `json:"activity,omitempty"`
+	// Progress is the run's latest line of progress (Event.Progress,
+	// Run.Progress), bounded to MaxProgressRunes: process-local, like
+	// Activity, and empty unless the task is running.
+	Progress string `json:"progress,omitempty"`
 	// Key is Spec.Key: while the task is live, no other task with it starts.
 	Key string `json:"key,omitempty"`
 	// ContinuedFrom is Spec.ContinueFrom: the ended task whose session this
@@ -593,6 +597,10 @@ type Event struct {
 	// harness's own type, kept beside the task while the process lives
 	// (Task.Value); Text stays the answer the parent model reads.
 	Value any
+	// Progress (SessionBusy, SessionWaiting) is a line of progress for the
+	// people watching: Task.Progress shows it while the run goes on, and
+	// every change of it is a Change. It is bounded to MaxProgressRunes.
+	Progress string
 
 	last bool // SessionIdle from a FuncHost function's return: no turn follows
 }
@@ -3249,7 +3257,7 @@ type Run struct {
 	Root            string            // the task's tree (Task.Root, Task.Depth)
 	Depth           int
 
-	report func(EventKind)
+	report func(kind EventKind, progress string)
 	inbox  *inbox
 	value  *atomic.Pointer[any] // what a Returning function returned
 	m      *Manager
@@ -3318,11 +3326,20 @@ type inbox struct {
 
 // Busy reports that the function is generating (liveness; never ends the
 // run).
-func (r Run) Busy() { r.report(SessionBusy) }
+func (r Run) Busy() { r.report(SessionBusy, "") }
+
+// Waiting reports that the function waits on a tool, a permission or
+// input (Task.Activity waiting; never ends the run).
+func (r Run) Waiting() { r.report(SessionWaiting, "") }
+
+// Progress reports a line of progress: Task.Progress shows it (bounded to
+// MaxProgressRunes, one line), and it is the evidence a later failure
+// reports, as a child's latest output is.
+func (r Run) Progress(text string) { r.report(SessionBusy, text) }
 
 // Compacted reports that the function compacted its context (never changes
 // status).
-func (r Run) Compacted() { r.report(SessionCompacted) }
+func (r Run) Compacted() { r.report(SessionCompacted, "") }
 
 // FuncHost is a Host whose child sessions are Go functions running in this
 // process: each attempt runs fn on its own goroutine, under a session id the
@@ -3405,8 +3422,8 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 		TaskID: req.TaskID, AttemptID: req.AttemptID, Attempt: req.AttemptNumber, Token: req.Token,
 		SessionID: sid, ParentSessionID: req.ParentSessionID, Model: req.Model, Agent: req.Agent, Prompt: req.Prompt,
 		Description: req.Description, Metadata: req.Metadata, Root: root, Depth: depth,
-		report: func(k EventKind) {
-			_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: k})
+		report: func(k EventKind, progress string) {
+			_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: k, Text: progress, Progress: progress})
 		},
 		inbox: ib,
 		value: new(atomic.Pointer[any]),
