@@ -329,6 +329,10 @@ func (m *Manager) hold(o *observation, attemptID string) bool {
 	dropped, gaveUp, ok := m.calls.held.Hold(held.Event[observation]{
 		V: *o, Attempt: attemptID, Session: o.ev.SessionID, Ends: o.ev.Kind.ends(), Horizon: m.calls.startSeq,
 	})
+	if ok && m.cfg.logDebug {
+		m.logLocked(slog.LevelDebug, "bgtask: event held until its session is bound", slog.String("kind", string(o.ev.Kind)),
+			slog.String("session", o.ev.SessionID), slog.String("attempt", attemptID))
+	}
 	if gaveUp {
 		m.rejectedLocked(dropped.ev, resolved{}, fmt.Errorf("%w: dropped to hold an event that ends a run", ErrUnknownSession))
 	}
@@ -677,6 +681,7 @@ type queued struct {
 	e     *entry
 	token string
 	stop  chan struct{} // closed when it leaves the queue
+	since time.Time     // when it queued (WithMetrics: the queue wait)
 }
 
 // admit starts attempt a of e when a slot is free, or queues it. m.mu is
@@ -691,12 +696,16 @@ func (m *Manager) admit(e *entry, a Attempt) {
 	if m.cfg.queueTimeout > 0 {
 		q.stop = make(chan struct{})
 	}
+	if m.cfg.metrics != nil {
+		q.since = m.now()
+	}
 	w := m.calls.pool.Acquire(key, limit, q)
 	if w == nil {
 		e.rt.slot.key, e.rt.slot.token = key, a.Token
 		m.spawnStart(e, a)
 		return
 	}
+	m.queueDepth(key)
 	e.rt.slot.waiter = w
 	m.setPending(e, a.ID, PendingQueued, m.now())
 	if m.cfg.queueTimeout > 0 {
@@ -715,6 +724,7 @@ func (m *Manager) settleRun(e *entry) {
 	if w := e.rt.slot.waiter; w != nil && over(w.V.token) {
 		e.rt.slot.waiter = nil
 		m.calls.pool.Remove(w)
+		m.queueDepth(w.Key())
 		if w.V.stop != nil {
 			close(w.V.stop)
 		}
@@ -729,6 +739,11 @@ func (m *Manager) settleRun(e *entry) {
 // granted starts a run that was handed a slot. m.mu is held.
 func (m *Manager) granted(w *slots.Waiter[queued]) {
 	e := w.V.e
+	if m.cfg.metrics != nil {
+		key, waited := w.Key(), m.now().Sub(w.V.since)
+		m.measure(func(mt Metrics) { mt.QueueWaited(key, waited) })
+		m.queueDepth(key)
+	}
 	if w.V.stop != nil {
 		close(w.V.stop)
 	}

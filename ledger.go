@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -1198,7 +1199,14 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 			if whole && m.cfg.notifier != nil { // the new attempt is current by now
 				m.notify(e, NotifyRetryScheduled, retryScheduledText(rec.attempt, *e.cur()))
 			}
+			m.retried(e, rec.attempt)
+		case recAttemptFinal:
+			if m.cfg.metrics != nil && !rec.attempt.StartedAt.IsZero() {
+				t, a := e.project(), rec.attempt
+				m.measure(func(mt Metrics) { mt.AttemptEnded(t, a, a.CompletedAt.Sub(a.StartedAt)) })
+			}
 		case recSessionBound:
+			m.started(e, rec.attempt)
 			e.seen.lastEvent = rec.attempt.StartedAt
 			if rec.attempt.Number > 1 && m.cfg.notifier != nil {
 				m.notify(e, NotifyRetrySessionReady, retrySessionReadyText(rec.attempt))
@@ -1235,6 +1243,7 @@ func (m *Manager) touched(e *entry) {
 // ended follows e becoming terminal: its final summary, its done signal,
 // and the end of its parent's round. m.mu is held.
 func (m *Manager) ended(e *entry) {
+	m.endedLine(e)
 	m.answerAtEnd(e)
 	if lane := m.calls.prompts[e]; lane != nil && lane.users == 0 {
 		delete(m.calls.prompts, e) // else the last Extend waiting on it does
@@ -1259,6 +1268,84 @@ func (m *Manager) ended(e *entry) {
 		m.taskSettled(e)
 	}
 	m.sweep()
+}
+
+// Lifecycle milestones: a line at info level and a measurement each.
+
+// launched tells of new task e. m.mu is held.
+func (m *Manager) launched(e *entry) {
+	if m.cfg.logInfo {
+		m.logLocked(slog.LevelInfo, "bgtask: task launched", slog.String("task", e.id), slog.String("attempt", e.cur().ID), slog.String("parent", e.info.parent),
+			slog.String("models", fmt.Sprint(e.info.models)), slog.Int("depth", e.info.depth))
+	}
+	if m.cfg.metrics != nil {
+		t, live := e.project(), m.liveTasks()
+		m.measure(func(mt Metrics) { mt.TaskLaunched(t); mt.LiveTasks(live) })
+	}
+}
+
+// started tells of attempt a of e, whose session now runs. m.mu is held.
+func (m *Manager) started(e *entry, a Attempt) {
+	if m.cfg.logInfo {
+		m.logLocked(slog.LevelInfo, "bgtask: attempt started", slog.String("task", e.id), slog.String("attempt", a.ID),
+			slog.String("session", a.SessionID), slog.Int("number", a.Number), slog.String("model", a.Model.String()))
+	}
+	if m.cfg.metrics != nil {
+		t := e.project()
+		m.measure(func(mt Metrics) { mt.AttemptStarted(t, a) })
+	}
+}
+
+// retried tells of failed attempt a of e failing over. m.mu is held.
+func (m *Manager) retried(e *entry, a Attempt) {
+	if !m.cfg.logInfo && m.cfg.metrics == nil {
+		return
+	}
+	reason := reasonOf(errors.New(a.Error)) // our own error: no user code runs
+	if out := e.seen.out; out.token == a.Token && out.reason != "" {
+		reason = out.reason
+	}
+	if m.cfg.logInfo {
+		m.logLocked(slog.LevelInfo, "bgtask: retry scheduled", slog.String("task", e.id), slog.String("attempt", a.ID),
+			slog.String("session", a.SessionID), slog.String("model", a.Model.String()), slog.String("next_model", e.cur().Model.String()),
+			slog.String("reason", string(reason)), slog.String("err", a.Error))
+	}
+	if m.cfg.metrics != nil {
+		t := e.project()
+		m.measure(func(mt Metrics) { mt.RetryScheduled(t, a, reason) })
+	}
+}
+
+// endedLine tells of e's end, with its outcome. m.mu is held.
+func (m *Manager) endedLine(e *entry) {
+	if !m.cfg.logInfo && m.cfg.metrics == nil {
+		return
+	}
+	t := e.project()
+	o, cur := t.Outcome, t.Current()
+	if m.cfg.logInfo {
+		m.logLocked(slog.LevelInfo, "bgtask: task ended", slog.String("task", e.id), slog.String("attempt", cur.ID),
+			slog.String("session", cur.SessionID), slog.String("status", string(t.Status)), slog.String("outcome", string(o.State)),
+			slog.String("reason", string(o.Reason)), slog.Int("attempts", len(t.Attempts)))
+	}
+	if m.cfg.metrics != nil {
+		live := m.liveTasks() - 1 // e counts as ended from here on
+		m.measure(func(mt Metrics) {
+			mt.TaskEnded(t, o.State, o.Reason, t.CompletedAt.Sub(t.LaunchedAt))
+			mt.LiveTasks(live)
+		})
+	}
+}
+
+// liveTasks counts the live tasks. m.mu is held.
+func (m *Manager) liveTasks() int { return len(m.led.tasks) - len(m.led.ended) }
+
+// queueDepth reports key's queue, after it changed. m.mu is held.
+func (m *Manager) queueDepth(key string) {
+	if m.cfg.metrics != nil {
+		n := m.calls.pool.Queued(key)
+		m.measure(func(mt Metrics) { mt.QueueDepth(key, n) })
+	}
 }
 
 // Retention.

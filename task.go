@@ -758,26 +758,28 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	notifyAttempts   int
-	notifyBackoff    func(attempt int) time.Duration
-	limits           *Limits
-	queueTimeout     time.Duration
-	stallTimeout     time.Duration
-	gateTimeout      time.Duration
-	notifier         Notifier
-	logger           *slog.Logger
-	silent           bool // logger discards everything: no log line is worth building
-	clock            Clock
-	ids              IDGenerator
-	retryable        func(error) bool
-	retryDelay       func(attempt int, cause error) time.Duration
-	holdLimit        int
-	queueLimit       int // notifications waiting per parent
-	undeliveredLimit int // notifications kept for Undelivered
-	journal          Journal
-	retention        Retention
-	tree             TreeLimits
-	classifier       func(err error, retryable bool) bool // WithRetryClassifier, composed into retryable by New
+	notifyAttempts    int
+	notifyBackoff     func(attempt int) time.Duration
+	limits            *Limits
+	queueTimeout      time.Duration
+	stallTimeout      time.Duration
+	gateTimeout       time.Duration
+	notifier          Notifier
+	logger            *slog.Logger
+	silent            bool // logger discards everything: no log line is worth building
+	logInfo, logDebug bool // the logger's handler takes info (debug) lines, as it said at New
+	clock             Clock
+	ids               IDGenerator
+	retryable         func(error) bool
+	retryDelay        func(attempt int, cause error) time.Duration
+	holdLimit         int
+	queueLimit        int // notifications waiting per parent
+	undeliveredLimit  int // notifications kept for Undelivered
+	journal           Journal
+	retention         Retention
+	tree              TreeLimits
+	metrics           Metrics                              // WithMetrics; nil: none
+	classifier        func(err error, retryable bool) bool // WithRetryClassifier, composed into retryable by New
 
 	err error // an invalid option, found by New: every Launch returns it
 }
@@ -820,6 +822,17 @@ func WithJournal(j Journal) Option { return optionFunc(func(c *config) { c.journ
 
 // WithNotifier sends notifications to n. Default: none are sent.
 func WithNotifier(n Notifier) Option { return optionFunc(func(c *config) { c.notifier = n }) }
+
+// loggerTakes asks l's handler (user code) whether it takes lines of
+// level; a panic is a no.
+func loggerTakes(l *slog.Logger, level slog.Level) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return l.Enabled(context.Background(), level)
+}
 
 // WithLogger logs through l: rejected events at debug, failed host and
 // notifier calls at warn and error. Default: nothing is logged.
@@ -881,6 +894,62 @@ func (t *TreeLimits) validate() error {
 		return fmt.Errorf("bgtask: invalid TreeLimits %+v: every limit is ≥ 0", *t)
 	}
 	return nil
+}
+
+// Metrics receives the Manager's measurements (WithMetrics): counters
+// (launches, attempts started, retries by reason, outcomes by state),
+// durations for histograms (queue wait, attempt duration, end to end) and
+// gauges (live tasks, queue depth per concurrency key). The methods are
+// called in the order the measurements were made, outside the Manager's
+// lock, on the goroutine that made them: they must be quick and must not
+// block or call into the Manager. A panic in one is recovered and counted
+// as LoggerPanics are. Embed NopMetrics to implement only some; the
+// otelmetrics module adapts OpenTelemetry.
+type Metrics interface {
+	TaskLaunched(t Task)
+	AttemptStarted(t Task, a Attempt)
+	// RetryScheduled: attempt failed fails over; reason is its outcome's
+	// class (ReasonProviderError, ReasonDeadline, ...).
+	RetryScheduled(t Task, failed Attempt, reason Reason)
+	// AttemptEnded: a started attempt ended, after d running.
+	AttemptEnded(t Task, a Attempt, d time.Duration)
+	// TaskEnded: state is the outcome's (Outcome.State), d the time from
+	// launch to end.
+	TaskEnded(t Task, state Status, reason Reason, d time.Duration)
+	// QueueWaited: an attempt got a slot of key after waiting d.
+	QueueWaited(key string, d time.Duration)
+	// LiveTasks and QueueDepth are gauges, reported as they change.
+	LiveTasks(n int)
+	QueueDepth(key string, queued int)
+}
+
+// NopMetrics implements Metrics and records nothing: embed it.
+type NopMetrics struct{}
+
+func (NopMetrics) TaskLaunched(Task)                             {}
+func (NopMetrics) AttemptStarted(Task, Attempt)                  {}
+func (NopMetrics) RetryScheduled(Task, Attempt, Reason)          {}
+func (NopMetrics) AttemptEnded(Task, Attempt, time.Duration)     {}
+func (NopMetrics) TaskEnded(Task, Status, Reason, time.Duration) {}
+func (NopMetrics) QueueWaited(string, time.Duration)             {}
+func (NopMetrics) LiveTasks(int)                                 {}
+func (NopMetrics) QueueDepth(string, int)                        {}
+
+// WithMetrics reports the Manager's measurements to mt; see Metrics.
+// Default: none.
+func WithMetrics(mt Metrics) Option { return optionFunc(func(c *config) { c.metrics = mt }) }
+
+// measure queues a call of the Metrics for once m.mu is released. m.mu is
+// held; call it only with m.cfg.metrics set.
+func (m *Manager) measure(f func(Metrics)) {
+	m.out.measures = append(m.out.measures, func() {
+		defer func() {
+			if recover() != nil {
+				m.out.panics.Add(1)
+			}
+		}()
+		f(m.cfg.metrics)
+	})
 }
 
 // WithTreeLimits limits the depth and breadth of subagent trees; see
@@ -1114,12 +1183,13 @@ type notifications struct {
 // log lines (both guarded by m.mu); and the count of calls into the logger
 // that panicked (panics: atomic).
 type outbox struct {
-	fx     []effect
-	lines  []logRec
-	recs   []record   // committed records for the journal, in order
-	later  []func()   // user callbacks (Spec.OnDone), run once the records are durable
-	order  sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
-	panics atomic.Uint64
+	fx       []effect
+	lines    []logRec
+	recs     []record   // committed records for the journal, in order
+	later    []func()   // user callbacks (Spec.OnDone), run once the records are durable, each on a goroutine
+	measures []func()   // Metrics calls, run in order on the goroutine that released m.mu
+	order    sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
+	panics   atomic.Uint64
 }
 
 // New returns a Manager that runs child sessions through host. With
@@ -1232,6 +1302,9 @@ func newManager(host Host, opts []Option) *Manager {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.silent = cfg.logger.Handler() == slog.DiscardHandler
+	if !cfg.silent {
+		cfg.logInfo, cfg.logDebug = loggerTakes(cfg.logger, slog.LevelInfo), loggerTakes(cfg.logger, slog.LevelDebug)
+	}
 	if cfg.clock == nil {
 		cfg.clock = clock.Real{}
 	}
@@ -1302,12 +1375,12 @@ func (m *Manager) unlock() error { return m.unlockOn(nil) }
 // the function w runs does: the first effect may run on w once that
 // function returns, instead of on a new goroutine (see group.Worker).
 func (m *Manager) unlockOn(w *group.Worker) error {
-	if len(m.out.lines) == 0 && len(m.out.fx) == 0 && len(m.out.recs) == 0 && len(m.out.later) == 0 {
+	if len(m.out.lines) == 0 && len(m.out.fx) == 0 && len(m.out.recs) == 0 && len(m.out.later) == 0 && len(m.out.measures) == 0 {
 		m.mu.Unlock()
 		return nil
 	}
-	lines, fx, recs, later := m.out.lines, m.out.fx, m.out.recs, m.out.later
-	m.out.lines, m.out.fx, m.out.recs, m.out.later = nil, nil, nil, nil
+	lines, fx, recs, later, measures := m.out.lines, m.out.fx, m.out.recs, m.out.later, m.out.measures
+	m.out.lines, m.out.fx, m.out.recs, m.out.later, m.out.measures = nil, nil, nil, nil, nil
 	var durable Commit
 	if len(recs) > 0 {
 		// Batches reach the journal in commit order: the order lock is
@@ -1339,6 +1412,9 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	}
 	for _, r := range lines { // the logger is user code, and may be slow: after the effects start
 		m.logAttrs(r.level, r.msg, r.attrs...)
+	}
+	for _, f := range measures {
+		f()
 	}
 	for _, f := range later { // user callbacks: on a goroutine of their own, or here once none starts
 		if err != nil {
@@ -2002,6 +2078,7 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 		return reply{err: errors.New("bgtask: the ledger refused a task's first attempt")}
 	}
 	m.admit(e, *e.cur())
+	m.launched(e)
 	if info.timeout > 0 && !e.terminal() {
 		m.armDeadline(e, Attempt{})
 	}

@@ -140,6 +140,14 @@ type Stat struct {
 	Limit   int
 }
 
+// Queued returns how many wait for a slot of key.
+func (p *Pool[V]) Queued(key string) int {
+	if k := p.keys[key]; k != nil {
+		return k.queued
+	}
+	return 0
+}
+
 // Stats returns every key with something running or queued, by key.
 func (p *Pool[V]) Stats() []Stat {
 	out := make([]Stat, 0, len(p.keys))
