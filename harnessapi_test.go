@@ -1105,3 +1105,42 @@ func TestAShutdownThatForgetsAsItStopsCrashesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestWaitParentWaitsForEveryTaskOfAParent(t *testing.T) {
+	h := newHarness(t, nil)
+	a, b := h.running("chat"), h.running("chat")
+	other := h.running("elsewhere")
+	got := make(chan []Task, 1)
+	go func() {
+		tasks, err := h.m.WaitParent(context.Background(), "chat")
+		assert.NoError(t, err)
+		got <- tasks
+	}()
+	require.NoError(t, h.observe(Event{SessionID: a.SessionID, Kind: SessionIdle, Text: "a"}))
+	c := h.running("chat") // launched while it waits: waited for too
+	require.NoError(t, h.observe(Event{SessionID: b.SessionID, Kind: SessionIdle, Text: "b"}))
+	select {
+	case <-got:
+		t.Fatal("returned while c runs")
+	default:
+	}
+	require.NoError(t, h.m.Cancel(context.Background(), c.ID))
+	tasks := <-got
+	var ids []string
+	for _, task := range tasks {
+		assert.True(t, task.Status.Terminal())
+		ids = append(ids, task.ID)
+	}
+	assert.Equal(t, []string{a.ID, b.ID, c.ID}, ids)
+	assert.Equal(t, StatusRunning, h.task(other.ID).Status)
+
+	none, err := h.m.WaitParent(context.Background(), "nobody")
+	require.NoError(t, err)
+	assert.Empty(t, none)
+	_, err = h.m.WaitParent(context.Background(), " ")
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = h.m.WaitParent(ctx, "elsewhere")
+	assert.ErrorIs(t, err, context.Canceled)
+}

@@ -2322,6 +2322,44 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	return e.project(), nil
 }
 
+// WaitParent blocks until every task launched from parentSessionID has
+// ended — also those launched while it waits — and returns their
+// snapshots in launch order, or returns ctx's error first. A parent with
+// no task returns at once, with none. (Tasks forgotten under retention
+// are not returned.)
+func (m *Manager) WaitParent(ctx context.Context, parentSessionID string) ([]Task, error) {
+	ctx = orBackground(ctx)
+	if blank(parentSessionID) {
+		return nil, fmt.Errorf("%w: WaitParent with no session", ErrInvalidArgument)
+	}
+	for {
+		m.mu.Lock()
+		var live *entry
+		for _, e := range m.led.byParent[parentSessionID] {
+			if !e.terminal() {
+				live = e
+				break
+			}
+		}
+		if live == nil {
+			kids := m.led.byParent[parentSessionID]
+			out := make([]Task, len(kids))
+			for i, e := range kids {
+				out[i] = e.project()
+			}
+			m.unlock()
+			return out, nil
+		}
+		done := live.waitDone()
+		m.unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
 // Extend sends prompt into the running task's child conversation as its
 // next invocation and returns the invocation's number (the launch prompt
 // is 1). The host must implement Prompter; the prompt is queued for the
