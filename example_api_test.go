@@ -1,0 +1,150 @@
+package bgtask_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/bgtask/bgtask"
+)
+
+// quietHost starts a session per attempt and stops it when asked; what the
+// children do is reported with Observe.
+type quietHost struct{}
+
+func (h *quietHost) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	return fmt.Sprintf("ses_%s", req.AttemptID), nil
+}
+
+func (h *quietHost) AbortSession(ctx context.Context, sessionID string) error { return nil }
+
+// running launches a task under parent and waits until its session runs.
+func running(m *bgtask.Manager, parent string) bgtask.Task {
+	task, err := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: parent, Prompt: "work",
+		Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5.4-mini"}, {Provider: "google", ID: "gemini-2.5-flash"}}})
+	if err != nil {
+		panic(err)
+	}
+	sub, _ := m.Subscribe(context.Background(), 64)
+	defer sub.Close()
+	for t, ok := m.Task(task.ID); ok && t.Status != bgtask.StatusRunning; t, ok = m.Task(task.ID) {
+		<-sub.C
+	}
+	t, _ := m.Task(task.ID)
+	return t
+}
+
+// New takes the Host and the options; Shutdown stops everything it
+// started.
+func ExampleNew() {
+	m := bgtask.New(&quietHost{},
+		bgtask.WithIDs(bgtask.SequentialIDs()),
+		bgtask.WithConcurrency(bgtask.Limits{Default: 2}),
+		bgtask.WithRetryDelay(bgtask.Backoff(0, 0, 0)),
+	)
+	defer m.Shutdown(context.Background())
+	fmt.Println(len(m.Tasks()))
+	// Output: 0
+}
+
+// Launch records the task and its first attempt, and starts the child
+// session in the background.
+func ExampleManager_Launch() {
+	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	defer m.Shutdown(context.Background())
+	task, err := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "summarise the logs",
+		Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5.4-mini"}}})
+	fmt.Println(task.ID, task.Status, task.Current().Number, err)
+	_, err = m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat"})
+	fmt.Println(errors.Is(err, bgtask.ErrInvalidSpec), err)
+	// Output:
+	// task-1 pending 1 <nil>
+	// true bgtask: invalid spec: Models: has no model
+}
+
+// Observe is how the harness reports what a child session did; an event
+// of an attempt that is no longer current changes nothing.
+func ExampleManager_Observe() {
+	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	defer m.Shutdown(context.Background())
+	t := running(m, "chat")
+	first := t.SessionID
+	fmt.Println(m.Observe(bgtask.Event{SessionID: first, Kind: bgtask.SessionError, Err: errors.New("429 Too Many Requests")}))
+	t = running(m, "other") // the retry runs meanwhile
+	fmt.Println(m.Observe(bgtask.Event{SessionID: first, Kind: bgtask.SessionIdle, Text: "late"}))
+	fmt.Println(m.Observe(bgtask.Event{SessionID: "ses_nobody", Kind: bgtask.SessionBusy}))
+	// Output:
+	// <nil>
+	// bgtask: stale event
+	// bgtask: unknown session
+}
+
+// Cancel returns once the host confirmed the child stopped.
+func ExampleManager_Cancel() {
+	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	defer m.Shutdown(context.Background())
+	t := running(m, "chat")
+	fmt.Println(m.Cancel(context.Background(), t.ID))
+	done, _ := m.Wait(context.Background(), t.ID)
+	fmt.Println(done.Status, done.Outcome.State)
+	// Output:
+	// <nil>
+	// cancelled cancelled
+}
+
+// CloseBranch stops a session's whole branch of work, exactly by run
+// token, and says what it stopped.
+func ExampleManager_CloseBranch() {
+	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	defer m.Shutdown(context.Background())
+	lead := running(m, "chat")
+	running(m, lead.SessionID) // launched by the lead's session: in its branch
+	running(m, "another chat")
+	rep, err := m.CloseBranch(context.Background(), "chat")
+	fmt.Println(len(rep.Stopped), err)
+	for _, s := range rep.Stopped {
+		fmt.Println(s.TaskID, s.Status)
+	}
+	// Output:
+	// 2 <nil>
+	// task-1 cancelled
+	// task-2 cancelled
+}
+
+// Subscribe streams every change, in sequence order.
+func ExampleManager_Subscribe() {
+	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	defer m.Shutdown(context.Background())
+	sub, _ := m.Subscribe(context.Background(), 64)
+	defer sub.Close()
+	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Models: []bgtask.Model{{ID: "m"}}})
+	for c := range sub.C {
+		fmt.Println(c.Task.ID, c.Task.Status)
+		if c.Task.Status == bgtask.StatusRunning {
+			_ = m.Observe(bgtask.Event{SessionID: c.Task.SessionID, Kind: bgtask.SessionIdle, Text: "done"})
+		}
+		if c.Task.ID == task.ID && c.Task.Status.Terminal() {
+			break
+		}
+	}
+	// Output:
+	// task-1 pending
+	// task-1 running
+	// task-1 completed
+}
+
+// A subagent written as a Go function: its return is the evidence.
+func ExampleNewFuncHost() {
+	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+		if run.Model.ID == "flaky" {
+			return "", errors.New("503 Service Unavailable")
+		}
+		return "answered by " + run.Model.String() + " on attempt " + fmt.Sprint(run.Attempt), nil
+	}))
+	defer m.Shutdown(context.Background())
+	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "q",
+		Models: []bgtask.Model{{ID: "flaky"}, {ID: "steady"}}})
+	done, _ := m.Wait(context.Background(), task.ID)
+	fmt.Println(done.Status, "|", done.Result)
+	// Output: completed | answered by steady on attempt 2
+}
