@@ -182,55 +182,24 @@ var (
 // statusIndex is s's position in statusList, or -1.
 func statusIndex(s Status) int { return slices.Index(statusList[:], s) }
 
-// attemptJSON is Attempt's wire form: the model's fields sit on the attempt
-// itself (providerID, modelID, variant), as in the retry-timeline design.
-type attemptJSON struct {
-	ID          string        `json:"attemptID"`
-	Number      int           `json:"attemptNumber"`
-	Token       string        `json:"token"`
-	SessionID   string        `json:"sessionID,omitempty"`
-	ProviderID  string        `json:"providerID"`
-	ModelID     string        `json:"modelID"`
-	Variant     string        `json:"variant,omitempty"`
-	Status      Status        `json:"status"`
-	Pending     PendingReason `json:"pendingReason,omitempty"`
-	Error       string        `json:"error,omitempty"`
-	Result      string        `json:"result,omitempty"`
-	StartedAt   time.Time     `json:"startedAt,omitzero"`
-	CompletedAt time.Time     `json:"completedAt,omitzero"`
-}
-
-// MarshalJSON writes the attempt with its model flattened: attemptID,
-// attemptNumber, token, sessionID, providerID, modelID, variant, status,
-// pendingReason, error, result, startedAt, completedAt (RFC 3339); empty
-// optional fields are omitted.
-func (a Attempt) MarshalJSON() ([]byte, error) { return json.Marshal(toAttemptJSON(a)) }
-
-func toAttemptJSON(a Attempt) *attemptJSON {
-	return &attemptJSON{
-		ID: a.ID, Number: a.Number, Token: a.Token, SessionID: a.SessionID,
-		ProviderID: a.Model.Provider, ModelID: a.Model.ID, Variant: a.Model.Variant,
-		Status: a.Status, Pending: a.Pending, Error: a.Error, Result: a.Result,
-		StartedAt: a.StartedAt, CompletedAt: a.CompletedAt,
-	}
-}
-
-func (j *attemptJSON) attempt() Attempt {
-	return Attempt{
-		ID: j.ID, Number: j.Number, Token: j.Token, SessionID: j.SessionID,
-		Model:  Model{Provider: j.ProviderID, ID: j.ModelID, Variant: j.Variant},
-		Status: j.Status, Pending: j.Pending, Error: j.Error, Result: j.Result,
-		StartedAt: j.StartedAt, CompletedAt: j.CompletedAt,
-	}
-}
-
-// UnmarshalJSON reads what MarshalJSON writes.
+// UnmarshalJSON reads an attempt as MarshalJSON writes it (its model
+// nested under "model", as a task's is), and also the flat form of earlier
+// versions (providerID, modelID, variant on the attempt itself).
 func (a *Attempt) UnmarshalJSON(data []byte) error {
-	var j attemptJSON
+	type plain Attempt // no methods: no recursion
+	var j struct {
+		plain
+		ProviderID string `json:"providerID"`
+		ModelID    string `json:"modelID"`
+		Variant    string `json:"variant"`
+	}
 	if err := json.Unmarshal(data, &j); err != nil {
 		return err
 	}
-	*a = j.attempt()
+	if j.Model == (Model{}) {
+		j.Model = Model{Provider: j.ProviderID, ID: j.ModelID, Variant: j.Variant}
+	}
+	*a = Attempt(j.plain)
 	return nil
 }
 

@@ -69,3 +69,25 @@ func TestJSONRoundTrip(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &back))
 	assert.Equal(t, task, back)
 }
+
+// An attempt's model has the shape a task's has; the flat form of earlier
+// versions is still read.
+func TestAnAttemptsModelIsNestedAsATasksIs(t *testing.T) {
+	a := Attempt{ID: "a1", Number: 1, Model: Model{Provider: "openai", ID: "gpt-5", Variant: "fast"}, Status: StatusRunning}
+	b, err := json.Marshal(a)
+	require.NoError(t, err)
+	tb, err := json.Marshal(Task{Model: a.Model})
+	require.NoError(t, err)
+	var task, att map[string]any
+	require.NoError(t, json.Unmarshal(b, &att))
+	require.NoError(t, json.Unmarshal(tb, &task))
+	assert.Equal(t, task["model"], att["model"], "one shape for a model")
+	assert.NotContains(t, att, "providerID")
+
+	var back Attempt
+	require.NoError(t, json.Unmarshal(b, &back))
+	assert.Equal(t, a, back)
+	var old Attempt
+	require.NoError(t, json.Unmarshal([]byte(`{"attemptID":"a1","attemptNumber":1,"providerID":"openai","modelID":"gpt-5","variant":"fast","status":"running"}`), &old))
+	assert.Equal(t, a, old)
+}
