@@ -22,9 +22,12 @@ import (
 // "gpt-primary", a router's name) is a Model with only an ID, rendered as
 // the ID alone.
 type Model struct {
+	// Provider names the provider ("openai"); empty for a harness's own alias.
 	Provider string `json:"providerID"`
-	ID       string `json:"modelID"`
-	Variant  string `json:"variant,omitempty"`
+	// ID is the model's id at the provider, or the alias.
+	ID string `json:"modelID"`
+	// Variant is an optional variant ("thinking"), rendered in parentheses.
+	Variant string `json:"variant,omitempty"`
 }
 
 // String returns "provider/id" ("id" with no provider), and a variant in
@@ -127,15 +130,19 @@ type Attempt struct {
 	// SessionID is the child session, "" until StartSession's session is
 	// bound to this attempt.
 	SessionID string `json:"sessionID,omitempty"`
-	Model     Model  `json:"model"`
-	Status    Status `json:"status"`
+	// Model is the model this attempt runs on.
+	Model Model `json:"model"`
+	// Status is the attempt's state; see Status.
+	Status Status `json:"status"`
 	// Pending says why a pending attempt waits.
 	Pending PendingReason `json:"pendingReason,omitempty"`
 	// Error is the failure text of an attempt that ended in error.
 	Error string `json:"error,omitempty"`
 	// Result is the child's final answer text of a completed attempt.
-	Result      string    `json:"result,omitempty"`
-	StartedAt   time.Time `json:"startedAt,omitzero"`
+	Result string `json:"result,omitempty"`
+	// StartedAt is when its session was bound (zero while pending).
+	StartedAt time.Time `json:"startedAt,omitzero"`
+	// CompletedAt is when it became terminal (zero until then).
 	CompletedAt time.Time `json:"completedAt,omitzero"`
 }
 

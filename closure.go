@@ -26,9 +26,12 @@ import (
 
 // RunRef names one run: a task's attempt and its token.
 type RunRef struct {
-	TaskID    string
+	// TaskID is the task the run belongs to.
+	TaskID string
+	// AttemptID is the attempt the run is.
 	AttemptID string
-	Token     string
+	// Token is the run's token (Attempt.Token).
+	Token string
 }
 
 // ErrStopPending is returned by Cancel and Shutdown when they are called
@@ -510,21 +513,25 @@ const NotifyBranchClosed NotificationKind = "branch_closed"
 // StoppedRun is one run a closure stopped (or found ending on its own while
 // it stopped it), with the status the run ended in.
 type StoppedRun struct {
+	// TaskID, AttemptID, SessionID and Token name the run.
 	TaskID    string `json:"taskID"`
 	AttemptID string `json:"attemptID"`
 	SessionID string `json:"sessionID,omitempty"`
 	Token     string `json:"token"`
-	Status    Status `json:"status"`
+	// Status is the attempt's status once the stop was recorded.
+	Status Status `json:"status"`
 }
 
 // FailedStop is a run a closure could not stop: the host's abort failed. The
 // run keeps its live state.
 type FailedStop struct {
+	// TaskID, AttemptID, SessionID and Token name the run.
 	TaskID    string `json:"taskID"`
 	AttemptID string `json:"attemptID"`
 	SessionID string `json:"sessionID,omitempty"`
 	Token     string `json:"token"`
-	Err       string `json:"error"`
+	// Err is the text of the host's abort error.
+	Err string `json:"error"`
 }
 
 // ClosureReport is what CloseBranch did.
@@ -534,7 +541,8 @@ type ClosureReport struct {
 	// task the root session belongs to; empty if it is no task's session.
 	TaskID  string       `json:"taskID,omitempty"`
 	Stopped []StoppedRun `json:"stopped"` // each run stopped, in the order it was asked to stop
-	Failed  []FailedStop `json:"failed,omitempty"`
+	// Failed lists the runs whose abort failed: they are still live.
+	Failed []FailedStop `json:"failed,omitempty"`
 	// Stopping lists runs asked to stop whose stop was not confirmed when
 	// CloseBranch returned early (its context ended, or ErrStopPending).
 	Stopping []StoppedRun `json:"stopping,omitempty"`
@@ -544,14 +552,18 @@ type ClosureReport struct {
 // ClosureRecord is the durable record of one closure, appended to the
 // ledger when CloseBranch returns.
 type ClosureRecord struct {
+	// SessionID is the root that was closed ("" for CloseTask).
 	SessionID string `json:"sessionID"`
 	// TaskID is the task closed as a unit, as in ClosureReport.
-	TaskID   string       `json:"taskID,omitempty"`
-	At       time.Time    `json:"at"`
+	TaskID string `json:"taskID,omitempty"`
+	// At is when the closure ended.
+	At time.Time `json:"at"`
+	// Stopped, Failed and Stopping are the runs it stopped, could not stop, and was still stopping when it returned.
 	Stopped  []StoppedRun `json:"stopped"`
 	Failed   []FailedStop `json:"failed,omitempty"`
 	Stopping []StoppedRun `json:"stopping,omitempty"`
-	Passes   int          `json:"passes"`
+	// Passes counts the scans until nothing runnable was left.
+	Passes int `json:"passes"`
 }
 
 // clone copies r, its slices included.
@@ -569,8 +581,10 @@ var ErrBranchNotStopped = errors.New("bgtask: branch did not stop")
 // ClosureError names every run a closure could not stop. It matches
 // ErrBranchNotStopped; errors.As gives the list.
 type ClosureError struct {
+	// SessionID is the root of the closure.
 	SessionID string
-	Failed    []FailedStop
+	// Failed names every run the closure could not stop.
+	Failed []FailedStop
 }
 
 func (e *ClosureError) Error() string {

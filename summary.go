@@ -197,8 +197,9 @@ type Outcome struct {
 	Reason Reason `json:"reason,omitempty"`
 	// Answer is the final answer, verbatim; HasAnswer tells an empty
 	// answer ("") from a missing one.
-	Answer    string `json:"answer,omitempty"`
-	HasAnswer bool   `json:"hasAnswer"`
+	Answer string `json:"answer,omitempty"`
+	// HasAnswer says Answer is the child's answer (which may be "").
+	HasAnswer bool `json:"hasAnswer"`
 	// Finish is how the last turn ended, as the host reported it.
 	Finish FinishReason `json:"finishReason,omitempty"`
 	// Error is the failure text, for error (and a cancelled run that
@@ -207,8 +208,9 @@ type Outcome struct {
 	// Evidence is the child's last output when the outcome is not a clean
 	// answer, bounded to MaxEvidenceRunes; EvidenceDropped counts the
 	// characters dropped from its middle.
-	Evidence        string `json:"evidence,omitempty"`
-	EvidenceDropped int    `json:"evidenceDropped,omitempty"`
+	Evidence string `json:"evidence,omitempty"`
+	// EvidenceDropped counts the characters dropped from Evidence's middle.
+	EvidenceDropped int `json:"evidenceDropped,omitempty"`
 	// PriorOutput is the output of the ended task whose session this task
 	// continued (Spec.ContinueFrom), bounded as Evidence is: reported once,
 	// in this task's envelope.

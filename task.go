@@ -124,7 +124,9 @@ func (e *LimitError) Is(target error) bool { return target == e.Limit }
 
 // KeyHeldError is ErrKeyHeld with the key and the live task holding it.
 type KeyHeldError struct {
-	Key    string
+	// Key is the Spec.Key asked for.
+	Key string
+	// TaskID is the live task that holds it.
 	TaskID string
 }
 
@@ -147,7 +149,8 @@ func orBackground(ctx context.Context) context.Context {
 
 // SpecError says which field of a Spec is wrong. It matches ErrInvalidSpec.
 type SpecError struct {
-	Field  string // e.g. "Models[1].ID"
+	Field string // e.g. "Models[1].ID"
+	// Reason says what is wrong with it.
 	Reason string
 }
 
@@ -162,27 +165,40 @@ func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec }
 // hand to other goroutines. Status, Pending, SessionID, Model, StartedAt,
 // CompletedAt, Error and Result are the current attempt's.
 type Task struct {
-	ID              string `json:"id"`
+	// ID is the task's id (Spec.ID, or one the IDGenerator made).
+	ID string `json:"id"`
+	// ParentSessionID is the session that launched the task: it is told of it.
 	ParentSessionID string `json:"parentSessionID"`
-	Description     string `json:"description,omitempty"`
-	Agent           string `json:"agent,omitempty"`
+	// Description and Agent are the Spec's.
+	Description string `json:"description,omitempty"`
+	Agent       string `json:"agent,omitempty"`
 
-	Status      Status        `json:"status"`
-	Pending     PendingReason `json:"pendingReason,omitempty"`
-	SessionID   string        `json:"sessionID,omitempty"`
-	Model       Model         `json:"model"`
-	StartedAt   time.Time     `json:"startedAt,omitzero"`
-	CompletedAt time.Time     `json:"completedAt,omitzero"`
-	Error       string        `json:"error,omitempty"`
+	// Status is the current attempt's status.
+	Status Status `json:"status"`
+	// Pending says why a pending current attempt waits.
+	Pending PendingReason `json:"pendingReason,omitempty"`
+	// SessionID is the current attempt's child session.
+	SessionID string `json:"sessionID,omitempty"`
+	// Model is the current attempt's model.
+	Model Model `json:"model"`
+	// StartedAt and CompletedAt are the current attempt's.
+	StartedAt   time.Time `json:"startedAt,omitzero"`
+	CompletedAt time.Time `json:"completedAt,omitzero"`
+	// Error is the current attempt's failure text.
+	Error string `json:"error,omitempty"`
 	// Result is the completed attempt's final answer text.
 	Result string `json:"result,omitempty"`
 
-	CurrentAttemptID string    `json:"currentAttemptID"`
-	Attempts         []Attempt `json:"attempts"`
+	// CurrentAttemptID names the one attempt that may still change.
+	CurrentAttemptID string `json:"currentAttemptID"`
+	// Attempts are every attempt, in order, each as it is now.
+	Attempts []Attempt `json:"attempts"`
 	// Revision grows by one for every change applied to the task.
-	Revision   uint64            `json:"revision"`
-	LaunchedAt time.Time         `json:"launchedAt,omitzero"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
+	Revision uint64 `json:"revision"`
+	// LaunchedAt is when the task was launched.
+	LaunchedAt time.Time `json:"launchedAt,omitzero"`
+	// Metadata is Spec.Metadata, with nothing added.
+	Metadata map[string]string `json:"metadata,omitempty"`
 	// Outcome is what the parent gets; set once the task is terminal
 	// (computed at its first read, the same value for every reader).
 	Outcome *Outcome `json:"outcome,omitempty"`
@@ -208,8 +224,9 @@ type Task struct {
 	// session, or, for a task launched from a task's session, that task's
 	// Root. Depth is its level in the tree: 1 when launched from a session
 	// no task owns, one more for each task session above it.
-	Root  string `json:"root,omitempty"`
-	Depth int    `json:"depth,omitempty"`
+	Root string `json:"root,omitempty"`
+	// Depth: see Root.
+	Depth int `json:"depth,omitempty"`
 
 	// Value is the structured result of the current attempt's run
 	// (Event.Value, or what a Returning function returned); Err is the
@@ -218,8 +235,9 @@ type Task struct {
 	// errors.Is and errors.As — Error is its text. Both are process-local:
 	// never journaled, nil after a restart, and never in JSON. ValueOf
 	// reads Value as the harness's type.
-	Value any   `json:"-"`
-	Err   error `json:"-"`
+	Value any `json:"-"`
+	// Err: see Value.
+	Err error `json:"-"`
 }
 
 // ValueOf returns t.Value as a T, and whether it is one.
@@ -231,8 +249,11 @@ func ValueOf[T any](t Task) (T, bool) {
 // Invocation is one prompt sent into a task's child conversation. The
 // launch prompt is invocation 1; Extend admits the next ones.
 type Invocation struct {
-	N          int       `json:"n"`
-	Prompt     string    `json:"prompt"`
+	// N is its number: 1 for the launch prompt, then in admission order.
+	N int `json:"n"`
+	// Prompt is the text sent into the child conversation.
+	Prompt string `json:"prompt"`
+	// AdmittedAt is when the child took it.
 	AdmittedAt time.Time `json:"admittedAt"`
 	// Notice is a fact of its admission that rides its answer (a Launch
 	// whose key the task held, made an Extend by ExtendLive).
@@ -245,15 +266,18 @@ type Invocation struct {
 // Answer is what an invocation got: the turn that answered it, or the
 // outcome of the run's failure or stop.
 type Answer struct {
+	// Invocation is the number of the invocation it answers.
 	Invocation int    `json:"invocation"`
 	Status     Status `json:"status"` // completed, error, cancelled or interrupt
 	// Text is the answer (completed) or the error.
 	Text string `json:"text,omitempty"`
 	// Degraded: the children gate released this answer without a turn
 	// after the children settled (see Notices).
-	Degraded bool      `json:"degraded,omitempty"`
-	Notices  []string  `json:"notices,omitempty"`
-	At       time.Time `json:"at"`
+	Degraded bool `json:"degraded,omitempty"`
+	// Notices are the facts that ride the answer (Outcome.Notices).
+	Notices []string `json:"notices,omitempty"`
+	// At is when the turn that answered it ended.
+	At time.Time `json:"at"`
 	// Envelope is the <task> block the parent model reads for it.
 	Envelope string `json:"envelope"`
 }
@@ -270,9 +294,11 @@ type Prompter interface {
 
 // PromptRequest is one supplemental prompt for a running child session.
 type PromptRequest struct {
+	// TaskID, AttemptID, Token and SessionID name the run prompted.
 	TaskID, AttemptID, Token, SessionID string
 	Invocation                          int // its number: 2 or more
-	Prompt                              string
+	// Prompt is the supplemental prompt's text.
+	Prompt string
 }
 
 // Activity is what a running child is doing now.
@@ -309,9 +335,12 @@ type Spec struct {
 	// ParentSessionID is the chat session that launched the task and
 	// receives its notifications. Required.
 	ParentSessionID string
-	Description     string
-	Agent           string
-	Prompt          string
+	// Description says what the task is for, in a line (notifications show it).
+	Description string
+	// Agent names the kind of subagent, for the host.
+	Agent string
+	// Prompt is the launch prompt: invocation 1.
+	Prompt string
 	// Models is the fallback chain: Models[0] first, then the rest in
 	// order. Required, each with an ID; Provider may be empty (a model the
 	// harness names by an alias alone).
@@ -357,7 +386,8 @@ type Spec struct {
 	// journal (the timers are armed again). The task reads running until
 	// the child really stopped: an abort the host refuses is asked again
 	// every 30 seconds.
-	Timeout        time.Duration
+	Timeout time.Duration
+	// AttemptTimeout and RetryOnTimeout: see Timeout.
 	AttemptTimeout time.Duration
 	RetryOnTimeout bool
 
@@ -507,6 +537,7 @@ const (
 
 // SessionReport is a StatusHost's answer about one session.
 type SessionReport struct {
+	// State is what became of the session.
 	State SessionState
 	// End (SessionEnded) is the event that ended the run: its Kind
 	// (SessionIdle, SessionError, SessionInterrupted), Text, Err, Finish,
@@ -516,15 +547,19 @@ type SessionReport struct {
 
 // SessionRequest is what StartSession is asked to run.
 type SessionRequest struct {
-	TaskID          string
-	AttemptID       string
-	AttemptNumber   int
-	Token           string // the run token of the attempt
+	// TaskID, AttemptID and AttemptNumber name the attempt to run.
+	TaskID        string
+	AttemptID     string
+	AttemptNumber int
+	Token         string // the run token of the attempt
+	// ParentSessionID is the task's (Spec.ParentSessionID).
 	ParentSessionID string
-	Model           Model
-	Agent, Prompt   string
-	Description     string
-	Metadata        map[string]string // the task's Spec.Metadata: the host's copy
+	// Model is the attempt's model.
+	Model Model
+	// Agent, Prompt and Description are the task's Spec fields.
+	Agent, Prompt string
+	Description   string
+	Metadata      map[string]string // the task's Spec.Metadata: the host's copy
 }
 
 // EventKind is what a child session reported.
@@ -570,6 +605,7 @@ func (k EventKind) valid() bool {
 
 // Event is a lifecycle event of a child session.
 type Event struct {
+	// SessionID is the child session the event is about.
 	SessionID string
 	// AttemptID, when set, resolves the event directly; it may be used
 	// before the session is bound. The binding itself always comes from
@@ -577,7 +613,8 @@ type Event struct {
 	AttemptID string
 	// Token, when set, must name the attempt's run, or the event is stale.
 	Token string
-	Kind  EventKind
+	// Kind is what happened; see EventKind.
+	Kind EventKind
 	// Text is, for SessionIdle, the final answer; for any other kind, the
 	// child's latest output (kept as evidence if the run does not end in
 	// a clean answer).
@@ -628,6 +665,7 @@ const (
 
 // Notification is a message for the parent chat session.
 type Notification struct {
+	// Kind is what it tells; see NotificationKind.
 	Kind NotificationKind `json:"kind"`
 	// ID names the notification for good: a notification delivered again
 	// after a restart (WithJournal) carries the same ID, so a receiver can
@@ -635,11 +673,13 @@ type Notification struct {
 	// exactly once without one.
 	ID string `json:"id,omitempty"`
 	// Seq orders notifications as they were produced, across all parents.
-	Seq             uint64 `json:"seq"`
+	Seq uint64 `json:"seq"`
+	// ParentSessionID is where it is delivered.
 	ParentSessionID string `json:"parentSessionID"`
-	TaskID          string `json:"taskID"`
-	Task            Task   `json:"task"`            // snapshot when it was produced
-	Tasks           []Task `json:"tasks,omitempty"` // NotifyAllComplete: the round's tasks
+	// TaskID is the task it is about ("" for NotifyAllComplete and NotifyBranchClosed).
+	TaskID string `json:"taskID"`
+	Task   Task   `json:"task"`            // snapshot when it was produced
+	Tasks  []Task `json:"tasks,omitempty"` // NotifyAllComplete: the round's tasks
 	// Invocation (NotifyAnswer) is the invocation answered.
 	Invocation int    `json:"invocation,omitempty"`
 	Text       string `json:"text"` // rendered for the parent chat
@@ -668,9 +708,13 @@ type Timer = clock.Timer
 type IDKind string
 
 const (
-	IDTask    IDKind = "task"
+	// IDTask names a task (Task.ID), unless Spec.ID gives one.
+	IDTask IDKind = "task"
+	// IDAttempt names an attempt (Attempt.ID): one per model tried.
 	IDAttempt IDKind = "attempt"
-	IDToken   IDKind = "run"
+	// IDToken names a run (Attempt.Token): the exact run a stop or an
+	// event means; never reused, also not across Managers and restarts.
+	IDToken IDKind = "run"
 	// IDNotification names a notification (Notification.ID).
 	IDNotification IDKind = "notification"
 )
@@ -883,7 +927,8 @@ type TreeLimits struct {
 	// Launch also gives up when its context ends (its error) or at
 	// Shutdown (ErrShutdown).
 	MaxPerParent int
-	ParentWait   time.Duration
+	// ParentWait: see MaxPerParent.
+	ParentWait time.Duration
 	// MaxPerRoot caps the live tasks of one tree, at any depth: a Launch
 	// past it is refused (ErrTreeLimit).
 	MaxPerRoot int
@@ -2212,6 +2257,7 @@ type Query struct {
 
 // Page is one page of tasks, in launch order.
 type Page struct {
+	// Tasks are the page's tasks, in launch order.
 	Tasks []Task
 	Next  string // the cursor of the next page; "" when this is the last
 }
@@ -3191,8 +3237,10 @@ func (m *Manager) awaitStops(ctx context.Context) error {
 // cause is permanent or not worth retrying (context overflow, validation,
 // aborted).
 type StartError struct {
+	// Model is the attempt's model.
 	Model Model
-	Err   error
+	// Err is the host's error.
+	Err error
 }
 
 func (e *StartError) Error() string {
@@ -3359,18 +3407,23 @@ func Returning[T any](fn func(ctx context.Context, run Run) (T, error), text fun
 // Run is what a RunFunc is told about the attempt it runs, and how it
 // reports progress. It is a value; its methods are safe for concurrent use.
 type Run struct {
-	TaskID          string
-	AttemptID       string
-	Attempt         int    // the attempt number, 1-based
-	Token           string // the attempt's run token
-	SessionID       string // minted by the FuncHost for this attempt
+	// TaskID and AttemptID name the attempt this run is.
+	TaskID    string
+	AttemptID string
+	Attempt   int    // the attempt number, 1-based
+	Token     string // the attempt's run token
+	SessionID string // minted by the FuncHost for this attempt
+	// ParentSessionID is the task's (Spec.ParentSessionID).
 	ParentSessionID string
-	Model           Model
-	Agent, Prompt   string
-	Description     string
-	Metadata        map[string]string // the task's Spec.Metadata: this run's copy
-	Root            string            // the task's tree (Task.Root, Task.Depth)
-	Depth           int
+	// Model is the attempt's model.
+	Model Model
+	// Agent, Prompt and Description are the task's Spec fields.
+	Agent, Prompt string
+	Description   string
+	Metadata      map[string]string // the task's Spec.Metadata: this run's copy
+	Root          string            // the task's tree (Task.Root, Task.Depth)
+	// Depth: see Root.
+	Depth int
 
 	report func(kind EventKind, progress string)
 	inbox  *inbox
@@ -3401,7 +3454,9 @@ func (r Run) Launch(ctx context.Context, spec Spec) (Task, error) {
 // Prompt is a supplemental prompt (Extend) handed to a running FuncHost
 // function: invocation N of its task (2 or more).
 type Prompt struct {
-	N    int
+	// N is the invocation's number (2 or more).
+	N int
+	// Text is the prompt.
 	Text string
 }
 
@@ -3817,10 +3872,12 @@ func (m *Manager) watchStallNow(e *entry, a Attempt, done <-chan struct{}) {
 
 // QueueStat is the state of one concurrency key.
 type QueueStat struct {
-	Key     string `json:"key"` // "model:provider/id" or "provider:name"
-	Running int    `json:"running"`
-	Queued  int    `json:"queued"`
-	Limit   int    `json:"limit"` // 0: no limit
+	Key string `json:"key"` // "model:provider/id" or "provider:name"
+	// Running counts the attempts holding a slot of the key.
+	Running int `json:"running"`
+	// Queued counts those waiting for one.
+	Queued int `json:"queued"`
+	Limit  int `json:"limit"` // 0: no limit
 }
 
 // Stats reports every concurrency key with attempts running or queued, by
@@ -3900,8 +3957,10 @@ type Change struct {
 	// restarted process whose clock is behind has a smaller one. Sequences
 	// start again with each epoch.
 	Epoch uint64 `json:"epoch,omitempty"`
-	Seq   uint64 `json:"seq"`
-	Task  Task   `json:"task"`
+	// Seq is the change's manager-wide sequence number.
+	Seq uint64 `json:"seq"`
+	// Task is the task as the change left it.
+	Task Task `json:"task"`
 }
 
 // Snapshot is every task, complete, as of sequence Seq: what it omits is
@@ -3911,7 +3970,9 @@ type Snapshot struct {
 	// different epoch is a different process, whether its number is larger
 	// or smaller, and its sequence numbers start again.
 	Epoch uint64 `json:"epoch,omitempty"`
-	Seq   uint64 `json:"seq"`
+	// Seq: every change up to it is in Tasks, none after.
+	Seq uint64 `json:"seq"`
+	// Tasks are the tasks in memory, in launch order.
 	Tasks []Task `json:"tasks"`
 }
 
