@@ -698,10 +698,22 @@ type NotifierFunc func(ctx context.Context, n Notification) error
 // Notify calls f.
 func (f NotifierFunc) Notify(ctx context.Context, n Notification) error { return f(ctx, n) }
 
-// Clock is the Manager's time source; see WithClock.
-type Clock = clock.Clock
+// Clock is the Manager's time source (WithClock): every timeout, delay,
+// deadline and timestamp the Manager keeps is read from it, so a test can
+// move time by hand (bgtasktest.Clock) and never sleeps to wait for a
+// state. The default is the wall clock. A Clock must be safe for
+// concurrent use, and may be called with the Manager's lock held: it must
+// not block or call into the Manager.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// NewTimer returns a timer that fires once, d from now (at once for
+	// d <= 0), unless it is stopped first.
+	NewTimer(d time.Duration) Timer
+}
 
-// Timer is a Clock's timer.
+// Timer is a Clock's timer: C delivers the time once when it fires, Stop
+// prevents that and reports whether it did (as time.Timer's do).
 type Timer = clock.Timer
 
 // IDKind says what an id is for.

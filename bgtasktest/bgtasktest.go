@@ -1,0 +1,375 @@
+// Package bgtasktest is a kit for testing code that drives a bgtask
+// Manager, deterministically and without sleeping: a Clock the test moves
+// by hand, a scripted Host (session ids handed out in order; starts and
+// aborts that fail or hang on demand; every call recorded; events sent to
+// the Manager), a Notifier that records what parents were told, and
+// helpers that wait for a task's state on the Manager's change stream.
+//
+//	clk := bgtasktest.NewClock(time.Now())
+//	host := bgtasktest.NewHost()
+//	rec := &bgtasktest.Recorder{}
+//	m := bgtask.New(host, bgtask.WithClock(clk), bgtask.WithNotifier(rec),
+//		bgtask.WithIDs(bgtask.SequentialIDs()))
+//	host.Attach(m)
+//	defer m.Shutdown(context.Background())
+//
+//	task, _ := m.Launch(ctx, spec)
+//	running, _ := bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
+//	host.Fail(running.SessionID, errors.New("429 Too Many Requests"))
+//	retried, _ := bgtasktest.WaitFor(ctx, m, task.ID, func(t bgtask.Task) bool { return len(t.Attempts) == 2 })
+//
+// With testing/synctest (Go 1.25 and later) a test may use the wall clock
+// instead: inside a bubble, time moves only when every goroutine of the
+// bubble is blocked, so a Manager's timeouts fire at once and in order. The
+// Manager's goroutines must then live in the bubble: create and shut down
+// the Manager inside synctest.Test. Clock does not need a bubble, and
+// works with a Host whose calls leave the process.
+package bgtasktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/clock"
+)
+
+// Clock is a bgtask.Clock that moves only when Advance is called: timers
+// fire, in deadline order, when the time reaches them.
+type Clock struct{ f *clock.Fake }
+
+var _ bgtask.Clock = (*Clock)(nil)
+
+// NewClock returns a Clock reading start.
+func NewClock(start time.Time) *Clock { return &Clock{f: clock.NewFake(start)} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time { return c.f.Now() }
+
+// NewTimer returns a timer that fires when the clock reaches now+d (at once
+// for d <= 0).
+func (c *Clock) NewTimer(d time.Duration) bgtask.Timer { return c.f.NewTimer(d) }
+
+// Advance moves the time forward by d and fires every timer now due.
+func (c *Clock) Advance(d time.Duration) { c.f.Advance(d) }
+
+// Pending reports how many timers wait to fire.
+func (c *Clock) Pending() int { return c.f.Pending() }
+
+// Timers reports how many timers were made so far, and a channel closed
+// when the next one is made: a test that must advance only once a timer
+// exists (a retry delay, a deadline) waits on it instead of sleeping.
+func (c *Clock) Timers() (made int, next <-chan struct{}) { return c.f.Created() }
+
+// AwaitTimers waits until at least n timers were made in all, or ctx
+// ends.
+func (c *Clock) AwaitTimers(ctx context.Context, n int) error {
+	for {
+		made, next := c.f.Created()
+		if made >= n {
+			return nil
+		}
+		select {
+		case <-next:
+		case <-ctx.Done():
+			return fmt.Errorf("bgtasktest: %d of %d timers made: %w", made, n, ctx.Err())
+		}
+	}
+}
+
+// Host is a scripted bgtask.Host. StartSession hands out "ses-1",
+// "ses-2", ... in call order and AbortSession succeeds, unless a script
+// says otherwise (FailStarts, HangStarts, FailAborts, HangAborts). Every
+// call is recorded. Attach it to its Manager to send events (Emit, Idle,
+// Fail). Its methods are safe for concurrent use.
+type Host struct {
+	mu       sync.Mutex
+	m        *bgtask.Manager
+	n        int
+	starts   []bgtask.SessionRequest
+	aborts   []string
+	sessions map[string]string // attempt id → session id
+	script   map[string][]step // "start" / "abort" → what the next calls do
+	release  chan struct{}     // closed by Release: hung calls return
+	changed  chan struct{}     // closed and replaced at every call
+}
+
+// step is what one scripted call does: fail with err, or hang until
+// Release (or its context) and then answer normally.
+type step struct {
+	err  error
+	hang bool
+}
+
+// NewHost returns a Host with no script.
+func NewHost() *Host {
+	return &Host{sessions: map[string]string{}, script: map[string][]step{}, release: make(chan struct{}), changed: make(chan struct{})}
+}
+
+// Attach names the Manager the host's events go to.
+func (h *Host) Attach(m *bgtask.Manager) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.m = m
+}
+
+// FailStarts makes the next n StartSession calls fail with err.
+func (h *Host) FailStarts(n int, err error) { h.add("start", n, step{err: err}) }
+
+// HangStarts makes the next n StartSession calls block until Release or
+// their context ends.
+func (h *Host) HangStarts(n int) { h.add("start", n, step{hang: true}) }
+
+// FailAborts makes the next n AbortSession calls fail with err: the child
+// is still running.
+func (h *Host) FailAborts(n int, err error) { h.add("abort", n, step{err: err}) }
+
+// HangAborts makes the next n AbortSession calls block until Release or
+// their context ends.
+func (h *Host) HangAborts(n int) { h.add("abort", n, step{hang: true}) }
+
+func (h *Host) add(call string, n int, s step) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for range n {
+		h.script[call] = append(h.script[call], s)
+	}
+}
+
+// Release lets every call hung so far return (as a hung start returns its
+// session, a hung abort succeeds); later hangs wait for the next Release.
+func (h *Host) Release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	close(h.release)
+	h.release = make(chan struct{})
+}
+
+// next takes the script's next step for call, records that a call came,
+// and returns the channel a hang waits for.
+func (h *Host) next(call string) (step, <-chan struct{}) {
+	var s step
+	if q := h.script[call]; len(q) > 0 {
+		s, h.script[call] = q[0], q[1:]
+	}
+	close(h.changed)
+	h.changed = make(chan struct{})
+	return s, h.release
+}
+
+// StartSession records req and returns the next session id, or does what
+// the script says.
+func (h *Host) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	h.mu.Lock()
+	h.n++
+	sid := fmt.Sprintf("ses-%d", h.n)
+	h.starts = append(h.starts, req)
+	s, release := h.next("start")
+	if s.err == nil {
+		h.sessions[req.AttemptID] = sid
+	}
+	h.mu.Unlock()
+	if s.hang {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	if s.err != nil {
+		return "", s.err
+	}
+	return sid, nil
+}
+
+// AbortSession records the session and succeeds, or does what the script
+// says.
+func (h *Host) AbortSession(ctx context.Context, sessionID string) error {
+	h.mu.Lock()
+	h.aborts = append(h.aborts, sessionID)
+	s, release := h.next("abort")
+	h.mu.Unlock()
+	if s.hang {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return s.err
+}
+
+// Starts returns the StartSession requests so far, in call order.
+func (h *Host) Starts() []bgtask.SessionRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.starts)
+}
+
+// Aborts returns the sessions AbortSession was asked to stop, in order.
+func (h *Host) Aborts() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.aborts)
+}
+
+// Session returns the session StartSession handed out for attempt id.
+func (h *Host) Session(attemptID string) (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sid, ok := h.sessions[attemptID]
+	return sid, ok
+}
+
+// AwaitCalls waits until the host has had at least n calls (starts and
+// aborts together), or ctx ends.
+func (h *Host) AwaitCalls(ctx context.Context, n int) error {
+	for {
+		h.mu.Lock()
+		got, changed := len(h.starts)+len(h.aborts), h.changed
+		h.mu.Unlock()
+		if got >= n {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("bgtasktest: %d of %d host calls: %w", got, n, ctx.Err())
+		}
+	}
+}
+
+// Emit sends ev to the attached Manager (Observe).
+func (h *Host) Emit(ev bgtask.Event) error {
+	h.mu.Lock()
+	m := h.m
+	h.mu.Unlock()
+	if m == nil {
+		return errors.New("bgtasktest: Host.Emit before Attach")
+	}
+	return m.Observe(ev)
+}
+
+// Idle reports that session's turn ended with answer.
+func (h *Host) Idle(session, answer string) error {
+	return h.Emit(bgtask.Event{SessionID: session, Kind: bgtask.SessionIdle, Text: answer})
+}
+
+// Fail reports that session's turn failed with err.
+func (h *Host) Fail(session string, err error) error {
+	return h.Emit(bgtask.Event{SessionID: session, Kind: bgtask.SessionError, Err: err})
+}
+
+// Recorder is a bgtask.Notifier that keeps what it was given, in order.
+// Refuse, if set, is asked first: a non-nil error refuses the
+// notification (bgtask retries it, WithNotifyRetry). The zero Recorder is
+// ready to use.
+type Recorder struct {
+	Refuse func(bgtask.Notification) error
+
+	mu      sync.Mutex
+	got     []bgtask.Notification
+	changed chan struct{}
+}
+
+// Notify keeps n, unless Refuse refuses it.
+func (r *Recorder) Notify(_ context.Context, n bgtask.Notification) error {
+	if r.Refuse != nil {
+		if err := r.Refuse(n); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, n)
+	if r.changed != nil {
+		close(r.changed)
+		r.changed = nil
+	}
+	return nil
+}
+
+// All returns the notifications kept, in delivery order.
+func (r *Recorder) All() []bgtask.Notification {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+// Kinds returns the kinds of the notifications about task id ("": all),
+// in order.
+func (r *Recorder) Kinds(taskID string) []bgtask.NotificationKind {
+	var out []bgtask.NotificationKind
+	for _, n := range r.All() {
+		if taskID == "" || n.TaskID == taskID {
+			out = append(out, n.Kind)
+		}
+	}
+	return out
+}
+
+// Await waits until a kept notification satisfies ok and returns it, or
+// returns ctx's error.
+func (r *Recorder) Await(ctx context.Context, ok func(bgtask.Notification) bool) (bgtask.Notification, error) {
+	seen := 0
+	for {
+		r.mu.Lock()
+		for ; seen < len(r.got); seen++ {
+			if ok(r.got[seen]) {
+				n := r.got[seen]
+				r.mu.Unlock()
+				return n, nil
+			}
+		}
+		if r.changed == nil {
+			r.changed = make(chan struct{})
+		}
+		changed := r.changed
+		r.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return bgtask.Notification{}, ctx.Err()
+		}
+	}
+}
+
+// WaitFor waits until task id's snapshot satisfies ok and returns it, or
+// returns ctx's error (or the task's lookup error). It follows the
+// Manager's change stream, so it also sees what Wait does not wait for:
+// activity, progress, a retry's new attempt.
+func WaitFor(ctx context.Context, m *bgtask.Manager, id string, ok func(bgtask.Task) bool) (bgtask.Task, error) {
+	sub, err := m.Subscribe(ctx, 1024)
+	if err != nil {
+		return bgtask.Task{}, err
+	}
+	defer sub.Close()
+	t, err := m.Lookup(id) // after subscribing: no change is missed
+	if err != nil {
+		return bgtask.Task{}, err
+	}
+	if ok(t) {
+		return t, nil
+	}
+	for c := range sub.C {
+		if c.Task.ID == id && ok(c.Task) {
+			return c.Task, nil
+		}
+	}
+	if err := sub.Err(); errors.Is(err, bgtask.ErrLagged) {
+		return WaitFor(ctx, m, id, ok) // fell behind: look again from a fresh read
+	}
+	if ctx.Err() != nil {
+		return bgtask.Task{}, ctx.Err()
+	}
+	return bgtask.Task{}, sub.Err()
+}
+
+// WaitStatus waits until task id has status s.
+func WaitStatus(ctx context.Context, m *bgtask.Manager, id string, s bgtask.Status) (bgtask.Task, error) {
+	return WaitFor(ctx, m, id, func(t bgtask.Task) bool { return t.Status == s })
+}

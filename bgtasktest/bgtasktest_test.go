@@ -1,0 +1,146 @@
+package bgtasktest_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type kit struct {
+	clk  *bgtasktest.Clock
+	host *bgtasktest.Host
+	rec  *bgtasktest.Recorder
+	m    *bgtask.Manager
+	ctx  context.Context
+}
+
+func newKit(t *testing.T, opts ...bgtask.Option) *kit {
+	t.Helper()
+	k := &kit{clk: bgtasktest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), host: bgtasktest.NewHost(), rec: &bgtasktest.Recorder{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	k.ctx = ctx
+	k.m = bgtask.New(k.host, append([]bgtask.Option{bgtask.WithClock(k.clk), bgtask.WithNotifier(k.rec), bgtask.WithIDs(bgtask.SequentialIDs())}, opts...)...)
+	k.host.Attach(k.m)
+	t.Cleanup(func() { assert.NoError(t, k.m.Shutdown(context.Background())) })
+	return k
+}
+
+var twoModels = []bgtask.Model{{Provider: "openai", ID: "gpt-5"}, {Provider: "google", ID: "gemini"}}
+
+func TestAFallbackWithARetryDelayDrivenByHand(t *testing.T) {
+	k := newKit(t, bgtask.WithRetryDelay(func(int) time.Duration { return 5 * time.Second }))
+	task, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Prompt: "q", Models: twoModels})
+	require.NoError(t, err)
+	first, err := bgtasktest.WaitStatus(k.ctx, k.m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	assert.Equal(t, "ses-1", first.SessionID)
+	made, _ := k.clk.Timers()
+	require.NoError(t, k.host.Fail(first.SessionID, errors.New("429 Too Many Requests")))
+	require.NoError(t, k.clk.AwaitTimers(k.ctx, made+1), "the retry delay's timer")
+	waiting, err := bgtasktest.WaitFor(k.ctx, k.m, task.ID, func(t bgtask.Task) bool { return t.Pending == bgtask.PendingRetryDelay })
+	require.NoError(t, err)
+	assert.Len(t, waiting.Attempts, 2)
+	k.clk.Advance(5 * time.Second)
+	second, err := bgtasktest.WaitStatus(k.ctx, k.m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, k.host.Idle(second.SessionID, "42"))
+	done, err := k.m.Wait(k.ctx, task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "42", done.Result)
+	_, err = k.rec.Await(k.ctx, func(n bgtask.Notification) bool { return n.Kind == bgtask.NotifyFinalSummary })
+	require.NoError(t, err)
+	assert.Equal(t, []bgtask.NotificationKind{bgtask.NotifyRetryScheduled, bgtask.NotifyRetrySessionReady, bgtask.NotifyFinalSummary}, k.rec.Kinds(task.ID))
+	starts := k.host.Starts()
+	require.Len(t, starts, 2)
+	assert.Equal(t, "gemini", starts[1].Model.ID)
+	assert.Equal(t, []string{"ses-1"}, k.host.Aborts(), "the failed session was stopped before the retry")
+}
+
+func TestAHungStartThenACancelIsHonest(t *testing.T) {
+	k := newKit(t)
+	k.host.HangStarts(1)
+	task, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Models: twoModels})
+	require.NoError(t, err)
+	require.NoError(t, k.host.AwaitCalls(k.ctx, 1))
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- k.m.Cancel(k.ctx, task.ID) }()
+	k.host.Release() // the session arrives after the stop was asked: it is aborted, then cancelled
+	require.NoError(t, <-cancelled)
+	done, err := k.m.Wait(k.ctx, task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCancelled, done.Status)
+	assert.Equal(t, []string{"ses-1"}, k.host.Aborts())
+}
+
+func TestAFailedAbortLeavesTheTaskRunning(t *testing.T) {
+	k := newKit(t)
+	k.host.FailAborts(1, errors.New("session service busy"))
+	task, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Models: twoModels})
+	require.NoError(t, err)
+	_, err = bgtasktest.WaitStatus(k.ctx, k.m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	err = k.m.Cancel(k.ctx, task.ID)
+	assert.ErrorContains(t, err, "session service busy")
+	now, err := k.m.Lookup(task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusRunning, now.Status, "never reported stopped")
+	require.NoError(t, k.m.Cancel(k.ctx, task.ID), "the next abort succeeds")
+}
+
+func TestAFailedStartFallsBack(t *testing.T) {
+	k := newKit(t)
+	k.host.FailStarts(1, errors.New("503 Service Unavailable"))
+	task, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Models: twoModels})
+	require.NoError(t, err)
+	running, err := bgtasktest.WaitStatus(k.ctx, k.m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	assert.Equal(t, 2, running.Current().Number)
+	sid, ok := k.host.Session(running.CurrentAttemptID)
+	assert.True(t, ok)
+	assert.Equal(t, running.SessionID, sid)
+}
+
+func TestARefusingRecorderIsRetried(t *testing.T) {
+	refused := 0
+	k := newKit(t, bgtask.WithNotifyRetry(2, nil))
+	k.rec.Refuse = func(bgtask.Notification) error {
+		if refused == 0 {
+			refused++
+			return errors.New("chat busy")
+		}
+		return nil
+	}
+	task, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Models: twoModels})
+	require.NoError(t, err)
+	running, err := bgtasktest.WaitStatus(k.ctx, k.m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, k.host.Idle(running.SessionID, "ok"))
+	n, err := k.rec.Await(k.ctx, func(n bgtask.Notification) bool { return n.Kind == bgtask.NotifyFinalSummary })
+	require.NoError(t, err)
+	assert.Equal(t, task.ID, n.TaskID)
+	assert.Equal(t, 1, refused)
+}
+
+func TestWaitForGivesUpWithItsContext(t *testing.T) {
+	k := newKit(t)
+	task, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Models: twoModels})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(k.ctx)
+	cancel()
+	_, err = bgtasktest.WaitStatus(ctx, k.m, task.ID, bgtask.StatusCompleted)
+	assert.ErrorIs(t, err, context.Canceled)
+	_, err = bgtasktest.WaitFor(k.ctx, k.m, "nope", func(bgtask.Task) bool { return true })
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
+	assert.Error(t, bgtasktest.NewHost().Emit(bgtask.Event{SessionID: "s", Kind: bgtask.SessionBusy}), "no Manager attached")
+}
