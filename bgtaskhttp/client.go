@@ -1,0 +1,251 @@
+package bgtaskhttp
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/mirror"
+)
+
+// Client calls a Handler. Base is its URL ("http://127.0.0.1:8080");
+// HTTP is the client to use (nil: http.DefaultClient).
+type Client struct {
+	Base string
+	HTTP *http.Client
+}
+
+// Error is an error the service answered with. It matches the bgtask
+// sentinel its Code names (errors.Is(err, bgtask.ErrUnknownTask)).
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+	// Report is the closure's report when Code is branch_not_stopped.
+	Report *bgtask.ClosureReport
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("bgtaskhttp: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// Is reports whether target is the sentinel e's Code names.
+func (e *Error) Is(target error) bool {
+	for _, c := range codes {
+		if c.code == e.Code {
+			return target == c.err
+		}
+	}
+	return false
+}
+
+func (c *Client) http() *http.Client {
+	if c.HTTP != nil {
+		return c.HTTP
+	}
+	return http.DefaultClient
+}
+
+// call sends a request (body, if not nil, as JSON) and decodes a 2xx
+// answer into out (if not nil); any other answer is an *Error.
+func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.Base, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http().Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		var eb errorBody
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &eb) != nil || eb.Code == "" {
+			eb = errorBody{Error: strings.TrimSpace(string(b)), Code: "http"}
+		}
+		return &Error{Status: resp.StatusCode, Code: eb.Code, Message: eb.Error, Report: eb.Report}
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// Snapshot returns every task (GET /snapshot).
+func (c *Client) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
+	var s bgtask.Snapshot
+	return s, c.call(ctx, http.MethodGet, "/snapshot", nil, &s)
+}
+
+// Page returns one page of the tasks q selects (GET /tasks). Of q's
+// filters, Parent, Root, Status and Statuses, After and Limit are sent.
+func (c *Client) Page(ctx context.Context, q bgtask.Query) (bgtask.Page, error) {
+	v := url.Values{}
+	for k, s := range map[string]string{"parent": q.Parent, "root": q.Root, "after": q.After} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if q.Status != "" {
+		v.Add("status", string(q.Status))
+	}
+	for _, s := range q.Statuses {
+		v.Add("status", string(s))
+	}
+	if q.Limit != 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	var p pageJSON
+	if err := c.call(ctx, http.MethodGet, "/tasks?"+v.Encode(), nil, &p); err != nil {
+		return bgtask.Page{}, err
+	}
+	return bgtask.Page{Tasks: p.Tasks, Next: p.Next}, nil
+}
+
+// Task returns one task (GET /tasks/{id}).
+func (c *Client) Task(ctx context.Context, id string) (bgtask.Task, error) {
+	var t bgtask.Task
+	return t, c.call(ctx, http.MethodGet, "/tasks/"+url.PathEscape(id), nil, &t)
+}
+
+// Cancel cancels a task and returns once its child stopped.
+func (c *Client) Cancel(ctx context.Context, id string) error {
+	return c.call(ctx, http.MethodPost, "/tasks/"+url.PathEscape(id)+"/cancel", nil, nil)
+}
+
+// CloseTask closes a task and its branch.
+func (c *Client) CloseTask(ctx context.Context, id string) (bgtask.ClosureReport, error) {
+	return c.close(ctx, "/tasks/"+url.PathEscape(id)+"/close")
+}
+
+// CloseBranch closes the branch below a session.
+func (c *Client) CloseBranch(ctx context.Context, session string) (bgtask.ClosureReport, error) {
+	return c.close(ctx, "/sessions/"+url.PathEscape(session)+"/close")
+}
+
+func (c *Client) close(ctx context.Context, path string) (bgtask.ClosureReport, error) {
+	var rep bgtask.ClosureReport
+	err := c.call(ctx, http.MethodPost, path, nil, &rep)
+	if he, ok := err.(*Error); ok && he.Report != nil {
+		rep = *he.Report // some run did not stop: the report says which
+	}
+	return rep, err
+}
+
+// Extend sends a supplemental prompt and returns its invocation number.
+func (c *Client) Extend(ctx context.Context, id, prompt string) (int, error) {
+	var out struct {
+		Invocation int `json:"invocation"`
+	}
+	err := c.call(ctx, http.MethodPost, "/tasks/"+url.PathEscape(id)+"/extend", map[string]string{"prompt": prompt}, &out)
+	return out.Invocation, err
+}
+
+// Follow keeps mir in sync with the service until ctx ends: it applies
+// the stream's snapshot, then every change, and reconnects — with the last
+// event's id, so a gap is filled by a new snapshot — when the stream ends
+// or lags. ready, if not nil, is closed once the first snapshot is
+// applied. It returns ctx's error, or the first error that is not a
+// dropped connection.
+func (c *Client) Follow(ctx context.Context, mir *mirror.Mirror, ready chan<- struct{}) error {
+	last := ""
+	for {
+		err := c.follow(ctx, mir, &last, &ready)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			var he *Error
+			if errors.As(err, &he) {
+				return err // the service refused: retrying will not help
+			}
+		}
+		t := time.NewTimer(100 * time.Millisecond) // a dropped connection: try again shortly
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// follow reads one connection of the stream.
+func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, ready *chan<- struct{}) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(c.Base, "/")+"/events", nil)
+	if err != nil {
+		return err
+	}
+	if *last != "" {
+		req.Header.Set("Last-Event-ID", *last)
+	}
+	resp, err := c.http().Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return &Error{Status: resp.StatusCode, Code: "http", Message: resp.Status}
+	}
+	rd := bufio.NewReader(resp.Body)
+	event, data, id := "", "", ""
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			data = strings.TrimPrefix(line, "data: ")
+		case strings.HasPrefix(line, "id: "):
+			id = strings.TrimPrefix(line, "id: ")
+		case line == "" && event == "lagged":
+			return nil // reconnect: the service sends a new snapshot
+		case line == "" && event == "snapshot":
+			var s bgtask.Snapshot
+			if err := json.Unmarshal([]byte(data), &s); err != nil {
+				return err
+			}
+			mir.ApplySnapshot(s)
+			*last = id
+			if *ready != nil {
+				close(*ready)
+				*ready = nil
+			}
+			event, data = "", ""
+		case line == "" && event == "change":
+			var ch bgtask.Change
+			if err := json.Unmarshal([]byte(data), &ch); err != nil {
+				return err
+			}
+			mir.ApplyChange(ch)
+			*last = id
+			event, data = "", ""
+		}
+	}
+}
