@@ -205,7 +205,9 @@ func queryOf(r *http.Request) (bgtask.Query, error) {
 }
 
 // eventID is the SSE id of a change: its epoch and sequence.
-func eventID(epoch, seq uint64) string { return strconv.FormatUint(epoch, 10) + ":" + strconv.FormatUint(seq, 10) }
+func eventID(epoch, seq uint64) string {
+	return strconv.FormatUint(epoch, 10) + ":" + strconv.FormatUint(seq, 10)
+}
 
 // parseEventID reads what eventID wrote.
 func parseEventID(s string) (epoch, seq uint64, ok bool) {
