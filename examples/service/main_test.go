@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtaskhttp"
+	"github.com/bgtask/bgtask/mirror"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -55,65 +56,6 @@ func (g *gate) run(ctx context.Context, run bgtask.Run) (string, error) {
 	}
 }
 
-// holdSnapshots delays every /tasks response until release is closed,
-// after taking the snapshot: the response is older than what follows it.
-func holdSnapshots(next http.Handler, taken chan<- struct{}, release <-chan struct{}) http.Handler {
-	var once sync.Once
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/tasks" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		rec := httptest.NewRecorder()
-		next.ServeHTTP(rec, r) // the snapshot is taken now
-		once.Do(func() { close(taken) })
-		<-release
-		for k, v := range rec.Header() {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rec.Code)
-		_, _ = w.Write(rec.Body.Bytes())
-	})
-}
-
-func TestMirrorConvergesWhenTheSnapshotIsOvertakenByNewerEvents(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	g := &gate{done: map[string]chan struct{}{}}
-	m := bgtask.New(bgtask.NewFuncHost(g.run), bgtask.WithIDs(bgtask.SequentialIDs()))
-	defer m.Shutdown(context.Background())
-	models := []bgtask.Model{{Provider: "p", ID: "m"}}
-	a, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "ui", Prompt: "a", Models: models})
-	require.NoError(t, err)
-
-	taken, release := make(chan struct{}), make(chan struct{})
-	srv := httptest.NewServer(holdSnapshots(Handler(m, 0), taken, release))
-	defer srv.Close()
-	client := &Client{Base: srv.URL, HTTP: srv.Client()}
-	fctx, stop := context.WithCancel(ctx)
-	followed := make(chan error, 1)
-	go func() { followed <- client.Follow(fctx, nil) }()
-
-	<-taken // the snapshot shows a still running
-	close(g.ch("a"))
-	done, err := m.Wait(ctx, a.ID)
-	require.NoError(t, err)
-	// The newer events reach the mirror before the older snapshot does.
-	require.NoError(t, client.Mirror.Wait(ctx, func(ts []bgtask.Task) bool {
-		return len(ts) == 1 && ts[0].Status == bgtask.StatusCompleted
-	}))
-	close(release)
-	require.NoError(t, client.Mirror.Wait(ctx, func(ts []bgtask.Task) bool { return true }))
-	// Apply the (older) snapshot explicitly too: it must not erase the news.
-	require.NoError(t, client.Resync(ctx))
-	got, ok := client.Mirror.Task(a.ID)
-	require.True(t, ok)
-	assert.Equal(t, bgtask.StatusCompleted, got.Status)
-	assert.Equal(t, done.Revision, got.Revision)
-	stop()
-	require.NoError(t, <-followed)
-}
-
 func TestMirrorConvergesUnderConcurrentChangesAndLag(t *testing.T) {
 	for _, buffer := range []int{0, 2} { // 2: the stream lags and the client resyncs
 		t.Run(fmt.Sprintf("buffer=%d", buffer), func(t *testing.T) {
@@ -122,13 +64,17 @@ func TestMirrorConvergesUnderConcurrentChangesAndLag(t *testing.T) {
 			g := &gate{done: map[string]chan struct{}{}}
 			m := bgtask.New(bgtask.NewFuncHost(g.run), bgtask.WithIDs(bgtask.SequentialIDs()))
 			defer m.Shutdown(context.Background())
-			srv := httptest.NewServer(Handler(m, buffer))
-			defer srv.Close()
-			client := &Client{Base: srv.URL, HTTP: srv.Client()}
+			srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Buffer: buffer}))
+			defer func() {
+				srv.CloseClientConnections()
+				srv.Close()
+			}()
+			client := &bgtaskhttp.Client{Base: srv.URL, HTTP: srv.Client()}
+			var mir mirror.Mirror
 			fctx, stop := context.WithCancel(ctx)
 			ready := make(chan struct{})
 			followed := make(chan error, 1)
-			go func() { followed <- client.Follow(fctx, ready) }()
+			go func() { followed <- client.Follow(fctx, &mir, ready) }()
 			<-ready
 
 			models := []bgtask.Model{{Provider: "p", ID: "m"}}
@@ -160,10 +106,10 @@ func TestMirrorConvergesUnderConcurrentChangesAndLag(t *testing.T) {
 				require.NoError(t, err)
 			}
 			want := m.Snapshot()
-			require.NoError(t, client.Mirror.Wait(ctx, func(got []bgtask.Task) bool { return converged(got, want) }),
-				"mirror %v", summarize(client.Mirror.Tasks()))
+			require.NoError(t, mir.Wait(ctx, func(got []bgtask.Task) bool { return converged(got, want) }),
+				"mirror %v", summarize(mir.Tasks()))
 			stop()
-			require.NoError(t, <-followed)
+			require.ErrorIs(t, <-followed, context.Canceled)
 		})
 	}
 }
@@ -174,4 +120,28 @@ func summarize(ts []bgtask.Task) string {
 		fmt.Fprintf(&b, "%s:%s:%d ", t.ID, t.Status, t.Revision)
 	}
 	return b.String()
+}
+
+func TestServeRunsUntilInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{lines: make(chan string, 4)}
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, "127.0.0.1:0", out) }()
+	line := <-out.lines
+	require.Contains(t, line, "serving on http://")
+	base := strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(line, "serving on "), " (Ctrl-C to stop)\n"))
+	c := &bgtaskhttp.Client{Base: base}
+	snap, err := c.Snapshot(context.Background())
+	require.NoError(t, err)
+	assert.NotEmpty(t, snap.Tasks, "a task is launched at once")
+	cancel()
+	require.NoError(t, <-served)
+}
+
+// syncBuffer hands each Write to a channel.
+type syncBuffer struct{ lines chan string }
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.lines <- string(p)
+	return len(p), nil
 }
