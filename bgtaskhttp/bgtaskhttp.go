@@ -9,6 +9,7 @@
 //	POST /tasks/{id}/close        CloseTask: the task and its branch (a ClosureReport)
 //	POST /sessions/{id}/close     CloseBranch below a session (a ClosureReport)
 //	POST /tasks/{id}/extend       Extend, with {"prompt": "..."} ({"invocation": n})
+//	GET  /                        the live view (View)
 //
 // The event stream first sends an "event: snapshot" (a bgtask.Snapshot),
 // taken after the subscription began, then an "event: change" for every
@@ -28,6 +29,7 @@ package bgtaskhttp
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,8 +49,26 @@ type Options struct {
 	// Keepalive is how often an idle event stream sends a comment
 	// (0: 15s).
 	Keepalive time.Duration
-	// Page, if set, is served at "GET /" (the live view mounts itself so).
+	// Page is served at "GET /"; nil: the live view (View).
 	Page http.Handler
+}
+
+//go:embed view.html
+var viewHTML []byte
+
+// View serves the live view: one page (HTML, CSS and a little JavaScript,
+// no build step, nothing fetched from elsewhere) that shows the tasks
+// grouped by parent session, each with its attempt timeline (model,
+// status, session, error), activity, progress, outcome and envelope, kept
+// up to date from /events, with cancel and close-branch buttons. It
+// renders only the tasks that changed, so it stays usable with thousands.
+// Handler serves it at "/".
+func View() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-cache")
+		_, _ = w.Write(viewHTML)
+	})
 }
 
 // codes maps the sentinels to their wire names and statuses, most
@@ -107,9 +127,10 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		o.Keepalive = 15 * time.Second
 	}
 	mux := http.NewServeMux()
-	if o.Page != nil {
-		mux.Handle("GET /{$}", o.Page)
+	if o.Page == nil {
+		o.Page = View()
 	}
+	mux.Handle("GET /{$}", o.Page)
 	mux.HandleFunc("GET /snapshot", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, m.Snapshot())
 	})

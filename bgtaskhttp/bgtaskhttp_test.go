@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -187,4 +188,23 @@ func TestTheStreamResumesWithoutASnapshotWhenNothingWasMissed(t *testing.T) {
 	assert.Equal(t, ": keepalive", resumed[1])
 	stale := read("1:0")
 	assert.Equal(t, "event: snapshot", stale[1], "another epoch: a snapshot")
+}
+
+func TestTheLiveViewIsServedAtTheRoot(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	resp, err := s.srv.Client().Get(s.srv.URL + "/")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"))
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	page := string(b)
+	assert.Contains(t, page, `new EventSource("events")`)
+	assert.NotContains(t, page, "http://", "nothing is fetched from elsewhere")
+	assert.NotContains(t, page, "https://")
+	missing, err := s.srv.Client().Get(s.srv.URL + "/nope")
+	require.NoError(t, err)
+	missing.Body.Close()
+	assert.Equal(t, http.StatusNotFound, missing.StatusCode)
 }
