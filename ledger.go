@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask/internal/codec"
+	"github.com/bgtask/bgtask/internal/textbound"
 	"github.com/bgtask/bgtask/internal/wal"
 )
 
@@ -2104,4 +2105,130 @@ func (m *Manager) maybeCompact() {
 	if err != nil {
 		m.poison(err)
 	}
+}
+
+// Looking inside a file journal.
+
+// JournalView is what a file journal holds, as ReadFileJournal read it.
+type JournalView struct {
+	// Tasks are the tasks its records describe, in launch order, as a
+	// replay projects them (process-local fields empty).
+	Tasks []Task
+	// Records are its records, in sequence order, each with what it changed.
+	Records []RecordView
+	// Closures are the branch closures it recorded, in order.
+	Closures []ClosureRecord
+	// Torn says where a torn last record was found ("" if none): a crash
+	// mid-write, or a write in progress. It is left as it is.
+	Torn string
+}
+
+// RecordView is one journal record as ReadFileJournal shows it.
+type RecordView struct {
+	Seq       uint64    `json:"seq"`
+	Kind      string    `json:"kind"`
+	TaskID    string    `json:"taskID,omitempty"`
+	AttemptID string    `json:"attemptID,omitempty"`
+	At        time.Time `json:"at"`
+	// Change says, in a line, what the record changed.
+	Change string `json:"change"`
+}
+
+// ReadFileJournal reads the file journal in dir without opening it: no
+// lock is taken and no byte is changed, so it works on a journal whose
+// writer is still running (it sees what was written so far) and on one a
+// crash left (a torn tail is reported in Torn, not cut off). A corrupt
+// record before the tail is an error naming the file and offset.
+func ReadFileJournal(dir string) (JournalView, error) {
+	payloads, torn, err := wal.ReadOnly(dir, wal.Options{})
+	if err != nil {
+		return JournalView{}, err
+	}
+	var v JournalView
+	if torn != nil {
+		v.Torn = fmt.Sprintf("%s at offset %d (%d bytes)", torn.File, torn.Offset, torn.Bytes)
+	}
+	recs := make([]record, 0, len(payloads))
+	for _, p := range payloads {
+		r, err := unpackRecord(p)
+		if err != nil {
+			return JournalView{}, err
+		}
+		rec, err := decodeRecord(r)
+		if err != nil {
+			return JournalView{}, err
+		}
+		recs = append(recs, rec)
+		v.Records = append(v.Records, RecordView{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: rec.attempt.ID, At: rec.at, Change: describe(&rec)})
+	}
+	l, _, err := replayLedger(recs)
+	if err != nil {
+		return JournalView{}, err
+	}
+	for _, rec := range recs {
+		if rec.kind == recTaskLaunched {
+			if e := l.tasks[rec.task]; e != nil {
+				v.Tasks = append(v.Tasks, e.project())
+			}
+		}
+	}
+	for _, c := range l.closures {
+		v.Closures = append(v.Closures, c.closure.clone())
+	}
+	return v, nil
+}
+
+// describe says in a line what rec changed.
+func describe(rec *record) string {
+	a := &rec.attempt
+	n := "attempt " + strconv.Itoa(a.Number)
+	switch rec.kind {
+	case recTaskLaunched:
+		return fmt.Sprintf("launched under %s on %v", rec.spec.parent, rec.spec.models)
+	case recAttemptCreated:
+		return n + " created on " + a.Model.String()
+	case recAttemptPending:
+		return n + " pending: " + string(a.Pending)
+	case recStartRequested:
+		return "StartSession asked for " + n
+	case recSessionBound:
+		return n + " running in session " + a.SessionID
+	case recAttemptFinal:
+		s := n + " " + string(a.Status)
+		if a.Error != "" {
+			s += ": " + textbound.OneLine(a.Error, 120)
+		}
+		return s
+	case recRetryScheduled:
+		return "retry scheduled after " + n + " failed"
+	case recSessionOrphan:
+		return "session " + rec.session + " of superseded " + n + " orphaned (aborted)"
+	case recStopRequested:
+		return "stop requested by " + rec.note + ": it ends " + string(rec.stop)
+	case recStopWithdrawn:
+		return "stop withdrawn, the abort failed: " + textbound.OneLine(rec.note, 120)
+	case recAbortRequested:
+		return "AbortSession asked for session " + a.SessionID
+	case recNotifyProduced:
+		return fmt.Sprintf("notification %d (%s) for %s produced", rec.notice.seq, rec.notice.kind, rec.notice.parent)
+	case recNotifyDelivered:
+		if rec.note != "" {
+			return fmt.Sprintf("notification %d %s", rec.notice.seq, rec.note)
+		}
+		return fmt.Sprintf("notification %d delivered", rec.notice.seq)
+	case recBranchClosed:
+		c := rec.closure
+		return fmt.Sprintf("closure of %q recorded: %d stopped, %d failed", c.SessionID, len(c.Stopped), len(c.Failed))
+	case recClosureOpened:
+		return "closure opened: its fence is up"
+	case recClosureDropped:
+		return "closure ended with nothing to record"
+	case recEpoch:
+		return "process life " + strconv.FormatUint(rec.epoch, 10) + " began"
+	case recInvocationAdmitted:
+		return fmt.Sprintf("invocation %d admitted: %s", rec.inv.N, textbound.OneLine(rec.inv.Prompt, 80))
+	case recAnswerFiled:
+		return fmt.Sprintf("invocation %d answered (%s)", rec.inv.N, rec.inv.Answer.Status)
+	}
+	return rec.kind.String()
 }

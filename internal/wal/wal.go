@@ -317,6 +317,44 @@ func (l *Log) load() error {
 	return nil
 }
 
+// ReadOnly reads the journal in dir as Open would, without taking its lock
+// and without changing a byte: for looking inside a journal whose writer
+// may still be running, or that a crash left (a torn tail is reported,
+// not truncated). A segment a running compaction removes meanwhile makes
+// it read again, a few times.
+func ReadOnly(dir string, opts Options) (recs [][]byte, torn *Torn, err error) {
+	fs := opts.FS
+	if fs == nil {
+		fs = osFS{}
+	}
+	l := &Log{dir: dir, opts: opts, fs: fs}
+	for try := 0; ; try++ {
+		recs, torn, err = l.readAll()
+		if err == nil || try == 3 || !errors.Is(err, os.ErrNotExist) {
+			return recs, torn, err
+		}
+	}
+}
+
+// readAll reads every segment, in order, as load does, changing nothing.
+func (l *Log) readAll() (recs [][]byte, torn *Torn, err error) {
+	ns, err := l.segments()
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, n := range ns {
+		seg, _, t, err := l.read(n, i == len(ns)-1)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(seg) > 0 && seg[0] == nil { // a compaction's base: what came before is replaced
+			recs, seg = recs[:0], seg[1:]
+		}
+		recs, torn = append(recs, seg...), t
+	}
+	return recs, torn, nil
+}
+
 // read reads segment n; a base marker is returned as a nil payload, and
 // only what follows the last one in the segment is returned after it. In
 // the last segment a cut-short, mismatching or zero-filled final record is
