@@ -2125,11 +2125,15 @@ type JournalView struct {
 
 // RecordView is one journal record as ReadFileJournal shows it.
 type RecordView struct {
-	Seq       uint64    `json:"seq"`
-	Kind      string    `json:"kind"`
-	TaskID    string    `json:"taskID,omitempty"`
-	AttemptID string    `json:"attemptID,omitempty"`
-	At        time.Time `json:"at"`
+	// Seq is the record's sequence number; Kind its kind ("session_bound").
+	Seq  uint64 `json:"seq"`
+	Kind string `json:"kind"`
+	// TaskID and AttemptID name what it is about ("" for a manager-wide
+	// record).
+	TaskID    string `json:"taskID,omitempty"`
+	AttemptID string `json:"attemptID,omitempty"`
+	// At is when it was committed.
+	At time.Time `json:"at"`
 	// Change says, in a line, what the record changed.
 	Change string `json:"change"`
 }
