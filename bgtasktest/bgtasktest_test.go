@@ -3,6 +3,9 @@ package bgtasktest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,4 +146,63 @@ func TestWaitForGivesUpWithItsContext(t *testing.T) {
 	_, err = bgtasktest.WaitFor(k.ctx, k.m, "nope", func(bgtask.Task) bool { return true })
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
 	assert.Error(t, bgtasktest.NewHost().Emit(bgtask.Event{SessionID: "s", Kind: bgtask.SessionBusy}), "no Manager attached")
+}
+
+// passThrough is a host adapter under test: it forwards to the service and
+// counts the calls.
+type passThrough struct {
+	bgtask.Host
+	starts *atomic.Int64
+}
+
+func (p passThrough) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	p.starts.Add(1)
+	return p.Host.StartSession(ctx, req)
+}
+
+func (p passThrough) PromptSession(ctx context.Context, req bgtask.PromptRequest) error {
+	return p.Host.(bgtask.Prompter).PromptSession(ctx, req)
+}
+
+func (p passThrough) SessionStatus(ctx context.Context, sid string) (bgtask.SessionReport, error) {
+	return p.Host.(bgtask.StatusHost).SessionStatus(ctx, sid)
+}
+
+func (p passThrough) FindSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	return p.Host.(bgtask.StatusHost).FindSession(ctx, req)
+}
+
+func TestTheSimulationRunsAgainstYourAdapterAndInvariants(t *testing.T) {
+	for seed := range uint64(20) {
+		var starts atomic.Int64
+		checks := 0
+		var mu sync.Mutex
+		trace, err := bgtasktest.Simulate(bgtasktest.SimOptions{Seed: seed, Steps: 80,
+			Host: func(service bgtask.Host) bgtask.Host {
+				return passThrough{Host: service, starts: &starts}
+			},
+			Check: func(m *bgtask.Manager, tasks []bgtask.Task) error {
+				mu.Lock()
+				defer mu.Unlock()
+				checks++
+				for _, task := range tasks {
+					if len(task.Attempts) == 0 {
+						return fmt.Errorf("task %s has no attempt", task.ID)
+					}
+				}
+				return nil
+			}})
+		require.NoError(t, err, "seed %d", seed)
+		assert.NotEmpty(t, trace)
+		assert.Positive(t, starts.Load(), "the adapter was in the path")
+		mu.Lock()
+		assert.GreaterOrEqual(t, checks, 80, "asked after every step")
+		mu.Unlock()
+	}
+	_, err := bgtasktest.Simulate(bgtasktest.SimOptions{Seed: 1, Steps: 30, Check: func(*bgtask.Manager, []bgtask.Task) error {
+		return errors.New("always broken")
+	}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "always broken")
+	assert.Contains(t, err.Error(), "seed 1")
 }

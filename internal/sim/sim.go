@@ -37,6 +37,28 @@ import (
 type Options struct {
 	Seed  uint64
 	Steps int
+	// Wrap, if set, is put between the Manager and the simulated session
+	// service: a host adapter under test, given the service as a Host
+	// (which also implements Prompter and StatusHost).
+	Wrap func(bgtask.Host) bgtask.Host
+	// Check, if set, is an invariant of the caller's, asked after every
+	// step with the Manager and its tasks; an error is a failure.
+	Check func(m *bgtask.Manager, tasks []bgtask.Task) error
+}
+
+// prompts reports whether the Host the Manager was given can prompt.
+func (w *world) prompts() bool {
+	_, ok := w.hostFor(w.gate).(bgtask.Prompter)
+	return ok
+}
+
+// hostFor is the Host the Manager is given: the gate, or the caller's
+// wrapper around it.
+func (w *world) hostFor(g *gate) bgtask.Host {
+	if w.opts.Wrap != nil {
+		return w.opts.Wrap(g)
+	}
+	return g
 }
 
 // Failure is a broken invariant, with the seed and the trace that led to it.
@@ -177,7 +199,7 @@ func Run(opts Options) ([]string, error) {
 	}
 	w.cfg = cfg
 	w.gate = &gate{h: w.host, n: w.notes}
-	m, err := bgtask.Open(context.Background(), w.gate, append(cfg[:len(cfg):len(cfg)], bgtask.WithNotifier(w.gate))...)
+	m, err := bgtask.Open(context.Background(), w.hostFor(w.gate), append(cfg[:len(cfg):len(cfg)], bgtask.WithNotifier(w.gate))...)
 	if err != nil {
 		return nil, err
 	}
@@ -469,6 +491,8 @@ func (w *world) extend(tasks []bgtask.Task) {
 		defer cancel()
 		_, err := w.m.Extend(ctx, t.ID, "more")
 		switch {
+		case errors.Is(err, bgtask.ErrNoPrompter) && !w.prompts():
+			w.log("extend %s refused: the host under test prompts no session", t.ID)
 		case err == nil, errors.Is(err, bgtask.ErrNotRunning), errors.Is(err, bgtask.ErrPromptRefused),
 			errors.Is(err, bgtask.ErrBranchClosing), errors.Is(err, bgtask.ErrShutdown), errors.Is(err, bgtask.ErrForgotten),
 			errors.Is(err, bgtask.ErrJournal):
@@ -681,6 +705,11 @@ func (w *world) check() {
 	w.checkNotifications(tasks, false)
 	w.checkClosures(tasks)
 	w.checkTree(tasks)
+	if w.opts.Check != nil {
+		if err := w.opts.Check(w.m, tasks); err != nil {
+			w.failf("the caller's invariant: %v", err)
+		}
+	}
 }
 
 // checkInvocations: every answer is given once and never changes; answers
@@ -974,7 +1003,7 @@ func (w *world) restart() {
 	w.journal.crashed = false
 	w.journal.mu.Unlock()
 	w.gate = &gate{h: w.host, n: w.notes}
-	m, err := bgtask.Open(context.Background(), w.gate, append(w.cfg[:len(w.cfg):len(w.cfg)], bgtask.WithNotifier(w.gate))...)
+	m, err := bgtask.Open(context.Background(), w.hostFor(w.gate), append(w.cfg[:len(w.cfg):len(w.cfg)], bgtask.WithNotifier(w.gate))...)
 	if err != nil {
 		w.failf("restart: %v", err)
 		return
