@@ -38,6 +38,22 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
+// openTab starts a headless browser (flags that keep it off the network)
+// and returns a tab of it, both closed when the test ends.
+func openTab(t *testing.T, ctx context.Context, browser string) context.Context {
+	alloc, stopAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.NoFirstRun,
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1200, 900))...)
+	tab, closeTab := chromedp.NewContext(alloc)
+	t.Cleanup(func() {
+		closeTab()
+		stopAlloc()
+	})
+	return tab
+}
+
 // run runs one browser action and returns its result.
 func run[T any](t *testing.T, tab context.Context, a chromedp.Action[T]) T {
 	t.Helper()
@@ -76,14 +92,7 @@ func TestTheLiveViewInABrowser(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	alloc, stopAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.NoFirstRun,
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1200, 900))...)
-	defer stopAlloc()
-	tab, closeTab := chromedp.NewContext(alloc)
-	defer closeTab()
+	tab := openTab(t, ctx, browser)
 
 	models := []bgtask.Model{{Provider: "openai", ID: "gpt-5"}, {Provider: "google", ID: "gemini"}, {ID: "router-backup"}}
 	launch := func(parent, desc string) bgtask.Task {
@@ -168,12 +177,7 @@ func TestTheLiveViewWithAThousandTasks(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	alloc, stopAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true), chromedp.NoFirstRun, chromedp.UserDataDir(t.TempDir()))...)
-	defer stopAlloc()
-	tab, closeTab := chromedp.NewContext(alloc)
-	defer closeTab()
+	tab := openTab(t, ctx, browser)
 
 	var last bgtask.Task
 	for i := range 1000 {
