@@ -933,7 +933,6 @@ type runOutput struct {
 	progress string // its latest line of progress (Task.Progress)
 }
 
-// setActivity records what the current run is doing; a change is published.
 // setProgress keeps p, bounded, as e's run's latest progress; a change
 // is published. m.mu is held.
 func (m *Manager) setProgress(e *entry, p string) {
@@ -946,6 +945,7 @@ func (m *Manager) setProgress(e *entry, p string) {
 	}
 }
 
+// setActivity records what the current run is doing; a change is published.
 func (m *Manager) setActivity(e *entry, a Activity) {
 	if e.activity != a {
 		e.activity = a

@@ -2143,12 +2143,16 @@ type RecordView struct {
 // writer is still running (it sees what was written so far) and on one a
 // crash left (a torn tail is reported in Torn, not cut off). A corrupt
 // record before the tail is an error naming the file and offset.
-func ReadFileJournal(dir string) (JournalView, error) {
+func ReadFileJournal(dir string) (v JournalView, err error) {
+	defer func() { // a journal bgtask did not write must not crash the reader
+		if r := recover(); r != nil {
+			v, err = JournalView{}, fmt.Errorf("bgtask: journal %s holds a record that cannot be read: %s", dir, panicText(r))
+		}
+	}()
 	payloads, torn, err := wal.ReadOnly(dir, wal.Options{})
 	if err != nil {
 		return JournalView{}, err
 	}
-	var v JournalView
 	if torn != nil {
 		v.Torn = fmt.Sprintf("%s at offset %d (%d bytes)", torn.File, torn.Offset, torn.Bytes)
 	}
@@ -2182,13 +2186,26 @@ func ReadFileJournal(dir string) (JournalView, error) {
 	return v, nil
 }
 
-// describe says in a line what rec changed.
+// describe says in a line what rec changed. A record that lacks what its
+// kind carries (a journal not written by bgtask) is named by its kind.
 func describe(rec *record) string {
 	a := &rec.attempt
+	x := rec.recordExt
+	if x == nil {
+		x = &noExt
+	}
+	switch {
+	case rec.kind == recTaskLaunched && x.spec == nil,
+		(rec.kind == recNotifyProduced || rec.kind == recNotifyDelivered) && x.notice == nil,
+		rec.kind == recBranchClosed && x.closure == nil,
+		(rec.kind == recInvocationAdmitted || rec.kind == recAnswerFiled) && rec.inv == nil,
+		rec.kind == recAnswerFiled && rec.inv.Answer == nil:
+		return rec.kind.String() + " (incomplete)"
+	}
 	n := "attempt " + strconv.Itoa(a.Number)
 	switch rec.kind {
 	case recTaskLaunched:
-		return fmt.Sprintf("launched under %s on %v", rec.spec.parent, rec.spec.models)
+		return fmt.Sprintf("launched under %s on %v", x.spec.parent, x.spec.models)
 	case recAttemptCreated:
 		return n + " created on " + a.Model.String()
 	case recAttemptPending:
@@ -2206,29 +2223,29 @@ func describe(rec *record) string {
 	case recRetryScheduled:
 		return "retry scheduled after " + n + " failed"
 	case recSessionOrphan:
-		return "session " + rec.session + " of superseded " + n + " orphaned (aborted)"
+		return "session " + x.session + " of superseded " + n + " orphaned (aborted)"
 	case recStopRequested:
-		return "stop requested by " + rec.note + ": it ends " + string(rec.stop)
+		return "stop requested by " + x.note + ": it ends " + string(x.stop)
 	case recStopWithdrawn:
-		return "stop withdrawn, the abort failed: " + textbound.OneLine(rec.note, 120)
+		return "stop withdrawn, the abort failed: " + textbound.OneLine(x.note, 120)
 	case recAbortRequested:
 		return "AbortSession asked for session " + a.SessionID
 	case recNotifyProduced:
-		return fmt.Sprintf("notification %d (%s) for %s produced", rec.notice.seq, rec.notice.kind, rec.notice.parent)
+		return fmt.Sprintf("notification %d (%s) for %s produced", x.notice.seq, x.notice.kind, x.notice.parent)
 	case recNotifyDelivered:
-		if rec.note != "" {
-			return fmt.Sprintf("notification %d %s", rec.notice.seq, rec.note)
+		if x.note != "" {
+			return fmt.Sprintf("notification %d %s", x.notice.seq, x.note)
 		}
-		return fmt.Sprintf("notification %d delivered", rec.notice.seq)
+		return fmt.Sprintf("notification %d delivered", x.notice.seq)
 	case recBranchClosed:
-		c := rec.closure
+		c := x.closure
 		return fmt.Sprintf("closure of %q recorded: %d stopped, %d failed", c.SessionID, len(c.Stopped), len(c.Failed))
 	case recClosureOpened:
 		return "closure opened: its fence is up"
 	case recClosureDropped:
 		return "closure ended with nothing to record"
 	case recEpoch:
-		return "process life " + strconv.FormatUint(rec.epoch, 10) + " began"
+		return "process life " + strconv.FormatUint(x.epoch, 10) + " began"
 	case recInvocationAdmitted:
 		return fmt.Sprintf("invocation %d admitted: %s", rec.inv.N, textbound.OneLine(rec.inv.Prompt, 80))
 	case recAnswerFiled:

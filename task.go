@@ -823,7 +823,7 @@ type config struct {
 	notifier          Notifier
 	logger            *slog.Logger
 	silent            bool // logger discards everything: no log line is worth building
-	logInfo, logDebug bool // the logger's handler takes info (debug) lines, as it said at New
+	logInfo, logDebug bool // the logger's handler takes info (debug) lines, as it said at New (the lines are built only then)
 	clock             Clock
 	ids               IDGenerator
 	retryable         func(error) bool
@@ -957,9 +957,10 @@ func (t *TreeLimits) validate() error {
 // (launches, attempts started, retries by reason, outcomes by state),
 // durations for histograms (queue wait, attempt duration, end to end) and
 // gauges (live tasks, queue depth per concurrency key). The methods are
-// called in the order the measurements were made, outside the Manager's
-// lock, on the goroutine that made them: they must be quick and must not
-// block or call into the Manager. A panic in one is recovered and counted
+// called outside the Manager's lock, one at a time, in the order the
+// measurements were made (so a gauge's last value is its current one):
+// they must be quick and must not block or call into the Manager, which
+// waits for them before its next measurements. A panic in one is recovered and counted
 // as LoggerPanics are. Embed NopMetrics to implement only some; the
 // otelmetrics module adapts OpenTelemetry.
 type Metrics interface {
@@ -1242,11 +1243,15 @@ type notifications struct {
 type outbox struct {
 	fx       []effect
 	lines    []logRec
-	recs     []record   // committed records for the journal, in order
-	later    []func()   // user callbacks (Spec.OnDone), run once the records are durable, each on a goroutine
-	measures []func()   // Metrics calls, run in order on the goroutine that released m.mu
-	order    sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
-	panics   atomic.Uint64
+	recs     []record // committed records for the journal, in order
+	later    []func() // user callbacks (Spec.OnDone), run once the records are durable, each on a goroutine
+	measures []func() // Metrics calls, run in commit order (see measureMu)
+	// measureMu is taken before m.mu is released with measurements to
+	// report, and held while they run: measurements reach the Metrics in
+	// the order they were made, whichever goroutine made them.
+	measureMu sync.Mutex
+	order     sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
+	panics    atomic.Uint64
 }
 
 // New returns a Manager that runs child sessions through host. With
@@ -1438,6 +1443,9 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	}
 	lines, fx, recs, later, measures := m.out.lines, m.out.fx, m.out.recs, m.out.later, m.out.measures
 	m.out.lines, m.out.fx, m.out.recs, m.out.later, m.out.measures = nil, nil, nil, nil, nil
+	if len(measures) > 0 {
+		m.out.measureMu.Lock() // before m.mu is released: the next unlock's measurements come after these
+	}
 	var durable Commit
 	if len(recs) > 0 {
 		// Batches reach the journal in commit order: the order lock is
@@ -1472,6 +1480,9 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	}
 	for _, f := range measures {
 		f()
+	}
+	if len(measures) > 0 {
+		m.out.measureMu.Unlock()
 	}
 	for _, f := range later { // user callbacks: on a goroutine of their own, or here once none starts
 		if err != nil {

@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -79,6 +80,9 @@ var codes = []struct {
 	status int
 }{
 	{bgtask.ErrUnknownTask, "unknown_task", http.StatusNotFound},
+	{bgtask.ErrUnknownSession, "unknown_session", http.StatusNotFound},
+	{errTooLarge, "too_large", http.StatusRequestEntityTooLarge},
+	{errCrossOrigin, "cross_origin", http.StatusForbidden},
 	{bgtask.ErrForgotten, "forgotten", http.StatusNotFound},
 	{bgtask.ErrBranchClosing, "branch_closing", http.StatusConflict},
 	{bgtask.ErrNotRunning, "not_running", http.StatusConflict},
@@ -94,6 +98,36 @@ var codes = []struct {
 	{bgtask.ErrJournal, "journal", http.StatusServiceUnavailable},
 	{context.DeadlineExceeded, "deadline_exceeded", http.StatusGatewayTimeout},
 	{context.Canceled, "canceled", http.StatusRequestTimeout},
+}
+
+// errTooLarge and errCrossOrigin are a request refused before it reached
+// the Manager.
+var (
+	errTooLarge    = errors.New("bgtaskhttp: request body too large")
+	errCrossOrigin = errors.New("bgtaskhttp: cross-origin request refused")
+)
+
+// sameOrigin refuses a state-changing request a browser sent from another
+// site: one whose Sec-Fetch-Site is not same-origin (or none: typed, not
+// scripted), or whose Origin is not this host. Clients that are not
+// browsers send neither header, and pass.
+func sameOrigin(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+			writeError(w, errCrossOrigin)
+			return
+		}
+		if origin := r.Header.Get("Origin"); origin != "" && origin != "null" {
+			if u, err := url.Parse(origin); err != nil || u.Host != r.Host {
+				writeError(w, errCrossOrigin)
+				return
+			}
+		} else if origin == "null" {
+			writeError(w, errCrossOrigin)
+			return
+		}
+		next(w, r)
+	}
 }
 
 // errorBody is an error on the wire.
@@ -121,8 +155,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// Handler serves m; see the package doc for what.
+// Handler serves m; see the package doc for what. State-changing requests
+// from a browser page of another origin are refused (403 cross_origin),
+// and extend takes only a JSON body.
 func Handler(m *bgtask.Manager, o Options) http.Handler {
+	if m == nil {
+		panic("bgtaskhttp: Handler of a nil Manager")
+	}
 	if o.Keepalive <= 0 {
 		o.Keepalive = 15 * time.Second
 	}
@@ -158,13 +197,13 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, t)
 	})
-	mux.HandleFunc("POST /tasks/{id}/cancel", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /tasks/{id}/cancel", sameOrigin(func(w http.ResponseWriter, r *http.Request) {
 		if err := m.Cancel(r.Context(), r.PathValue("id")); err != nil {
 			writeError(w, err)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
-	})
+	}))
 	closed := func(w http.ResponseWriter, rep bgtask.ClosureReport, err error) {
 		switch {
 		case errors.Is(err, bgtask.ErrBranchNotStopped): // some run did not stop: the report names it
@@ -175,19 +214,28 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 			writeJSON(w, http.StatusOK, rep)
 		}
 	}
-	mux.HandleFunc("POST /tasks/{id}/close", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /tasks/{id}/close", sameOrigin(func(w http.ResponseWriter, r *http.Request) {
 		rep, err := m.CloseTask(r.Context(), r.PathValue("id"))
 		closed(w, rep, err)
-	})
-	mux.HandleFunc("POST /sessions/{id}/close", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.HandleFunc("POST /sessions/{id}/close", sameOrigin(func(w http.ResponseWriter, r *http.Request) {
 		rep, err := m.CloseBranch(r.Context(), r.PathValue("id"))
 		closed(w, rep, err)
-	})
-	mux.HandleFunc("POST /tasks/{id}/extend", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.HandleFunc("POST /tasks/{id}/extend", sameOrigin(func(w http.ResponseWriter, r *http.Request) {
+		if ct, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";"); strings.TrimSpace(ct) != "application/json" {
+			writeError(w, fmt.Errorf("%w: extend takes an application/json body", bgtask.ErrInvalidArgument))
+			return
+		}
 		var body struct {
 			Prompt string `json:"prompt"`
 		}
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&body); err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				writeError(w, errTooLarge)
+				return
+			}
 			writeError(w, fmt.Errorf("%w: body: %v", bgtask.ErrInvalidArgument, err))
 			return
 		}
@@ -197,7 +245,7 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]int{"invocation": n})
-	})
+	}))
 	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { stream(w, r, m, o) })
 	return mux
 }
@@ -224,6 +272,9 @@ func queryOf(r *http.Request) (bgtask.Query, error) {
 	}
 	return q, nil
 }
+
+// writeTimeout bounds one write of the event stream.
+const writeTimeout = 30 * time.Second
 
 // eventID is the SSE id of a change: its epoch and sequence.
 func eventID(epoch, seq uint64) string {
@@ -258,8 +309,11 @@ func stream(w http.ResponseWriter, r *http.Request, m *bgtask.Manager, o Options
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(writeTimeout)) } // a client that stops reading is let go
+	deadline()
 	last := snap.Seq
-	if epoch, seq, ok := parseEventID(r.Header.Get("Last-Event-ID")); !ok || epoch != snap.Epoch || seq < snap.Seq {
+	if epoch, seq, ok := parseEventID(r.Header.Get("Last-Event-ID")); !ok || epoch != snap.Epoch || seq != snap.Seq {
 		b, err := json.Marshal(snap)
 		if err != nil {
 			return
@@ -289,10 +343,16 @@ func stream(w http.ResponseWriter, r *http.Request, m *bgtask.Manager, o Options
 			if err != nil {
 				return
 			}
-			fmt.Fprintf(w, "id: %s\nevent: change\ndata: %s\n\n", eventID(c.Epoch, c.Seq), b)
+			deadline()
+			if _, err := fmt.Fprintf(w, "id: %s\nevent: change\ndata: %s\n\n", eventID(c.Epoch, c.Seq), b); err != nil {
+				return
+			}
 			flusher.Flush()
 		case <-tick.C:
-			fmt.Fprint(w, ": keepalive\n\n")
+			deadline()
+			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
+				return
+			}
 			flusher.Flush()
 		case <-r.Context().Done():
 			return

@@ -208,3 +208,48 @@ func TestTheLiveViewIsServedAtTheRoot(t *testing.T) {
 	missing.Body.Close()
 	assert.Equal(t, http.StatusNotFound, missing.StatusCode)
 }
+
+func TestTheAPIRefusesCrossSiteRequestsAndBadBodies(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	a := s.running(t, "chat")
+	post := func(path, ctype, body string, headers map[string]string) *http.Response {
+		req, _ := http.NewRequestWithContext(s.ctx, http.MethodPost, s.srv.URL+path, strings.NewReader(body))
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := s.srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	assert.Equal(t, http.StatusForbidden, post("/tasks/"+a.ID+"/cancel", "", "", map[string]string{"Sec-Fetch-Site": "cross-site"}).StatusCode)
+	assert.Equal(t, http.StatusForbidden, post("/tasks/"+a.ID+"/extend", "application/json", `{"prompt":"x"}`, map[string]string{"Origin": "http://evil.example"}).StatusCode)
+	assert.Equal(t, http.StatusBadRequest, post("/tasks/"+a.ID+"/extend", "text/plain", `{"prompt":"x"}`, nil).StatusCode, "only JSON")
+	assert.Equal(t, http.StatusRequestEntityTooLarge, post("/tasks/"+a.ID+"/extend", "application/json", `{"prompt":"`+strings.Repeat("x", 2<<20)+`"}`, nil).StatusCode)
+	got, err := s.c.Task(s.ctx, a.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusRunning, got.Status, "nothing was cancelled")
+	assert.Equal(t, http.StatusNoContent, post("/tasks/"+a.ID+"/cancel", "", "", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": s.srv.URL}).StatusCode, "the page's own request")
+
+	_, err = s.c.CloseBranch(s.ctx, "nobody")
+	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
+	assert.Panics(t, func() { bgtaskhttp.Handler(nil, bgtaskhttp.Options{}) })
+	bad := &bgtaskhttp.Client{Base: ""}
+	var mir mirror.Mirror
+	assert.ErrorContains(t, bad.Follow(s.ctx, &mir, nil), "not an http(s) URL")
+}
+
+func TestFollowStopsOnARefusal(t *testing.T) {
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":"no such thing","code":"unknown_task"}`))
+	}))
+	defer refuse.Close()
+	var mir mirror.Mirror
+	err := (&bgtaskhttp.Client{Base: refuse.URL}).Follow(context.Background(), &mir, nil)
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask, "a 4xx ends Follow with the service's error")
+}

@@ -56,6 +56,16 @@ func (c *Client) http() *http.Client {
 	return http.DefaultClient
 }
 
+// errorOf reads a non-2xx answer as an *Error.
+func errorOf(resp *http.Response) *Error {
+	var eb errorBody
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if json.Unmarshal(b, &eb) != nil || eb.Code == "" {
+		eb = errorBody{Error: strings.TrimSpace(string(b)), Code: "http"}
+	}
+	return &Error{Status: resp.StatusCode, Code: eb.Code, Message: eb.Error, Report: eb.Report}
+}
+
 // call sends a request (body, if not nil, as JSON) and decodes a 2xx
 // answer into out (if not nil); any other answer is an *Error.
 func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
@@ -80,12 +90,7 @@ func (c *Client) call(ctx context.Context, method, path string, body, out any) e
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		var eb errorBody
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(b, &eb) != nil || eb.Code == "" {
-			eb = errorBody{Error: strings.TrimSpace(string(b)), Code: "http"}
-		}
-		return &Error{Status: resp.StatusCode, Code: eb.Code, Message: eb.Error, Report: eb.Report}
+		return errorOf(resp)
 	}
 	if out == nil {
 		return nil
@@ -165,24 +170,30 @@ func (c *Client) Extend(ctx context.Context, id, prompt string) (int, error) {
 
 // Follow keeps mir in sync with the service until ctx ends: it applies
 // the stream's snapshot, then every change, and reconnects — with the last
-// event's id, so a gap is filled by a new snapshot — when the stream ends
-// or lags. ready, if not nil, is closed once the first snapshot is
-// applied. It returns ctx's error, or the first error that is not a
-// dropped connection.
+// event's id, so a gap is filled by a new snapshot — when the stream ends,
+// lags, or the service is unreachable or unavailable (5xx), waiting longer
+// each time (up to 5s). ready, if not nil, is closed once the first
+// snapshot is applied. It returns ctx's error, an error the service
+// answered with that retrying cannot help (4xx), or a Base that is not an
+// http(s) URL.
 func (c *Client) Follow(ctx context.Context, mir *mirror.Mirror, ready chan<- struct{}) error {
-	last := ""
+	if u, err := url.Parse(c.Base); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("bgtaskhttp: Client.Base %q is not an http(s) URL", c.Base)
+	}
+	last, wait := "", 100*time.Millisecond
 	for {
-		err := c.follow(ctx, mir, &last, &ready)
+		got, err := c.follow(ctx, mir, &last, &ready)
+		var he *Error
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case err != nil:
-			var he *Error
-			if errors.As(err, &he) {
-				return err // the service refused: retrying will not help
-			}
+		case errors.As(err, &he) && he.Status/100 == 4:
+			return err // the service refused: retrying will not help
+		case got:
+			wait = 100 * time.Millisecond // it worked for a while: start again from a short wait
 		}
-		t := time.NewTimer(100 * time.Millisecond) // a dropped connection: try again shortly
+		t := time.NewTimer(wait)
+		wait = min(2*wait, 5*time.Second)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
@@ -192,30 +203,32 @@ func (c *Client) Follow(ctx context.Context, mir *mirror.Mirror, ready chan<- st
 	}
 }
 
-// follow reads one connection of the stream.
-func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, ready *chan<- struct{}) error {
+// follow reads one connection of the stream; got says it received
+// something.
+func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, ready *chan<- struct{}) (got bool, _ error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(c.Base, "/")+"/events", nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if *last != "" {
 		req.Header.Set("Last-Event-ID", *last)
 	}
 	resp, err := c.http().Do(req)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return &Error{Status: resp.StatusCode, Code: "http", Message: resp.Status}
+		return false, errorOf(resp)
 	}
 	rd := bufio.NewReader(resp.Body)
 	event, data, id := "", "", ""
 	for {
 		line, err := rd.ReadString('\n')
 		if err != nil {
-			return err
+			return got, err
 		}
+		got = true
 		line = strings.TrimRight(line, "\r\n")
 		switch {
 		case strings.HasPrefix(line, "event: "):
@@ -225,11 +238,11 @@ func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, r
 		case strings.HasPrefix(line, "id: "):
 			id = strings.TrimPrefix(line, "id: ")
 		case line == "" && event == "lagged":
-			return nil // reconnect: the service sends a new snapshot
+			return got, nil // reconnect: the service sends a new snapshot
 		case line == "" && event == "snapshot":
 			var s bgtask.Snapshot
 			if err := json.Unmarshal([]byte(data), &s); err != nil {
-				return err
+				return got, err
 			}
 			mir.ApplySnapshot(s)
 			*last = id
@@ -241,7 +254,7 @@ func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, r
 		case line == "" && event == "change":
 			var ch bgtask.Change
 			if err := json.Unmarshal([]byte(data), &ch); err != nil {
-				return err
+				return got, err
 			}
 			mir.ApplyChange(ch)
 			*last = id

@@ -169,9 +169,6 @@ func (h *Host) StartSession(ctx context.Context, req bgtask.SessionRequest) (str
 	sid := fmt.Sprintf("ses-%d", h.n)
 	h.starts = append(h.starts, req)
 	s, release := h.next("start")
-	if s.err == nil {
-		h.sessions[req.AttemptID] = sid
-	}
 	h.mu.Unlock()
 	if s.hang {
 		select {
@@ -183,6 +180,9 @@ func (h *Host) StartSession(ctx context.Context, req bgtask.SessionRequest) (str
 	if s.err != nil {
 		return "", s.err
 	}
+	h.mu.Lock()
+	h.sessions[req.AttemptID] = sid // handed out: the start returns it
+	h.mu.Unlock()
 	return sid, nil
 }
 
@@ -318,18 +318,18 @@ func (r *Recorder) Await(ctx context.Context, ok func(bgtask.Notification) bool)
 	seen := 0
 	for {
 		r.mu.Lock()
-		for ; seen < len(r.got); seen++ {
-			if ok(r.got[seen]) {
-				n := r.got[seen]
-				r.mu.Unlock()
-				return n, nil
-			}
-		}
+		got := r.got[seen:len(r.got):len(r.got)]
 		if r.changed == nil {
 			r.changed = make(chan struct{})
 		}
 		changed := r.changed
 		r.mu.Unlock()
+		for _, n := range got { // ok is the caller's: never under the lock
+			if ok(n) {
+				return n, nil
+			}
+		}
+		seen += len(got)
 		select {
 		case <-changed:
 		case <-ctx.Done():
@@ -356,7 +356,9 @@ func WaitFor(ctx context.Context, m *bgtask.Manager, id string, ok func(bgtask.T
 		return t, nil
 	}
 	for c := range sub.C {
-		if c.Task.ID == id && ok(c.Task) {
+		// A change older than the snapshot read above (buffered before it)
+		// is not news.
+		if c.Task.ID == id && c.Task.Revision >= t.Revision && ok(c.Task) {
 			return c.Task, nil
 		}
 	}

@@ -151,7 +151,12 @@ func follow(ctx context.Context, url string, w io.Writer) error {
 	var mir mirror.Mirror
 	ready := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- c.Follow(ctx, &mir, ready) }()
+	fctx, followEnded := context.WithCancel(ctx) // ends the waits below when Follow returns
+	defer followEnded()
+	go func() {
+		done <- c.Follow(ctx, &mir, ready)
+		followEnded()
+	}()
 	select {
 	case <-ready:
 	case err := <-done:
@@ -159,7 +164,8 @@ func follow(ctx context.Context, url string, w io.Writer) error {
 	}
 	shown := map[string]string{} // task id → what was printed last
 	for {
-		for _, t := range mir.Tasks() {
+		now := mir.Tasks() // what is printed is what the next wait compares against
+		for _, t := range now {
 			line := fmt.Sprintf("%s %s attempts=%d %s %s", t.ID, t.Status, len(t.Attempts), t.Model, t.Progress)
 			if shown[t.ID] == line {
 				continue
@@ -170,14 +176,12 @@ func follow(ctx context.Context, url string, w io.Writer) error {
 				fmt.Fprintln(w, indent(bgtask.Timeline(t)))
 			}
 		}
-		before := mir.Tasks()
-		err := mir.Wait(ctx, func(now []bgtask.Task) bool { return changed(before, now) })
-		if err != nil {
-			<-done
+		if err := mir.Wait(fctx, func(tasks []bgtask.Task) bool { return changed(now, tasks) }); err != nil {
+			ferr := <-done
 			if ctx.Err() != nil {
 				return nil // interrupted: done
 			}
-			return err
+			return ferr
 		}
 	}
 }

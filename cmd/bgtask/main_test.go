@@ -197,3 +197,9 @@ func TestFollowPrintsALiveServicesTasksAsTheyChange(t *testing.T) {
 	stop()
 	assert.NoError(t, <-done)
 }
+
+func TestFollowOfABadURLReturnsAtOnce(t *testing.T) {
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"follow", "not a url"}, &out)
+	assert.ErrorContains(t, err, "not an http(s) URL")
+}
