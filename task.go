@@ -1929,19 +1929,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		m.unlock()
 		var held *KeyHeldError
 		if spec.ExtendLive && errors.As(in.out.err, &held) {
-			note := "a Launch with key " + strconv.Quote(held.Key) + ", which this task held, became this invocation (Spec.ExtendLive)"
-			var hook *func(Task)
-			if spec.OnDone != nil { // before the Extend: the task cannot end unseen in between
-				hook = &spec.OnDone
-				m.alsoOnDone(held.TaskID, hook)
-			}
-			if _, err := m.extend(ctx, held.TaskID, spec.Prompt, note); err != nil {
-				if !errors.Is(err, ErrNotRunning) { // else the task is ending: OnDone tells of it
-					m.dropOnDone(held.TaskID, hook)
-				}
-				return Task{}, err
-			}
-			return m.Lookup(held.TaskID)
+			return m.extendLive(ctx, held, &spec)
 		}
 		return Task{}, in.out.err
 	}
@@ -1953,6 +1941,24 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		m.watchCaller(ctx, in.out.e)
 	}
 	return task, nil
+}
+
+// extendLive makes a Launch whose key a live task holds that task's next
+// invocation (Spec.ExtendLive), and returns the task's snapshot.
+func (m *Manager) extendLive(ctx context.Context, held *KeyHeldError, spec *Spec) (Task, error) {
+	note := "a Launch with key " + strconv.Quote(held.Key) + ", which this task held, became this invocation (Spec.ExtendLive)"
+	var hook *func(Task)
+	if spec.OnDone != nil { // before the Extend: the task cannot end unseen in between
+		hook = &spec.OnDone
+		m.alsoOnDone(held.TaskID, hook)
+	}
+	if _, err := m.extend(ctx, held.TaskID, spec.Prompt, note); err != nil {
+		if !errors.Is(err, ErrNotRunning) { // else the task is ending: OnDone tells of it
+			m.dropOnDone(held.TaskID, hook)
+		}
+		return Task{}, err
+	}
+	return m.Lookup(held.TaskID)
 }
 
 // watchCaller stops task e when ctx ends first (Spec.CancelWithCaller).
