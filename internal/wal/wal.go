@@ -251,28 +251,40 @@ func segName(n int) string { return fmt.Sprintf("seg-%016d.log", n) }
 
 // load reads every segment from the newest base on, truncates a torn tail,
 // and opens the last segment for appending.
-func (l *Log) load() error {
-	ns, err := l.segments()
-	if err != nil {
-		return err
+// seg is one segment as read: the records it holds, the offset after
+// its last whole record, and its torn tail, if any.
+type seg struct {
+	n    int
+	recs [][]byte
+	end  int64
+	torn *Torn
+}
+
+// readSegments reads every segment in order and returns those that count:
+// from the last compaction base on (the segments before it were replaced).
+// It changes nothing; ns is every segment found.
+func (l *Log) readSegments() (segs []seg, ns []int, err error) {
+	if ns, err = l.segments(); err != nil {
+		return nil, nil, err
 	}
-	type seg struct {
-		n    int
-		recs [][]byte
-		end  int64 // offset after the last whole record
-		torn *Torn
-	}
-	var segs []seg
 	for i, n := range ns {
 		recs, end, torn, err := l.read(n, i == len(ns)-1)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if len(recs) > 0 && recs[0] == nil { // a compaction's base: what came before is replaced
 			segs = segs[:0]
 			recs = recs[1:]
 		}
 		segs = append(segs, seg{n: n, recs: recs, end: end, torn: torn})
+	}
+	return segs, ns, nil
+}
+
+func (l *Log) load() error {
+	segs, ns, err := l.readSegments()
+	if err != nil {
+		return err
 	}
 	for _, n := range ns { // drop segments a finished compaction replaced
 		if len(segs) > 0 && n < segs[0].n {
@@ -336,21 +348,14 @@ func ReadOnly(dir string, opts Options) (recs [][]byte, torn *Torn, err error) {
 	}
 }
 
-// readAll reads every segment, in order, as load does, changing nothing.
+// readAll reads the records as load does, changing nothing.
 func (l *Log) readAll() (recs [][]byte, torn *Torn, err error) {
-	ns, err := l.segments()
+	segs, _, err := l.readSegments()
 	if err != nil {
 		return nil, nil, err
 	}
-	for i, n := range ns {
-		seg, _, t, err := l.read(n, i == len(ns)-1)
-		if err != nil {
-			return nil, nil, err
-		}
-		if len(seg) > 0 && seg[0] == nil { // a compaction's base: what came before is replaced
-			recs, seg = recs[:0], seg[1:]
-		}
-		recs, torn = append(recs, seg...), t
+	for _, s := range segs {
+		recs, torn = append(recs, s.recs...), s.torn
 	}
 	return recs, torn, nil
 }
