@@ -54,6 +54,21 @@ func openTab(t *testing.T, ctx context.Context, browser string) context.Context 
 	return tab
 }
 
+// serve starts a Manager on a scripted host and serves it with o, all
+// stopped when the test ends.
+func serve(t *testing.T, o bgtaskhttp.Options) (*bgtask.Manager, *bgtasktest.Host, *httptest.Server) {
+	host := bgtasktest.NewHost()
+	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	host.Attach(m)
+	srv := httptest.NewServer(bgtaskhttp.Handler(m, o))
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+		_ = m.Shutdown(context.Background())
+	})
+	return m, host, srv
+}
+
 // run runs one browser action and returns its result.
 func run[T any](t *testing.T, tab context.Context, a chromedp.Action[T]) T {
 	t.Helper()
@@ -80,15 +95,7 @@ const readPage = `[...document.querySelectorAll(".task")].map(r => ({
 
 func TestTheLiveViewInABrowser(t *testing.T) {
 	browser := chromium(t)
-	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
-	host.Attach(m)
-	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Keepalive: time.Second}))
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-		_ = m.Shutdown(context.Background())
-	})
+	m, host, srv := serve(t, bgtaskhttp.Options{Keepalive: time.Second})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -166,15 +173,7 @@ func TestTheLiveViewInABrowser(t *testing.T) {
 // their changes.
 func TestTheLiveViewWithAThousandTasks(t *testing.T) {
 	browser := chromium(t)
-	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
-	host.Attach(m)
-	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Buffer: 1 << 16}))
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-		_ = m.Shutdown(context.Background())
-	})
+	m, host, srv := serve(t, bgtaskhttp.Options{Buffer: 1 << 16})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	tab := openTab(t, ctx, browser)
