@@ -739,11 +739,7 @@ func (l *ledger) launch(info *taskInfo) (*entry, error) {
 // newAttempt makes attempt number n, pending (awaiting session), with fresh
 // ids that no attempt uses yet.
 func (l *ledger) newAttempt(n int, model Model) (Attempt, error) {
-	id, err := newID(l.ids, IDAttempt)
-	if err != nil {
-		return Attempt{}, err
-	}
-	token, err := newID(l.ids, IDToken)
+	id, token, err := attemptIDs(l.ids)
 	if err != nil {
 		return Attempt{}, err
 	}
@@ -762,6 +758,18 @@ func (l *ledger) newAttempt(n int, model Model) (Attempt, error) {
 		return Attempt{}, errors.New("bgtask: IDGenerator returned an empty run token")
 	}
 	return a, nil
+}
+
+// attemptIDs makes a new attempt's id and run token.
+func attemptIDs(g IDGenerator) (id, token string, err error) {
+	if u, ok := g.(*uuidIDs); ok {
+		id, token = u.attemptIDs()
+		return id, token, nil
+	}
+	if id, err = newID(g, IDAttempt); err == nil {
+		token, err = newID(g, IDToken)
+	}
+	return id, token, err
 }
 
 // newID asks g (user code) for an id; a panic is an error that names it.

@@ -754,28 +754,44 @@ func newUUIDs() *uuidIDs {
 }
 
 func (g *uuidIDs) NewID(kind IDKind) string {
+	var buf [len(tokenPrefix) + 36]byte
+	return string(g.render(buf[:0], kind))
+}
+
+// attemptIDs makes an attempt id and its run token in one allocation: the
+// two strings share one backing array, which lives as long as the attempt.
+func (g *uuidIDs) attemptIDs() (id, token string) {
+	var buf [36 + len(tokenPrefix) + 36]byte
+	s := string(g.render(g.render(buf[:0], IDAttempt), IDToken))
+	return s[:36], s[36:]
+}
+
+// tokenPrefix begins every run token the default generator makes.
+const tokenPrefix = "run_"
+
+// render appends one fresh id of kind to b.
+func (g *uuidIDs) render(b []byte, kind IDKind) []byte {
 	var u uuid.UUID
 	g.mu.Lock()
 	_, _ = g.src.Read(u[:])
 	g.mu.Unlock()
 	u[6] = u[6]&0x0f | 0x40 // version 4
 	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
-	prefix := ""
 	if kind == IDToken {
-		prefix = "run_"
+		b = append(b, tokenPrefix...)
 	}
-	var buf [4 + 36]byte
-	n := copy(buf[:], prefix)
-	hex.Encode(buf[n:], u[0:4])
-	buf[n+8] = '-'
-	hex.Encode(buf[n+9:], u[4:6])
-	buf[n+13] = '-'
-	hex.Encode(buf[n+14:], u[6:8])
-	buf[n+18] = '-'
-	hex.Encode(buf[n+19:], u[8:10])
-	buf[n+23] = '-'
-	hex.Encode(buf[n+24:], u[10:])
-	return string(buf[:n+36])
+	n := len(b)
+	b = b[:n+36]
+	hex.Encode(b[n:], u[0:4])
+	b[n+8] = '-'
+	hex.Encode(b[n+9:], u[4:6])
+	b[n+13] = '-'
+	hex.Encode(b[n+14:], u[6:8])
+	b[n+18] = '-'
+	hex.Encode(b[n+19:], u[8:10])
+	b[n+23] = '-'
+	hex.Encode(b[n+24:], u[10:])
+	return b
 }
 
 // UUIDs returns the default IDGenerator: random (version 4) UUIDs, with
