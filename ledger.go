@@ -1483,7 +1483,13 @@ type Record struct {
 	// any: what a journal shared by several processes conditions an append
 	// on (the task's current attempt and token).
 	AttemptID, Token string
-	Data             []byte // the whole record; a journal stores and returns it as is
+	// SessionID is the attempt's child session, if it has one: with
+	// Kind "session_bound", the session the record binds to AttemptID,
+	// which a journal shared by several processes keeps unique. Like the
+	// fields above it is a copy of what Data holds: a journal need not
+	// store it, the Manager reads the record from Data.
+	SessionID string
+	Data      []byte // the whole record; a journal stores and returns it as is
 }
 
 // Journal persists a Manager's ledger records (WithJournal).
@@ -1554,7 +1560,7 @@ func encodeRecord(rec *record) (Record, error) {
 			return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
-	return Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, Data: w.B}, nil
+	return Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Data: w.B}, nil
 }
 
 // encodeExt writes the part of a record only some kinds carry.

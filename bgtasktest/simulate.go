@@ -19,6 +19,11 @@ type SimOptions struct {
 	// Check, if set, is an invariant of yours, asked after every step
 	// with the Manager and its tasks: an error fails the run.
 	Check func(m *bgtask.Manager, tasks []bgtask.Task) error
+	// Journal, if set, opens your journal for each process life: every
+	// run then crashes and restarts on it. It is called at the start and
+	// after each crash, once the crashed life's journal was closed (what
+	// that life appended after the crash is lost, as in a real one).
+	Journal func() (bgtask.Journal, error)
 }
 
 // Simulate runs bgtask's seeded simulation: a random workload of launches,
@@ -38,5 +43,5 @@ type SimOptions struct {
 //		}
 //	}
 func Simulate(o SimOptions) (trace []string, err error) {
-	return sim.Run(sim.Options{Seed: o.Seed, Steps: o.Steps, Wrap: o.Host, Check: o.Check})
+	return sim.Run(sim.Options{Seed: o.Seed, Steps: o.Steps, Wrap: o.Host, Check: o.Check, Journal: o.Journal})
 }

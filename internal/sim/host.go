@@ -253,10 +253,14 @@ func (g *gate) Notify(ctx context.Context, x bgtask.Notification) error {
 	return g.n.Notify(ctx, x)
 }
 
-// memJournal is a journal in memory, shared by the harness's process
-// lives: what was appended before a crash is what the next life replays.
+// memJournal is what outlives the harness's process lives: a journal in
+// memory, or the caller's (Options.Journal), behind a switch that a crash
+// throws — what the dead process appends from then on is lost. What was
+// appended before a crash is what the next life replays.
 type memJournal struct {
+	open    func() (bgtask.Journal, error) // the caller's journal; nil: in memory
 	mu      sync.Mutex
+	inner   bgtask.Journal // the caller's journal of this life
 	recs    []bgtask.Record
 	crashed bool
 }
@@ -265,10 +269,34 @@ type doneCommit struct{}
 
 func (doneCommit) Wait() error { return nil }
 
+// reopen starts a process life: the caller's journal of the last one is
+// closed and the next one opened.
+func (j *memJournal) reopen() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.crashed = false
+	if j.open == nil {
+		return nil
+	}
+	if j.inner != nil {
+		if err := j.inner.Close(); err != nil {
+			return err
+		}
+		j.inner = nil
+	}
+	inner, err := j.open()
+	j.inner = inner
+	return err
+}
+
 func (j *memJournal) Append(batch []bgtask.Record) bgtask.Commit {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if !j.crashed {
+	switch {
+	case j.crashed:
+	case j.inner != nil:
+		return j.inner.Append(batch)
+	default:
 		j.recs = append(j.recs, batch...)
 	}
 	return doneCommit{}
@@ -276,6 +304,11 @@ func (j *memJournal) Append(batch []bgtask.Record) bgtask.Commit {
 
 func (j *memJournal) Replay(fn func(bgtask.Record) error) error {
 	j.mu.Lock()
+	if j.inner != nil {
+		inner := j.inner
+		j.mu.Unlock()
+		return inner.Replay(fn)
+	}
 	recs := append([]bgtask.Record(nil), j.recs...)
 	j.mu.Unlock()
 	for _, r := range recs {
@@ -289,7 +322,11 @@ func (j *memJournal) Replay(fn func(bgtask.Record) error) error {
 func (j *memJournal) Compact(keep []bgtask.Record) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if !j.crashed {
+	switch {
+	case j.crashed:
+	case j.inner != nil:
+		return j.inner.Compact(keep)
+	default:
 		j.recs = append([]bgtask.Record(nil), keep...)
 	}
 	return nil
@@ -297,3 +334,15 @@ func (j *memJournal) Compact(keep []bgtask.Record) error {
 
 // Close ends a process life: the next one reopens it.
 func (j *memJournal) Close() error { return nil }
+
+// close releases the caller's journal at the end of the run.
+func (j *memJournal) close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.inner == nil {
+		return nil
+	}
+	err := j.inner.Close()
+	j.inner = nil
+	return err
+}
