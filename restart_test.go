@@ -465,3 +465,58 @@ func TestATypedNilJournalIsAnErrorNotACrash(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "panicked")
 }
+
+// switchJournal is a journal that starts failing when fail is set: a disk
+// that fills up, a lease lost, in the middle of a run.
+type switchJournal struct {
+	Journal
+	fail atomic.Bool
+}
+
+func (j *switchJournal) Append(b []Record) Commit {
+	if j.fail.Load() {
+		return failedCommit{errors.New("the disk filled up")}
+	}
+	return j.Journal.Append(b)
+}
+
+// A journal that fails while runs are live, aborts are wanted and starts
+// are in flight: the Manager stops acting on the world, and Shutdown with
+// no deadline still returns (no answer can be recorded any more, so none
+// is waited for) and says why.
+func TestShutdownAfterTheJournalFailedMidRunReturns(t *testing.T) {
+	inner, err := OpenFileJournal(t.TempDir())
+	require.NoError(t, err)
+	defer inner.Close()
+	j := &switchJournal{Journal: inner}
+	release := make(chan struct{})
+	host := &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		if req.AttemptNumber == 1 && strings.HasSuffix(req.TaskID, "-hang") {
+			<-release // a start in flight when the journal fails
+		}
+		return sid, nil
+	}}
+	m, err := Open(context.Background(), host, WithJournal(j))
+	require.NoError(t, err)
+	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
+	running, err := m.Launch(context.Background(), spec)
+	require.NoError(t, err)
+	waitFor(t, m, running.ID, func(t Task) bool { return t.Status == StatusRunning })
+	hung := spec
+	hung.ID = "t-hang"
+	_, err = m.Launch(context.Background(), hung)
+	require.NoError(t, err)
+
+	j.fail.Store(true)
+	assert.ErrorIs(t, m.Cancel(context.Background(), running.ID), ErrJournal)
+	close(release)
+	done := make(chan error, 1)
+	go func() { done <- m.Shutdown(context.Background()) }()
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, ErrJournal)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Shutdown hung after the journal failed")
+	}
+	assert.NotContains(t, host.aborts, "ses-1", "an abort ran though its intent was never durable")
+}

@@ -1550,6 +1550,9 @@ func (c failedCommit) Wait() error { return c.err }
 func (m *Manager) poison(err error) error {
 	err = fmt.Errorf("%w: %w", ErrJournal, err)
 	if m.life.jerr.CompareAndSwap(nil, &err) {
+		m.mu.Lock()
+		m.signal() // whoever waits for an answer the Manager can no longer record: Shutdown
+		m.mu.Unlock()
 		m.logAttrs(slog.LevelError, "bgtask: the journal failed; the manager stops acting on the world", slog.String("err", err.Error()))
 	}
 	return m.poisoned()
@@ -3164,6 +3167,9 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	if err := m.awaitStops(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	if err := m.poisoned(); err != nil {
+		errs = append(errs, fmt.Errorf("bgtask: shutdown: nothing was recorded since: %w", err))
+	}
 	if err := m.notes.lanes.Wait(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: waiting for deliveries: %w", err))
 	}
@@ -3259,11 +3265,12 @@ func (m *Manager) join(ctx context.Context) error {
 }
 
 // awaitStops waits until no session start or abort is in flight, or ctx
-// ends.
+// ends. After the journal failed no answer is recorded any more, so it
+// waits for none (join waits for the calls themselves).
 func (m *Manager) awaitStops(ctx context.Context) error {
 	for {
 		m.mu.Lock()
-		busy := len(m.calls.inflight) > 0 || m.calls.abortsN > 0
+		busy := (len(m.calls.inflight) > 0 || m.calls.abortsN > 0) && m.poisoned() == nil
 		ch := m.waitAny()
 		m.unlock()
 		if !busy {
