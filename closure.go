@@ -1289,17 +1289,12 @@ func init() {
 	probe.Replay = func(m any) error { return m.(*Manager).checkReplay() }
 }
 
-// parkOn waits for ch or ctx. The simulation harness counts goroutines
+// parkOn waits for ch or ctx (or the journal's failure). The simulation harness counts goroutines
 // parked here as idle while none of what they wait for is ready.
 func (m *Manager) parkOn(ctx context.Context, ch <-chan struct{}) error {
 	done := m.life.parked.park(ch, ctx.Done())
 	defer done()
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return m.await(ctx, ch)
 }
 
 // parking is the waits parked now (parkOn, the stall watch), for the

@@ -481,8 +481,8 @@ func (j *switchJournal) Append(b []Record) Commit {
 }
 
 // A journal that fails while runs are live, aborts are wanted and starts
-// are in flight: the Manager stops acting on the world, and Shutdown with
-// no deadline still returns (no answer can be recorded any more, so none
+// are in flight: the Manager stops acting on the world; Wait and
+// WaitParent with no deadline return its error, and Shutdown still returns (no answer can be recorded any more, so none
 // is waited for) and says why.
 func TestShutdownAfterTheJournalFailedMidRunReturns(t *testing.T) {
 	inner, err := OpenFileJournal(t.TempDir())
@@ -509,6 +509,11 @@ func TestShutdownAfterTheJournalFailedMidRunReturns(t *testing.T) {
 
 	j.fail.Store(true)
 	assert.ErrorIs(t, m.Cancel(context.Background(), running.ID), ErrJournal)
+	// Waits for what will never be recorded return, with no deadline.
+	_, err = m.Wait(context.Background(), running.ID)
+	assert.ErrorIs(t, err, ErrJournal)
+	_, err = m.WaitParent(context.Background(), "p")
+	assert.ErrorIs(t, err, ErrJournal)
 	close(release)
 	done := make(chan error, 1)
 	go func() { done <- m.Shutdown(context.Background()) }()

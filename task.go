@@ -1192,6 +1192,7 @@ type lifetime struct {
 	parked parking
 
 	jerr          atomic.Pointer[error] // the journal's failure (poison), once it failed
+	dead          chan struct{}         // closed once jerr is set: waits for what will never be recorded end
 	journalClosed sync.Once             // Shutdown closes the journal, once nothing can commit
 }
 
@@ -1414,6 +1415,7 @@ func newManager(host Host, opts []Option) *Manager {
 		calls:    hostCalls{inflight: make(map[uint64]struct{}), held: held.New[observation](cfg.holdLimit)},
 	}
 	m.life.ctx, m.life.cancel = context.WithCancel(context.Background())
+	m.life.dead = make(chan struct{})
 	m.changes.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
 	m.notes.lanes = dispatch.New(m.goLater, m.deliver)
 	m.notes.lanes.SetLimit(cfg.queueLimit, lessNeeded)
@@ -1550,12 +1552,32 @@ func (c failedCommit) Wait() error { return c.err }
 func (m *Manager) poison(err error) error {
 	err = fmt.Errorf("%w: %w", ErrJournal, err)
 	if m.life.jerr.CompareAndSwap(nil, &err) {
+		close(m.life.dead) // whoever waits for what can no longer be recorded: Wait, CloseBranch, …
 		m.mu.Lock()
-		m.signal() // whoever waits for an answer the Manager can no longer record: Shutdown
+		m.signal() // … and Shutdown
 		m.mu.Unlock()
 		m.logAttrs(slog.LevelError, "bgtask: the journal failed; the manager stops acting on the world", slog.String("err", err.Error()))
 	}
 	return m.poisoned()
+}
+
+// await waits until ch is closed (nil), ctx ends (its error) or the
+// journal failed (its error: what is waited for will never be recorded).
+// A ch already closed wins.
+func (m *Manager) await(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.life.dead:
+		select {
+		case <-ch:
+			return nil
+		default:
+			return m.poisoned()
+		}
+	}
 }
 
 // poisoned returns the journal's error once it failed, else nil.
@@ -2394,7 +2416,8 @@ func (q *Query) matches(e *entry) bool {
 func (m *Manager) Tasks() []Task { return m.Snapshot().Tasks }
 
 // Wait blocks until the task is terminal and returns its snapshot, or
-// returns ctx's error first.
+// returns ctx's error first — or ErrJournal once the journal failed (the
+// Manager records nothing more, so the task will not end here).
 func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	ctx = orBackground(ctx)
 	m.mu.Lock()
@@ -2406,10 +2429,8 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	}
 	done := e.waitDone()
 	m.unlock()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return Task{}, ctx.Err()
+	if err := m.await(ctx, done); err != nil {
+		return Task{}, err
 	}
 	m.mu.Lock()
 	defer m.unlock()
@@ -2446,10 +2467,8 @@ func (m *Manager) WaitParent(ctx context.Context, parentSessionID string) ([]Tas
 		}
 		done := live.waitDone()
 		m.unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := m.await(ctx, done); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -2635,10 +2654,8 @@ func (m *Manager) WaitAnswer(ctx context.Context, taskID string, n int) (Answer,
 		}
 		changed := e.waitChange()
 		m.unlock()
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return Answer{}, ctx.Err()
+		if err := m.await(ctx, changed); err != nil {
+			return Answer{}, err
 		}
 	}
 }
@@ -3745,9 +3762,7 @@ func (m *Manager) awaitBound(ctx context.Context, attemptID, token, sid string) 
 		}
 		changed := ref.e.waitChange()
 		m.unlock()
-		select {
-		case <-changed:
-		case <-ctx.Done():
+		if m.await(ctx, changed) != nil {
 			return false
 		}
 	}
