@@ -1,0 +1,178 @@
+// Package pgtest starts a throwaway PostgreSQL server for a test binary:
+// initdb into a temporary directory (as the unprivileged "postgres" user
+// when the tests run as root, since PostgreSQL refuses root), listening on
+// a Unix socket in that directory only, and one database for the package.
+//
+// BGTASK_PG_URL, if set, names a server to use instead (a database is
+// still created in it for the package).
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+)
+
+// Server is a running server and the database made for the package.
+type Server struct {
+	URL  string // the package's database
+	dir  string // the data directory, "" for a server not started here
+	ctl  string // pg_ctl
+	asPG bool   // commands run as the postgres user
+}
+
+// Start starts a server (or uses BGTASK_PG_URL) and creates database db.
+func Start(db string) (*Server, error) {
+	if url := os.Getenv("BGTASK_PG_URL"); url != "" {
+		s := &Server{}
+		u, err := createDB(url, db)
+		s.URL = u
+		return s, err
+	}
+	bin, err := binDir()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{ctl: filepath.Join(bin, "pg_ctl")}
+	s.asPG = os.Geteuid() == 0
+	s.dir, err = os.MkdirTemp("", "bgtask-pg-")
+	if err != nil {
+		return nil, err
+	}
+	if s.asPG {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("pgtest: running as root needs the unprivileged user postgres (the Debian package makes it): %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(s.dir, uid, gid); err != nil {
+			return nil, err
+		}
+	}
+	data := filepath.Join(s.dir, "data")
+	if out, err := s.run(filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("pgtest: initdb: %v\n%s", err, out)
+	}
+	opts := fmt.Sprintf("-c listen_addresses='' -c unix_socket_directories=%s -c fsync=on -c max_connections=200", s.dir)
+	if out, err := s.run(s.ctl, "-D", data, "-o", opts, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+		s.Stop()
+		return nil, fmt.Errorf("pgtest: pg_ctl start: %v\n%s\n%s", err, out, log)
+	}
+	base := fmt.Sprintf("postgres:///postgres?host=%s&port=5432&user=postgres&sslmode=disable", s.dir)
+	s.URL, err = createDB(base, db)
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Stop stops a server Start started and removes its directory.
+func (s *Server) Stop() {
+	if s == nil || s.dir == "" {
+		return
+	}
+	_, _ = s.run(s.ctl, "-D", filepath.Join(s.dir, "data"), "-m", "immediate", "-w", "stop")
+	_ = os.RemoveAll(s.dir)
+}
+
+// run runs a server command, as postgres when the tests run as root.
+func (s *Server) run(name string, args ...string) ([]byte, error) {
+	cmd := exec.Command(name, args...)
+	if s.asPG {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, err
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		cmd.Dir = s.dir
+		cmd.Env = append(os.Environ(), "HOME="+s.dir)
+	}
+	return cmd.CombinedOutput()
+}
+
+// binDir finds the server's programs: pg_ctl on PATH, or Debian's
+// /usr/lib/postgresql/<version>/bin.
+func binDir() (string, error) {
+	if p, err := exec.LookPath("pg_ctl"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		return filepath.Dir(p), nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_ctl")
+	if len(dirs) > 0 {
+		return filepath.Dir(dirs[len(dirs)-1]), nil
+	}
+	return "", errors.New("pgtest: no PostgreSQL server here (pg_ctl not found): install Debian's postgresql package, or set BGTASK_PG_URL")
+}
+
+// createDB creates database db on the server at url (dropping one left
+// by an earlier run) and returns its URL.
+func createDB(url, db string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return "", fmt.Errorf("pgtest: connecting to %s: %w", url, err)
+	}
+	defer conn.Close(ctx)
+	name := pgx.Identifier{db}.Sanitize()
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		return "", err
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", err
+	}
+	cfg := conn.Config()
+	q := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User, db)
+	if cfg.Password != "" {
+		q += " password=" + quoteValue(cfg.Password)
+	}
+	return q, nil
+}
+
+func quoteValue(v string) string {
+	return "'" + strings.ReplaceAll(strings.ReplaceAll(v, `\`, `\\`), `'`, `\'`) + "'"
+}
+
+// Main runs a test binary's tests against a server started for it, with
+// database db (its URL in *url), and fails when the server cannot start:
+// these tests never skip. Leaked goroutines fail it too (goleak).
+func Main(m *testing.M, db string, url *string, opts ...goleak.Option) {
+	goleak.VerifyTestMain(runner{m: m, db: db, url: url}, opts...)
+}
+
+type runner struct {
+	m   *testing.M
+	db  string
+	url *string
+}
+
+func (r runner) Run() int {
+	s, err := Start(r.db)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer s.Stop()
+	*r.url = s.URL
+	return r.m.Run()
+}

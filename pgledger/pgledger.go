@@ -1,0 +1,529 @@
+// Package pgledger keeps a bgtask Manager's ledger in PostgreSQL: a
+// bgtask.Journal whose every write is a transaction that holds the
+// Manager's lease (a fencing token) and checks each record against the
+// database's identity tables — the task's current attempt and run token,
+// and a session bound to at most one attempt in the whole database.
+//
+// Each Manager writes the records of its own member (a name the caller
+// picks, stable across restarts). A member is owned through a lease in
+// the database, renewed by every write and by a heartbeat: a second
+// process opening a member whose lease is live is refused; once a dead
+// owner's lease has expired, another process may open the member, and
+// the Manager it opens replays the records and reconciles the live runs
+// exactly as a restart does (bgtask.StatusHost). An owner that lost its
+// lease — paused past its expiry, partitioned — has every later write
+// refused, and its Manager stops (fail-stop): no write of a stale owner
+// lands.
+//
+//	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	j, err := pgledger.Open(ctx, pool, pgledger.Options{Member: "worker-1"})
+//	m, err := bgtask.Open(ctx, host, bgtask.WithJournal(j))
+//	defer j.Close()
+//
+// See the module's README for the schema, leases and failure behaviour.
+package pgledger
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Options configure Open.
+type Options struct {
+	// Ledger names the ledger within the database ("" is "default"):
+	// several ledgers may share one database.
+	Ledger string
+	// Member names the stream of records this journal writes: one per
+	// Manager, the same after a restart. Required.
+	Member string
+	// Lease is how long the member stays owned without a write or a
+	// heartbeat (0: 15s). Heartbeat is how often it is renewed (0: a
+	// third of Lease).
+	Lease, Heartbeat time.Duration
+	// Wait is how long Open waits for a member whose lease another
+	// process holds (0: it is refused at once, with *LeaseHeldError).
+	Wait time.Duration
+	// Holder names this process in the members table (""
+	// host:pid:random), so an operator can tell who holds a lease.
+	Holder string
+
+	beat func() // tests: called after each heartbeat that renewed the lease
+}
+
+// Errors a Journal's writes fail with (wrapped in the Manager's
+// bgtask.ErrJournal).
+var (
+	// ErrLeaseLost: the member's lease expired or was taken over; this
+	// journal writes nothing more.
+	ErrLeaseLost = errors.New("pgledger: the member's lease was lost")
+	// ErrStale: a record named an attempt that is not its task's current
+	// one, or a task of another member.
+	ErrStale = errors.New("pgledger: a record disagrees with the ledger in the database")
+	// ErrSessionTaken: a session is bound by another member's attempt.
+	ErrSessionTaken = errors.New("pgledger: the session is bound by another member")
+	// ErrClosed: the journal was closed.
+	ErrClosed = errors.New("pgledger: the journal is closed")
+)
+
+// LeaseHeldError is Open's refusal of a member whose lease another
+// process holds.
+type LeaseHeldError struct {
+	Ledger, Member string
+	Holder         string    // who holds it
+	Expires        time.Time // when its lease expires unless renewed
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("pgledger: member %q of ledger %q is held by %s until %s", e.Member, e.Ledger, e.Holder, e.Expires.Format(time.RFC3339Nano))
+}
+
+// Journal is a bgtask.Journal in PostgreSQL for one member. Appends
+// are group-committed: the batches queued while a commit is in flight
+// are written together by the next, in one round trip.
+type Journal struct {
+	pool   *pgxpool.Pool
+	ledger string
+	member string
+	holder string
+	fence  int64
+	lease  time.Duration
+
+	mu      sync.Mutex
+	queue   []*commit // appended, not yet taken by the writer
+	wake    chan struct{}
+	failed  error // set once: every later append fails with it
+	closed  bool
+	lost    chan struct{} // closed when the lease is found lost
+	stop    chan struct{} // closed by Close: the writer and heartbeat end
+	done    sync.WaitGroup
+	closeMu sync.Mutex
+	// renewedAt (UnixNano) is when the last renewal that succeeded (a
+	// write or a heartbeat) was asked.
+	renewedAt atomic.Int64
+}
+
+// renewed notes a renewal of the lease asked at at.
+func (j *Journal) renewed(at time.Time) {
+	for {
+		old := j.renewedAt.Load()
+		if old >= at.UnixNano() || j.renewedAt.CompareAndSwap(old, at.UnixNano()) {
+			return
+		}
+	}
+}
+
+// commit is one appended batch on its way to the database.
+type commit struct {
+	recs []bgtask.Record
+	err  error
+	done chan struct{}
+}
+
+func (c *commit) Wait() error { <-c.done; return c.err }
+
+// Open migrates the schema (Migrate), takes member's lease and returns
+// its journal. The pool is the caller's: Close does not close it.
+func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if pool == nil {
+		return nil, errors.New("pgledger: Open with a nil pool")
+	}
+	if strings.TrimSpace(o.Member) == "" {
+		return nil, errors.New("pgledger: Options.Member is required: the name of this Manager's stream, the same after a restart")
+	}
+	if o.Ledger == "" {
+		o.Ledger = "default"
+	}
+	if o.Lease < 0 || o.Heartbeat < 0 || o.Wait < 0 {
+		return nil, errors.New("pgledger: Lease, Heartbeat and Wait may not be negative")
+	}
+	if o.Lease == 0 {
+		o.Lease = 15 * time.Second
+	}
+	if o.Lease < 100*time.Millisecond {
+		return nil, fmt.Errorf("pgledger: a lease of %s is too short to renew", o.Lease)
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = o.Lease / 3
+	}
+	if o.Heartbeat >= o.Lease {
+		return nil, fmt.Errorf("pgledger: a heartbeat of %s does not renew a lease of %s in time", o.Heartbeat, o.Lease)
+	}
+	if o.Holder == "" {
+		o.Holder = defaultHolder()
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	j := &Journal{pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease,
+		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
+	asked := time.Now()
+	if err := j.acquire(ctx, o.Wait); err != nil {
+		return nil, err
+	}
+	j.renewed(asked)
+	j.done.Add(2)
+	go j.writer()
+	go j.heartbeat(o.Heartbeat, o.beat)
+	return j, nil
+}
+
+// defaultHolder names this process: host, pid and a random suffix.
+func defaultHolder() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// acquire takes the member's lease, a new fence with it, waiting up to
+// wait for a live lease of another holder to expire.
+func (j *Journal) acquire(ctx context.Context, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := j.pool.QueryRow(ctx, `
+INSERT INTO bgtask_members AS m (ledger, member, fence, holder, expires_at)
+VALUES ($1, $2, 1, $3, now() + $4::interval)
+ON CONFLICT (ledger, member) DO UPDATE
+   SET fence = m.fence + 1, holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+ WHERE m.expires_at <= now()
+RETURNING fence`, j.ledger, j.member, j.holder, j.lease).Scan(&j.fence)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("pgledger: taking the lease of member %q: %w", j.member, err)
+		}
+		held := &LeaseHeldError{Ledger: j.ledger, Member: j.member}
+		var left time.Duration
+		if err := j.pool.QueryRow(ctx, `SELECT holder, expires_at, greatest(expires_at - now(), '0') FROM bgtask_members WHERE ledger = $1 AND member = $2`,
+			j.ledger, j.member).Scan(&held.Holder, &held.Expires, &left); err != nil {
+			return fmt.Errorf("pgledger: reading the lease of member %q: %w", j.member, err)
+		}
+		if time.Now().Add(left).After(deadline) && time.Now().After(deadline) {
+			return held
+		}
+		pause := min(left+10*time.Millisecond, time.Until(deadline), 250*time.Millisecond)
+		if pause <= 0 {
+			return held
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Fence is the fencing token of this journal's lease: it grows at every
+// Open of the member, and every write is conditional on it.
+func (j *Journal) Fence() int64 { return j.fence }
+
+// Lost is closed when the lease is found lost (a write or a heartbeat was
+// refused): the journal writes nothing more, and the Manager on it has
+// stopped or is stopping.
+func (j *Journal) Lost() <-chan struct{} { return j.lost }
+
+// Append queues batch for the next group commit.
+func (j *Journal) Append(batch []bgtask.Record) bgtask.Commit {
+	c := &commit{recs: batch, done: make(chan struct{})}
+	j.mu.Lock()
+	switch {
+	case j.failed != nil:
+		c.err = j.failed
+	case j.closed:
+		c.err = ErrClosed
+	default:
+		j.queue = append(j.queue, c)
+		j.mu.Unlock()
+		select {
+		case j.wake <- struct{}{}:
+		default:
+		}
+		return c
+	}
+	j.mu.Unlock()
+	close(c.done)
+	return c
+}
+
+// writer commits what was queued, one group at a time, until Close; what
+// is queued when Close comes is still written.
+func (j *Journal) writer() {
+	defer j.done.Done()
+	for {
+		j.mu.Lock()
+		group := j.queue
+		j.queue = nil
+		closing := j.closed
+		j.mu.Unlock()
+		if len(group) > 0 {
+			j.write(group)
+			continue
+		}
+		if closing {
+			return
+		}
+		select {
+		case <-j.wake:
+		case <-j.stop:
+		}
+	}
+}
+
+// write commits group in one statement, and tells each batch how it went.
+func (j *Journal) write(group []*commit) {
+	err := j.failedErr()
+	if err == nil {
+		err = j.appendGroup(group)
+		if err != nil {
+			err = j.fail(err)
+		}
+	}
+	for _, c := range group {
+		c.err = err
+		close(c.done)
+	}
+}
+
+func (j *Journal) failedErr() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.failed
+}
+
+// fail records the journal's first write error (every later append gets
+// it) and closes Lost if the lease is gone.
+func (j *Journal) fail(err error) error {
+	err = classify(err)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.failed == nil {
+		j.failed = err
+		if errors.Is(err, ErrLeaseLost) {
+			close(j.lost)
+		}
+	}
+	return j.failed
+}
+
+// classify maps the append function's errors to this package's.
+func classify(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "BT001":
+			return fmt.Errorf("%w: %s", ErrLeaseLost, pe.Message)
+		case "BT002", "BT003":
+			return fmt.Errorf("%w: %s", ErrStale, pe.Message)
+		case "BT004":
+			return fmt.Errorf("%w: %s", ErrSessionTaken, pe.Message)
+		}
+	}
+	return fmt.Errorf("pgledger: append: %w", err)
+}
+
+// appendGroup writes the records of group through bgtask_append.
+func (j *Journal) appendGroup(group []*commit) (err error) {
+	n := 0
+	for _, c := range group {
+		n += len(c.recs)
+	}
+	seq := make([]int64, 0, n)
+	kind := make([]string, 0, n)
+	task := make([]string, 0, n)
+	attempt := make([]string, 0, n)
+	token := make([]string, 0, n)
+	session := make([]string, 0, n)
+	data := make([][]byte, 0, n)
+	for _, c := range group {
+		for i := range c.recs {
+			r := &c.recs[i]
+			seq = append(seq, int64(r.Seq))
+			kind = append(kind, r.Kind)
+			task = append(task, r.TaskID)
+			attempt = append(attempt, r.AttemptID)
+			token = append(token, r.Token)
+			session = append(session, r.SessionID)
+			data = append(data, r.Data)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), j.lease)
+	defer cancel()
+	asked := time.Now()
+	defer func() {
+		if err == nil {
+			j.renewed(asked)
+		}
+	}()
+	_, err = j.pool.Exec(ctx, `SELECT bgtask_append($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11)`,
+		j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, data)
+	return err
+}
+
+// heartbeat renews the lease every interval until Close; a renewal that
+// finds the lease gone fails the journal.
+func (j *Journal) heartbeat(every time.Duration, beat func()) {
+	defer j.done.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-j.stop:
+			return
+		case <-t.C:
+		}
+		if j.failedErr() != nil {
+			return
+		}
+		asked := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		tag, err := j.pool.Exec(ctx, `UPDATE bgtask_members SET expires_at = now() + $4::interval
+ WHERE ledger = $1 AND member = $2 AND fence = $3 AND expires_at > now()`, j.ledger, j.member, j.fence, j.lease)
+		cancel()
+		switch {
+		case err == nil && tag.RowsAffected() == 0:
+			j.fail(&pgconn.PgError{Code: "BT001", Message: fmt.Sprintf("the heartbeat of member %s (fence %d) found it taken or expired", j.member, j.fence)})
+			return
+		case err == nil:
+			j.renewed(asked)
+			if beat != nil {
+				beat()
+			}
+		case time.Since(time.Unix(0, j.renewedAt.Load())) >= j.lease:
+			// Unrenewed for a whole lease: another process may own the
+			// member by now. Stop before the database says so.
+			j.fail(&pgconn.PgError{Code: "BT001", Message: fmt.Sprintf("member %s (fence %d) was not renewed for %s: %v", j.member, j.fence, j.lease, err)})
+			return
+		}
+		// A heartbeat that failed to reach the database is tried again.
+	}
+}
+
+// Replay calls fn with the member's records in sequence order.
+func (j *Journal) Replay(fn func(bgtask.Record) error) error {
+	if err := j.failedErr(); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	rows, err := j.pool.Query(ctx, `SELECT seq, kind, task_id, attempt_id, token, data FROM bgtask_records
+ WHERE ledger = $1 AND member = $2 ORDER BY seq`, j.ledger, j.member)
+	if err != nil {
+		return fmt.Errorf("pgledger: replay: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r bgtask.Record
+		var seq int64
+		if err := rows.Scan(&seq, &r.Kind, &r.TaskID, &r.AttemptID, &r.Token, &r.Data); err != nil {
+			return fmt.Errorf("pgledger: replay: %w", err)
+		}
+		r.Seq = uint64(seq)
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgledger: replay: %w", err)
+	}
+	return nil
+}
+
+// Compact replaces the member's records with keep in one transaction
+// (holding the lease), and drops the identity rows of tasks keep no
+// longer has.
+func (j *Journal) Compact(keep []bgtask.Record) error {
+	if err := j.failedErr(); err != nil {
+		return err
+	}
+	// Writes queued before the compaction land first: the Manager calls
+	// Compact with a snapshot that includes them.
+	if err := j.Append(nil).Wait(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*j.lease)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE bgtask_members SET expires_at = now() + $4::interval
+ WHERE ledger = $1 AND member = $2 AND fence = $3 AND expires_at > now()`, j.ledger, j.member, j.fence, j.lease)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return &pgconn.PgError{Code: "BT001", Message: fmt.Sprintf("the lease of member %s (fence %d) was lost before a compaction", j.member, j.fence)}
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM bgtask_records WHERE ledger = $1 AND member = $2`, j.ledger, j.member); err != nil {
+			return err
+		}
+		tasks := map[string]struct{}{}
+		rows := make([][]any, len(keep))
+		for i, r := range keep {
+			rows[i] = []any{j.ledger, j.member, int64(r.Seq), r.Kind, r.TaskID, r.AttemptID, r.Token, r.Data}
+			if r.TaskID != "" {
+				tasks[r.TaskID] = struct{}{}
+			}
+		}
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"bgtask_records"},
+			[]string{"ledger", "member", "seq", "kind", "task_id", "attempt_id", "token", "data"}, pgx.CopyFromRows(rows)); err != nil {
+			return err
+		}
+		ids := make([]string, 0, len(tasks))
+		for id := range tasks {
+			ids = append(ids, id)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM bgtask_sessions WHERE ledger = $1 AND member = $2 AND task_id <> ALL($3)`, j.ledger, j.member, ids); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM bgtask_tasks WHERE ledger = $1 AND member = $2 AND task_id <> ALL($3)`, j.ledger, j.member, ids)
+		return err
+	})
+	if err != nil {
+		return j.fail(err)
+	}
+	return nil
+}
+
+// Close writes what was appended, stops the heartbeat and releases the
+// lease (another process may open the member at once). It does not close
+// the pool.
+func (j *Journal) Close() error {
+	j.closeMu.Lock()
+	defer j.closeMu.Unlock()
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil
+	}
+	j.closed = true
+	j.mu.Unlock()
+	close(j.stop)
+	j.done.Wait()
+	if j.failedErr() != nil {
+		return nil // the lease is not ours to release
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), j.lease)
+	defer cancel()
+	_, err := j.pool.Exec(ctx, `UPDATE bgtask_members SET expires_at = now()
+ WHERE ledger = $1 AND member = $2 AND fence = $3`, j.ledger, j.member, j.fence)
+	if err != nil {
+		return fmt.Errorf("pgledger: releasing the lease of member %q: %w", j.member, err)
+	}
+	return nil
+}

@@ -1,0 +1,430 @@
+package pgledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/pgledger/internal/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var dbURL string
+
+func TestMain(m *testing.M) { pgtest.Main(m, "pgledger", &dbURL) }
+
+// ledgers makes each test's ledger name distinct: tests share a database.
+var ledgers atomic.Int64
+
+// fixture is one test's pool and ledger name.
+type fixture struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	ledger string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return &fixture{t: t, pool: pool, ledger: fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1))}
+}
+
+// open opens member's journal, closed at the test's end.
+func (f *fixture) open(member string, o Options) *Journal {
+	f.t.Helper()
+	o.Ledger, o.Member = f.ledger, member
+	j, err := Open(context.Background(), f.pool, o)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = j.Close() })
+	return j
+}
+
+// manager opens a Manager on j, shut down at the test's end.
+func (f *fixture) manager(host bgtask.Host, j bgtask.Journal, opts ...bgtask.Option) *bgtask.Manager {
+	f.t.Helper()
+	m, err := bgtask.Open(context.Background(), host, append(opts, bgtask.WithJournal(j))...)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	return m
+}
+
+// expire ends member's lease now, as time passing would.
+func (f *fixture) expire(member string) {
+	f.t.Helper()
+	_, err := f.pool.Exec(context.Background(), `UPDATE bgtask_members SET expires_at = now() WHERE ledger = $1 AND member = $2`, f.ledger, member)
+	require.NoError(f.t, err)
+}
+
+// count reads how many rows of table belong to the fixture's ledger.
+func (f *fixture) count(table, where string, args ...any) int {
+	f.t.Helper()
+	var n int
+	q := "SELECT count(*) FROM " + table + " WHERE ledger = $1"
+	if where != "" {
+		q += " AND " + where
+	}
+	require.NoError(f.t, f.pool.QueryRow(context.Background(), q, append([]any{f.ledger}, args...)...).Scan(&n))
+	return n
+}
+
+var spec = bgtask.Spec{ParentSessionID: "parent", Prompt: "do it", Models: []bgtask.Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}}}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// Migrate is idempotent, and refuses a schema newer than the package.
+func TestMigrate(t *testing.T) {
+	f := newFixture(t)
+	for range 2 {
+		require.NoError(t, Migrate(ctx(t), f.pool))
+	}
+	var v int
+	require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT max(version) FROM bgtask_schema`).Scan(&v))
+	assert.Equal(t, SchemaVersion(), v)
+
+	// A database from a newer package: this one refuses it.
+	tx, err := f.pool.Begin(ctx(t))
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx(t), `INSERT INTO bgtask_schema (version) VALUES ($1)`, SchemaVersion()+1)
+	require.NoError(t, err)
+	var newer int
+	require.NoError(t, tx.QueryRow(ctx(t), `SELECT max(version) FROM bgtask_schema`).Scan(&newer))
+	require.Equal(t, SchemaVersion()+1, newer)
+	require.NoError(t, tx.Rollback(ctx(t)))
+	// (Checked on a separate schema-less copy below: the rollback keeps the
+	// shared database at this package's version.)
+	_, err = f.pool.Exec(ctx(t), `CREATE SCHEMA IF NOT EXISTS newer`)
+	require.NoError(t, err)
+	cfg := f.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["search_path"] = "newer"
+	p2, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	require.NoError(t, err)
+	defer p2.Close()
+	require.NoError(t, Migrate(ctx(t), p2))
+	_, err = p2.Exec(ctx(t), `INSERT INTO bgtask_schema (version) VALUES ($1)`, SchemaVersion()+1)
+	require.NoError(t, err)
+	err = Migrate(ctx(t), p2)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "newer than this package")
+}
+
+func TestOpenRefusesBadOptions(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{}, "Member is required"},
+		{Options{Member: "  "}, "Member is required"},
+		{Options{Member: "m", Lease: -1}, "negative"},
+		{Options{Member: "m", Lease: time.Millisecond}, "too short"},
+		{Options{Member: "m", Lease: time.Second, Heartbeat: 2 * time.Second}, "does not renew"},
+	} {
+		_, err := Open(ctx(t), f.pool, tc.o)
+		require.Error(t, err, "%+v", tc.o)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+	_, err := Open(ctx(t), nil, Options{Member: "m"})
+	assert.ErrorContains(t, err, "nil pool")
+	//lint:ignore SA1012 a nil context is what a hostile caller passes
+	j, err := Open(nil, f.pool, Options{Ledger: f.ledger, Member: "m"}) //nolint:staticcheck
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	require.NoError(t, j.Close(), "Close twice")
+	assert.ErrorIs(t, j.Append(nil).Wait(), ErrClosed)
+}
+
+// A Manager on the journal: what it did is in the database, and a new
+// process on the same member sees the same tasks, byte for byte.
+func TestDurableAcrossRestart(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	j := f.open("w1", Options{})
+	m := f.manager(svc, j)
+	done, err := m.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	require.NoError(t, m.Observe(bgtask.Event{AttemptID: done.Attempts[0].ID, SessionID: svc.sessionOf(done.Attempts[0].ID), Kind: bgtask.SessionIdle, Text: "answer"}))
+	got, err := m.Wait(ctx(t), done.ID)
+	require.NoError(t, err)
+	require.Equal(t, bgtask.StatusCompleted, got.Status)
+	failed, err := m.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	a1 := failed.Attempts[0]
+	require.NoError(t, m.Observe(bgtask.Event{AttemptID: a1.ID, Kind: bgtask.SessionError, Err: errors.New("429 rate limited")}))
+	retried, err := bgtasktest.WaitFor(ctx(t), m, failed.ID, func(t bgtask.Task) bool { return len(t.Attempts) == 2 && t.Attempts[1].SessionID != "" })
+	require.NoError(t, err)
+	before := m.Tasks()
+	// The process dies: nothing it does from now on lands, and its lease
+	// runs out.
+	j.abandon()
+	require.ErrorIs(t, m.Shutdown(ctx(t)), bgtask.ErrJournal)
+	f.expire("w1")
+
+	assert.Positive(t, f.count("bgtask_records", "member = 'w1'"))
+	assert.Equal(t, 2, f.count("bgtask_tasks", "member = 'w1'"))
+	assert.Equal(t, 3, f.count("bgtask_sessions", "member = 'w1'"))
+
+	// The next process on w1: the service still runs the retry's session,
+	// so it is re-adopted; its answer, sent now, ends it.
+	j2 := f.open("w1", Options{})
+	assert.Greater(t, j2.Fence(), j.Fence(), "a new fence at every open")
+	m2 := f.manager(svc, j2)
+	after := m2.Tasks()
+	require.Len(t, after, 2)
+	assert.Equal(t, jsonOf(t, before[0]), jsonOf(t, after[0]), "an ended task is replayed exactly")
+	assert.Equal(t, jsonOf(t, before[1].Attempts[:1]), jsonOf(t, after[1].Attempts[:1]))
+	a2 := retried.Attempts[1]
+	require.NoError(t, m2.Observe(bgtask.Event{AttemptID: a2.ID, SessionID: a2.SessionID, Kind: bgtask.SessionIdle, Text: "second try"}))
+	end, err := m2.Wait(ctx(t), failed.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCompleted, end.Status)
+	assert.Equal(t, "second try", end.Attempts[1].Result)
+}
+
+func jsonOf(t *testing.T, v any) string {
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// One owner per member: a second opener is refused while the lease is
+// live and names who holds it; Close releases it at once.
+func TestSecondOpenerRefused(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{Holder: "first"})
+	_, err := Open(ctx(t), f.pool, Options{Ledger: f.ledger, Member: "w1", Holder: "second"})
+	var held *LeaseHeldError
+	require.ErrorAs(t, err, &held)
+	assert.Equal(t, "first", held.Holder)
+	assert.Contains(t, err.Error(), `member "w1"`)
+	require.NoError(t, j.Close())
+	j2 := f.open("w1", Options{Holder: "second"})
+	assert.Greater(t, j2.Fence(), j.Fence())
+}
+
+// A process dies mid-run: once its lease expires, another process takes
+// the member over and reconciles its runs as a restart does — a run whose
+// session still runs is re-adopted, one whose session ended ends with its
+// evidence, one whose session is gone is interrupt — and the dead owner's
+// late writes never land.
+func TestTakeoverAfterExpiry(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	lease := 400 * time.Millisecond
+	j := f.open("w1", Options{Lease: lease})
+	m := f.manager(svc, j)
+	var ids [3]string
+	for i := range ids {
+		task, err := m.Launch(ctx(t), spec)
+		require.NoError(t, err)
+		_, err = bgtasktest.WaitFor(ctx(t), m, task.ID, func(t bgtask.Task) bool { return t.Status == bgtask.StatusRunning })
+		require.NoError(t, err)
+		ids[i] = task.ID
+	}
+	tasks := map[string]bgtask.Task{}
+	for _, id := range ids {
+		tasks[id], _ = m.Task(id)
+	}
+	records := f.count("bgtask_records", "")
+
+	// The process stops dead: no more heartbeats, no release.
+	j.abandon()
+	svc.end(svc.sessionOf(tasks[ids[1]].Attempts[0].ID), bgtask.Event{Kind: bgtask.SessionIdle, Text: "finished while nobody listened"})
+	svc.forget(svc.sessionOf(tasks[ids[2]].Attempts[0].ID))
+
+	// Another process waits for the lease and takes over.
+	start := time.Now()
+	j2 := f.open("w1", Options{Lease: lease, Wait: 10 * lease, Holder: "heir"})
+	assert.GreaterOrEqual(t, time.Since(start), lease/2, "the heir waited for the lease")
+	heir := f.manager(svc, j2)
+	alive, ok := heir.Task(ids[0])
+	require.True(t, ok)
+	assert.Equal(t, bgtask.StatusRunning, alive.Status, "its session runs on: re-adopted")
+	ended, err := heir.Wait(ctx(t), ids[1])
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCompleted, ended.Status)
+	assert.Equal(t, "finished while nobody listened", ended.Attempts[0].Result)
+	gone, err := heir.Wait(ctx(t), ids[2])
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusInterrupt, gone.Status)
+	assert.Equal(t, bgtask.LostAcrossRestart, gone.Attempts[0].Error)
+
+	// The re-adopted run's events resolve again, at the heir.
+	a := alive.Attempts[0]
+	require.NoError(t, heir.Observe(bgtask.Event{AttemptID: a.ID, SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "done"}))
+	got, err := heir.Wait(ctx(t), ids[0])
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCompleted, got.Status)
+
+	// The dead owner's old Manager acts once more: its write is refused,
+	// and nothing of it lands.
+	assert.ErrorIs(t, m.Cancel(ctx(t), ids[0]), bgtask.ErrJournal)
+	assert.Positive(t, f.count("bgtask_records", "")-records)
+	heirRecords := f.count("bgtask_records", "")
+	stale := &Journal{pool: f.pool, ledger: f.ledger, member: "w1", holder: "ghost", fence: j.Fence(), lease: lease,
+		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
+	stale.done.Add(1)
+	go stale.writer()
+	err = stale.Append([]bgtask.Record{{Seq: 1 << 40, Kind: "stop_requested", TaskID: ids[0], AttemptID: a.ID, Token: a.Token, Data: []byte{1}}}).Wait()
+	assert.ErrorIs(t, err, ErrLeaseLost)
+	select {
+	case <-stale.Lost():
+	default:
+		t.Error("Lost is not closed after a refused write")
+	}
+	require.NoError(t, stale.Close())
+	assert.Equal(t, heirRecords, f.count("bgtask_records", ""), "a stale owner's write landed")
+}
+
+// A heartbeat keeps the lease: an owner that writes nothing for several
+// lease lengths is not taken over.
+func TestHeartbeatKeepsLease(t *testing.T) {
+	f := newFixture(t)
+	lease := 300 * time.Millisecond
+	beats := make(chan struct{}, 16)
+	j := f.open("w1", Options{Lease: lease, beat: func() { beats <- struct{}{} }})
+	start := time.Now()
+	for range 7 { // Heartbeat is a third of Lease: seven beats span two leases
+		select {
+		case <-beats:
+		case <-ctx(t).Done():
+			t.Fatal("no heartbeat")
+		}
+	}
+	require.Greater(t, time.Since(start), 2*lease)
+	_, err := Open(ctx(t), f.pool, Options{Ledger: f.ledger, Member: "w1", Lease: lease})
+	var held *LeaseHeldError
+	require.ErrorAs(t, err, &held)
+	require.NoError(t, j.Append(nil).Wait())
+}
+
+// Exact identity in the database: a record for an attempt that is not
+// its task's current one, or for another member's task, changes nothing;
+// a session bound by one member cannot be bound by another.
+func TestIdentityInTheDatabase(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{})
+	require.NoError(t, j.Append([]bgtask.Record{
+		rec(1, "task_launched", "t1", "", "", ""),
+		rec(2, "attempt_created", "t1", "a1", "r1", ""),
+		rec(3, "session_bound", "t1", "a1", "r1", "s1"),
+		rec(4, "attempt_created", "t1", "a2", "r2", ""),
+	}).Wait())
+	before := f.count("bgtask_records", "")
+
+	// The journal fails on the stale record (its Manager would stop).
+	err := j.Append([]bgtask.Record{rec(5, "attempt_finalized", "t1", "a1", "r1", "s1")}).Wait()
+	assert.ErrorIs(t, err, ErrStale)
+	assert.ErrorIs(t, j.Append(nil).Wait(), ErrStale, "a failed journal stays failed")
+	assert.Equal(t, before, f.count("bgtask_records", ""))
+
+	j2 := f.open("w2", Options{})
+	i := 0
+	for _, tc := range []struct {
+		recs []bgtask.Record
+		want error
+	}{
+		{[]bgtask.Record{rec(1, "task_launched", "t1", "", "", "")}, ErrStale},
+		{[]bgtask.Record{rec(1, "task_launched", "u1", "", "", ""), rec(2, "attempt_created", "u1", "b1", "q1", ""),
+			rec(3, "session_bound", "u1", "b1", "q1", "s1")}, ErrSessionTaken},
+		{[]bgtask.Record{rec(1, "attempt_created", "t1", "b1", "q1", "")}, ErrStale},
+	} {
+		i++
+		jj := j2
+		err := jj.Append(tc.recs).Wait()
+		assert.ErrorIs(t, err, tc.want)
+		assert.Equal(t, 0, f.count("bgtask_records", "member LIKE 'w2%'"), "a refused commit left records")
+		assert.Equal(t, 0, f.count("bgtask_tasks", "member LIKE 'w2%'"), "a refused commit left a task")
+		require.NoError(t, jj.Close())
+		j2 = f.open(fmt.Sprintf("w2-%d", i), Options{})
+	}
+}
+
+// Two Managers binding the same session (a host bug, or two processes
+// told the same child): the second cannot win; its Manager stops rather
+// than act on a session another owns.
+func TestSessionBoundOnce(t *testing.T) {
+	f := newFixture(t)
+	same := &fixedHost{id: "shared-session"}
+	m1 := f.manager(same, f.open("w1", Options{}))
+	m2 := f.manager(same, f.open("w2", Options{}))
+	t1, err := m1.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	_, err = bgtasktest.WaitFor(ctx(t), m1, t1.ID, func(t bgtask.Task) bool { return t.Attempts[0].SessionID != "" })
+	require.NoError(t, err)
+	t2, err := m2.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	_, err = m2.Wait(ctx(t), t2.ID)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, bgtask.ErrJournal)
+	assert.Equal(t, 1, f.count("bgtask_sessions", "session_id = 'shared-session'"))
+	var owner string
+	require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT member FROM bgtask_sessions WHERE ledger = $1 AND session_id = 'shared-session'`, f.ledger).Scan(&owner))
+	assert.Equal(t, "w1", owner)
+	_, err = m2.Launch(ctx(t), spec)
+	assert.ErrorIs(t, err, bgtask.ErrJournal, "a stopped Manager refuses new work")
+}
+
+type fixedHost struct{ id string }
+
+func (h *fixedHost) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	return h.id, nil
+}
+func (h *fixedHost) AbortSession(ctx context.Context, id string) error { return nil }
+
+// Compaction replaces the member's records in one transaction, drops the
+// identity rows of the tasks it no longer has, and leaves other members'
+// rows alone; a compaction without the lease changes nothing.
+func TestCompaction(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{})
+	other := f.open("w2", Options{})
+	batch := func(task string, seq uint64) []bgtask.Record {
+		return []bgtask.Record{
+			rec(seq, "task_launched", task, "", "", ""),
+			rec(seq+1, "attempt_created", task, task+"-a", task+"-r", ""),
+			rec(seq+2, "session_bound", task, task+"-a", task+"-r", task+"-s"),
+		}
+	}
+	require.NoError(t, j.Append(batch("t1", 1)).Wait())
+	require.NoError(t, j.Append(batch("t2", 4)).Wait())
+	require.NoError(t, other.Append(batch("u1", 1)).Wait())
+	require.NoError(t, j.Compact(batch("t2", 4)))
+	assert.Equal(t, 3, f.count("bgtask_records", "member = 'w1'"))
+	assert.Equal(t, 0, f.count("bgtask_records", "member = 'w1' AND task_id = 't1'"))
+	assert.Equal(t, 0, f.count("bgtask_tasks", "task_id = 't1'"))
+	assert.Equal(t, 0, f.count("bgtask_sessions", "session_id = 't1-s'"))
+	assert.Equal(t, 1, f.count("bgtask_sessions", "session_id = 't2-s'"))
+	assert.Equal(t, 3, f.count("bgtask_records", "member = 'w2'"), "another member's records are its own")
+	var seqs []uint64
+	require.NoError(t, j.Replay(func(r bgtask.Record) error { seqs = append(seqs, r.Seq); return nil }))
+	assert.Equal(t, []uint64{4, 5, 6}, seqs)
+	// Appends go on after the compacted records.
+	require.NoError(t, j.Append(batch("t3", 7)).Wait())
+	assert.Equal(t, 6, f.count("bgtask_records", "member = 'w1'"))
+
+	// The lease is lost: the compaction is refused and nothing changes.
+	f.expire("w1")
+	f.open("w1", Options{Holder: "heir"})
+	err := j.Compact(nil)
+	assert.ErrorIs(t, err, ErrLeaseLost)
+	assert.Equal(t, 6, f.count("bgtask_records", "member = 'w1'"))
+}
+
+func rec(seq uint64, kind, task, attempt, token, session string) bgtask.Record {
+	return bgtask.Record{Seq: seq, Kind: kind, TaskID: task, AttemptID: attempt, Token: token, SessionID: session, Data: []byte{byte(seq)}}
+}

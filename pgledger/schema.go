@@ -1,0 +1,164 @@
+package pgledger
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// migrations are the schema's versions, in order: migration i takes the
+// schema from version i to i+1. A released migration never changes; a
+// change to the schema is a new one at the end.
+var migrations = []string{
+	// 1: members (leases), records, and the identity tables.
+	`
+CREATE TABLE bgtask_members (
+	ledger     text        NOT NULL,
+	member     text        NOT NULL,
+	fence      bigint      NOT NULL,
+	holder     text        NOT NULL,
+	expires_at timestamptz NOT NULL,
+	PRIMARY KEY (ledger, member)
+);
+CREATE TABLE bgtask_records (
+	ledger     text   NOT NULL,
+	member     text   NOT NULL,
+	seq        bigint NOT NULL,
+	kind       text   NOT NULL,
+	task_id    text   NOT NULL,
+	attempt_id text   NOT NULL,
+	token      text   NOT NULL,
+	data       bytea  NOT NULL,
+	PRIMARY KEY (ledger, member, seq)
+);
+CREATE TABLE bgtask_tasks (
+	ledger     text NOT NULL,
+	task_id    text NOT NULL,
+	member     text NOT NULL,
+	attempt_id text NOT NULL DEFAULT '',
+	token      text NOT NULL DEFAULT '',
+	PRIMARY KEY (ledger, task_id)
+);
+CREATE TABLE bgtask_sessions (
+	ledger     text NOT NULL,
+	session_id text NOT NULL,
+	member     text NOT NULL,
+	task_id    text NOT NULL,
+	attempt_id text NOT NULL,
+	PRIMARY KEY (ledger, session_id)
+);
+CREATE INDEX bgtask_sessions_member ON bgtask_sessions (ledger, member, task_id);
+
+-- bgtask_append writes one group commit of member's records, as one
+-- statement: the lease must be the caller's (its fence) and unexpired,
+-- and every record must agree with the identity tables. Any disagreement
+-- raises, so that nothing of the commit lands.
+CREATE FUNCTION bgtask_append(
+	p_ledger text, p_member text, p_fence bigint, p_lease interval,
+	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
+	p_session text[], p_data bytea[]
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	i int;
+	n int;
+	other text;
+BEGIN
+	UPDATE bgtask_members SET expires_at = now() + p_lease
+	 WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
+			USING ERRCODE = 'BT001';
+	END IF;
+	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
+		CASE p_kind[i]
+		WHEN 'task_launched' THEN
+			INSERT INTO bgtask_tasks (ledger, task_id, member) VALUES (p_ledger, p_task[i], p_member)
+			ON CONFLICT (ledger, task_id) DO NOTHING;
+			IF NOT FOUND THEN
+				SELECT member INTO other FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];
+				IF other IS DISTINCT FROM p_member THEN
+					RAISE EXCEPTION 'bgtask: task id % is taken by member %', p_task[i], other
+						USING ERRCODE = 'BT002';
+				END IF;
+			END IF;
+		WHEN 'attempt_created' THEN
+			UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i]
+			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'bgtask: attempt % of task %: no such task of member %', p_attempt[i], p_task[i], p_member
+					USING ERRCODE = 'BT003';
+			END IF;
+		WHEN 'session_bound', 'attempt_finalized', 'retry_scheduled', 'start_requested' THEN
+			PERFORM 1 FROM bgtask_tasks
+			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member
+			   AND attempt_id = p_attempt[i] AND token = p_token[i];
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'bgtask: % for attempt % (run %) of task %, which is not its current attempt',
+					p_kind[i], p_attempt[i], p_token[i], p_task[i]
+					USING ERRCODE = 'BT003';
+			END IF;
+			IF p_kind[i] = 'session_bound' THEN
+				INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id)
+				VALUES (p_ledger, p_session[i], p_member, p_task[i], p_attempt[i])
+				ON CONFLICT (ledger, session_id) DO UPDATE
+				   SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id
+				 WHERE bgtask_sessions.member = EXCLUDED.member;
+				GET DIAGNOSTICS n = ROW_COUNT;
+				IF n = 0 THEN
+					SELECT member INTO other FROM bgtask_sessions WHERE ledger = p_ledger AND session_id = p_session[i];
+					RAISE EXCEPTION 'bgtask: session % is bound by member %', p_session[i], other
+						USING ERRCODE = 'BT004';
+				END IF;
+			END IF;
+		ELSE
+		END CASE;
+	END LOOP;
+	INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
+	SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data
+	  FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);
+END
+$$;
+`,
+}
+
+// schemaLock is the advisory lock key migrations run under, so that two
+// processes migrating at once take turns.
+const schemaLock = 0x6267_7461_736b // "bgtask"
+
+// Migrate brings the database's bgtask schema to the version this package
+// knows, in one transaction: creating it in an empty database, applying
+// only the missing migrations otherwise (idempotent), and refusing a
+// database whose schema is newer than this package.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLock)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS bgtask_schema (
+			version    int         PRIMARY KEY,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return err
+		}
+		var have int
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM bgtask_schema`).Scan(&have); err != nil {
+			return err
+		}
+		if have > len(migrations) {
+			return fmt.Errorf("pgledger: the database's schema is version %d, newer than this package's %d: upgrade the package", have, len(migrations))
+		}
+		for v := have; v < len(migrations); v++ {
+			if _, err := tx.Exec(ctx, migrations[v]); err != nil {
+				return fmt.Errorf("pgledger: migration %d: %w", v+1, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO bgtask_schema (version) VALUES ($1)`, v+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// SchemaVersion is the version Migrate brings a database to.
+func SchemaVersion() int { return len(migrations) }

@@ -1,0 +1,100 @@
+package pgledger
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/bgtask/bgtask"
+)
+
+// service is a loopback session service that outlives the Managers (and
+// the processes) using it: sessions are made by StartSession, tagged with
+// their attempt, and keep running until the test ends or aborts them. It
+// is a bgtask.StatusHost, so a Manager recovering a member asks it what
+// became of the runs.
+type service struct {
+	mu       sync.Mutex
+	n        int
+	sessions map[string]*session
+	byAtt    map[string]string
+	started  chan string // each session made, if set
+}
+
+type session struct {
+	req     bgtask.SessionRequest
+	state   bgtask.SessionState
+	end     bgtask.Event
+	aborted bool
+}
+
+func newService() *service {
+	return &service{sessions: map[string]*session{}, byAtt: map[string]string{}}
+}
+
+func (s *service) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	s.mu.Lock()
+	s.n++
+	id := fmt.Sprintf("s-%d", s.n)
+	s.sessions[id] = &session{req: req, state: bgtask.SessionAlive}
+	s.byAtt[req.AttemptID] = id
+	ch := s.started
+	s.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- id:
+		case <-ctx.Done():
+		}
+	}
+	return id, nil
+}
+
+func (s *service) AbortSession(ctx context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ses := s.sessions[id]; ses != nil && ses.state == bgtask.SessionAlive {
+		ses.state, ses.aborted = bgtask.SessionEnded, true
+		ses.end = bgtask.Event{Kind: bgtask.SessionInterrupted}
+	}
+	return nil
+}
+
+func (s *service) SessionStatus(ctx context.Context, id string) (bgtask.SessionReport, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ses := s.sessions[id]
+	if ses == nil {
+		return bgtask.SessionReport{State: bgtask.SessionGone}, nil
+	}
+	return bgtask.SessionReport{State: ses.state, End: ses.end}, nil
+}
+
+func (s *service) FindSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byAtt[req.AttemptID], nil
+}
+
+// end ends session id's run while no Manager may be listening: it is what
+// SessionStatus reports from now on.
+func (s *service) end(id string, ev bgtask.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ses := s.sessions[id]; ses != nil {
+		ses.state, ses.end = bgtask.SessionEnded, ev
+	}
+}
+
+// forget makes session id gone.
+func (s *service) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.sessions, id)
+}
+
+// sessionOf returns the session made for attempt id.
+func (s *service) sessionOf(attempt string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byAtt[attempt]
+}
