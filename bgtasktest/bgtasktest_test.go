@@ -206,3 +206,43 @@ func TestTheSimulationRunsAgainstYourAdapterAndInvariants(t *testing.T) {
 	assert.Contains(t, err.Error(), "always broken")
 	assert.Contains(t, err.Error(), "seed 1")
 }
+
+// countingJournal is a journal of yours: here the file journal, counting
+// what passes through it.
+type countingJournal struct {
+	bgtask.Journal
+	appends *atomic.Int64
+}
+
+func (c countingJournal) Append(b []bgtask.Record) bgtask.Commit {
+	c.appends.Add(1)
+	return c.Journal.Append(b)
+}
+
+// The simulation runs on your journal: opened at the start and after every
+// crash (the crashed life's one closed first), and replayed by each life.
+func TestTheSimulationRunsOnYourJournal(t *testing.T) {
+	restarted := 0
+	for seed := range uint64(10) {
+		dir := t.TempDir()
+		var opens, appends atomic.Int64
+		_, err := bgtasktest.Simulate(bgtasktest.SimOptions{Seed: seed, Steps: 80, Journal: func() (bgtask.Journal, error) {
+			opens.Add(1)
+			j, err := bgtask.OpenFileJournal(dir) // refused if the last life's were still open
+			if err != nil {
+				return nil, err
+			}
+			return countingJournal{Journal: j, appends: &appends}, nil
+		}})
+		require.NoError(t, err, "seed %d", seed)
+		assert.Positive(t, opens.Load())
+		assert.Positive(t, appends.Load(), "the Manager wrote through the journal")
+		if opens.Load() > 1 {
+			restarted++
+		}
+		j, err := bgtask.OpenFileJournal(dir)
+		require.NoError(t, err, "the last life's journal was closed at the end")
+		require.NoError(t, j.Close())
+	}
+	assert.Positive(t, restarted, "no seed crashed and reopened the journal")
+}
