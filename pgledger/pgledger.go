@@ -215,9 +215,8 @@ RETURNING fence`, j.ledger, j.member, j.holder, j.lease).Scan(&j.fence)
 			j.ledger, j.member).Scan(&held.Holder, &held.Expires, &left); err != nil {
 			return fmt.Errorf("pgledger: reading the lease of member %q: %w", j.member, err)
 		}
-		if time.Now().Add(left).After(deadline) && time.Now().After(deadline) {
-			return held
-		}
+		// Wait for the expiry (a little past it, the database's clock
+		// deciding), in steps, until the deadline.
 		pause := min(left+10*time.Millisecond, time.Until(deadline), 250*time.Millisecond)
 		if pause <= 0 {
 			return held
