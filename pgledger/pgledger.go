@@ -377,6 +377,11 @@ func (j *Journal) appendGroup(group []*commit) (err error) {
 	return err
 }
 
+// renewLease renews member $2's lease of ledger $1 by $4 if it is still
+// held with fence $3 and unexpired: no row changed means it was lost.
+const renewLease = `UPDATE bgtask_members SET expires_at = now() + $4::interval
+ WHERE ledger = $1 AND member = $2 AND fence = $3 AND expires_at > now()`
+
 // heartbeat renews the lease every interval until Close; a renewal that
 // finds the lease gone fails the journal.
 func (j *Journal) heartbeat(every time.Duration, beat func()) {
@@ -394,8 +399,7 @@ func (j *Journal) heartbeat(every time.Duration, beat func()) {
 		}
 		asked := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), every)
-		tag, err := j.pool.Exec(ctx, `UPDATE bgtask_members SET expires_at = now() + $4::interval
- WHERE ledger = $1 AND member = $2 AND fence = $3 AND expires_at > now()`, j.ledger, j.member, j.fence, j.lease)
+		tag, err := j.pool.Exec(ctx, renewLease, j.ledger, j.member, j.fence, j.lease)
 		cancel()
 		switch {
 		case err == nil && tag.RowsAffected() == 0:
@@ -460,8 +464,7 @@ func (j *Journal) Compact(keep []bgtask.Record) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*j.lease)
 	defer cancel()
 	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE bgtask_members SET expires_at = now() + $4::interval
- WHERE ledger = $1 AND member = $2 AND fence = $3 AND expires_at > now()`, j.ledger, j.member, j.fence, j.lease)
+		tag, err := tx.Exec(ctx, renewLease, j.ledger, j.member, j.fence, j.lease)
 		if err != nil {
 			return err
 		}

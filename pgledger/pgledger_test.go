@@ -175,15 +175,15 @@ func TestDurableAcrossRestart(t *testing.T) {
 	require.ErrorIs(t, m.Shutdown(ctx(t)), bgtask.ErrJournal)
 	f.expire("w1")
 
-	assert.Positive(t, f.count("bgtask_records", "member = 'w1'"))
-	assert.Equal(t, 2, f.count("bgtask_tasks", "member = 'w1'"))
-	assert.Equal(t, 3, f.count("bgtask_sessions", "member = 'w1'"))
-
 	// The next process on w1: the service still runs the retry's session,
-	// so it is re-adopted; its answer, sent now, ends it.
+	// so it is re-adopted (found by its attempt if its binding was not yet
+	// durable at the crash); its answer, sent now, ends it.
 	j2 := f.open("w1", Options{})
 	assert.Greater(t, j2.Fence(), j.Fence(), "a new fence at every open")
 	m2 := f.manager(svc, j2)
+	assert.Positive(t, f.count("bgtask_records", "member = 'w1'"))
+	assert.Equal(t, 2, f.count("bgtask_tasks", "member = 'w1'"))
+	assert.Equal(t, 3, f.count("bgtask_sessions", "member = 'w1'"), "every session bound, once recovery is done")
 	after := m2.Tasks()
 	require.Len(t, after, 2)
 	assert.Equal(t, jsonOf(t, before[0]), jsonOf(t, after[0]), "an ended task is replayed exactly")
