@@ -2678,7 +2678,9 @@ func answerOfTask(t Task) Answer {
 // ErrUnknownSession when no task knows the session (or too many events are
 // held already); ErrInvalidEvent for an event with neither session nor
 // attempt, or an unknown kind. Rejected events change nothing and are logged
-// at debug level with the task, attempt and session ids.
+// at debug level with the task, attempt and session ids. With a journal,
+// Observe returns once what the event decided is durable, or ErrJournal if
+// it could not be made so (the Manager then stops acting on the world).
 func (m *Manager) Observe(ev Event) error {
 	if !ev.Kind.valid() {
 		return fmt.Errorf("%w: unknown kind %q", ErrInvalidEvent, ev.Kind)
@@ -2687,7 +2689,7 @@ func (m *Manager) Observe(ev Event) error {
 		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidEvent)
 	}
 	in := eventIn{obs: observation{ev: ev, classified: ev.Kind != SessionError}}
-	m.step(&in)
+	durable := m.step(&in)
 	if in.err == errNeedsClass {
 		// An error that will be applied: classify it without the lock (the
 		// classifier is user code), then resolve again from scratch.
@@ -2696,12 +2698,13 @@ func (m *Manager) Observe(ev Event) error {
 			o.ev.Err = errors.New("session error with no detail")
 		}
 		o.fail, o.classified = m.classify(o.ev.Err), true
-		m.step(&in)
+		durable = m.step(&in)
 	}
 	if in.err != nil {
 		m.logRejected(ev, in.who, in.err)
+		return in.err
 	}
-	return in.err
+	return durable // ErrJournal: what the event decided is not durable, and has not happened
 }
 
 // resolved names the attempt an event resolved to, for logging.

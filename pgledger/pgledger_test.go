@@ -431,3 +431,40 @@ func TestCompaction(t *testing.T) {
 func rec(seq uint64, kind, task, attempt, token, session string) bgtask.Record {
 	return bgtask.Record{Seq: seq, Kind: kind, TaskID: task, AttemptID: attempt, Token: token, SessionID: session, Data: []byte{byte(seq)}}
 }
+
+// The database goes away under a running Manager (here: its pool is
+// closed): the next write fails and Observe says so, the Manager stops
+// acting on the world and refuses new work, Shutdown returns with the
+// journal's error, and the run is recovered from the session service.
+func TestDatabaseGoneMidRun(t *testing.T) {
+	f := newFixture(t)
+	pool, err := pgxpool.New(ctx(t), dbURL)
+	require.NoError(t, err)
+	svc := newService()
+	j, err := Open(ctx(t), pool, Options{Ledger: f.ledger, Member: "w1"})
+	require.NoError(t, err)
+	m, err := bgtask.Open(ctx(t), svc, bgtask.WithJournal(j))
+	require.NoError(t, err)
+	task, err := m.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	running, err := bgtasktest.WaitFor(ctx(t), m, task.ID, func(t bgtask.Task) bool { return t.Status == bgtask.StatusRunning })
+	require.NoError(t, err)
+
+	pool.Close()
+	a := running.Attempts[0]
+	err = m.Observe(bgtask.Event{AttemptID: a.ID, SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "ok"})
+	assert.ErrorIs(t, err, bgtask.ErrJournal, "the event's records are not durable: Observe says so")
+	_, err = m.Launch(ctx(t), spec)
+	assert.ErrorIs(t, err, bgtask.ErrJournal)
+	assert.ErrorIs(t, m.Shutdown(context.Background()), bgtask.ErrJournal)
+	require.NoError(t, j.Close())
+	// The lease was never released: another process takes the member over
+	// once it expires, and finds the run's evidence in the service.
+	svc.end(a.SessionID, bgtask.Event{Kind: bgtask.SessionIdle, Text: "ok"})
+	f.expire("w1")
+	heir := f.manager(svc, f.open("w1", Options{}))
+	got, err := heir.Wait(ctx(t), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCompleted, got.Status)
+	assert.Equal(t, "ok", got.Attempts[0].Result)
+}
