@@ -525,3 +525,62 @@ func TestShutdownAfterTheJournalFailedMidRunReturns(t *testing.T) {
 	}
 	assert.NotContains(t, host.aborts, "ses-1", "an abort ran though its intent was never durable")
 }
+
+// gateJournal holds every batch's durability while gate is set, until
+// open is closed.
+type gateJournal struct {
+	Journal
+	gate atomic.Bool
+	open chan struct{}
+}
+
+type gatedCommit struct {
+	c    Commit
+	open <-chan struct{}
+}
+
+func (g gatedCommit) Wait() error { <-g.open; return g.c.Wait() }
+
+func (j *gateJournal) Append(b []Record) Commit {
+	c := j.Journal.Append(b)
+	if j.gate.Load() {
+		return gatedCommit{c: c, open: j.open}
+	}
+	return c
+}
+
+// What Wait and WaitParent return survives a crash: a task's end is shown
+// to them only once its records are durable, though Task sees it at once.
+func TestWaitReturnsOnlyWhatIsDurable(t *testing.T) {
+	inner, err := OpenFileJournal(t.TempDir())
+	require.NoError(t, err)
+	j := &gateJournal{Journal: inner, open: make(chan struct{})}
+	host := &testHost{}
+	m, err := Open(context.Background(), host, WithJournal(j))
+	require.NoError(t, err)
+	defer func() { _ = m.Shutdown(context.Background()) }()
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}})
+	require.NoError(t, err)
+	running := waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
+
+	j.gate.Store(true)
+	observed := make(chan error, 1)
+	go func() {
+		observed <- m.Observe(Event{AttemptID: running.Attempts[0].ID, Kind: SessionIdle, Text: "done"})
+	}()
+	waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusCompleted }) // in memory, not durable
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err = m.Wait(short, task.ID)
+	cancel()
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "Wait returned an end that is not durable")
+	short, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err = m.WaitParent(short, "p")
+	cancel()
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "WaitParent returned an end that is not durable")
+
+	close(j.open)
+	require.NoError(t, <-observed)
+	got, err := m.Wait(context.Background(), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusCompleted, got.Status)
+}

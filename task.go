@@ -1269,6 +1269,66 @@ type outbox struct {
 	measureMu sync.Mutex
 	order     sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
 	panics    atomic.Uint64
+	durable   durableMark // with a journal: how far the committed records are durable
+}
+
+// durableMark is the sequence of the last record known durable, and a
+// channel closed when it moves on: what a wait that returns what the
+// ledger holds waits on, so that what it returns survives a crash.
+type durableMark struct {
+	mu  sync.Mutex
+	seq uint64
+	ch  chan struct{}
+}
+
+// advance notes that the records up to seq are durable.
+func (d *durableMark) advance(seq uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if seq > d.seq {
+		d.seq = seq
+		if d.ch != nil {
+			close(d.ch)
+			d.ch = nil
+		}
+	}
+}
+
+// reached reports whether the records up to seq are durable, and if not
+// a channel closed when the mark next moves.
+func (d *durableMark) reached(seq uint64) (bool, <-chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.seq >= seq {
+		return true, nil
+	}
+	if d.ch == nil {
+		d.ch = make(chan struct{})
+	}
+	return false, d.ch
+}
+
+// settle waits until every record committed so far is durable (at once
+// without a journal), so that what a wait returns survives a crash; or
+// returns ctx's error, or the journal's once it failed. m.mu is held;
+// it is released while waiting and held again on return.
+func (m *Manager) settle(ctx context.Context) error {
+	if m.cfg.journal == nil {
+		return nil
+	}
+	target := m.led.seq
+	for {
+		ok, ch := m.out.durable.reached(target)
+		if ok {
+			return nil
+		}
+		m.mu.Unlock()
+		err := m.await(ctx, ch)
+		m.mu.Lock()
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // New returns a Manager that runs child sessions through host. With
@@ -1336,6 +1396,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		m.mu.Unlock()
 		return err
 	}
+	m.out.durable.advance(m.led.seq) // what was replayed is durable
 	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
 	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch}})
 	m.reconcile(rv)
@@ -1480,6 +1541,8 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	if durable != nil {
 		if err = durable.Wait(); err != nil {
 			err = m.poison(err)
+		} else {
+			m.out.durable.advance(recs[len(recs)-1].seq)
 		}
 	}
 	for i := range fx {
@@ -2417,7 +2480,9 @@ func (m *Manager) Tasks() []Task { return m.Snapshot().Tasks }
 
 // Wait blocks until the task is terminal and returns its snapshot, or
 // returns ctx's error first — or ErrJournal once the journal failed (the
-// Manager records nothing more, so the task will not end here).
+// Manager records nothing more, so the task will not end here). With a
+// journal, it returns once the end is durable: what Wait reports, a
+// restart replays.
 func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	ctx = orBackground(ctx)
 	m.mu.Lock()
@@ -2434,7 +2499,11 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	}
 	m.mu.Lock()
 	defer m.unlock()
-	return e.project(), nil
+	t := e.project()
+	if err := m.settle(ctx); err != nil {
+		return Task{}, err
+	}
+	return t, nil
 }
 
 // WaitParent blocks until every task launched from parentSessionID has
@@ -2462,7 +2531,11 @@ func (m *Manager) WaitParent(ctx context.Context, parentSessionID string) ([]Tas
 			for i, e := range kids {
 				out[i] = e.project()
 			}
+			err := m.settle(ctx)
 			m.unlock()
+			if err != nil {
+				return nil, err
+			}
 			return out, nil
 		}
 		done := live.waitDone()
@@ -2645,11 +2718,19 @@ func (m *Manager) WaitAnswer(ctx context.Context, taskID string, n int) (Answer,
 		case e.inv != nil && e.inv.released(n):
 			a := *e.inv.list[n-1].Answer
 			a.Notices = slices.Clone(a.Notices)
+			err := m.settle(ctx)
 			m.unlock()
+			if err != nil {
+				return Answer{}, err
+			}
 			return a, nil
 		case e.inv == nil && n == 1 && e.terminal():
 			t := e.project()
+			err := m.settle(ctx)
 			m.unlock()
+			if err != nil {
+				return Answer{}, err
+			}
 			return answerOfTask(t), nil
 		}
 		changed := e.waitChange()

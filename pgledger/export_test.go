@@ -1,5 +1,10 @@
 package pgledger
 
+import (
+	"context"
+	"time"
+)
+
 // abandon stops the journal as a crash would: its writer and heartbeat
 // end, its lease is left to expire, and nothing more it is given lands.
 func (j *Journal) abandon() {
@@ -11,4 +16,25 @@ func (j *Journal) abandon() {
 	j.mu.Unlock()
 	close(j.stop)
 	j.done.Wait()
+}
+
+// kill stops the node as a crash would: its loop ends, its journals
+// write nothing more and keep their leases until they expire, and its
+// Managers' goroutines are joined (what they do no longer lands).
+func (n *Node) kill() {
+	n.mu.Lock()
+	n.closed = true
+	mbs := make([]*member, 0, len(n.members))
+	for _, mb := range n.members {
+		mbs = append(mbs, mb)
+	}
+	n.mu.Unlock()
+	n.cancel()
+	n.done.Wait()
+	for _, mb := range mbs {
+		mb.j.abandon()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = mb.m.Shutdown(ctx)
+		cancel()
+	}
 }

@@ -29,6 +29,7 @@ type fixture struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	ledger string
+	took   chan took // the fixture's nodes' takeovers
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -36,7 +37,7 @@ func newFixture(t *testing.T) *fixture {
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	return &fixture{t: t, pool: pool, ledger: fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1))}
+	return &fixture{t: t, pool: pool, ledger: fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1)), took: make(chan took, 16)}
 }
 
 // open opens member's journal, closed at the test's end.

@@ -121,6 +121,104 @@ BEGIN
 END
 $$;
 `,
+	// 2: what a fleet of processes shares: whether each task has ended, the
+	// index an event for an attempt is routed by, keys claimed across
+	// members, and the inbox of events routed to a member's owner.
+	`
+ALTER TABLE bgtask_tasks ADD COLUMN ended boolean NOT NULL DEFAULT false;
+CREATE INDEX bgtask_tasks_attempt ON bgtask_tasks (ledger, attempt_id);
+CREATE TABLE bgtask_keys (
+	ledger     text        NOT NULL,
+	key        text        NOT NULL,
+	member     text        NOT NULL,
+	task_id    text        NOT NULL,
+	claimed_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (ledger, key)
+);
+CREATE TABLE bgtask_inbox (
+	id     bigserial PRIMARY KEY,
+	ledger text  NOT NULL,
+	member text  NOT NULL,
+	event  jsonb NOT NULL
+);
+CREATE INDEX bgtask_inbox_member ON bgtask_inbox (ledger, member, id);
+
+CREATE OR REPLACE FUNCTION bgtask_append(
+	p_ledger text, p_member text, p_fence bigint, p_lease interval,
+	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
+	p_session text[], p_data bytea[]
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	i int;
+	n int;
+	other text;
+BEGIN
+	UPDATE bgtask_members SET expires_at = now() + p_lease
+	 WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
+			USING ERRCODE = 'BT001';
+	END IF;
+	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
+		CASE p_kind[i]
+		WHEN 'task_launched' THEN
+			INSERT INTO bgtask_tasks (ledger, task_id, member) VALUES (p_ledger, p_task[i], p_member)
+			ON CONFLICT (ledger, task_id) DO NOTHING;
+			IF NOT FOUND THEN
+				SELECT member INTO other FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];
+				IF other IS DISTINCT FROM p_member THEN
+					RAISE EXCEPTION 'bgtask: task id % is taken by member %', p_task[i], other
+						USING ERRCODE = 'BT002';
+				END IF;
+			END IF;
+		WHEN 'attempt_created' THEN
+			UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i], ended = false
+			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'bgtask: attempt % of task %: no such task of member %', p_attempt[i], p_task[i], p_member
+					USING ERRCODE = 'BT003';
+			END IF;
+		WHEN 'session_bound', 'attempt_finalized', 'retry_scheduled', 'start_requested' THEN
+			PERFORM 1 FROM bgtask_tasks
+			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member
+			   AND attempt_id = p_attempt[i] AND token = p_token[i];
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'bgtask: % for attempt % (run %) of task %, which is not its current attempt',
+					p_kind[i], p_attempt[i], p_token[i], p_task[i]
+					USING ERRCODE = 'BT003';
+			END IF;
+			IF p_kind[i] = 'attempt_finalized' THEN
+				UPDATE bgtask_tasks SET ended = true WHERE ledger = p_ledger AND task_id = p_task[i];
+			ELSIF p_kind[i] = 'retry_scheduled' THEN
+				UPDATE bgtask_tasks SET ended = false WHERE ledger = p_ledger AND task_id = p_task[i];
+			END IF;
+			IF p_kind[i] = 'session_bound' THEN
+				INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id)
+				VALUES (p_ledger, p_session[i], p_member, p_task[i], p_attempt[i])
+				ON CONFLICT (ledger, session_id) DO UPDATE
+				   SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id
+				 WHERE bgtask_sessions.member = EXCLUDED.member;
+				GET DIAGNOSTICS n = ROW_COUNT;
+				IF n = 0 THEN
+					SELECT member INTO other FROM bgtask_sessions WHERE ledger = p_ledger AND session_id = p_session[i];
+					RAISE EXCEPTION 'bgtask: session % is bound by member %', p_session[i], other
+						USING ERRCODE = 'BT004';
+				END IF;
+			END IF;
+		ELSE
+		END CASE;
+	END LOOP;
+	-- A task that ended in this commit gives its key up (a retry in the
+	-- same commit keeps it: ended is false again by the end of the loop).
+	DELETE FROM bgtask_keys k USING bgtask_tasks t
+	 WHERE k.ledger = p_ledger AND t.ledger = p_ledger AND t.task_id = k.task_id
+	   AND t.ended AND k.task_id = ANY(p_task);
+	INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
+	SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data
+	  FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);
+END
+$$;
+`,
 }
 
 // schemaLock is the advisory lock key migrations run under, so that two

@@ -1,0 +1,591 @@
+package pgledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// NodeOptions configure Join.
+type NodeOptions struct {
+	// Ledger, Member, Lease, Heartbeat and Holder are the journal's
+	// (Options): Member is this process's own member.
+	Ledger, Member   string
+	Lease, Heartbeat time.Duration
+	Holder           string
+	// Host is the session service every Manager of the node uses: this
+	// process's own and those it takes over. A bgtask.StatusHost lets a
+	// takeover re-adopt the runs whose sessions are alive.
+	Host bgtask.Host
+	// Options are passed to every Manager the node opens (a notifier, a
+	// logger, limits, …); the journal is the node's.
+	Options []bgtask.Option
+	// Poll is how often the node looks at its inbox without being
+	// notified, and for members whose lease expired (0: 1s).
+	Poll time.Duration
+	// Logger, if set, hears the node's own trouble (a lost listen
+	// connection, a takeover).
+	Logger *slog.Logger
+
+	took func(member string) // tests: called after each takeover
+}
+
+// Node is one process of a fleet on one ledger: its own member's Manager,
+// the members it took over from dead processes, and the routing of events
+// to whichever process owns their session.
+//
+// Events: Observe applies an event here if a Manager of this node owns
+// its attempt or session, and otherwise routes it, in one transaction, to
+// the owner's inbox — after checking in the database that the attempt is
+// its task's current one (a stale event is refused, whichever process
+// received it). The owner is woken by NOTIFY, and looks at its inbox every
+// Poll in case a notification was missed; it applies each event (once
+// durable, the event is deleted), so an event is applied at least once
+// and a repeat is refused as stale by the attempt's state machine.
+//
+// Takeover: every Poll the node looks for members whose lease expired
+// with tasks still live, takes one over (Open, as a restart) and opens a
+// Manager on it, which reconciles its runs through the Host.
+type Node struct {
+	pool *pgxpool.Pool
+	o    NodeOptions
+
+	mu      sync.Mutex
+	members map[string]*member // this node's: its own and those taken over
+	closed  bool
+
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// member is one member this node owns: its journal and its Manager.
+type member struct {
+	name string
+	j    *Journal
+	m    *bgtask.Manager
+}
+
+// Join opens this process's member and its Manager, and starts listening
+// for events routed to it and for members to take over.
+func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if o.Host == nil {
+		return nil, errors.New("pgledger: Join with a nil Host")
+	}
+	if o.Poll < 0 {
+		return nil, errors.New("pgledger: Poll may not be negative")
+	}
+	if o.Poll == 0 {
+		o.Poll = time.Second
+	}
+	if o.Ledger == "" {
+		o.Ledger = "default"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	n := &Node{pool: pool, o: o, members: map[string]*member{}}
+	own, err := n.open(ctx, o.Member)
+	if err != nil {
+		return nil, err
+	}
+	n.members[own.name] = own
+	loop, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.done.Add(1)
+	go n.run(loop)
+	return n, nil
+}
+
+// open takes member name's lease and opens a Manager on it (which
+// replays it and reconciles its live runs).
+func (n *Node) open(ctx context.Context, name string) (*member, error) {
+	j, err := Open(ctx, n.pool, Options{Ledger: n.o.Ledger, Member: name, Lease: n.o.Lease, Heartbeat: n.o.Heartbeat, Holder: n.o.Holder})
+	if err != nil {
+		return nil, err
+	}
+	m, err := bgtask.Open(ctx, n.o.Host, append(slices.Clip(n.o.Options), bgtask.WithJournal(j))...)
+	if err != nil {
+		_ = j.Close()
+		return nil, err
+	}
+	return &member{name: name, j: j, m: m}, nil
+}
+
+// Manager returns the Manager of this process's own member.
+func (n *Node) Manager() *bgtask.Manager {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.members[n.o.Member].m
+}
+
+// Members names the members this node owns now, its own first.
+func (n *Node) Members() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := []string{n.o.Member}
+	for name := range n.members {
+		if name != n.o.Member {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out[1:])
+	return out
+}
+
+// Managers returns the Managers of the members this node owns, its own
+// first.
+func (n *Node) Managers() []*bgtask.Manager {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := []*bgtask.Manager{n.members[n.o.Member].m}
+	for name, mb := range n.members {
+		if name != n.o.Member {
+			out = append(out, mb.m)
+		}
+	}
+	return out
+}
+
+// Task finds task id in whichever Manager of this node has it.
+func (n *Node) Task(id string) (bgtask.Task, bool) {
+	for _, m := range n.Managers() {
+		if t, ok := m.Task(id); ok {
+			return t, true
+		}
+	}
+	return bgtask.Task{}, false
+}
+
+// Launch launches spec on this process's own member. A Spec.Key is
+// claimed in the database first: if a live task of any member holds it,
+// Launch returns *bgtask.KeyHeldError naming that task, and nothing is
+// launched.
+func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	m := n.Manager()
+	if spec.Key == "" {
+		return m.Launch(ctx, spec)
+	}
+	if spec.ID == "" {
+		spec.ID = uuid.NewString()
+	}
+	holder, err := n.claimKey(ctx, spec.Key, spec.ID)
+	if err != nil {
+		return bgtask.Task{}, err
+	}
+	if holder != spec.ID {
+		return bgtask.Task{}, &bgtask.KeyHeldError{Key: spec.Key, TaskID: holder}
+	}
+	t, err := m.Launch(ctx, spec)
+	if err != nil {
+		var held *bgtask.KeyHeldError
+		if !errors.As(err, &held) || held.TaskID != spec.ID {
+			n.releaseKey(spec.Key, spec.ID)
+		}
+	}
+	return t, err
+}
+
+// keyClaimGrace is how long a claimed key whose task was never launched
+// (its process died in between) stays claimed.
+const keyClaimGrace = time.Minute
+
+// claimKey claims key for task id and returns the task that holds it:
+// id if the claim was won.
+func (n *Node) claimKey(ctx context.Context, key, id string) (string, error) {
+	var holder string
+	err := n.pool.QueryRow(ctx, `
+INSERT INTO bgtask_keys AS k (ledger, key, member, task_id) VALUES ($1, $2, $3, $4)
+ON CONFLICT (ledger, key) DO UPDATE
+   SET member = EXCLUDED.member, task_id = EXCLUDED.task_id, claimed_at = now()
+ WHERE EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = k.ledger AND t.task_id = k.task_id AND t.ended)
+    OR (NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = k.ledger AND t.task_id = k.task_id)
+        AND k.claimed_at < now() - $5::interval)
+RETURNING task_id`, n.o.Ledger, key, n.o.Member, id, keyClaimGrace).Scan(&holder)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = n.pool.QueryRow(ctx, `SELECT task_id FROM bgtask_keys WHERE ledger = $1 AND key = $2`, n.o.Ledger, key).Scan(&holder)
+	}
+	if err != nil {
+		return "", fmt.Errorf("pgledger: claiming key %q: %w", key, err)
+	}
+	return holder, nil
+}
+
+// releaseKey gives up a claim whose launch failed.
+func (n *Node) releaseKey(key, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.pool.Exec(ctx, `DELETE FROM bgtask_keys WHERE ledger = $1 AND key = $2 AND task_id = $3`, n.o.Ledger, key, id); err != nil {
+		n.o.Logger.Warn("pgledger: releasing a key claim", "key", key, "err", err)
+	}
+}
+
+// Observe applies ev in this node if one of its Managers owns the
+// attempt or session, and otherwise routes it to the owner (see Node).
+// It returns bgtask.ErrStaleEvent for an attempt that is not its task's
+// current one in the database, and bgtask.ErrUnknownSession when no
+// member of the ledger knows the session or attempt. An event routed to
+// another process carries its error as text: the owner classifies that
+// text (DefaultRetryable reads status codes and phrases), not the value.
+func (n *Node) Observe(ev bgtask.Event) error {
+	if ev.AttemptID != "" {
+		// An attempt is known exactly where it lives: try here first.
+		if err := n.observeHere(ev); !errors.Is(err, bgtask.ErrUnknownSession) {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	owner, current, err := n.owner(ctx, ev)
+	switch {
+	case err != nil:
+		return err
+	case owner == "":
+		if ev.AttemptID == "" {
+			return n.observeHere(ev) // a start in flight here may still bind it
+		}
+		return fmt.Errorf("%w: no member of ledger %s knows attempt %s", bgtask.ErrUnknownSession, n.o.Ledger, ev.AttemptID)
+	case !current:
+		return fmt.Errorf("%w: attempt %s is not its task's current one", bgtask.ErrStaleEvent, ev.AttemptID)
+	}
+	n.mu.Lock()
+	mb := n.members[owner]
+	n.mu.Unlock()
+	if mb != nil {
+		return mb.m.Observe(ev)
+	}
+	return n.route(ctx, owner, ev)
+}
+
+// observeHere offers ev to this node's Managers.
+func (n *Node) observeHere(ev bgtask.Event) error {
+	err := bgtask.ErrUnknownSession
+	for _, m := range n.Managers() {
+		if err = m.Observe(ev); !errors.Is(err, bgtask.ErrUnknownSession) {
+			return err
+		}
+	}
+	return err
+}
+
+// owner finds the member that owns ev's attempt (or session) in the
+// database, and whether the attempt (and token) is its task's current one.
+func (n *Node) owner(ctx context.Context, ev bgtask.Event) (owner string, current bool, err error) {
+	if ev.AttemptID != "" {
+		err = n.pool.QueryRow(ctx, `
+SELECT t.member, t.attempt_id = $2 AND ($3 = '' OR t.token = $3) AND NOT t.ended
+  FROM bgtask_tasks t
+ WHERE t.ledger = $1 AND (t.attempt_id = $2
+       OR t.task_id = (SELECT s.task_id FROM bgtask_sessions s WHERE s.ledger = $1 AND s.attempt_id = $2 LIMIT 1))
+ LIMIT 1`, n.o.Ledger, ev.AttemptID, ev.Token).Scan(&owner, &current)
+	} else {
+		err = n.pool.QueryRow(ctx, `
+SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND NOT t.ended
+  FROM bgtask_sessions s JOIN bgtask_tasks t ON t.ledger = s.ledger AND t.task_id = s.task_id
+ WHERE s.ledger = $1 AND s.session_id = $2`, n.o.Ledger, ev.SessionID, ev.Token).Scan(&owner, &current)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("pgledger: routing an event: %w", err)
+	}
+	return owner, current, nil
+}
+
+// wireEvent is an Event as the inbox keeps it (its error as text; Value
+// is process-local and not carried).
+type wireEvent struct {
+	SessionID   string              `json:"sessionID,omitempty"`
+	AttemptID   string              `json:"attemptID,omitempty"`
+	Token       string              `json:"token,omitempty"`
+	Kind        bgtask.EventKind    `json:"kind"`
+	Text        string              `json:"text,omitempty"`
+	NoFinalText bool                `json:"noFinalText,omitempty"`
+	Finish      bgtask.FinishReason `json:"finish,omitempty"`
+	Err         *string             `json:"err,omitempty"`
+	At          time.Time           `json:"at"`
+	Invocation  int                 `json:"invocation,omitempty"`
+	Progress    string              `json:"progress,omitempty"`
+}
+
+func toWire(ev bgtask.Event) (w wireEvent, err error) {
+	w = wireEvent{SessionID: ev.SessionID, AttemptID: ev.AttemptID, Token: ev.Token, Kind: ev.Kind, Text: ev.Text,
+		NoFinalText: ev.NoFinalText, Finish: ev.Finish, At: ev.At, Invocation: ev.Invocation, Progress: ev.Progress}
+	if w.At.IsZero() {
+		w.At = time.Now()
+	}
+	if ev.Err != nil {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("pgledger: the event's error panicked in Error(): %v", r)
+			}
+		}()
+		text := ev.Err.Error()
+		w.Err = &text
+	}
+	return w, nil
+}
+
+func (w wireEvent) event() bgtask.Event {
+	ev := bgtask.Event{SessionID: w.SessionID, AttemptID: w.AttemptID, Token: w.Token, Kind: w.Kind, Text: w.Text,
+		NoFinalText: w.NoFinalText, Finish: w.Finish, At: w.At, Invocation: w.Invocation, Progress: w.Progress}
+	if w.Err != nil {
+		ev.Err = errors.New(*w.Err)
+	}
+	return ev
+}
+
+// inboxChannel is the channel NOTIFY wakes an inbox's owner on; the
+// payload is "ledger\x1fmember".
+const inboxChannel = "bgtask_inbox"
+
+// route puts ev in owner's inbox and wakes it, in one transaction.
+func (n *Node) route(ctx context.Context, owner string, ev bgtask.Event) error {
+	w, err := toWire(ev)
+	if err != nil {
+		return err
+	}
+	body, err := json.Marshal(w)
+	if err != nil {
+		return err
+	}
+	err = pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO bgtask_inbox (ledger, member, event) VALUES ($1, $2, $3)`, n.o.Ledger, owner, body); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, inboxChannel, n.o.Ledger+"\x1f"+owner)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pgledger: routing an event to member %s: %w", owner, err)
+	}
+	return nil
+}
+
+// run is the node's loop: it listens for events routed here, and every
+// Poll drains the inbox of each member it owns and looks for members to
+// take over, until ctx ends.
+func (n *Node) run(ctx context.Context) {
+	defer n.done.Done()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close(context.Background())
+		}
+	}()
+	next := time.Now()
+	for ctx.Err() == nil {
+		if conn == nil {
+			conn = n.listen(ctx)
+		}
+		if !time.Now().Before(next) {
+			n.drainAll(ctx)
+			n.takeOver(ctx)
+			next = time.Now().Add(n.o.Poll)
+		}
+		wait, cancel := context.WithDeadline(ctx, next)
+		if conn == nil {
+			<-wait.Done()
+			cancel()
+			continue
+		}
+		note, err := conn.WaitForNotification(wait)
+		cancel()
+		switch {
+		case err == nil:
+			n.drainFor(ctx, note.Payload)
+		case ctx.Err() != nil:
+		case errors.Is(err, context.DeadlineExceeded):
+		default:
+			n.o.Logger.Warn("pgledger: the listen connection failed; polling until it is back", "err", err)
+			_ = conn.Close(context.Background())
+			conn = nil
+		}
+	}
+}
+
+// listen opens a connection of its own (not the pool's: it is held for
+// as long as the node runs) and listens on the inbox channel, or returns
+// nil (the loop polls, and tries again).
+func (n *Node) listen(ctx context.Context) *pgx.Conn {
+	conn, err := pgx.ConnectConfig(ctx, n.pool.Config().ConnConfig)
+	if err != nil {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel); err != nil {
+		_ = conn.Close(context.Background())
+		return nil
+	}
+	return conn
+}
+
+// drainFor drains the inbox a notification names, if it is one of this
+// node's.
+func (n *Node) drainFor(ctx context.Context, payload string) {
+	n.mu.Lock()
+	var mb *member
+	for name, m := range n.members {
+		if payload == n.o.Ledger+"\x1f"+name {
+			mb = m
+		}
+	}
+	n.mu.Unlock()
+	if mb != nil {
+		n.drain(ctx, mb)
+	}
+}
+
+func (n *Node) drainAll(ctx context.Context) {
+	n.mu.Lock()
+	mbs := make([]*member, 0, len(n.members))
+	for _, mb := range n.members {
+		mbs = append(mbs, mb)
+	}
+	n.mu.Unlock()
+	for _, mb := range mbs {
+		n.drain(ctx, mb)
+	}
+}
+
+// drain applies the events in mb's inbox, in the order they were routed,
+// and deletes them once applied (Observe returns once durable): a crash
+// in between applies them again, and a repeat is refused as stale. Only
+// the node that owns mb drains it, from its loop alone; no transaction is
+// held across the Manager's own writes.
+func (n *Node) drain(ctx context.Context, mb *member) {
+	for ctx.Err() == nil {
+		rows, err := n.pool.Query(ctx, `SELECT id, event FROM bgtask_inbox WHERE ledger = $1 AND member = $2
+ ORDER BY id LIMIT 100`, n.o.Ledger, mb.name)
+		if err != nil {
+			return
+		}
+		var ids []int64
+		var evs []wireEvent
+		for rows.Next() {
+			var id int64
+			var w wireEvent
+			if err := rows.Scan(&id, &w); err != nil {
+				break
+			}
+			ids, evs = append(ids, id), append(evs, w)
+		}
+		rows.Close()
+		if rows.Err() != nil || len(ids) == 0 {
+			return
+		}
+		applied := ids[:0]
+		for i, w := range evs {
+			if err := mb.m.Observe(w.event()); errors.Is(err, bgtask.ErrJournal) {
+				break // not durable: left for whoever owns the member next
+			}
+			applied = append(applied, ids[i])
+		}
+		if _, err := n.pool.Exec(ctx, `DELETE FROM bgtask_inbox WHERE id = ANY($1)`, applied); err != nil {
+			n.o.Logger.Warn("pgledger: removing applied events", "member", mb.name, "err", err)
+			return
+		}
+		if len(applied) < len(ids) || len(ids) < 100 {
+			return
+		}
+	}
+}
+
+// takeOver opens one member whose lease expired while it still has live
+// tasks, if another process has not taken it first.
+func (n *Node) takeOver(ctx context.Context) {
+	n.mu.Lock()
+	own := make([]string, 0, len(n.members))
+	for name := range n.members {
+		own = append(own, name)
+	}
+	closed := n.closed
+	n.mu.Unlock()
+	if closed {
+		return
+	}
+	rows, err := n.pool.Query(ctx, `
+SELECT m.member FROM bgtask_members m
+ WHERE m.ledger = $1 AND m.expires_at <= now() AND m.member <> ALL($2)
+   AND (EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = m.ledger AND t.member = m.member AND NOT t.ended)
+        OR EXISTS (SELECT 1 FROM bgtask_inbox i WHERE i.ledger = m.ledger AND i.member = m.member))
+ ORDER BY m.expires_at`, n.o.Ledger, own)
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		mb, err := n.open(ctx, name)
+		var held *LeaseHeldError
+		if errors.As(err, &held) {
+			continue // another process was first
+		}
+		if err != nil {
+			n.o.Logger.Warn("pgledger: taking over a member", "member", name, "err", err)
+			continue
+		}
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			_ = mb.m.Shutdown(context.Background())
+			return
+		}
+		n.members[name] = mb
+		n.mu.Unlock()
+		n.o.Logger.Info("pgledger: took over a member whose lease expired", "member", name)
+		n.drain(ctx, mb)
+		if n.o.took != nil {
+			n.o.took(name)
+		}
+	}
+}
+
+// Close stops the node's loop and shuts down each of its Managers (which
+// closes their journals and releases their leases). ctx bounds each
+// Manager's Shutdown, as bgtask's does.
+func (n *Node) Close(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	n.cancel()
+	n.done.Wait()
+	n.mu.Lock()
+	mbs := make([]*member, 0, len(n.members))
+	for _, mb := range n.members {
+		mbs = append(mbs, mb)
+	}
+	n.mu.Unlock()
+	var errs []error
+	for _, mb := range mbs {
+		if err := mb.m.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("member %s: %w", mb.name, err))
+		}
+		_ = mb.j.Close()
+	}
+	return errors.Join(errs...)
+}

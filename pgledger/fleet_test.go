@@ -1,0 +1,167 @@
+package pgledger
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// nodes joins n nodes (members w0, w1, …) of the fixture's ledger on one
+// session service, closed at the test's end.
+func (f *fixture) nodes(svc *service, n int, lease time.Duration) []*Node {
+	f.t.Helper()
+	out := make([]*Node, n)
+	for i := range out {
+		node, err := Join(context.Background(), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i),
+			Lease: lease, Host: svc, Poll: 50 * time.Millisecond, took: func(m string) {
+				select {
+				case f.took <- took{i, m}:
+				default: // nobody waits for takeovers in this test
+				}
+			}})
+		require.NoError(f.t, err)
+		f.t.Cleanup(func() { _ = node.Close(context.Background()) })
+		out[i] = node
+	}
+	return out
+}
+
+// An event may reach any process: it is applied by the process that owns
+// its session, checked in the database first — a stale event is refused
+// wherever it arrives, and one no member knows is unknown.
+func TestEventsReachTheOwner(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 3, 0)
+	task, err := ns[0].Launch(ctx(t), spec)
+	require.NoError(t, err)
+	running, err := bgtasktest.WaitStatus(ctx(t), ns[0].Manager(), task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	a := running.Attempts[0]
+	// The binding must be in the database before another process can
+	// route by it: a durable barrier is any later commit of w0.
+	_, err = ns[0].Launch(ctx(t), bgtask.Spec{ParentSessionID: "other", Models: spec.Models})
+	require.NoError(t, err)
+
+	// By session only, sent to w1: routed to w0, applied there.
+	require.NoError(t, ns[1].Observe(bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "from afar"}))
+	got, err := ns[0].Manager().Wait(ctx(t), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCompleted, got.Status)
+	assert.Equal(t, "from afar", got.Attempts[0].Result)
+	_, here := ns[1].Task(task.ID)
+	assert.False(t, here, "w1 does not own it")
+
+	// The same event again, at w2: stale, in the database.
+	err = ns[2].Observe(bgtask.Event{SessionID: a.SessionID, AttemptID: a.ID, Kind: bgtask.SessionIdle, Text: "again"})
+	assert.ErrorIs(t, err, bgtask.ErrStaleEvent)
+	err = ns[2].Observe(bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "again"})
+	assert.ErrorIs(t, err, bgtask.ErrStaleEvent)
+	assert.Equal(t, "from afar", mustTask(t, ns[0], task.ID).Attempts[0].Result)
+	err = ns[1].Observe(bgtask.Event{SessionID: "nobody's", Kind: bgtask.SessionIdle})
+	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
+	err = ns[1].Observe(bgtask.Event{AttemptID: "nobody's", Kind: bgtask.SessionIdle})
+	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
+	assert.Equal(t, 0, f.count("bgtask_inbox", ""), "every routed event was applied and removed")
+}
+
+func mustTask(t *testing.T, n *Node, id string) bgtask.Task {
+	t.Helper()
+	task, ok := n.Task(id)
+	require.True(t, ok, "task %s", id)
+	return task
+}
+
+// Launches with the same Spec.Key in two processes start one run; the key
+// is free again once its task ended.
+func TestKeyAcrossProcesses(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	keyed := spec
+	keyed.Key = "review-pr-7"
+	first, err := ns[0].Launch(ctx(t), keyed)
+	require.NoError(t, err)
+	_, err = ns[1].Launch(ctx(t), keyed)
+	var held *bgtask.KeyHeldError
+	require.ErrorAs(t, err, &held)
+	assert.Equal(t, first.ID, held.TaskID)
+	assert.Empty(t, ns[1].Manager().Tasks(), "nothing was launched")
+
+	running, err := bgtasktest.WaitStatus(ctx(t), ns[0].Manager(), first.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, ns[0].Observe(bgtask.Event{AttemptID: running.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+	_, err = ns[0].Manager().Wait(ctx(t), first.ID)
+	require.NoError(t, err)
+	second, err := ns[1].Launch(ctx(t), keyed)
+	require.NoError(t, err, "the key was given up when its task ended")
+	assert.NotEqual(t, first.ID, second.ID)
+}
+
+// A process dies mid-run: once its lease expires a live process takes its
+// member over, reconciles its runs through the session service, and
+// events for them, sent anywhere, reach the new owner.
+func TestLiveProcessTakesOverADeadOne(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 3, 500*time.Millisecond)
+	var tasks []bgtask.Task
+	for range 2 {
+		task, err := ns[2].Launch(ctx(t), spec)
+		require.NoError(t, err)
+		running, err := bgtasktest.WaitStatus(ctx(t), ns[2].Manager(), task.ID, bgtask.StatusRunning)
+		require.NoError(t, err)
+		tasks = append(tasks, running)
+	}
+	ns[2].kill()
+	svc.end(svc.sessionOf(tasks[1].Attempts[0].ID), bgtask.Event{Kind: bgtask.SessionIdle, Text: "ended while its owner was dead"})
+
+	// Wait for the takeover: some live node comes to own w2.
+	heir := awaitOwner(t, f, ns, "w2")
+	ended, err := heir.Managers()[1].Wait(ctx(t), tasks[1].ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCompleted, ended.Status)
+	assert.Equal(t, "ended while its owner was dead", ended.Attempts[0].Result)
+	alive := mustTask(t, heir, tasks[0].ID)
+	require.Equal(t, bgtask.StatusRunning, alive.Status, "its session runs on: re-adopted")
+
+	// Its event, sent to the node that is not the heir.
+	other := ns[0]
+	if other == heir {
+		other = ns[1]
+	}
+	a := alive.Attempts[0]
+	require.NoError(t, other.Observe(bgtask.Event{SessionID: a.SessionID, AttemptID: a.ID, Kind: bgtask.SessionIdle, Text: "done"}))
+	got, err := heir.Managers()[1].Wait(ctx(t), tasks[0].ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCompleted, got.Status)
+	assert.Equal(t, "done", got.Attempts[0].Result)
+}
+
+// took is a takeover: node i took member over.
+type took struct {
+	node   int
+	member string
+}
+
+// awaitOwner waits until one of nodes took member over, and returns it.
+func awaitOwner(t *testing.T, f *fixture, nodes []*Node, member string) *Node {
+	t.Helper()
+	for {
+		select {
+		case tk := <-f.took:
+			if tk.member == member {
+				return nodes[tk.node]
+			}
+		case <-ctx(t).Done():
+			t.Fatalf("nobody took %s over", member)
+			return nil
+		}
+	}
+}
