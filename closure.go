@@ -1289,8 +1289,9 @@ func init() {
 	probe.Replay = func(m any) error { return m.(*Manager).checkReplay() }
 }
 
-// parkOn waits for ch or ctx (or the journal's failure). The simulation harness counts goroutines
-// parked here as idle while none of what they wait for is ready.
+// parkOn waits for ch, ctx or the journal's failure (await). The
+// simulation harness counts goroutines parked here as idle while none of
+// what they wait for is ready.
 func (m *Manager) parkOn(ctx context.Context, ch <-chan struct{}) error {
 	done := m.life.parked.park(ch, ctx.Done())
 	defer done()

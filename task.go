@@ -1615,10 +1615,7 @@ func (c failedCommit) Wait() error { return c.err }
 func (m *Manager) poison(err error) error {
 	err = fmt.Errorf("%w: %w", ErrJournal, err)
 	if m.life.jerr.CompareAndSwap(nil, &err) {
-		close(m.life.dead) // whoever waits for what can no longer be recorded: Wait, CloseBranch, …
-		m.mu.Lock()
-		m.signal() // … and Shutdown
-		m.mu.Unlock()
+		close(m.life.dead) // whoever waits for what can no longer be recorded (await)
 		m.logAttrs(slog.LevelError, "bgtask: the journal failed; the manager stops acting on the world", slog.String("err", err.Error()))
 	}
 	return m.poisoned()
@@ -3377,11 +3374,9 @@ func (m *Manager) awaitStops(ctx context.Context) error {
 		if !busy {
 			return nil
 		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
+		if err := m.await(ctx, ch); err != nil && ctx.Err() != nil {
 			return fmt.Errorf("bgtask: shutdown: %w", ctx.Err())
-		}
+		} // a journal failure: busy is false from now on
 	}
 }
 

@@ -24,14 +24,10 @@ func (j *Journal) abandon() {
 func (n *Node) kill() {
 	n.mu.Lock()
 	n.closed = true
-	mbs := make([]*member, 0, len(n.members))
-	for _, mb := range n.members {
-		mbs = append(mbs, mb)
-	}
 	n.mu.Unlock()
 	n.cancel()
 	n.done.Wait()
-	for _, mb := range mbs {
+	for _, mb := range n.owned() {
 		mb.j.abandon()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = mb.m.Shutdown(ctx)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -131,30 +132,42 @@ func (n *Node) Manager() *bgtask.Manager {
 	return n.members[n.o.Member].m
 }
 
-// Members names the members this node owns now, its own first.
-func (n *Node) Members() []string {
+// owned returns the members this node owns now, its own first and the
+// rest by name.
+func (n *Node) owned() []*member {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	out := []string{n.o.Member}
-	for name := range n.members {
-		if name != n.o.Member {
-			out = append(out, name)
-		}
+	out := make([]*member, 0, len(n.members))
+	for _, mb := range n.members {
+		out = append(out, mb)
 	}
-	slices.Sort(out[1:])
+	slices.SortFunc(out, func(a, b *member) int {
+		switch {
+		case a.name == n.o.Member:
+			return -1
+		case b.name == n.o.Member:
+			return 1
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	return out
+}
+
+// Members names the members this node owns now, its own first.
+func (n *Node) Members() []string {
+	var out []string
+	for _, mb := range n.owned() {
+		out = append(out, mb.name)
+	}
 	return out
 }
 
 // Managers returns the Managers of the members this node owns, its own
 // first.
 func (n *Node) Managers() []*bgtask.Manager {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := []*bgtask.Manager{n.members[n.o.Member].m}
-	for name, mb := range n.members {
-		if name != n.o.Member {
-			out = append(out, mb.m)
-		}
+	var out []*bgtask.Manager
+	for _, mb := range n.owned() {
+		out = append(out, mb.m)
 	}
 	return out
 }
@@ -438,27 +451,17 @@ func (n *Node) listen(ctx context.Context) *pgx.Conn {
 // drainFor drains the inbox a notification names, if it is one of this
 // node's.
 func (n *Node) drainFor(ctx context.Context, payload string) {
+	ledger, name, _ := strings.Cut(payload, "\x1f")
 	n.mu.Lock()
-	var mb *member
-	for name, m := range n.members {
-		if payload == n.o.Ledger+"\x1f"+name {
-			mb = m
-		}
-	}
+	mb := n.members[name]
 	n.mu.Unlock()
-	if mb != nil {
+	if ledger == n.o.Ledger && mb != nil {
 		n.drain(ctx, mb)
 	}
 }
 
 func (n *Node) drainAll(ctx context.Context) {
-	n.mu.Lock()
-	mbs := make([]*member, 0, len(n.members))
-	for _, mb := range n.members {
-		mbs = append(mbs, mb)
-	}
-	n.mu.Unlock()
-	for _, mb := range mbs {
+	for _, mb := range n.owned() {
 		n.drain(ctx, mb)
 	}
 }
@@ -510,15 +513,12 @@ func (n *Node) drain(ctx context.Context, mb *member) {
 // tasks, if another process has not taken it first.
 func (n *Node) takeOver(ctx context.Context) {
 	n.mu.Lock()
-	own := make([]string, 0, len(n.members))
-	for name := range n.members {
-		own = append(own, name)
-	}
 	closed := n.closed
 	n.mu.Unlock()
 	if closed {
 		return
 	}
+	own := n.Members()
 	rows, err := n.pool.Query(ctx, `
 SELECT m.member FROM bgtask_members m
  WHERE m.ledger = $1 AND m.expires_at <= now() AND m.member <> ALL($2)
@@ -574,14 +574,8 @@ func (n *Node) Close(ctx context.Context) error {
 	n.mu.Unlock()
 	n.cancel()
 	n.done.Wait()
-	n.mu.Lock()
-	mbs := make([]*member, 0, len(n.members))
-	for _, mb := range n.members {
-		mbs = append(mbs, mb)
-	}
-	n.mu.Unlock()
 	var errs []error
-	for _, mb := range mbs {
+	for _, mb := range n.owned() {
 		if err := mb.m.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("member %s: %w", mb.name, err))
 		}

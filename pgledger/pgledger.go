@@ -170,8 +170,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 	if err := Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
-	j := &Journal{pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease,
-		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
+	j := newJournal(pool, o)
 	asked := time.Now()
 	if err := j.acquire(ctx, o.Wait); err != nil {
 		return nil, err
@@ -181,6 +180,13 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 	go j.writer()
 	go j.heartbeat(o.Heartbeat, o.beat)
 	return j, nil
+}
+
+// newJournal is the journal of o.Member, not yet holding its lease and
+// with no goroutine running.
+func newJournal(pool *pgxpool.Pool, o Options) *Journal {
+	return &Journal{pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease,
+		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
 }
 
 // defaultHolder names this process: host, pid and a random suffix.
@@ -336,7 +342,18 @@ func classify(err error) error {
 			return fmt.Errorf("%w: %s", ErrSessionTaken, pe.Message)
 		}
 	}
+	for _, known := range [...]error{ErrLeaseLost, ErrStale, ErrSessionTaken, ErrClosed} {
+		if errors.Is(err, known) {
+			return err
+		}
+	}
 	return fmt.Errorf("pgledger: append: %w", err)
+}
+
+// leaseLost is the error of a lease found lost by this process (a
+// heartbeat, a compaction), as the database reports its own (BT001).
+func (j *Journal) leaseLost(format string, args ...any) error {
+	return fmt.Errorf("%w: member %s (fence %d): %s", ErrLeaseLost, j.member, j.fence, fmt.Sprintf(format, args...))
 }
 
 // appendGroup writes the records of group through bgtask_append.
@@ -403,7 +420,7 @@ func (j *Journal) heartbeat(every time.Duration, beat func()) {
 		cancel()
 		switch {
 		case err == nil && tag.RowsAffected() == 0:
-			j.fail(&pgconn.PgError{Code: "BT001", Message: fmt.Sprintf("the heartbeat of member %s (fence %d) found it taken or expired", j.member, j.fence)})
+			j.fail(j.leaseLost("the heartbeat found it taken or expired"))
 			return
 		case err == nil:
 			j.renewed(asked)
@@ -413,7 +430,7 @@ func (j *Journal) heartbeat(every time.Duration, beat func()) {
 		case time.Since(time.Unix(0, j.renewedAt.Load())) >= j.lease:
 			// Unrenewed for a whole lease: another process may own the
 			// member by now. Stop before the database says so.
-			j.fail(&pgconn.PgError{Code: "BT001", Message: fmt.Sprintf("member %s (fence %d) was not renewed for %s: %v", j.member, j.fence, j.lease, err)})
+			j.fail(j.leaseLost("not renewed for %s: %v", j.lease, err))
 			return
 		}
 		// A heartbeat that failed to reach the database is tried again.
@@ -469,7 +486,7 @@ func (j *Journal) Compact(keep []bgtask.Record) error {
 			return err
 		}
 		if tag.RowsAffected() == 0 {
-			return &pgconn.PgError{Code: "BT001", Message: fmt.Sprintf("the lease of member %s (fence %d) was lost before a compaction", j.member, j.fence)}
+			return j.leaseLost("lost before a compaction")
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM bgtask_records WHERE ledger = $1 AND member = $2`, j.ledger, j.member); err != nil {
 			return err

@@ -12,7 +12,9 @@ import (
 // schema from version i to i+1. A released migration never changes; a
 // change to the schema is a new one at the end.
 var migrations = []string{
-	// 1: members (leases), records, and the identity tables.
+	// 1: members (leases), records, the identity tables (each task's
+	// current attempt and whether it ended, each session's binding, each
+	// key's claim), and the inbox of events routed to a member's owner.
 	`
 CREATE TABLE bgtask_members (
 	ledger     text        NOT NULL,
@@ -39,8 +41,10 @@ CREATE TABLE bgtask_tasks (
 	member     text NOT NULL,
 	attempt_id text NOT NULL DEFAULT '',
 	token      text NOT NULL DEFAULT '',
+	ended      boolean NOT NULL DEFAULT false,
 	PRIMARY KEY (ledger, task_id)
 );
+CREATE INDEX bgtask_tasks_attempt ON bgtask_tasks (ledger, attempt_id);
 CREATE TABLE bgtask_sessions (
 	ledger     text NOT NULL,
 	session_id text NOT NULL,
@@ -51,82 +55,6 @@ CREATE TABLE bgtask_sessions (
 );
 CREATE INDEX bgtask_sessions_member ON bgtask_sessions (ledger, member, task_id);
 
--- bgtask_append writes one group commit of member's records, as one
--- statement: the lease must be the caller's (its fence) and unexpired,
--- and every record must agree with the identity tables. Any disagreement
--- raises, so that nothing of the commit lands.
-CREATE FUNCTION bgtask_append(
-	p_ledger text, p_member text, p_fence bigint, p_lease interval,
-	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
-	p_session text[], p_data bytea[]
-) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-	i int;
-	n int;
-	other text;
-BEGIN
-	UPDATE bgtask_members SET expires_at = now() + p_lease
-	 WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
-	IF NOT FOUND THEN
-		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
-			USING ERRCODE = 'BT001';
-	END IF;
-	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
-		CASE p_kind[i]
-		WHEN 'task_launched' THEN
-			INSERT INTO bgtask_tasks (ledger, task_id, member) VALUES (p_ledger, p_task[i], p_member)
-			ON CONFLICT (ledger, task_id) DO NOTHING;
-			IF NOT FOUND THEN
-				SELECT member INTO other FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];
-				IF other IS DISTINCT FROM p_member THEN
-					RAISE EXCEPTION 'bgtask: task id % is taken by member %', p_task[i], other
-						USING ERRCODE = 'BT002';
-				END IF;
-			END IF;
-		WHEN 'attempt_created' THEN
-			UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i]
-			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member;
-			IF NOT FOUND THEN
-				RAISE EXCEPTION 'bgtask: attempt % of task %: no such task of member %', p_attempt[i], p_task[i], p_member
-					USING ERRCODE = 'BT003';
-			END IF;
-		WHEN 'session_bound', 'attempt_finalized', 'retry_scheduled', 'start_requested' THEN
-			PERFORM 1 FROM bgtask_tasks
-			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member
-			   AND attempt_id = p_attempt[i] AND token = p_token[i];
-			IF NOT FOUND THEN
-				RAISE EXCEPTION 'bgtask: % for attempt % (run %) of task %, which is not its current attempt',
-					p_kind[i], p_attempt[i], p_token[i], p_task[i]
-					USING ERRCODE = 'BT003';
-			END IF;
-			IF p_kind[i] = 'session_bound' THEN
-				INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id)
-				VALUES (p_ledger, p_session[i], p_member, p_task[i], p_attempt[i])
-				ON CONFLICT (ledger, session_id) DO UPDATE
-				   SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id
-				 WHERE bgtask_sessions.member = EXCLUDED.member;
-				GET DIAGNOSTICS n = ROW_COUNT;
-				IF n = 0 THEN
-					SELECT member INTO other FROM bgtask_sessions WHERE ledger = p_ledger AND session_id = p_session[i];
-					RAISE EXCEPTION 'bgtask: session % is bound by member %', p_session[i], other
-						USING ERRCODE = 'BT004';
-				END IF;
-			END IF;
-		ELSE
-		END CASE;
-	END LOOP;
-	INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
-	SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data
-	  FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);
-END
-$$;
-`,
-	// 2: what a fleet of processes shares: whether each task has ended, the
-	// index an event for an attempt is routed by, keys claimed across
-	// members, and the inbox of events routed to a member's owner.
-	`
-ALTER TABLE bgtask_tasks ADD COLUMN ended boolean NOT NULL DEFAULT false;
-CREATE INDEX bgtask_tasks_attempt ON bgtask_tasks (ledger, attempt_id);
 CREATE TABLE bgtask_keys (
 	ledger     text        NOT NULL,
 	key        text        NOT NULL,
@@ -143,7 +71,11 @@ CREATE TABLE bgtask_inbox (
 );
 CREATE INDEX bgtask_inbox_member ON bgtask_inbox (ledger, member, id);
 
-CREATE OR REPLACE FUNCTION bgtask_append(
+-- bgtask_append writes one group commit of member's records, as one
+-- statement: the lease must be the caller's (its fence) and unexpired,
+-- and every record must agree with the identity tables. Any disagreement
+-- raises, so that nothing of the commit lands.
+CREATE FUNCTION bgtask_append(
 	p_ledger text, p_member text, p_fence bigint, p_lease interval,
 	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
 	p_session text[], p_data bytea[]
@@ -188,11 +120,10 @@ BEGIN
 					USING ERRCODE = 'BT003';
 			END IF;
 			IF p_kind[i] = 'attempt_finalized' THEN
+				-- Until a retry's attempt_created, which follows in the same
+				-- commit, makes the task live again.
 				UPDATE bgtask_tasks SET ended = true WHERE ledger = p_ledger AND task_id = p_task[i];
-			ELSIF p_kind[i] = 'retry_scheduled' THEN
-				UPDATE bgtask_tasks SET ended = false WHERE ledger = p_ledger AND task_id = p_task[i];
-			END IF;
-			IF p_kind[i] = 'session_bound' THEN
+			ELSIF p_kind[i] = 'session_bound' THEN
 				INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id)
 				VALUES (p_ledger, p_session[i], p_member, p_task[i], p_attempt[i])
 				ON CONFLICT (ledger, session_id) DO UPDATE

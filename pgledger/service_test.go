@@ -18,7 +18,6 @@ type service struct {
 	n        int
 	sessions map[string]*session
 	byAtt    map[string]string
-	started  chan string // each session made, if set
 }
 
 type session struct {
@@ -38,14 +37,7 @@ func (s *service) StartSession(ctx context.Context, req bgtask.SessionRequest) (
 	id := fmt.Sprintf("s-%d", s.n)
 	s.sessions[id] = &session{req: req, state: bgtask.SessionAlive}
 	s.byAtt[req.AttemptID] = id
-	ch := s.started
 	s.mu.Unlock()
-	if ch != nil {
-		select {
-		case ch <- id:
-		case <-ctx.Done():
-		}
-	}
 	return id, nil
 }
 
