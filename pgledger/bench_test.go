@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -162,7 +163,7 @@ func BenchmarkObserveLatency(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		running, err := waitRunning(m, task.ID)
+		running, err := bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -178,26 +179,6 @@ func BenchmarkObserveLatency(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
-}
-
-func waitRunning(m *bgtask.Manager, id string) (bgtask.Task, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	sub, err := m.Subscribe(ctx, 64)
-	if err != nil {
-		return bgtask.Task{}, err
-	}
-	defer sub.Close()
-	for {
-		if t, ok := m.Task(id); ok && t.Status == bgtask.StatusRunning {
-			return t, nil
-		}
-		select {
-		case <-sub.C:
-		case <-ctx.Done():
-			return bgtask.Task{}, ctx.Err()
-		}
-	}
 }
 
 // BenchmarkBareCommit is the floor: one INSERT committed, one at a time.

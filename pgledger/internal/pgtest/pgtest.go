@@ -27,10 +27,28 @@ import (
 
 // Server is a running server and the database made for the package.
 type Server struct {
-	URL  string // the package's database
-	dir  string // the data directory, "" for a server not started here
-	ctl  string // pg_ctl
-	asPG bool   // commands run as the postgres user
+	URL  string              // the package's database
+	dir  string              // the data directory, "" for a server not started here
+	ctl  string              // pg_ctl
+	cred *syscall.Credential // the postgres user commands run as (tests as root), or nil
+}
+
+// postgresUser is the unprivileged user the server runs as when the tests
+// run as root.
+func postgresUser() (*syscall.Credential, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: running as root needs the unprivileged user postgres (the Debian package makes it): %w", err)
+	}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, err
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, err
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
 // Start starts a server (or uses BGTASK_PG_URL) and creates database db.
@@ -46,19 +64,17 @@ func Start(db string) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{ctl: filepath.Join(bin, "pg_ctl")}
-	s.asPG = os.Geteuid() == 0
 	s.dir, err = os.MkdirTemp("", "bgtask-pg-")
 	if err != nil {
 		return nil, err
 	}
-	if s.asPG {
-		u, err := user.Lookup("postgres")
+	if os.Geteuid() == 0 {
+		cred, err := postgresUser()
 		if err != nil {
-			return nil, fmt.Errorf("pgtest: running as root needs the unprivileged user postgres (the Debian package makes it): %w", err)
+			return nil, err
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(s.dir, uid, gid); err != nil {
+		s.cred = cred
+		if err := os.Chown(s.dir, int(cred.Uid), int(cred.Gid)); err != nil {
 			return nil, err
 		}
 	}
@@ -94,14 +110,8 @@ func (s *Server) Stop() {
 // run runs a server command, as postgres when the tests run as root.
 func (s *Server) run(name string, args ...string) ([]byte, error) {
 	cmd := exec.Command(name, args...)
-	if s.asPG {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, err
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	if s.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 		cmd.Dir = s.dir
 		cmd.Env = append(os.Environ(), "HOME="+s.dir)
 	}
