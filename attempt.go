@@ -456,7 +456,7 @@ func (m *Manager) onRetryReady(in *retryReadyIn) reply {
 		m.setPending(e, next.ID, PendingRetryDelay, m.now())
 		return reply{wait: m.runDone(e)}
 	}
-	if m.fence(e) {
+	if m.fenceStop(e) {
 		m.finalize(e, next.ID, e.stop, "", "", m.now())
 		return reply{}
 	}
@@ -521,7 +521,7 @@ func (m *Manager) onStarted(in *startedIn) {
 		}
 	}
 	if live {
-		m.fence(e) // a run inside a closing branch is aborted on arrival
+		m.fenceStop(e) // a run inside a closing branch is aborted on arrival
 	}
 	switch {
 	case live && sid != "":
@@ -727,7 +727,7 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 		e.rt.slot.waiter = nil
 	}
 	cur := *e.cur()
-	if cur.Token == w.V.token && cur.Status == StatusPending && m.fence(e) {
+	if cur.Token == w.V.token && cur.Status == StatusPending && m.fenceStop(e) {
 		e.rt.slot.key, e.rt.slot.token = w.Key(), cur.Token // given back as it ends
 		m.finalize(e, cur.ID, e.stop, "", "", m.now())
 		return

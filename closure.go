@@ -643,7 +643,7 @@ type closure struct {
 	stop     *recordExt         // the stop it asks of every run in its branch
 	touched  slab.List[touch]   // runs asked to stop, in order
 	ops      slab.List[abortOp] // the aborts it set off
-	starting map[string]bool    // tokens touched while their start was in flight
+	starting map[string]bool    // tokens touched while their start was in flight, or stopped by the fence
 	failed   map[string]FailedStop
 	self     string // the run token of the callback CloseBranch was called from
 	quiet    bool   // notify the parent only if something was in the branch
@@ -752,6 +752,37 @@ func (m *Manager) fence(e *entry) bool {
 		}
 	}
 	return false
+}
+
+// fenceStop is fence for a run the fence itself stops (a start that
+// arrives, a retry or a queued attempt that will not start): each closure
+// whose branch holds it lists it, although a pass may never see it live.
+// m.mu is held.
+func (m *Manager) fenceStop(e *entry) bool {
+	if !m.fence(e) {
+		return false
+	}
+	for c := range m.closures.active {
+		if m.taskInBranch(e, c) {
+			c.touch(e, true)
+		}
+	}
+	return true
+}
+
+// touch lists e's current run among the runs c asked to stop, once, and
+// returns it (nil if it was listed already). keep says the run may be seen
+// again in a later pass (its start is in flight, or the fence stopped it):
+// it is remembered so, and not listed twice. m.mu is held.
+func (c *closure) touch(e *entry, keep bool) *touch {
+	tok := e.cur().Token
+	if c.starting[tok] {
+		return nil
+	}
+	if keep {
+		c.starting[tok] = true
+	}
+	return c.touched.Push(touch{ref: attemptRef{e: e, index: e.current}})
 }
 
 // wantStop records that a stop of e was asked for — by a cancel, a
@@ -1044,13 +1075,7 @@ func (m *Manager) passVisit(w *passWalk, e *entry) {
 	// A run is touched once: only a run whose start was in flight can
 	// still be live in a later pass (an abort that was waited for
 	// either stopped it or failed, and failed runs are skipped).
-	var t *touch
-	if !c.starting[a.Token] {
-		t = c.touched.Push(touch{ref: attemptRef{e: e, index: e.current}})
-		if e.rt.starting() {
-			c.starting[a.Token] = true
-		}
-	}
+	t := c.touch(e, e.rt.starting())
 	if c.self != "" && c.self == a.Token {
 		p.selfWait = true
 	}

@@ -255,3 +255,42 @@ func TestOverlappingClosuresWaitingOnAStartDoNotWakeEachOther(t *testing.T) {
 		assert.LessOrEqual(t, rep.Passes, 4, "a closure made %d passes while it waited", rep.Passes)
 	}
 }
+
+// slowJournal makes every commit take a while to become durable, as a
+// database's does: a run's start then often returns in the moment between
+// a closure raising its fence and its first pass.
+type slowJournal struct{ Journal }
+
+type slowCommit struct{ Commit }
+
+func (c slowCommit) Wait() error {
+	time.Sleep(2 * time.Millisecond) // latency, not a wait for a state
+	return c.Commit.Wait()
+}
+
+func (j slowJournal) Append(b []Record) Commit { return slowCommit{j.Journal.Append(b)} }
+
+func TestAClosureListsTheRunsItsFenceStopped(t *testing.T) {
+	// A start that returned after CloseBranch raised its fence and before
+	// its first pass was aborted on arrival, and the report left it out
+	// (found running the root tests on PostgreSQL).
+	for range 40 {
+		fj, err := OpenFileJournal(t.TempDir())
+		require.NoError(t, err)
+		h := newHarness(t, nil, WithJournal(slowJournal{fj}))
+		p := h.running("chat")
+		kid := h.running(p.SessionID)
+		late, err := h.m.Launch(context.Background(), Spec{ParentSessionID: p.SessionID, Models: mustModels(t, "a/one")})
+		require.NoError(t, err) // its start is on its way
+		rep, err := h.m.CloseBranch(context.Background(), "chat")
+		require.NoError(t, err)
+		var ids []string
+		for _, r := range rep.Stopped {
+			ids = append(ids, r.TaskID)
+			assert.Equal(t, StatusCancelled, r.Status)
+		}
+		require.ElementsMatch(t, []string{p.ID, kid.ID, late.ID}, ids, "every run the closure stopped is in its report")
+		got, _ := h.m.Task(late.ID)
+		require.Equal(t, StatusCancelled, got.Status)
+	}
+}

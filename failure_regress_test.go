@@ -86,7 +86,12 @@ type timerLog struct {
 	made []time.Time // when each timer fires
 }
 
-func (l *timerLog) Now() time.Time { return l.h.clock.Now() }
+func (l *timerLog) Now() time.Time {
+	if l.h == nil { // New reads the clock (a journal's recovery) before h exists
+		return t0
+	}
+	return l.h.clock.Now()
+}
 func (l *timerLog) NewTimer(d time.Duration) Timer {
 	l.mu.Lock()
 	l.made = append(l.made, l.h.clock.Now().Add(d))

@@ -989,7 +989,8 @@ func TestAnEndedTaskWhoseSessionLaunchedLiveTasksIsKeptWhole(t *testing.T) {
 	assert.ErrorIs(t, err, ErrDepthLimit, "the tree's depth is still known")
 	rep, err := h.m.CloseBranch(context.Background(), "chat")
 	require.NoError(t, err)
-	assert.Len(t, rep.Stopped, 2, "a closure of the root still reaches them")
+	sib, _ := h.m.Task(sibling.ID)
+	assert.Len(t, rep.Stopped, 2, "a closure of the root still reaches them: %+v, sibling %+v", rep, sib)
 }
 
 func TestALaunchRecordKeepsItsPlaceInTheTree(t *testing.T) {

@@ -146,7 +146,7 @@ func newHarness(t *testing.T, host *testHost, opts ...Option) *harness {
 		WithClock(h.clock),
 		WithNotifier(h.rec),
 		WithLogger(slog.New(h.logs)),
-	}, opts...)
+	}, append(remoteJournal(t, opts), opts...)...)
 	h.m = New(host, all...)
 	if os.Getenv("BGTASK_TEST_NOTAP") == "" {
 		h.m.recordAll() // tests read what the ledger committed (recordsOf)

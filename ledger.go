@@ -1489,7 +1489,11 @@ type Record struct {
 	// fields above it is a copy of what Data holds: a journal need not
 	// store it, the Manager reads the record from Data.
 	SessionID string
-	Data      []byte // the whole record; a journal stores and returns it as is
+	// ParentSessionID is, with Kind "task_launched", the session that
+	// launched the task: what a journal shared by several processes needs
+	// to find a branch's tasks and fence it (another copy of Data's).
+	ParentSessionID string
+	Data            []byte // the whole record; a journal stores and returns it as is
 }
 
 // Journal persists a Manager's ledger records (WithJournal).
@@ -1560,7 +1564,11 @@ func encodeRecord(rec *record) (Record, error) {
 			return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
-	return Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Data: w.B}, nil
+	out := Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Data: w.B}
+	if rec.recordExt != nil && rec.spec != nil {
+		out.ParentSessionID = rec.spec.parent
+	}
+	return out, nil
 }
 
 // encodeExt writes the part of a record only some kinds carry.

@@ -33,6 +33,9 @@ func TestInfoLinesTellEveryLifecycleMilestone(t *testing.T) {
 	}
 	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
 	done := h.wait(task.ID)
+	// With a journal the last line is logged once the end is durable, a
+	// moment after Wait may return: Shutdown joins whatever logs it.
+	require.NoError(t, h.m.Shutdown(context.Background()))
 
 	var msgs []string
 	for _, r := range sink.Records() {

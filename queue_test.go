@@ -3,6 +3,7 @@ package bgtask
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -338,6 +339,10 @@ func TestThousandTasksThroughALimitOfThree(t *testing.T) {
 	defer mu.Unlock()
 	assert.LessOrEqual(t, peak["a/1"], 3)
 	assert.LessOrEqual(t, peak["b/2"], 3)
-	assert.Equal(t, 3, peak["a/1"], "the limit was reached, not avoided")
+	if os.Getenv("BGTASK_TEST_JOURNAL") == "" {
+		// On a database, each Launch waits for its commit: the loop is
+		// slower than a lifecycle, and the limit need not be reached.
+		assert.Equal(t, 3, peak["a/1"], "the limit was reached, not avoided")
+	}
 	assert.Empty(t, h.m.Stats())
 }

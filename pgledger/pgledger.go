@@ -368,6 +368,7 @@ func (j *Journal) appendGroup(group []*commit) (err error) {
 	attempt := make([]string, 0, n)
 	token := make([]string, 0, n)
 	session := make([]string, 0, n)
+	parent := make([]string, 0, n)
 	data := make([][]byte, 0, n)
 	for _, c := range group {
 		for i := range c.recs {
@@ -378,6 +379,7 @@ func (j *Journal) appendGroup(group []*commit) (err error) {
 			attempt = append(attempt, r.AttemptID)
 			token = append(token, r.Token)
 			session = append(session, r.SessionID)
+			parent = append(parent, r.ParentSessionID)
 			data = append(data, r.Data)
 		}
 	}
@@ -389,8 +391,8 @@ func (j *Journal) appendGroup(group []*commit) (err error) {
 			j.renewed(asked)
 		}
 	}()
-	_, err = j.pool.Exec(ctx, `SELECT bgtask_append($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11)`,
-		j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, data)
+	_, err = j.pool.Exec(ctx, `SELECT bgtask_append($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, parent, data)
 	return err
 }
 

@@ -13,8 +13,10 @@ import (
 // change to the schema is a new one at the end.
 var migrations = []string{
 	// 1: members (leases), records, the identity tables (each task's
-	// current attempt and whether it ended, each session's binding, each
-	// key's claim), and the inbox of events routed to a member's owner.
+	// current attempt, parent session and whether it ended, each
+	// session's binding, each key's claim), the inbox of events routed to
+	// a member's owner, and closures (their fence, the launches in flight
+	// it must see, and what each owner's stops came to).
 	`
 CREATE TABLE bgtask_members (
 	ledger     text        NOT NULL,
@@ -42,9 +44,11 @@ CREATE TABLE bgtask_tasks (
 	attempt_id text NOT NULL DEFAULT '',
 	token      text NOT NULL DEFAULT '',
 	ended      boolean NOT NULL DEFAULT false,
+	parent_session text NOT NULL DEFAULT '',
 	PRIMARY KEY (ledger, task_id)
 );
 CREATE INDEX bgtask_tasks_attempt ON bgtask_tasks (ledger, attempt_id);
+CREATE INDEX bgtask_tasks_parent ON bgtask_tasks (ledger, parent_session);
 CREATE TABLE bgtask_sessions (
 	ledger     text NOT NULL,
 	session_id text NOT NULL,
@@ -54,6 +58,7 @@ CREATE TABLE bgtask_sessions (
 	PRIMARY KEY (ledger, session_id)
 );
 CREATE INDEX bgtask_sessions_member ON bgtask_sessions (ledger, member, task_id);
+CREATE INDEX bgtask_sessions_task ON bgtask_sessions (ledger, task_id);
 
 CREATE TABLE bgtask_keys (
 	ledger     text        NOT NULL,
@@ -71,6 +76,79 @@ CREATE TABLE bgtask_inbox (
 );
 CREATE INDEX bgtask_inbox_member ON bgtask_inbox (ledger, member, id);
 
+-- A closure is one row: its root, who opened it, and once it ended the
+-- whole ClosureRecord by value. While closed_at is null its fence holds.
+CREATE TABLE bgtask_closures (
+	id           bigserial   PRIMARY KEY,
+	ledger       text        NOT NULL,
+	root_session text        NOT NULL,
+	task_id      text        NOT NULL DEFAULT '',
+	member       text        NOT NULL,
+	opened_at    timestamptz NOT NULL DEFAULT now(),
+	closed_at    timestamptz,
+	record       jsonb
+);
+CREATE INDEX bgtask_closures_open ON bgtask_closures (ledger) WHERE closed_at IS NULL;
+-- A launch past the fence check whose task_launched is not durable yet:
+-- a closure opened meanwhile waits for it (the check and a closure's
+-- opening take one advisory lock, shared and exclusive).
+CREATE TABLE bgtask_launching (
+	ledger         text        NOT NULL,
+	task_id        text        NOT NULL,
+	parent_session text        NOT NULL,
+	member         text        NOT NULL,
+	at             timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (ledger, task_id)
+);
+CREATE INDEX bgtask_launching_parent ON bgtask_launching (ledger, parent_session);
+-- What an owner's stop of a run in a closure came to: the attempt's
+-- status, or the abort's error.
+CREATE TABLE bgtask_stops (
+	closure_id bigint NOT NULL,
+	task_id    text   NOT NULL,
+	attempt_id text   NOT NULL,
+	session_id text   NOT NULL,
+	token      text   NOT NULL,
+	member     text   NOT NULL,
+	status     text   NOT NULL,
+	err        text   NOT NULL,
+	PRIMARY KEY (closure_id, token)
+);
+
+-- bgtask_fenced returns the open closure whose branch holds session
+-- p_session (walking up from it through the tasks that launched it), or
+-- null.
+CREATE FUNCTION bgtask_fenced(p_ledger text, p_session text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+	s text := p_session;
+	t text;
+	c bigint;
+	depth int := 0;
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM bgtask_closures WHERE ledger = p_ledger AND closed_at IS NULL) THEN
+		RETURN NULL;
+	END IF;
+	LOOP
+		t := NULL;
+		SELECT task_id INTO t FROM bgtask_sessions WHERE ledger = p_ledger AND session_id = s;
+		SELECT id INTO c FROM bgtask_closures k
+		 WHERE k.ledger = p_ledger AND k.closed_at IS NULL
+		   AND (k.root_session = s OR (t IS NOT NULL AND (k.task_id = t OR k.root_session IN
+		        (SELECT session_id FROM bgtask_sessions WHERE ledger = p_ledger AND task_id = t))))
+		 LIMIT 1;
+		IF c IS NOT NULL OR t IS NULL THEN
+			RETURN c;
+		END IF;
+		SELECT parent_session INTO s FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = t;
+		depth := depth + 1;
+		IF s IS NULL OR s = '' OR depth > 10000 THEN
+			RETURN NULL;
+		END IF;
+	END LOOP;
+END
+$$;
+
 -- bgtask_append writes one group commit of member's records, as one
 -- statement: the lease must be the caller's (its fence) and unexpired,
 -- and every record must agree with the identity tables. Any disagreement
@@ -78,7 +156,7 @@ CREATE INDEX bgtask_inbox_member ON bgtask_inbox (ledger, member, id);
 CREATE FUNCTION bgtask_append(
 	p_ledger text, p_member text, p_fence bigint, p_lease interval,
 	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
-	p_session text[], p_data bytea[]
+	p_session text[], p_parent text[], p_data bytea[]
 ) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
 	i int;
@@ -94,7 +172,9 @@ BEGIN
 	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
 		CASE p_kind[i]
 		WHEN 'task_launched' THEN
-			INSERT INTO bgtask_tasks (ledger, task_id, member) VALUES (p_ledger, p_task[i], p_member)
+			DELETE FROM bgtask_launching WHERE ledger = p_ledger AND task_id = p_task[i];
+			INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session)
+			VALUES (p_ledger, p_task[i], p_member, p_parent[i])
 			ON CONFLICT (ledger, task_id) DO NOTHING;
 			IF NOT FOUND THEN
 				SELECT member INTO other FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];
