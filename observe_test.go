@@ -23,9 +23,22 @@ type levelSink struct {
 
 func (s *levelSink) Enabled(_ context.Context, l slog.Level) bool { return l >= s.level }
 
-func TestInfoLinesTellEveryLifecycleMilestone(t *testing.T) {
+func TestInfoLinesTellEveryLifecycleMilestone(t *testing.T) { infoLines(t) }
+
+// On a journal whose commits take a while, each unlock logs once its
+// records are durable: the lines still come out in commit order (they
+// did not: an attempt's start was logged after its failure).
+func TestInfoLinesKeepTheirOrderOnASlowJournal(t *testing.T) {
+	for range 10 {
+		fj, err := OpenFileJournal(t.TempDir())
+		require.NoError(t, err)
+		infoLines(t, WithJournal(slowJournal{fj}))
+	}
+}
+
+func infoLines(t *testing.T, opts ...Option) {
 	sink := &levelSink{level: slog.LevelInfo}
-	h := newHarness(t, nil, WithLogger(slog.New(sink)))
+	h := newHarness(t, nil, append(opts, WithLogger(slog.New(sink)))...)
 	task := h.running("chat", func(s *Spec) { s.Models = mustModels(t, "a/one", "b/two", "c/three") })
 	for range 2 {
 		require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionError, Err: errors.New("429 Too Many Requests")}))

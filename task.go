@@ -1262,14 +1262,13 @@ type outbox struct {
 	lines    []logRec
 	recs     []record // committed records for the journal, in order
 	later    []func() // user callbacks (Spec.OnDone), run once the records are durable, each on a goroutine
-	measures []func() // Metrics calls, run in commit order (see measureMu)
-	// measureMu is taken before m.mu is released with measurements to
-	// report, and held while they run: measurements reach the Metrics in
-	// the order they were made, whichever goroutine made them.
-	measureMu sync.Mutex
-	order     sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
-	panics    atomic.Uint64
-	durable   durableMark // with a journal: how far the committed records are durable
+	measures []func() // Metrics calls, run in commit order (see turns)
+	// turns orders what the unlocks emit — log lines and measurements —
+	// as m.mu was released, whichever goroutine emits them.
+	turns   turns
+	order   sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
+	panics  atomic.Uint64
+	durable durableMark // with a journal: how far the committed records are durable
 }
 
 // durableMark is the sequence of the last record known durable, and a
@@ -1522,8 +1521,10 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	}
 	lines, fx, recs, later, measures := m.out.lines, m.out.fx, m.out.recs, m.out.later, m.out.measures
 	m.out.lines, m.out.fx, m.out.recs, m.out.later, m.out.measures = nil, nil, nil, nil, nil
-	if len(measures) > 0 {
-		m.out.measureMu.Lock() // before m.mu is released: the next unlock's measurements come after these
+	ordered := len(lines) > 0 || len(measures) > 0
+	var turn uint64
+	if ordered {
+		turn = m.out.turns.take() // under m.mu: the turns follow its releases
 	}
 	var durable Commit
 	if len(recs) > 0 {
@@ -1556,14 +1557,15 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		}
 		m.life.group.Start(on, &fx[i])
 	}
-	for _, r := range lines { // the logger is user code, and may be slow: after the effects start
-		m.logAttrs(r.level, r.msg, r.attrs...)
-	}
-	for _, f := range measures {
-		f()
-	}
-	if len(measures) > 0 {
-		m.out.measureMu.Unlock()
+	if ordered { // the logger and Metrics are user code, and may be slow: after the effects start
+		m.out.turns.wait(turn)
+		for _, r := range lines {
+			m.logAttrs(r.level, r.msg, r.attrs...)
+		}
+		for _, f := range measures {
+			f()
+		}
+		m.out.turns.done()
 	}
 	for _, f := range later { // user callbacks: on a goroutine of their own, or here once none starts
 		if err != nil {
@@ -1574,6 +1576,46 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		}
 	}
 	return err
+}
+
+// turns hands out turns in order and lets their holders go one at a time,
+// in that order: what an unlock emits (log lines, measurements) comes out
+// in the order m.mu was released, without m.mu held while an earlier
+// unlock waits for its records to be durable. A turn's holder always takes
+// it and gives it back: nothing between can block on a later turn.
+type turns struct {
+	issued uint64 // guarded by the Manager's m.mu
+	mu     sync.Mutex
+	next   uint64
+	cond   sync.Cond
+}
+
+// take hands out the next turn. m.mu is held.
+func (t *turns) take() uint64 {
+	t.issued++
+	return t.issued - 1
+}
+
+// wait returns once it is turn n's turn.
+func (t *turns) wait(n uint64) {
+	t.mu.Lock()
+	if t.cond.L == nil {
+		t.cond.L = &t.mu
+	}
+	for t.next != n {
+		t.cond.Wait()
+	}
+	t.mu.Unlock()
+}
+
+// done ends the current turn.
+func (t *turns) done() {
+	t.mu.Lock()
+	t.next++
+	if t.cond.L != nil {
+		t.cond.Broadcast()
+	}
+	t.mu.Unlock()
 }
 
 // appendBatch hands recs to the journal, encoded. m.out.order is held.

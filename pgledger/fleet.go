@@ -65,8 +65,10 @@ type Node struct {
 	members map[string]*member // this node's: its own and those taken over
 	closed  bool
 
-	cancel context.CancelFunc
-	done   sync.WaitGroup
+	stops   stopper         // the runs closures asked this node to stop
+	loopCtx context.Context // ends at Close: the node's goroutines' context
+	cancel  context.CancelFunc
+	done    sync.WaitGroup // the loop, the stop writer, and each stop
 }
 
 // member is one member this node owns: its journal and its Manager.
@@ -98,16 +100,33 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{pool: pool, o: o, members: map[string]*member{}}
+	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
 		return nil, err
 	}
 	n.members[own.name] = own
-	loop, cancel := context.WithCancel(context.Background())
-	n.cancel = cancel
-	n.done.Add(1)
-	go n.run(loop)
+	n.loopCtx, n.cancel = context.WithCancel(context.Background())
+	n.done.Add(2)
+	go n.run(n.loopCtx)
+	go n.writeStops(n.loopCtx)
 	return n, nil
+}
+
+// goOwned runs f on a goroutine the node joins at Close, unless it is
+// closing (false).
+func (n *Node) goOwned(f func()) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return false
+	}
+	n.done.Add(1)
+	go func() {
+		defer n.done.Done()
+		f()
+	}()
+	return true
 }
 
 // open takes member name's lease and opens a Manager on it (which
@@ -191,25 +210,34 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 		ctx = context.Background()
 	}
 	m := n.Manager()
-	if spec.Key == "" {
+	if spec.Key == "" && spec.ParentSessionID == "" {
 		return m.Launch(ctx, spec)
 	}
 	if spec.ID == "" {
 		spec.ID = uuid.NewString()
 	}
-	holder, err := n.claimKey(ctx, spec.Key, spec.ID)
-	if err != nil {
-		return bgtask.Task{}, err
+	if spec.ParentSessionID != "" {
+		if err := n.admit(ctx, spec.ID, spec.ParentSessionID); err != nil {
+			return bgtask.Task{}, err
+		}
 	}
-	if holder != spec.ID {
-		return bgtask.Task{}, &bgtask.KeyHeldError{Key: spec.Key, TaskID: holder}
+	if spec.Key != "" {
+		holder, err := n.claimKey(ctx, spec.Key, spec.ID)
+		if err == nil && holder != spec.ID {
+			err = &bgtask.KeyHeldError{Key: spec.Key, TaskID: holder}
+		}
+		if err != nil {
+			n.admitted(spec.ID)
+			return bgtask.Task{}, err
+		}
 	}
 	t, err := m.Launch(ctx, spec)
 	if err != nil {
 		var held *bgtask.KeyHeldError
-		if !errors.As(err, &held) || held.TaskID != spec.ID {
+		if spec.Key != "" && (!errors.As(err, &held) || held.TaskID != spec.ID) {
 			n.releaseKey(spec.Key, spec.ID)
 		}
+		n.admitted(spec.ID)
 	}
 	return t, err
 }
@@ -410,6 +438,7 @@ func (n *Node) run(ctx context.Context) {
 		if !time.Now().Before(next) {
 			n.drainAll(ctx)
 			n.takeOver(ctx)
+			n.serveAll(ctx)
 			next = time.Now().Add(n.o.Poll)
 		}
 		wait, cancel := context.WithDeadline(ctx, next)
@@ -421,6 +450,8 @@ func (n *Node) run(ctx context.Context) {
 		note, err := conn.WaitForNotification(wait)
 		cancel()
 		switch {
+		case err == nil && note.Channel == closureChannel:
+			n.serveFor(ctx, note.Payload)
 		case err == nil:
 			n.drainFor(ctx, note.Payload)
 		case ctx.Err() != nil:
@@ -441,7 +472,7 @@ func (n *Node) listen(ctx context.Context) *pgx.Conn {
 	if err != nil {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel+"; LISTEN "+closureChannel); err != nil {
 		_ = conn.Close(context.Background())
 		return nil
 	}

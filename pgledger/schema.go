@@ -104,6 +104,7 @@ CREATE INDEX bgtask_launching_parent ON bgtask_launching (ledger, parent_session
 -- What an owner's stop of a run in a closure came to: the attempt's
 -- status, or the abort's error.
 CREATE TABLE bgtask_stops (
+	seq        bigserial,
 	closure_id bigint NOT NULL,
 	task_id    text   NOT NULL,
 	attempt_id text   NOT NULL,
@@ -146,6 +147,25 @@ BEGIN
 			RETURN NULL;
 		END IF;
 	END LOOP;
+END
+$$;
+
+-- bgtask_admit admits a launch of task p_task from session p_parent: it
+-- returns the open closure whose fence holds p_parent, or records the
+-- launch as in flight and returns null. The fence lock (shared here,
+-- exclusive where a closure opens) makes the two exact.
+CREATE FUNCTION bgtask_admit(p_ledger text, p_task text, p_parent text, p_member text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+	c bigint;
+BEGIN
+	PERFORM pg_advisory_xact_lock_shared(hashtextextended('bgtask fence ' || p_ledger, 0));
+	c := bgtask_fenced(p_ledger, p_parent);
+	IF c IS NULL THEN
+		INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES (p_ledger, p_task, p_parent, p_member)
+		ON CONFLICT (ledger, task_id) DO NOTHING;
+	END IF;
+	RETURN c;
 END
 $$;
 

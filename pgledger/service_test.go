@@ -18,6 +18,14 @@ type service struct {
 	n        int
 	sessions map[string]*session
 	byAtt    map[string]string
+	gates    map[string]*gate // sessions whose abort waits
+}
+
+// gate holds the abort of one session until release is closed (or the
+// abort's context ends, with that error); asked is closed when it is called.
+type gate struct {
+	asked, release chan struct{}
+	once           sync.Once
 }
 
 type session struct {
@@ -28,7 +36,16 @@ type session struct {
 }
 
 func newService() *service {
-	return &service{sessions: map[string]*session{}, byAtt: map[string]string{}}
+	return &service{sessions: map[string]*session{}, byAtt: map[string]string{}, gates: map[string]*gate{}}
+}
+
+// hold makes the abort of session id wait for the gate it returns.
+func (s *service) hold(id string) *gate {
+	g := &gate{asked: make(chan struct{}), release: make(chan struct{})}
+	s.mu.Lock()
+	s.gates[id] = g
+	s.mu.Unlock()
+	return g
 }
 
 func (s *service) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
@@ -42,6 +59,17 @@ func (s *service) StartSession(ctx context.Context, req bgtask.SessionRequest) (
 }
 
 func (s *service) AbortSession(ctx context.Context, id string) error {
+	s.mu.Lock()
+	g := s.gates[id]
+	s.mu.Unlock()
+	if g != nil {
+		g.once.Do(func() { close(g.asked) })
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ses := s.sessions[id]; ses != nil && ses.state == bgtask.SessionAlive {
@@ -89,4 +117,12 @@ func (s *service) sessionOf(attempt string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.byAtt[attempt]
+}
+
+// aborted reports whether session id was aborted.
+func (s *service) aborted(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ses := s.sessions[id]
+	return ses != nil && ses.aborted
 }

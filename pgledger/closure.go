@@ -1,0 +1,543 @@
+package pgledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/jackc/pgx/v5"
+)
+
+// closureChannel is the channel NOTIFY asks owners to stop the runs of a
+// closure on; the payload is "ledger\x1fclosure id".
+const closureChannel = "bgtask_closure"
+
+// fenceLock is the advisory lock a launch's fence check (bgtask_admit)
+// takes shared and a closure's opening takes exclusive, per ledger: a
+// launch either saw the fence, or its launching row is there for the
+// closure to wait for. bgtask_admit spells it the same way.
+func fenceLock(ledger string) string { return "bgtask fence " + ledger }
+
+// UnstoppedRun is a run in a closure's scope that was still live in the
+// database when CloseBranch returned: its run, the member that owns it and
+// the process holding that member's lease, and why it did not stop.
+type UnstoppedRun struct {
+	bgtask.StoppedRun
+	Member string `json:"member"`
+	Holder string `json:"holder"`
+	Reason string `json:"reason"`
+}
+
+// UnstoppedError is CloseBranch's error when some run in scope did not
+// stop: its abort failed, its owner is gone and no process has taken it
+// over yet, or the caller's context ended first (Err).
+type UnstoppedError struct {
+	SessionID string
+	Runs      []UnstoppedRun
+	Err       error // the context's error, if it ended first
+}
+
+func (e *UnstoppedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pgledger: branch %s did not stop: ", e.SessionID)
+	for i, r := range e.Runs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "task %s run %s (member %s, process %s): %s", r.TaskID, r.Token, r.Member, r.Holder, r.Reason)
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, " (%v)", e.Err)
+	}
+	return b.String()
+}
+
+func (e *UnstoppedError) Unwrap() error { return e.Err }
+
+// admit checks a launch from parent against the fence of every open
+// closure and, if no closure's branch holds parent, records the launch as
+// in flight (bgtask_append clears it when its task_launched lands): one
+// statement, bgtask_admit, under the fence lock, shared.
+func (n *Node) admit(ctx context.Context, id, parent string) error {
+	var closure *int64
+	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit($1, $2, $3, $4)`, n.o.Ledger, id, parent, n.o.Member).Scan(&closure); err != nil {
+		return fmt.Errorf("pgledger: checking the fence: %w", err)
+	}
+	if closure != nil {
+		return fmt.Errorf("%w: session %s is inside the branch closure %d is closing", bgtask.ErrBranchClosing, parent, *closure)
+	}
+	return nil
+}
+
+// admitted clears a launch that was admitted but did not land.
+func (n *Node) admitted(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.pool.Exec(ctx, `DELETE FROM bgtask_launching WHERE ledger = $1 AND task_id = $2`, n.o.Ledger, id); err != nil {
+		n.o.Logger.Warn("pgledger: clearing a launch that failed", "task", id, "err", err)
+	}
+}
+
+// scopeRun is a live run (or a launch in flight) in a closure's scope.
+type scopeRun struct {
+	ref     bgtask.RunRef
+	session string
+	member  string
+	holder  string
+	pending bool // a launch past the fence whose task is not durable yet
+}
+
+// scopeQuery lists the live runs in the branch of root $2 (and of task $3
+// as a unit), of the members in $4 (all if null), and the launches in
+// flight from it: the tasks whose parent is the root or any session
+// (current or superseded) of a task in scope, recursively.
+const scopeQuery = `
+WITH RECURSIVE scope(task_id) AS (
+    SELECT s.task_id FROM bgtask_sessions s WHERE s.ledger = $1 AND s.session_id = $2
+  UNION
+    SELECT t.task_id FROM bgtask_tasks t WHERE t.ledger = $1 AND (t.parent_session = $2 OR t.task_id = $3)
+  UNION
+    SELECT t.task_id FROM scope sc
+      JOIN bgtask_sessions s ON s.ledger = $1 AND s.task_id = sc.task_id
+      JOIN bgtask_tasks t ON t.ledger = $1 AND t.parent_session = s.session_id
+)
+SELECT t.task_id, t.attempt_id, t.token,
+       coalesce((SELECT s.session_id FROM bgtask_sessions s WHERE s.ledger = $1 AND s.attempt_id = t.attempt_id LIMIT 1), ''),
+       t.member, coalesce(m.holder, ''), false
+  FROM scope JOIN bgtask_tasks t ON t.ledger = $1 AND t.task_id = scope.task_id
+  LEFT JOIN bgtask_members m ON m.ledger = $1 AND m.member = t.member
+ WHERE NOT t.ended AND ($4::text[] IS NULL OR t.member = ANY($4))
+UNION ALL
+SELECT l.task_id, '', '', '', l.member, m.holder, true
+  FROM bgtask_launching l JOIN bgtask_members m ON m.ledger = $1 AND m.member = l.member AND m.expires_at > now()
+ WHERE l.ledger = $1 AND $4::text[] IS NULL
+   AND (l.parent_session = $2 OR l.parent_session IN
+        (SELECT s.session_id FROM scope JOIN bgtask_sessions s ON s.ledger = $1 AND s.task_id = scope.task_id))`
+
+// scope lists closure k's live runs (of members, if not nil).
+func (n *Node) scope(ctx context.Context, k openClosure, members []string) ([]scopeRun, error) {
+	rows, err := n.pool.Query(ctx, scopeQuery, n.o.Ledger, k.root, k.task, members)
+	if err != nil {
+		return nil, fmt.Errorf("pgledger: the scope of closure %d: %w", k.id, err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (scopeRun, error) {
+		var r scopeRun
+		err := row.Scan(&r.ref.TaskID, &r.ref.AttemptID, &r.ref.Token, &r.session, &r.member, &r.holder, &r.pending)
+		return r, err
+	})
+}
+
+// openClosure is a closure row whose fence holds.
+type openClosure struct {
+	id         int64
+	root, task string
+}
+
+// CloseBranch stops every run in the branch below sessionID, whichever
+// process owns it, and returns once each is terminal in the database. The
+// scope is bgtask's (Manager.CloseBranch): sessionID's own task as a unit,
+// and every task launched from it or from any session of a task in
+// scope, recursively — found in the database, so a branch may span
+// processes.
+//
+// The fence is raised in the database as the closure's row is inserted:
+// from that commit on, Node.Launch anywhere with a parent in scope returns
+// bgtask.ErrBranchClosing (a launch already past its check is waited for,
+// and stopped). Each owner is asked by NOTIFY — and finds out by polling
+// every Poll if the notification is missed — and stops its runs exactly by
+// token (Manager.CancelRun), so a run that was replaced meanwhile is never
+// touched: the new attempt is stopped in its turn. A retry its owner
+// decided before it heard of the closure may still start; it is stopped
+// like any other run in scope.
+//
+// It returns a nil error only when no run in scope is live. Otherwise its
+// *UnstoppedError names each run that did not stop, the member that owns
+// it and the process holding that member: a failed abort, or a run still
+// live when ctx ended. Either way the fence comes down and the closure's
+// record — bgtask.ClosureRecord, by value — is written to its row.
+//
+// A blank sessionID is bgtask.ErrInvalidArgument; a session no member of
+// the ledger knows (no task's session, no task's parent, no launch in
+// flight from it) is bgtask.ErrUnknownSession. Neither writes anything.
+func (n *Node) CloseBranch(ctx context.Context, sessionID string) (bgtask.ClosureReport, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if strings.TrimSpace(sessionID) == "" {
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: CloseBranch needs a session id", bgtask.ErrInvalidArgument)
+	}
+	var task string
+	var known bool
+	err := n.pool.QueryRow(ctx, `SELECT
+  coalesce((SELECT task_id FROM bgtask_sessions WHERE ledger = $1 AND session_id = $2), ''),
+  EXISTS (SELECT 1 FROM bgtask_sessions WHERE ledger = $1 AND session_id = $2)
+  OR EXISTS (SELECT 1 FROM bgtask_tasks WHERE ledger = $1 AND parent_session = $2)
+  OR EXISTS (SELECT 1 FROM bgtask_launching WHERE ledger = $1 AND parent_session = $2)`, n.o.Ledger, sessionID).Scan(&task, &known)
+	if err != nil {
+		return bgtask.ClosureReport{}, fmt.Errorf("pgledger: CloseBranch: %w", err)
+	}
+	if !known {
+		return bgtask.ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent in ledger %s", bgtask.ErrUnknownSession, sessionID, n.o.Ledger)
+	}
+	return n.close(ctx, openClosure{root: sessionID, task: task})
+}
+
+// CloseTask closes the branch of task id as a unit — its live run, and
+// what any of its sessions launched — as CloseBranch does. It returns
+// bgtask.ErrUnknownTask if no member of the ledger has the task.
+func (n *Node) CloseTask(ctx context.Context, id string) (bgtask.ClosureReport, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var root string
+	err := n.pool.QueryRow(ctx, `SELECT coalesce((SELECT s.session_id FROM bgtask_sessions s
+  WHERE s.ledger = t.ledger AND s.task_id = t.task_id ORDER BY s.attempt_id = t.attempt_id DESC LIMIT 1), '')
+  FROM bgtask_tasks t WHERE t.ledger = $1 AND t.task_id = $2`, n.o.Ledger, id).Scan(&root)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, id)
+	}
+	if err != nil {
+		return bgtask.ClosureReport{}, fmt.Errorf("pgledger: CloseTask: %w", err)
+	}
+	return n.close(ctx, openClosure{root: root, task: id})
+}
+
+// closeWait bounds how long a closure waits between looks at its scope.
+const closeWait = 100 * time.Millisecond
+
+// close runs closure k: raise the fence, ask the owners, watch the scope
+// until nothing in it is live (or ctx ends), then record it.
+func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, error) {
+	err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, fenceLock(n.o.Ledger)); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `INSERT INTO bgtask_closures (ledger, root_session, task_id, member) VALUES ($1, $2, $3, $4) RETURNING id`,
+			n.o.Ledger, k.root, k.task, n.o.Member).Scan(&k.id); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, closureChannel, n.o.Ledger+"\x1f"+strconv.FormatInt(k.id, 10))
+		return err
+	})
+	if err != nil {
+		return bgtask.ClosureReport{SessionID: k.root}, fmt.Errorf("pgledger: raising the fence: %w", err)
+	}
+	rep := bgtask.ClosureReport{SessionID: k.root, TaskID: k.task}
+	var live []scopeRun
+	wait := 2 * time.Millisecond
+	for {
+		rep.Passes++
+		live, err = n.scope(ctx, k, nil)
+		if err != nil {
+			break
+		}
+		stops, serr := n.stopsOf(ctx, k.id)
+		if serr != nil {
+			err = serr
+			break
+		}
+		if !waitingFor(live, stops) {
+			break
+		}
+		n.serve(k) // this node's own runs, at once
+		if rep.Passes > 1 {
+			n.nudge(ctx, k.id) // the owners, again: a notification may have been missed
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-t.C:
+		}
+		t.Stop()
+		if err != nil {
+			break
+		}
+		wait = min(2*wait, closeWait)
+	}
+	return n.finish(k, rep, live, err)
+}
+
+// waitingFor reports whether a live run of the scope may still stop: it
+// is a launch in flight, or no stop of its run failed.
+func waitingFor(live []scopeRun, stops map[string]stopRow) bool {
+	for _, r := range live {
+		if s, ok := stops[r.ref.Token]; r.pending || !ok || s.err == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// nudge notifies the owners of closure id again.
+func (n *Node) nudge(ctx context.Context, id int64) {
+	_, _ = n.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, closureChannel, n.o.Ledger+"\x1f"+strconv.FormatInt(id, 10))
+}
+
+// stopRow is what an owner's stop of a run came to.
+type stopRow struct {
+	run    bgtask.StoppedRun
+	member string
+	err    string
+}
+
+// stopsOf returns closure id's stops by token.
+func (n *Node) stopsOf(ctx context.Context, id int64) (map[string]stopRow, error) {
+	rows, err := n.pool.Query(ctx, `SELECT task_id, attempt_id, session_id, token, status, member, err FROM bgtask_stops
+ WHERE closure_id = $1`, id)
+	if err != nil {
+		return nil, fmt.Errorf("pgledger: the stops of closure %d: %w", id, err)
+	}
+	out := map[string]stopRow{}
+	var s stopRow
+	var status string
+	_, err = pgx.ForEachRow(rows, []any{&s.run.TaskID, &s.run.AttemptID, &s.run.SessionID, &s.run.Token, &status, &s.member, &s.err}, func() error {
+		s.run.Status = bgtask.Status(status)
+		out[s.run.Token] = s
+		return nil
+	})
+	return out, err
+}
+
+// finish takes closure k's fence down and writes its record: the runs
+// stopped (in the order their stops were written), those whose abort
+// failed, and those still live.
+func (n *Node) finish(k openClosure, rep bgtask.ClosureReport, live []scopeRun, cause error) (bgtask.ClosureReport, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var unstopped []UnstoppedRun
+	stopped, err := n.stoppedOf(ctx, k.id)
+	if err == nil {
+		rep.Stopped = stopped
+		stops, _ := n.stopsOf(ctx, k.id)
+		for _, r := range live {
+			run := bgtask.StoppedRun{TaskID: r.ref.TaskID, AttemptID: r.ref.AttemptID, SessionID: r.session, Token: r.ref.Token}
+			reason := "still live when the closure's context ended"
+			if s, ok := stops[r.ref.Token]; ok && s.err != "" {
+				reason = s.err
+				rep.Failed = append(rep.Failed, bgtask.FailedStop{TaskID: run.TaskID, AttemptID: run.AttemptID, SessionID: run.SessionID, Token: run.Token, Err: s.err})
+			} else {
+				rep.Stopping = append(rep.Stopping, run)
+			}
+			if r.pending {
+				reason = "a launch in flight when the closure's context ended"
+			}
+			unstopped = append(unstopped, UnstoppedRun{StoppedRun: run, Member: r.member, Holder: r.holder, Reason: reason})
+		}
+	}
+	rec := bgtask.ClosureRecord{SessionID: k.root, TaskID: k.task, At: time.Now(), Stopped: rep.Stopped, Failed: rep.Failed, Stopping: rep.Stopping, Passes: rep.Passes}
+	body, jerr := json.Marshal(rec)
+	if jerr == nil {
+		_, jerr = n.pool.Exec(ctx, `UPDATE bgtask_closures SET closed_at = now(), record = $2 WHERE id = $1`, k.id, body)
+	}
+	err = errors.Join(err, jerr)
+	switch {
+	case err != nil:
+		return rep, errors.Join(cause, fmt.Errorf("pgledger: ending closure %d: %w", k.id, err))
+	case len(unstopped) > 0:
+		return rep, &UnstoppedError{SessionID: k.root, Runs: unstopped, Err: cause}
+	}
+	return rep, cause
+}
+
+// stoppedOf lists the runs closure id stopped, in the order their stops
+// were written.
+func (n *Node) stoppedOf(ctx context.Context, id int64) ([]bgtask.StoppedRun, error) {
+	rows, err := n.pool.Query(ctx, `SELECT task_id, attempt_id, session_id, token, status FROM bgtask_stops
+ WHERE closure_id = $1 AND err = '' ORDER BY seq`, id)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (bgtask.StoppedRun, error) {
+		var r bgtask.StoppedRun
+		var status string
+		err := row.Scan(&r.TaskID, &r.AttemptID, &r.SessionID, &r.Token, &status)
+		r.Status = bgtask.Status(status)
+		return r, err
+	})
+}
+
+// Closures returns the records of the ledger's closures that have ended,
+// in the order they were opened.
+func (n *Node) Closures(ctx context.Context) ([]bgtask.ClosureRecord, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	rows, err := n.pool.Query(ctx, `SELECT record FROM bgtask_closures WHERE ledger = $1 AND record IS NOT NULL ORDER BY id`, n.o.Ledger)
+	if err != nil {
+		return nil, fmt.Errorf("pgledger: closures: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[bgtask.ClosureRecord])
+}
+
+// stopper is this node's side of the closures: the runs it stopped.
+type stopper struct {
+	mu      sync.Mutex
+	asked   map[int64]map[string]bool // closure → tokens this node has stopped or is stopping
+	results chan stopResult           // stops done, for the writer
+}
+
+// serveAll stops this node's runs of every open closure.
+func (n *Node) serveAll(ctx context.Context) {
+	rows, err := n.pool.Query(ctx, `SELECT id, root_session, task_id FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NULL`, n.o.Ledger)
+	if err != nil {
+		return
+	}
+	open, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (openClosure, error) {
+		var k openClosure
+		err := row.Scan(&k.id, &k.root, &k.task)
+		return k, err
+	})
+	if err != nil {
+		return
+	}
+	ids := map[int64]bool{}
+	for _, k := range open {
+		ids[k.id] = true
+		n.serve(k)
+	}
+	n.stops.mu.Lock()
+	for id := range n.stops.asked {
+		if !ids[id] {
+			delete(n.stops.asked, id) // it ended
+		}
+	}
+	n.stops.mu.Unlock()
+}
+
+// serveFor serves the closure a notification names.
+func (n *Node) serveFor(ctx context.Context, payload string) {
+	ledger, id, _ := strings.Cut(payload, "\x1f")
+	if ledger != n.o.Ledger {
+		return
+	}
+	var k openClosure
+	err := n.pool.QueryRow(ctx, `SELECT id, root_session, task_id FROM bgtask_closures WHERE id = $1 AND closed_at IS NULL`, id).Scan(&k.id, &k.root, &k.task)
+	if err == nil {
+		n.serve(k)
+	}
+}
+
+// serve asks this node's Managers to stop their live runs in closure k's
+// scope, each exactly by its token and once per closure, on goroutines
+// the node owns.
+func (n *Node) serve(k openClosure) {
+	ctx := n.loopCtx
+	members := n.Members()
+	runs, err := n.scope(ctx, k, members)
+	if err != nil {
+		n.o.Logger.Warn("pgledger: looking for runs to stop", "closure", k.id, "err", err)
+		return
+	}
+	for _, r := range runs {
+		n.mu.Lock()
+		mb := n.members[r.member]
+		n.mu.Unlock()
+		if mb == nil || r.pending {
+			continue
+		}
+		n.stops.mu.Lock()
+		asked := n.stops.asked[k.id]
+		if asked == nil {
+			asked = map[string]bool{}
+			n.stops.asked[k.id] = asked
+		}
+		again := asked[r.ref.Token]
+		asked[r.ref.Token] = true
+		n.stops.mu.Unlock()
+		if again {
+			continue
+		}
+		if !n.goOwned(func() { n.stopRun(ctx, k.id, mb, r) }) {
+			return
+		}
+	}
+}
+
+// stopRun stops run r of member mb for closure id and hands the result to
+// the writer.
+func (n *Node) stopRun(ctx context.Context, id int64, mb *member, r scopeRun) {
+	s := stopRow{run: bgtask.StoppedRun{TaskID: r.ref.TaskID, AttemptID: r.ref.AttemptID, SessionID: r.session, Token: r.ref.Token}, member: mb.name}
+	if err := mb.m.CancelRun(ctx, r.ref); err != nil {
+		s.err = safeText(err)
+	}
+	if t, ok := mb.m.Task(r.ref.TaskID); ok {
+		for _, a := range t.Attempts {
+			if a.Token == r.ref.Token {
+				s.run.Status, s.run.SessionID = a.Status, a.SessionID
+			}
+		}
+	}
+	if s.err == "" && !s.run.Status.Terminal() {
+		s.err = "not stopped: " + string(s.run.Status)
+	}
+	select {
+	case n.stops.results <- stopResult{closure: id, row: s}:
+	case <-ctx.Done():
+	}
+}
+
+// stopResult is a stop done, for the writer.
+type stopResult struct {
+	closure int64
+	row     stopRow
+}
+
+// writeStops writes the stops this node's goroutines did, many in one
+// statement when they come together, until ctx ends.
+func (n *Node) writeStops(ctx context.Context) {
+	defer n.done.Done()
+	for {
+		var batch []stopResult
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-n.stops.results:
+			batch = append(batch, r)
+		}
+	more:
+		for len(batch) < 512 {
+			select {
+			case r := <-n.stops.results:
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		n.insertStops(ctx, batch)
+	}
+}
+
+func (n *Node) insertStops(ctx context.Context, batch []stopResult) {
+	var ids []int64
+	var task, attempt, session, token, member, status, errs []string
+	for _, b := range batch {
+		r := b.row
+		ids, task, attempt = append(ids, b.closure), append(task, r.run.TaskID), append(attempt, r.run.AttemptID)
+		session, token, member = append(session, r.run.SessionID), append(token, r.run.Token), append(member, r.member)
+		status, errs = append(status, string(r.run.Status)), append(errs, r.err)
+	}
+	_, err := n.pool.Exec(ctx, `INSERT INTO bgtask_stops (closure_id, task_id, attempt_id, session_id, token, member, status, err)
+SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+ON CONFLICT (closure_id, token) DO UPDATE SET status = EXCLUDED.status, err = EXCLUDED.err`,
+		ids, task, attempt, session, token, member, status, errs)
+	if err != nil && ctx.Err() == nil {
+		n.o.Logger.Warn("pgledger: writing what the stops of a closure came to", "err", err)
+	}
+}
+
+// safeText is err's text, even if its Error method panics.
+func safeText(err error) (s string) {
+	defer func() {
+		if r := recover(); r != nil {
+			s = fmt.Sprintf("an error whose Error method panicked: %v", r)
+		}
+	}()
+	return err.Error()
+}

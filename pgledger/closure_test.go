@@ -1,0 +1,184 @@
+package pgledger
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// running launches a task from parent at node n and returns it once it
+// runs and its session's binding is durable (a later commit of the same
+// member is: commits land in order).
+func running(t *testing.T, n *Node, parent string) bgtask.Task {
+	t.Helper()
+	task, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: parent, Prompt: "do it", Models: spec.Models})
+	require.NoError(t, err)
+	got, err := bgtasktest.WaitStatus(ctx(t), n.Manager(), task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	_, err = n.Launch(ctx(t), bgtask.Spec{ParentSessionID: "barrier", Prompt: "barrier", Models: spec.Models})
+	require.NoError(t, err)
+	return got
+}
+
+// A branch spans three processes: a closure in one stops the runs the
+// other two own, exactly, and leaves what is outside the branch alone.
+func TestCloseBranchAcrossProcesses(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 3, 0)
+	a := running(t, ns[0], "chat")
+	b := running(t, ns[1], a.SessionID)
+	c := running(t, ns[2], b.SessionID)
+	outside := running(t, ns[2], "elsewhere")
+
+	rep, err := ns[0].CloseBranch(ctx(t), "chat")
+	require.NoError(t, err)
+	var ids []string
+	for _, r := range rep.Stopped {
+		ids = append(ids, r.TaskID)
+		assert.Equal(t, bgtask.StatusCancelled, r.Status, "%+v", r)
+		assert.NotEmpty(t, r.Token)
+	}
+	assert.ElementsMatch(t, []string{a.ID, b.ID, c.ID}, ids)
+	for i, task := range []bgtask.Task{a, b, c} {
+		got := mustTask(t, ns[i], task.ID)
+		assert.Equal(t, bgtask.StatusCancelled, got.Status, "owned by w%d", i)
+		assert.True(t, svc.aborted(task.SessionID))
+	}
+	assert.Equal(t, bgtask.StatusRunning, mustTask(t, ns[2], outside.ID).Status, "outside the branch")
+	assert.False(t, svc.aborted(outside.SessionID))
+
+	recs, err := ns[1].Closures(ctx(t))
+	require.NoError(t, err)
+	require.Len(t, recs, 1, "one row, by value, readable anywhere")
+	assert.Equal(t, "chat", recs[0].SessionID)
+	assert.ElementsMatch(t, rep.Stopped, recs[0].Stopped)
+	assert.Equal(t, 0, f.count("bgtask_closures", "closed_at IS NULL"), "the fence came down")
+	_, err = ns[2].Launch(ctx(t), bgtask.Spec{ParentSessionID: b.SessionID, Models: spec.Models})
+	assert.NoError(t, err, "launches from the branch are admitted again")
+}
+
+// While a closure runs its fence holds in every process: a launch from
+// any session in the branch is refused wherever it is asked, and one from
+// outside is not. A closure of a session nobody knows writes nothing.
+func TestTheFenceHoldsInEveryProcess(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 3, 0)
+	a := running(t, ns[0], "chat")
+	b := running(t, ns[1], a.SessionID)
+	g := svc.hold(b.SessionID)
+
+	type result struct {
+		rep bgtask.ClosureReport
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := ns[2].CloseBranch(ctx(t), a.SessionID) // a's session: the task as a unit
+		done <- result{rep, err}
+	}()
+	select {
+	case <-g.asked: // w1 heard and is stopping b
+	case <-time.After(30 * time.Second): // failure detection only
+		t.Fatal("the owner of b was never asked to stop it")
+	}
+	for i, n := range ns {
+		_, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: b.SessionID, Models: spec.Models})
+		assert.ErrorIs(t, err, bgtask.ErrBranchClosing, "at w%d", i)
+		_, err = n.Launch(ctx(t), bgtask.Spec{ParentSessionID: a.SessionID, Models: spec.Models})
+		assert.ErrorIs(t, err, bgtask.ErrBranchClosing, "at w%d", i)
+	}
+	_, err := ns[1].Launch(ctx(t), bgtask.Spec{ParentSessionID: "elsewhere", Models: spec.Models})
+	assert.NoError(t, err, "outside the branch")
+	close(g.release)
+	r := <-done
+	require.NoError(t, r.err)
+	assert.Equal(t, a.ID, r.rep.TaskID)
+	assert.Len(t, r.rep.Stopped, 2)
+	assert.Equal(t, 0, f.count("bgtask_launching", ""), "every refused launch left nothing behind")
+
+	_, err = ns[0].CloseBranch(ctx(t), "nobody's")
+	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
+	_, err = ns[0].CloseBranch(ctx(t), " ")
+	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
+	_, err = ns[0].CloseTask(ctx(t), "no such task")
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
+	assert.Equal(t, 1, f.count("bgtask_closures", ""), "refused closures wrote nothing")
+}
+
+// A run that does not stop before the caller's context ends is named,
+// with the member that owns it and the process holding that member; the
+// fence comes down all the same, and the stop goes on.
+func TestAClosureNamesTheRunsThatDidNotStop(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	a := running(t, ns[0], "chat")
+	b := running(t, ns[1], a.SessionID)
+	g := svc.hold(b.SessionID)
+	short, cancel := context.WithTimeout(ctx(t), 500*time.Millisecond)
+	defer cancel()
+	rep, err := ns[0].CloseBranch(short, "chat")
+	var un *UnstoppedError
+	require.ErrorAs(t, err, &un)
+	assert.True(t, errors.Is(err, context.DeadlineExceeded))
+	require.Len(t, un.Runs, 1)
+	assert.Equal(t, b.ID, un.Runs[0].TaskID)
+	assert.Equal(t, b.Attempts[0].Token, un.Runs[0].Token)
+	assert.Equal(t, "w1", un.Runs[0].Member)
+	assert.NotEmpty(t, un.Runs[0].Holder)
+	assert.Contains(t, err.Error(), b.ID)
+	require.Len(t, rep.Stopping, 1)
+	assert.Equal(t, b.ID, rep.Stopping[0].TaskID)
+	require.Len(t, rep.Stopped, 1)
+	assert.Equal(t, a.ID, rep.Stopped[0].TaskID)
+	assert.Equal(t, 0, f.count("bgtask_closures", "closed_at IS NULL"), "the fence came down")
+
+	close(g.release)
+	got, err := ns[1].Manager().Wait(ctx(t), b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCancelled, got.Status, "the stop went on")
+}
+
+// A launch that passed the fence check just before a closure opened is
+// waited for: once its task lands it is in scope, and is stopped.
+func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	a := running(t, ns[0], "chat")
+	require.NoError(t, ns[1].admit(ctx(t), "late", a.SessionID)) // past the check
+	g := svc.hold(a.SessionID)
+	done := make(chan error, 1)
+	var rep bgtask.ClosureReport
+	go func() {
+		var err error
+		rep, err = ns[0].CloseBranch(ctx(t), "chat")
+		done <- err
+	}()
+	<-g.asked // the closure is open
+	close(g.release)
+	select {
+	case err := <-done:
+		t.Fatalf("the closure returned while a launch in its scope was in flight: %v", err)
+	default:
+	}
+	_, err := ns[1].Manager().Launch(ctx(t), bgtask.Spec{ID: "late", ParentSessionID: a.SessionID, Models: spec.Models})
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	var ids []string
+	for _, r := range rep.Stopped {
+		ids = append(ids, r.TaskID)
+	}
+	assert.ElementsMatch(t, []string{a.ID, "late"}, ids)
+	got, err := ns[1].Manager().Wait(ctx(t), "late")
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCancelled, got.Status)
+}
