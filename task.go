@@ -4114,8 +4114,17 @@ func (m *Manager) roundEnded(e *entry) {
 	for _, t := range r.tasks {
 		tasks = append(tasks, t.project())
 	}
+	m.push(AllComplete(e.info.parent, tasks))
+}
+
+// AllComplete is the NotifyAllComplete a Manager sends parent when the
+// last live task of its round ended: tasks (the round's, ended; sorted in
+// place) failures first, and its text. It has no ID or Seq: those are the
+// producer's. A journal shared by several processes (pgledger) uses it to
+// tell a round whose tasks ended in different processes.
+func AllComplete(parent string, tasks []Task) Notification {
 	slices.SortStableFunc(tasks, func(a, b Task) int { return failureRank(a) - failureRank(b) })
-	m.push(Notification{Kind: NotifyAllComplete, ParentSessionID: e.info.parent, Tasks: tasks, Text: allCompleteText(e.info.parent, tasks)})
+	return Notification{Kind: NotifyAllComplete, ParentSessionID: parent, Tasks: tasks, Text: allCompleteText(parent, tasks)}
 }
 
 // The ranks of an ended task in an all-complete notification: failures

@@ -28,9 +28,17 @@ type NodeOptions struct {
 	// process's own and those it takes over. A bgtask.StatusHost lets a
 	// takeover re-adopt the runs whose sessions are alive.
 	Host bgtask.Host
-	// Options are passed to every Manager the node opens (a notifier, a
-	// logger, limits, …); the journal is the node's.
+	// Options are passed to every Manager the node opens (a logger,
+	// limits, …); the journal is the node's.
 	Options []bgtask.Option
+	// Notifier, if set, receives the fleet's notifications through the
+	// outbox (see outbox.go): per parent session in order, from one
+	// process at a time, all_complete exactly once per parent round
+	// whichever processes its tasks ended in. It replaces any notifier in
+	// Options. Without it each Manager delivers its own notifications
+	// (WithNotifier in Options), and an all_complete counts only the
+	// tasks of one process.
+	Notifier bgtask.Notifier
 	// Poll is how often the node looks at its inbox without being
 	// notified, and for members whose lease expired (0: 1s).
 	Poll time.Duration
@@ -66,6 +74,7 @@ type Node struct {
 	closed  bool
 
 	stops   stopper         // the runs closures asked this node to stop
+	wake    chan struct{}   // the deliverer looks at the outbox now
 	loopCtx context.Context // ends at Close: the node's goroutines' context
 	cancel  context.CancelFunc
 	done    sync.WaitGroup // the loop, the stop writer, and each stop
@@ -99,7 +108,7 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{pool: pool, o: o, members: map[string]*member{}}
+	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1)}
 	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
@@ -110,6 +119,10 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	n.done.Add(2)
 	go n.run(n.loopCtx)
 	go n.writeStops(n.loopCtx)
+	if o.Notifier != nil {
+		n.done.Add(1)
+		go n.deliverLoop(n.loopCtx)
+	}
 	return n, nil
 }
 
@@ -136,7 +149,11 @@ func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := bgtask.Open(ctx, n.o.Host, append(slices.Clip(n.o.Options), bgtask.WithJournal(j))...)
+	opts := append(slices.Clip(n.o.Options), bgtask.WithJournal(j))
+	if n.o.Notifier != nil {
+		opts = append(opts, bgtask.WithNotifier(outboxNotifier{n: n, member: name}))
+	}
+	m, err := bgtask.Open(ctx, n.o.Host, opts...)
 	if err != nil {
 		_ = j.Close()
 		return nil, err
@@ -452,6 +469,10 @@ func (n *Node) run(ctx context.Context) {
 		switch {
 		case err == nil && note.Channel == closureChannel:
 			n.serveFor(ctx, note.Payload)
+		case err == nil && note.Channel == outboxChannel:
+			if note.Payload == n.o.Ledger {
+				n.wakeDeliverer()
+			}
 		case err == nil:
 			n.drainFor(ctx, note.Payload)
 		case ctx.Err() != nil:
@@ -472,7 +493,7 @@ func (n *Node) listen(ctx context.Context) *pgx.Conn {
 	if err != nil {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel+"; LISTEN "+closureChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel+"; LISTEN "+closureChannel+"; LISTEN "+outboxChannel); err != nil {
 		_ = conn.Close(context.Background())
 		return nil
 	}

@@ -116,6 +116,43 @@ CREATE TABLE bgtask_stops (
 	PRIMARY KEY (closure_id, token)
 );
 
+-- The outbox: every notification a member's Manager produced, delivered
+-- per parent session in id order by one process at a time (its claim),
+-- and the all_complete of each parent round, which bgtask_append makes
+-- (exactly once: the parent's row in bgtask_parents serializes the
+-- commits that end its last tasks, whichever members they are).
+CREATE TABLE bgtask_outbox (
+	id             bigserial   PRIMARY KEY,
+	ledger         text        NOT NULL,
+	member         text        NOT NULL,
+	note_id        text        NOT NULL,
+	parent_session text        NOT NULL,
+	kind           text        NOT NULL,
+	task_id        text        NOT NULL DEFAULT '',
+	body           jsonb,
+	round_tasks    text[],
+	made           timestamptz NOT NULL DEFAULT now(),
+	delivered_at   timestamptz,
+	UNIQUE (ledger, member, note_id)
+);
+CREATE INDEX bgtask_outbox_pending ON bgtask_outbox (ledger, parent_session, id) WHERE delivered_at IS NULL;
+CREATE INDEX bgtask_outbox_task ON bgtask_outbox (ledger, task_id) WHERE kind = 'final_summary';
+CREATE TABLE bgtask_parents (
+	ledger         text   NOT NULL,
+	parent_session text   NOT NULL,
+	live           int    NOT NULL DEFAULT 0,
+	round          bigint NOT NULL DEFAULT 1,
+	round_tasks    text[] NOT NULL DEFAULT '{}',
+	PRIMARY KEY (ledger, parent_session)
+);
+CREATE TABLE bgtask_claims (
+	ledger         text        NOT NULL,
+	parent_session text        NOT NULL,
+	member         text        NOT NULL,
+	until          timestamptz NOT NULL,
+	PRIMARY KEY (ledger, parent_session)
+);
+
 -- bgtask_fenced returns the open closure whose branch holds session
 -- p_session (walking up from it through the tasks that launched it), or
 -- null.
@@ -182,6 +219,11 @@ DECLARE
 	i int;
 	n int;
 	other text;
+	before jsonb;
+	p record;
+	live int;
+	rnd bigint;
+	tasks text[];
 BEGIN
 	UPDATE bgtask_members SET expires_at = now() + p_lease
 	 WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
@@ -189,6 +231,10 @@ BEGIN
 		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
 			USING ERRCODE = 'BT001';
 	END IF;
+	-- Which of the commit's tasks were live before it: its end moves
+	-- their parents' live counts.
+	SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') INTO before
+	  FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = ANY(p_task);
 	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
 		CASE p_kind[i]
 		WHEN 'task_launched' THEN
@@ -238,6 +284,31 @@ BEGIN
 			END IF;
 		ELSE
 		END CASE;
+	END LOOP;
+	-- Each parent whose live count the commit moved, in a fixed order (two
+	-- commits never wait on each other's rows crosswise): a round whose
+	-- last task ended makes its all_complete.
+	FOR p IN
+		SELECT t.parent_session AS parent,
+		       sum((NOT t.ended)::int - coalesce((before ->> t.task_id)::boolean, false)::int) AS delta,
+		       array_agg(t.task_id) FILTER (WHERE NOT t.ended AND NOT coalesce((before ->> t.task_id)::boolean, false)) AS born
+		  FROM bgtask_tasks t
+		 WHERE t.ledger = p_ledger AND t.task_id = ANY(p_task) AND t.parent_session <> ''
+		 GROUP BY t.parent_session ORDER BY t.parent_session
+	LOOP
+		CONTINUE WHEN p.delta = 0 AND p.born IS NULL;
+		INSERT INTO bgtask_parents AS x (ledger, parent_session, live, round_tasks)
+		VALUES (p_ledger, p.parent, p.delta, coalesce(p.born, '{}'))
+		ON CONFLICT (ledger, parent_session) DO UPDATE
+		   SET live = x.live + EXCLUDED.live, round_tasks = x.round_tasks || EXCLUDED.round_tasks
+		RETURNING x.live, x.round, x.round_tasks INTO live, rnd, tasks;
+		IF live <= 0 AND cardinality(tasks) > 0 THEN
+			INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
+			VALUES (p_ledger, '', 'all_complete:' || p.parent || ':' || rnd, p.parent, 'all_complete', tasks);
+			UPDATE bgtask_parents SET live = 0, round = rnd + 1, round_tasks = '{}'
+			 WHERE ledger = p_ledger AND parent_session = p.parent;
+			PERFORM pg_notify('bgtask_outbox', p_ledger);
+		END IF;
 	END LOOP;
 	-- A task that ended in this commit gives its key up (a retry in the
 	-- same commit keeps it: ended is false again by the end of the loop).

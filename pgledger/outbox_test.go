@@ -1,0 +1,186 @@
+package pgledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// inbox is a Notifier shared by a test's nodes: what was delivered, in
+// order, and a channel that hears each delivery. fail makes the first
+// deliveries to a parent fail.
+type inbox struct {
+	mu    sync.Mutex
+	got   []bgtask.Notification
+	fails map[string]int
+	heard chan bgtask.Notification
+}
+
+func newInbox() *inbox {
+	return &inbox{fails: map[string]int{}, heard: make(chan bgtask.Notification, 1024)}
+}
+
+func (b *inbox) Notify(ctx context.Context, n bgtask.Notification) error {
+	b.mu.Lock()
+	if b.fails[n.ParentSessionID] > 0 {
+		b.fails[n.ParentSessionID]--
+		b.mu.Unlock()
+		return errors.New("the parent chat is away")
+	}
+	b.got = append(b.got, n)
+	b.mu.Unlock()
+	b.heard <- n
+	return nil
+}
+
+// await returns once want says the deliveries heard so far are enough.
+func (b *inbox) await(t *testing.T, want func([]bgtask.Notification) bool) []bgtask.Notification {
+	t.Helper()
+	timeout := time.After(60 * time.Second) // failure detection only
+	for {
+		b.mu.Lock()
+		got := append([]bgtask.Notification(nil), b.got...)
+		b.mu.Unlock()
+		if want(got) {
+			return got
+		}
+		select {
+		case <-b.heard:
+		case <-timeout:
+			t.Fatalf("deliveries never came: %d so far", len(got))
+		}
+	}
+}
+
+func (f *fixture) deliveringNodes(svc *service, box *inbox, n int) []*Node {
+	f.t.Helper()
+	out := make([]*Node, n)
+	for i := range out {
+		node, err := Join(context.Background(), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i),
+			Host: svc, Poll: 100 * time.Millisecond, Notifier: box})
+		require.NoError(f.t, err)
+		f.t.Cleanup(func() { _ = node.Close(context.Background()) })
+		out[i] = node
+	}
+	return out
+}
+
+func ofKind(ns []bgtask.Notification, parent string, k bgtask.NotificationKind) []bgtask.Notification {
+	var out []bgtask.Notification
+	for _, n := range ns {
+		if n.ParentSessionID == parent && n.Kind == k {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Siblings of one parent run in three processes and end at the same
+// moment, round after round: each round's all_complete is delivered
+// exactly once, after the final summary of each of its tasks, and every
+// final summary exactly once.
+func TestAllCompleteOncePerRoundAcrossProcesses(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	box := newInbox()
+	ns := f.deliveringNodes(svc, box, 3)
+	const rounds = 8
+	for r := range rounds {
+		parent := fmt.Sprintf("chat-%d", r)
+		var tasks []bgtask.Task
+		for i, n := range ns {
+			task, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: parent, Prompt: "do it", Models: spec.Models})
+			require.NoError(t, err)
+			got, err := bgtasktest.WaitStatus(ctx(t), n.Manager(), task.ID, bgtask.StatusRunning)
+			require.NoError(t, err, "w%d", i)
+			tasks = append(tasks, got)
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i, task := range tasks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				assert.NoError(t, ns[i].Observe(bgtask.Event{AttemptID: task.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "answer " + task.ID}))
+			}()
+		}
+		close(start)
+		wg.Wait()
+		got := box.await(t, func(got []bgtask.Notification) bool { return len(ofKind(got, parent, bgtask.NotifyAllComplete)) > 0 })
+		all := ofKind(got, parent, bgtask.NotifyAllComplete)
+		require.Len(t, all, 1, "round %d", r)
+		var ids []string
+		for _, task := range all[0].Tasks {
+			ids = append(ids, task.ID)
+			assert.Equal(t, bgtask.StatusCompleted, task.Status)
+			assert.Equal(t, "answer "+task.ID, task.Result)
+		}
+		assert.ElementsMatch(t, []string{tasks[0].ID, tasks[1].ID, tasks[2].ID}, ids)
+		assert.Contains(t, all[0].Text, "3 tasks under "+parent)
+		assert.NotEmpty(t, all[0].ID)
+		sums := ofKind(got, parent, bgtask.NotifyFinalSummary)
+		require.Len(t, sums, 3, "every final summary, once, before the all_complete")
+		last := 0
+		for i, n := range got {
+			if n.ParentSessionID == parent {
+				last = i
+			}
+		}
+		assert.Equal(t, bgtask.NotifyAllComplete, got[last].Kind, "the round's last word")
+	}
+	// Nothing more comes: one all_complete per round, none from a Manager.
+	for _, n := range ns {
+		require.NoError(t, n.Close(ctx(t)))
+	}
+	box.mu.Lock()
+	defer box.mu.Unlock()
+	seen := map[string]bool{}
+	for _, n := range box.got {
+		assert.False(t, seen[n.ID], "delivered twice: %s %s", n.Kind, n.ID)
+		seen[n.ID] = true
+	}
+	assert.Len(t, box.got, rounds*4)
+	assert.Equal(t, 0, f.count("bgtask_outbox", ""), "a told round leaves nothing in the outbox")
+}
+
+// A delivery that fails is tried again, in order: nothing is lost and
+// nothing overtakes it. (The tasks are one process's: across processes
+// the order is the order the outbox rows were written, which the test
+// could not know.)
+func TestAFailedDeliveryIsTriedAgainInOrder(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	box := newInbox()
+	box.fails["chat"] = 3
+	ns := f.deliveringNodes(svc, box, 2)
+	var order []string
+	for range 4 {
+		n := ns[0]
+		task, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: "chat", Prompt: "do it", Models: spec.Models})
+		require.NoError(t, err)
+		got, err := bgtasktest.WaitStatus(ctx(t), n.Manager(), task.ID, bgtask.StatusRunning)
+		require.NoError(t, err)
+		require.NoError(t, n.Observe(bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+		_, err = n.Manager().Wait(ctx(t), task.ID)
+		require.NoError(t, err)
+		order = append(order, task.ID)
+	}
+	got := box.await(t, func(got []bgtask.Notification) bool { return len(ofKind(got, "chat", bgtask.NotifyFinalSummary)) == 4 })
+	var ids []string
+	for _, n := range ofKind(got, "chat", bgtask.NotifyFinalSummary) {
+		ids = append(ids, n.TaskID)
+	}
+	assert.Equal(t, order, ids, "in the order they were written")
+	box.mu.Lock()
+	assert.Zero(t, box.fails["chat"], "the failures happened")
+	box.mu.Unlock()
+}
