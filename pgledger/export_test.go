@@ -34,3 +34,7 @@ func (n *Node) kill() {
 		cancel()
 	}
 }
+
+// DBURL is where TestMain (package pgledger_test) puts the test
+// database's URL.
+var DBURL = &dbURL

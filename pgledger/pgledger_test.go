@@ -11,7 +11,6 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
-	"github.com/bgtask/bgtask/pgledger/internal/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,7 +18,7 @@ import (
 
 var dbURL string
 
-func TestMain(m *testing.M) { pgtest.Main(m, "pgledger", &dbURL) }
+// dbURL is the test database's; TestMain (main_test.go) sets it.
 
 // ledgers makes each test's ledger name distinct: tests share a database.
 var ledgers atomic.Int64

@@ -1,0 +1,53 @@
+// Command fleet runs three harness processes on one PostgreSQL ledger and
+// one loopback session service: tasks launched in all three, events sent
+// to processes that do not own their sessions, a closure in one process
+// stopping runs the other two own, and one process killed mid-run, its
+// runs taken over by another. It checks every task ended with the evidence
+// it had and every final summary was delivered once, and says so.
+//
+//	cd pgledger && go run ./examples/fleet
+//
+// It starts a throwaway PostgreSQL server (the Debian postgresql package's
+// initdb and pg_ctl), or uses BGTASK_PG_URL.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/bgtask/bgtask/pgledger/internal/fleetdemo"
+	"github.com/bgtask/bgtask/pgledger/internal/pgtest"
+)
+
+func main() {
+	if fleetdemo.IsWorker() {
+		fleetdemo.WorkerMain() // this binary, re-executed by the coordinator
+	}
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "fleet:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := pgtest.Start("bgtask_fleet")
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	rep, err := fleetdemo.Run(ctx, fleetdemo.Config{DB: srv.URL, Ledger: fmt.Sprintf("fleet-%d", time.Now().UnixNano()),
+		Worker: self, Lease: 2 * time.Second, Out: os.Stdout})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("done in %s\n", rep.Took.Round(time.Millisecond))
+	return nil
+}
