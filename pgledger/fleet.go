@@ -75,6 +75,9 @@ type Node struct {
 
 	stops   stopper         // the runs closures asked this node to stop
 	wake    chan struct{}   // the deliverer looks at the outbox now
+
+	changesMu sync.Mutex
+	changed   chan struct{} // closed and replaced when NOTIFY tells of changes
 	loopCtx context.Context // ends at Close: the node's goroutines' context
 	cancel  context.CancelFunc
 	done    sync.WaitGroup // the loop, the stop writer, and each stop
@@ -108,7 +111,7 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1)}
+	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1), changed: make(chan struct{})}
 	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
@@ -119,6 +122,7 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	n.done.Add(2)
 	go n.run(n.loopCtx)
 	go n.writeStops(n.loopCtx)
+	n.goOwned(func() { n.publish(n.loopCtx, own) })
 	if o.Notifier != nil {
 		n.done.Add(1)
 		go n.deliverLoop(n.loopCtx)
@@ -469,6 +473,10 @@ func (n *Node) run(ctx context.Context) {
 		switch {
 		case err == nil && note.Channel == closureChannel:
 			n.serveFor(ctx, note.Payload)
+		case err == nil && note.Channel == changeChannel:
+			if note.Payload == n.o.Ledger {
+				n.tellChanged()
+			}
 		case err == nil && note.Channel == outboxChannel:
 			if note.Payload == n.o.Ledger {
 				n.wakeDeliverer()
@@ -493,7 +501,7 @@ func (n *Node) listen(ctx context.Context) *pgx.Conn {
 	if err != nil {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel+"; LISTEN "+closureChannel+"; LISTEN "+outboxChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel+"; LISTEN "+closureChannel+"; LISTEN "+outboxChannel+"; LISTEN "+changeChannel); err != nil {
 		_ = conn.Close(context.Background())
 		return nil
 	}
@@ -602,6 +610,7 @@ SELECT m.member FROM bgtask_members m
 		}
 		n.members[name] = mb
 		n.mu.Unlock()
+		n.goOwned(func() { n.publish(n.loopCtx, mb) })
 		n.o.Logger.Info("pgledger: took over a member whose lease expired", "member", name)
 		n.drain(ctx, mb)
 		if n.o.took != nil {

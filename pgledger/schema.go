@@ -153,6 +153,20 @@ CREATE TABLE bgtask_claims (
 	PRIMARY KEY (ledger, parent_session)
 );
 
+-- The change stream of the whole ledger: each task's latest change, as
+-- its owner published it, numbered in the order the rows became visible
+-- (the writers take one advisory lock per ledger, so an id is never seen
+-- before a smaller one).
+CREATE TABLE bgtask_changes (
+	id      bigserial PRIMARY KEY,
+	ledger  text  NOT NULL,
+	member  text  NOT NULL,
+	task_id text  NOT NULL,
+	body    jsonb NOT NULL
+);
+CREATE INDEX bgtask_changes_ledger ON bgtask_changes (ledger, id);
+CREATE INDEX bgtask_changes_task ON bgtask_changes (ledger, task_id, id);
+
 -- bgtask_fenced returns the open closure whose branch holds session
 -- p_session (walking up from it through the tasks that launched it), or
 -- null.

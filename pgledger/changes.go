@@ -1,0 +1,255 @@
+package pgledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/jackc/pgx/v5"
+)
+
+// changeChannel is the channel NOTIFY tells of new changes on; the
+// payload is the ledger.
+const changeChannel = "bgtask_change"
+
+// The change stream across processes. Each member's Manager's changes
+// are published by the node that owns it into bgtask_changes (its latest
+// per task, replacing the older ones), under an advisory lock per ledger,
+// so that ids become visible in order. Node.Subscribe reads them from any
+// process, woken by NOTIFY and polling every Poll, as bgtask.Change
+// values whose Epoch is the ledger's (LedgerEpoch: one for the life of the
+// ledger, as the ids go on across restarts) and whose Seq is the row's id;
+// Node.Snapshot is every task's latest change. A mirror.Mirror fed with
+// both converges on the fleet's tasks, as it does on one Manager's.
+
+// LedgerEpoch is the Epoch of the changes and snapshots of ledger: fixed
+// for the ledger, since its change ids never start again.
+func LedgerEpoch(ledger string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("bgtask ledger " + ledger))
+	return h.Sum64()
+}
+
+// publish publishes member mb's changes until ctx ends or its Manager
+// shuts down: a snapshot first (what a restart or takeover holds), then
+// every change; a subscription that lagged is taken again, with a new
+// snapshot.
+func (n *Node) publish(ctx context.Context, mb *member) {
+	for ctx.Err() == nil {
+		sub, err := mb.m.Subscribe(ctx, 4096)
+		if err != nil {
+			return // shut down
+		}
+		snap := mb.m.Snapshot()
+		if !n.writeChanges(ctx, mb.name, snap.Tasks) {
+			sub.Close()
+			return
+		}
+		for open := true; open; {
+			var batch []bgtask.Task
+			c, ok := <-sub.C
+			if ok && c.Seq > snap.Seq {
+				batch = append(batch, c.Task)
+			}
+			open = ok
+		more:
+			for open && len(batch) < 256 {
+				select {
+				case c, ok := <-sub.C:
+					if !ok {
+						open = false
+						break more
+					}
+					if c.Seq > snap.Seq {
+						batch = append(batch, c.Task)
+					}
+				default:
+					break more
+				}
+			}
+			if len(batch) > 0 && !n.writeChanges(ctx, mb.name, batch) {
+				sub.Close()
+				return
+			}
+		}
+		if !errors.Is(sub.Err(), bgtask.ErrLagged) {
+			return
+		}
+	}
+}
+
+// writeChanges writes tasks' latest states as member's changes, keeping
+// only the newest row per task, and tells the subscribers; false if ctx
+// ended.
+func (n *Node) writeChanges(ctx context.Context, member string, tasks []bgtask.Task) bool {
+	if len(tasks) == 0 {
+		return true
+	}
+	ids := make([]string, 0, len(tasks))
+	bodies := make([][]byte, 0, len(tasks))
+	for i := range tasks {
+		body, err := json.Marshal(tasks[i])
+		if err != nil {
+			n.o.Logger.Warn("pgledger: a change that would not encode", "task", tasks[i].ID, "err", err)
+			continue
+		}
+		ids, bodies = append(ids, tasks[i].ID), append(bodies, body)
+	}
+	for ctx.Err() == nil {
+		err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('bgtask changes ' || $1, 0))`, n.o.Ledger); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO bgtask_changes (ledger, member, task_id, body)
+SELECT $1, $2, t, b FROM unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS r(t, b, o) ORDER BY o`, n.o.Ledger, member, ids, bodies); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM bgtask_changes c USING (
+  SELECT task_id, max(id) AS top FROM bgtask_changes WHERE ledger = $1 AND task_id = ANY($2) GROUP BY task_id) k
+ WHERE c.ledger = $1 AND c.task_id = k.task_id AND c.id < k.top`, n.o.Ledger, ids); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, changeChannel, n.o.Ledger)
+			return err
+		})
+		if err == nil {
+			return true
+		}
+		n.o.Logger.Warn("pgledger: publishing changes failed; trying again", "member", member, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(n.o.Poll):
+		}
+	}
+	return false
+}
+
+// Snapshot returns every task of the ledger as its latest change left it,
+// and the sequence it was taken at (Change.Seq of the newest change it
+// holds): feed it and Subscribe's changes to a mirror.Mirror.
+func (n *Node) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	snap := bgtask.Snapshot{Epoch: LedgerEpoch(n.o.Ledger)}
+	err := pgx.BeginTxFunc(ctx, n.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM bgtask_changes WHERE ledger = $1`, n.o.Ledger).Scan(&snap.Seq); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT DISTINCT ON (task_id) body FROM bgtask_changes WHERE ledger = $1 ORDER BY task_id, id DESC`, n.o.Ledger)
+		if err != nil {
+			return err
+		}
+		snap.Tasks, err = pgx.CollectRows(rows, pgx.RowTo[bgtask.Task])
+		return err
+	})
+	if err != nil {
+		return bgtask.Snapshot{}, fmt.Errorf("pgledger: snapshot: %w", err)
+	}
+	return snap, nil
+}
+
+// Changes is a subscription to the ledger's changes (Node.Subscribe).
+type Changes struct {
+	// C delivers the changes in sequence order. It is closed when ctx
+	// ends, on Close, when the node closes, or when the buffer overflows
+	// (Err is then bgtask.ErrLagged: resync from a Snapshot).
+	C <-chan bgtask.Change
+
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	err    error
+}
+
+// Err says why C was closed; nil while it is open.
+func (c *Changes) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close ends the subscription.
+func (c *Changes) Close() { c.cancel() }
+
+// Subscribe delivers the ledger's changes from now on, whichever process
+// made them. Subscribe before taking the Snapshot you start from, as with
+// bgtask.Manager.Subscribe. buffer 0 is bgtask.DefaultSubscriptionBuffer.
+func (n *Node) Subscribe(ctx context.Context, buffer int) (*Changes, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if buffer <= 0 {
+		buffer = bgtask.DefaultSubscriptionBuffer
+	}
+	var from int64
+	if err := n.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM bgtask_changes WHERE ledger = $1`, n.o.Ledger).Scan(&from); err != nil {
+		return nil, fmt.Errorf("pgledger: subscribe: %w", err)
+	}
+	ch := make(chan bgtask.Change, buffer)
+	sctx, cancel := context.WithCancel(ctx)
+	c := &Changes{C: ch, cancel: cancel}
+	end := func(err error) {
+		c.mu.Lock()
+		c.err = err
+		c.mu.Unlock()
+		close(ch)
+	}
+	if !n.goOwned(func() {
+		stop := context.AfterFunc(n.loopCtx, cancel)
+		defer stop()
+		end(n.follow(sctx, from, ch))
+	}) {
+		cancel()
+		return nil, ErrClosed
+	}
+	return c, nil
+}
+
+// follow sends the changes after id from to ch until ctx ends (nil) or
+// ch is full (bgtask.ErrLagged).
+func (n *Node) follow(ctx context.Context, from int64, ch chan<- bgtask.Change) error {
+	epoch := LedgerEpoch(n.o.Ledger)
+	t := time.NewTicker(n.o.Poll)
+	defer t.Stop()
+	for {
+		n.changesMu.Lock()
+		wake := n.changed
+		n.changesMu.Unlock()
+		rows, err := n.pool.Query(ctx, `SELECT id, body FROM bgtask_changes WHERE ledger = $1 AND id > $2 ORDER BY id LIMIT 1000`, n.o.Ledger, from)
+		if err == nil {
+			var id int64
+			var task bgtask.Task
+			_, err = pgx.ForEachRow(rows, []any{&id, &task}, func() error {
+				select {
+				case ch <- bgtask.Change{Epoch: epoch, Seq: uint64(id), Task: task}:
+				default:
+					return bgtask.ErrLagged
+				}
+				from, task = id, bgtask.Task{}
+				return nil
+			})
+			if errors.Is(err, bgtask.ErrLagged) {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-t.C:
+		}
+	}
+}
+
+// tellChanged wakes the subscriptions of this node.
+func (n *Node) tellChanged() {
+	n.changesMu.Lock()
+	close(n.changed)
+	n.changed = make(chan struct{})
+	n.changesMu.Unlock()
+}

@@ -1,0 +1,110 @@
+package pgledger
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/mirror"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A subscriber in one process sees the changes of every process, and a
+// mirror fed with them and a snapshot converges on the fleet's tasks.
+func TestTheChangeStreamSpansProcesses(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 3, 0)
+	early := running(t, ns[2], "chat") // before the subscription: the snapshot has it
+
+	sub, err := ns[0].Subscribe(ctx(t), 0)
+	require.NoError(t, err)
+	defer sub.Close()
+	var m mirror.Mirror
+	snap, err := ns[0].Snapshot(ctx(t))
+	require.NoError(t, err)
+	assert.Equal(t, LedgerEpoch(f.ledger), snap.Epoch)
+	m.ApplySnapshot(snap)
+	applied := make(chan struct{})
+	go func() {
+		defer close(applied)
+		for c := range sub.C {
+			m.ApplyChange(c)
+		}
+	}()
+
+	var want []string
+	for i, n := range ns {
+		task := running(t, n, "chat")
+		require.NoError(t, n.Observe(bgtask.Event{AttemptID: task.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "from w" + string(rune('0'+i))}))
+		want = append(want, task.ID)
+	}
+	require.NoError(t, ns[1].Observe(bgtask.Event{SessionID: early.SessionID, Kind: bgtask.SessionIdle, Text: "early"}))
+	want = append(want, early.ID)
+	wait, cancel := context.WithTimeout(ctx(t), 30*time.Second)
+	defer cancel()
+	require.NoError(t, m.Wait(wait, func(tasks []bgtask.Task) bool {
+		done := 0
+		for _, task := range tasks {
+			for _, id := range want {
+				if task.ID == id && task.Status == bgtask.StatusCompleted {
+					done++
+				}
+			}
+		}
+		return done == len(want)
+	}), "the mirror converged on every process's tasks")
+	got, ok := m.Task(early.ID)
+	require.True(t, ok)
+	assert.Equal(t, "early", got.Result)
+	sub.Close()
+	<-applied
+	assert.NoError(t, sub.Err())
+}
+
+// A subscriber whose buffer overflows is ended with bgtask.ErrLagged,
+// and resyncs from a snapshot.
+func TestALaggingSubscriberResyncs(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	sub, err := ns[0].Subscribe(ctx(t), 1)
+	require.NoError(t, err)
+	var ids []string
+	for range 4 {
+		task := running(t, ns[1], "chat")
+		ids = append(ids, task.ID)
+	}
+	for range sub.C { // not read while the changes came: it lagged
+	}
+	require.True(t, errors.Is(sub.Err(), bgtask.ErrLagged), "%v", sub.Err())
+	// The resync: subscribe again, then start from a snapshot.
+	again, err := ns[0].Subscribe(ctx(t), 0)
+	require.NoError(t, err)
+	defer again.Close()
+	snap, err := ns[0].Snapshot(ctx(t))
+	require.NoError(t, err)
+	var m mirror.Mirror
+	m.ApplySnapshot(snap)
+	go func() {
+		for c := range again.C {
+			m.ApplyChange(c)
+		}
+	}()
+	wait, cancel := context.WithTimeout(ctx(t), 30*time.Second)
+	defer cancel()
+	require.NoError(t, m.Wait(wait, func(tasks []bgtask.Task) bool {
+		n := 0
+		for _, task := range tasks {
+			for _, id := range ids {
+				if task.ID == id && task.Status == bgtask.StatusRunning {
+					n++
+				}
+			}
+		}
+		return n == len(ids)
+	}), "the mirror holds every task after the resync")
+}
