@@ -73,14 +73,14 @@ type Node struct {
 	members map[string]*member // this node's: its own and those taken over
 	closed  bool
 
-	stops   stopper         // the runs closures asked this node to stop
-	wake    chan struct{}   // the deliverer looks at the outbox now
+	stops stopper       // the runs closures asked this node to stop
+	wake  chan struct{} // the deliverer looks at the outbox now
 
 	changesMu sync.Mutex
-	changed   chan struct{} // closed and replaced when NOTIFY tells of changes
-	loopCtx context.Context // ends at Close: the node's goroutines' context
-	cancel  context.CancelFunc
-	done    sync.WaitGroup // the loop, the stop writer, and each stop
+	changed   chan struct{}   // closed and replaced when NOTIFY tells of changes
+	loopCtx   context.Context // ends at Close: the node's goroutines' context
+	cancel    context.CancelFunc
+	done      sync.WaitGroup // the loop, the stop writer, and each stop
 }
 
 // member is one member this node owns: its journal and its Manager.
