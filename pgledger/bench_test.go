@@ -195,3 +195,147 @@ func BenchmarkBareCommit(b *testing.B) {
 		}
 	}
 }
+
+// benchNodes joins n nodes of a fresh ledger, each on a pool of its own
+// (as n processes would be), with host(i) as node i's Host.
+func benchNodes(b *testing.B, n int, host func(i int) bgtask.Host) []*Node {
+	ledger := fmt.Sprintf("bench-%d", benchLedgers.Add(1))
+	out := make([]*Node, n)
+	for i := range out {
+		node, err := Join(context.Background(), benchPool(b), NodeOptions{Ledger: ledger, Member: fmt.Sprintf("w%d", i), Host: host(i)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = node.Close(context.Background()) })
+		out[i] = node
+	}
+	return out
+}
+
+// BenchmarkNodeLifecycles: single-attempt lifecycles per second through
+// Node.Launch (its fence check included) and the change stream's
+// publisher, from 1 node and from 3 (32 concurrent callers each, a pool
+// each, in this one process), on one database.
+func BenchmarkNodeLifecycles(b *testing.B) {
+	for _, nodes := range []int{1, 3} {
+		b.Run(strconv.Itoa(nodes), func(b *testing.B) {
+			hosts := make([]*answering, nodes)
+			ns := benchNodes(b, nodes, func(i int) bgtask.Host { hosts[i] = &answering{}; return hosts[i] })
+			for i, n := range ns {
+				hosts[i].m.Store(n.Manager())
+			}
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for _, n := range ns {
+				wg.Add(1)
+				go func() { defer wg.Done(); run32node(b, n, b.N/nodes) }()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N/nodes*nodes)/time.Since(start).Seconds(), "tasks/s")
+		})
+	}
+}
+
+// run32node is run32 through a node.
+func run32node(b *testing.B, n *Node, count int) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(count) {
+				task, err := n.Launch(ctx, bgtask.Spec{ParentSessionID: "p-" + strconv.FormatInt(next.Load(), 10), Models: []bgtask.Model{{Provider: "a", ID: "1"}}})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := n.Manager().Wait(ctx, task.ID); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// BenchmarkRoutedObserve: an event sent to a process that does not own
+// its session — checked in the database, put in the owner's inbox, the
+// owner woken by NOTIFY, applied there — until the owner's Wait sees the
+// task end: p50 and p99.
+func BenchmarkRoutedObserve(b *testing.B) {
+	svc := newService()
+	ns := benchNodes(b, 2, func(int) bgtask.Host { return svc })
+	ctx := context.Background()
+	spec := bgtask.Spec{ParentSessionID: "p", Models: []bgtask.Model{{Provider: "a", ID: "1"}}}
+	lat := make([]time.Duration, 0, b.N)
+	for b.Loop() {
+		b.StopTimer()
+		task, err := ns[0].Launch(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		running, err := bgtasktest.WaitStatus(ctx, ns[0].Manager(), task.ID, bgtask.StatusRunning)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := ns[0].Launch(ctx, spec); err != nil { // the binding is durable: commits land in order
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		if err := ns[1].Observe(bgtask.Event{SessionID: running.SessionID, Kind: bgtask.SessionIdle, Text: "ok"}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := ns[0].Manager().Wait(ctx, task.ID); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
+// BenchmarkCloseBranch1000: CloseBranch, from one node, of a branch of
+// 1,000 running tasks spread over three nodes (a pool each), until every
+// run is terminal in the database.
+func BenchmarkCloseBranch1000(b *testing.B) {
+	svc := newService()
+	ns := benchNodes(b, 3, func(int) bgtask.Host { return svc })
+	ctx := context.Background()
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		root := fmt.Sprintf("chat-%d", i)
+		var ids []string
+		for k := range 1000 {
+			n := ns[k%3]
+			task, err := n.Launch(ctx, bgtask.Spec{ParentSessionID: root, Models: []bgtask.Model{{Provider: "a", ID: "1"}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids = append(ids, task.ID)
+		}
+		for k, id := range ids {
+			if _, err := bgtasktest.WaitStatus(ctx, ns[k%3].Manager(), id, bgtask.StatusRunning); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, n := range ns { // every binding durable
+			if _, err := n.Launch(ctx, bgtask.Spec{ParentSessionID: "barrier", Models: []bgtask.Model{{Provider: "a", ID: "1"}}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		rep, err := ns[0].CloseBranch(ctx, root)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(rep.Stopped) != 1000 {
+			b.Fatalf("stopped %d runs, want 1000", len(rep.Stopped))
+		}
+	}
+}

@@ -51,14 +51,17 @@ func (n *Node) publish(ctx context.Context, mb *member) {
 			return
 		}
 		for open := true; open; {
-			var batch []bgtask.Task
+			var b changeBatch
 			c, ok := <-sub.C
 			if ok && c.Seq > snap.Seq {
-				batch = append(batch, c.Task)
+				b.add(c.Task)
 			}
 			open = ok
+			// What comes in the next moment goes with it, each task's
+			// latest state only: a lifecycle makes several changes.
+			gather := time.NewTimer(publishGather)
 		more:
-			for open && len(batch) < 256 {
+			for open && len(b.tasks) < 256 {
 				select {
 				case c, ok := <-sub.C:
 					if !ok {
@@ -66,13 +69,14 @@ func (n *Node) publish(ctx context.Context, mb *member) {
 						break more
 					}
 					if c.Seq > snap.Seq {
-						batch = append(batch, c.Task)
+						b.add(c.Task)
 					}
-				default:
+				case <-gather.C:
 					break more
 				}
 			}
-			if len(batch) > 0 && !n.writeChanges(ctx, mb.name, batch) {
+			gather.Stop()
+			if len(b.tasks) > 0 && !n.writeChanges(ctx, mb.name, b.tasks) {
 				sub.Close()
 				return
 			}
@@ -81,6 +85,28 @@ func (n *Node) publish(ctx context.Context, mb *member) {
 			return
 		}
 	}
+}
+
+// publishGather is how long the publisher gathers changes into one write
+// after the first: what a subscriber waits at most, for fewer writes.
+const publishGather = 2 * time.Millisecond
+
+// changeBatch is the tasks of one write, each once, at its latest state.
+type changeBatch struct {
+	tasks []bgtask.Task
+	at    map[string]int
+}
+
+func (b *changeBatch) add(t bgtask.Task) {
+	if i, ok := b.at[t.ID]; ok {
+		b.tasks[i] = t
+		return
+	}
+	if b.at == nil {
+		b.at = map[string]int{}
+	}
+	b.at[t.ID] = len(b.tasks)
+	b.tasks = append(b.tasks, t)
 }
 
 // writeChanges writes tasks' latest states as member's changes, keeping
@@ -101,22 +127,7 @@ func (n *Node) writeChanges(ctx context.Context, member string, tasks []bgtask.T
 		ids, bodies = append(ids, tasks[i].ID), append(bodies, body)
 	}
 	for ctx.Err() == nil {
-		err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('bgtask changes ' || $1, 0))`, n.o.Ledger); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO bgtask_changes (ledger, member, task_id, body)
-SELECT $1, $2, t, b FROM unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS r(t, b, o) ORDER BY o`, n.o.Ledger, member, ids, bodies); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `DELETE FROM bgtask_changes c USING (
-  SELECT task_id, max(id) AS top FROM bgtask_changes WHERE ledger = $1 AND task_id = ANY($2) GROUP BY task_id) k
- WHERE c.ledger = $1 AND c.task_id = k.task_id AND c.id < k.top`, n.o.Ledger, ids); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, changeChannel, n.o.Ledger)
-			return err
-		})
+		_, err := n.pool.Exec(ctx, `SELECT bgtask_publish($1, $2, $3, $4::jsonb[])`, n.o.Ledger, member, ids, bodies)
 		if err == nil {
 			return true
 		}

@@ -149,7 +149,8 @@ func (n *Node) goOwned(f func()) bool {
 // open takes member name's lease and opens a Manager on it (which
 // replays it and reconciles its live runs).
 func (n *Node) open(ctx context.Context, name string) (*member, error) {
-	j, err := Open(ctx, n.pool, Options{Ledger: n.o.Ledger, Member: name, Lease: n.o.Lease, Heartbeat: n.o.Heartbeat, Holder: n.o.Holder})
+	j, err := Open(ctx, n.pool, Options{Ledger: n.o.Ledger, Member: name, Lease: n.o.Lease, Heartbeat: n.o.Heartbeat, Holder: n.o.Holder,
+		Rounds: n.o.Notifier != nil})
 	if err != nil {
 		return nil, err
 	}

@@ -59,6 +59,12 @@ type Options struct {
 	// Holder names this process in the members table (""
 	// host:pid:random), so an operator can tell who holds a lease.
 	Holder string
+	// Rounds makes the database count each parent session's live tasks
+	// and write the all_complete of every parent round to the outbox
+	// (a Node with a Notifier sets it, on every member it opens: the
+	// members of one ledger must agree). It costs a row update per
+	// parent per commit that launches or ends its tasks.
+	Rounds bool
 
 	beat func() // tests: called after each heartbeat that renewed the lease
 }
@@ -94,6 +100,7 @@ func (e *LeaseHeldError) Error() string {
 // are group-committed: the batches queued while a commit is in flight
 // are written together by the next, in one round trip.
 type Journal struct {
+	rounds bool // Options.Rounds
 	pool   *pgxpool.Pool
 	ledger string
 	member string
@@ -185,7 +192,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 // newJournal is the journal of o.Member, not yet holding its lease and
 // with no goroutine running.
 func newJournal(pool *pgxpool.Pool, o Options) *Journal {
-	return &Journal{pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease,
+	return &Journal{pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds,
 		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
 }
 
@@ -391,8 +398,8 @@ func (j *Journal) appendGroup(group []*commit) (err error) {
 			j.renewed(asked)
 		}
 	}()
-	_, err = j.pool.Exec(ctx, `SELECT bgtask_append($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, parent, data)
+	_, err = j.pool.Exec(ctx, `SELECT bgtask_append($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
+		j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, parent, data, j.rounds)
 	return err
 }
 

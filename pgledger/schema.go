@@ -167,6 +167,22 @@ CREATE TABLE bgtask_changes (
 CREATE INDEX bgtask_changes_ledger ON bgtask_changes (ledger, id);
 CREATE INDEX bgtask_changes_task ON bgtask_changes (ledger, task_id, id);
 
+-- bgtask_publish writes member's changes of tasks (their latest states,
+-- in order) under the ledger's change lock, keeps only the newest row of
+-- each task, and tells the subscribers: one statement.
+CREATE FUNCTION bgtask_publish(p_ledger text, p_member text, p_task text[], p_body jsonb[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_advisory_xact_lock(hashtextextended('bgtask changes ' || p_ledger, 0));
+	INSERT INTO bgtask_changes (ledger, member, task_id, body)
+	SELECT p_ledger, p_member, r.t, r.b FROM unnest(p_task, p_body) WITH ORDINALITY AS r(t, b, o) ORDER BY r.o;
+	DELETE FROM bgtask_changes c USING (
+		SELECT task_id, max(id) AS top FROM bgtask_changes WHERE ledger = p_ledger AND task_id = ANY(p_task) GROUP BY task_id) k
+	 WHERE c.ledger = p_ledger AND c.task_id = k.task_id AND c.id < k.top;
+	PERFORM pg_notify('bgtask_change', p_ledger);
+END
+$$;
+
 -- bgtask_fenced returns the open closure whose branch holds session
 -- p_session (walking up from it through the tasks that launched it), or
 -- null.
@@ -227,7 +243,7 @@ $$;
 CREATE FUNCTION bgtask_append(
 	p_ledger text, p_member text, p_fence bigint, p_lease interval,
 	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
-	p_session text[], p_parent text[], p_data bytea[]
+	p_session text[], p_parent text[], p_data bytea[], p_rounds boolean
 ) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
 	i int;
@@ -247,8 +263,10 @@ BEGIN
 	END IF;
 	-- Which of the commit's tasks were live before it: its end moves
 	-- their parents' live counts.
-	SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') INTO before
-	  FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = ANY(p_task);
+	IF p_rounds THEN
+		SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') INTO before
+		  FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = ANY(p_task);
+	END IF;
 	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
 		CASE p_kind[i]
 		WHEN 'task_launched' THEN
@@ -307,7 +325,7 @@ BEGIN
 		       sum((NOT t.ended)::int - coalesce((before ->> t.task_id)::boolean, false)::int) AS delta,
 		       array_agg(t.task_id) FILTER (WHERE NOT t.ended AND NOT coalesce((before ->> t.task_id)::boolean, false)) AS born
 		  FROM bgtask_tasks t
-		 WHERE t.ledger = p_ledger AND t.task_id = ANY(p_task) AND t.parent_session <> ''
+		 WHERE p_rounds AND t.ledger = p_ledger AND t.task_id = ANY(p_task) AND t.parent_session <> ''
 		 GROUP BY t.parent_session ORDER BY t.parent_session
 	LOOP
 		CONTINUE WHEN p.delta = 0 AND p.born IS NULL;
