@@ -14,6 +14,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -32,22 +33,27 @@ func main() {
 }
 
 func run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	srv, err := pgtest.Start("bgtask_fleet")
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
+	return demo(srv.URL, os.Stdout)
+}
+
+// demo plays the scenario on database url, telling out what it does.
+func demo(url string, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	rep, err := fleetdemo.Run(ctx, fleetdemo.Config{DB: srv.URL, Ledger: fmt.Sprintf("fleet-%d", time.Now().UnixNano()),
-		Worker: self, Lease: 2 * time.Second, Out: os.Stdout})
+	rep, err := fleetdemo.Run(ctx, fleetdemo.Config{DB: url, Ledger: fmt.Sprintf("fleet-%d", time.Now().UnixNano()),
+		Worker: self, Lease: 2 * time.Second, Out: out})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("done in %s\n", rep.Took.Round(time.Millisecond))
+	fmt.Fprintf(out, "done in %s\n", rep.Took.Round(time.Millisecond))
 	return nil
 }
