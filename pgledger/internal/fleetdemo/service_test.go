@@ -58,7 +58,7 @@ func TestTheServiceIsAStatusHost(t *testing.T) {
 	assert.Equal(t, "while down", rep.End.Text)
 	require.NoError(t, svc.await(ctx, "two status calls", func() bool { return svc.sessions[other].asked == 1 }))
 
-	n := notifier{h.c}
+	n := notifier(h)
 	require.NoError(t, n.Notify(ctx, bgtask.Notification{Kind: bgtask.NotifyFinalSummary, TaskID: "t2", ParentSessionID: "p"}))
 	svc.mu.Lock()
 	assert.Len(t, svc.summaries("t2"), 1)
