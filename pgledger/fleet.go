@@ -621,8 +621,10 @@ SELECT m.member FROM bgtask_members m
 }
 
 // Close stops the node's loop and shuts down each of its Managers (which
-// closes their journals and releases their leases). ctx bounds each
-// Manager's Shutdown, as bgtask's does.
+// closes their journals and releases their leases). ctx bounds the wait
+// for the node's own goroutines (a delivery in a Notifier that ignores its
+// context is left behind, with an error) and each Manager's Shutdown, as
+// bgtask's does.
 func (n *Node) Close(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
@@ -635,8 +637,16 @@ func (n *Node) Close(ctx context.Context) error {
 	n.closed = true
 	n.mu.Unlock()
 	n.cancel()
-	n.done.Wait()
 	var errs []error
+	joined := make(chan struct{})
+	go func() { n.done.Wait(); close(joined) }() // ends with the last of them
+	select {
+	case <-joined:
+	case <-ctx.Done():
+		// A Notifier (user code) that ignores its context is the one thing
+		// the node's goroutines wait on that cancel cannot end.
+		errs = append(errs, fmt.Errorf("pgledger: the node's goroutines did not end (a Notifier call that ignores its context?): %w", ctx.Err()))
+	}
 	for _, mb := range n.owned() {
 		if err := mb.m.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("member %s: %w", mb.name, err))

@@ -184,3 +184,41 @@ func TestAFailedDeliveryIsTriedAgainInOrder(t *testing.T) {
 	assert.Zero(t, box.fails["chat"], "the failures happened")
 	box.mu.Unlock()
 }
+
+// hanging is a Notifier that ignores its context until released.
+type hanging struct {
+	asked, release chan struct{}
+}
+
+func (h hanging) Notify(ctx context.Context, n bgtask.Notification) error {
+	select {
+	case h.asked <- struct{}{}:
+	default:
+	}
+	<-h.release
+	return nil
+}
+
+// Close is bounded by its context even when a delivery hangs in a
+// Notifier that ignores its own: it says so, and the leases are released.
+func TestCloseIsBoundedWhenTheNotifierHangs(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	h := hanging{asked: make(chan struct{}, 1), release: make(chan struct{})}
+	node, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: svc, Poll: 50 * time.Millisecond, Notifier: h})
+	require.NoError(t, err)
+	task, err := node.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	got, err := bgtasktest.WaitStatus(ctx(t), node.Manager(), task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, node.Observe(bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+	<-h.asked // the deliverer is inside Notify, and will not come out
+	short, cancel := context.WithTimeout(ctx(t), 300*time.Millisecond)
+	defer cancel()
+	err = node.Close(short)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, 1, f.count("bgtask_members", "expires_at <= now()"), "the lease was released")
+	close(h.release) // the left-behind delivery ends, before the leak check
+	node.done.Wait()
+}
