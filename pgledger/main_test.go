@@ -2,6 +2,7 @@ package pgledger_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -19,6 +20,13 @@ import (
 func TestMain(m *testing.M) {
 	if fleetdemo.IsWorker() {
 		fleetdemo.WorkerMain()
+	}
+	if os.Getenv(benchWorkerEnv) != "" {
+		if err := benchWorker(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench worker:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	pgtest.Main(m, "pgledger", pgledger.DBURL)
 }
