@@ -211,6 +211,10 @@ func (n *Node) CloseTask(ctx context.Context, id string) (bgtask.ClosureReport, 
 // closeWait bounds how long a closure waits between looks at its scope.
 const closeWait = 100 * time.Millisecond
 
+// stopWriteGrace is how long a closure with nothing live left waits for
+// the stops its owners began to say what they came to.
+const stopWriteGrace = 5 * time.Second
+
 // close runs closure k: raise the fence, ask the owners, watch the scope
 // until nothing in it is live (or ctx ends), then record it.
 func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, error) {
@@ -230,6 +234,7 @@ func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, 
 	}
 	rep := bgtask.ClosureReport{SessionID: k.root, TaskID: k.task}
 	var live []scopeRun
+	var quiet time.Time // since when nothing in scope is live
 	wait := 2 * time.Millisecond
 	for {
 		rep.Passes++
@@ -244,6 +249,13 @@ func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, 
 		}
 		if !waitingFor(live, stops) {
 			break
+		}
+		if len(live) > 0 {
+			quiet = time.Time{}
+		} else if quiet.IsZero() {
+			quiet = time.Now()
+		} else if time.Since(quiet) > stopWriteGrace {
+			break // a stop begun by an owner that died before it said what it came to
 		}
 		n.serve(k) // this node's own runs, at once
 		if rep.Passes > 1 {
@@ -264,11 +276,17 @@ func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, 
 	return n.finish(k, rep, live, err)
 }
 
-// waitingFor reports whether a live run of the scope may still stop: it
-// is a launch in flight, or no stop of its run failed.
+// waitingFor reports whether the closure must look again: a live run of
+// the scope may still stop (it is a launch in flight, or no stop of its
+// run failed), or a stop begun has not said what it came to.
 func waitingFor(live []scopeRun, stops map[string]stopRow) bool {
 	for _, r := range live {
 		if s, ok := stops[r.ref.Token]; r.pending || !ok || s.err == "" {
+			return true
+		}
+	}
+	for _, s := range stops {
+		if s.run.Status == "" && s.err == "" {
 			return true
 		}
 	}
@@ -350,7 +368,7 @@ func (n *Node) finish(k openClosure, rep bgtask.ClosureReport, live []scopeRun, 
 // were written.
 func (n *Node) stoppedOf(ctx context.Context, id int64) ([]bgtask.StoppedRun, error) {
 	rows, err := n.pool.Query(ctx, `SELECT task_id, attempt_id, session_id, token, status FROM bgtask_stops
- WHERE closure_id = $1 AND err = '' ORDER BY seq`, id)
+ WHERE closure_id = $1 AND err = '' AND status <> '' ORDER BY seq`, id)
 	if err != nil {
 		return nil, err
 	}
@@ -435,6 +453,12 @@ func (n *Node) serve(k openClosure) {
 		n.o.Logger.Warn("pgledger: looking for runs to stop", "closure", k.id, "err", err)
 		return
 	}
+	type stop struct {
+		mb *member
+		r  scopeRun
+	}
+	var todo []stop
+	var rows []stopResult
 	for _, r := range runs {
 		n.mu.Lock()
 		mb := n.members[r.member]
@@ -451,10 +475,28 @@ func (n *Node) serve(k openClosure) {
 		again := asked[r.ref.Token]
 		asked[r.ref.Token] = true
 		n.stops.mu.Unlock()
-		if again {
-			continue
+		if !again {
+			todo = append(todo, stop{mb, r})
+			rows = append(rows, stopResult{closure: k.id, row: stopRow{run: bgtask.StoppedRun{TaskID: r.ref.TaskID,
+				AttemptID: r.ref.AttemptID, SessionID: r.session, Token: r.ref.Token}, member: mb.name}})
 		}
-		if !n.goOwned(func() { n.stopRun(ctx, k.id, mb, r) }) {
+	}
+	if len(todo) == 0 {
+		return
+	}
+	// The stops are written as begun before any is asked: a run that ends
+	// is then never seen ended by the closure without its stop row, which
+	// the closure waits to see filled in (the report lists it).
+	if err := n.insertStops(ctx, rows); err != nil {
+		n.stops.mu.Lock()
+		for _, t := range todo {
+			delete(n.stops.asked[k.id], t.r.ref.Token) // asked again at the next look
+		}
+		n.stops.mu.Unlock()
+		return
+	}
+	for _, t := range todo {
+		if !n.goOwned(func() { n.stopRun(ctx, k.id, t.mb, t.r) }) {
 			return
 		}
 	}
@@ -510,11 +552,17 @@ func (n *Node) writeStops(ctx context.Context) {
 				break more
 			}
 		}
-		n.insertStops(ctx, batch)
+		for n.insertStops(ctx, batch) != nil && ctx.Err() == nil {
+			// What a stop came to is not lost: the closure waits for it.
+			select {
+			case <-ctx.Done():
+			case <-time.After(n.o.Poll):
+			}
+		}
 	}
 }
 
-func (n *Node) insertStops(ctx context.Context, batch []stopResult) {
+func (n *Node) insertStops(ctx context.Context, batch []stopResult) error {
 	var ids []int64
 	var task, attempt, session, token, member, status, errs []string
 	for _, b := range batch {
@@ -530,6 +578,7 @@ ON CONFLICT (closure_id, token) DO UPDATE SET status = EXCLUDED.status, err = EX
 	if err != nil && ctx.Err() == nil {
 		n.o.Logger.Warn("pgledger: writing what the stops of a closure came to", "err", err)
 	}
+	return err
 }
 
 // safeText is err's text, even if its Error method panics.

@@ -73,8 +73,10 @@ type Node struct {
 	members map[string]*member // this node's: its own and those taken over
 	closed  bool
 
-	stops stopper       // the runs closures asked this node to stop
-	wake  chan struct{} // the deliverer looks at the outbox now
+	stops   stopper            // the runs closures asked this node to stop
+	wake    chan struct{}      // the deliverer looks at the outbox now
+	backoff map[string]backoff // the deliverer's: parents whose delivery failed
+	stray   sync.WaitGroup     // Notifier calls (user code that may ignore its context)
 
 	changesMu sync.Mutex
 	changed   chan struct{}   // closed and replaced when NOTIFY tells of changes
@@ -111,7 +113,8 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1), changed: make(chan struct{})}
+	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1), changed: make(chan struct{}),
+		backoff: map[string]backoff{}}
 	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
@@ -620,9 +623,9 @@ SELECT m.member FROM bgtask_members m
 	}
 }
 
-// Close stops the node's loop and shuts down each of its Managers (which
-// closes their journals and releases their leases). ctx bounds the wait
-// for the node's own goroutines (a delivery in a Notifier that ignores its
+// Close stops the node's loop and goroutines, and shuts down each of its
+// Managers (which closes their journals and releases their leases). ctx
+// bounds the wait for a Notifier call in flight (one that ignores its
 // context is left behind, with an error) and each Manager's Shutdown, as
 // bgtask's does.
 func (n *Node) Close(ctx context.Context) error {
@@ -637,15 +640,16 @@ func (n *Node) Close(ctx context.Context) error {
 	n.closed = true
 	n.mu.Unlock()
 	n.cancel()
+	n.done.Wait() // everything cancel ends
 	var errs []error
 	joined := make(chan struct{})
-	go func() { n.done.Wait(); close(joined) }() // ends with the last of them
+	go func() { n.stray.Wait(); close(joined) }() // ends with the last Notifier call
 	select {
 	case <-joined:
 	case <-ctx.Done():
-		// A Notifier (user code) that ignores its context is the one thing
-		// the node's goroutines wait on that cancel cannot end.
-		errs = append(errs, fmt.Errorf("pgledger: the node's goroutines did not end (a Notifier call that ignores its context?): %w", ctx.Err()))
+		// A Notifier (user code) that ignores its context is the one
+		// thing of the node's that cancel cannot end.
+		errs = append(errs, fmt.Errorf("pgledger: a Notifier call that ignores its context did not return: %w", ctx.Err()))
 	}
 	for _, mb := range n.owned() {
 		if err := mb.m.Shutdown(ctx); err != nil {

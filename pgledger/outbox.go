@@ -87,7 +87,7 @@ func (n *Node) deliverLoop(ctx context.Context) {
 }
 
 // deliverAll delivers the rows of every parent with some pending whose
-// claim this node can take.
+// claim this node can take, except those waiting out a failure.
 func (n *Node) deliverAll(ctx context.Context) {
 	rows, err := n.pool.Query(ctx, `SELECT DISTINCT o.parent_session FROM bgtask_outbox o
  WHERE o.ledger = $1 AND o.delivered_at IS NULL
@@ -101,13 +101,35 @@ func (n *Node) deliverAll(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	now := time.Now()
 	for _, p := range parents {
+		if b, ok := n.backoff[p]; ok && now.Before(b.next) {
+			continue
+		}
 		if ctx.Err() != nil || !n.claim(ctx, p) {
 			continue
 		}
-		n.deliverParent(ctx, p)
+		if n.deliverParent(ctx, p) {
+			delete(n.backoff, p)
+		} else {
+			b := n.backoff[p]
+			b.wait = min(max(2*b.wait, n.o.Poll), maxBackoff)
+			b.next = time.Now().Add(b.wait)
+			n.backoff[p] = b
+		}
 		_, _ = n.pool.Exec(ctx, `DELETE FROM bgtask_claims WHERE ledger = $1 AND parent_session = $2 AND member = $3`, n.o.Ledger, p, n.o.Member)
 	}
+}
+
+// maxBackoff bounds the wait before a parent whose delivery failed is
+// tried again.
+const maxBackoff = time.Minute
+
+// backoff is a parent's wait after a failed delivery (the deliverer's own:
+// one goroutine uses it).
+type backoff struct {
+	wait time.Duration
+	next time.Time
 }
 
 // claim takes (or renews) parent's claim for this node.
@@ -126,47 +148,60 @@ type outboxRow struct {
 	id     int64
 	noteID string
 	kind   string
+	task   string
 	body   []byte
 	round  []string
 	age    time.Duration
 }
 
 // deliverParent delivers parent's pending rows in order while it holds
-// the claim; it stops at the first that fails (the order is kept: it is
-// tried again at the next look).
-func (n *Node) deliverParent(ctx context.Context, parent string) {
+// the claim, and reports false if a delivery failed: it stops there (the
+// order is kept; it is tried again after a backoff). An all_complete
+// waiting for its round's summaries lets only those summaries past it.
+func (n *Node) deliverParent(ctx context.Context, parent string) bool {
 	for ctx.Err() == nil {
 		pending, err := n.pending(ctx, parent)
-		if err != nil || len(pending) == 0 {
-			return
+		if err != nil {
+			return false
 		}
 		sent := 0
+		var waiting map[string]bool // the round tasks of an all_complete that waits
 		for _, r := range pending {
+			if waiting != nil && !(r.kind == string(bgtask.NotifyFinalSummary) && waiting[r.task]) {
+				break
+			}
 			note, ok, err := n.noteOf(ctx, parent, r)
 			if err != nil {
-				return
+				return false
 			}
 			if !ok {
-				continue // an all_complete whose round's summaries are not all in yet
+				if waiting == nil {
+					waiting = map[string]bool{}
+				}
+				for _, id := range r.round {
+					waiting[id] = true
+				}
+				continue
 			}
 			if err := n.notify(ctx, note); err != nil {
 				n.o.Logger.Warn("pgledger: delivering a notification failed; it is tried again", "parent", parent, "id", note.ID, "err", err)
-				return
+				return false
 			}
-			if err := n.delivered(ctx, r); err != nil {
-				return
+			if !n.delivered(parent, r) {
+				return true // the claim was lost (or the database is away): whoever holds it goes on
 			}
 			sent++
 		}
-		if sent == 0 || !n.claim(ctx, parent) {
-			return
+		if sent == 0 {
+			return true
 		}
 	}
+	return true
 }
 
 // pending returns parent's undelivered rows, oldest first.
 func (n *Node) pending(ctx context.Context, parent string) ([]outboxRow, error) {
-	rows, err := n.pool.Query(ctx, `SELECT id, note_id, kind, coalesce(body::text, ''), coalesce(round_tasks, '{}'), now() - made
+	rows, err := n.pool.Query(ctx, `SELECT id, note_id, kind, task_id, coalesce(body::text, ''), coalesce(round_tasks, '{}'), now() - made
   FROM bgtask_outbox WHERE ledger = $1 AND parent_session = $2 AND delivered_at IS NULL ORDER BY id LIMIT 100`, n.o.Ledger, parent)
 	if err != nil {
 		return nil, err
@@ -174,7 +209,7 @@ func (n *Node) pending(ctx context.Context, parent string) ([]outboxRow, error) 
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
 		var r outboxRow
 		var body string
-		err := row.Scan(&r.id, &r.noteID, &r.kind, &body, &r.round, &r.age)
+		err := row.Scan(&r.id, &r.noteID, &r.kind, &r.task, &body, &r.round, &r.age)
 		r.body = []byte(body)
 		return r, err
 	})
@@ -224,38 +259,70 @@ func (n *Node) noteOf(ctx context.Context, parent string, r outboxRow) (bgtask.N
 	return note, true, nil
 }
 
-// notify hands note to the Notifier, bounded, and never panics.
-func (n *Node) notify(ctx context.Context, note bgtask.Notification) (err error) {
+// notify hands note to the Notifier, bounded by notifyFor: the call runs
+// on a goroutine of its own, so that a Notifier that ignores its context
+// holds up nothing but itself (Close waits for it, bounded by its own
+// context). A call that outlives the bound is taken as failed: its row is
+// delivered again, at least once.
+func (n *Node) notify(ctx context.Context, note bgtask.Notification) error {
 	ctx, cancel := context.WithTimeout(ctx, notifyFor)
 	defer cancel()
+	done := make(chan error, 1)
+	n.stray.Add(1)
+	go func() {
+		defer n.stray.Done()
+		done <- n.callNotifier(ctx, note)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("pgledger: the Notifier did not return in %s: %w", notifyFor, ctx.Err())
+	}
+}
+
+// callNotifier is the Notifier's call, which never panics through.
+func (n *Node) callNotifier(ctx context.Context, note bgtask.Notification) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("pgledger: the Notifier panicked: %v", r)
 		}
 	}()
-	err = n.o.Notifier.Notify(ctx, note)
-	if err != nil {
+	if err = n.o.Notifier.Notify(ctx, note); err != nil {
 		err = errors.New(safeText(err))
 	}
 	return err
 }
 
-// delivered marks row r delivered: a final summary stays (as delivered)
-// until its round's all_complete is told; an all_complete takes its
-// round's summaries with it; any other row goes.
-func (n *Node) delivered(ctx context.Context, r outboxRow) error {
-	var err error
+// delivered marks row r of parent delivered, if this node still holds the
+// parent's claim (renewing it): a final summary stays (as delivered) until
+// its round's all_complete is told; an all_complete takes its round's
+// summaries with it; any other row goes. It reports whether it did. It
+// runs on a context of its own: a delivery that returned as the node
+// closes is still marked.
+func (n *Node) delivered(parent string, r outboxRow) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const held = `WITH c AS (UPDATE bgtask_claims SET until = now() + $4::interval
+  WHERE ledger = $1 AND parent_session = $2 AND member = $3 AND until > now() RETURNING 1) `
+	var q string
 	switch r.kind {
 	case string(bgtask.NotifyFinalSummary):
-		_, err = n.pool.Exec(ctx, `UPDATE bgtask_outbox SET delivered_at = now() WHERE id = $1`, r.id)
+		q = held + `UPDATE bgtask_outbox SET delivered_at = now() WHERE id = $5 AND EXISTS (SELECT 1 FROM c)`
 	case string(bgtask.NotifyAllComplete):
-		_, err = n.pool.Exec(ctx, `DELETE FROM bgtask_outbox WHERE id = $1
-   OR (ledger = $2 AND kind = 'final_summary' AND task_id = ANY($3) AND delivered_at IS NOT NULL)`, r.id, n.o.Ledger, r.round)
+		q = held + `DELETE FROM bgtask_outbox WHERE EXISTS (SELECT 1 FROM c) AND (id = $5
+   OR (ledger = $1 AND kind = 'final_summary' AND task_id = ANY($6) AND delivered_at IS NOT NULL))`
 	default:
-		_, err = n.pool.Exec(ctx, `DELETE FROM bgtask_outbox WHERE id = $1`, r.id)
+		q = held + `DELETE FROM bgtask_outbox WHERE id = $5 AND EXISTS (SELECT 1 FROM c)`
 	}
+	args := []any{n.o.Ledger, parent, n.o.Member, claimFor, r.id}
+	if r.kind == string(bgtask.NotifyAllComplete) {
+		args = append(args, r.round)
+	}
+	tag, err := n.pool.Exec(ctx, q, args...)
 	if err != nil {
 		n.o.Logger.Warn("pgledger: marking a notification delivered", "id", r.noteID, "err", err)
+		return false
 	}
-	return err
+	return tag.RowsAffected() > 0
 }

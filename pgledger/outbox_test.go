@@ -220,5 +220,25 @@ func TestCloseIsBoundedWhenTheNotifierHangs(t *testing.T) {
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Equal(t, 1, f.count("bgtask_members", "expires_at <= now()"), "the lease was released")
 	close(h.release) // the left-behind delivery ends, before the leak check
-	node.done.Wait()
+	node.stray.Wait()
+}
+
+// A process whose claim on a parent expired mid-delivery (a slow
+// Notifier) and was taken by another marks nothing: the row is the new
+// holder's to deliver, once.
+func TestADeliveryIsMarkedOnlyUnderItsClaim(t *testing.T) {
+	f := newFixture(t)
+	ns := f.nodes(newService(), 2, 0) // no Notifier: no deliverer of their own runs
+	_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, body)
+VALUES ($1, 'w0', 'n-1', 'chat', 'progress', '{"kind":"progress","parentSessionID":"chat"}')`, f.ledger)
+	require.NoError(t, err)
+	row := outboxRow{kind: "progress", noteID: "n-1"}
+	require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT id FROM bgtask_outbox WHERE ledger = $1`, f.ledger).Scan(&row.id))
+	_, err = f.pool.Exec(ctx(t), `INSERT INTO bgtask_claims (ledger, parent_session, member, until) VALUES ($1, 'chat', 'w1', now() + interval '1 hour')
+ON CONFLICT (ledger, parent_session) DO UPDATE SET member = 'w1', until = now() + interval '1 hour'`, f.ledger)
+	require.NoError(t, err)
+	assert.False(t, ns[0].delivered("chat", row), "w0 no longer holds the claim")
+	assert.Equal(t, 1, f.count("bgtask_outbox", "delivered_at IS NULL"), "the row is still to deliver")
+	assert.True(t, ns[1].delivered("chat", row), "the holder marks it")
+	assert.Equal(t, 0, f.count("bgtask_outbox", ""))
 }
