@@ -46,7 +46,7 @@ func (n *Node) publish(ctx context.Context, mb *member) {
 			return // shut down
 		}
 		snap := mb.m.Snapshot()
-		if !n.writeChanges(ctx, mb.name, snap.Tasks) {
+		if !n.writeChanges(ctx, mb, snap.Tasks) {
 			sub.Close()
 			return
 		}
@@ -76,7 +76,7 @@ func (n *Node) publish(ctx context.Context, mb *member) {
 				}
 			}
 			gather.Stop()
-			if len(b.tasks) > 0 && !n.writeChanges(ctx, mb.name, b.tasks) {
+			if len(b.tasks) > 0 && !n.writeChanges(ctx, mb, b.tasks) {
 				sub.Close()
 				return
 			}
@@ -109,10 +109,10 @@ func (b *changeBatch) add(t bgtask.Task) {
 	b.tasks = append(b.tasks, t)
 }
 
-// writeChanges writes tasks' latest states as member's changes, keeping
-// only the newest row per task, and tells the subscribers; false if ctx
-// ended.
-func (n *Node) writeChanges(ctx context.Context, member string, tasks []bgtask.Task) bool {
+// writeChanges writes tasks' latest states as mb's changes, keeping only
+// the newest row per task, and tells the subscribers; false if ctx ended
+// or mb's lease was lost.
+func (n *Node) writeChanges(ctx context.Context, mb *member, tasks []bgtask.Task) bool {
 	if len(tasks) == 0 {
 		return true
 	}
@@ -127,11 +127,14 @@ func (n *Node) writeChanges(ctx context.Context, member string, tasks []bgtask.T
 		ids, bodies = append(ids, tasks[i].ID), append(bodies, body)
 	}
 	for ctx.Err() == nil {
-		_, err := n.pool.Exec(ctx, `SELECT bgtask_publish($1, $2, $3, $4::jsonb[])`, n.o.Ledger, member, ids, bodies)
+		_, err := n.pool.Exec(ctx, `SELECT bgtask_publish($1, $2, $3, $4, $5::jsonb[])`, n.o.Ledger, mb.name, mb.j.Fence(), ids, bodies)
 		if err == nil {
 			return true
 		}
-		n.o.Logger.Warn("pgledger: publishing changes failed; trying again", "member", member, "err", err)
+		if errors.Is(classify(err), ErrLeaseLost) {
+			return false // no longer this process's to publish
+		}
+		n.o.Logger.Warn("pgledger: publishing changes failed; trying again", "member", mb.name, "err", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(n.o.Poll):

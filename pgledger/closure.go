@@ -101,7 +101,7 @@ const scopeQuery = `
 WITH RECURSIVE scope(task_id) AS (
     SELECT s.task_id FROM bgtask_sessions s WHERE s.ledger = $1 AND s.session_id = $2
   UNION
-    SELECT t.task_id FROM bgtask_tasks t WHERE t.ledger = $1 AND (t.parent_session = $2 OR t.task_id = $3)
+    SELECT t.task_id FROM bgtask_tasks t WHERE t.ledger = $1 AND (($2 <> '' AND t.parent_session = $2) OR t.task_id = $3)
   UNION
     SELECT t.task_id FROM scope sc
       JOIN bgtask_sessions s ON s.ledger = $1 AND s.task_id = sc.task_id
@@ -117,7 +117,7 @@ UNION ALL
 SELECT l.task_id, '', '', '', l.member, m.holder, true
   FROM bgtask_launching l JOIN bgtask_members m ON m.ledger = $1 AND m.member = l.member AND m.expires_at > now()
  WHERE l.ledger = $1 AND $4::text[] IS NULL
-   AND (l.parent_session = $2 OR l.parent_session IN
+   AND (($2 <> '' AND l.parent_session = $2) OR l.parent_session IN
         (SELECT s.session_id FROM scope JOIN bgtask_sessions s ON s.ledger = $1 AND s.task_id = scope.task_id))`
 
 // scope lists closure k's live runs (of members, if not nil).
@@ -194,6 +194,9 @@ func (n *Node) CloseBranch(ctx context.Context, sessionID string) (bgtask.Closur
 func (n *Node) CloseTask(ctx context.Context, id string) (bgtask.ClosureReport, error) {
 	if ctx == nil {
 		ctx = context.Background()
+	}
+	if strings.TrimSpace(id) == "" {
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: CloseTask needs a task id", bgtask.ErrInvalidArgument)
 	}
 	var root string
 	err := n.pool.QueryRow(ctx, `SELECT coalesce((SELECT s.session_id FROM bgtask_sessions s
@@ -403,7 +406,8 @@ type stopper struct {
 
 // serveAll stops this node's runs of every open closure.
 func (n *Node) serveAll(ctx context.Context) {
-	rows, err := n.pool.Query(ctx, `SELECT id, root_session, task_id FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NULL`, n.o.Ledger)
+	rows, err := n.pool.Query(ctx, `SELECT id, root_session, task_id FROM bgtask_closures
+ WHERE ledger = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, n.o.Ledger)
 	if err != nil {
 		return
 	}
@@ -436,7 +440,8 @@ func (n *Node) serveFor(ctx context.Context, payload string) {
 		return
 	}
 	var k openClosure
-	err := n.pool.QueryRow(ctx, `SELECT id, root_session, task_id FROM bgtask_closures WHERE id = $1 AND closed_at IS NULL`, id).Scan(&k.id, &k.root, &k.task)
+	err := n.pool.QueryRow(ctx, `SELECT id, root_session, task_id FROM bgtask_closures
+ WHERE id = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, id).Scan(&k.id, &k.root, &k.task)
 	if err == nil {
 		n.serve(k)
 	}
@@ -460,9 +465,7 @@ func (n *Node) serve(k openClosure) {
 	var todo []stop
 	var rows []stopResult
 	for _, r := range runs {
-		n.mu.Lock()
-		mb := n.members[r.member]
-		n.mu.Unlock()
+		mb := n.live(r.member)
 		if mb == nil || r.pending {
 			continue
 		}

@@ -110,6 +110,10 @@ func TestTheFenceHoldsInEveryProcess(t *testing.T) {
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
 	_, err = ns[0].CloseTask(ctx(t), "no such task")
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
+	_, err = ns[0].CloseTask(ctx(t), "")
+	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
+	_, err = ns[0].CloseTask(ctx(t), "no such task")
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
 	assert.Equal(t, 1, f.count("bgtask_closures", ""), "refused closures wrote nothing")
 }
 
@@ -181,4 +185,49 @@ func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 	got, err := ns[1].Manager().Wait(ctx(t), "late")
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusCancelled, got.Status)
+}
+
+// A process that died between a launch's fence check and its landing
+// leaves nothing in the way: the member's next life clears it, and a
+// closure of the branch does not wait for it.
+func TestALaunchLeftInFlightByADeadProcessIsCleared(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	a := running(t, ns[0], "chat")
+	require.NoError(t, ns[1].admit(ctx(t), "ghost", a.SessionID))
+	ns[1].kill()
+	f.expire("w1")
+	again, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w1", Host: svc, Poll: 50 * time.Millisecond})
+	require.NoError(t, err)
+	defer again.Close(context.Background())
+	assert.Equal(t, 0, f.count("bgtask_launching", ""), "the restart cleared it")
+	short, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+	defer cancel()
+	rep, err := ns[0].CloseBranch(short, "chat")
+	require.NoError(t, err)
+	assert.Len(t, rep.Stopped, 1)
+}
+
+// A closure whose process died holds no fence: once that member's lease
+// expired launches in the branch are admitted, and the member's next life
+// closes the row.
+func TestAClosureOfADeadProcessHoldsNoFence(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	a := running(t, ns[0], "chat")
+	// w1 opened a closure of a's branch and died before it ended.
+	_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_closures (ledger, root_session, member) VALUES ($1, 'chat', 'w1')`, f.ledger)
+	require.NoError(t, err)
+	_, err = ns[0].Launch(ctx(t), bgtask.Spec{ParentSessionID: a.SessionID, Models: spec.Models})
+	require.ErrorIs(t, err, bgtask.ErrBranchClosing, "while w1 holds its lease")
+	ns[1].kill()
+	f.expire("w1")
+	_, err = ns[0].Launch(ctx(t), bgtask.Spec{ParentSessionID: a.SessionID, Models: spec.Models})
+	require.NoError(t, err, "w1 is dead: its fence holds no more")
+	again, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w1", Host: svc, Poll: 50 * time.Millisecond})
+	require.NoError(t, err)
+	defer again.Close(context.Background())
+	assert.Equal(t, 0, f.count("bgtask_closures", "closed_at IS NULL"), "w1's next life closed it")
 }

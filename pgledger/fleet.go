@@ -71,6 +71,7 @@ type Node struct {
 
 	mu      sync.Mutex
 	members map[string]*member // this node's: its own and those taken over
+	dead    []*member          // members whose lease was lost: shut down at Close
 	closed  bool
 
 	stops   stopper            // the runs closures asked this node to stop
@@ -120,17 +121,41 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	if err != nil {
 		return nil, err
 	}
-	n.members[own.name] = own
 	n.loopCtx, n.cancel = context.WithCancel(context.Background())
+	n.adopt(own)
 	n.done.Add(2)
 	go n.run(n.loopCtx)
 	go n.writeStops(n.loopCtx)
-	n.goOwned(func() { n.publish(n.loopCtx, own) })
 	if o.Notifier != nil {
 		n.done.Add(1)
 		go n.deliverLoop(n.loopCtx)
 	}
 	return n, nil
+}
+
+// adopt makes mb one of this node's members: its changes published, and
+// the member dropped (events go to whoever owns it next, closures no
+// longer ask it) as soon as its lease is found lost.
+func (n *Node) adopt(mb *member) {
+	n.mu.Lock()
+	n.members[mb.name] = mb
+	n.mu.Unlock()
+	ctx, cancel := context.WithCancel(n.loopCtx)
+	n.goOwned(func() { n.publish(ctx, mb) })
+	n.goOwned(func() {
+		defer cancel()
+		select {
+		case <-mb.j.Lost():
+			n.mu.Lock()
+			if n.members[mb.name] == mb {
+				delete(n.members, mb.name)
+				n.dead = append(n.dead, mb)
+			}
+			n.mu.Unlock()
+			n.o.Logger.Warn("pgledger: the lease of a member was lost; this process no longer acts for it", "member", mb.name)
+		case <-ctx.Done():
+		}
+	})
 }
 
 // goOwned runs f on a goroutine the node joins at Close, unless it is
@@ -169,11 +194,20 @@ func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	return &member{name: name, j: j, m: m}, nil
 }
 
-// Manager returns the Manager of this process's own member.
+// Manager returns the Manager of this process's own member (once its
+// lease was lost, the stopped one: its calls return bgtask.ErrJournal).
 func (n *Node) Manager() *bgtask.Manager {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.members[n.o.Member].m
+	if mb := n.members[n.o.Member]; mb != nil {
+		return mb.m
+	}
+	for i := len(n.dead) - 1; i >= 0; i-- {
+		if n.dead[i].name == n.o.Member {
+			return n.dead[i].m
+		}
+	}
+	return nil // not reached: the own member is in one or the other
 }
 
 // owned returns the members this node owns now, its own first and the
@@ -181,8 +215,37 @@ func (n *Node) Manager() *bgtask.Manager {
 func (n *Node) owned() []*member {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.ownedLocked()
+}
+
+// live returns member name if this node owns it now (its lease not found
+// lost), else nil.
+func (n *Node) live(name string) *member {
+	n.mu.Lock()
+	mb := n.members[name]
+	n.mu.Unlock()
+	if mb == nil {
+		return nil
+	}
+	select {
+	case <-mb.j.Lost():
+		return nil
+	default:
+		return mb
+	}
+}
+
+// ownedLocked is owned with n.mu held. A member whose lease was found
+// lost is not owned, from that instant (the watcher of adopt moves it to
+// n.dead a moment later).
+func (n *Node) ownedLocked() []*member {
 	out := make([]*member, 0, len(n.members))
 	for _, mb := range n.members {
+		select {
+		case <-mb.j.Lost():
+			continue
+		default:
+		}
 		out = append(out, mb)
 	}
 	slices.SortFunc(out, func(a, b *member) int {
@@ -329,10 +392,7 @@ func (n *Node) Observe(ev bgtask.Event) error {
 	case !current:
 		return fmt.Errorf("%w: attempt %s is not its task's current one", bgtask.ErrStaleEvent, ev.AttemptID)
 	}
-	n.mu.Lock()
-	mb := n.members[owner]
-	n.mu.Unlock()
-	if mb != nil {
+	if mb := n.live(owner); mb != nil {
 		return mb.m.Observe(ev)
 	}
 	return n.route(ctx, owner, ev)
@@ -516,10 +576,7 @@ func (n *Node) listen(ctx context.Context) *pgx.Conn {
 // node's.
 func (n *Node) drainFor(ctx context.Context, payload string) {
 	ledger, name, _ := strings.Cut(payload, "\x1f")
-	n.mu.Lock()
-	mb := n.members[name]
-	n.mu.Unlock()
-	if ledger == n.o.Ledger && mb != nil {
+	if mb := n.live(name); ledger == n.o.Ledger && mb != nil {
 		n.drain(ctx, mb)
 	}
 }
@@ -612,9 +669,8 @@ SELECT m.member FROM bgtask_members m
 			_ = mb.m.Shutdown(context.Background())
 			return
 		}
-		n.members[name] = mb
 		n.mu.Unlock()
-		n.goOwned(func() { n.publish(n.loopCtx, mb) })
+		n.adopt(mb)
 		n.o.Logger.Info("pgledger: took over a member whose lease expired", "member", name)
 		n.drain(ctx, mb)
 		if n.o.took != nil {
@@ -651,7 +707,13 @@ func (n *Node) Close(ctx context.Context) error {
 		// thing of the node's that cancel cannot end.
 		errs = append(errs, fmt.Errorf("pgledger: a Notifier call that ignores its context did not return: %w", ctx.Err()))
 	}
-	for _, mb := range n.owned() {
+	n.mu.Lock()
+	all := slices.Clone(n.dead)
+	for _, mb := range n.members {
+		all = append(all, mb)
+	}
+	n.mu.Unlock()
+	for _, mb := range all {
 		if err := mb.m.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("member %s: %w", mb.name, err))
 		}

@@ -165,3 +165,30 @@ func awaitOwner(t *testing.T, f *fixture, nodes []*Node, member string) *Node {
 		}
 	}
 }
+
+// A process that lost its member's lease (paused past it) stops acting
+// for that member at once: the member is not its own any more, and an
+// event for the member's session sent to it goes to the new owner.
+func TestAStaleOwnerStopsActingForItsMember(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 600*time.Millisecond)
+	task, err := ns[0].Launch(ctx(t), spec)
+	require.NoError(t, err)
+	running, err := bgtasktest.WaitStatus(ctx(t), ns[0].Manager(), task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	_, err = ns[0].Launch(ctx(t), bgtask.Spec{ParentSessionID: "barrier", Models: spec.Models}) // the binding is durable
+	require.NoError(t, err)
+	lost := ns[0].live("w0").j.Lost()
+	f.expire("w0") // as if w0's process had been paused past its lease
+	heir := awaitOwner(t, f, ns, "w0")
+	require.Equal(t, ns[1], heir)
+	<-lost // w0's next heartbeat finds the lease gone
+	assert.NotContains(t, ns[0].Members(), "w0")
+	assert.Nil(t, ns[0].live("w0"))
+	a := running.Attempts[0]
+	require.NoError(t, ns[0].Observe(bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "to the heir"}))
+	got, err := heir.Managers()[1].Wait(ctx(t), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "to the heir", got.Attempts[0].Result)
+}

@@ -242,3 +242,18 @@ ON CONFLICT (ledger, parent_session) DO UPDATE SET member = 'w1', until = now() 
 	assert.True(t, ns[1].delivered("chat", row), "the holder marks it")
 	assert.Equal(t, 0, f.count("bgtask_outbox", ""))
 }
+
+// A task launched and ended in one group commit (a cancel racing its
+// launch) is counted in its round: the round's all_complete has it.
+func TestATaskLaunchedAndEndedInOneCommitIsInItsRound(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w0", Options{Rounds: true})
+	rec := func(seq uint64, kind, task string) bgtask.Record {
+		return bgtask.Record{Seq: seq, Kind: kind, TaskID: task, AttemptID: "a-" + task, Token: "r-" + task, ParentSessionID: "chat", Data: []byte{1}}
+	}
+	require.NoError(t, j.Append([]bgtask.Record{rec(1, "task_launched", "t1"), rec(2, "attempt_created", "t1"), rec(3, "attempt_finalized", "t1")}).Wait())
+	var tasks []string
+	require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT round_tasks FROM bgtask_outbox WHERE ledger = $1 AND kind = 'all_complete'`, f.ledger).Scan(&tasks))
+	assert.Equal(t, []string{"t1"}, tasks)
+	assert.Equal(t, 0, f.count("bgtask_parents", "live <> 0"))
+}

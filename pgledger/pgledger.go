@@ -209,13 +209,20 @@ func defaultHolder() string {
 func (j *Journal) acquire(ctx context.Context, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
+		// What the member's previous life left in flight ends with it: its
+		// launches past the fence check (none of them can land now) and the
+		// closures it opened (their fence held only while it lived).
 		err := j.pool.QueryRow(ctx, `
+WITH m AS (
 INSERT INTO bgtask_members AS m (ledger, member, fence, holder, expires_at)
 VALUES ($1, $2, 1, $3, now() + $4::interval)
 ON CONFLICT (ledger, member) DO UPDATE
    SET fence = m.fence + 1, holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
  WHERE m.expires_at <= now()
-RETURNING fence`, j.ledger, j.member, j.holder, j.lease).Scan(&j.fence)
+RETURNING fence),
+l AS (DELETE FROM bgtask_launching WHERE ledger = $1 AND member = $2 AND EXISTS (SELECT 1 FROM m)),
+c AS (UPDATE bgtask_closures SET closed_at = now() WHERE ledger = $1 AND member = $2 AND closed_at IS NULL AND EXISTS (SELECT 1 FROM m))
+SELECT fence FROM m`, j.ledger, j.member, j.holder, j.lease).Scan(&j.fence)
 		if err == nil {
 			return nil
 		}

@@ -59,6 +59,7 @@ CREATE TABLE bgtask_sessions (
 );
 CREATE INDEX bgtask_sessions_member ON bgtask_sessions (ledger, member, task_id);
 CREATE INDEX bgtask_sessions_task ON bgtask_sessions (ledger, task_id);
+CREATE INDEX bgtask_sessions_attempt ON bgtask_sessions (ledger, attempt_id);
 
 CREATE TABLE bgtask_keys (
 	ledger     text        NOT NULL,
@@ -168,12 +169,20 @@ CREATE INDEX bgtask_changes_ledger ON bgtask_changes (ledger, id);
 CREATE INDEX bgtask_changes_task ON bgtask_changes (ledger, task_id, id);
 
 -- bgtask_publish writes member's changes of tasks (their latest states,
--- in order) under the ledger's change lock, keeps only the newest row of
+-- in order) under the ledger's change lock, if the caller holds the
+-- member's lease (its fence), keeps only the newest row of
 -- each task, and tells the subscribers: one statement.
-CREATE FUNCTION bgtask_publish(p_ledger text, p_member text, p_task text[], p_body jsonb[]) RETURNS void
+CREATE FUNCTION bgtask_publish(p_ledger text, p_member text, p_fence bigint, p_task text[], p_body jsonb[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
 	PERFORM pg_advisory_xact_lock(hashtextextended('bgtask changes ' || p_ledger, 0));
+	-- Only the member's owner publishes its tasks: a process that lost the
+	-- lease must not overwrite the new owner's changes with older ones.
+	PERFORM 1 FROM bgtask_members WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
+			USING ERRCODE = 'BT001';
+	END IF;
 	INSERT INTO bgtask_changes (ledger, member, task_id, body)
 	SELECT p_ledger, p_member, r.t, r.b FROM unnest(p_task, p_body) WITH ORDINALITY AS r(t, b, o) ORDER BY r.o;
 	DELETE FROM bgtask_changes c USING (
@@ -181,6 +190,14 @@ BEGIN
 	 WHERE c.ledger = p_ledger AND c.task_id = k.task_id AND c.id < k.top;
 	PERFORM pg_notify('bgtask_change', p_ledger);
 END
+$$;
+
+-- bgtask_closure_live: a closure's fence holds while the member that
+-- opened it holds its lease (a closure whose process died is inert, and
+-- is closed when the member is opened again).
+CREATE FUNCTION bgtask_closure_live(p_ledger text, p_member text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+	SELECT EXISTS (SELECT 1 FROM bgtask_members m WHERE m.ledger = p_ledger AND m.member = p_member AND m.expires_at > now())
 $$;
 
 -- bgtask_fenced returns the open closure whose branch holds session
@@ -194,14 +211,15 @@ DECLARE
 	c bigint;
 	depth int := 0;
 BEGIN
-	IF NOT EXISTS (SELECT 1 FROM bgtask_closures WHERE ledger = p_ledger AND closed_at IS NULL) THEN
+	IF NOT EXISTS (SELECT 1 FROM bgtask_closures k WHERE k.ledger = p_ledger AND k.closed_at IS NULL
+	               AND bgtask_closure_live(k.ledger, k.member)) THEN
 		RETURN NULL;
 	END IF;
 	LOOP
 		t := NULL;
 		SELECT task_id INTO t FROM bgtask_sessions WHERE ledger = p_ledger AND session_id = s;
 		SELECT id INTO c FROM bgtask_closures k
-		 WHERE k.ledger = p_ledger AND k.closed_at IS NULL
+		 WHERE k.ledger = p_ledger AND k.closed_at IS NULL AND bgtask_closure_live(k.ledger, k.member)
 		   AND (k.root_session = s OR (t IS NOT NULL AND (k.task_id = t OR k.root_session IN
 		        (SELECT session_id FROM bgtask_sessions WHERE ledger = p_ledger AND task_id = t))))
 		 LIMIT 1;
@@ -323,7 +341,10 @@ BEGIN
 	FOR p IN
 		SELECT t.parent_session AS parent,
 		       sum((NOT t.ended)::int - coalesce((before ->> t.task_id)::boolean, false)::int) AS delta,
-		       array_agg(t.task_id) FILTER (WHERE NOT t.ended AND NOT coalesce((before ->> t.task_id)::boolean, false)) AS born
+		       -- born into the round: new in this commit (whatever it came to),
+		       -- or live again after it had ended
+		       array_agg(t.task_id) FILTER (WHERE NOT (before ? t.task_id)
+		           OR (NOT t.ended AND NOT (before ->> t.task_id)::boolean)) AS born
 		  FROM bgtask_tasks t
 		 WHERE p_rounds AND t.ledger = p_ledger AND t.task_id = ANY(p_task) AND t.parent_session <> ''
 		 GROUP BY t.parent_session ORDER BY t.parent_session
