@@ -1247,12 +1247,21 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 		parent, taskID, snap = owner.info.parent, owner.id, owner.project()
 	}
 	if m.cfg.notifier != nil && !(c.quiet && c.touched.Len() == 0) {
-		m.push(Notification{Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)})
+		m.push(BranchClosed(parent, taskID, snap, rec))
 	}
 	if err == nil && len(rep.Failed) > 0 {
 		err = &ClosureError{SessionID: c.root, Failed: rep.Failed}
 	}
 	return rep, err
+}
+
+// BranchClosed is the NotifyBranchClosed a Manager sends parent when a
+// closure of the branch of task taskID (snap, as it was; "" and a zero
+// Task when the root was no task's session) ended as rec says. It has no
+// ID or Seq: those are the producer's. A journal shared by several
+// processes (pgledger) uses it for a closure that spanned them.
+func BranchClosed(parent, taskID string, snap Task, rec ClosureRecord) Notification {
+	return Notification{Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}
 }
 
 // ClosureRecords returns the records of every closure that has ended, in

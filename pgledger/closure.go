@@ -353,11 +353,7 @@ func (n *Node) finish(k openClosure, rep bgtask.ClosureReport, live []scopeRun, 
 		}
 	}
 	rec := bgtask.ClosureRecord{SessionID: k.root, TaskID: k.task, At: time.Now(), Stopped: rep.Stopped, Failed: rep.Failed, Stopping: rep.Stopping, Passes: rep.Passes}
-	body, jerr := json.Marshal(rec)
-	if jerr == nil {
-		_, jerr = n.pool.Exec(ctx, `UPDATE bgtask_closures SET closed_at = now(), record = $2 WHERE id = $1`, k.id, body)
-	}
-	err = errors.Join(err, jerr)
+	err = errors.Join(err, n.record(ctx, k, rec))
 	switch {
 	case err != nil:
 		return rep, errors.Join(cause, fmt.Errorf("pgledger: ending closure %d: %w", k.id, err))
@@ -365,6 +361,54 @@ func (n *Node) finish(k openClosure, rep bgtask.ClosureReport, live []scopeRun, 
 		return rep, &UnstoppedError{SessionID: k.root, Runs: unstopped, Err: cause}
 	}
 	return rep, cause
+}
+
+// record ends closure k's row with rec, by value, and — with a Notifier —
+// puts its NotifyBranchClosed in the outbox for the root task's parent
+// (or the root), in the same transaction; a failure is tried again while
+// ctx lasts (the fence stays up until it lands, or the opener dies).
+func (n *Node) record(ctx context.Context, k openClosure, rec bgtask.ClosureRecord) error {
+	body, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	for {
+		err = pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `UPDATE bgtask_closures SET closed_at = now(), record = $2 WHERE id = $1`, k.id, body); err != nil {
+				return err
+			}
+			if n.o.Notifier == nil {
+				return nil
+			}
+			parent := k.root
+			if k.task != "" {
+				if err := tx.QueryRow(ctx, `SELECT parent_session FROM bgtask_tasks WHERE ledger = $1 AND task_id = $2`, n.o.Ledger, k.task).Scan(&parent); err != nil {
+					return err
+				}
+			}
+			note := bgtask.BranchClosed(parent, k.task, bgtask.Task{}, rec)
+			note.ID = "branch_closed:" + strconv.FormatInt(k.id, 10)
+			nb, err := json.Marshal(note)
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
+VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT (ledger, member, note_id) DO NOTHING`, n.o.Ledger, note.ID, parent, string(note.Kind), k.task, nb)
+			if err == nil {
+				_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, outboxChannel, n.o.Ledger)
+			}
+			return err
+		})
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		n.o.Logger.Warn("pgledger: recording a closure failed; trying again", "closure", k.id, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(n.o.Poll):
+		}
+	}
 }
 
 // stoppedOf lists the runs closure id stopped, in the order their stops

@@ -257,3 +257,22 @@ func TestATaskLaunchedAndEndedInOneCommitIsInItsRound(t *testing.T) {
 	assert.Equal(t, []string{"t1"}, tasks)
 	assert.Equal(t, 0, f.count("bgtask_parents", "live <> 0"))
 }
+
+// A closure that spans processes tells the root task's parent, once,
+// through the outbox, as a Manager's own closure does.
+func TestAFleetClosureTellsTheParent(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	box := newInbox()
+	ns := f.deliveringNodes(svc, box, 2)
+	a := running(t, ns[0], "chat")
+	running(t, ns[1], a.SessionID)
+	_, err := ns[1].CloseBranch(ctx(t), a.SessionID)
+	require.NoError(t, err)
+	got := box.await(t, func(got []bgtask.Notification) bool { return len(ofKind(got, "chat", bgtask.NotifyBranchClosed)) > 0 })
+	closed := ofKind(got, "chat", bgtask.NotifyBranchClosed)
+	require.Len(t, closed, 1)
+	assert.Equal(t, a.ID, closed[0].TaskID)
+	assert.Contains(t, closed[0].Text, "[Branch closure]")
+	assert.Contains(t, closed[0].Text, "2 run(s) stopped.", "both runs, each in its process")
+}
