@@ -3,6 +3,7 @@ package pgledger
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -44,19 +45,7 @@ func TestTheChangeStreamSpansProcesses(t *testing.T) {
 	}
 	require.NoError(t, ns[1].Observe(bgtask.Event{SessionID: early.SessionID, Kind: bgtask.SessionIdle, Text: "early"}))
 	want = append(want, early.ID)
-	wait, cancel := context.WithTimeout(ctx(t), 30*time.Second)
-	defer cancel()
-	require.NoError(t, m.Wait(wait, func(tasks []bgtask.Task) bool {
-		done := 0
-		for _, task := range tasks {
-			for _, id := range want {
-				if task.ID == id && task.Status == bgtask.StatusCompleted {
-					done++
-				}
-			}
-		}
-		return done == len(want)
-	}), "the mirror converged on every process's tasks")
+	awaitMirror(t, &m, want, bgtask.StatusCompleted, "the mirror converged on every process's tasks")
 	got, ok := m.Task(early.ID)
 	require.True(t, ok)
 	assert.Equal(t, "early", got.Result)
@@ -94,17 +83,21 @@ func TestALaggingSubscriberResyncs(t *testing.T) {
 			m.ApplyChange(c)
 		}
 	}()
+	awaitMirror(t, &m, ids, bgtask.StatusRunning, "the mirror holds every task after the resync")
+}
+
+// awaitMirror waits until m holds every task of ids with status.
+func awaitMirror(t *testing.T, m *mirror.Mirror, ids []string, status bgtask.Status, msg string) {
+	t.Helper()
 	wait, cancel := context.WithTimeout(ctx(t), 30*time.Second)
 	defer cancel()
 	require.NoError(t, m.Wait(wait, func(tasks []bgtask.Task) bool {
 		n := 0
 		for _, task := range tasks {
-			for _, id := range ids {
-				if task.ID == id && task.Status == bgtask.StatusRunning {
-					n++
-				}
+			if task.Status == status && slices.Contains(ids, task.ID) {
+				n++
 			}
 		}
 		return n == len(ids)
-	}), "the mirror holds every task after the resync")
+	}), msg)
 }

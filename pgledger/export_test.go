@@ -2,6 +2,7 @@ package pgledger
 
 import (
 	"context"
+	"github.com/bgtask/bgtask"
 	"time"
 )
 
@@ -38,3 +39,9 @@ func (n *Node) kill() {
 // DBURL is where TestMain (package pgledger_test) puts the test
 // database's URL.
 var DBURL = &dbURL
+
+// NewAnswering is a host whose sessions answer at once (bench_test.go),
+// for the package's external tests; Bind gives it its Manager.
+func NewAnswering() *answering { return &answering{} }
+
+func (h *answering) Bind(m *bgtask.Manager) { h.m.Store(m) }

@@ -22,21 +22,6 @@ import (
 // ledger count" (see BenchmarkLifecyclesProcesses).
 const benchWorkerEnv = "BGTASK_BENCH_WORKER"
 
-// answerAtOnce is a host whose sessions answer from inside StartSession.
-type answerAtOnce struct {
-	m atomic.Pointer[bgtask.Manager]
-	n atomic.Int64
-}
-
-func (h *answerAtOnce) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
-	if err := h.m.Load().Observe(bgtask.Event{AttemptID: req.AttemptID, Kind: bgtask.SessionIdle, Text: "ok"}); err != nil {
-		return "", err
-	}
-	return "s-" + strconv.FormatInt(h.n.Add(1), 10) + "-" + req.AttemptID, nil
-}
-
-func (h *answerAtOnce) AbortSession(ctx context.Context, id string) error { return nil }
-
 // benchWorker joins a node, says "ready", waits for a line on stdin, runs
 // its lifecycles from 32 callers through Node.Launch, and prints how long
 // they took in nanoseconds.
@@ -52,13 +37,13 @@ func benchWorker() error {
 		return err
 	}
 	defer pool.Close()
-	host := &answerAtOnce{}
+	host := pgledger.NewAnswering()
 	node, err := pgledger.Join(ctx, pool, pgledger.NodeOptions{Ledger: f[1], Member: f[0], Host: host})
 	if err != nil {
 		return err
 	}
 	defer node.Close(ctx)
-	host.m.Store(node.Manager())
+	host.Bind(node.Manager())
 	fmt.Println("ready")
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return err
