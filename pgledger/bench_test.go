@@ -239,27 +239,36 @@ func BenchmarkNodeLifecycles(b *testing.B) {
 
 // run32node is run32 through a node.
 func run32node(b *testing.B, n *Node, count int) {
-	ctx := context.Background()
+	if err := lifecycles32(context.Background(), n, count); err != nil {
+		b.Error(err)
+	}
+}
+
+// lifecycles32 runs count single-attempt lifecycles through n.Launch and
+// Wait from 32 concurrent callers, and returns the first error.
+func lifecycles32(ctx context.Context, n *Node, count int) error {
 	var wg sync.WaitGroup
 	var next atomic.Int64
+	var once sync.Once
+	var first error
 	for range 32 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= int64(count) {
-				task, err := n.Launch(ctx, bgtask.Spec{ParentSessionID: "p-" + strconv.FormatInt(next.Load(), 10), Models: []bgtask.Model{{Provider: "a", ID: "1"}}})
-				if err != nil {
-					b.Error(err)
-					return
+			for i := next.Add(1); i <= int64(count); i = next.Add(1) {
+				task, err := n.Launch(ctx, bgtask.Spec{ParentSessionID: "p-" + strconv.FormatInt(i, 10), Models: []bgtask.Model{{Provider: "a", ID: "1"}}})
+				if err == nil {
+					_, err = n.Manager().Wait(ctx, task.ID)
 				}
-				if _, err := n.Manager().Wait(ctx, task.ID); err != nil {
-					b.Error(err)
+				if err != nil {
+					once.Do(func() { first = err })
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
+	return first
 }
 
 // BenchmarkRoutedObserve: an event sent to a process that does not own

@@ -45,3 +45,6 @@ var DBURL = &dbURL
 func NewAnswering() *answering { return &answering{} }
 
 func (h *answering) Bind(m *bgtask.Manager) { h.m.Store(m) }
+
+// Lifecycles32 is lifecycles32 (bench_test.go), for the external tests.
+var Lifecycles32 = lifecycles32

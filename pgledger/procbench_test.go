@@ -8,12 +8,9 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/pgledger"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -48,28 +45,8 @@ func benchWorker() error {
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return err
 	}
-	var wg sync.WaitGroup
-	var next atomic.Int64
-	var failed atomic.Value
 	start := time.Now()
-	for range 32 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := next.Add(1); i <= int64(count); i = next.Add(1) {
-				task, err := node.Launch(ctx, bgtask.Spec{ParentSessionID: "p-" + strconv.FormatInt(i, 10), Models: []bgtask.Model{{Provider: "a", ID: "1"}}})
-				if err == nil {
-					_, err = node.Manager().Wait(ctx, task.ID)
-				}
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
+	if err := pgledger.Lifecycles32(ctx, node, count); err != nil {
 		return err
 	}
 	fmt.Println(time.Since(start).Nanoseconds())
