@@ -131,3 +131,37 @@ func TestASessionBoundAfterAFailedArrivalAbortIsWatchedForStalls(t *testing.T) {
 	require.Equal(t, StatusRunning, h.task(task.ID).Status, "bound: the truth wins")
 	h.waitTimers(1) // its stall watcher
 }
+
+func TestAStartGateRefusesAStartForGood(t *testing.T) {
+	var asked []string
+	var mu sync.Mutex
+	gate := func(ctx context.Context, req SessionRequest) error {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, req.AttemptID)
+		if req.AttemptNumber == 2 {
+			return errors.New("inside a closing branch")
+		}
+		return nil
+	}
+	h := newHarness(t, nil, WithStartGate(gate))
+	task := h.running("chat", func(s *Spec) { s.Models = mustModels(t, "a/one", "b/two", "c/three") })
+	require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionError, Err: errRateLimited}))
+	got := h.wait(task.ID)
+	assert.Equal(t, StatusError, got.Status)
+	require.Len(t, got.Attempts, 2, "the refused start is final: no third attempt")
+	assert.Contains(t, got.Attempts[1].Error, "the start was refused: inside a closing branch")
+	assert.Empty(t, got.Attempts[1].SessionID, "the host was not called")
+	mu.Lock()
+	assert.Len(t, asked, 2)
+	mu.Unlock()
+	assert.Len(t, h.host.Starts(), 1)
+
+	panicky := newHarness(t, nil, WithStartGate(func(context.Context, SessionRequest) error { panic("boom") }))
+	p, err := panicky.m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one", "b/two")})
+	require.NoError(t, err)
+	got = panicky.wait(p.ID)
+	assert.Equal(t, StatusError, got.Status)
+	assert.Contains(t, got.Error, "the start gate panicked: boom")
+	assert.Len(t, got.Attempts, 1)
+}

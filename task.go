@@ -848,6 +848,7 @@ type config struct {
 	queueLimit        int // notifications waiting per parent
 	undeliveredLimit  int // notifications kept for Undelivered
 	journal           Journal
+	startGate         func(ctx context.Context, req SessionRequest) error // WithStartGate
 	retention         Retention
 	tree              TreeLimits
 	metrics           Metrics                              // WithMetrics; nil: none
@@ -891,6 +892,17 @@ func WithRetention(r Retention) Option {
 // Shutdown. Default: none — the Manager is memory-only, and a restart
 // forgets every task (its children keep running, unknown).
 func WithJournal(j Journal) Option { return optionFunc(func(c *config) { c.journal = j }) }
+
+// WithStartGate makes every session start (StartSession, and
+// ResumeSession for Spec.ContinueFrom) ask gate first: outside the lock,
+// after the start's intent is durable, with the request the host would
+// get. A non-nil error refuses the start for good: the attempt fails with
+// it, as a permanent error (no retry follows), and the host is not called.
+// A journal shared by several processes uses it (pgledger refuses a start
+// inside a branch another process is closing); a panic is a refusal.
+func WithStartGate(gate func(ctx context.Context, req SessionRequest) error) Option {
+	return optionFunc(func(c *config) { c.startGate = gate })
+}
 
 // WithNotifier sends notifications to n. Default: none are sent.
 func WithNotifier(n Notifier) Option { return optionFunc(func(c *config) { c.notifier = n }) }
@@ -2909,10 +2921,12 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 	}
 	fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: req.TaskID, AttemptID: a.ID, Token: a.Token}, kind: callStart, e: e}, values: fx.ctx.values}
 	var sid string
-	var err error
-	if a.Number == 1 && e.info.resume != "" {
+	err := m.gateStart(&fx.ctx, req)
+	switch {
+	case err != nil:
+	case a.Number == 1 && e.info.resume != "":
 		sid, err = m.callResume(&fx.ctx, e.info.resume, req)
-	} else {
+	default:
 		sid, err = m.callStart(&fx.ctx, req)
 	}
 	var f failure
@@ -2923,6 +2937,24 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 	m.mu.Lock()
 	m.decide(&startedIn{e: e, a: a, seq: fx.seq, sid: sid, err: err, f: f})
 	m.unlockOn(w)
+}
+
+// gateStart asks the start gate (WithStartGate) whether req may start: a
+// refusal, or a gate that panics, fails the start for good.
+func (m *Manager) gateStart(ctx context.Context, req SessionRequest) (err error) {
+	g := m.cfg.startGate
+	if g == nil {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = Permanent(fmt.Errorf("bgtask: the start gate panicked: %s", panicText(r)))
+		}
+	}()
+	if err := guardError(g(ctx, req)); err != nil {
+		return Permanent(fmt.Errorf("bgtask: the start was refused: %w", err))
+	}
+	return nil
 }
 
 // callResume resumes session sid for req (Spec.ContinueFrom) and returns

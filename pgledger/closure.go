@@ -75,6 +75,23 @@ func (n *Node) admit(ctx context.Context, id, parent string) error {
 	return nil
 }
 
+// gateStart is every Manager's start gate: a session start of a task
+// inside a branch a closure is closing — a retry its owner decided before
+// it heard of the closure, a launch that did not come through Node.Launch
+// — is refused, so nothing new starts in the branch from the closure's
+// commit on. A start that passed before is in flight at the fence, and
+// the closure stops its run.
+func (n *Node) gateStart(ctx context.Context, req bgtask.SessionRequest) error {
+	var closure *int64
+	if err := n.pool.QueryRow(ctx, `SELECT bgtask_start_fenced($1, $2, $3)`, n.o.Ledger, req.TaskID, req.ParentSessionID).Scan(&closure); err != nil {
+		return fmt.Errorf("pgledger: checking the fence: %w", err)
+	}
+	if closure != nil {
+		return fmt.Errorf("%w: task %s is inside the branch closure %d is closing", bgtask.ErrBranchClosing, req.TaskID, *closure)
+	}
+	return nil
+}
+
 // admitted clears a launch that was admitted but did not land.
 func (n *Node) admitted(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

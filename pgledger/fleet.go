@@ -182,7 +182,7 @@ func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := append(slices.Clip(n.o.Options), bgtask.WithJournal(j))
+	opts := append(slices.Clip(n.o.Options), bgtask.WithJournal(j), bgtask.WithStartGate(n.gateStart))
 	if n.o.Notifier != nil {
 		opts = append(opts, bgtask.WithNotifier(outboxNotifier{n: n, member: name}))
 	}

@@ -235,6 +235,27 @@ BEGIN
 END
 $$;
 
+-- bgtask_start_fenced returns the open closure whose branch holds task
+-- p_task (launched from p_parent) — the task as a unit, or its parent's
+-- branch — or null: a start it names is refused.
+CREATE FUNCTION bgtask_start_fenced(p_ledger text, p_task text, p_parent text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+	c bigint;
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM bgtask_closures k WHERE k.ledger = p_ledger AND k.closed_at IS NULL
+	               AND bgtask_closure_live(k.ledger, k.member)) THEN
+		RETURN NULL;
+	END IF;
+	SELECT k.id INTO c FROM bgtask_closures k
+	 WHERE k.ledger = p_ledger AND k.closed_at IS NULL AND bgtask_closure_live(k.ledger, k.member)
+	   AND (k.task_id = p_task OR k.root_session IN
+	        (SELECT session_id FROM bgtask_sessions WHERE ledger = p_ledger AND task_id = p_task))
+	 LIMIT 1;
+	RETURN coalesce(c, bgtask_fenced(p_ledger, p_parent));
+END
+$$;
+
 -- bgtask_admit admits a launch of task p_task from session p_parent: it
 -- returns the open closure whose fence holds p_parent, or records the
 -- launch as in flight and returns null. The fence lock (shared here,
