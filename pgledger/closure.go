@@ -83,7 +83,20 @@ func (n *Node) admit(ctx context.Context, id, parent string) error {
 // the closure stops its run.
 func (n *Node) gateStart(ctx context.Context, req bgtask.SessionRequest) error {
 	var closure *int64
-	if err := n.pool.QueryRow(ctx, `SELECT bgtask_start_fenced($1, $2, $3)`, n.o.Ledger, req.TaskID, req.ParentSessionID).Scan(&closure); err != nil {
+	var err error
+	// A refusal is for good: a database that does not answer is asked
+	// again for a while (it fails the journal soon enough if it is gone).
+	for wait, tries := 10*time.Millisecond, 0; ; wait, tries = min(2*wait, time.Second), tries+1 {
+		err = n.pool.QueryRow(ctx, `SELECT bgtask_start_fenced($1, $2, $3)`, n.o.Ledger, req.TaskID, req.ParentSessionID).Scan(&closure)
+		if err == nil || ctx.Err() != nil || tries == 8 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("pgledger: checking the fence: %w", err)
 	}
 	if closure != nil {
