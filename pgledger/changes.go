@@ -52,30 +52,7 @@ func (n *Node) publish(ctx context.Context, mb *member) {
 		}
 		for open := true; open; {
 			var b changeBatch
-			c, ok := <-sub.C
-			if ok && c.Seq > snap.Seq {
-				b.add(c.Task)
-			}
-			open = ok
-			// What comes in the next moment goes with it, each task's
-			// latest state only: a lifecycle makes several changes.
-			gather := time.NewTimer(publishGather)
-		more:
-			for open && len(b.tasks) < 256 {
-				select {
-				case c, ok := <-sub.C:
-					if !ok {
-						open = false
-						break more
-					}
-					if c.Seq > snap.Seq {
-						b.add(c.Task)
-					}
-				case <-gather.C:
-					break more
-				}
-			}
-			gather.Stop()
+			b, open = gather(sub.C, snap.Seq)
 			if len(b.tasks) > 0 && !n.writeChanges(ctx, mb, b.tasks) {
 				sub.Close()
 				return
@@ -85,6 +62,32 @@ func (n *Node) publish(ctx context.Context, mb *member) {
 			return
 		}
 	}
+}
+
+// gather waits for the next change after sequence after, and takes with
+// it what comes in the next publishGather (each task's latest state only:
+// a lifecycle makes several changes); open is false once c is closed.
+func gather(c <-chan bgtask.Change, after uint64) (b changeBatch, open bool) {
+	var moment <-chan time.Time // nil, so waits, until the first change
+	for len(b.tasks) < 256 {
+		select {
+		case ch, ok := <-c:
+			if !ok {
+				return b, false
+			}
+			if ch.Seq > after {
+				b.add(ch.Task)
+			}
+			if moment == nil {
+				t := time.NewTimer(publishGather)
+				defer t.Stop()
+				moment = t.C
+			}
+		case <-moment:
+			return b, true
+		}
+	}
+	return b, true
 }
 
 // publishGather is how long the publisher gathers changes into one write

@@ -275,12 +275,12 @@ func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, 
 		if err != nil {
 			break
 		}
-		stops, serr := n.stopsOf(ctx, k.id)
+		st, serr := n.stopsOf(ctx, k.id)
 		if serr != nil {
 			err = serr
 			break
 		}
-		if !waitingFor(live, stops) {
+		if !waitingFor(live, st.byToken) {
 			break
 		}
 		if len(live) > 0 {
@@ -338,19 +338,30 @@ type stopRow struct {
 	err    string
 }
 
-// stopsOf returns closure id's stops by token.
-func (n *Node) stopsOf(ctx context.Context, id int64) (map[string]stopRow, error) {
+// stops is what a closure's owners wrote of its stops: by token, and the
+// runs stopped (each stop said what it came to, and no abort failed) in
+// the order they were asked.
+type stops struct {
+	byToken map[string]stopRow
+	stopped []bgtask.StoppedRun
+}
+
+// stopsOf reads closure id's stops.
+func (n *Node) stopsOf(ctx context.Context, id int64) (stops, error) {
 	rows, err := n.pool.Query(ctx, `SELECT task_id, attempt_id, session_id, token, status, member, err FROM bgtask_stops
- WHERE closure_id = $1`, id)
+ WHERE closure_id = $1 ORDER BY seq`, id)
 	if err != nil {
-		return nil, fmt.Errorf("pgledger: the stops of closure %d: %w", id, err)
+		return stops{}, fmt.Errorf("pgledger: the stops of closure %d: %w", id, err)
 	}
-	out := map[string]stopRow{}
+	out := stops{byToken: map[string]stopRow{}}
 	var s stopRow
 	var status string
 	_, err = pgx.ForEachRow(rows, []any{&s.run.TaskID, &s.run.AttemptID, &s.run.SessionID, &s.run.Token, &status, &s.member, &s.err}, func() error {
 		s.run.Status = bgtask.Status(status)
-		out[s.run.Token] = s
+		out.byToken[s.run.Token] = s
+		if s.err == "" && s.run.Status != "" {
+			out.stopped = append(out.stopped, s.run)
+		}
 		return nil
 	})
 	return out, err
@@ -363,14 +374,13 @@ func (n *Node) finish(k openClosure, rep bgtask.ClosureReport, live []scopeRun, 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var unstopped []UnstoppedRun
-	stopped, err := n.stoppedOf(ctx, k.id)
+	st, err := n.stopsOf(ctx, k.id)
 	if err == nil {
-		rep.Stopped = stopped
-		stops, _ := n.stopsOf(ctx, k.id)
+		rep.Stopped = st.stopped
 		for _, r := range live {
 			run := bgtask.StoppedRun{TaskID: r.ref.TaskID, AttemptID: r.ref.AttemptID, SessionID: r.session, Token: r.ref.Token}
 			reason := "still live when the closure's context ended"
-			if s, ok := stops[r.ref.Token]; ok && s.err != "" {
+			if s, ok := st.byToken[r.ref.Token]; ok && s.err != "" {
 				reason = s.err
 				rep.Failed = append(rep.Failed, bgtask.FailedStop{TaskID: run.TaskID, AttemptID: run.AttemptID, SessionID: run.SessionID, Token: run.Token, Err: s.err})
 			} else {
@@ -439,23 +449,6 @@ VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT (ledger, member, note_id) DO NOT
 		case <-time.After(n.o.Poll):
 		}
 	}
-}
-
-// stoppedOf lists the runs closure id stopped, in the order their stops
-// were written.
-func (n *Node) stoppedOf(ctx context.Context, id int64) ([]bgtask.StoppedRun, error) {
-	rows, err := n.pool.Query(ctx, `SELECT task_id, attempt_id, session_id, token, status FROM bgtask_stops
- WHERE closure_id = $1 AND err = '' AND status <> '' ORDER BY seq`, id)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (bgtask.StoppedRun, error) {
-		var r bgtask.StoppedRun
-		var status string
-		err := row.Scan(&r.TaskID, &r.AttemptID, &r.SessionID, &r.Token, &status)
-		r.Status = bgtask.Status(status)
-		return r, err
-	})
 }
 
 // Closures returns the records of the ledger's closures that have ended,

@@ -27,15 +27,27 @@ func running(t *testing.T, n *Node, parent string) bgtask.Task {
 	return got
 }
 
+// chain joins n nodes and launches a branch of depth running tasks from
+// "chat": task i at node i mod n, from task i-1's session.
+func chain(t *testing.T, n, depth int) (*fixture, *service, []*Node, []bgtask.Task) {
+	t.Helper()
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, n, 0)
+	parent := "chat"
+	var tasks []bgtask.Task
+	for i := range depth {
+		task := running(t, ns[i%n], parent)
+		tasks, parent = append(tasks, task), task.SessionID
+	}
+	return f, svc, ns, tasks
+}
+
 // A branch spans three processes: a closure in one stops the runs the
 // other two own, exactly, and leaves what is outside the branch alone.
 func TestCloseBranchAcrossProcesses(t *testing.T) {
-	f := newFixture(t)
-	svc := newService()
-	ns := f.nodes(svc, 3, 0)
-	a := running(t, ns[0], "chat")
-	b := running(t, ns[1], a.SessionID)
-	c := running(t, ns[2], b.SessionID)
+	f, svc, ns, br := chain(t, 3, 3)
+	a, b, c := br[0], br[1], br[2]
 	outside := running(t, ns[2], "elsewhere")
 
 	rep, err := ns[0].CloseBranch(ctx(t), "chat")
@@ -69,11 +81,8 @@ func TestCloseBranchAcrossProcesses(t *testing.T) {
 // any session in the branch is refused wherever it is asked, and one from
 // outside is not. A closure of a session nobody knows writes nothing.
 func TestTheFenceHoldsInEveryProcess(t *testing.T) {
-	f := newFixture(t)
-	svc := newService()
-	ns := f.nodes(svc, 3, 0)
-	a := running(t, ns[0], "chat")
-	b := running(t, ns[1], a.SessionID)
+	f, svc, ns, br := chain(t, 3, 2)
+	a, b := br[0], br[1]
 	g := svc.hold(b.SessionID)
 
 	type result struct {
@@ -122,11 +131,8 @@ func TestTheFenceHoldsInEveryProcess(t *testing.T) {
 // with the member that owns it and the process holding that member; the
 // fence comes down all the same, and the stop goes on.
 func TestAClosureNamesTheRunsThatDidNotStop(t *testing.T) {
-	f := newFixture(t)
-	svc := newService()
-	ns := f.nodes(svc, 2, 0)
-	a := running(t, ns[0], "chat")
-	b := running(t, ns[1], a.SessionID)
+	f, svc, ns, br := chain(t, 2, 2)
+	a, b := br[0], br[1]
 	g := svc.hold(b.SessionID)
 	short, cancel := context.WithTimeout(ctx(t), 500*time.Millisecond)
 	defer cancel()
@@ -155,10 +161,8 @@ func TestAClosureNamesTheRunsThatDidNotStop(t *testing.T) {
 // A launch that passed the fence check just before a closure opened is
 // waited for: once its task lands it is in scope, and is stopped.
 func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
-	f := newFixture(t)
-	svc := newService()
-	ns := f.nodes(svc, 2, 0)
-	a := running(t, ns[0], "chat")
+	_, svc, ns, br := chain(t, 2, 1)
+	a := br[0]
 	require.NoError(t, ns[1].admit(ctx(t), "late", a.SessionID)) // past the check
 	g := svc.hold(a.SessionID)
 	done := make(chan error, 1)
@@ -202,10 +206,8 @@ func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 // leaves nothing in the way: the member's next life clears it, and a
 // closure of the branch does not wait for it.
 func TestALaunchLeftInFlightByADeadProcessIsCleared(t *testing.T) {
-	f := newFixture(t)
-	svc := newService()
-	ns := f.nodes(svc, 2, 0)
-	a := running(t, ns[0], "chat")
+	f, svc, ns, br := chain(t, 2, 1)
+	a := br[0]
 	require.NoError(t, ns[1].admit(ctx(t), "ghost", a.SessionID))
 	ns[1].kill()
 	f.expire("w1")
@@ -224,10 +226,8 @@ func TestALaunchLeftInFlightByADeadProcessIsCleared(t *testing.T) {
 // expired launches in the branch are admitted, and the member's next life
 // closes the row.
 func TestAClosureOfADeadProcessHoldsNoFence(t *testing.T) {
-	f := newFixture(t)
-	svc := newService()
-	ns := f.nodes(svc, 2, 0)
-	a := running(t, ns[0], "chat")
+	f, svc, ns, br := chain(t, 2, 1)
+	a := br[0]
 	// w1 opened a closure of a's branch and died before it ended.
 	_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_closures (ledger, root_session, member) VALUES ($1, 'chat', 'w1')`, f.ledger)
 	require.NoError(t, err)

@@ -25,25 +25,22 @@ var (
 // backend serves a Journal over jwire.
 type backend struct{ j *Journal }
 
-func (b backend) Append(recs []jwire.Rec) func() error {
-	batch := make([]bgtask.Record, len(recs))
+// records is recs as the journal takes them.
+func records(recs []jwire.Rec) []bgtask.Record {
+	out := make([]bgtask.Record, len(recs))
 	for i, r := range recs {
-		batch[i] = bgtask.Record(r)
+		out[i] = bgtask.Record(r)
 	}
-	return b.j.Append(batch).Wait
+	return out
 }
+
+func (b backend) Append(recs []jwire.Rec) func() error { return b.j.Append(records(recs)).Wait }
 
 func (b backend) Replay(fn func(jwire.Rec) error) error {
 	return b.j.Replay(func(r bgtask.Record) error { return fn(jwire.Rec(r)) })
 }
 
-func (b backend) Compact(keep []jwire.Rec) error {
-	batch := make([]bgtask.Record, len(keep))
-	for i, r := range keep {
-		batch[i] = bgtask.Record(r)
-	}
-	return b.j.Compact(batch)
-}
+func (b backend) Compact(keep []jwire.Rec) error { return b.j.Compact(records(keep)) }
 
 func (b backend) Close() error { return b.j.Close() }
 

@@ -206,10 +206,10 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	defer svc.mu.Unlock()
 	for _, id := range all {
 		sums := svc.summaries(id)
-		t := sums[0].Note.Task
+		t := sums[0].Task
 		for _, d := range sums[1:] {
-			if d.Note.ID != sums[0].Note.ID {
-				return rep, fmt.Errorf("task %s: two different final summaries (%s, %s)", id, sums[0].Note.ID, d.Note.ID)
+			if d.ID != sums[0].ID {
+				return rep, fmt.Errorf("task %s: two different final summaries (%s, %s)", id, sums[0].ID, d.ID)
 			}
 			if !slices.Contains(doomed, id) {
 				return rep, fmt.Errorf("task %s: its final summary was delivered %d times without a crash", id, len(sums))

@@ -28,9 +28,9 @@ type service struct {
 	n        int
 	sessions map[string]*session
 	byAtt    map[string]string
-	byTask   map[string]string // a task's latest session
-	notes    []delivery
-	changed  chan struct{} // closed and replaced at every change
+	byTask   map[string]string     // a task's latest session
+	notes    []bgtask.Notification // delivered, in order
+	changed  chan struct{}         // closed and replaced at every change
 	srv      *http.Server
 	addr     string
 }
@@ -44,12 +44,6 @@ type session struct {
 	asked   int // SessionStatus calls: a takeover reconciling it
 }
 
-// delivery is one notification as a worker delivered it.
-type delivery struct {
-	By   string              `json:"by"` // the member whose process delivered it
-	Note bgtask.Notification `json:"note"`
-}
-
 func newService() (*service, error) {
 	s := &service{sessions: map[string]*session{}, byAtt: map[string]string{}, byTask: map[string]string{}, changed: make(chan struct{})}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -57,11 +51,11 @@ func newService() (*service, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /start", s.start)
-	mux.HandleFunc("POST /abort", s.abort)
-	mux.HandleFunc("POST /status", s.status)
-	mux.HandleFunc("POST /find", s.find)
-	mux.HandleFunc("POST /notify", s.notify)
+	mux.HandleFunc("POST /start", handle(s, s.start))
+	mux.HandleFunc("POST /abort", handle(s, s.abort))
+	mux.HandleFunc("POST /status", handle(s, s.status))
+	mux.HandleFunc("POST /find", handle(s, s.find))
+	mux.HandleFunc("POST /notify", handle(s, s.notify))
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	s.addr = "http://" + l.Addr().String()
 	go func() { _ = s.srv.Serve(l) }()
@@ -107,77 +101,61 @@ func reply(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (s *service) start(w http.ResponseWriter, r *http.Request) {
-	var req bgtask.SessionRequest
-	if !decode(w, r, &req) {
-		return
+// handle serves one call of the service: its argument (a T) decoded, f
+// run with s.mu held and the caller's member, and f's answer sent back.
+func handle[T any](s *service, f func(member string, in T) any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var in T
+		if !decode(w, r, &in) {
+			return
+		}
+		s.mu.Lock()
+		out := f(r.Header.Get("X-Member"), in)
+		s.mu.Unlock()
+		reply(w, out)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.n++
-	id := fmt.Sprintf("ses-%d", s.n)
-	s.sessions[id] = &session{req: req, owner: r.Header.Get("X-Member"), state: bgtask.SessionAlive}
-	s.byAtt[req.AttemptID] = id
-	s.byTask[req.TaskID] = id
-	s.change()
-	reply(w, map[string]string{"sessionID": id})
 }
 
 type sessionArg struct {
 	SessionID string `json:"sessionID"`
 }
 
-func (s *service) abort(w http.ResponseWriter, r *http.Request) {
-	var a sessionArg
-	if !decode(w, r, &a) {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (s *service) start(member string, req bgtask.SessionRequest) any {
+	s.n++
+	id := fmt.Sprintf("ses-%d", s.n)
+	s.sessions[id] = &session{req: req, owner: member, state: bgtask.SessionAlive}
+	s.byAtt[req.AttemptID] = id
+	s.byTask[req.TaskID] = id
+	s.change()
+	return map[string]string{"sessionID": id}
+}
+
+func (s *service) abort(_ string, a sessionArg) any {
 	if ses := s.sessions[a.SessionID]; ses != nil && ses.state == bgtask.SessionAlive {
 		ses.state, ses.aborted, ses.end = bgtask.SessionEnded, true, bgtask.Event{Kind: bgtask.SessionInterrupted}
 		s.change()
 	}
-	reply(w, struct{}{})
+	return struct{}{}
 }
 
-func (s *service) status(w http.ResponseWriter, r *http.Request) {
-	var a sessionArg
-	if !decode(w, r, &a) {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (s *service) status(_ string, a sessionArg) any {
 	ses := s.sessions[a.SessionID]
 	if ses == nil {
-		reply(w, bgtask.SessionReport{State: bgtask.SessionGone})
-		return
+		return bgtask.SessionReport{State: bgtask.SessionGone}
 	}
 	ses.asked++
 	s.change()
-	reply(w, bgtask.SessionReport{State: ses.state, End: ses.end})
+	return bgtask.SessionReport{State: ses.state, End: ses.end}
 }
 
-func (s *service) find(w http.ResponseWriter, r *http.Request) {
-	var req bgtask.SessionRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	reply(w, map[string]string{"sessionID": s.byAtt[req.AttemptID]})
+func (s *service) find(_ string, req bgtask.SessionRequest) any {
+	return map[string]string{"sessionID": s.byAtt[req.AttemptID]}
 }
 
-func (s *service) notify(w http.ResponseWriter, r *http.Request) {
-	var n bgtask.Notification
-	if !decode(w, r, &n) {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.notes = append(s.notes, delivery{By: r.Header.Get("X-Member"), Note: n})
+func (s *service) notify(_ string, n bgtask.Notification) any {
+	s.notes = append(s.notes, n)
 	s.change()
-	reply(w, struct{}{})
+	return struct{}{}
 }
 
 // sessionOf returns task id's latest session and its owner, once it has
@@ -201,24 +179,24 @@ func (s *service) endWhileDown(id string, ev bgtask.Event) {
 	}
 }
 
-// summaries returns the final summaries delivered for task id.
-func (s *service) summaries(task string) []delivery {
-	var out []delivery
-	for _, d := range s.notes {
-		if d.Note.Kind == bgtask.NotifyFinalSummary && d.Note.TaskID == task {
-			out = append(out, d)
+// delivered returns the notifications delivered of kind k that keep
+// says to. s.mu is held.
+func (s *service) delivered(k bgtask.NotificationKind, keep func(bgtask.Notification) bool) []bgtask.Notification {
+	var out []bgtask.Notification
+	for _, n := range s.notes {
+		if n.Kind == k && keep(n) {
+			out = append(out, n)
 		}
 	}
 	return out
 }
 
+// summaries returns the final summaries delivered for task id.
+func (s *service) summaries(task string) []bgtask.Notification {
+	return s.delivered(bgtask.NotifyFinalSummary, func(n bgtask.Notification) bool { return n.TaskID == task })
+}
+
 // allComplete returns the all_complete notifications delivered to parent.
 func (s *service) allComplete(parent string) []bgtask.Notification {
-	var out []bgtask.Notification
-	for _, d := range s.notes {
-		if d.Note.Kind == bgtask.NotifyAllComplete && d.Note.ParentSessionID == parent {
-			out = append(out, d.Note)
-		}
-	}
-	return out
+	return s.delivered(bgtask.NotifyAllComplete, func(n bgtask.Notification) bool { return n.ParentSessionID == parent })
 }
