@@ -153,13 +153,11 @@ func BenchmarkReplay(b *testing.B) {
 		if err := led.finalize(e, a, StatusCompleted, "", "ok", t0); err != nil {
 			b.Fatal(err)
 		}
-		for _, r := range led.log {
-			enc, err := encodeRecord(&r)
-			if err != nil {
-				b.Fatal(err)
-			}
-			batch = append(batch, packRecord(&enc))
+		payloads, err := encodePayloads(led.log)
+		if err != nil {
+			b.Fatal(err)
 		}
+		batch = append(batch, payloads...)
 		led.log = led.log[:0]
 		if len(batch) >= 4000 {
 			flush()

@@ -1530,7 +1530,16 @@ const recordFormat = 3
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
 // length-prefixed strings, times with their zone offset).
 func encodeRecord(rec *record) (Record, error) {
-	w := codec.Writer{B: make([]byte, 0, 160)}
+	r, _, err := encodeInto(make([]byte, 0, 160), rec)
+	return r, err
+}
+
+// encodeInto appends rec, encoded, to b: the Record's Data is what it
+// appended (capped, so that appending to it never writes into b), and b
+// is returned grown, for the next record of a batch.
+func encodeInto(b []byte, rec *record) (Record, []byte, error) {
+	start := len(b)
+	w := codec.Writer{B: b}
 	w.B = append(w.B, recordFormat)
 	w.Uint(rec.seq)
 	w.Uint(uint64(rec.kind))
@@ -1561,14 +1570,20 @@ func encodeRecord(rec *record) (Record, error) {
 			x = &noExt
 		}
 		if err := encodeExt(&w, x, rec.inv); err != nil {
-			return Record{}, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
+			return Record{}, b, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
-	out := Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Data: w.B}
+	return recordOf(rec, w.B[start:len(w.B):len(w.B)]), w.B, nil
+}
+
+// recordOf is rec as a Journal sees it, with data its encoding.
+func recordOf(rec *record, data []byte) Record {
+	a := &rec.attempt
+	out := Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Data: data}
 	if rec.recordExt != nil && rec.spec != nil {
 		out.ParentSessionID = rec.spec.parent
 	}
-	return out, nil
+	return out
 }
 
 // encodeExt writes the part of a record only some kinds carry.
@@ -1677,11 +1692,14 @@ func readJSON(d *codec.Reader, v any) (bool, error) {
 }
 
 // decodeRecord is the record a Journal returned.
-func decodeRecord(r Record) (record, error) {
-	if len(r.Data) == 0 || r.Data[0] == 0 || r.Data[0] > recordFormat {
-		return record{}, fmt.Errorf("bgtask: decoding record %d: not a record of format 1 to %d", r.Seq, recordFormat)
+func decodeRecord(r Record) (record, error) { return decodeData(r.Data, r.Seq) }
+
+// decodeData is the record data encodes; seq names it in an error.
+func decodeData(data []byte, seq uint64) (record, error) {
+	if len(data) == 0 || data[0] == 0 || data[0] > recordFormat {
+		return record{}, fmt.Errorf("bgtask: decoding record %d: not a record of format 1 to %d", seq, recordFormat)
 	}
-	format, d := r.Data[0], codec.Reader{B: r.Data[1:]}
+	format, d := data[0], codec.Reader{B: data[1:]}
 	rec := record{seq: d.Uint(), kind: recordKind(d.Uint()), task: d.String(), at: d.Time()}
 	if d.Bool() {
 		var f [10]string
@@ -1708,7 +1726,7 @@ func decodeRecord(r Record) (record, error) {
 		}
 	}
 	if err := d.Err(); err != nil {
-		return record{}, fmt.Errorf("bgtask: decoding record %d: %w", r.Seq, err)
+		return record{}, fmt.Errorf("bgtask: decoding record %d: %w", seq, err)
 	}
 	if int(rec.kind) >= len(recordKindNames) || recordKindNames[rec.kind] == "" {
 		return record{}, fmt.Errorf("bgtask: decoding record %d: unknown kind %d", rec.seq, rec.kind)
@@ -1782,15 +1800,20 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 // encodeAll encodes recs, in order.
 func encodeAll(recs []record) ([]Record, error) {
 	batch := make([]Record, 0, len(recs))
+	buf := make([]byte, 0, recordGuess*len(recs)) // one allocation for the batch's Data, mostly
 	for i := range recs {
-		r, err := encodeRecord(&recs[i])
+		r, b, err := encodeInto(buf, &recs[i])
 		if err != nil {
 			return nil, err
 		}
-		batch = append(batch, r)
+		batch, buf = append(batch, r), b
 	}
 	return batch, nil
 }
+
+// recordGuess is about what an encoded record takes (most are attempt
+// records): what a batch's buffer is sized for.
+const recordGuess = 192
 
 // recovery is what a replay found that a restart must act on.
 type recovery struct {
@@ -1811,7 +1834,19 @@ type openClosure struct{ root, task string }
 func (m *Manager) restore() (*recovery, error) {
 	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice), closing: make(map[uint64]openClosure)}
 	var lastEpoch uint64
-	err := guardJournal("Replay", func() error { return m.cfg.journal.Replay(m.replayInto(rv, &lastEpoch)) })
+	step := m.replayInto(rv, &lastEpoch)
+	err := guardJournal("Replay", func() error {
+		if fj, ok := m.cfg.journal.(*fileJournal); ok {
+			return fj.replayRecs(step)
+		}
+		return m.cfg.journal.Replay(func(r Record) error {
+			rec, err := decodeRecord(r)
+			if err != nil {
+				return err
+			}
+			return step(rec)
+		})
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -1820,13 +1855,9 @@ func (m *Manager) restore() (*recovery, error) {
 }
 
 // replayInto is restore's step for one replayed record.
-func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(Record) error {
+func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error {
 	l := m.led
-	return func(r Record) error {
-		rec, err := decodeRecord(r)
-		if err != nil {
-			return err
-		}
+	return func(rec record) error {
 		switch rec.kind {
 		case recNotifyProduced, recNotifyDelivered:
 			if rec.notice == nil {
@@ -1944,20 +1975,74 @@ func OpenFileJournal(dir string, opts ...FileJournalOption) (Journal, error) {
 	return &fileJournal{l: l}, nil
 }
 
-// fileJournal is a Journal over an internal/wal log: a record's payload is
-// its Data.
+// fileJournal is a Journal over an internal/wal log. A record's payload
+// is a zero byte and its Data (the Record's other fields are copies of
+// what Data holds); a payload that starts with anything else is one
+// written before that, packed as packRecord did (its fields, then Data),
+// and is still read. The Manager hands a fileJournal its records as they
+// are (appendRecs, compactRecs, replayRecs): encoded once, straight into
+// the log's payloads.
 type fileJournal struct{ l *wal.Log }
 
+// dataMark starts a payload that holds a record's Data alone.
+const dataMark = 0
+
 func (j *fileJournal) Append(batch []Record) Commit {
+	return j.l.Append(payloadsOf(batch))
+}
+
+// payloadsOf is batch as the log stores it, in one buffer.
+func payloadsOf(batch []Record) [][]byte {
+	n := 0
+	for i := range batch {
+		n += 1 + len(batch[i].Data)
+	}
+	buf := make([]byte, 0, n)
 	payloads := make([][]byte, len(batch))
 	for i := range batch {
-		payloads[i] = packRecord(&batch[i])
+		s := len(buf)
+		buf = append(append(buf, dataMark), batch[i].Data...)
+		payloads[i] = buf[s:len(buf):len(buf)]
+	}
+	return payloads
+}
+
+// encodePayloads is recs as the log stores them, encoded into one buffer.
+func encodePayloads(recs []record) ([][]byte, error) {
+	buf := make([]byte, 0, (recordGuess+1)*len(recs))
+	payloads := make([][]byte, len(recs))
+	for i := range recs {
+		s := len(buf)
+		_, b, err := encodeInto(append(buf, dataMark), &recs[i])
+		if err != nil {
+			return nil, err
+		}
+		buf, payloads[i] = b, b[s:len(b):len(b)]
+	}
+	return payloads, nil
+}
+
+// appendRecs is Append of recs, encoded.
+func (j *fileJournal) appendRecs(recs []record) Commit {
+	payloads, err := encodePayloads(recs)
+	if err != nil {
+		return failedCommit{err}
 	}
 	return j.l.Append(payloads)
 }
 
-// packRecord is r as the file journal stores it: its fields, each a
-// uvarint length (or value) and bytes, then its Data.
+// compactRecs is Compact to recs, encoded.
+func (j *fileJournal) compactRecs(recs []record) error {
+	payloads, err := encodePayloads(recs)
+	if err != nil {
+		return err
+	}
+	return j.l.Compact(payloads)
+}
+
+// packRecord is r as the file journal stored it before payloads held
+// Data alone: its fields, each a uvarint length (or value) and bytes,
+// then its Data. Only tests write it now, to show it is still read.
 func packRecord(r *Record) []byte {
 	b := make([]byte, 0, binary.MaxVarintLen64+4*binary.MaxVarintLen32+len(r.Kind)+len(r.TaskID)+len(r.AttemptID)+len(r.Token)+len(r.Data))
 	b = binary.AppendUvarint(b, r.Seq)
@@ -1968,29 +2053,51 @@ func packRecord(r *Record) []byte {
 	return append(b, r.Data...)
 }
 
-// unpackRecord is packRecord's inverse.
-func unpackRecord(p []byte) (Record, error) {
+// unpackRecord is the record payload p holds, decoded: with its Record
+// fields (for a Journal's caller) and as the ledger reads it.
+func unpackRecord(p []byte) (Record, record, error) {
+	if len(p) > 0 && p[0] == dataMark {
+		rec, err := decodeData(p[1:], 0)
+		if err != nil {
+			return Record{}, record{}, err
+		}
+		return recordOf(&rec, p[1:]), rec, nil
+	}
 	var r Record
 	seq, n := binary.Uvarint(p)
 	if n <= 0 {
-		return r, errors.New("bgtask: journal: a record with no sequence")
+		return r, record{}, errors.New("bgtask: journal: a record with no sequence")
 	}
 	r.Seq, p = seq, p[n:]
 	var fs [4]string
 	for i := range fs {
 		l, n := binary.Uvarint(p)
 		if n <= 0 || uint64(len(p)-n) < l {
-			return r, errors.New("bgtask: journal: a record cut short")
+			return r, record{}, errors.New("bgtask: journal: a record cut short")
 		}
 		fs[i], p = string(p[n:n+int(l)]), p[n+int(l):]
 	}
 	r.Kind, r.TaskID, r.AttemptID, r.Token, r.Data = fs[0], fs[1], fs[2], fs[3], p
-	return r, nil
+	rec, err := decodeRecord(r)
+	if err != nil {
+		return r, rec, err
+	}
+	return recordOf(&rec, r.Data), rec, nil // with the fields it did not keep
+}
+
+// unpackData is the record payload p holds, as the ledger reads it: a
+// payload of Data alone is decoded without making its Record.
+func unpackData(p []byte) (record, error) {
+	if len(p) > 0 && p[0] == dataMark {
+		return decodeData(p[1:], 0)
+	}
+	_, rec, err := unpackRecord(p)
+	return rec, err
 }
 
 func (j *fileJournal) Replay(fn func(Record) error) error {
 	for _, p := range j.l.Records() {
-		r, err := unpackRecord(p)
+		r, _, err := unpackRecord(p)
 		if err != nil {
 			return err
 		}
@@ -2001,12 +2108,22 @@ func (j *fileJournal) Replay(fn func(Record) error) error {
 	return nil
 }
 
-func (j *fileJournal) Compact(keep []Record) error {
-	payloads := make([][]byte, len(keep))
-	for i := range keep {
-		payloads[i] = packRecord(&keep[i])
+// replayRecs is Replay, handing fn each record as the ledger reads it.
+func (j *fileJournal) replayRecs(fn func(record) error) error {
+	for _, p := range j.l.Records() {
+		rec, err := unpackData(p)
+		if err != nil {
+			return err
+		}
+		if err := fn(rec); err != nil {
+			return err
+		}
 	}
-	return j.l.Compact(payloads)
+	return nil
+}
+
+func (j *fileJournal) Compact(keep []Record) error {
+	return j.l.Compact(payloadsOf(keep))
 }
 
 func (j *fileJournal) Close() error { return j.l.Close() }
@@ -2119,9 +2236,14 @@ func (m *Manager) maybeCompact() {
 	// values: they are encoded under the order lock alone, as a commit's.
 	m.out.order.Lock()
 	m.mu.Unlock()
-	batch, err := encodeAll(recs)
-	if err == nil {
-		err = guardJournal("Compact", func() error { return j.Compact(batch) })
+	var err error
+	if fj, ok := j.(*fileJournal); ok {
+		err = fj.compactRecs(recs)
+	} else {
+		var batch []Record
+		if batch, err = encodeAll(recs); err == nil {
+			err = guardJournal("Compact", func() error { return j.Compact(batch) })
+		}
 	}
 	m.out.order.Unlock()
 	if err != nil {
@@ -2180,11 +2302,7 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 	}
 	recs := make([]record, 0, len(payloads))
 	for _, p := range payloads {
-		r, err := unpackRecord(p)
-		if err != nil {
-			return JournalView{}, err
-		}
-		rec, err := decodeRecord(r)
+		rec, err := unpackData(p)
 		if err != nil {
 			return JournalView{}, err
 		}

@@ -217,3 +217,35 @@ func TestRecordEncodingRoundTripsAndRefusesCuts(t *testing.T) {
 		assert.Error(t, err, "cut at %d", cut)
 	}
 }
+
+// The file journal stores a record's Data alone, behind a zero byte, and
+// still reads a payload packed the way it was written before (the
+// Record's fields, then Data): Replay gives the same Record either way,
+// and the ledger reads the same record.
+func TestTheFileJournalReadsBothPayloadFormats(t *testing.T) {
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	recs := []record{
+		{seq: 1, kind: recTaskLaunched, task: "t1", at: at, recordExt: &recordExt{spec: &taskInfo{id: "t1", parent: "p", maxAttempts: 1, launchedAt: at, models: []Model{{Provider: "x", ID: "1"}}}}},
+		{seq: 2, kind: recSessionBound, task: "t1", at: at, attempt: Attempt{ID: "a1", Token: "k1", SessionID: "s1", Number: 1, Status: StatusRunning, Model: Model{Provider: "x", ID: "1"}, StartedAt: at}},
+	}
+	payloads, err := encodePayloads(recs)
+	require.NoError(t, err)
+	for i, rec := range recs {
+		want, err := encodeRecord(&rec)
+		require.NoError(t, err)
+		assert.Equal(t, append([]byte{dataMark}, want.Data...), payloads[i], "a zero byte, then Data")
+		for _, p := range [][]byte{payloads[i], packRecord(&want)} {
+			r, got, err := unpackRecord(p)
+			require.NoError(t, err)
+			assert.Equal(t, want, r, "the Record, with its fields")
+			again, err := unpackData(p)
+			require.NoError(t, err)
+			assert.Equal(t, got, again)
+			assert.Equal(t, rec.seq, got.seq)
+			assert.Equal(t, rec.kind, got.kind)
+			assert.Equal(t, rec.attempt.SessionID, got.attempt.SessionID)
+		}
+	}
+	_, _, err = unpackRecord([]byte{dataMark})
+	assert.Error(t, err, "a zero byte and no record")
+}

@@ -1270,9 +1270,12 @@ type notifications struct {
 // log lines (both guarded by m.mu); and the count of calls into the logger
 // that panicked (panics: atomic).
 type outbox struct {
-	fx       []effect
-	lines    []logRec
-	recs     []record // committed records for the journal, in order
+	fx    []effect
+	lines []logRec
+	recs  []record // committed records for the journal, in order
+	// spare is a records buffer an unlock is done with, for the next
+	// commit's (at most one is kept; a bigger one than spareRecs goes).
+	spare    atomic.Pointer[[]record]
 	later    []func() // user callbacks (Spec.OnDone), run once the records are durable, each on a goroutine
 	measures []func() // Metrics calls, run in commit order (see turns)
 	// turns orders what the unlocks emit — log lines and measurements —
@@ -1281,6 +1284,19 @@ type outbox struct {
 	order   sync.Mutex // held from m.mu's release to a batch's append: batches stay in commit order
 	panics  atomic.Uint64
 	durable durableMark // with a journal: how far the committed records are durable
+}
+
+// spareRecs bounds the records buffer an unlock hands on (recycle).
+const spareRecs = 64
+
+// recycle keeps recs, encoded and no longer read, as the spare buffer.
+func (o *outbox) recycle(recs []record) {
+	if cap(recs) > spareRecs {
+		return
+	}
+	clear(recs) // drop what the records point to
+	recs = recs[:0]
+	o.spare.Store(&recs)
 }
 
 // durableMark is the sequence of the last record known durable, and a
@@ -1408,7 +1424,14 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	m.out.durable.advance(m.led.seq) // what was replayed is durable
-	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
+	m.led.tap = func(r record) {
+		if m.out.recs == nil {
+			if p := m.out.spare.Swap(nil); p != nil {
+				m.out.recs = *p
+			}
+		}
+		m.out.recs = append(m.out.recs, r)
+	}
 	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch}})
 	m.reconcile(rv)
 	for before := -1; before != len(m.led.ended); { // what the journal still held past retention
@@ -1552,10 +1575,12 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	}
 	var err error
 	if durable != nil {
+		last := recs[len(recs)-1].seq
+		m.out.recycle(recs) // encoded: the records are done with
 		if err = durable.Wait(); err != nil {
 			err = m.poison(err)
 		} else {
-			m.out.durable.advance(recs[len(recs)-1].seq)
+			m.out.durable.advance(last)
 		}
 	}
 	for i := range fx {
@@ -1632,6 +1657,9 @@ func (t *turns) done() {
 
 // appendBatch hands recs to the journal, encoded. m.out.order is held.
 func (m *Manager) appendBatch(recs []record) (c Commit) {
+	if fj, ok := m.cfg.journal.(*fileJournal); ok { // encoded straight into its payloads
+		return fj.appendRecs(recs)
+	}
 	batch, err := encodeAll(recs)
 	if err != nil {
 		return failedCommit{err}
