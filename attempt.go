@@ -915,6 +915,9 @@ func deadlineFailure(e *entry, attempt bool) *failure {
 // output returns what e's current run reported, started afresh when the
 // run is new. m.mu is held.
 func (e *entry) output() *runOutput {
+	if e.hot == nil {
+		return new(runOutput) // frozen: its run is over, and nothing reads what is written here
+	}
 	if tok := e.cur().Token; e.seen.out.token != tok {
 		e.seen.out = runOutput{token: tok}
 	}
@@ -1433,6 +1436,7 @@ func (m *Manager) taskSettled(k *entry) {
 		m.callOnDone(l.onDone, k.project())
 		l.onDone = nil
 	}
+	m.led.warm = append(m.led.warm, k) // frozen at the unlock, once nothing reads it (freezeSome)
 }
 
 // callOnDone has each of hooks called with t once m.mu is released, on a

@@ -919,8 +919,8 @@ func (m *Manager) CloseTask(ctx context.Context, id string) (ClosureReport, erro
 		return ClosureReport{}, fmt.Errorf("%w: %q", ErrUnknownTask, id)
 	}
 	root := e.cur().SessionID
-	if root == "" && len(e.sessions) > 0 {
-		root = e.sessions[len(e.sessions)-1]
+	if ss := e.sessionList(); root == "" && len(ss) > 0 {
+		root = ss[len(ss)-1]
 	}
 	c := m.openClosure(root, e)
 	m.unlock()

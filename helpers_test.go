@@ -232,7 +232,7 @@ func checkInvariants(t testing.TB, m *Manager) {
 	defer m.mu.Unlock()
 	for _, e := range m.order {
 		live := 0
-		for i, a := range e.attempts {
+		for i, a := range e.atts() {
 			if !a.Status.Terminal() {
 				live++
 				if i != e.current {
@@ -249,7 +249,7 @@ func checkInvariants(t testing.TB, m *Manager) {
 		// kids is byParent over the task's sessions: the closure walk's
 		// edges are the ledger's.
 		want := map[*entry]int{}
-		for _, s := range e.sessions {
+		for _, s := range e.sessionList() {
 			for _, k := range m.led.byParent[s] {
 				want[k]++
 			}
@@ -266,7 +266,7 @@ func checkInvariants(t testing.TB, m *Manager) {
 			t.Fatalf("task %s: entry id %q", e.info.id, e.id)
 		}
 		task := e.project()
-		cur := e.attempts[e.current]
+		cur := e.atts()[e.current]
 		if task.Status != cur.Status || task.SessionID != cur.SessionID || task.Model != cur.Model ||
 			task.Error != cur.Error || !task.StartedAt.Equal(cur.StartedAt) || !task.CompletedAt.Equal(cur.CompletedAt) ||
 			task.CurrentAttemptID != cur.ID {

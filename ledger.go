@@ -199,19 +199,19 @@ type entry struct {
 	kids     []*entry // the tasks launched from any of sessions: byParent over them
 	revision uint64   // number of projection changes applied
 	rt       runtime  // process-local run state; never in the ledger
-	// first stores the first attempt inside the entry, so reading the
-	// current attempt of a task that never retried costs no pointer chase
-	// to another allocation. attempts starts on it; a retry moves it out.
-	first    [1]Attempt
-	seen     runSeen // what the current run reported; a closure never reads it
+	// hot is what only a task that may still change keeps (see hot); nil
+	// once the task is frozen. Its fields are read through the entry.
+	*hot
 	info     *taskInfo
 	sessions []string // every session indexed to one of its attempts, bound or orphaned
-	// evidence is the latest final record's: when the task is terminal,
-	// its current attempt's (zero: it reported none).
-	evidence evidence
+	// cold is, once the task settled and was frozen (freeze), its
+	// attempts, sessions and evidence in one string (attempts and
+	// sessions are then nil, hot is gone); "" until then. See cur, atts.
+	cold string
 	// outcome is computed once, at its first read after the task became
 	// terminal, from the attempts and the evidence (both immutable by
-	// then). Every carrier gets that value.
+	// then). Every carrier gets that value. A frozen task keeps none: its
+	// reads compute it again.
 	outcome *Outcome
 	// notesOut counts its notifications produced and not yet delivered
 	// (or given up): an ended task is kept until it is 0 (retention).
@@ -228,6 +228,21 @@ type entry struct {
 	// loc is what only this process keeps of the task (see local); nil
 	// while it keeps nothing.
 	loc *local
+}
+
+// hot is the part of an entry that a task only needs while it may still
+// change: what its current run reported, the room for its first attempt,
+// and its final evidence until it is frozen. A frozen task gives it back
+// to the ledger (spareHot), for a task launched later.
+type hot struct {
+	// first stores the first attempt beside the run's state, so reading
+	// the current attempt of a task that never retried costs no
+	// allocation of its own. attempts starts on it; a retry moves it out.
+	first [1]Attempt
+	seen  runSeen // what the current run reported; a closure never reads it
+	// evidence is the latest final record's: when the task is terminal,
+	// its current attempt's (zero: it reported none). Read it with ev.
+	evidence evidence
 }
 
 // local is what a task keeps only while this process lives, beside its
@@ -258,7 +273,77 @@ func (e *entry) keep() *local {
 	return e.loc
 }
 
-func (e *entry) cur() *Attempt { return &e.attempts[e.current] }
+// cur is e's current attempt. Of a frozen task it is a copy, read from
+// cold: a frozen task is terminal, and nothing writes to it.
+func (e *entry) cur() *Attempt {
+	if e.cold != "" {
+		a := e.thawAt(e.current)
+		return &a
+	}
+	return &e.attempts[e.current]
+}
+
+// atts is e's attempts, in order: of a frozen task a new slice, read from
+// cold.
+func (e *entry) atts() []Attempt {
+	if e.cold == "" {
+		return e.attempts
+	}
+	r := e.coldReader()
+	out := make([]Attempt, r.Uint())
+	for i := range out {
+		out[i] = r.attempt(e)
+	}
+	return out
+}
+
+// count is how many attempts e made.
+func (e *entry) count() int {
+	if e.cold == "" {
+		return len(e.attempts)
+	}
+	r := e.coldReader()
+	return int(r.Uint())
+}
+
+// thawAt is attempt i of frozen task e.
+func (e *entry) thawAt(i int) Attempt {
+	r := e.coldReader()
+	n := int(r.Uint())
+	var a Attempt
+	for j := 0; j <= i && j < n; j++ {
+		a = r.attempt(e)
+	}
+	return a
+}
+
+// sessionList is every session indexed to one of e's attempts, in the
+// order they were.
+func (e *entry) sessionList() []string {
+	if e.cold == "" {
+		return e.sessions
+	}
+	r := e.coldReader()
+	atts := make([]Attempt, r.Uint())
+	for i := range atts {
+		atts[i] = r.attempt(e)
+	}
+	return r.sessions(atts)
+}
+
+// ev is the evidence of e's latest final record (zero: none).
+func (e *entry) ev() evidence {
+	if e.hot != nil {
+		return e.evidence
+	}
+	r := e.coldReader()
+	atts := make([]Attempt, r.Uint())
+	for i := range atts {
+		atts[i] = r.attempt(e)
+	}
+	r.sessions(atts)
+	return r.evidence()
+}
 
 // terminal reports whether the task has ended: its current attempt is
 // terminal (a retry makes the next attempt current in the same step).
@@ -270,8 +355,14 @@ type attemptRef struct {
 	index int
 }
 
-func (r attemptRef) attempt() *Attempt { return &r.e.attempts[r.index] }
-func (r attemptRef) isCurrent() bool   { return r.e.current == r.index }
+func (r attemptRef) attempt() *Attempt {
+	if r.e.cold != "" {
+		a := r.e.thawAt(r.index)
+		return &a
+	}
+	return &r.e.attempts[r.index]
+}
+func (r attemptRef) isCurrent() bool { return r.e.current == r.index }
 
 // Errors the ledger returns for refused writes. They mean a caller bug, not
 // an input the user gave, and are logged at error level by the Manager.
@@ -316,6 +407,11 @@ type ledger struct {
 	notesOut      int    // notifications out for tasks in memory: the sum of their notesOut
 	compactedAt   uint64 // forgotten at the last compaction
 	compactQueued bool   // a compaction is queued (an effect)
+
+	// Freezing (freeze): the settled tasks not yet frozen, and the hot
+	// parts frozen tasks gave back, for tasks launched later.
+	warm     []*entry
+	spareHot []*hot
 }
 
 func newLedger(ids IDGenerator) *ledger {
@@ -355,7 +451,7 @@ func (l *ledger) liveEnded(e *entry) {
 // still live: e stays in memory, its tree whole (a closure walks it, a
 // launch from its session is counted deeper in it).
 func (l *ledger) launchedLive(e *entry) bool {
-	for _, s := range e.sessions {
+	for _, s := range e.sessionList() {
 		if l.liveBy[s] > 0 {
 			return true
 		}
@@ -499,7 +595,7 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		if o := l.live(rec.spec.key); o != nil { // the invariant, for a replay too
 			return nil, &KeyHeldError{Key: rec.spec.key, TaskID: o.id}
 		}
-		e = &entry{id: rec.spec.id, info: rec.spec, current: -1}
+		e = &entry{id: rec.spec.id, info: rec.spec, current: -1, hot: l.newHot()}
 		if rec.spec.depth == 0 { // a new launch, or a record of format 2: its parent is in memory
 			rec.spec.root, rec.spec.depth = l.lineage(rec.spec.parent)
 		}
@@ -531,9 +627,16 @@ func (l *ledger) apply(rec record) (*entry, error) {
 // appends it and updates the projection. It is the only writer of attempts
 // and indexes.
 func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
+	if e.cold != "" {
+		l.thaw(e) // rare: a record for a frozen task (it is frozen again once it settles)
+	}
 	if err := l.check(e, ref, rec); err != nil {
 		return err
 	}
+	// Attempt times carry no monotonic reading: a frozen task's (read
+	// from cold) are then the very values its live attempts held.
+	a := &rec.attempt
+	a.StartedAt, a.CompletedAt = a.StartedAt.Round(0), a.CompletedAt.Round(0)
 	rec.task = e.id
 	l.stamp(rec) // handed to the tap (a journal, a test): memory keeps only the projection
 	switch rec.kind {
@@ -611,8 +714,8 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		if _, dup := l.byAttempt[rec.attempt.ID]; dup {
 			return fmt.Errorf("bgtask: attempt id %q is already in use", rec.attempt.ID)
 		}
-		if rec.attempt.Status != StatusPending || rec.attempt.Number != len(e.attempts)+1 {
-			return fmt.Errorf("%w: a new attempt must be pending and number %d", errBadTransition, len(e.attempts)+1)
+		if rec.attempt.Status != StatusPending || rec.attempt.Number != e.count()+1 {
+			return fmt.Errorf("%w: a new attempt must be pending and number %d", errBadTransition, e.count()+1)
 		}
 		return nil
 	case recRetryScheduled:
@@ -837,7 +940,7 @@ func (l *ledger) finalRecord(e *entry, attemptID string, status Status, errText,
 // version) and the new attempt's, in the order the timeline relies on. The
 // next attempt's ids are made first, so a refusal leaves nothing to write.
 func (l *ledger) retryRecords(e *entry, errText string, at time.Time) ([3]record, error) {
-	n := len(e.attempts) + 1
+	n := e.count() + 1
 	next, err := l.newAttempt(n, e.info.modelFor(n))
 	if err != nil {
 		return [3]record{}, err
@@ -911,6 +1014,9 @@ func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, 
 // reported is what the run with token reported that decides its outcome,
 // for its final record; false if it reported nothing of the kind.
 func (e *entry) reported(token string) (evidence, bool) {
+	if e.hot == nil {
+		return evidence{}, false // frozen: its run is long over
+	}
 	out := &e.seen.out
 	if out.token != token || (out.output == "" && out.finish == "" && !out.noText && out.reason == "" && out.notice == "") {
 		return evidence{}, false
@@ -947,13 +1053,13 @@ func (e *entry) project() Task {
 		Error:            cur.Error,
 		Result:           cur.Result,
 		CurrentAttemptID: cur.ID,
-		Attempts:         slices.Clone(e.attempts),
+		Attempts:         cloneAttempts(e),
 		Revision:         e.revision,
 		LaunchedAt:       e.info.launchedAt,
 		Metadata:         maps.Clone(e.info.metadata),
 		Activity:         e.liveActivity(),
 	}
-	if t.Activity != ActivityNone && e.seen.out.token == cur.Token {
+	if t.Activity != ActivityNone && e.hot != nil && e.seen.out.token == cur.Token {
 		t.Progress = e.seen.out.progress
 	}
 	t.Key, t.ContinuedFrom = e.info.key, e.info.continues
@@ -970,17 +1076,21 @@ func (e *entry) project() Task {
 		t.Invocations = e.inv.clone()
 	}
 	if e.terminal() {
-		if e.outcome == nil {
+		o := e.outcome
+		if o == nil {
 			var ev *evidence
-			if e.evidence != (evidence{}) {
-				ev = &e.evidence
+			if x := e.ev(); x != (evidence{}) {
+				ev = &x
 			}
-			e.outcome = outcomeOf(t, ev)
+			o = outcomeOf(t, ev)
 			if e.info.prior != "" {
-				e.outcome.withPrior(t.ID, e.info.continues, e.info.prior)
+				o.withPrior(t.ID, e.info.continues, e.info.prior)
+			}
+			if e.cold == "" { // a frozen task keeps no outcome: it is computed at each read
+				e.outcome = o
 			}
 		}
-		t.Outcome = e.outcome.clone()
+		t.Outcome = o.clone()
 	}
 	return t
 }
@@ -1108,7 +1218,7 @@ func (l *ledger) render(n *notice) (string, error) {
 		if ref.index == 0 {
 			return "", fmt.Errorf("bgtask: replay: retry notification %d for a first attempt", n.seq)
 		}
-		return retryScheduledText(ref.e.attempts[ref.index-1], *ref.attempt()), nil
+		return retryScheduledText(ref.e.atts()[ref.index-1], *ref.attempt()), nil
 	case NotifyRetrySessionReady:
 		return retrySessionReadyText(*ref.attempt()), nil
 	case NotifyFinalSummary:
@@ -1413,10 +1523,10 @@ func (m *Manager) sweep() {
 func (m *Manager) forget(e *entry) {
 	l := m.led
 	delete(l.tasks, e.id)
-	for _, a := range e.attempts {
+	for _, a := range e.atts() {
 		delete(l.byAttempt, a.ID)
 	}
-	for _, s := range e.sessions {
+	for _, s := range e.sessionList() {
 		if ref, ok := l.bySession[s]; ok && ref.e == e {
 			delete(l.bySession, s)
 		}
@@ -1445,6 +1555,252 @@ func (m *Manager) forget(e *entry) {
 	if l := m.led; m.cfg.journal != nil && !l.compactQueued && l.compactDue() {
 		l.compactQueued = m.goLater(m.maybeCompact)
 	}
+}
+
+// Freezing: a task that settled (ended, its notifications all out) is
+// kept compact for as long as retention keeps it. Its attempts, sessions
+// and evidence are written into one string (cold); the indexes are keyed
+// by substrings of it, so that the ids' own allocations go; its hot part
+// goes back to the ledger; its outcome is no longer cached. Reads decode
+// it (cur, atts, sessionList, ev) without allocating a string; a record
+// for a frozen task thaws it first (write).
+
+// maxSpareHot bounds the hot parts the ledger keeps for reuse.
+const maxSpareHot = 256
+
+// newHot is a hot part for a task being launched.
+func (l *ledger) newHot() *hot {
+	if n := len(l.spareHot); n > 0 {
+		h := l.spareHot[n-1]
+		l.spareHot[n-1] = nil
+		l.spareHot = l.spareHot[:n-1]
+		return h
+	}
+	return new(hot)
+}
+
+// cloneAttempts is a copy of e's attempts, for a projection.
+func cloneAttempts(e *entry) []Attempt {
+	if e.cold != "" {
+		return e.atts() // a new slice already
+	}
+	return slices.Clone(e.attempts)
+}
+
+// Zones a time in cold may have: what freeze keeps exactly.
+const (
+	coldZero uint64 = iota // the zero time
+	coldUTC
+	coldLocal
+)
+
+// freezable reports whether e may be frozen now: it is settled, and
+// nothing in flight (an abort, a start, a slot, a held turn end, an
+// answer lane) can read its hot part again. m.mu is held.
+func (m *Manager) freezable(e *entry) bool {
+	return e.hot != nil && e.cold == "" && e.terminal() && e.notesOut == 0 && e.rt.abort == nil && !e.rt.starting() &&
+		e.rt.slot == (slotHold{}) && e.gate == nil && m.calls.prompts[e] == nil && m.led.tasks[e.id] == e
+}
+
+// freezeBudget bounds the settled tasks one unlock looks at (freezeSome):
+// one that cannot be frozen yet is looked at again later.
+const freezeBudget = 16
+
+// freezeSome freezes the settled tasks that may be frozen now, up to
+// budget of them (all: -1); the others wait at the back. It runs as a
+// lock's holder is done with every entry (unlock), never under a caller
+// that still reads one. m.mu is held.
+func (m *Manager) freezeSome(budget int) {
+	l := m.led
+	n := len(l.warm)
+	if budget >= 0 {
+		n = min(n, budget)
+	}
+	for _, e := range l.warm[:n] {
+		switch {
+		case e.cold != "" || l.tasks[e.id] != e: // frozen meanwhile, or forgotten
+		case m.freezable(e):
+			l.freeze(e)
+		case e.terminal() && e.hot != nil:
+			l.warm = append(l.warm, e) // not yet: looked at again
+		}
+	}
+	clear(l.warm[:n])
+	l.warm = l.warm[n:]
+	if len(l.warm) == 0 {
+		l.warm = nil
+	}
+}
+
+// freeze makes settled task e cold (see Freezing). It changes nothing if
+// e holds what cold cannot keep exactly (a time in a zone other than UTC
+// and Local). m.mu is held.
+func (l *ledger) freeze(e *entry) {
+	atts := e.attempts
+	w := codec.Writer{B: make([]byte, 0, 16+len(atts)*128)}
+	w.Uint(uint64(len(atts)))
+	for i := range atts {
+		if !putColdAttempt(&w, e.info, &atts[i]) {
+			return
+		}
+	}
+	w.Uint(uint64(len(e.sessions)))
+	for _, s := range e.sessions {
+		j := slices.IndexFunc(atts, func(a Attempt) bool { return a.SessionID == s })
+		if w.Uint(uint64(j + 1)); j < 0 {
+			w.String(s)
+		}
+	}
+	ev := e.evidence
+	w.String(ev.output)
+	w.String(string(ev.finish))
+	w.Bool(ev.noText)
+	w.String(string(ev.reason))
+	w.String(ev.notice)
+	e.cold = string(w.B)
+	r := e.coldReader()
+	cold := make([]Attempt, r.Uint())
+	for i := range cold {
+		cold[i] = r.attempt(e)
+	}
+	sessions := r.sessions(cold)
+	if r.Err() != nil || !slices.Equal(cold, atts) || !slices.Equal(sessions, e.sessions) {
+		e.cold = "" // cannot happen: what is frozen reads back exactly, or it is not frozen
+		return
+	}
+	for i := range cold { // the same keys, now substrings of cold
+		l.byAttempt[cold[i].ID] = attemptRef{e: e, index: i}
+	}
+	for _, s := range sessions {
+		if ref, ok := l.bySession[s]; ok && ref.e == e {
+			l.bySession[s] = ref
+		}
+	}
+	if loc := e.loc; loc != nil && len(loc.onDone) == 0 && loc.stopWait == nil && loc.values == nil &&
+		loc.valueTok != atts[e.current].Token && loc.errTok != atts[e.current].Token {
+		e.loc = nil // it keeps nothing a read of the task gives
+	}
+	e.attempts, e.sessions, e.outcome = nil, nil, nil
+	*e.hot = hot{}
+	if len(l.spareHot) < maxSpareHot {
+		l.spareHot = append(l.spareHot, e.hot)
+	}
+	e.hot = nil
+}
+
+// thaw makes frozen task e whole again, for a record about to be written
+// to it; it is frozen again once it may be (warm). m.mu is held.
+func (l *ledger) thaw(e *entry) {
+	atts, sessions, ev := e.atts(), e.sessionList(), e.ev()
+	e.hot = l.newHot()
+	e.evidence = ev
+	if len(atts) == 1 {
+		e.first[0] = atts[0]
+		atts = e.first[:1]
+	}
+	e.attempts, e.sessions, e.cold = atts, slices.Clone(sessions), ""
+	for i := range atts { // keyed by the live copies again: cold may go
+		l.byAttempt[atts[i].ID] = attemptRef{e: e, index: i}
+	}
+	for _, s := range e.sessions {
+		if ref, ok := l.bySession[s]; ok && ref.e == e {
+			l.bySession[s] = ref
+		}
+	}
+	l.warm = append(l.warm, e)
+}
+
+// putColdAttempt writes a to w, its model as its place in info's chain.
+// It reports false for a time cold cannot keep exactly.
+func putColdAttempt(w *codec.Writer, info *taskInfo, a *Attempt) bool {
+	w.String(a.ID)
+	w.String(a.Token)
+	w.String(a.SessionID)
+	k := slices.Index(info.models, a.Model)
+	if w.Uint(uint64(k + 1)); k < 0 {
+		w.String(a.Model.Provider)
+		w.String(a.Model.ID)
+		w.String(a.Model.Variant)
+	}
+	w.Uint(uint64(a.Number))
+	for _, f := range [...]string{string(a.Status), string(a.Pending), a.Error, a.Result} {
+		w.String(f)
+	}
+	return putColdTime(w, a.StartedAt) && putColdTime(w, a.CompletedAt)
+}
+
+func putColdTime(w *codec.Writer, t time.Time) bool {
+	zone := coldZero
+	switch {
+	case t.IsZero():
+		w.Uint(zone)
+		return true
+	case t != t.Round(0): // a monotonic reading: not what write keeps
+		return false
+	case t.Location() == time.UTC:
+		zone = coldUTC
+	case t.Location() == time.Local:
+		zone = coldLocal
+	default:
+		return false
+	}
+	w.Uint(zone)
+	w.Int(t.Unix())
+	w.Uint(uint64(t.Nanosecond()))
+	return true
+}
+
+// coldReader reads a frozen task's cold string.
+type coldReader struct{ codec.StrReader }
+
+func (e *entry) coldReader() coldReader { return coldReader{codec.StrReader{S: e.cold}} }
+
+// attempt reads the next attempt of e.
+func (r *coldReader) attempt(e *entry) Attempt {
+	a := Attempt{ID: r.String(), Token: r.String(), SessionID: r.String()}
+	if k := r.Uint(); k == 0 {
+		a.Model = Model{Provider: r.String(), ID: r.String(), Variant: r.String()}
+	} else if int(k) <= len(e.info.models) {
+		a.Model = e.info.models[k-1]
+	}
+	a.Number = int(r.Uint())
+	a.Status, a.Pending, a.Error, a.Result = Status(r.String()), PendingReason(r.String()), r.String(), r.String()
+	a.StartedAt, a.CompletedAt = r.time(), r.time()
+	return a
+}
+
+func (r *coldReader) time() time.Time {
+	zone := r.Uint()
+	if zone == coldZero {
+		return time.Time{}
+	}
+	t := time.Unix(r.Int(), int64(r.Uint())) // in time.Local
+	if zone == coldUTC {
+		t = t.UTC()
+	}
+	return t
+}
+
+// sessions reads the sessions, after atts (the attempts, read).
+func (r *coldReader) sessions(atts []Attempt) []string {
+	n := r.Uint()
+	if n == 0 {
+		return nil
+	}
+	out := make([]string, 0, n)
+	for range n {
+		if j := r.Uint(); j == 0 {
+			out = append(out, r.String())
+		} else if int(j) <= len(atts) {
+			out = append(out, atts[j-1].SessionID)
+		}
+	}
+	return out
+}
+
+// evidence reads the evidence, after the sessions.
+func (r *coldReader) evidence() evidence {
+	return evidence{output: r.String(), finish: FinishReason(r.String()), noText: r.Bool(), reason: Reason(r.String()), notice: r.String()}
 }
 
 // without is s less its first e (searched from the front: what is
@@ -1935,7 +2291,7 @@ func (s *seqIDs) skipPast(l *ledger) {
 	}
 	for id, e := range l.tasks {
 		bump(&s.task, string(IDTask)+"-", id)
-		for _, a := range e.attempts {
+		for _, a := range e.atts() {
 			bump(&s.attempt, string(IDAttempt)+"-", a.ID)
 			bump(&s.run, string(IDToken)+"-", a.Token)
 		}
@@ -2168,8 +2524,9 @@ func (m *Manager) snapshotRecords() []record {
 	for _, e := range m.order {
 		ti := e.info
 		add(record{kind: recTaskLaunched, task: e.id, at: ti.launchedAt, recordExt: &recordExt{spec: ti}})
-		bound := make(map[string]bool, len(e.attempts))
-		for i, a := range e.attempts {
+		atts := e.atts()
+		bound := make(map[string]bool, len(atts))
+		for i, a := range atts {
 			created := Attempt{ID: a.ID, Number: a.Number, Token: a.Token, Model: a.Model, Status: StatusPending, Pending: PendingAwaitingSession}
 			add(record{kind: recAttemptCreated, task: e.id, at: ti.launchedAt, attempt: created})
 			if a.SessionID != "" {
@@ -2187,14 +2544,14 @@ func (m *Manager) snapshotRecords() []record {
 			case a.Status.Terminal():
 				fin := record{kind: recAttemptFinal, task: e.id, at: a.CompletedAt, attempt: a}
 				if i == e.current {
-					fin.evidence = e.evidence
+					fin.evidence = e.ev()
 				}
 				add(fin)
 			case a.Status == StatusPending && a.Pending != PendingAwaitingSession:
 				add(record{kind: recAttemptPending, task: e.id, at: ti.launchedAt, attempt: a})
 			}
 		}
-		for _, s := range e.sessions {
+		for _, s := range e.sessionList() {
 			if !bound[s] {
 				if ref, ok := m.led.bySession[s]; ok && ref.e == e {
 					add(record{kind: recSessionOrphan, task: e.id, at: ti.launchedAt, attempt: *ref.attempt(), recordExt: &recordExt{session: s}})

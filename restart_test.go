@@ -350,7 +350,7 @@ func TestCompactionKeepsExactlyWhatRetentionKeeps(t *testing.T) {
 	m2.mu.Lock()
 	n := 0
 	for _, e := range m2.led.tasks {
-		n += len(e.attempts)
+		n += e.count()
 	}
 	m2.mu.Unlock()
 	assert.Less(t, n, compactEvery, "forgotten tasks are not on disk")

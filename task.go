@@ -1438,6 +1438,12 @@ func (m *Manager) recover(ctx context.Context) error {
 		before = len(m.led.ended)
 		m.sweep()
 	}
+	for _, e := range m.led.ended { // what stays is kept as a live Manager keeps it: frozen
+		if e.notesOut == 0 {
+			m.led.warm = append(m.led.warm, e)
+		}
+	}
+	m.freezeSome(-1)
 	if err := m.unlock(); err != nil {
 		return err
 	}
@@ -1550,6 +1556,9 @@ func (m *Manager) unlock() error { return m.unlockOn(nil) }
 // the function w runs does: the first effect may run on w once that
 // function returns, instead of on a new goroutine (see group.Worker).
 func (m *Manager) unlockOn(w *group.Worker) error {
+	if len(m.led.warm) > 0 {
+		m.freezeSome(freezeBudget)
+	}
 	if len(m.out.lines) == 0 && len(m.out.fx) == 0 && len(m.out.recs) == 0 && len(m.out.later) == 0 && len(m.out.measures) == 0 {
 		m.mu.Unlock()
 		return nil

@@ -120,3 +120,64 @@ func (r *Reader) Time() time.Time {
 	}
 	return t.In(time.FixedZone("", int(off)))
 }
+
+// StrReader reads what a Writer wrote from a string. The strings it
+// returns are substrings of S, so reading allocates nothing and they live
+// as long as S does. Like Reader it never panics on bad input: after the
+// first error every read returns a zero value, and Err reports it.
+type StrReader struct {
+	S   string
+	err error
+}
+
+func (r *StrReader) fail() { r.err, r.S = ErrShort, "" }
+
+// Err is the first error met, or nil.
+func (r *StrReader) Err() error { return r.err }
+
+func (r *StrReader) Uint() uint64 {
+	var v uint64
+	for i := 0; i < len(r.S) && i < binary.MaxVarintLen64; i++ {
+		c := r.S[i]
+		if c < 0x80 {
+			if i == binary.MaxVarintLen64-1 && c > 1 {
+				break // overflows 64 bits
+			}
+			r.S = r.S[i+1:]
+			return v | uint64(c)<<(7*i)
+		}
+		v |= uint64(c&0x7f) << (7 * i)
+	}
+	r.fail()
+	return 0
+}
+
+func (r *StrReader) Int() int64 {
+	u := r.Uint()
+	v := int64(u >> 1)
+	if u&1 != 0 {
+		v = ^v
+	}
+	return v
+}
+
+func (r *StrReader) Bool() bool {
+	if len(r.S) == 0 {
+		r.fail()
+		return false
+	}
+	v := r.S[0]
+	r.S = r.S[1:]
+	return v != 0
+}
+
+func (r *StrReader) String() string {
+	n := r.Uint()
+	if r.err != nil || n > uint64(len(r.S)) {
+		r.fail()
+		return ""
+	}
+	s := r.S[:n]
+	r.S = r.S[n:]
+	return s
+}

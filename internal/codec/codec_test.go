@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -66,4 +67,56 @@ func TestBadInputIsAnErrorNeverAPanic(t *testing.T) {
 	assert.Equal(t, "", r.String())
 	assert.ErrorIs(t, r.Err(), ErrShort)
 	assert.Equal(t, uint64(0), r.Uint(), "after an error, zero values")
+}
+
+// A StrReader reads back what a Writer wrote, as a Reader does, returning
+// substrings of its input; any cut of the input is an error, never a
+// panic.
+func TestStrReaderReadsWhatAWriterWrote(t *testing.T) {
+	var w Writer
+	ints := []int64{0, 1, -1, 63, -64, 1 << 40, -(1 << 62), math.MaxInt64, math.MinInt64}
+	uints := []uint64{0, 1, 127, 128, 1 << 35, math.MaxUint64}
+	for _, v := range ints {
+		w.Int(v)
+	}
+	for _, v := range uints {
+		w.Uint(v)
+	}
+	w.String("")
+	w.String("héllo")
+	w.Bool(true)
+	w.Bool(false)
+	s := string(w.B)
+	r := StrReader{S: s}
+	for _, v := range ints {
+		assert.Equal(t, v, r.Int())
+	}
+	for _, v := range uints {
+		assert.Equal(t, v, r.Uint())
+	}
+	assert.Equal(t, "", r.String())
+	got := r.String()
+	assert.Equal(t, "héllo", got)
+	base, at := uintptr(unsafe.Pointer(unsafe.StringData(s))), uintptr(unsafe.Pointer(unsafe.StringData(got)))
+	assert.True(t, at > base && at+uintptr(len(got)) <= base+uintptr(len(s)), "a substring of its input, not a copy")
+	assert.True(t, r.Bool())
+	assert.False(t, r.Bool())
+	require.NoError(t, r.Err())
+	assert.Empty(t, r.S)
+	for cut := range len(s) {
+		r := StrReader{S: s[:cut]}
+		for range ints {
+			r.Int()
+		}
+		for range uints {
+			r.Uint()
+		}
+		_, _ = r.String(), r.String()
+		r.Bool()
+		r.Bool()
+		assert.Error(t, r.Err(), "cut at %d", cut)
+	}
+	bad := StrReader{S: "\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f"} // over 64 bits
+	bad.Uint()
+	assert.Error(t, bad.Err())
 }

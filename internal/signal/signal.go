@@ -48,8 +48,9 @@ func (s *Set) Done(ended bool) <-chan struct{} {
 
 // End wakes the waiters of Done. Call it once, as the task ends.
 func (s *Set) End() {
-	if s.done != nil {
+	if s.done != nil && s.done != Closed {
 		close(s.done)
+		s.done = Closed // the task's own channel goes; Done returns Closed from now on
 	}
 }
 
@@ -77,6 +78,7 @@ func (s *Set) RunOver(over func(key string) bool) {
 	}
 }
 
-// Made returns the channel Done made for a waiter, or nil if none waited:
-// for checks that a waiter made before the end was released.
+// Made returns the channel Done made for a waiter (Closed once End let it
+// go), or nil if none waited: for checks that a waiter made before the
+// end was released.
 func (s *Set) Made() <-chan struct{} { return s.done }

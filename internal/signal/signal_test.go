@@ -77,7 +77,9 @@ func TestDoneClosedByEnd(t *testing.T) {
 
 	s.End()
 	assert.True(t, closed(d), "End wakes the waiters of Done")
-	assert.Equal(t, d, s.Made(), "Made still names the released channel")
+	assert.Equal(t, (<-chan struct{})(Closed), s.Made(), "the task's own channel is let go: Made names the shared closed one")
+	assert.NotPanics(t, s.End, "a second End closes nothing twice")
+	assert.Equal(t, (<-chan struct{})(Closed), s.Done(false))
 }
 
 func TestEndWithoutWaiter(t *testing.T) {
