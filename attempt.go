@@ -677,12 +677,12 @@ func (m *Manager) admit(e *entry, a Attempt) {
 	}
 	w := m.calls.pool.Acquire(key, limit, q)
 	if w == nil {
-		e.rt.slot.key, e.rt.slot.token = key, a.Token
+		e.slot.key, e.slot.token = key, a.Token
 		m.spawnStart(e, a)
 		return
 	}
 	m.queueDepth(key)
-	e.rt.slot.waiter = w
+	e.slot.waiter = w
 	m.setPending(e, a.ID, PendingQueued, m.now())
 	if m.cfg.queueTimeout > 0 {
 		m.watchQueue(e, a, w)
@@ -697,17 +697,20 @@ func (m *Manager) settleRun(e *entry) {
 	cur := e.cur()
 	over := func(token string) bool { return cur.Token != token || cur.Status.Terminal() }
 	e.rt.sig.RunOver(over)
-	if w := e.rt.slot.waiter; w != nil && over(w.V.token) {
-		e.rt.slot.waiter = nil
+	if e.hot == nil {
+		return // frozen: it holds no slot and waits in no queue
+	}
+	if w := e.slot.waiter; w != nil && over(w.V.token) {
+		e.slot.waiter = nil
 		m.calls.pool.Remove(w)
 		m.queueDepth(w.Key())
 		if w.V.stop != nil {
 			close(w.V.stop)
 		}
 	}
-	if e.rt.slot.token != "" && over(e.rt.slot.token) {
-		key := e.rt.slot.key
-		e.rt.slot.key, e.rt.slot.token = "", ""
+	if e.slot.token != "" && over(e.slot.token) {
+		key := e.slot.key
+		e.slot.key, e.slot.token = "", ""
 		m.calls.pool.Release(key, m.granted)
 	}
 }
@@ -723,12 +726,12 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 	if w.V.stop != nil {
 		close(w.V.stop)
 	}
-	if e.rt.slot.waiter == w {
-		e.rt.slot.waiter = nil
+	if e.slot.waiter == w {
+		e.slot.waiter = nil
 	}
 	cur := *e.cur()
 	if cur.Token == w.V.token && cur.Status == StatusPending && m.fenceStop(e) {
-		e.rt.slot.key, e.rt.slot.token = w.Key(), cur.Token // given back as it ends
+		e.slot.key, e.slot.token = w.Key(), cur.Token // given back as it ends
 		m.finalize(e, cur.ID, e.stop, "", "", m.now())
 		return
 	}
@@ -738,7 +741,7 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 		m.calls.pool.Release(w.Key(), m.granted)
 		return
 	}
-	e.rt.slot.key, e.rt.slot.token = w.Key(), cur.Token
+	e.slot.key, e.slot.token = w.Key(), cur.Token
 	m.setPending(e, cur.ID, PendingAwaitingSession, m.now())
 	m.spawnStart(e, cur)
 }
@@ -768,7 +771,7 @@ func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
 // m.mu is held.
 func (m *Manager) onQueueTimeout(in *queueTimeoutIn) {
 	e, w := in.e, in.w
-	if !w.Queued() || e.rt.slot.waiter != w {
+	if !w.Queued() || e.hot == nil || e.slot.waiter != w {
 		return // dequeued as the timer fired
 	}
 	pos := m.calls.pool.Position(w)
@@ -817,9 +820,9 @@ func (m *Manager) onStallCheck(in *stallCheckIn) reply {
 // a's, from its start: a timer on the Manager's clock whose watch ends
 // with the task, or the run. m.mu is held.
 func (m *Manager) armDeadline(e *entry, a Attempt) {
-	due, done := e.info.launchedAt.Add(e.info.timeout), e.waitDone()
+	due, done := e.info.launchedAt.Add(e.info.opt().timeout), e.waitDone()
 	if a.ID != "" {
-		due, done = a.StartedAt.Add(e.info.attemptTimeout), m.runDone(e)
+		due, done = a.StartedAt.Add(e.info.opt().attemptTimeout), m.runDone(e)
 	}
 	t := m.cfg.clock.NewTimer(max(due.Sub(m.now()), 0))
 	if !m.effect(effect{kind: fxDeadline, e: e, run: runOfAttempt(a), timer: t, done: done}) {
@@ -905,11 +908,11 @@ func (m *Manager) onDeadline(in *deadlineIn) {
 // (Spec.Timeout), never retried, or its own (Spec.AttemptTimeout),
 // retried with Spec.RetryOnTimeout.
 func deadlineFailure(e *entry, attempt bool) *failure {
-	err := fmt.Errorf("%w: the task ran longer than its timeout of %s", ErrDeadline, e.info.timeout)
+	err := fmt.Errorf("%w: the task ran longer than its timeout of %s", ErrDeadline, e.info.opt().timeout)
 	if attempt {
-		err = fmt.Errorf("%w: the attempt ran longer than its timeout of %s", ErrDeadline, e.info.attemptTimeout)
+		err = fmt.Errorf("%w: the attempt ran longer than its timeout of %s", ErrDeadline, e.info.opt().attemptTimeout)
 	}
-	return &failure{err: err, text: err.Error(), reason: ReasonDeadline, retry: attempt && e.info.retryOnTimeout}
+	return &failure{err: err, text: err.Error(), reason: ReasonDeadline, retry: attempt && e.info.opt().retryOnTimeout}
 }
 
 // output returns what e's current run reported, started afresh when the
@@ -966,7 +969,6 @@ type runtime struct {
 	startSeq uint64     // the StartSession in flight for the current attempt; 0: none
 	sig      signal.Set // the waiters' channels: next change, task end, run end
 	round    *round     // the parent's round the task counts in
-	slot     slotHold   // the concurrency slot the run holds, or its place in the queue
 }
 
 // slotHold is a run's claim on a concurrency slot (WithConcurrency): its
@@ -1031,7 +1033,7 @@ func (m *Manager) reconcile(rv *recovery) {
 		default:
 			m.admit(e, a) // it never asked for a child: ask now
 		}
-		if !e.terminal() && (e.stop == "" || e.stop == StatusError) && e.info.timeout > 0 {
+		if !e.terminal() && (e.stop == "" || e.stop == StatusError) && e.info.opt().timeout > 0 {
 			m.armDeadline(e, Attempt{}) // due from the launch: at once if it passed meanwhile, or it was asked already
 		}
 	}
@@ -1148,7 +1150,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 			e.seen.lastEvent = now // it was silent while nobody listened
 			m.watchStall(e, *e.cur())
 		}
-		if e.info.attemptTimeout > 0 {
+		if e.info.opt().attemptTimeout > 0 {
 			m.armDeadline(e, *e.cur())
 		}
 	}

@@ -995,7 +995,7 @@ func TestAnEndedTaskWhoseSessionLaunchedLiveTasksIsKeptWhole(t *testing.T) {
 
 func TestALaunchRecordKeepsItsPlaceInTheTree(t *testing.T) {
 	info := &taskInfo{id: "t", parent: "ses-9", models: []Model{{ID: "m"}}, maxAttempts: 1, root: "chat", depth: 3,
-		timeout: time.Minute, attemptTimeout: time.Second, retryOnTimeout: true, launchedAt: t0}
+		x: &taskExtra{timeout: time.Minute, attemptTimeout: time.Second, retryOnTimeout: true}, launchedAt: t0}
 	enc, err := encodeRecord(&record{seq: 1, kind: recTaskLaunched, task: "t", at: t0, recordExt: &recordExt{spec: info}})
 	require.NoError(t, err)
 	dec, err := decodeRecord(enc)
@@ -1003,9 +1003,14 @@ func TestALaunchRecordKeepsItsPlaceInTheTree(t *testing.T) {
 	got := dec.spec
 	assert.Equal(t, "chat", got.root)
 	assert.Equal(t, 3, got.depth)
-	assert.Equal(t, time.Minute, got.timeout)
-	assert.Equal(t, time.Second, got.attemptTimeout)
-	assert.True(t, got.retryOnTimeout)
+	assert.Equal(t, time.Minute, got.opt().timeout)
+	assert.Equal(t, time.Second, got.opt().attemptTimeout)
+	assert.True(t, got.opt().retryOnTimeout)
+	bare, err := encodeRecord(&record{seq: 2, kind: recTaskLaunched, task: "u", at: t0, recordExt: &recordExt{spec: &taskInfo{id: "u", parent: "p", models: []Model{{ID: "m"}}, maxAttempts: 1, launchedAt: t0}}})
+	require.NoError(t, err)
+	dec, err = decodeRecord(bare)
+	require.NoError(t, err)
+	assert.Nil(t, dec.spec.x, "a spec that set none of the optional part keeps none")
 }
 
 // memJournal keeps records in memory: a journal that outlives a Manager.

@@ -164,19 +164,45 @@ type taskInfo struct {
 	maxAttempts int // resolved: > 0
 	metadata    map[string]string
 	launchedAt  time.Time
-	key         string // Spec.Key: one live task per key
-	continues   string // Spec.ContinueFrom: the ended task whose session it resumes
-	resume      string // that task's session, resumed by the first attempt
-	prior       string // that task's output, reported once as prior output
-	// Spec.Timeout, Spec.AttemptTimeout, Spec.RetryOnTimeout: the task's
-	// and each run's wall-clock deadline (0: none).
-	timeout, attemptTimeout time.Duration
-	retryOnTimeout          bool
+	// x is what only some specs set (read it with opt, write it with
+	// extra): nil when the spec set none of it, which most do not.
+	x *taskExtra
 	// Worked out as the launch is applied, then recorded with it: the
 	// session at the top of the task's tree, and its depth in it (1:
 	// launched from a session no task owns).
 	root  string
 	depth int
+}
+
+// taskExtra is the part of a task's spec that only some specs set.
+type taskExtra struct {
+	key       string // Spec.Key: one live task per key
+	continues string // Spec.ContinueFrom: the ended task whose session it resumes
+	resume    string // that task's session, resumed by the first attempt
+	prior     string // that task's output, reported once as prior output
+	// Spec.Timeout, Spec.AttemptTimeout, Spec.RetryOnTimeout: the task's
+	// and each run's wall-clock deadline (0: none).
+	timeout, attemptTimeout time.Duration
+	retryOnTimeout          bool
+}
+
+// noExtra is the taskExtra of a spec that set none of it. Never written.
+var noExtra taskExtra
+
+// opt is ti's optional part, to read (zero values when the spec set none).
+func (ti *taskInfo) opt() *taskExtra {
+	if ti.x == nil {
+		return &noExtra
+	}
+	return ti.x
+}
+
+// extra is ti's optional part, to write while the task is being made.
+func (ti *taskInfo) extra() *taskExtra {
+	if ti.x == nil {
+		ti.x = new(taskExtra)
+	}
+	return ti.x
 }
 
 // modelFor returns the model of attempt number n (1-based): the chain in
@@ -243,6 +269,7 @@ type hot struct {
 	// evidence is the latest final record's: when the task is terminal,
 	// its current attempt's (zero: it reported none). Read it with ev.
 	evidence evidence
+	slot     slotHold // the concurrency slot the run holds, or its place in the queue
 }
 
 // local is what a task keeps only while this process lives, beside its
@@ -412,6 +439,9 @@ type ledger struct {
 	// parts frozen tasks gave back, for tasks launched later.
 	warm     []*entry
 	spareHot []*hot
+	// lastChain is the model chain of the latest launch: a launch with
+	// the same chain (most of a harness's) shares it (chain).
+	lastChain []Model
 }
 
 func newLedger(ids IDGenerator) *ledger {
@@ -592,9 +622,10 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		if _, dup := l.tasks[rec.task]; dup {
 			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.task)
 		}
-		if o := l.live(rec.spec.key); o != nil { // the invariant, for a replay too
-			return nil, &KeyHeldError{Key: rec.spec.key, TaskID: o.id}
+		if o := l.live(rec.spec.opt().key); o != nil { // the invariant, for a replay too
+			return nil, &KeyHeldError{Key: rec.spec.opt().key, TaskID: o.id}
 		}
+		rec.spec.models = l.chain(rec.spec.models)
 		e = &entry{id: rec.spec.id, info: rec.spec, current: -1, hot: l.newHot()}
 		if rec.spec.depth == 0 { // a new launch, or a record of format 2: its parent is in memory
 			rec.spec.root, rec.spec.depth = l.lineage(rec.spec.parent)
@@ -603,7 +634,7 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		l.liveRoot[rec.spec.root]++
 		e.attempts = e.first[:0]
 		l.tasks[rec.task] = e
-		if k := rec.spec.key; k != "" {
+		if k := rec.spec.opt().key; k != "" {
 			l.byKey[k] = e
 		}
 		l.byParent[rec.spec.parent] = append(l.byParent[rec.spec.parent], e)
@@ -784,7 +815,7 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 // from prev: sid is the session e continues (Spec.ContinueFrom), and prev
 // is the ended task's attempt it belonged to.
 func continues(e *entry, prev attemptRef, sid string) bool {
-	return e.info.resume == sid && prev.e.id == e.info.continues && prev.e != e && prev.attempt().Status.Terminal()
+	return e.info.opt().resume == sid && prev.e.id == e.info.opt().continues && prev.e != e && prev.attempt().Status.Terminal()
 }
 
 // checkInvocation refuses an invocation record out of order: an admission
@@ -1062,7 +1093,7 @@ func (e *entry) project() Task {
 	if t.Activity != ActivityNone && e.hot != nil && e.seen.out.token == cur.Token {
 		t.Progress = e.seen.out.progress
 	}
-	t.Key, t.ContinuedFrom = e.info.key, e.info.continues
+	t.Key, t.ContinuedFrom = e.info.opt().key, e.info.opt().continues
 	t.Prompt, t.Root, t.Depth = e.info.prompt, e.info.root, e.info.depth
 	if l := e.loc; l != nil {
 		if l.valueTok == cur.Token {
@@ -1083,8 +1114,8 @@ func (e *entry) project() Task {
 				ev = &x
 			}
 			o = outcomeOf(t, ev)
-			if e.info.prior != "" {
-				o.withPrior(t.ID, e.info.continues, e.info.prior)
+			if e.info.opt().prior != "" {
+				o.withPrior(t.ID, e.info.opt().continues, e.info.opt().prior)
 			}
 			if e.cold == "" { // a frozen task keeps no outcome: it is computed at each read
 				e.outcome = o
@@ -1333,7 +1364,7 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 			if m.cfg.stallTimeout > 0 {
 				m.watchStall(e, rec.attempt)
 			}
-			if e.info.attemptTimeout > 0 {
+			if e.info.opt().attemptTimeout > 0 {
 				m.armDeadline(e, rec.attempt)
 			}
 		}
@@ -1531,7 +1562,7 @@ func (m *Manager) forget(e *entry) {
 			delete(l.bySession, s)
 		}
 	}
-	if k := e.info.key; k != "" && l.byKey[k] == e {
+	if k := e.info.opt().key; k != "" && l.byKey[k] == e {
 		delete(l.byKey, k)
 	}
 	l.unindex(e)
@@ -1579,6 +1610,16 @@ func (l *ledger) newHot() *hot {
 	return new(hot)
 }
 
+// chain is the ledger's own copy of a launch's model chain: the latest
+// launch's when it is the same (chains are never written to), else a
+// clone, kept for the next.
+func (l *ledger) chain(models []Model) []Model {
+	if !slices.Equal(models, l.lastChain) || len(models) == 0 {
+		l.lastChain = slices.Clone(models)
+	}
+	return l.lastChain
+}
+
 // cloneAttempts is a copy of e's attempts, for a projection.
 func cloneAttempts(e *entry) []Attempt {
 	if e.cold != "" {
@@ -1599,7 +1640,7 @@ const (
 // answer lane) can read its hot part again. m.mu is held.
 func (m *Manager) freezable(e *entry) bool {
 	return e.hot != nil && e.cold == "" && e.terminal() && e.notesOut == 0 && e.rt.abort == nil && !e.rt.starting() &&
-		e.rt.slot == (slotHold{}) && e.gate == nil && m.calls.prompts[e] == nil && m.led.tasks[e.id] == e
+		e.slot == (slotHold{}) && e.gate == nil && m.calls.prompts[e] == nil && m.led.tasks[e.id] == e
 }
 
 // freezeBudget bounds the settled tasks one unlock looks at (freezeSome):
@@ -1723,10 +1764,37 @@ func putColdAttempt(w *codec.Writer, info *taskInfo, a *Attempt) bool {
 		w.String(a.Model.Variant)
 	}
 	w.Uint(uint64(a.Number))
-	for _, f := range [...]string{string(a.Status), string(a.Pending), a.Error, a.Result} {
-		w.String(f)
-	}
+	putColdWord(w, string(a.Status))
+	putColdWord(w, string(a.Pending))
+	w.String(a.Error)
+	w.String(a.Result)
 	return putColdTime(w, a.StartedAt) && putColdTime(w, a.CompletedAt)
+}
+
+// coldWords are the statuses and pending reasons, which cold writes as
+// their place in this list (a word not in it: 0, then the word).
+var coldWords = [...]string{"",
+	string(StatusPending), string(StatusRunning), string(StatusCompleted), string(StatusError), string(StatusCancelled), string(StatusInterrupt),
+	string(PendingQueued), string(PendingAwaitingSession), string(PendingSessionFailed), string(PendingRetryDelay)}
+
+func putColdWord(w *codec.Writer, s string) {
+	if k := slices.Index(coldWords[:], s); k >= 0 {
+		w.Uint(uint64(k + 1))
+		return
+	}
+	w.Uint(0)
+	w.String(s)
+}
+
+func (r *coldReader) word() string {
+	k := r.Uint()
+	switch {
+	case k == 0:
+		return r.String()
+	case k <= uint64(len(coldWords)):
+		return coldWords[k-1]
+	}
+	return ""
 }
 
 func putColdTime(w *codec.Writer, t time.Time) bool {
@@ -1764,7 +1832,7 @@ func (r *coldReader) attempt(e *entry) Attempt {
 		a.Model = e.info.models[k-1]
 	}
 	a.Number = int(r.Uint())
-	a.Status, a.Pending, a.Error, a.Result = Status(r.String()), PendingReason(r.String()), r.String(), r.String()
+	a.Status, a.Pending, a.Error, a.Result = Status(r.word()), PendingReason(r.word()), r.String(), r.String()
 	a.StartedAt, a.CompletedAt = r.time(), r.time()
 	return a
 }
@@ -1990,7 +2058,7 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation) error {
 	}
 	key := ""
 	if x.spec != nil {
-		key = x.spec.key
+		key = x.spec.opt().key
 	}
 	w.String(key)
 	noteInv := 0
@@ -2000,7 +2068,7 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation) error {
 	w.Uint(uint64(noteInv))
 	var cont [3]string
 	if ti := x.spec; ti != nil {
-		cont = [3]string{ti.continues, ti.resume, ti.prior}
+		cont = [3]string{ti.opt().continues, ti.opt().resume, ti.opt().prior}
 	}
 	for _, f := range cont {
 		w.String(f)
@@ -2009,7 +2077,7 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation) error {
 	var timeouts [2]time.Duration
 	retry := false
 	if ti := x.spec; ti != nil {
-		timeouts, retry = [2]time.Duration{ti.timeout, ti.attemptTimeout}, ti.retryOnTimeout
+		timeouts, retry = [2]time.Duration{ti.opt().timeout, ti.opt().attemptTimeout}, ti.opt().retryOnTimeout
 	}
 	for _, d := range timeouts {
 		w.Uint(uint64(d))
@@ -2132,19 +2200,21 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 		} else if ok {
 			inv = &in
 		}
-		if key := d.String(); x.spec != nil {
-			x.spec.key = key
+		if key := d.String(); x.spec != nil && key != "" {
+			x.spec.extra().key = key
 		}
 		if inv := int(d.Uint()); x.notice != nil {
 			x.notice.invocation = inv
 		}
-		if c, r, p := d.String(), d.String(), d.String(); x.spec != nil {
-			x.spec.continues, x.spec.resume, x.spec.prior = c, r, p
+		if c, r, p := d.String(), d.String(), d.String(); x.spec != nil && c+r+p != "" {
+			o := x.spec.extra()
+			o.continues, o.resume, o.prior = c, r, p
 		}
 	}
 	if format >= 3 {
-		if t, at, retry := time.Duration(d.Uint()), time.Duration(d.Uint()), d.Bool(); x.spec != nil {
-			x.spec.timeout, x.spec.attemptTimeout, x.spec.retryOnTimeout = t, at, retry
+		if t, at, retry := time.Duration(d.Uint()), time.Duration(d.Uint()), d.Bool(); x.spec != nil && (t != 0 || at != 0 || retry) {
+			o := x.spec.extra()
+			o.timeout, o.attemptTimeout, o.retryOnTimeout = t, at, retry
 		}
 		if root, depth := d.String(), int(d.Uint()); x.spec != nil {
 			x.spec.root, x.spec.depth = root, depth

@@ -2086,15 +2086,13 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		description: spec.Description,
 		agent:       spec.Agent,
 		prompt:      spec.Prompt,
-		models:      slices.Clone(spec.Models),
+		models:      spec.Models, // the ledger keeps its own copy (chain)
 		maxAttempts: maxAttempts,
 		metadata:    maps.Clone(spec.Metadata),
-		key:         spec.Key,
-		continues:   spec.ContinueFrom,
-
-		timeout:        spec.Timeout,
-		attemptTimeout: spec.AttemptTimeout,
-		retryOnTimeout: spec.RetryOnTimeout,
+	}
+	if spec.Key != "" || spec.ContinueFrom != "" || spec.Timeout != 0 || spec.AttemptTimeout != 0 || spec.RetryOnTimeout {
+		info.x = &taskExtra{key: spec.Key, continues: spec.ContinueFrom,
+			timeout: spec.Timeout, attemptTimeout: spec.AttemptTimeout, retryOnTimeout: spec.RetryOnTimeout}
 	}
 	if spec.ContinueFrom != "" {
 		if _, ok := m.host.(Resumer); !ok {
@@ -2260,9 +2258,9 @@ func (m *Manager) callerDone(id string) {
 // its session still (not continued by another already); the session and
 // the task's output, bounded, go into info. m.mu is held.
 func (m *Manager) continuation(info *taskInfo) error {
-	old := m.led.tasks[info.continues]
+	old := m.led.tasks[info.opt().continues]
 	if old == nil {
-		return m.missing(info.continues)
+		return m.missing(info.opt().continues)
 	}
 	sid := old.cur().SessionID
 	switch {
@@ -2279,8 +2277,8 @@ func (m *Manager) continuation(info *taskInfo) error {
 	if o.HasAnswer {
 		prior = o.Answer
 	}
-	info.resume = sid
-	info.prior, _ = textbound.Middle(prior, MaxEvidenceRunes)
+	info.extra().resume = sid
+	info.extra().prior, _ = textbound.Middle(prior, MaxEvidenceRunes)
 	return nil
 }
 
@@ -2296,8 +2294,8 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	if m.closingParent(info.parent) {
 		return reply{err: fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, info.parent)}
 	}
-	if o := m.led.live(info.key); o != nil { // before any id is drawn: a refused launch leaves no trace
-		return reply{err: &KeyHeldError{Key: info.key, TaskID: o.id}}
+	if o := m.led.live(info.opt().key); o != nil { // before any id is drawn: a refused launch leaves no trace
+		return reply{err: &KeyHeldError{Key: info.opt().key, TaskID: o.id}}
 	}
 	if info.id != "" && m.led.taken(info.id) {
 		return reply{err: fmt.Errorf("%w: %q", ErrIDTaken, info.id)}
@@ -2305,7 +2303,7 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	if wait, err := m.treeAdmit(in); wait != nil || err != nil {
 		return reply{wait: wait, err: err}
 	}
-	if info.continues != "" {
+	if info.opt().continues != "" {
 		if err := m.continuation(info); err != nil {
 			return reply{err: err}
 		}
@@ -2345,7 +2343,7 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	}
 	m.admit(e, *e.cur())
 	m.launched(e)
-	if info.timeout > 0 && !e.terminal() {
+	if info.opt().timeout > 0 && !e.terminal() {
 		m.armDeadline(e, Attempt{})
 	}
 	if in.ticket != nil { // it had its turn: the next in line may look
@@ -2961,8 +2959,8 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 	err := m.gateStart(&fx.ctx, req)
 	switch {
 	case err != nil:
-	case a.Number == 1 && e.info.resume != "":
-		sid, err = m.callResume(&fx.ctx, e.info.resume, req)
+	case a.Number == 1 && e.info.opt().resume != "":
+		sid, err = m.callResume(&fx.ctx, e.info.opt().resume, req)
 	default:
 		sid, err = m.callStart(&fx.ctx, req)
 	}
