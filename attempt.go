@@ -249,7 +249,7 @@ func (m *Manager) observeLocked(o *observation) (resolved, error) {
 	var ref attemptRef
 	var ok bool
 	if ev.AttemptID != "" {
-		ref, ok = m.led.byAttempt[ev.AttemptID]
+		ref, ok = m.led.attemptOf(ev.AttemptID)
 	} else {
 		ref, ok = m.led.bySession[ev.SessionID]
 	}
@@ -444,7 +444,7 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 // m.mu is held.
 func (m *Manager) onRetryReady(in *retryReadyIn) reply {
 	e, next := in.e, in.next
-	ref := m.led.byAttempt[next.ID]
+	ref, _ := m.led.attemptOf(next.ID)
 	if !ref.isCurrent() || ref.attempt().Status != StatusPending || ref.attempt().Token != next.Token {
 		return reply{} // the run was replaced or ended meanwhile
 	}
@@ -503,7 +503,7 @@ func (m *Manager) onStarted(in *startedIn) {
 	defer m.signal() // Shutdown and closures wait for starts to return
 	defer m.expireHeld()
 
-	ref := m.led.byAttempt[a.ID]
+	ref, _ := m.led.attemptOf(a.ID)
 	live := ref.isCurrent() && ref.attempt().Token == a.Token && ref.attempt().Status == StatusPending
 	if err == nil && sid == "" {
 		err = Permanent(&StartError{Model: a.Model, Err: errors.New("Host.StartSession returned no session id")})
@@ -600,7 +600,7 @@ func (m *Manager) startFailed(e *entry, a Attempt, f failure) {
 
 // finalize ends attempt id of e with status. m.mu is held.
 func (m *Manager) finalize(e *entry, id string, status Status, errText, result string, at time.Time) {
-	ref, ok := m.led.byAttempt[id]
+	ref, ok := m.led.attemptOf(id)
 	if !ok || ref.e != e {
 		m.ledgerBug(e, fmt.Errorf("bgtask: ledger: unknown attempt %q", id))
 		return
@@ -635,7 +635,7 @@ func (e *entry) stopStatus() Status {
 // asked (see stoppedWith). m.mu is held.
 func (m *Manager) onRunReturned(in *runReturnedIn) {
 	attemptID, token, text, ended := in.attemptID, in.token, in.text, in.ended
-	ref, ok := m.led.byAttempt[attemptID]
+	ref, ok := m.led.attemptOf(attemptID)
 	if !ok || !ref.isCurrent() || ref.attempt().Token != token || ref.attempt().Status.Terminal() {
 		return
 	}
@@ -1063,7 +1063,7 @@ func (m *Manager) redeliver(n *notice) {
 // snapshots taken now. m.mu is held.
 func (m *Manager) noticeNotification(n *notice) Notification {
 	out := Notification{ID: n.id, Seq: n.seq, Kind: n.kind, ParentSessionID: n.parent, Text: n.text, Invocation: n.invocation}
-	if ref, ok := m.led.byAttempt[n.attempt]; ok {
+	if ref, ok := m.led.attemptOf(n.attempt); ok {
 		out.TaskID, out.Task = ref.e.id, ref.e.project()
 	}
 	for _, id := range n.tasks {

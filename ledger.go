@@ -376,6 +376,30 @@ func (e *entry) ev() evidence {
 // terminal (a retry makes the next attempt current in the same step).
 func (e *entry) terminal() bool { return e.state.Terminal() }
 
+// attemptOf resolves an attempt id to its task and the attempt's place in
+// it. The index keeps only the task (a smaller entry per attempt): the
+// place is found from the current attempt back, where events mostly land.
+func (l *ledger) attemptOf(id string) (attemptRef, bool) {
+	e, ok := l.byAttempt[id]
+	if !ok {
+		return attemptRef{}, false
+	}
+	if e.cold == "" {
+		for i := len(e.attempts) - 1; i >= 0; i-- {
+			if e.attempts[i].ID == id {
+				return attemptRef{e: e, index: i}, true
+			}
+		}
+		return attemptRef{}, false // cannot happen: the index and the attempts agree
+	}
+	for i, a := range e.atts() {
+		if a.ID == id {
+			return attemptRef{e: e, index: i}, true
+		}
+	}
+	return attemptRef{}, false
+}
+
 // attemptRef locates an attempt.
 type attemptRef struct {
 	e     *entry
@@ -404,7 +428,7 @@ type ledger struct {
 	seq       uint64
 	ids       IDGenerator
 	tasks     map[string]*entry
-	byAttempt map[string]attemptRef // attemptID → attempt
+	byAttempt map[string]*entry     // attemptID → its task (attemptOf finds the attempt)
 	bySession map[string]attemptRef // sessionID → the attempt it was created for
 	byParent  map[string][]*entry   // parent sessionID → the tasks launched from it
 	byKey     map[string]*entry     // Spec.Key → the last task launched with it (live or not)
@@ -448,7 +472,7 @@ func newLedger(ids IDGenerator) *ledger {
 	return &ledger{
 		ids:       ids,
 		tasks:     make(map[string]*entry),
-		byAttempt: make(map[string]attemptRef),
+		byAttempt: make(map[string]*entry),
 		bySession: make(map[string]attemptRef),
 		byParent:  make(map[string][]*entry),
 		byKey:     make(map[string]*entry),
@@ -686,7 +710,7 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		e.state, e.activity = rec.attempt.Status, ActivityNone
 		tok := rec.attempt.Token // its own copy: Fence reads it with no lock, while versions rewrite the attempt
 		e.live.Store(&tok)
-		l.byAttempt[rec.attempt.ID] = attemptRef{e: e, index: e.current}
+		l.byAttempt[rec.attempt.ID] = e
 		e.revision++
 	case recAttemptPending, recSessionBound, recAttemptFinal:
 		e.attempts[ref.index] = rec.attempt
@@ -998,7 +1022,7 @@ func (l *ledger) put(e *entry, rec *record) error {
 			break
 		}
 		var ok bool
-		if ref, ok = l.byAttempt[rec.attempt.ID]; !ok || ref.e != e {
+		if ref, ok = l.attemptOf(rec.attempt.ID); !ok || ref.e != e {
 			return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
 		}
 	}
@@ -1058,7 +1082,7 @@ func (e *entry) reported(token string) (evidence, bool) {
 // version resolves attemptID of e and returns a copy of its latest version
 // for a helper to modify; write checks the result.
 func (l *ledger) version(e *entry, attemptID string) (attemptRef, Attempt, error) {
-	ref, ok := l.byAttempt[attemptID]
+	ref, ok := l.attemptOf(attemptID)
 	if !ok || ref.e != e {
 		return attemptRef{}, Attempt{}, fmt.Errorf("bgtask: ledger: unknown attempt %q", attemptID)
 	}
@@ -1240,7 +1264,7 @@ func (l *ledger) render(n *notice) (string, error) {
 		}
 		return "", fmt.Errorf("bgtask: replay: notification %d names no closure record", n.seq)
 	}
-	ref, ok := l.byAttempt[n.attempt]
+	ref, ok := l.attemptOf(n.attempt)
 	if !ok {
 		return "", fmt.Errorf("bgtask: replay: notification %d names unknown attempt %s", n.seq, n.attempt)
 	}
@@ -1710,7 +1734,7 @@ func (l *ledger) freeze(e *entry) {
 		return
 	}
 	for i := range cold { // the same keys, now substrings of cold
-		l.byAttempt[cold[i].ID] = attemptRef{e: e, index: i}
+		l.byAttempt[cold[i].ID] = e
 	}
 	for _, s := range sessions {
 		if ref, ok := l.bySession[s]; ok && ref.e == e {
@@ -1741,7 +1765,7 @@ func (l *ledger) thaw(e *entry) {
 	}
 	e.attempts, e.sessions, e.cold = atts, slices.Clone(sessions), ""
 	for i := range atts { // keyed by the live copies again: cold may go
-		l.byAttempt[atts[i].ID] = attemptRef{e: e, index: i}
+		l.byAttempt[atts[i].ID] = e
 	}
 	for _, s := range e.sessions {
 		if ref, ok := l.bySession[s]; ok && ref.e == e {

@@ -3933,7 +3933,7 @@ func (f funcEnv) Text(err error) string { return safeText(err) }
 func (m *Manager) awaitBound(ctx context.Context, attemptID, token, sid string) bool {
 	for {
 		m.mu.Lock()
-		ref, ok := m.led.byAttempt[attemptID]
+		ref, ok := m.led.attemptOf(attemptID)
 		if !ok {
 			m.unlock()
 			return false
