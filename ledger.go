@@ -463,6 +463,7 @@ type ledger struct {
 	// parts frozen tasks gave back, for tasks launched later.
 	warm     []*entry
 	spareHot []*hot
+	coldBuf  []byte // freeze's scratch buffer
 	// lastChain is the model chain of the latest launch: a launch with
 	// the same chain (most of a harness's) shares it (chain).
 	lastChain []Model
@@ -1668,25 +1669,34 @@ func (m *Manager) freezable(e *entry) bool {
 }
 
 // freezeBudget bounds the settled tasks one unlock looks at (freezeSome):
-// one that cannot be frozen yet is looked at again later.
-const freezeBudget = 16
+// one that cannot be frozen yet is looked at again later. freezeLag is
+// how many settled tasks stay warm, the latest: a task is read most just
+// as it ends (Wait, its final summary, a parent's look), and a warm read
+// decodes nothing.
+const (
+	freezeBudget = 16
+	freezeLag    = 64
+)
 
-// freezeSome freezes the settled tasks that may be frozen now, up to
-// budget of them (all: -1); the others wait at the back. It runs as a
+// freezeSome freezes the oldest settled tasks past the latest freezeLag
+// that may be frozen now, up to budget of them; with budget -1, every
+// settled task that may be. The others wait at the back. It runs as a
 // lock's holder is done with every entry (unlock), never under a caller
 // that still reads one. m.mu is held.
 func (m *Manager) freezeSome(budget int) {
 	l := m.led
 	n := len(l.warm)
 	if budget >= 0 {
-		n = min(n, budget)
+		n = min(n-freezeLag, budget)
+	}
+	if n <= 0 {
+		return
 	}
 	for _, e := range l.warm[:n] {
 		switch {
 		case e.cold != "" || l.tasks[e.id] != e: // frozen meanwhile, or forgotten
-		case m.freezable(e):
-			l.freeze(e)
-		case e.terminal() && e.hot != nil:
+		case m.freezable(e) && l.freeze(e):
+		case e.terminal() && e.hot != nil && e.cold == "":
 			l.warm = append(l.warm, e) // not yet: looked at again
 		}
 	}
@@ -1697,16 +1707,16 @@ func (m *Manager) freezeSome(budget int) {
 	}
 }
 
-// freeze makes settled task e cold (see Freezing). It changes nothing if
-// e holds what cold cannot keep exactly (a time in a zone other than UTC
-// and Local). m.mu is held.
-func (l *ledger) freeze(e *entry) {
+// freeze makes settled task e cold (see Freezing), and reports whether it
+// did: not if e holds what cold cannot keep exactly (a time in a zone
+// other than UTC and Local). m.mu is held.
+func (l *ledger) freeze(e *entry) bool {
 	atts := e.attempts
-	w := codec.Writer{B: make([]byte, 0, 16+len(atts)*128)}
+	w := codec.Writer{B: l.coldBuf[:0]}
 	w.Uint(uint64(len(atts)))
 	for i := range atts {
 		if !putColdAttempt(&w, e.info, &atts[i]) {
-			return
+			return false
 		}
 	}
 	w.Uint(uint64(len(e.sessions)))
@@ -1722,21 +1732,25 @@ func (l *ledger) freeze(e *entry) {
 	w.Bool(ev.noText)
 	w.String(string(ev.reason))
 	w.String(ev.notice)
-	e.cold = string(w.B)
+	if cap(w.B) <= 4<<10 {
+		l.coldBuf = w.B // the scratch buffer, for the next
+	}
+	cold := string(w.B)
+	if !coldMatches(cold, e, atts) {
+		return false // cannot happen: what is frozen reads back exactly, or it is not frozen
+	}
+	e.cold = cold
 	r := e.coldReader()
-	cold := make([]Attempt, r.Uint())
-	for i := range cold {
-		cold[i] = r.attempt(e)
+	for range r.Uint() { // the same keys, now substrings of cold
+		l.byAttempt[r.attempt(e).ID] = e
 	}
-	sessions := r.sessions(cold)
-	if r.Err() != nil || !slices.Equal(cold, atts) || !slices.Equal(sessions, e.sessions) {
-		e.cold = "" // cannot happen: what is frozen reads back exactly, or it is not frozen
-		return
-	}
-	for i := range cold { // the same keys, now substrings of cold
-		l.byAttempt[cold[i].ID] = e
-	}
-	for _, s := range sessions {
+	for range r.Uint() {
+		var s string
+		if j := r.Uint(); j == 0 {
+			s = r.String()
+		} else {
+			s = e.thawAt(int(j) - 1).SessionID
+		}
 		if ref, ok := l.bySession[s]; ok && ref.e == e {
 			l.bySession[s] = ref
 		}
@@ -1751,6 +1765,36 @@ func (l *ledger) freeze(e *entry) {
 		l.spareHot = append(l.spareHot, e.hot)
 	}
 	e.hot = nil
+	return true
+}
+
+// coldMatches reports whether cold reads back as e's attempts (atts),
+// sessions and evidence, exactly.
+func coldMatches(cold string, e *entry, atts []Attempt) bool {
+	r := coldReader{codec.StrReader{S: cold}}
+	if r.Uint() != uint64(len(atts)) {
+		return false
+	}
+	for i := range atts {
+		if r.attempt(e) != atts[i] {
+			return false
+		}
+	}
+	if r.Uint() != uint64(len(e.sessions)) {
+		return false
+	}
+	for _, s := range e.sessions {
+		got := ""
+		if j := r.Uint(); j == 0 {
+			got = r.String()
+		} else if int(j) <= len(atts) {
+			got = atts[j-1].SessionID
+		}
+		if got != s {
+			return false
+		}
+	}
+	return r.evidence() == e.evidence && r.Err() == nil && r.S == ""
 }
 
 // thaw makes frozen task e whole again, for a record about to be written
@@ -2287,7 +2331,9 @@ func (m *Manager) restore() (*recovery, error) {
 	step := m.replayInto(rv, &lastEpoch)
 	err := guardJournal("Replay", func() error {
 		if fj, ok := m.cfg.journal.(*fileJournal); ok {
-			return fj.replayRecs(step)
+			payloads := fj.l.Records()
+			m.presize(payloads)
+			return replayPayloads(payloads, step)
 		}
 		return m.cfg.journal.Replay(func(r Record) error {
 			rec, err := decodeRecord(r)
@@ -2535,6 +2581,40 @@ func unpackRecord(p []byte) (Record, record, error) {
 	return recordOf(&rec, r.Data), rec, nil // with the fields it did not keep
 }
 
+// kindOf peeks at the kind of the record payload p holds, without
+// decoding it (0 if it cannot tell: an old payload, or a damaged one).
+func kindOf(p []byte) recordKind {
+	if len(p) < 3 || p[0] != dataMark {
+		return 0
+	}
+	d := codec.Reader{B: p[2:]} // past the mark and the format
+	d.Uint()                    // the sequence
+	k := d.Uint()
+	if d.Err() != nil || k > 255 {
+		return 0
+	}
+	return recordKind(k)
+}
+
+// presize makes the ledger's indexes as big as the records about to be
+// replayed need (a count of their kinds), so that a replay does not grow
+// them step by step. m.mu is held.
+func (m *Manager) presize(payloads [][]byte) {
+	var n [256]int
+	for _, p := range payloads {
+		n[kindOf(p)]++
+	}
+	l := m.led
+	if len(l.tasks) > 0 || n[recTaskLaunched] == 0 {
+		return
+	}
+	tasks, attempts, sessions := n[recTaskLaunched], n[recAttemptCreated], n[recSessionBound]+n[recSessionOrphan]
+	l.tasks = make(map[string]*entry, tasks)
+	l.byAttempt = make(map[string]*entry, attempts)
+	l.bySession = make(map[string]attemptRef, sessions)
+	m.order = make([]*entry, 0, tasks)
+}
+
 // unpackData is the record payload p holds, as the ledger reads it: a
 // payload of Data alone is decoded without making its Record.
 func unpackData(p []byte) (record, error) {
@@ -2558,9 +2638,10 @@ func (j *fileJournal) Replay(fn func(Record) error) error {
 	return nil
 }
 
-// replayRecs is Replay, handing fn each record as the ledger reads it.
-func (j *fileJournal) replayRecs(fn func(record) error) error {
-	for _, p := range j.l.Records() {
+// replayPayloads hands fn each record of payloads (the file journal's,
+// read at its open) as the ledger reads it.
+func replayPayloads(payloads [][]byte, fn func(record) error) error {
+	for _, p := range payloads {
 		rec, err := unpackData(p)
 		if err != nil {
 			return err
