@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"net/http/httptest"
 	"os"
@@ -109,9 +110,11 @@ func TestItReadsAJournalACrashLeftWithoutChangingIt(t *testing.T) {
 	segs, err := filepath.Glob(filepath.Join(dir, "seg-*.log"))
 	require.NoError(t, err)
 	last := segs[len(segs)-1]
-	f, err := os.OpenFile(last, os.O_APPEND|os.O_WRONLY, 0)
+	f, err := os.OpenFile(last, os.O_WRONLY, 0)
 	require.NoError(t, err)
-	_, err = f.Write([]byte{0x40, 0, 0, 0, 1, 2, 3}) // a record cut short: the crash
+	// A record cut short, the crash, where the next record goes: after the
+	// last one, in the zeroed space the journal keeps ahead of it.
+	_, err = f.WriteAt([]byte{0x40, 0, 0, 0, 1, 2, 3}, recordsEnd(t, last))
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 	before, err := os.ReadFile(last)
@@ -132,6 +135,21 @@ func TestItReadsAJournalACrashLeftWithoutChangingIt(t *testing.T) {
 	err = run(context.Background(), []string{"tasks", bad}, &out)
 	require.Error(t, err, "corruption before the tail is an error")
 	assert.Contains(t, err.Error(), "offset")
+}
+
+// recordsEnd walks a journal segment's record headers (a 4-byte
+// little-endian length, its top bit a flag, then 8 bytes of checksums) to
+// where its records end: the file's end, or a header of zeros.
+func recordsEnd(t *testing.T, path string) int64 {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	off := 0
+	for off+12 <= len(data) && !bytes.Equal(data[off:off+12], make([]byte, 12)) {
+		off += 12 + int(binary.LittleEndian.Uint32(data[off:])&^(1<<31))
+	}
+	require.LessOrEqual(t, off, len(data))
+	return int64(off)
 }
 
 // lines is a Writer whose lines a test waits for.

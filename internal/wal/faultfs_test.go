@@ -1,8 +1,10 @@
 package wal_test
 
 import (
+	"bytes"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,34 +24,66 @@ var errInjected = errors.New("injected fault")
 // passes the call through. Hooks run outside faultFS.mu.
 type faultFS struct {
 	mu        sync.Mutex
-	syncs     int // File.Sync calls on segment files (seg-*)
+	syncs     int // File.Sync and SyncData calls on segment files (seg-*)
+	dataSyncs int // those of them after a Write of records (so: rounds, or units)
 	onSync    func(name string) error
 	onWrite   func(name string, f *os.File, p []byte) (int, error)
+	onWriteAt func(name string, f *os.File, p []byte, off int64) (int, error)
 	onRename  func(oldpath, newpath string) error
 	onRemove  func(name string) error
 	onSyncDir func(dir string) error
 
-	// Durability model (nil maps: off): how much of each segment an
-	// fsync has made durable, and which files were created since their
-	// directory was last fsynced (a crash may lose them).
-	synced   map[string]int64
+	// Durability model (nil maps: off): each segment's content as its
+	// last sync left it (a truncation counts at once), and which files
+	// were created since their directory was last fsynced (a crash may
+	// lose them).
+	durable  map[string][]byte
 	unlinked map[string]bool
+
+	open map[*faultFile]bool // renamed along with their file
 }
+
+// pageSize is the unit a crash keeps or loses of writes not yet synced.
+const pageSize = 4 << 10
 
 // trackDurability turns the durability model on; snapshot uses it.
 func (fs *faultFS) trackDurability() {
-	fs.synced = map[string]int64{}
+	fs.durable = map[string][]byte{}
 	fs.unlinked = map[string]bool{}
 }
 
 // snapshot copies into to what of from's segments would survive a power
-// cut now: each segment up to what its last fsync covered, and no file
-// whose creation no directory fsync has made durable.
+// cut now: each segment as its last sync left it, and no file whose
+// creation no directory fsync has made durable.
 func (fs *faultFS) snapshot(t *testing.T, from, to string) {
+	t.Helper()
+	fs.crash(t, from, to, nil)
+}
+
+// crashModel says what a crash keeps of the writes since a file's last
+// sync: whether a size change, and which pages (by index in the file).
+type crashModel struct {
+	size func() bool
+	page func(i int) bool
+}
+
+// snapshotTorn is snapshot where the writes since a segment's last sync
+// are not all lost: each 4 KiB page they changed is kept or lost at
+// random (pages of a file reach the disk in any order), the rest is as
+// the last sync left it, and a size change is kept or lost at random too
+// (bytes the new size covers that were never written read as zeros).
+func (fs *faultFS) snapshotTorn(t *testing.T, from, to string, rng *rand.Rand) {
+	t.Helper()
+	coin := func() bool { return rng.IntN(2) == 0 }
+	fs.crash(t, from, to, &crashModel{size: coin, page: func(int) bool { return coin() }})
+}
+
+// crash is snapshot, or with a model snapshotTorn's crash as it says.
+func (fs *faultFS) crash(t *testing.T, from, to string, model *crashModel) {
 	t.Helper()
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	require.NotNil(t, fs.synced, "trackDurability first")
+	require.NotNil(t, fs.durable, "trackDurability first")
 	ents, err := os.ReadDir(from)
 	require.NoError(t, err)
 	for _, e := range ents {
@@ -57,11 +91,48 @@ func (fs *faultFS) snapshot(t *testing.T, from, to string) {
 		if !isSeg(path) || fs.unlinked[path] {
 			continue
 		}
-		data, err := os.ReadFile(path)
-		require.NoError(t, err)
-		n := min(fs.synced[path], int64(len(data)))
-		require.NoError(t, os.WriteFile(filepath.Join(to, e.Name()), data[:n], 0o644))
+		img := fs.durable[path]
+		if model != nil {
+			cur, err := os.ReadFile(path)
+			require.NoError(t, err)
+			img = tornImage(img, cur, model)
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(to, e.Name()), img, 0o644))
 	}
+}
+
+// tornImage is what a crash leaves, by model, of a file whose last sync
+// left durable and whose content is now cur (see snapshotTorn).
+func tornImage(durable, cur []byte, model *crashModel) []byte {
+	n := len(durable)
+	if len(cur) != n && model.size() {
+		n = len(cur)
+	}
+	img := make([]byte, n)
+	copy(img, durable)
+	for p := 0; p < n && p < len(cur); p += pageSize {
+		e := min(p+pageSize, n, len(cur))
+		if !bytes.Equal(img[p:e], cur[p:e]) && model.page(p/pageSize) {
+			copy(img[p:e], cur[p:e])
+		}
+	}
+	return img
+}
+
+// unsynced reports whether a segment holds data its last sync did not
+// make durable (zeros written after its end do not count).
+func (fs *faultFS) unsynced(name string) bool {
+	cur, err := os.ReadFile(name)
+	if err != nil {
+		return false
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	d := fs.durable[name]
+	if len(cur) < len(d) {
+		return false
+	}
+	return !bytes.Equal(cur[:len(d)], d) || !bytes.Equal(cur[len(d):], make([]byte, len(cur)-len(d)))
 }
 
 var _ wal.FS = (*faultFS)(nil)
@@ -75,13 +146,19 @@ func (fs *faultFS) set(change func(fs *faultFS)) {
 
 // clear disarms every hook (for use with set).
 func (fs *faultFS) clear() {
-	fs.onSync, fs.onWrite, fs.onRename, fs.onRemove, fs.onSyncDir = nil, nil, nil, nil, nil
+	fs.onSync, fs.onWrite, fs.onWriteAt, fs.onRename, fs.onRemove, fs.onSyncDir = nil, nil, nil, nil, nil, nil
 }
 
 func (fs *faultFS) syncCount() int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	return fs.syncs
+}
+
+func (fs *faultFS) dataSyncCount() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.dataSyncs
 }
 
 // isSeg: a segment file, or a compaction's temporary one.
@@ -94,11 +171,30 @@ func (fs *faultFS) OpenFile(name string, flag int, perm os.FileMode) (wal.File, 
 		return nil, err
 	}
 	fs.mu.Lock()
-	if fs.unlinked != nil && errors.Is(statErr, os.ErrNotExist) {
-		fs.unlinked[name] = true
+	defer fs.mu.Unlock()
+	if fs.durable != nil && isSeg(name) {
+		_, known := fs.durable[name]
+		switch {
+		case errors.Is(statErr, os.ErrNotExist):
+			fs.unlinked[name] = true
+			fs.durable[name] = []byte{}
+		case flag&os.O_TRUNC != 0:
+			fs.durable[name] = []byte{}
+		case !known: // there before the model: durable as it is
+			data, err := os.ReadFile(name)
+			if err != nil {
+				f.Close()
+				return nil, err
+			}
+			fs.durable[name] = data
+		}
 	}
-	fs.mu.Unlock()
-	return &faultFile{fs: fs, name: name, f: f}, nil
+	ff := &faultFile{fs: fs, name: name, f: f}
+	if fs.open == nil {
+		fs.open = map[*faultFile]bool{}
+	}
+	fs.open[ff] = true
+	return ff, nil
 }
 
 func (fs *faultFS) Rename(oldpath, newpath string) error {
@@ -112,10 +208,15 @@ func (fs *faultFS) Rename(oldpath, newpath string) error {
 		return err
 	}
 	fs.mu.Lock()
-	if fs.synced != nil { // the new name is durable at the next SyncDir
-		fs.synced[newpath] = fs.synced[oldpath]
+	if fs.durable != nil { // the new name is durable at the next SyncDir
+		fs.durable[newpath] = fs.durable[oldpath]
 		fs.unlinked[newpath] = true
-		delete(fs.synced, oldpath)
+		delete(fs.durable, oldpath)
+	}
+	for f := range fs.open {
+		if f.name == oldpath {
+			f.name = newpath
+		}
 	}
 	fs.mu.Unlock()
 	return nil
@@ -128,7 +229,13 @@ func (fs *faultFS) Remove(name string) error {
 	if hook != nil {
 		return hook(name)
 	}
-	return os.Remove(name)
+	if err := os.Remove(name); err != nil {
+		return err
+	}
+	fs.mu.Lock()
+	delete(fs.durable, name)
+	fs.mu.Unlock()
+	return nil
 }
 
 func (fs *faultFS) ReadDir(name string) ([]os.DirEntry, error) { return os.ReadDir(name) }
@@ -161,13 +268,21 @@ func (fs *faultFS) SyncDir(dir string) error {
 }
 
 type faultFile struct {
-	fs   *faultFS
-	name string
-	f    *os.File
+	fs    *faultFS
+	name  string // guarded by fs.mu (Rename changes it)
+	f     *os.File
+	wrote bool // a Write since the last sync
 }
 
-func (f *faultFile) Read(p []byte) (int, error)                   { return f.f.Read(p) }
-func (f *faultFile) Close() error                                 { return f.f.Close() }
+func (f *faultFile) Read(p []byte) (int, error) { return f.f.Read(p) }
+
+func (f *faultFile) Close() error {
+	f.fs.mu.Lock()
+	delete(f.fs.open, f)
+	f.fs.mu.Unlock()
+	return f.f.Close()
+}
+
 func (f *faultFile) Seek(offset int64, whence int) (int64, error) { return f.f.Seek(offset, whence) }
 func (f *faultFile) Fd() uintptr                                  { return f.f.Fd() }
 
@@ -176,8 +291,8 @@ func (f *faultFile) Truncate(size int64) error {
 		return err
 	}
 	f.fs.mu.Lock()
-	if f.fs.synced != nil && f.fs.synced[f.name] > size {
-		f.fs.synced[f.name] = size
+	if d, ok := f.fs.durable[f.name]; ok && int64(len(d)) > size { // durable at once
+		f.fs.durable[f.name] = d[:size]
 	}
 	f.fs.mu.Unlock()
 	return nil
@@ -185,39 +300,61 @@ func (f *faultFile) Truncate(size int64) error {
 
 func (f *faultFile) Write(p []byte) (int, error) {
 	f.fs.mu.Lock()
-	hook := f.fs.onWrite
+	hook, name := f.fs.onWrite, f.name
 	f.fs.mu.Unlock()
-	if hook != nil && isSeg(f.name) {
-		return hook(f.name, f.f, p)
+	f.wrote = true
+	if hook != nil && isSeg(name) {
+		return hook(name, f.f, p)
 	}
 	return f.f.Write(p)
 }
 
-func (f *faultFile) Sync() error {
-	if !isSeg(f.name) {
-		return f.f.Sync()
-	}
+func (f *faultFile) WriteAt(p []byte, off int64) (int, error) {
 	f.fs.mu.Lock()
+	hook, name := f.fs.onWriteAt, f.name
+	f.fs.mu.Unlock()
+	if hook != nil && isSeg(name) {
+		return hook(name, f.f, p, off)
+	}
+	return f.f.WriteAt(p, off)
+}
+
+func (f *faultFile) Sync() error     { return f.sync(f.f.Sync) }
+func (f *faultFile) SyncData() error { return f.sync(func() error { return wal.Fdatasync(f.f) }) }
+
+// sync runs the onSync hook (segments only), then do, then updates the
+// durability model.
+func (f *faultFile) sync(do func() error) error {
+	f.fs.mu.Lock()
+	name := f.name
+	if !isSeg(name) {
+		f.fs.mu.Unlock()
+		return do()
+	}
 	f.fs.syncs++
+	if f.wrote {
+		f.fs.dataSyncs++
+	}
+	f.wrote = false
 	hook := f.fs.onSync
 	f.fs.mu.Unlock()
 	if hook != nil {
-		if err := hook(f.name); err != nil {
+		if err := hook(name); err != nil {
 			return err
 		}
 	}
-	if err := f.f.Sync(); err != nil {
-		return err
-	}
-	fi, err := f.f.Stat()
-	if err != nil {
+	if err := do(); err != nil {
 		return err
 	}
 	f.fs.mu.Lock()
-	if f.fs.synced != nil {
-		f.fs.synced[f.name] = fi.Size()
+	defer f.fs.mu.Unlock()
+	if f.fs.durable != nil {
+		data, err := os.ReadFile(f.name)
+		if err != nil {
+			return err
+		}
+		f.fs.durable[f.name] = data
 	}
-	f.fs.mu.Unlock()
 	return nil
 }
 

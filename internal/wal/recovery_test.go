@@ -1,6 +1,7 @@
 package wal_test
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -72,46 +73,75 @@ func checkTorn(t *testing.T, dir, seg string, start int64, before [][]byte) {
 	require.NoError(t, l.Close())
 }
 
+// tear leaves in path what a crash leaves of a record at [start, end)
+// whose bytes from cut on were lost: without preallocation the file ends
+// at cut; with it, the bytes from cut to end are the zeros that were there.
+func tear(t *testing.T, path string, cut, end int64, prealloc bool) {
+	t.Helper()
+	if !prealloc {
+		require.NoError(t, os.Truncate(path, cut))
+		return
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(make([]byte, end-cut), cut)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+}
+
 func TestTornTailTruncatedAtEveryOffset(t *testing.T) {
 	payloads := [][]byte{[]byte("first"), {}, []byte("third record"), []byte("the last record, torn by the crash")}
 	k := len(payloads)
 	offs := offsets(payloads)
 	start, end := offs[k-1], offs[k]
 
-	orig := t.TempDir()
-	writeJournal(t, orig, wal.Options{}, payloads)
-	seg := filepath.Base(lastSegment(t, orig))
-	require.Equal(t, end, fileSize(t, filepath.Join(orig, seg)))
+	for _, lay := range layouts {
+		t.Run(lay.name, func(t *testing.T) {
+			orig := t.TempDir()
+			writeJournal(t, orig, wal.Options{NoPrealloc: !lay.prealloc}, payloads)
+			seg := filepath.Base(lastSegment(t, orig))
+			require.Equal(t, end, logicalEnd(t, filepath.Join(orig, seg)))
+			if !lay.prealloc {
+				require.Equal(t, end, fileSize(t, filepath.Join(orig, seg)))
+			}
 
-	for cut := start + 1; cut < end; cut++ { // inside the header and the payload
-		t.Run(fmt.Sprintf("cut=%d", cut), func(t *testing.T) {
-			dir := t.TempDir()
-			copyDir(t, orig, dir)
-			path := filepath.Join(dir, seg)
-			require.NoError(t, os.Truncate(path, cut))
-			checkTorn(t, dir, path, start, payloads[:k-1])
+			for cut := start + 1; cut < end; cut++ { // inside the header and the payload
+				t.Run(fmt.Sprintf("cut=%d", cut), func(t *testing.T) {
+					dir := t.TempDir()
+					copyDir(t, orig, dir)
+					path := filepath.Join(dir, seg)
+					tear(t, path, cut, end, lay.prealloc)
+					checkTorn(t, dir, path, start, payloads[:k-1])
+				})
+			}
+
+			t.Run("cut at the record boundary", func(t *testing.T) {
+				dir := t.TempDir()
+				copyDir(t, orig, dir)
+				tear(t, filepath.Join(dir, seg), start, end, lay.prealloc)
+				l := open(t, dir, wal.Options{})
+				assert.Nil(t, l.Torn(), "a whole number of records is no torn tail")
+				equalRecords(t, payloads[:k-1], l.Records())
+				require.NoError(t, l.Close())
+			})
 		})
 	}
-
-	t.Run("cut at the record boundary", func(t *testing.T) {
-		dir := t.TempDir()
-		copyDir(t, orig, dir)
-		require.NoError(t, os.Truncate(filepath.Join(dir, seg), start))
-		l := open(t, dir, wal.Options{})
-		assert.Nil(t, l.Torn(), "a whole number of records is no torn tail")
-		equalRecords(t, payloads[:k-1], l.Records())
-		require.NoError(t, l.Close())
-	})
 }
 
 func TestTornTailChecksumMismatch(t *testing.T) {
+	for _, lay := range layouts {
+		t.Run(lay.name, func(t *testing.T) { testTornTailChecksumMismatch(t, wal.Options{NoPrealloc: !lay.prealloc}) })
+	}
+}
+
+func testTornTailChecksumMismatch(t *testing.T, opts wal.Options) {
 	payloads := recs("record", 5)
 	k := len(payloads)
 	offs := offsets(payloads)
 	start, end := offs[k-1], offs[k]
 
 	orig := t.TempDir()
-	writeJournal(t, orig, wal.Options{}, payloads)
+	writeJournal(t, orig, opts, payloads)
 	seg := filepath.Base(lastSegment(t, orig))
 
 	// Every payload byte and every checksum byte of the last record.
@@ -138,24 +168,29 @@ func TestTornTailChecksumMismatch(t *testing.T) {
 }
 
 func TestTornTailInLastOfSeveralSegments(t *testing.T) {
-	opts := wal.Options{SegmentBytes: 200}
-	dir := t.TempDir()
-	payloads := recs("several-segments-record", 40)
-	writeJournal(t, dir, opts, payloads)
-	segs := segments(t, dir)
-	require.Greater(t, len(segs), 2)
+	for _, lay := range layouts {
+		t.Run(lay.name, func(t *testing.T) {
+			opts := wal.Options{SegmentBytes: 200, NoPrealloc: !lay.prealloc}
+			dir := t.TempDir()
+			payloads := recs("several-segments-record", 40)
+			writeJournal(t, dir, opts, payloads)
+			segs := segments(t, dir)
+			require.Greater(t, len(segs), 2)
 
-	// Whatever the last segment holds, append one more record to it
-	// with a known size and cut that.
-	last := filepath.Join(dir, segs[len(segs)-1])
-	start := fileSize(t, last)
-	l := open(t, dir, opts)
-	require.Len(t, l.Records(), len(payloads))
-	appendEach(t, l, []byte("the torn one"))
-	require.NoError(t, l.Close())
-	require.Equal(t, segs, segments(t, dir), "the extra record stays in the last segment")
-	require.NoError(t, os.Truncate(last, start+headerSize+3))
-	checkTorn(t, dir, last, start, payloads)
+			// Whatever the last segment holds, append one more record to it
+			// with a known size and cut that.
+			last := filepath.Join(dir, segs[len(segs)-1])
+			start := logicalEnd(t, last)
+			l := open(t, dir, opts)
+			require.Len(t, l.Records(), len(payloads))
+			extra := []byte("the torn one")
+			appendEach(t, l, extra)
+			require.NoError(t, l.Close())
+			require.Equal(t, segs, segments(t, dir), "the extra record stays in the last segment")
+			tear(t, last, start+headerSize+3, start+headerSize+int64(len(extra)), lay.prealloc)
+			checkTorn(t, dir, last, start, payloads)
+		})
+	}
 }
 
 // offsetIn reports whether msg names offset off as a number of its own.
@@ -185,12 +220,36 @@ func checkCorrupt(t *testing.T, dir, seg string, recStart int64) {
 	assert.Error(t, err)
 }
 
+// corruptible writes payloads to a new journal in a temporary directory
+// for a test to damage, and returns it and its (only) segment's name.
+// Preallocated, it appends records of filler after them, more than a
+// unit's worth: a damaged record is then no torn tail, since no torn
+// write reaches that far past it (corruption within a unit of the end of
+// the last segment passes for a torn tail: TestTornUnitWindow).
+func corruptible(t *testing.T, payloads [][]byte, prealloc bool) (dir, seg string) {
+	t.Helper()
+	dir = t.TempDir()
+	if prealloc {
+		for _, c := range "fgh" {
+			payloads = concat(payloads, [][]byte{bytes.Repeat([]byte{byte(c)}, wal.UnitBytes/2)})
+		}
+	}
+	writeJournal(t, dir, wal.Options{NoPrealloc: !prealloc}, payloads)
+	segs := segments(t, dir)
+	require.Len(t, segs, 1)
+	return dir, segs[0]
+}
+
 func TestCorruptionIsAnError(t *testing.T) {
+	for _, lay := range layouts {
+		t.Run(lay.name, func(t *testing.T) { testCorruptionIsAnError(t, lay.prealloc) })
+	}
+}
+
+func testCorruptionIsAnError(t *testing.T, prealloc bool) {
 	payloads := [][]byte{[]byte("first record"), []byte("second record"), []byte("third"), []byte("last")}
 	offs := offsets(payloads)
-	orig := t.TempDir()
-	writeJournal(t, orig, wal.Options{}, payloads)
-	seg := filepath.Base(lastSegment(t, orig))
+	orig, seg := corruptible(t, payloads, prealloc)
 
 	for _, tc := range []struct {
 		name     string
@@ -232,10 +291,14 @@ func TestCorruptionIsAnError(t *testing.T) {
 // at the end of the last segment", so Open must not truncate it and every
 // record after it away.
 func TestCorruptLengthFieldIsNotTorn(t *testing.T) {
+	for _, lay := range layouts {
+		t.Run(lay.name, func(t *testing.T) { testCorruptLengthFieldIsNotTorn(t, lay.prealloc) })
+	}
+}
+
+func testCorruptLengthFieldIsNotTorn(t *testing.T, prealloc bool) {
 	payloads := [][]byte{[]byte("first record"), []byte("second record"), []byte("third"), []byte("last")}
-	orig := t.TempDir()
-	writeJournal(t, orig, wal.Options{}, payloads)
-	seg := filepath.Base(lastSegment(t, orig))
+	orig, seg := corruptible(t, payloads, prealloc)
 	for b := range int64(4) {
 		t.Run(fmt.Sprintf("length byte %d", b), func(t *testing.T) {
 			dir := t.TempDir()

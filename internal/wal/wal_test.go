@@ -2,8 +2,10 @@ package wal_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"sync"
@@ -110,6 +112,49 @@ func offsets(payloads [][]byte) []int64 {
 	return out
 }
 
+// encode is payloads as a segment holds them: each a header (length,
+// CRC-32C of the length, CRC-32C of the payload) and the payload.
+func encode(payloads [][]byte) []byte {
+	var out []byte
+	castagnoli := crc32.MakeTable(crc32.Castagnoli)
+	for _, p := range payloads {
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(p)))
+		out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(out[len(out)-4:], castagnoli))
+		out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(p, castagnoli))
+		out = append(out, p...)
+	}
+	return out
+}
+
+func allZero(b []byte) bool { return bytes.Count(b, []byte{0}) == len(b) }
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return data
+}
+
+// logicalEnd walks a segment's headers to where its records end: the
+// file's end, or a header of zeros (preallocated space).
+func logicalEnd(t *testing.T, path string) int64 {
+	t.Helper()
+	data := readFile(t, path)
+	var off int64
+	for off+headerSize <= int64(len(data)) && !allZero(data[off:off+headerSize]) {
+		off += headerSize + int64(binary.LittleEndian.Uint32(data[off:])&^(1<<31)) // less the base flag
+	}
+	require.LessOrEqual(t, off, int64(len(data)))
+	return off
+}
+
+// layouts are the two ways a segment is written: with zeroed space ahead
+// of the next record (the default), and exactly its records.
+var layouts = []struct {
+	name     string
+	prealloc bool
+}{{"preallocated", true}, {"old layout", false}}
+
 func fileSize(t *testing.T, path string) int64 {
 	t.Helper()
 	fi, err := os.Stat(path)
@@ -147,24 +192,36 @@ func TestRoundTripSequentialBatches(t *testing.T) {
 }
 
 func TestRoundTripEmptyAndLargePayloads(t *testing.T) {
-	dir := t.TempDir()
-	big := make([]byte, 1<<20+13)
+	big := make([]byte, 1<<20+13) // longer than a unit: written in pieces
 	for i := range big {
 		big[i] = byte(i*7 + i>>9)
 	}
 	want := [][]byte{{}, []byte("x"), big, {}, {}, []byte("after"), nil}
-	l := open(t, dir, wal.Options{})
-	require.NoError(t, l.Append(want[:3]).Wait())
-	appendEach(t, l, want[3:]...)
-	require.NoError(t, l.Close())
+	for _, lay := range layouts {
+		t.Run(lay.name, func(t *testing.T) {
+			dir := t.TempDir()
+			l := open(t, dir, wal.Options{NoPrealloc: !lay.prealloc})
+			require.NoError(t, l.Append(want[:3]).Wait())
+			appendEach(t, l, want[3:]...)
+			require.NoError(t, l.Close())
 
-	got := reopen(t, dir)
-	require.Len(t, got, len(want))
-	for i := range want {
-		assert.True(t, bytes.Equal(want[i], got[i]), "payload %d: %d bytes, want %d", i, len(got[i]), len(want[i]))
+			got := reopen(t, dir)
+			require.Len(t, got, len(want))
+			for i := range want {
+				assert.True(t, bytes.Equal(want[i], got[i]), "payload %d: %d bytes, want %d", i, len(got[i]), len(want[i]))
+			}
+			end := offsets(want)[len(want)]
+			data := readFile(t, lastSegment(t, dir))
+			require.GreaterOrEqual(t, int64(len(data)), end)
+			assert.True(t, bytes.Equal(encode(want), data[:end]), "the records: %d-byte headers and the payloads", headerSize)
+			if lay.prealloc {
+				assert.Greater(t, int64(len(data)), end, "zeroed space follows the records")
+				assert.True(t, allZero(data[end:]), "only zeros after the records")
+			} else {
+				assert.Equal(t, end, int64(len(data)), "the segment is exactly the records")
+			}
+		})
 	}
-	assert.Equal(t, offsets(want)[len(want)], fileSize(t, lastSegment(t, dir)),
-		"the segment is exactly the records: %d-byte headers and the payloads", headerSize)
 }
 
 func TestRoundTripConcurrentAppends(t *testing.T) {
