@@ -2184,26 +2184,30 @@ func readJSON(d *codec.Reader, v any) (bool, error) {
 }
 
 // decodeRecord is the record a Journal returned.
-func decodeRecord(r Record) (record, error) { return decodeData(r.Data, r.Seq) }
+func decodeRecord(r Record) (record, error) { return decodeData(r.Data, r.Seq, nil) }
 
 // decodeData is the record data encodes; seq names it in an error.
-func decodeData(data []byte, seq uint64) (record, error) {
+func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 	if len(data) == 0 || data[0] == 0 || data[0] > recordFormat {
 		return record{}, fmt.Errorf("bgtask: decoding record %d: not a record of format 1 to %d", seq, recordFormat)
 	}
-	format, d := data[0], codec.Reader{B: data[1:]}
+	format, d := data[0], codec.Reader{B: data[1:], Words: words}
 	rec := record{seq: d.Uint(), kind: recordKind(d.Uint()), task: d.String(), at: d.Time()}
 	if d.Bool() {
 		var f [10]string
 		for i := range f {
-			f[i] = d.String()
+			if i >= 3 && i < 8 { // the model and the statuses: words a replay reads again and again
+				f[i] = d.Word()
+			} else {
+				f[i] = d.String()
+			}
 		}
 		rec.attempt = Attempt{ID: f[0], Token: f[1], SessionID: f[2], Model: Model{Provider: f[3], ID: f[4], Variant: f[5]},
 			Status: Status(f[6]), Pending: PendingReason(f[7]), Error: f[8], Result: f[9], Number: int(d.Uint())}
 		rec.attempt.StartedAt, rec.attempt.CompletedAt = d.Time(), d.Time()
 	}
 	if d.Bool() {
-		rec.evidence = evidence{output: d.String(), finish: FinishReason(d.String()), noText: d.Bool(), reason: Reason(d.String())}
+		rec.evidence = evidence{output: d.String(), finish: FinishReason(d.Word()), noText: d.Bool(), reason: Reason(d.Word())}
 		if format >= 2 {
 			rec.evidence.notice = d.String()
 		}
@@ -2230,9 +2234,9 @@ func decodeData(data []byte, seq uint64) (record, error) {
 func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ error) {
 	x := &recordExt{}
 	if d.Bool() {
-		ti := &taskInfo{id: d.String(), parent: d.String(), description: d.String(), agent: d.String(), prompt: d.String()}
+		ti := &taskInfo{id: d.String(), parent: d.Word(), description: d.String(), agent: d.Word(), prompt: d.String()}
 		for n := d.Uint(); n > 0 && d.Err() == nil; n-- {
-			ti.models = append(ti.models, Model{Provider: d.String(), ID: d.String(), Variant: d.String()})
+			ti.models = append(ti.models, Model{Provider: d.Word(), ID: d.Word(), Variant: d.Word()})
 		}
 		ti.maxAttempts = int(d.Uint())
 		for n := d.Uint(); n > 0 && d.Err() == nil; n-- {
@@ -2553,7 +2557,7 @@ func packRecord(r *Record) []byte {
 // fields (for a Journal's caller) and as the ledger reads it.
 func unpackRecord(p []byte) (Record, record, error) {
 	if len(p) > 0 && p[0] == dataMark {
-		rec, err := decodeData(p[1:], 0)
+		rec, err := decodeData(p[1:], 0, nil)
 		if err != nil {
 			return Record{}, record{}, err
 		}
@@ -2616,10 +2620,11 @@ func (m *Manager) presize(payloads [][]byte) {
 }
 
 // unpackData is the record payload p holds, as the ledger reads it: a
-// payload of Data alone is decoded without making its Record.
-func unpackData(p []byte) (record, error) {
+// payload of Data alone is decoded without making its Record (its words
+// kept in words, if set: see codec.Words).
+func unpackData(p []byte, words *codec.Words) (record, error) {
 	if len(p) > 0 && p[0] == dataMark {
-		return decodeData(p[1:], 0)
+		return decodeData(p[1:], 0, words)
 	}
 	_, rec, err := unpackRecord(p)
 	return rec, err
@@ -2639,10 +2644,75 @@ func (j *fileJournal) Replay(fn func(Record) error) error {
 }
 
 // replayPayloads hands fn each record of payloads (the file journal's,
-// read at its open) as the ledger reads it.
+// read at its open) as the ledger reads it, in order. The records are
+// decoded on a goroutine of its own, a chunk ahead of fn, which applies
+// them: a replay is half decoding, and a machine has more than one core.
+// The goroutine ends before replayPayloads returns, also when fn fails.
 func replayPayloads(payloads [][]byte, fn func(record) error) error {
+	if len(payloads) <= replayChunk {
+		return decodeChunk(payloads, &codec.Words{}, fn)
+	}
+	type chunk struct {
+		recs []record
+		err  error
+	}
+	out, free, stop := make(chan chunk, 2), make(chan []record, 3), make(chan struct{})
+	for range cap(free) {
+		free <- make([]record, 0, replayChunk)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(out)
+		words := &codec.Words{}
+		for i := 0; i < len(payloads); i += replayChunk {
+			var recs []record
+			select {
+			case recs = <-free:
+			case <-stop:
+				return
+			}
+			var c chunk
+			c.err = guardDecode(func() error {
+				return decodeChunk(payloads[i:min(i+replayChunk, len(payloads))], words, func(rec record) error {
+					recs = append(recs, rec)
+					return nil
+				})
+			})
+			c.recs = recs
+			select {
+			case out <- c:
+			case <-stop:
+				return
+			}
+			if c.err != nil {
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for c := range out {
+		for i := range c.recs {
+			if err := fn(c.recs[i]); err != nil {
+				return err
+			}
+		}
+		if c.err != nil {
+			return c.err
+		}
+		clear(c.recs) // what they point to is the ledger's now, or garbage
+		free <- c.recs[:0]
+	}
+	return nil
+}
+
+// replayChunk is how many records replayPayloads decodes at a time.
+const replayChunk = 2048
+
+// decodeChunk hands fn each record of payloads, decoded.
+func decodeChunk(payloads [][]byte, words *codec.Words, fn func(record) error) error {
 	for _, p := range payloads {
-		rec, err := unpackData(p)
+		rec, err := unpackData(p, words)
 		if err != nil {
 			return err
 		}
@@ -2651,6 +2721,17 @@ func replayPayloads(payloads [][]byte, fn func(record) error) error {
 		}
 	}
 	return nil
+}
+
+// guardDecode runs f, a decoding, with a panic made its error: the decoder
+// reads what a disk held.
+func guardDecode(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("bgtask: journal: a record that cannot be read: %s", panicText(r))
+		}
+	}()
+	return f()
 }
 
 func (j *fileJournal) Compact(keep []Record) error {
@@ -2833,8 +2914,9 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 		v.Torn = fmt.Sprintf("%s at offset %d (%d bytes)", torn.File, torn.Offset, torn.Bytes)
 	}
 	recs := make([]record, 0, len(payloads))
+	words := &codec.Words{}
 	for _, p := range payloads {
-		rec, err := unpackData(p)
+		rec, err := unpackData(p, words)
 		if err != nil {
 			return JournalView{}, err
 		}

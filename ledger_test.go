@@ -238,7 +238,7 @@ func TestTheFileJournalReadsBothPayloadFormats(t *testing.T) {
 			r, got, err := unpackRecord(p)
 			require.NoError(t, err)
 			assert.Equal(t, want, r, "the Record, with its fields")
-			again, err := unpackData(p)
+			again, err := unpackData(p, nil)
 			require.NoError(t, err)
 			assert.Equal(t, got, again)
 			assert.Equal(t, rec.seq, got.seq)

@@ -49,8 +49,47 @@ func (w *Writer) Time(t time.Time) {
 // Reader reads values back; after the first error every read returns a
 // zero value, and Err reports it.
 type Reader struct {
-	B   []byte
-	err error
+	B []byte
+	// Words, if set, is where Word keeps the strings it read.
+	Words *Words
+	err   error
+}
+
+// Words interns the short strings Reader.Word reads (at most maxWords of
+// them), so that the many copies a replay reads of a model's name or a
+// status share one string.
+type Words struct{ m map[string]string }
+
+const (
+	maxWords   = 4096
+	maxWordLen = 64
+)
+
+// Word reads a string as String does, the same as the last one of its
+// bytes Words kept, if any.
+func (r *Reader) Word() string {
+	n := r.Uint()
+	if r.err != nil || n > uint64(len(r.B)) {
+		r.fail()
+		return ""
+	}
+	b := r.B[:n]
+	r.B = r.B[n:]
+	w := r.Words
+	if w == nil || n > maxWordLen {
+		return string(b)
+	}
+	if s, ok := w.m[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if w.m == nil {
+		w.m = make(map[string]string)
+	}
+	if len(w.m) < maxWords {
+		w.m[s] = s
+	}
+	return s
 }
 
 func (r *Reader) fail() { r.err, r.B = ErrShort, nil }

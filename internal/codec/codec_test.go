@@ -2,6 +2,8 @@ package codec
 
 import (
 	"math"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -119,4 +121,36 @@ func TestStrReaderReadsWhatAWriterWrote(t *testing.T) {
 	bad := StrReader{S: "\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f"} // over 64 bits
 	bad.Uint()
 	assert.Error(t, bad.Err())
+}
+
+// Word reads what String reads; with Words, a word read twice is one
+// string, and a long string or one past the bound is read as String does.
+func TestWordInternsShortStrings(t *testing.T) {
+	var w Writer
+	long := strings.Repeat("x", maxWordLen+1)
+	for _, s := range []string{"openai", "openai", long, long, ""} {
+		w.String(s)
+	}
+	r := Reader{B: w.B, Words: &Words{}}
+	a, b := r.Word(), r.Word()
+	assert.Equal(t, "openai", a)
+	addr := func(s string) uintptr { return uintptr(unsafe.Pointer(unsafe.StringData(s))) }
+	assert.Equal(t, addr(a), addr(b), "one string for the two")
+	l1, l2 := r.Word(), r.Word()
+	assert.Equal(t, long, l1)
+	assert.NotEqual(t, addr(l1), addr(l2), "a long string is not kept")
+	assert.Equal(t, "", r.Word())
+	require.NoError(t, r.Err())
+	plain := Reader{B: w.B}
+	assert.Equal(t, "openai", plain.Word(), "no Words: a copy, as String")
+	cut := Reader{B: w.B[:3], Words: &Words{}}
+	cut.Word()
+	assert.Error(t, cut.Err())
+	full := &Words{}
+	for i := range maxWords + 10 {
+		var w Writer
+		w.String(strconv.Itoa(i))
+		(&Reader{B: w.B, Words: full}).Word()
+	}
+	assert.Len(t, full.m, maxWords, "bounded")
 }
