@@ -358,6 +358,51 @@ func (e *entry) sessionList() []string {
 	return r.sessions(atts)
 }
 
+// eachAttempt calls f with each of e's attempts, in order, reading a
+// frozen task's from cold as it goes (no slice made).
+func (e *entry) eachAttempt(f func(i int, a *Attempt)) {
+	if e.cold == "" {
+		for i := range e.attempts {
+			f(i, &e.attempts[i])
+		}
+		return
+	}
+	r := e.coldReader()
+	for i := range int(r.Uint()) {
+		a := r.attempt(e)
+		f(i, &a)
+	}
+}
+
+// eachSession calls f with each session indexed to one of e's attempts,
+// in order, reading a frozen task's from cold as it goes; f returning
+// false stops it.
+func (e *entry) eachSession(f func(s string) bool) {
+	if e.cold == "" {
+		for _, s := range e.sessions {
+			if !f(s) {
+				return
+			}
+		}
+		return
+	}
+	r := e.coldReader()
+	for range r.Uint() {
+		r.attempt(e)
+	}
+	for range r.Uint() {
+		var s string
+		if j := r.Uint(); j == 0 {
+			s = r.String()
+		} else {
+			s = e.thawAt(int(j) - 1).SessionID
+		}
+		if !f(s) {
+			return
+		}
+	}
+}
+
 // ev is the evidence of e's latest final record (zero: none).
 func (e *entry) ev() evidence {
 	if e.hot != nil {
@@ -392,8 +437,9 @@ func (l *ledger) attemptOf(id string) (attemptRef, bool) {
 		}
 		return attemptRef{}, false // cannot happen: the index and the attempts agree
 	}
-	for i, a := range e.atts() {
-		if a.ID == id {
+	r := e.coldReader()
+	for i := range int(r.Uint()) {
+		if r.attempt(e).ID == id {
 			return attemptRef{e: e, index: i}, true
 		}
 	}
@@ -506,12 +552,12 @@ func (l *ledger) liveEnded(e *entry) {
 // still live: e stays in memory, its tree whole (a closure walks it, a
 // launch from its session is counted deeper in it).
 func (l *ledger) launchedLive(e *entry) bool {
-	for _, s := range e.sessionList() {
-		if l.liveBy[s] > 0 {
-			return true
-		}
-	}
-	return false
+	live := false
+	e.eachSession(func(s string) bool {
+		live = l.liveBy[s] > 0
+		return !live
+	})
+	return live
 }
 
 // taken reports whether a task the ledger knows has id: in memory, or
@@ -1579,14 +1625,13 @@ func (m *Manager) sweep() {
 func (m *Manager) forget(e *entry) {
 	l := m.led
 	delete(l.tasks, e.id)
-	for _, a := range e.atts() {
-		delete(l.byAttempt, a.ID)
-	}
-	for _, s := range e.sessionList() {
+	e.eachAttempt(func(_ int, a *Attempt) { delete(l.byAttempt, a.ID) })
+	e.eachSession(func(s string) bool {
 		if ref, ok := l.bySession[s]; ok && ref.e == e {
 			delete(l.bySession, s)
 		}
-	}
+		return true
+	})
 	if k := e.info.opt().key; k != "" && l.byKey[k] == e {
 		delete(l.byKey, k)
 	}
