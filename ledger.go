@@ -317,11 +317,7 @@ func (e *entry) atts() []Attempt {
 		return e.attempts
 	}
 	r := e.coldReader()
-	out := make([]Attempt, r.Uint())
-	for i := range out {
-		out[i] = r.attempt(e)
-	}
-	return out
+	return r.attempts(e)
 }
 
 // count is how many attempts e made.
@@ -350,12 +346,12 @@ func (e *entry) sessionList() []string {
 	if e.cold == "" {
 		return e.sessions
 	}
-	r := e.coldReader()
-	atts := make([]Attempt, r.Uint())
-	for i := range atts {
-		atts[i] = r.attempt(e)
-	}
-	return r.sessions(atts)
+	var out []string
+	e.eachSession(func(s string) bool {
+		out = append(out, s)
+		return true
+	})
+	return out
 }
 
 // eachAttempt calls f with each of e's attempts, in order, reading a
@@ -409,11 +405,7 @@ func (e *entry) ev() evidence {
 		return e.evidence
 	}
 	r := e.coldReader()
-	atts := make([]Attempt, r.Uint())
-	for i := range atts {
-		atts[i] = r.attempt(e)
-	}
-	r.sessions(atts)
+	r.sessions(r.attempts(e))
 	return r.evidence()
 }
 
@@ -1785,21 +1777,14 @@ func (l *ledger) freeze(e *entry) bool {
 		return false // cannot happen: what is frozen reads back exactly, or it is not frozen
 	}
 	e.cold = cold
-	r := e.coldReader()
-	for range r.Uint() { // the same keys, now substrings of cold
-		l.byAttempt[r.attempt(e).ID] = e
-	}
-	for range r.Uint() {
-		var s string
-		if j := r.Uint(); j == 0 {
-			s = r.String()
-		} else {
-			s = e.thawAt(int(j) - 1).SessionID
-		}
+	// The same keys, now substrings of cold: the ids' own strings go.
+	e.eachAttempt(func(_ int, a *Attempt) { l.byAttempt[a.ID] = e })
+	e.eachSession(func(s string) bool {
 		if ref, ok := l.bySession[s]; ok && ref.e == e {
 			l.bySession[s] = ref
 		}
-	}
+		return true
+	})
 	if loc := e.loc; loc != nil && len(loc.onDone) == 0 && loc.stopWait == nil && loc.values == nil &&
 		loc.valueTok != atts[e.current].Token && loc.errTok != atts[e.current].Token {
 		e.loc = nil // it keeps nothing a read of the task gives
@@ -1935,6 +1920,15 @@ func putColdTime(w *codec.Writer, t time.Time) bool {
 type coldReader struct{ codec.StrReader }
 
 func (e *entry) coldReader() coldReader { return coldReader{codec.StrReader{S: e.cold}} }
+
+// attempts reads e's attempts (their count first).
+func (r *coldReader) attempts(e *entry) []Attempt {
+	out := make([]Attempt, r.Uint())
+	for i := range out {
+		out[i] = r.attempt(e)
+	}
+	return out
+}
 
 // attempt reads the next attempt of e.
 func (r *coldReader) attempt(e *entry) Attempt {
