@@ -383,15 +383,18 @@ func (e *entry) eachSession(f func(s string) bool) {
 		return
 	}
 	r := e.coldReader()
+	var buf [4]string
+	sids := buf[:0] // the attempts' sessions, which the sessions name by place
 	for range r.Uint() {
-		r.attempt(e)
+		_, sid := r.skim()
+		sids = append(sids, sid)
 	}
 	for range r.Uint() {
 		var s string
 		if j := r.Uint(); j == 0 {
 			s = r.String()
-		} else {
-			s = e.thawAt(int(j) - 1).SessionID
+		} else if int(j) <= len(sids) {
+			s = sids[j-1]
 		}
 		if !f(s) {
 			return
@@ -1778,7 +1781,11 @@ func (l *ledger) freeze(e *entry) bool {
 	}
 	e.cold = cold
 	// The same keys, now substrings of cold: the ids' own strings go.
-	e.eachAttempt(func(_ int, a *Attempt) { l.byAttempt[a.ID] = e })
+	r := e.coldReader()
+	for range r.Uint() {
+		id, _ := r.skim()
+		l.byAttempt[id] = e
+	}
 	e.eachSession(func(s string) bool {
 		if ref, ok := l.bySession[s]; ok && ref.e == e {
 			l.bySession[s] = ref
@@ -1928,6 +1935,23 @@ func (r *coldReader) attempts(e *entry) []Attempt {
 		out[i] = r.attempt(e)
 	}
 	return out
+}
+
+// skim reads the next attempt's id and session, and skips the rest of it.
+func (r *coldReader) skim() (id, session string) {
+	id, _, session = r.String(), r.String(), r.String()
+	if r.Uint() == 0 { // a model of its own
+		_, _, _ = r.String(), r.String(), r.String()
+	}
+	r.Uint()
+	_, _, _, _ = r.word(), r.word(), r.String(), r.String()
+	for range 2 {
+		if r.Uint() != coldZero {
+			r.Int()
+			r.Uint()
+		}
+	}
+	return id, session
 }
 
 // attempt reads the next attempt of e.
