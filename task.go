@@ -1443,7 +1443,9 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.led.warm = append(m.led.warm, e)
 		}
 	}
-	m.freezeSome(-1)
+	if len(m.led.warm) > freezeLag {
+		m.goLater(m.freezeReplayed)
+	}
 	if err := m.unlock(); err != nil {
 		return err
 	}
