@@ -1275,7 +1275,8 @@ type outbox struct {
 	recs  []record // committed records for the journal, in order
 	// spare is a records buffer an unlock is done with, for the next
 	// commit's (at most one is kept; a bigger one than spareRecs goes).
-	spare    atomic.Pointer[[]record]
+	// Guarded by order: an unlock takes it while it holds both locks.
+	spare    []record
 	later    []func() // user callbacks (Spec.OnDone), run once the records are durable, each on a goroutine
 	measures []func() // Metrics calls, run in commit order (see turns)
 	// turns orders what the unlocks emit — log lines and measurements —
@@ -1290,13 +1291,13 @@ type outbox struct {
 const spareRecs = 64
 
 // recycle keeps recs, encoded and no longer read, as the spare buffer.
+// o.order is held.
 func (o *outbox) recycle(recs []record) {
 	if cap(recs) > spareRecs {
 		return
 	}
 	clear(recs) // drop what the records point to
-	recs = recs[:0]
-	o.spare.Store(&recs)
+	o.spare = recs[:0]
 }
 
 // durableMark is the sequence of the last record known durable, and a
@@ -1424,14 +1425,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	m.out.durable.advance(m.led.seq) // what was replayed is durable
-	m.led.tap = func(r record) {
-		if m.out.recs == nil {
-			if p := m.out.spare.Swap(nil); p != nil {
-				m.out.recs = *p
-			}
-		}
-		m.out.recs = append(m.out.recs, r)
-	}
+	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
 	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch}})
 	m.reconcile(rv)
 	for before := -1; before != len(m.led.ended); { // what the journal still held past retention
@@ -1573,21 +1567,23 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		turn = m.out.turns.take() // under m.mu: the turns follow its releases
 	}
 	var durable Commit
+	var last uint64 // the sequence of the last record committed
 	if len(recs) > 0 {
 		// Batches reach the journal in commit order: the order lock is
 		// taken before m.mu is released, and the batch is encoded and
 		// appended under it alone, so the encoding holds up no input.
 		m.out.order.Lock()
+		m.out.recs, m.out.spare = m.out.spare, nil // both locks held: the next commit's buffer
 		m.mu.Unlock()
+		last = recs[len(recs)-1].seq
 		durable = m.appendBatch(recs)
+		m.out.recycle(recs) // encoded: the records are done with
 		m.out.order.Unlock()
 	} else {
 		m.mu.Unlock()
 	}
 	var err error
 	if durable != nil {
-		last := recs[len(recs)-1].seq
-		m.out.recycle(recs) // encoded: the records are done with
 		if err = durable.Wait(); err != nil {
 			err = m.poison(err)
 		} else {
