@@ -444,9 +444,9 @@ func (m *Manager) prepareRetry(e *entry, failed, next Attempt, cause error) {
 // m.mu is held.
 func (m *Manager) onRetryReady(in *retryReadyIn) reply {
 	e, next := in.e, in.next
-	ref, _ := m.led.attemptOf(next.ID)
-	if !ref.isCurrent() || ref.attempt().Status != StatusPending || ref.attempt().Token != next.Token {
-		return reply{} // the run was replaced or ended meanwhile
+	ref, ok := m.led.attemptOf(next.ID)
+	if !ok || ref.e != e || !ref.isCurrent() || ref.attempt().Status != StatusPending || ref.attempt().Token != next.Token {
+		return reply{} // the run was replaced or ended meanwhile (the task may be forgotten since: retention)
 	}
 	switch {
 	case in.delayErr != "":
@@ -503,8 +503,8 @@ func (m *Manager) onStarted(in *startedIn) {
 	defer m.signal() // Shutdown and closures wait for starts to return
 	defer m.expireHeld()
 
-	ref, _ := m.led.attemptOf(a.ID)
-	live := ref.isCurrent() && ref.attempt().Token == a.Token && ref.attempt().Status == StatusPending
+	ref, ok := m.led.attemptOf(a.ID)
+	live := ok && ref.e == e && ref.isCurrent() && ref.attempt().Token == a.Token && ref.attempt().Status == StatusPending
 	if err == nil && sid == "" {
 		err = Permanent(&StartError{Model: a.Model, Err: errors.New("Host.StartSession returned no session id")})
 		f = failure{err: err, text: err.Error(), reason: ReasonUnknown}

@@ -1735,8 +1735,10 @@ func (m *Manager) freezeSome(budget int) (frozen int) {
 	for _, e := range l.warm[:n] {
 		switch {
 		case e.cold != "" || l.tasks[e.id] != e: // frozen meanwhile, or forgotten
-		case m.freezable(e) && l.freeze(e):
-			frozen++
+		case m.freezable(e):
+			if l.freeze(e) {
+				frozen++
+			} // else it holds what cold cannot keep (a time in another zone): warm for good, never looked at again
 		case e.terminal() && e.hot != nil && e.cold == "":
 			l.warm = append(l.warm, e) // not yet: looked at again
 		}
@@ -1752,13 +1754,20 @@ func (m *Manager) freezeSome(budget int) (frozen int) {
 // freezeReplayed freezes the settled tasks a restart replayed, a batch at
 // a time under the lock, on a goroutine of the Manager's: Open does not
 // wait for it (a replay of 1M records is a third faster for it), and
-// inputs go on between batches. It ends once a batch freezes nothing.
+// inputs go on between batches. It makes one pass over what was queued
+// when it began (a task that cannot be frozen yet is left to the unlocks).
 func (m *Manager) freezeReplayed() {
-	for {
+	m.mu.Lock()
+	passes := (len(m.led.warm) + freezeBatch - 1) / freezeBatch
+	_ = m.unlock()
+	for range passes {
 		m.mu.Lock()
-		n := m.freezeSome(freezeBatch)
+		left := len(m.led.warm) > freezeLag
+		if left {
+			m.freezeSome(freezeBatch)
+		}
 		_ = m.unlock()
-		if n == 0 {
+		if !left {
 			return
 		}
 	}
@@ -1866,7 +1875,7 @@ func (l *ledger) thaw(e *entry) {
 		atts = e.first[:1]
 	}
 	e.attempts, e.sessions, e.cold = atts, slices.Clone(sessions), ""
-	for i := range atts { // keyed by the live copies again: cold may go
+	for i := range atts { // keyed by the thawed copies (substrings of the old cold, which stays until the task is frozen again)
 		l.byAttempt[atts[i].ID] = e
 	}
 	for _, s := range e.sessions {

@@ -2267,7 +2267,10 @@ func (m *Manager) continuation(info *taskInfo) error {
 	case sid == "":
 		return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", which has no session to continue"}
 	}
-	if holder := m.led.bySession[sid]; holder.e != old {
+	if holder, ok := m.led.bySession[sid]; !ok || holder.e != old {
+		if !ok { // the task that continued it was forgotten since (retention), and the session with it
+			return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", whose session a task since forgotten continued"}
+		}
 		return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", whose session task " + holder.e.id + " continued: continue that one"}
 	}
 	o := old.project().Outcome
