@@ -1,11 +1,15 @@
 package bgtask
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bgtask/bgtask/internal/wal"
 )
 
 var allStatuses = []Status{StatusPending, StatusRunning, StatusCompleted, StatusError, StatusCancelled, StatusInterrupt}
@@ -248,4 +252,40 @@ func TestTheFileJournalReadsBothPayloadFormats(t *testing.T) {
 	}
 	_, _, err = unpackRecord([]byte{dataMark})
 	assert.Error(t, err, "a zero byte and no record")
+}
+
+// A file journal whose checksums hold but one of whose records is not a
+// record bgtask wrote — far into the replay, where the records are decoded
+// on a goroutine of their own — is refused by Open with an error naming
+// the record, and the decoding goroutine is gone (TestMain's goleak).
+func TestOpenRefusesAnUndecodableRecordFarIntoTheReplay(t *testing.T) {
+	for _, at := range []int{0, replayChunk / 2, 3*replayChunk + 5} {
+		dir := t.TempDir()
+		l, err := wal.Open(dir, wal.Options{})
+		require.NoError(t, err)
+		led := newLedger(SequentialIDs())
+		led.keepLog = true
+		t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+		var payloads [][]byte
+		for i := 0; len(payloads) < 4*replayChunk; i++ {
+			e, err := led.launch(&taskInfo{id: fmt.Sprintf("t%d", i), parent: "p", models: []Model{{ID: "m"}}, maxAttempts: 1, launchedAt: t0})
+			require.NoError(t, err)
+			require.NoError(t, led.bindSession(e, e.cur().ID, fmt.Sprintf("s%d", i), t0))
+			require.NoError(t, led.finalize(e, e.cur().ID, StatusCompleted, "", "ok", t0))
+			p, err := encodePayloads(led.log)
+			require.NoError(t, err)
+			payloads, led.log = append(payloads, p...), led.log[:0]
+		}
+		payloads[at] = []byte{dataMark, recordFormat, 0xff} // a sequence cut short
+		require.NoError(t, l.Append(payloads).Wait())
+		require.NoError(t, l.Close())
+		j, err := OpenFileJournal(dir)
+		require.NoError(t, err)
+		m, err := Open(context.Background(), &benchHost{}, WithJournal(j))
+		require.Error(t, err, "record %d", at)
+		assert.Contains(t, err.Error(), "decoding record")
+		if m != nil {
+			_ = m.Shutdown(context.Background())
+		}
+	}
 }

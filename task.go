@@ -1421,6 +1421,10 @@ func (m *Manager) recover(ctx context.Context) error {
 	m.mu.Lock()
 	rv, err := m.restore()
 	if err != nil {
+		// What was replayed before the failure is half a ledger (a task
+		// launched without its first attempt, say): nothing of it lives in
+		// this process, and the Shutdown that follows must not act on it.
+		m.led, m.order = newLedger(m.cfg.ids), nil
 		m.mu.Unlock()
 		return err
 	}
