@@ -224,6 +224,7 @@ type entry struct {
 	stop     Status   // a stop was asked for (recStopRequested): the status it gives; no retry follows
 	kids     []*entry // the tasks launched from any of sessions: byParent over them
 	revision uint64   // number of projection changes applied
+	seq      uint64   // the sequence of the latest record written to it: what a wait for it waits to be durable
 	rt       runtime  // process-local run state; never in the ledger
 	// hot is what only a task that may still change keeps (see hot); nil
 	// once the task is frozen. Its fields are read through the entry.
@@ -736,6 +737,7 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	a.StartedAt, a.CompletedAt = a.StartedAt.Round(0), a.CompletedAt.Round(0)
 	rec.task = e.id
 	l.stamp(rec) // handed to the tap (a journal, a test): memory keeps only the projection
+	e.seq = rec.seq
 	switch rec.kind {
 	case recTaskLaunched, recAttemptCreated, recSessionBound, recSessionOrphan:
 		l.widened++

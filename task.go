@@ -1336,15 +1336,17 @@ func (d *durableMark) reached(seq uint64) (bool, <-chan struct{}) {
 	return false, d.ch
 }
 
-// settle waits until every record committed so far is durable (at once
-// without a journal), so that what a wait returns survives a crash; or
-// returns ctx's error, or the journal's once it failed. m.mu is held;
-// it is released while waiting and held again on return.
-func (m *Manager) settle(ctx context.Context) error {
+// settle waits until the records up to seq — the latest of the tasks a
+// wait returns, not those other tasks committed since, which may be a
+// sync later — are durable (at once without a journal), so that what the
+// wait returns survives a crash; or returns ctx's error, or the journal's
+// once it failed. m.mu is held; it is released while waiting and held
+// again on return.
+func (m *Manager) settle(ctx context.Context, seq uint64) error {
 	if m.cfg.journal == nil {
 		return nil
 	}
-	target := m.led.seq
+	target := min(seq, m.led.seq)
 	for {
 		ok, ch := m.out.durable.reached(target)
 		if ok {
@@ -2591,7 +2593,7 @@ func (m *Manager) Wait(ctx context.Context, id string) (Task, error) {
 	m.mu.Lock()
 	defer m.unlock()
 	t := e.project()
-	if err := m.settle(ctx); err != nil {
+	if err := m.settle(ctx, e.seq); err != nil {
 		return Task{}, err
 	}
 	return t, nil
@@ -2619,10 +2621,12 @@ func (m *Manager) WaitParent(ctx context.Context, parentSessionID string) ([]Tas
 		if live == nil {
 			kids := m.led.byParent[parentSessionID]
 			out := make([]Task, len(kids))
+			var upTo uint64
 			for i, e := range kids {
 				out[i] = e.project()
+				upTo = max(upTo, e.seq)
 			}
-			err := m.settle(ctx)
+			err := m.settle(ctx, max(upTo, 1))
 			m.unlock()
 			if err != nil {
 				return nil, err
@@ -2809,7 +2813,7 @@ func (m *Manager) WaitAnswer(ctx context.Context, taskID string, n int) (Answer,
 		case e.inv != nil && e.inv.released(n):
 			a := *e.inv.list[n-1].Answer
 			a.Notices = slices.Clone(a.Notices)
-			err := m.settle(ctx)
+			err := m.settle(ctx, e.seq)
 			m.unlock()
 			if err != nil {
 				return Answer{}, err
@@ -2817,7 +2821,7 @@ func (m *Manager) WaitAnswer(ctx context.Context, taskID string, n int) (Answer,
 			return a, nil
 		case e.inv == nil && n == 1 && e.terminal():
 			t := e.project()
-			err := m.settle(ctx)
+			err := m.settle(ctx, e.seq)
 			m.unlock()
 			if err != nil {
 				return Answer{}, err
