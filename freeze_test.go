@@ -570,13 +570,8 @@ func TestARetryThatReturnsAfterItsTaskFrozeOrWasForgotten(t *testing.T) {
 	for _, forget := range []bool{false, true} {
 		t.Run(fmt.Sprintf("forgotten=%v", forget), func(t *testing.T) {
 			ctx := testCtx(t)
-			release, entered := make(chan struct{}), make(chan string, 1)
+			host, release, entered := abortGate()
 			var once sync.Once
-			host := &testHost{abort: func(ctx context.Context, sid string) error {
-				entered <- sid
-				<-release
-				return nil
-			}}
 			keep := Retention{MaxEnded: -1}
 			if forget {
 				keep = Retention{MaxEnded: 1}
@@ -657,13 +652,8 @@ func TestTimersDueAfterTheirTaskFrozeChangeNothing(t *testing.T) {
 // the abort returned, and the late answer changes nothing.
 func TestAnAbortThatReturnsAfterTheRunEndedFreezesItsTaskAfter(t *testing.T) {
 	ctx := testCtx(t)
-	release, entered := make(chan struct{}), make(chan string, 1)
+	host, release, entered := abortGate()
 	var once sync.Once
-	host := &testHost{abort: func(ctx context.Context, sid string) error {
-		entered <- sid
-		<-release
-		return nil
-	}}
 	m := New(host, WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0))) // no notifier: settled as it ends
 	shutdownAtCleanup(t, m)
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
@@ -827,4 +817,16 @@ func TestFenceAndStopsOfAFrozenTasksRun(t *testing.T) {
 	assert.Equal(t, done, h.task(task.ID))
 	assert.Empty(t, h.host.Aborts(), "nothing to abort")
 	requireFrozen(t, h.m, task.ID)
+}
+
+// abortGate is a host each of whose aborts reports its session on entered
+// and returns once release is closed.
+func abortGate() (host *testHost, release chan struct{}, entered chan string) {
+	release, entered = make(chan struct{}), make(chan string, 1)
+	host = &testHost{abort: func(ctx context.Context, sid string) error {
+		entered <- sid
+		<-release
+		return nil
+	}}
+	return host, release, entered
 }
