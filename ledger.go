@@ -1812,18 +1812,7 @@ func (l *ledger) freeze(e *entry) bool {
 		return false // cannot happen: what is frozen reads back exactly, or it is not frozen
 	}
 	e.cold = cold
-	// The same keys, now substrings of cold: the ids' own strings go.
-	r := e.coldReader()
-	for range r.Uint() {
-		id, _ := r.skim()
-		l.byAttempt[id] = e
-	}
-	e.eachSession(func(s string) bool {
-		if ref, ok := l.bySession[s]; ok && ref.e == e {
-			l.bySession[s] = ref
-		}
-		return true
-	})
+	l.rekey(e) // the same keys, now substrings of cold: the ids' own strings go
 	if loc := e.loc; loc != nil && len(loc.onDone) == 0 && loc.stopWait == nil && loc.values == nil &&
 		loc.valueTok != atts[e.current].Token && loc.errTok != atts[e.current].Token {
 		e.loc = nil // it keeps nothing a read of the task gives
@@ -1877,15 +1866,31 @@ func (l *ledger) thaw(e *entry) {
 		atts = e.first[:1]
 	}
 	e.attempts, e.sessions, e.cold = atts, slices.Clone(sessions), ""
-	for i := range atts { // keyed by the thawed copies (substrings of the old cold, which stays until the task is frozen again)
-		l.byAttempt[atts[i].ID] = e
+	l.rekey(e) // keyed by the thawed copies (substrings of the old cold, which stays until the task is frozen again)
+	l.warm = append(l.warm, e)
+}
+
+// rekey points e's index entries at the strings e holds now (a frozen
+// task's: substrings of cold), so that no index keeps other copies of
+// them alive. Map assignment replaces an equal key. m.mu is held.
+func (l *ledger) rekey(e *entry) {
+	if e.cold == "" {
+		for i := range e.attempts {
+			l.byAttempt[e.attempts[i].ID] = e
+		}
+	} else {
+		r := e.coldReader()
+		for range r.Uint() {
+			id, _ := r.skim()
+			l.byAttempt[id] = e
+		}
 	}
-	for _, s := range e.sessions {
+	e.eachSession(func(s string) bool {
 		if ref, ok := l.bySession[s]; ok && ref.e == e {
 			l.bySession[s] = ref
 		}
-	}
-	l.warm = append(l.warm, e)
+		return true
+	})
 }
 
 // putColdAttempt writes a to w, its model as its place in info's chain.
