@@ -206,7 +206,7 @@ func benchNodes(b *testing.B, n int, host func(i int) bgtask.Host) []*Node {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { _ = node.Close(context.Background()) })
+		closeAtEnd(b, node)
 		out[i] = node
 	}
 	return out

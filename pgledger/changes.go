@@ -179,9 +179,14 @@ type Changes struct {
 	C <-chan bgtask.Change
 
 	cancel context.CancelFunc
+	done   chan struct{}
 	mu     sync.Mutex
 	err    error
 }
+
+// Done is closed when the subscription has ended, just before C is: a
+// consumer that is not reading C can wait on it, and Err then says why.
+func (c *Changes) Done() <-chan struct{} { return c.done }
 
 // Err says why C was closed; nil while it is open.
 func (c *Changes) Err() error {
@@ -209,11 +214,12 @@ func (n *Node) Subscribe(ctx context.Context, buffer int) (*Changes, error) {
 	}
 	ch := make(chan bgtask.Change, buffer)
 	sctx, cancel := context.WithCancel(ctx)
-	c := &Changes{C: ch, cancel: cancel}
+	c := &Changes{C: ch, cancel: cancel, done: make(chan struct{})}
 	end := func(err error) {
 		c.mu.Lock()
 		c.err = err
 		c.mu.Unlock()
+		close(c.done)
 		close(ch)
 	}
 	if !n.goOwned(func() {

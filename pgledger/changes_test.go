@@ -50,7 +50,7 @@ func TestTheChangeStreamSpansProcesses(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, "early", got.Result)
 	sub.Close()
-	<-applied
+	recv(t, applied, "the subscription to end at Close")
 	assert.NoError(t, sub.Err())
 }
 
@@ -67,9 +67,13 @@ func TestALaggingSubscriberResyncs(t *testing.T) {
 		task := running(t, ns[1], "chat")
 		ids = append(ids, task.ID)
 	}
-	for range sub.C { // not read while the changes came: it lagged
-	}
+	// Nobody reads sub.C: once a second change reaches the subscription it
+	// has lagged. (Reading it here could keep up with the changes, and
+	// then it would never lag.)
+	recv(t, sub.Done(), "the subscription to lag")
 	require.True(t, errors.Is(sub.Err(), bgtask.ErrLagged), "%v", sub.Err())
+	for range sub.C { // closed: what it held before it lagged
+	}
 	// The resync: subscribe again, then start from a snapshot.
 	again, err := ns[0].Subscribe(ctx(t), 0)
 	require.NoError(t, err)

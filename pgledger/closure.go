@@ -290,7 +290,7 @@ func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, 
 		} else if time.Since(quiet) > stopWriteGrace {
 			break // a stop begun by an owner that died before it said what it came to
 		}
-		n.serve(k) // this node's own runs, at once
+		n.serve(ctx, k) // this node's own runs, at once
 		if rep.Passes > 1 {
 			n.nudge(ctx, k.id) // the owners, again: a notification may have been missed
 		}
@@ -369,10 +369,17 @@ func (n *Node) stopsOf(ctx context.Context, id int64) (stops, error) {
 
 // finish takes closure k's fence down and writes its record: the runs
 // stopped (in the order their stops were written), those whose abort
-// failed, and those still live.
+// failed, and those still live. A closure cut short by cause (its
+// caller's context ended, the database failed) looks at its scope once
+// more first: what stopped since its last look is not named as live.
 func (n *Node) finish(k openClosure, rep bgtask.ClosureReport, live []scopeRun, cause error) (bgtask.ClosureReport, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if cause != nil {
+		if now, err := n.scope(ctx, k, nil); err == nil {
+			live = now
+		}
+	}
 	var unstopped []UnstoppedRun
 	st, err := n.stopsOf(ctx, k.id)
 	if err == nil {
@@ -489,7 +496,7 @@ func (n *Node) serveAll(ctx context.Context) {
 	ids := map[int64]bool{}
 	for _, k := range open {
 		ids[k.id] = true
-		n.serve(k)
+		n.serve(ctx, k)
 	}
 	n.stops.mu.Lock()
 	for id := range n.stops.asked {
@@ -510,15 +517,15 @@ func (n *Node) serveFor(ctx context.Context, payload string) {
 	err := n.pool.QueryRow(ctx, `SELECT id, root_session, task_id FROM bgtask_closures
  WHERE id = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, id).Scan(&k.id, &k.root, &k.task)
 	if err == nil {
-		n.serve(k)
+		n.serve(ctx, k)
 	}
 }
 
 // serve asks this node's Managers to stop their live runs in closure k's
 // scope, each exactly by its token and once per closure, on goroutines
-// the node owns.
-func (n *Node) serve(k openClosure) {
-	ctx := n.loopCtx
+// the node owns (which go on until the node closes). ctx bounds the look
+// at the scope: a closure's caller's context, or the node's.
+func (n *Node) serve(ctx context.Context, k openClosure) {
 	members := n.Members()
 	runs, err := n.scope(ctx, k, members)
 	if err != nil {
@@ -566,7 +573,7 @@ func (n *Node) serve(k openClosure) {
 		return
 	}
 	for _, t := range todo {
-		if !n.goOwned(func() { n.stopRun(ctx, k.id, t.mb, t.r) }) {
+		if !n.goOwned(func() { n.stopRun(n.loopCtx, k.id, t.mb, t.r) }) {
 			return
 		}
 	}
@@ -627,6 +634,11 @@ func (n *Node) writeStops(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 			case <-time.After(n.o.Poll):
+			}
+		}
+		if n.o.stopped != nil && ctx.Err() == nil {
+			for _, r := range batch {
+				n.o.stopped(r.row.run.TaskID)
 			}
 		}
 	}

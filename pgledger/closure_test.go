@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,7 +109,7 @@ func TestTheFenceHoldsInEveryProcess(t *testing.T) {
 	_, err := ns[1].Launch(ctx(t), bgtask.Spec{ParentSessionID: "elsewhere", Models: spec.Models})
 	assert.NoError(t, err, "outside the branch")
 	close(g.release)
-	r := <-done
+	r := recv(t, done, "the closure to return")
 	require.NoError(t, r.err)
 	assert.Equal(t, a.ID, r.rep.TaskID)
 	assert.Len(t, r.rep.Stopped, 2)
@@ -134,12 +135,34 @@ func TestAClosureNamesTheRunsThatDidNotStop(t *testing.T) {
 	f, svc, ns, br := chain(t, 2, 2)
 	a, b := br[0], br[1]
 	g := svc.hold(b.SessionID)
-	short, cancel := context.WithTimeout(ctx(t), 500*time.Millisecond)
+	// The caller gives up once a's stop is written and b's owner is
+	// inside b's abort (held): a deadline would race both on a slow
+	// machine.
+	short, cancel := context.WithCancel(ctx(t))
 	defer cancel()
+	go func() {
+		defer cancel()
+		for {
+			select {
+			case task := <-f.stopped:
+				if task != a.ID {
+					continue
+				}
+				_, _ = ns[0].Manager().Wait(short, a.ID) // its end is in the database
+				select {
+				case <-g.asked:
+				case <-short.Done():
+				}
+				return
+			case <-short.Done():
+				return
+			}
+		}
+	}()
 	rep, err := ns[0].CloseBranch(short, "chat")
 	var un *UnstoppedError
 	require.ErrorAs(t, err, &un)
-	assert.True(t, errors.Is(err, context.DeadlineExceeded))
+	assert.True(t, errors.Is(err, context.Canceled), "%v", err)
 	require.Len(t, un.Runs, 1)
 	assert.Equal(t, b.ID, un.Runs[0].TaskID)
 	assert.Equal(t, b.Attempts[0].Token, un.Runs[0].Token)
@@ -172,7 +195,7 @@ func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 		rep, err = ns[0].CloseBranch(ctx(t), "chat")
 		done <- err
 	}()
-	<-g.asked // the closure is open
+	recv(t, g.asked, "the closure to stop a") // the closure is open
 	close(g.release)
 	select {
 	case err := <-done:
@@ -181,7 +204,7 @@ func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 	}
 	_, err := ns[1].Manager().Launch(ctx(t), bgtask.Spec{ID: "late", ParentSessionID: a.SessionID, Models: spec.Models})
 	require.NoError(t, err)
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the closure to return"))
 	var ids []string
 	for _, r := range rep.Stopped {
 		ids = append(ids, r.TaskID)
@@ -213,7 +236,7 @@ func TestALaunchLeftInFlightByADeadProcessIsCleared(t *testing.T) {
 	f.expire("w1")
 	again, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w1", Host: svc, Poll: 50 * time.Millisecond})
 	require.NoError(t, err)
-	defer again.Close(context.Background())
+	closeAtEnd(t, again)
 	assert.Equal(t, 0, f.count("bgtask_launching", ""), "the restart cleared it")
 	short, cancel := context.WithTimeout(ctx(t), 10*time.Second)
 	defer cancel()
@@ -239,7 +262,7 @@ func TestAClosureOfADeadProcessHoldsNoFence(t *testing.T) {
 	require.NoError(t, err, "w1 is dead: its fence holds no more")
 	again, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w1", Host: svc, Poll: 50 * time.Millisecond})
 	require.NoError(t, err)
-	defer again.Close(context.Background())
+	closeAtEnd(t, again)
 	assert.Equal(t, 0, f.count("bgtask_closures", "closed_at IS NULL"), "w1's next life closed it")
 }
 
@@ -250,9 +273,15 @@ func TestARetryInAClosingBranchDoesNotStart(t *testing.T) {
 	svc := newService()
 	var ns []*Node
 	for i := range 2 { // no polling: the closure below is never served
-		node, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i), Host: svc, Poll: time.Hour})
+		passed := make(chan struct{})
+		var once sync.Once
+		node, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i), Host: svc, Poll: time.Hour,
+			pass: func() { once.Do(func() { close(passed) }) }})
 		require.NoError(t, err)
-		t.Cleanup(func() { _ = node.Close(context.Background()) })
+		closeAtEnd(t, node)
+		// The loop's one pass (at Join, then every hour) is over before
+		// the closure is opened: else it would serve it, and stop b.
+		recv(t, passed, fmt.Sprintf("w%d's first pass", i))
 		ns = append(ns, node)
 	}
 	a := running(t, ns[0], "chat")

@@ -46,7 +46,11 @@ type NodeOptions struct {
 	// connection, a takeover).
 	Logger *slog.Logger
 
-	took func(member string) // tests: called after each takeover
+	took    func(member string) // tests: called after each takeover
+	pass    func()              // tests: called after each poll pass of the loop
+	drained func(member string) // tests: called after applied events left a member's inbox
+	stopped func(task string)   // tests: called once what a stop of a run of task came to is written
+	marked  func(note string)   // tests: called once a delivered notification is marked so
 }
 
 // Node is one process of a fleet on one ledger: its own member's Manager,
@@ -525,6 +529,9 @@ func (n *Node) run(ctx context.Context) {
 			n.takeOver(ctx)
 			n.serveAll(ctx)
 			next = time.Now().Add(n.o.Poll)
+			if n.o.pass != nil {
+				n.o.pass()
+			}
 		}
 		wait, cancel := context.WithDeadline(ctx, next)
 		if conn == nil {
@@ -623,6 +630,9 @@ func (n *Node) drain(ctx context.Context, mb *member) {
 		if _, err := n.pool.Exec(ctx, `DELETE FROM bgtask_inbox WHERE id = ANY($1)`, applied); err != nil {
 			n.o.Logger.Warn("pgledger: removing applied events", "member", mb.name, "err", err)
 			return
+		}
+		if n.o.drained != nil && len(applied) > 0 {
+			n.o.drained(mb.name)
 		}
 		if len(applied) < len(ids) || len(ids) < 100 {
 			return

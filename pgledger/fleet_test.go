@@ -3,6 +3,7 @@ package pgledger
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -19,14 +20,24 @@ func (f *fixture) nodes(svc *service, n int, lease time.Duration) []*Node {
 	out := make([]*Node, n)
 	for i := range out {
 		node, err := Join(context.Background(), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i),
-			Lease: lease, Host: svc, Poll: 50 * time.Millisecond, took: func(m string) {
+			Lease: lease, Host: svc, Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{f.t}, nil)), took: func(m string) {
 				select {
 				case f.took <- took{i, m}:
 				default: // nobody waits for takeovers in this test
 				}
+			}, drained: func(m string) {
+				select {
+				case f.drained <- m:
+				default:
+				}
+			}, stopped: func(task string) {
+				select {
+				case f.stopped <- task:
+				default:
+				}
 			}})
 		require.NoError(f.t, err)
-		f.t.Cleanup(func() { _ = node.Close(context.Background()) })
+		closeAtEnd(f.t, node)
 		out[i] = node
 	}
 	return out
@@ -68,6 +79,9 @@ func TestEventsReachTheOwner(t *testing.T) {
 	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
 	err = ns[1].Observe(bgtask.Event{AttemptID: "nobody's", Kind: bgtask.SessionIdle})
 	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
+	// The one event routed was applied (Wait saw it) and then removed
+	// from w0's inbox; the refused ones were never put in one.
+	assert.Equal(t, "w0", recv(t, f.drained, "w0's inbox to be drained"))
 	assert.Equal(t, 0, f.count("bgtask_inbox", ""), "every routed event was applied and removed")
 }
 
@@ -183,7 +197,7 @@ func TestAStaleOwnerStopsActingForItsMember(t *testing.T) {
 	f.expire("w0") // as if w0's process had been paused past its lease
 	heir := awaitOwner(t, f, ns, "w0")
 	require.Equal(t, ns[1], heir)
-	<-lost // w0's next heartbeat finds the lease gone
+	recv(t, lost, "w0's lease to be found lost") // at w0's next heartbeat
 	assert.NotContains(t, ns[0].Members(), "w0")
 	assert.Nil(t, ns[0].live("w0"))
 	a := running.Attempts[0]
@@ -192,3 +206,7 @@ func TestAStaleOwnerStopsActingForItsMember(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "to the heir", got.Attempts[0].Result)
 }
+
+type tlog struct{ t *testing.T }
+
+func (w tlog) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }

@@ -157,7 +157,10 @@ type outboxRow struct {
 // deliverParent delivers parent's pending rows in order while it holds
 // the claim, and reports false if a delivery failed: it stops there (the
 // order is kept; it is tried again after a backoff). An all_complete
-// waiting for its round's summaries lets only those summaries past it.
+// waiting for its round's summaries lets only those summaries past it,
+// wherever they are behind it: a summary may be written after the next
+// round's rows (its round's all_complete comes first), and nothing else
+// passes the waiting all_complete.
 func (n *Node) deliverParent(ctx context.Context, parent string) bool {
 	for ctx.Err() == nil {
 		pending, err := n.pending(ctx, parent)
@@ -168,7 +171,7 @@ func (n *Node) deliverParent(ctx context.Context, parent string) bool {
 		var waiting map[string]bool // the round tasks of an all_complete that waits
 		for _, r := range pending {
 			if waiting != nil && !(r.kind == string(bgtask.NotifyFinalSummary) && waiting[r.task]) {
-				break
+				continue // after the waiting all_complete: not yet
 			}
 			note, ok, err := n.noteOf(ctx, parent, r)
 			if err != nil {
@@ -277,6 +280,11 @@ func (n *Node) notify(ctx context.Context, note bgtask.Notification) error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
+		select {
+		case err := <-done: // it returned as the node closed: what it said counts
+			return err
+		default:
+		}
 		return fmt.Errorf("pgledger: the Notifier did not return in %s: %w", notifyFor, ctx.Err())
 	}
 }
@@ -324,5 +332,11 @@ func (n *Node) delivered(parent string, r outboxRow) bool {
 		n.o.Logger.Warn("pgledger: marking a notification delivered", "id", r.noteID, "err", err)
 		return false
 	}
-	return tag.RowsAffected() > 0
+	if tag.RowsAffected() == 0 {
+		return false
+	}
+	if n.o.marked != nil {
+		n.o.marked(r.noteID)
+	}
+	return true
 }

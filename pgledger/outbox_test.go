@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -65,9 +66,15 @@ func (f *fixture) deliveringNodes(svc *service, box *inbox, n int) []*Node {
 	out := make([]*Node, n)
 	for i := range out {
 		node, err := Join(context.Background(), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i),
-			Host: svc, Poll: 100 * time.Millisecond, Notifier: box})
+			Host: svc, Poll: 100 * time.Millisecond, Notifier: box, Logger: slog.New(slog.NewTextHandler(tlog{f.t}, nil)),
+			marked: func(note string) {
+				select {
+				case f.marked <- note:
+				default:
+				}
+			}})
 		require.NoError(f.t, err)
-		f.t.Cleanup(func() { _ = node.Close(context.Background()) })
+		closeAtEnd(f.t, node)
 		out[i] = node
 	}
 	return out
@@ -136,6 +143,10 @@ func TestAllCompleteOncePerRoundAcrossProcesses(t *testing.T) {
 			}
 		}
 		assert.Equal(t, bgtask.NotifyAllComplete, got[last].Kind, "the round's last word")
+		// Delivered, and then marked: only then does its round leave the
+		// outbox (a Close in between would leave it to deliver again).
+		for recv(t, f.marked, "the all_complete to be marked delivered") != all[0].ID {
+		}
 	}
 	// Nothing more comes: one all_complete per round, none from a Manager.
 	for _, n := range ns {
@@ -212,7 +223,7 @@ func TestCloseIsBoundedWhenTheNotifierHangs(t *testing.T) {
 	got, err := bgtasktest.WaitStatus(ctx(t), node.Manager(), task.ID, bgtask.StatusRunning)
 	require.NoError(t, err)
 	require.NoError(t, node.Observe(bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
-	<-h.asked // the deliverer is inside Notify, and will not come out
+	recv(t, h.asked, "the deliverer to call Notify") // inside it, it will not come out
 	short, cancel := context.WithTimeout(ctx(t), 300*time.Millisecond)
 	defer cancel()
 	err = node.Close(short)
@@ -275,4 +286,40 @@ func TestAFleetClosureTellsTheParent(t *testing.T) {
 	assert.Equal(t, a.ID, closed[0].TaskID)
 	assert.Contains(t, closed[0].Text, "[Branch closure]")
 	assert.Contains(t, closed[0].Text, "2 run(s) stopped.", "both runs, each in its process")
+}
+
+// A round's final summary may be written after the next rounds' rows (the
+// round's all_complete is made by the commit that ended its last task, the
+// summary after it). It overtakes its own all_complete, wherever it is
+// behind it; nothing else does: the parent hears each round's summaries
+// and then its all_complete, round after round.
+func TestASummaryWrittenLateOvertakesOnlyItsOwnAllComplete(t *testing.T) {
+	f := newFixture(t)
+	require.NoError(t, Migrate(ctx(t), f.pool))
+	final := func(task string) []any {
+		body := fmt.Sprintf(`{"id":"final:%s","kind":"final_summary","parentSessionID":"chat","taskID":%q,"task":{"id":%q}}`, task, task, task)
+		return []any{"final:" + task, "final_summary", task, body, nil}
+	}
+	round := func(n int, task string) []any {
+		return []any{fmt.Sprintf("all_complete:chat:%d", n), "all_complete", "", nil, []string{task}}
+	}
+	for _, row := range [][]any{round(1, "t1"), final("t1"), round(2, "t2"), round(3, "t3"), final("t3"), final("t2")} {
+		_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body, round_tasks)
+VALUES ($1, 'w0', $2, 'chat', $3, $4, $5, $6)`, append([]any{f.ledger}, row...)...)
+		require.NoError(t, err)
+	}
+	box := newInbox()
+	f.deliveringNodes(newService(), box, 1)
+	got := box.await(t, func(got []bgtask.Notification) bool { return len(got) >= 6 })
+	var ids []string
+	for _, n := range got {
+		ids = append(ids, n.ID)
+	}
+	assert.Equal(t, []string{"final:t1", "all_complete:chat:1", "final:t2", "all_complete:chat:2", "final:t3", "all_complete:chat:3"}, ids)
+	for i, n := range got[1:] {
+		if n.Kind == bgtask.NotifyAllComplete {
+			require.Len(t, n.Tasks, 1, "%s", n.ID)
+			assert.Equal(t, got[i].TaskID, n.Tasks[0].ID, "%s has its round's task", n.ID)
+		}
+	}
 }

@@ -29,6 +29,15 @@ type fixture struct {
 	pool   *pgxpool.Pool
 	ledger string
 	took   chan took // the fixture's nodes' takeovers
+	// drained hears the member whenever a node of the fixture's removed
+	// applied events from its inbox.
+	drained chan string
+	// stopped hears the task whenever a node of the fixture wrote what a
+	// stop of its run came to.
+	stopped chan string
+	// marked hears the id of each notification a delivering node of the
+	// fixture marked delivered.
+	marked chan string
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -36,7 +45,7 @@ func newFixture(t *testing.T) *fixture {
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	return &fixture{t: t, pool: pool, ledger: fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1)), took: make(chan took, 16)}
+	return &fixture{t: t, pool: pool, ledger: fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1)), took: make(chan took, 16), drained: make(chan string, 64), stopped: make(chan string, 64), marked: make(chan string, 256)}
 }
 
 // open opens member's journal, closed at the test's end.
@@ -54,7 +63,11 @@ func (f *fixture) manager(host bgtask.Host, j bgtask.Journal, opts ...bgtask.Opt
 	f.t.Helper()
 	m, err := bgtask.Open(context.Background(), host, append(opts, bgtask.WithJournal(j))...)
 	require.NoError(f.t, err)
-	f.t.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	f.t.Cleanup(func() {
+		c, cancel := ending()
+		defer cancel()
+		_ = m.Shutdown(c)
+	})
 	return m
 }
 
@@ -78,6 +91,37 @@ func (f *fixture) count(table, where string, args ...any) int {
 }
 
 var spec = bgtask.Spec{ParentSessionID: "parent", Prompt: "do it", Models: []bgtask.Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}}}
+
+// recv waits for a value from c for at most 30 seconds (failure
+// detection only: the tests never wait on time for a state), and fails the
+// test, naming what it waited for, if none came.
+func recv[T any](t *testing.T, c <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("waited 30s for %s", what)
+		panic("not reached")
+	}
+}
+
+// ending is the bound of a Node's Close or a Manager's Shutdown at a
+// test's end: a test that failed with a host call held (a gate never
+// released) then still ends, and its failure is printed, where an
+// unbounded Close would wait for the call forever.
+func ending() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 30*time.Second)
+}
+
+// closeAtEnd closes node when the test ends, bounded by ending.
+func closeAtEnd(t testing.TB, node *Node) {
+	t.Cleanup(func() {
+		c, cancel := ending()
+		defer cancel()
+		_ = node.Close(c)
+	})
+}
 
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
