@@ -675,8 +675,10 @@ SELECT m.member FROM bgtask_members m
 		}
 		n.mu.Lock()
 		if n.closed {
+			// Close shuts it down with the others, bounded by its context
+			// (it reads n.dead once this loop has returned).
+			n.dead = append(n.dead, mb)
 			n.mu.Unlock()
-			_ = mb.m.Shutdown(context.Background())
 			return
 		}
 		n.mu.Unlock()
