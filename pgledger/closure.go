@@ -106,9 +106,7 @@ func (n *Node) gateStart(ctx context.Context, req bgtask.SessionRequest) error {
 }
 
 // admitted clears a launch that was admitted but did not land.
-func (n *Node) admitted(id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+func (n *Node) admitted(ctx context.Context, id string) {
 	if _, err := n.pool.Exec(ctx, `DELETE FROM bgtask_launching WHERE ledger = $1 AND task_id = $2`, n.o.Ledger, id); err != nil {
 		n.o.Logger.Warn("pgledger: clearing a launch that failed", "task", id, "err", err)
 	}

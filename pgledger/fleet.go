@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bgtask/bgtask"
@@ -78,6 +79,7 @@ type Node struct {
 	dead    []*member          // members whose lease was lost: shut down at Close
 	closed  bool
 
+	taking  atomic.Bool        // a takeover is running (takeOverAside)
 	stops   stopper            // the runs closures asked this node to stop
 	wake    chan struct{}      // the deliverer looks at the outbox now
 	backoff map[string]backoff // the deliverer's: parents whose delivery failed
@@ -92,9 +94,10 @@ type Node struct {
 
 // member is one member this node owns: its journal and its Manager.
 type member struct {
-	name string
-	j    *Journal
-	m    *bgtask.Manager
+	name    string
+	j       *Journal
+	m       *bgtask.Manager
+	drainMu sync.Mutex // one drain of its inbox at a time (the loop's, a takeover's)
 }
 
 // Join opens this process's member and its Manager, and starts listening
@@ -117,6 +120,8 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	} else {
+		o.Logger = slog.New(guardedHandler{h: o.Logger.Handler()})
 	}
 	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1), changed: make(chan struct{}),
 		backoff: map[string]backoff{}}
@@ -186,6 +191,7 @@ func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	if err != nil {
 		return nil, err
 	}
+	j.replayCtx = ctx // the replay is bounded as the opening is
 	opts := append(slices.Clip(n.o.Options), bgtask.WithJournal(j), bgtask.WithStartGate(n.gateStart))
 	if n.o.Notifier != nil {
 		opts = append(opts, bgtask.WithNotifier(outboxNotifier{n: n, member: name}))
@@ -313,25 +319,52 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 			return bgtask.Task{}, err
 		}
 	}
+	admitted := spec.ParentSessionID != ""
 	if spec.Key != "" {
 		holder, err := n.claimKey(ctx, spec.Key, spec.ID)
 		if err == nil && holder != spec.ID {
 			err = &bgtask.KeyHeldError{Key: spec.Key, TaskID: holder}
 		}
 		if err != nil {
-			n.admitted(spec.ID)
+			if admitted {
+				n.cleanUp(ctx, func(c context.Context) { n.admitted(c, spec.ID) })
+			}
 			return bgtask.Task{}, err
 		}
 	}
 	t, err := m.Launch(ctx, spec)
 	if err != nil {
 		var held *bgtask.KeyHeldError
-		if spec.Key != "" && (!errors.As(err, &held) || held.TaskID != spec.ID) {
-			n.releaseKey(spec.Key, spec.ID)
-		}
-		n.admitted(spec.ID)
+		n.cleanUp(ctx, func(c context.Context) {
+			if spec.Key != "" && (!errors.As(err, &held) || held.TaskID != spec.ID) {
+				n.releaseKey(c, spec.Key, spec.ID)
+			}
+			if admitted {
+				n.admitted(c, spec.ID)
+			}
+		})
 	}
 	return t, err
+}
+
+// cleanUp runs f, which undoes in the database what a failed call of the
+// caller's did, within the caller's context while it lasts (and 10 s at
+// most); once that context has ended, on a goroutine of the node's,
+// bounded by 10 s and by Close, so that the call still returns by its
+// deadline. What f undoes would also expire on its own (a key claim after
+// keyClaimGrace, a launch in flight when its member's lease does).
+func (n *Node) cleanUp(ctx context.Context, f func(context.Context)) {
+	if ctx.Err() == nil {
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		f(c)
+		return
+	}
+	n.goOwned(func() {
+		c, cancel := context.WithTimeout(n.loopCtx, 10*time.Second)
+		defer cancel()
+		f(c)
+	})
 }
 
 // keyClaimGrace is how long a claimed key whose task was never launched
@@ -360,9 +393,7 @@ RETURNING task_id`, n.o.Ledger, key, n.o.Member, id, keyClaimGrace).Scan(&holder
 }
 
 // releaseKey gives up a claim whose launch failed.
-func (n *Node) releaseKey(key, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+func (n *Node) releaseKey(ctx context.Context, key, id string) {
 	if _, err := n.pool.Exec(ctx, `DELETE FROM bgtask_keys WHERE ledger = $1 AND key = $2 AND task_id = $3`, n.o.Ledger, key, id); err != nil {
 		n.o.Logger.Warn("pgledger: releasing a key claim", "key", key, "err", err)
 	}
@@ -526,7 +557,7 @@ func (n *Node) run(ctx context.Context) {
 		}
 		if !time.Now().Before(next) {
 			n.drainAll(ctx)
-			n.takeOver(ctx)
+			n.takeOverAside(ctx)
 			n.serveAll(ctx)
 			next = time.Now().Add(n.o.Poll)
 			if n.o.pass != nil {
@@ -597,9 +628,11 @@ func (n *Node) drainAll(ctx context.Context) {
 // drain applies the events in mb's inbox, in the order they were routed,
 // and deletes them once applied (Observe returns once durable): a crash
 // in between applies them again, and a repeat is refused as stale. Only
-// the node that owns mb drains it, from its loop alone; no transaction is
-// held across the Manager's own writes.
+// the node that owns mb drains it, one drain at a time (the loop's, or a
+// takeover's); no transaction is held across the Manager's own writes.
 func (n *Node) drain(ctx context.Context, mb *member) {
+	mb.drainMu.Lock()
+	defer mb.drainMu.Unlock()
 	for ctx.Err() == nil {
 		rows, err := n.pool.Query(ctx, `SELECT id, event FROM bgtask_inbox WHERE ledger = $1 AND member = $2
  ORDER BY id LIMIT 100`, n.o.Ledger, mb.name)
@@ -637,6 +670,22 @@ func (n *Node) drain(ctx context.Context, mb *member) {
 		if len(applied) < len(ids) || len(ids) < 100 {
 			return
 		}
+	}
+}
+
+// takeOverAside runs takeOver on a goroutine of the node's, unless one is
+// still running: a takeover's recovery asks the Host about every live
+// run, and a Host that hangs must not hold up the loop (events routed
+// here, closures to serve).
+func (n *Node) takeOverAside(ctx context.Context) {
+	if !n.taking.CompareAndSwap(false, true) {
+		return
+	}
+	if !n.goOwned(func() {
+		defer n.taking.Store(false)
+		n.takeOver(ctx)
+	}) {
+		n.taking.Store(false)
 	}
 }
 
@@ -732,4 +781,45 @@ func (n *Node) Close(ctx context.Context) error {
 		_ = mb.j.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// guardedHandler is the node's logger's handler, which is user code: a
+// panic in it is swallowed (the line is lost), never passed on to a node
+// goroutine or to a caller, as the Manager does with its own logger.
+type guardedHandler struct{ h slog.Handler }
+
+func (g guardedHandler) Enabled(ctx context.Context, l slog.Level) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return g.h.Enabled(ctx, l)
+}
+
+func (g guardedHandler) Handle(ctx context.Context, r slog.Record) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("pgledger: the log handler panicked: %v", p)
+		}
+	}()
+	return g.h.Handle(ctx, r)
+}
+
+func (g guardedHandler) WithAttrs(as []slog.Attr) (out slog.Handler) {
+	defer func() {
+		if recover() != nil {
+			out = g
+		}
+	}()
+	return guardedHandler{h: g.h.WithAttrs(as)}
+}
+
+func (g guardedHandler) WithGroup(name string) (out slog.Handler) {
+	defer func() {
+		if recover() != nil {
+			out = g
+		}
+	}()
+	return guardedHandler{h: g.h.WithGroup(name)}
 }

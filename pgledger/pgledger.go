@@ -120,6 +120,10 @@ type Journal struct {
 	// renewedAt (UnixNano) is when the last renewal that succeeded (a
 	// write or a heartbeat) was asked.
 	renewedAt atomic.Int64
+	// replayCtx bounds Replay (nil: only Close does): the context of the
+	// Join or takeover that opens the member (Node.open sets it before
+	// the Manager replays).
+	replayCtx context.Context
 }
 
 // renewed notes a renewal of the lease asked at at.
@@ -453,12 +457,26 @@ func (j *Journal) heartbeat(every time.Duration, beat func()) {
 	}
 }
 
-// Replay calls fn with the member's records in sequence order.
+// Replay calls fn with the member's records in sequence order. Close
+// ends a replay in progress; a Node's replay is also bounded by the
+// context of the Join or takeover that opens the member.
 func (j *Journal) Replay(fn func(bgtask.Record) error) error {
 	if err := j.failedErr(); err != nil {
 		return err
 	}
-	ctx := context.Background()
+	ctx := j.replayCtx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // ends with the replay: cancel is deferred
+		select {
+		case <-j.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	rows, err := j.pool.Query(ctx, `SELECT seq, kind, task_id, attempt_id, token, data FROM bgtask_records
  WHERE ledger = $1 AND member = $2 ORDER BY seq`, j.ledger, j.member)
 	if err != nil {

@@ -2,6 +2,7 @@ package pgledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -406,6 +407,12 @@ const schemaLock = 0x6267_7461_736b // "bgtask"
 // only the missing migrations otherwise (idempotent), and refusing a
 // database whose schema is newer than this package.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if pool == nil {
+		return errors.New("pgledger: Migrate with a nil pool")
+	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLock)); err != nil {
 			return err
