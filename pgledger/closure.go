@@ -188,7 +188,9 @@ type openClosure struct {
 // *UnstoppedError names each run that did not stop, the member that owns
 // it and the process holding that member: a failed abort, or a run still
 // live when ctx ended. Either way the fence comes down and the closure's
-// record — bgtask.ClosureRecord, by value — is written to its row.
+// record — bgtask.ClosureRecord, by value — is written to its row; if the
+// database does not take it within ctx (or a second after ctx ended), the
+// error says so and the node writes it once the database answers.
 //
 // A blank sessionID is bgtask.ErrInvalidArgument; a session no member of
 // the ledger knows (no task's session, no task's parent, no launch in
@@ -241,6 +243,11 @@ func (n *Node) CloseTask(ctx context.Context, id string) (bgtask.ClosureReport, 
 
 // closeWait bounds how long a closure waits between looks at its scope.
 const closeWait = 100 * time.Millisecond
+
+// finishGrace is how long a closure whose caller's context ended has to
+// take its fence down and write its record before it returns (a record
+// not written by then is written later, by the node).
+const finishGrace = time.Second
 
 // stopWriteGrace is how long a closure with nothing live left waits for
 // the stops its owners began to say what they came to.
@@ -304,7 +311,7 @@ func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, 
 		}
 		wait = min(2*wait, closeWait)
 	}
-	return n.finish(k, rep, live, err)
+	return n.finish(ctx, k, rep, live, err)
 }
 
 // waitingFor reports whether the closure must look again: a live run of
@@ -370,8 +377,20 @@ func (n *Node) stopsOf(ctx context.Context, id int64) (stops, error) {
 // failed, and those still live. A closure cut short by cause (its
 // caller's context ended, the database failed) looks at its scope once
 // more first: what stopped since its last look is not named as live.
-func (n *Node) finish(k openClosure, rep bgtask.ClosureReport, live []scopeRun, cause error) (bgtask.ClosureReport, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+//
+// It keeps to the caller's context (and 30 s at most), or, once that has
+// ended, to finishGrace more. A record the database did not take by then
+// is written by a goroutine of the node's, which tries again until it
+// lands or the node closes: the fence comes down when the database
+// answers, and the caller has its report by its deadline.
+func (n *Node) finish(caller context.Context, k openClosure, rep bgtask.ClosureReport, live []scopeRun, cause error) (bgtask.ClosureReport, error) {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if caller.Err() == nil {
+		ctx, cancel = context.WithTimeout(caller, 30*time.Second)
+	} else {
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(caller), finishGrace)
+	}
 	defer cancel()
 	if cause != nil {
 		if now, err := n.scope(ctx, k, nil); err == nil {
@@ -398,7 +417,12 @@ func (n *Node) finish(k openClosure, rep bgtask.ClosureReport, live []scopeRun, 
 		}
 	}
 	rec := bgtask.ClosureRecord{SessionID: k.root, TaskID: k.task, At: time.Now(), Stopped: rep.Stopped, Failed: rep.Failed, Stopping: rep.Stopping, Passes: rep.Passes}
-	err = errors.Join(err, n.record(ctx, k, rec))
+	if rerr := n.record(ctx, k, rec); rerr != nil {
+		err = errors.Join(err, rerr)
+		if !n.goOwned(func() { _ = n.record(n.loopCtx, k, rec) }) {
+			err = errors.Join(err, ErrClosed) // the fence holds until this member's lease ends
+		}
+	}
 	switch {
 	case err != nil:
 		return rep, errors.Join(cause, fmt.Errorf("pgledger: ending closure %d: %w", k.id, err))

@@ -774,13 +774,23 @@ func (n *Node) Close(ctx context.Context) error {
 		all = append(all, mb)
 	}
 	n.mu.Unlock()
-	for _, mb := range all {
-		if err := mb.m.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("member %s: %w", mb.name, err))
-		}
-		_ = mb.j.Close()
+	// The members shut down side by side, each journal's last writes and
+	// lease release bounded by ctx (and closeGrace after it).
+	shut := make([]error, len(all))
+	var wg sync.WaitGroup
+	for i, mb := range all {
+		mb.j.closeWithin(ctx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := mb.m.Shutdown(ctx); err != nil {
+				shut[i] = fmt.Errorf("member %s: %w", mb.name, err)
+			}
+			_ = mb.j.Close()
+		}()
 	}
-	return errors.Join(errs...)
+	wg.Wait()
+	return errors.Join(append(errs, shut...)...)
 }
 
 // guardedHandler is the node's logger's handler, which is user code: a

@@ -124,6 +124,43 @@ type Journal struct {
 	// Join or takeover that opens the member (Node.open sets it before
 	// the Manager replays).
 	replayCtx context.Context
+	// closing, once set (Node.Close), bounds the journal's last writes and
+	// the release of its lease: closeGrace after it ends, at most.
+	closing atomic.Pointer[context.Context]
+}
+
+// closeGrace is how long a journal's last writes may take once the
+// context of the Close that ends it has ended (as bgtask.ShutdownGrace).
+const closeGrace = time.Second
+
+// closeWithin bounds the rest of the journal's work, its last writes and
+// the release of its lease, by ctx and closeGrace after it.
+func (j *Journal) closeWithin(ctx context.Context) { j.closing.Store(&ctx) }
+
+// opCtx is the context of one statement of the journal's own: d long,
+// and no later than closeGrace after the closing context ended.
+func (j *Journal) opCtx(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	c := j.closing.Load()
+	if c == nil {
+		return ctx, cancel
+	}
+	var mu sync.Mutex
+	var grace *time.Timer
+	stop := context.AfterFunc(*c, func() {
+		mu.Lock()
+		grace = time.AfterFunc(closeGrace, cancel)
+		mu.Unlock()
+	})
+	return ctx, func() {
+		stop()
+		mu.Lock()
+		if grace != nil {
+			grace.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
 }
 
 // renewed notes a renewal of the lease asked at at.
@@ -401,7 +438,7 @@ func (j *Journal) appendGroup(group []*commit) (err error) {
 			data = append(data, r.Data)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), j.lease)
+	ctx, cancel := j.opCtx(j.lease)
 	defer cancel()
 	asked := time.Now()
 	defer func() {
@@ -571,7 +608,7 @@ func (j *Journal) Close() error {
 	if j.failedErr() != nil {
 		return nil // the lease is not ours to release
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), j.lease)
+	ctx, cancel := j.opCtx(j.lease)
 	defer cancel()
 	_, err := j.pool.Exec(ctx, `UPDATE bgtask_members SET expires_at = now()
  WHERE ledger = $1 AND member = $2 AND fence = $3`, j.ledger, j.member, j.fence)
