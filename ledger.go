@@ -2097,13 +2097,23 @@ type Journal interface {
 	// durable, or with why it is not; after an error the Manager stops
 	// (fail-stop) and a restart recovers from what is durable.
 	Append(batch []Record) Commit
-	// Replay calls fn with every durable record, in order.
+	// Replay calls fn with every durable record, in order. A journal
+	// that waits on I/O it can cancel implements ContextReplayer too.
 	Replay(fn func(Record) error) error
 	// Compact replaces the journal's records with keep (in order), as one
 	// atomic step.
 	Compact(keep []Record) error
 	// Close releases the journal.
 	Close() error
+}
+
+// ContextReplayer is a Journal whose replay a context can end: Open calls
+// ReplayContext with its own context instead of Replay, so a journal whose
+// storage stalls (a database, a network) cannot hold Open past its
+// deadline. It returns ctx's error, or one that wraps it, once ctx ends;
+// New replays with context.Background().
+type ContextReplayer interface {
+	ReplayContext(ctx context.Context, fn func(Record) error) error
 }
 
 // Commit is a batch appended to a Journal on its way to durable storage.
@@ -2431,8 +2441,9 @@ type openClosure struct{ root, task string }
 
 // restore replays the journal into m's empty ledger: every task, attempt,
 // closure record and notification as committed, and the epoch of the last
-// process life. It touches nothing outside the Manager. m.mu is held.
-func (m *Manager) restore() (*recovery, error) {
+// process life. It touches nothing outside the Manager. ctx bounds a
+// ContextReplayer's replay. m.mu is held.
+func (m *Manager) restore(ctx context.Context) (*recovery, error) {
 	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice), closing: make(map[uint64]openClosure)}
 	var lastEpoch uint64
 	step := m.replayInto(rv, &lastEpoch)
@@ -2442,13 +2453,17 @@ func (m *Manager) restore() (*recovery, error) {
 			m.presize(payloads)
 			return replayPayloads(payloads, step)
 		}
-		return m.cfg.journal.Replay(func(r Record) error {
+		fn := func(r Record) error {
 			rec, err := decodeRecord(r)
 			if err != nil {
 				return err
 			}
 			return step(rec)
-		})
+		}
+		if cr, ok := m.cfg.journal.(ContextReplayer); ok {
+			return cr.ReplayContext(ctx, fn)
+		}
+		return m.cfg.journal.Replay(fn)
 	})
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package bgtask
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -583,4 +584,86 @@ func TestWaitReturnsOnlyWhatIsDurable(t *testing.T) {
 	got, err := m.Wait(context.Background(), task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, StatusCompleted, got.Status)
+}
+
+// stallingJournal's replay waits for its context to end, as storage that
+// stalls would; its records are memJournal's.
+type stallingJournal struct {
+	memJournal
+	replaying chan struct{}
+}
+
+func (j *stallingJournal) ReplayContext(ctx context.Context, fn func(Record) error) error {
+	close(j.replaying)
+	<-ctx.Done()
+	return fmt.Errorf("stalled: %w", ctx.Err())
+}
+
+// Open bounds a ContextReplayer's replay by its own context: a journal
+// whose storage stalls cannot hold it past its deadline, and it returns
+// the replay's error, leaving nothing behind.
+func TestOpenBoundsAContextReplayerByItsContext(t *testing.T) {
+	j := &stallingJournal{replaying: make(chan struct{})}
+	host := &testHost{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type opened struct {
+		m   *Manager
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		m, err := Open(ctx, host, WithJournal(j))
+		done <- opened{m, err}
+	}()
+	<-j.replaying
+	cancel()
+	got := <-done
+	require.ErrorIs(t, got.err, context.Canceled, "the replay's error, through Open")
+	assert.Nil(t, got.m)
+	assert.Empty(t, host.starts)
+}
+
+// replayCounter is a memJournal that is a ContextReplayer and counts which
+// of its replays was called.
+type replayCounter struct {
+	memJournal
+	plain, withCtx int
+}
+
+func (j *replayCounter) Replay(fn func(Record) error) error {
+	j.plain++
+	return j.memJournal.Replay(fn)
+}
+
+func (j *replayCounter) ReplayContext(ctx context.Context, fn func(Record) error) error {
+	j.withCtx++
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return j.memJournal.Replay(fn)
+}
+
+// A ContextReplayer's records are replayed through ReplayContext alone, as
+// Replay's would be: a restart on it finds what was committed.
+func TestAContextReplayerIsReplayedThroughReplayContext(t *testing.T) {
+	j := &replayCounter{}
+	host := answeringHost()
+	m1, err := Open(context.Background(), host, WithJournal(j))
+	require.NoError(t, err)
+	host.m = m1
+	task, err := m1.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}})
+	require.NoError(t, err)
+	done, err := m1.Wait(context.Background(), task.ID)
+	require.NoError(t, err)
+	require.NoError(t, m1.Shutdown(context.Background()))
+
+	m2, err := Open(context.Background(), host, WithJournal(j))
+	require.NoError(t, err)
+	defer func() { _ = m2.Shutdown(context.Background()) }()
+	again, ok := m2.Task(task.ID)
+	require.True(t, ok, "replayed through ReplayContext")
+	assert.Equal(t, done.Status, again.Status)
+	assert.Equal(t, 2, j.withCtx)
+	assert.Equal(t, 0, j.plain)
 }

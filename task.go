@@ -1421,7 +1421,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		}
 	}
 	m.mu.Lock()
-	rv, err := m.restore()
+	rv, err := m.restore(ctx)
 	if err != nil {
 		// What was replayed before the failure is half a ledger (a task
 		// launched without its first attempt, say): nothing of it lives in

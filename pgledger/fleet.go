@@ -191,7 +191,6 @@ func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	if err != nil {
 		return nil, err
 	}
-	j.replayCtx = ctx // the replay is bounded as the opening is
 	opts := append(slices.Clip(n.o.Options), bgtask.WithJournal(j), bgtask.WithStartGate(n.gateStart))
 	if n.o.Notifier != nil {
 		opts = append(opts, bgtask.WithNotifier(outboxNotifier{n: n, member: name}))

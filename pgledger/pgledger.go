@@ -120,10 +120,6 @@ type Journal struct {
 	// renewedAt (UnixNano) is when the last renewal that succeeded (a
 	// write or a heartbeat) was asked.
 	renewedAt atomic.Int64
-	// replayCtx bounds Replay (nil: only Close does): the context of the
-	// Join or takeover that opens the member (Node.open sets it before
-	// the Manager replays).
-	replayCtx context.Context
 	// closing, once set (Node.Close), bounds the journal's last writes and
 	// the release of its lease: closeGrace after it ends, at most.
 	closing atomic.Pointer[context.Context]
@@ -494,14 +490,25 @@ func (j *Journal) heartbeat(every time.Duration, beat func()) {
 	}
 }
 
-// Replay calls fn with the member's records in sequence order. Close
-// ends a replay in progress; a Node's replay is also bounded by the
-// context of the Join or takeover that opens the member.
+// A Journal is a bgtask.Journal whose replay a context can end.
+var (
+	_ bgtask.Journal         = (*Journal)(nil)
+	_ bgtask.ContextReplayer = (*Journal)(nil)
+)
+
+// Replay calls fn with the member's records in sequence order; Close
+// ends a replay in progress.
 func (j *Journal) Replay(fn func(bgtask.Record) error) error {
+	return j.ReplayContext(context.Background(), fn)
+}
+
+// ReplayContext is Replay, ended by ctx as well (bgtask.ContextReplayer:
+// bgtask.Open replays with its own context, and so a Join or takeover
+// with its own).
+func (j *Journal) ReplayContext(ctx context.Context, fn func(bgtask.Record) error) error {
 	if err := j.failedErr(); err != nil {
 		return err
 	}
-	ctx := j.replayCtx
 	if ctx == nil {
 		ctx = context.Background()
 	}
