@@ -20,22 +20,7 @@ func (f *fixture) nodes(svc *service, n int, lease time.Duration) []*Node {
 	out := make([]*Node, n)
 	for i := range out {
 		node, err := Join(context.Background(), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i),
-			Lease: lease, Host: svc, Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{f.t}, nil)), took: func(m string) {
-				select {
-				case f.took <- took{i, m}:
-				default: // nobody waits for takeovers in this test
-				}
-			}, drained: func(m string) {
-				select {
-				case f.drained <- m:
-				default:
-				}
-			}, stopped: func(task string) {
-				select {
-				case f.stopped <- task:
-				default:
-				}
-			}})
+			Lease: lease, Host: svc, Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{f.t}, nil)), took: func(m string) { tell(f.took)(took{i, m}) }, drained: tell(f.drained), stopped: tell(f.stopped)})
 		require.NoError(f.t, err)
 		closeAtEnd(f.t, node)
 		out[i] = node

@@ -102,6 +102,19 @@ func (f *fixture) hold(sql string, args ...any) (release func()) {
 	return release
 }
 
+// pastDeadline calls call with a context that ends in 300ms, and
+// requires it to return within 3s of that (release, at the test's end,
+// lets the database answer again).
+func pastDeadline(t *testing.T, release func(), what string, call func(ctx context.Context) error) {
+	t.Helper()
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- call(short) }()
+	<-short.Done()
+	within(t, done, 3*time.Second, release, what)
+}
+
 // within waits up to d for done after the caller's context ended, and
 // fails the test (what names the call) if it did not come. In any case,
 // at the test's end, release lets the call go and it is waited for.
@@ -130,20 +143,15 @@ func within[T any](t *testing.T, done <-chan T, d time.Duration, release func(),
 func TestHostileJoinReplayIgnoresContext(t *testing.T) {
 	f := newFixture(t)
 	release := f.hold(`LOCK TABLE bgtask_records IN ACCESS EXCLUSIVE MODE`)
-	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
+	pastDeadline(t, release, "Join", func(short context.Context) error {
 		n, err := Join(short, f.pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 50 * time.Millisecond})
 		if n != nil { // it came too late for its caller: it is closed
 			c, cancel := ending()
 			_ = n.Close(c)
 			cancel()
 		}
-		done <- err
-	}()
-	<-short.Done()
-	within(t, done, 3*time.Second, release, "Join")
+		return err
+	})
 }
 
 // Fault: the same unbounded Replay (pgledger.go:461), reached from the
@@ -162,12 +170,7 @@ func TestHostileCloseHangsOnATakeoverReplay(t *testing.T) {
 	victim.kill() // its lease expires with a live task: the heir takes it over
 	recv(t, hp.hit, "the heir's takeover to replay the victim's records")
 
-	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- heir.Close(short) }()
-	<-short.Done()
-	within(t, done, 3*time.Second, release, "Node.Close")
+	pastDeadline(t, release, "Node.Close", heir.Close)
 }
 
 // stallingHost is a session service whose SessionStatus, once armed,
@@ -252,15 +255,10 @@ func TestHostileLaunchOverrunsItsContext(t *testing.T) {
 	f := newFixture(t)
 	node := f.hostileNode(f.pool, newService(), "w0", 0, nil)
 	release := f.hold(`LOCK TABLE bgtask_keys, bgtask_launching IN SHARE MODE`)
-	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
+	pastDeadline(t, release, "Launch", func(short context.Context) error {
 		_, err := node.Launch(short, bgtask.Spec{Key: "hostile", Prompt: "do it", Models: spec.Models})
-		done <- err
-	}()
-	<-short.Done()
-	within(t, done, 3*time.Second, release, "Launch")
+		return err
+	})
 }
 
 // Fault: Close(ctx) bounds neither the journal's last write nor the
@@ -272,12 +270,7 @@ func TestHostileCloseOverrunsItsContext(t *testing.T) {
 	f := newFixture(t)
 	node := f.hostileNode(f.pool, newService(), "w0", 0, nil)
 	release := f.hold(`SELECT 1 FROM bgtask_members WHERE ledger = $1 FOR UPDATE`, f.ledger)
-	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- node.Close(short) }()
-	<-short.Done()
-	within(t, done, 3*time.Second, release, "Node.Close")
+	pastDeadline(t, release, "Node.Close", node.Close)
 }
 
 // panicky is a slog handler that panics while armed (bgtask's own

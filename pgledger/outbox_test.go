@@ -67,12 +67,7 @@ func (f *fixture) deliveringNodes(svc *service, box *inbox, n int) []*Node {
 	for i := range out {
 		node, err := Join(context.Background(), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i),
 			Host: svc, Poll: 100 * time.Millisecond, Notifier: box, Logger: slog.New(slog.NewTextHandler(tlog{f.t}, nil)),
-			marked: func(note string) {
-				select {
-				case f.marked <- note:
-				default:
-				}
-			}})
+			marked: tell(f.marked)})
 		require.NoError(f.t, err)
 		closeAtEnd(f.t, node)
 		out[i] = node

@@ -106,6 +106,17 @@ func recv[T any](t *testing.T, c <-chan T, what string) T {
 	}
 }
 
+// tell returns a hook that sends its value on c if c has room, and
+// otherwise drops it (nobody in this test waits for it).
+func tell[T any](c chan<- T) func(T) {
+	return func(v T) {
+		select {
+		case c <- v:
+		default:
+		}
+	}
+}
+
 // ending is the bound of a Node's Close or a Manager's Shutdown at a
 // test's end: a test that failed with a host call held (a gate never
 // released) then still ends, and its failure is printed, where an
