@@ -71,10 +71,13 @@ func (f *fixture) manager(host bgtask.Host, j bgtask.Journal, opts ...bgtask.Opt
 	return m
 }
 
-// expire ends member's lease now, as time passing would.
+// expire ends member's lease, as time passing would. It is set an hour
+// back, not to now(): a heartbeat whose statement began just before this
+// one and waited for its row lock would find expires_at (this statement's
+// now()) later than its own now(), and renew the lease.
 func (f *fixture) expire(member string) {
 	f.t.Helper()
-	_, err := f.pool.Exec(context.Background(), `UPDATE bgtask_members SET expires_at = now() WHERE ledger = $1 AND member = $2`, f.ledger, member)
+	_, err := f.pool.Exec(context.Background(), `UPDATE bgtask_members SET expires_at = now() - interval '1 hour' WHERE ledger = $1 AND member = $2`, f.ledger, member)
 	require.NoError(f.t, err)
 }
 
