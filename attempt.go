@@ -1023,7 +1023,7 @@ func (m *Manager) reconcile(rv *recovery) {
 				m.finalize(e, a.ID, StatusInterrupt, why, "", now)
 				continue
 			}
-			if m.effect(effect{kind: fxRecover, e: e, run: runOfAttempt(a), rv: rv}) {
+			if m.effect(effect{kind: fxRecover, e: e, run: runOfAttempt(a), rv: rv, stopped: e.stop != ""}) {
 				rv.left++
 			} else {
 				m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
@@ -1082,7 +1082,7 @@ func (m *Manager) recoverRun(fx *effect) {
 	e, a := fx.e, fx.run.attempt()
 	defer func() { fx.rv.pending <- struct{}{} }()
 	sh := m.host.(StatusHost)
-	in := recoveredIn{e: e, a: a, sid: a.SessionID}
+	in := recoveredIn{e: e, a: a, sid: a.SessionID, stopAsked: fx.stopped}
 	ctx := withRun(m.life.ctx, RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}, callStart)
 	func() {
 		defer func() {
@@ -1132,6 +1132,15 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 		return
 	case in.sid == "":
 		m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+		return
+	case in.report.State == SessionGone && e.stop != "" && !in.stopAsked:
+		// A stop asked since the question (a deadline that passed while
+		// nobody ran, a cancel) had its abort sent: that abort may be what
+		// ended the session before the host was asked. The run is not
+		// running, and it ends as the stop's confirmed abort ends it.
+		if ref, ok := m.led.attemptOf(a.ID); ok {
+			m.endStopped(ref, "", now)
+		}
 		return
 	case in.report.State == SessionGone || (in.report.State != SessionAlive && in.report.State != SessionEnded):
 		m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)

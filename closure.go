@@ -347,9 +347,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		} else {
 			m.touched(e) // the stop's waiters learn the answer
 		}
-	case live && e.stop == StatusError: // the task's deadline, whoever's abort stopped the run
-		m.fail(e, *deadlineFailure(e, false), now)
-	case live && op.failWith != nil && !m.fence(e):
+	case live && op.failWith != nil && e.stop != StatusError && !m.fence(e):
 		e.seen.stopped = op.run().Token // the retry need not abort it again
 		m.fail(e, *op.failWith, now)
 	case live:
@@ -357,11 +355,24 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		if out := e.seen.out; out.token == a.Token {
 			errText = out.stopErr
 		}
-		m.finalizeRef(op.ref, e.stopStatus(), errText, "", now)
+		m.endStopped(op.ref, errText, now)
 	default:
 		m.touched(e)
 	}
 	op.status = op.ref.attempt().Status
+}
+
+// endStopped ends the run ref names, which a stop asked of it (e.stop,
+// or a cancel) found stopped: the task's deadline fails it, reason
+// deadline, whoever's abort stopped it; any other stop gives its status,
+// with errText, what the run returned as it stopped. m.mu is held.
+func (m *Manager) endStopped(ref attemptRef, errText string, now time.Time) {
+	e := ref.e
+	if e.stop == StatusError {
+		m.fail(e, *deadlineFailure(e, false), now)
+		return
+	}
+	m.finalizeRef(ref, e.stopStatus(), errText, "", now)
 }
 
 // abortOrphan aborts a session that was created for attempt a after a

@@ -1150,3 +1150,51 @@ func TestWaitParentWaitsForEveryTaskOfAParent(t *testing.T) {
 	_, err = h.m.WaitParent(ctx, "elsewhere")
 	assert.ErrorIs(t, err, context.Canceled)
 }
+
+// lateAnswerHost answers a restart's question about a run only once the
+// run's abort has removed its session (or after a while): the answer is
+// then "gone".
+type lateAnswerHost struct {
+	svcHost
+	removed chan struct{}
+	once    sync.Once
+}
+
+func (h *lateAnswerHost) AbortSession(ctx context.Context, sid string) error {
+	err := h.svcHost.AbortSession(ctx, sid)
+	h.once.Do(func() { close(h.removed) })
+	return err
+}
+
+func (h *lateAnswerHost) SessionStatus(ctx context.Context, sid string) (SessionReport, error) {
+	select {
+	case <-h.removed:
+	case <-time.After(2 * time.Second): // the question may come first: then it is answered as is
+	case <-ctx.Done():
+	}
+	return h.svcHost.SessionStatus(ctx, sid)
+}
+
+// A deadline that passed while nobody ran is stopped after the restart;
+// if its abort removes the session before the host is asked about the
+// run, the answer "gone" is what this life's stop did: the task fails,
+// reason deadline, and is not interrupt as "lost across restart".
+func TestADeadlineStopAfterARestartIsNotLostToAGoneAnswer(t *testing.T) {
+	dir := t.TempDir()
+	svc := newSessionService()
+	j := openJournal(t, dir)
+	m := New(&svcHost{svc: svc}, WithJournal(j), WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0)))
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Timeout: time.Hour})
+	require.NoError(t, err)
+	waitStatus(t, m, task.ID, StatusRunning)
+	crash(t, m, j)
+
+	host := &lateAnswerHost{svcHost: svcHost{svc: svc, abortOK: true}, removed: make(chan struct{})}
+	m2, err := Open(context.Background(), host, WithJournal(openJournal(t, dir)), WithClock(clock.NewFake(t0.Add(2*time.Hour))))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	done, err := m2.Wait(context.Background(), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusError, done.Status, "%s: %s", done.Status, done.Error)
+	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
+}

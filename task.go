@@ -1764,6 +1764,7 @@ type effect struct {
 	session  string                // fxAbortOrphan, fxCascade: the session
 	closure  *closure              // fxCascade: the closure of its branch
 	rv       *recovery             // fxRecover: the restart it serves
+	stopped  bool                  // fxRecover: a stop was asked before the question
 	timer    Timer                 // fxQueueTimeout: made as the run queued; fxDeadline: made as it was armed
 	done     <-chan struct{}       // fxStallWatch: closed when the run ends or is replaced
 	waiter   *slots.Waiter[queued] // fxQueueTimeout: the run's place in the queue
@@ -1988,6 +1989,9 @@ type (
 		err    error
 		text   string  // err's text, worked out outside the lock
 		f      failure // an ended run's error, classified outside the lock
+		// stopAsked: a stop was asked of the run before the question was
+		// (before the restart); one asked since is this life's own.
+		stopAsked bool
 	}
 )
 
