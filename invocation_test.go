@@ -772,6 +772,11 @@ func TestContinueFromSurvivesARestart(t *testing.T) {
 	next, err := m1.Launch(ctx, Spec{ParentSessionID: "p", ContinueFrom: first.ID, Models: oneModel})
 	require.NoError(t, err)
 	waitStatus(t, m1, next.ID, StatusRunning)
+	// The binding of next's session is durable before the crash: a launch
+	// returns once its records are, and batches land in order. (Running
+	// is seen a moment before the binding is appended.)
+	_, err = m1.Launch(ctx, Spec{ParentSessionID: "barrier", Models: oneModel})
+	require.NoError(t, err)
 	old := m1.mustTask(t, first.ID)
 	crash(t, m1, j1)
 
