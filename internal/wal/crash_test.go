@@ -31,10 +31,18 @@ func crashAt(t *testing.T, payloads [][]byte, budget int64, group, prealloc bool
 	fs := &faultFS{onWrite: dropAfter(budget)}
 	opts := wal.Options{NoPrealloc: !prealloc}
 	l := open(t, dir, wal.Options{FS: fs, NoPrealloc: !prealloc})
+	per := 1 // records per batch
+	if group {
+		per = 3
+	}
+	var batches [][][]byte
+	for i := 0; i < len(payloads); i += per {
+		batches = append(batches, payloads[i:min(i+per, len(payloads))])
+	}
 	if group {
 		var bs []*wal.Batch
-		for i := 0; i < len(payloads); i += 3 {
-			bs = append(bs, l.Append(payloads[i:min(i+3, len(payloads))]))
+		for _, b := range batches {
+			bs = append(bs, l.Append(b))
 		}
 		for _, b := range bs {
 			require.NoError(t, b.Wait())
@@ -46,7 +54,7 @@ func crashAt(t *testing.T, payloads [][]byte, budget int64, group, prealloc bool
 	require.NoError(t, l.Close())
 
 	offs := offsets(payloads)
-	enc, kept := encode(payloads), min(budget, offs[len(payloads)])
+	enc, kept := encodeBatches(batches...), min(budget, offs[len(payloads)])
 	seg := lastSegment(t, dir)
 	data := readFile(t, seg)
 	require.True(t, bytes.Equal(enc[:kept], data[:kept]), "the simulated crash kept %d bytes", budget)
@@ -62,16 +70,23 @@ func crashAt(t *testing.T, payloads [][]byte, budget int64, group, prealloc bool
 		whole++
 	}
 
+	// A batch is read whole or not at all: the records of the batch the
+	// crash cut go with it.
+	cut := whole - whole%per
+	if whole == len(payloads) {
+		cut = whole
+	}
 	l2, err := wal.Open(dir, opts)
 	require.NoError(t, err, "a crash leaves at most a torn tail")
-	equalRecords(t, payloads[:whole], l2.Records(), "every record within the budget, nothing partial")
-	if !allZero(data[offs[whole]:]) { // cut inside record whole
-		if torn := l2.Torn(); assert.NotNil(t, torn, "the cut record is reported torn") {
-			assert.Equal(t, offs[whole], torn.Offset)
-			assert.Equal(t, int64(len(data))-offs[whole], torn.Bytes)
+	equalRecords(t, payloads[:cut], l2.Records(), "every batch within the budget, nothing partial")
+	if !allZero(data[offs[whole]:]) || cut < whole { // cut inside record whole, or inside a batch
+		if torn := l2.Torn(); assert.NotNil(t, torn, "the cut record or batch is reported torn") {
+			assert.Equal(t, offs[cut], torn.Offset)
+			assert.Equal(t, int64(len(data))-offs[cut], torn.Bytes)
 			assert.Equal(t, filepath.Base(seg), filepath.Base(torn.File))
 		}
-		assert.Equal(t, offs[whole], fileSize(t, seg))
+		assert.Equal(t, offs[cut], fileSize(t, seg))
+		whole = cut
 	} else {
 		assert.Nil(t, l2.Torn(), "a crash at a record boundary (or that left only zeros of the record cut) tears nothing")
 		if !prealloc {

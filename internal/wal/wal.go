@@ -4,8 +4,20 @@
 // Layout: a directory holds a LOCK file (one process at a time, by flock)
 // and segments named seg-<n>.log, replayed in order of n. A record on disk
 // is a 12-byte header — the payload's length (its top bit marks a
-// compaction's base), the CRC-32C (Castagnoli) of those four bytes, and
-// the CRC-32C of the payload, all little-endian uint32 — then the payload.
+// compaction's base, the next one says that more records of its batch
+// follow), the CRC-32C (Castagnoli) of those four bytes, and the CRC-32C
+// of the payload, all little-endian uint32 — then the payload.
+//
+// Commits: a batch (one Append: for bgtask, one commit) is read whole or
+// not at all. Every record of a batch but its last carries the flag that
+// says its batch goes on; a batch is written into one segment. Recovery
+// reads a batch only once it has read its last record: a segment whose
+// records end inside a batch (the crash kept the first units of a round,
+// or a damaged record cut it) is cut where that batch began, as a torn
+// record is — in the last segment a torn tail (Torn.Offset is where the
+// batch began), in any other segment corruption. A record with neither
+// flag is a batch of its own, so a journal written before batches were
+// framed reads exactly as before.
 // The header's own checksum tells a damaged length from a write cut short.
 // A header of zeros is never a record (the CRC-32C of four zero bytes is
 // not zero): it is where the records of a segment end.
@@ -73,6 +85,9 @@
 //     file and the offset, and never skips it. So is a good header whose
 //     length is over MaxRecord, which no write leaves.
 //
+// A batch the damaged record (or the segment's clean end) leaves
+// incomplete goes with it: off moves back to where that batch began.
+//
 // A torn tail is cut off: Open truncates the file at off, so every record
 // after it goes too (the crash may have kept a later page of the unit and
 // lost an earlier one), makes the cut durable before anything is written
@@ -122,6 +137,12 @@ const (
 	// baseFlag, in a header's length, marks a compaction's base: a record
 	// with no payload before which everything is replaced.
 	baseFlag = 1 << 31
+	// moreFlag, in a header's length, says that the record is not the last
+	// of its batch: the batch's next record follows it. A batch (a commit)
+	// is read whole or not at all (see the package doc, "Commits").
+	moreFlag = 1 << 30
+	// flags are the bits of a header's length field that are not length.
+	flags = baseFlag | moreFlag
 
 	// unitBytes (W in the package doc) bounds what one write and sync
 	// covers in a preallocated segment, and so how far past a damaged
@@ -506,8 +527,13 @@ func (l *Log) read(n int, last bool) (s seg, err error) {
 	}
 	s.n, s.size = n, int64(len(data))
 	off := int64(0)
+	// The batch being read: where it began (offset, and index in s.recs),
+	// and whether its last record read says more of it follows.
+	var open bool
+	var batchOff int64
+	batchIdx := 0
 	for off < s.size {
-		payload, base, end, bad := record(data, off)
+		payload, field, end, bad := record(data, off)
 		if bad != nil {
 			if allZero(data[off:]) {
 				break // the clean end: preallocated space
@@ -518,12 +544,27 @@ func (l *Log) read(n int, last bool) (s seg, err error) {
 			}
 			return seg{}, fmt.Errorf("bgtask: journal: %s at offset %d: %s: refusing to start (the journal is corrupt)", name, off, bad.why)
 		}
-		if base {
-			s.recs = [][]byte{nil} // a base: what came before it is replaced
+		if !open {
+			batchOff, batchIdx = off, len(s.recs)
+		}
+		if field&baseFlag != 0 {
+			s.recs, batchIdx = [][]byte{nil}, 0 // a base: what came before it is replaced
 		} else {
 			s.recs = append(s.recs, payload)
 		}
+		open = field&moreFlag != 0
 		off = end
+	}
+	if open {
+		// The segment ends inside a batch: the crash kept the first of
+		// its records and lost the rest. The batch is cut as a torn
+		// record is: none of it was durable, so none of it happened.
+		if !last {
+			return seg{}, fmt.Errorf("bgtask: journal: %s at offset %d: a commit that does not end before the segment does: refusing to start (the journal is corrupt)", name, batchOff)
+		}
+		s.recs = s.recs[:batchIdx]
+		s.torn = &Torn{File: name, Offset: batchOff, Bytes: s.size - batchOff}
+		off = batchOff
 	}
 	s.end = off
 	return s, nil
@@ -544,36 +585,37 @@ type damage struct {
 	never bool
 }
 
-// record reads the record at off: its payload, whether it is a base
-// marker, and where it ends; or, if it is not a whole record with good
+// record reads the record at off: its payload, its header's length field
+// (whose flags say whether it is a base marker, and whether its batch goes
+// on), and where it ends; or, if it is not a whole record with good
 // checksums, what is wrong with it.
-func record(data []byte, off int64) (payload []byte, base bool, end int64, bad *damage) {
+func record(data []byte, off int64) (payload []byte, field uint32, end int64, bad *damage) {
 	size := int64(len(data))
 	if size-off < headerSize {
-		return nil, false, 0, &damage{why: "short header", atEnd: true}
+		return nil, 0, 0, &damage{why: "short header", atEnd: true}
 	}
 	hdr := data[off : off+headerSize]
-	field := binary.LittleEndian.Uint32(hdr)
-	length := int64(field &^ baseFlag)
+	field = binary.LittleEndian.Uint32(hdr)
+	length := int64(field &^ flags)
 	end = off + headerSize + length
 	if crc32.Checksum(hdr[:4], castagnoli) != binary.LittleEndian.Uint32(hdr[4:]) {
 		// The length is not to be trusted; by the old rule the record is
 		// the torn tail only if, as written, it is the one that ends the
 		// segment.
-		return nil, false, 0, &damage{why: "header checksum mismatch", atEnd: off+headerSize == size || end == size}
+		return nil, 0, 0, &damage{why: "header checksum mismatch", atEnd: off+headerSize == size || end == size}
 	}
 	span := headerSize + length
 	switch {
 	case length > MaxRecord:
-		return nil, false, 0, &damage{why: "record length over the limit", never: true}
+		return nil, 0, 0, &damage{why: "record length over the limit", never: true}
 	case end > size:
-		return nil, false, 0, &damage{why: "record cut short", atEnd: true, span: span}
+		return nil, 0, 0, &damage{why: "record cut short", atEnd: true, span: span}
 	}
 	payload = data[off+headerSize : end]
 	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[8:]) {
-		return nil, false, 0, &damage{why: "checksum mismatch", atEnd: end == size, span: span}
+		return nil, 0, 0, &damage{why: "checksum mismatch", atEnd: end == size, span: span}
 	}
-	return payload, field&baseFlag != 0, end, nil
+	return payload, field, end, nil
 }
 
 // tornTail reports whether the damaged record at off in the last segment
@@ -693,13 +735,16 @@ func (l *Log) write(batches []*Batch, rotate bool) error {
 	units := !l.opts.NoPrealloc && !l.segHidden
 	var hdr [headerSize]byte
 	for _, b := range batches {
-		for _, p := range b.payloads {
+		for i, p := range b.payloads {
 			if len(p) > MaxRecord {
 				return fmt.Errorf("bgtask: journal: a record of %d bytes is over the limit of %d", len(p), MaxRecord)
 			}
 			field := uint32(len(p))
 			if p == nil && b.base {
 				field |= baseFlag
+			}
+			if i < len(b.payloads)-1 && !b.base {
+				field |= moreFlag // its batch goes on: a commit is read whole or not at all
 			}
 			binary.LittleEndian.PutUint32(hdr[:], field)
 			binary.LittleEndian.PutUint32(hdr[4:], crc32.Checksum(hdr[:4], castagnoli))

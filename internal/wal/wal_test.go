@@ -115,13 +115,31 @@ func offsets(payloads [][]byte) []int64 {
 // encode is payloads as a segment holds them: each a header (length,
 // CRC-32C of the length, CRC-32C of the payload) and the payload.
 func encode(payloads [][]byte) []byte {
+	var batches [][][]byte
+	for _, p := range payloads {
+		batches = append(batches, [][]byte{p})
+	}
+	return encodeBatches(batches...)
+}
+
+// encodeBatches is batches as a segment holds them: each record a header
+// (length, CRC-32C of the length, CRC-32C of the payload) and the payload,
+// the length of every record but the last of its batch with the flag that
+// says its batch goes on (bit 30).
+func encodeBatches(batches ...[][]byte) []byte {
 	var out []byte
 	castagnoli := crc32.MakeTable(crc32.Castagnoli)
-	for _, p := range payloads {
-		out = binary.LittleEndian.AppendUint32(out, uint32(len(p)))
-		out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(out[len(out)-4:], castagnoli))
-		out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(p, castagnoli))
-		out = append(out, p...)
+	for _, b := range batches {
+		for i, p := range b {
+			field := uint32(len(p))
+			if i < len(b)-1 {
+				field |= 1 << 30
+			}
+			out = binary.LittleEndian.AppendUint32(out, field)
+			out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(out[len(out)-4:], castagnoli))
+			out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(p, castagnoli))
+			out = append(out, p...)
+		}
 	}
 	return out
 }
@@ -142,7 +160,7 @@ func logicalEnd(t *testing.T, path string) int64 {
 	data := readFile(t, path)
 	var off int64
 	for off+headerSize <= int64(len(data)) && !allZero(data[off:off+headerSize]) {
-		off += headerSize + int64(binary.LittleEndian.Uint32(data[off:])&^(1<<31)) // less the base flag
+		off += headerSize + int64(binary.LittleEndian.Uint32(data[off:])&^(3<<30)) // less the base and batch flags
 	}
 	require.LessOrEqual(t, off, int64(len(data)))
 	return off
@@ -213,7 +231,7 @@ func TestRoundTripEmptyAndLargePayloads(t *testing.T) {
 			end := offsets(want)[len(want)]
 			data := readFile(t, lastSegment(t, dir))
 			require.GreaterOrEqual(t, int64(len(data)), end)
-			assert.True(t, bytes.Equal(encode(want), data[:end]), "the records: %d-byte headers and the payloads", headerSize)
+			assert.True(t, bytes.Equal(encodeBatches(want[:3], want[3:4], want[4:5], want[5:6], want[6:]), data[:end]), "the records: %d-byte headers and the payloads", headerSize)
 			if lay.prealloc {
 				assert.Greater(t, int64(len(data)), end, "zeroed space follows the records")
 				assert.True(t, allZero(data[end:]), "only zeros after the records")
