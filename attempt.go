@@ -997,19 +997,11 @@ const StartOutcomeUnknown = "start outcome unknown after restart"
 func (m *Manager) reconcile(rv *recovery) {
 	now := m.now()
 	_, asks := m.host.(StatusHost)
+	m.retryOwed(rv, now)
+	m.roundsOwed(rv)
 	for _, e := range slices.Clone(m.order) { // an end here may forget an ended task (retention)
 		if e.terminal() {
 			continue
-		}
-		if m.cfg.notifier != nil {
-			r := m.notes.rounds[e.info.parent]
-			if r == nil {
-				r = &round{parent: e.info.parent}
-				m.notes.rounds[e.info.parent] = r
-			}
-			r.live++
-			r.tasks = append(r.tasks, e)
-			e.rt.round = r
 		}
 		a := *e.cur()
 		switch {
@@ -1023,8 +1015,22 @@ func (m *Manager) reconcile(rv *recovery) {
 				m.finalize(e, a.ID, StatusInterrupt, why, "", now)
 				continue
 			}
-			if m.effect(effect{kind: fxRecover, e: e, run: runOfAttempt(a), rv: rv, stopped: e.stop != ""}) {
+			fx := effect{kind: fxRecover, e: e, run: runOfAttempt(a), rv: rv, stopped: e.stop != ""}
+			if a.Status == StatusPending {
+				// The question stands for the start whose answer was lost: a
+				// stop asked meanwhile (a deadline that passed while nobody
+				// ran) waits for it as for a start in flight, so that a
+				// session the host finds is stopped through it, never left
+				// running unknown.
+				m.calls.startSeq++
+				fx.seq = m.calls.startSeq
+			}
+			if m.effect(fx) {
 				rv.left++
+				if fx.seq != 0 {
+					m.calls.inflight[fx.seq] = struct{}{}
+					e.rt.startSeq = fx.seq
+				}
 			} else {
 				m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
 			}
@@ -1047,6 +1053,103 @@ func (m *Manager) reconcile(rv *recovery) {
 	for _, seq := range seqs {
 		n := rv.notes[seq]
 		m.redeliver(n)
+	}
+}
+
+// retryOwed starts the next attempt of each task whose retry was durable
+// (retry_scheduled) while the attempt it chose was not: the retry was
+// decided, so it goes on, and its parent is told as a live retry tells it.
+// A task that cannot go on (no attempt left) ends as its records say.
+// m.mu is held.
+func (m *Manager) retryOwed(rv *recovery, now time.Time) {
+	l := m.led
+	for _, e := range m.order {
+		if !rv.retry[e] {
+			continue
+		}
+		failed, n := *e.cur(), e.count()+1
+		if e.terminal() && failed.Status == StatusError && n <= e.info.maxAttempts {
+			next, err := l.newAttempt(n, e.info.modelFor(n))
+			if err == nil && m.commit(e, record{kind: recAttemptCreated, task: e.id, at: now, attempt: next}) {
+				if m.cfg.notifier != nil {
+					m.notify(e, NotifyRetryScheduled, retryScheduledText(failed, *e.cur()))
+				}
+				continue
+			}
+		}
+		if e.terminal() { // counted ended as afterReplay counts the others
+			l.liveEnded(e)
+			l.ended = append(l.ended, e)
+		}
+	}
+}
+
+// roundsOwed rebuilds each parent's rounds from the records (a round: its
+// tasks from a launch while the parent had none live until the last of
+// them ended) and, with a Notifier, tells what is owed: each ended task
+// whose final summary was never produced gets one, then each round whose
+// tasks all ended and whose all_complete was never produced gets it. A
+// round still live counts its ended tasks too, as it did before the
+// restart. m.mu is held.
+func (m *Manager) roundsOwed(rv *recovery) {
+	if m.cfg.notifier == nil {
+		return
+	}
+	for _, e := range m.order {
+		if e.terminal() && !rv.finals[e.id] && rv.owed(rv.endSeq[e]) {
+			m.answerAtEnd(e)
+			m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
+		}
+	}
+	type group struct {
+		tasks []*entry
+		live  int
+		end   uint64 // the last end of its ended tasks
+	}
+	byParent := make(map[string][]*group)
+	var parents []string
+	for _, e := range m.order {
+		p := e.info.parent
+		gs := byParent[p]
+		if len(gs) == 0 {
+			parents = append(parents, p)
+		}
+		if len(gs) == 0 || (gs[len(gs)-1].live == 0 && rv.launchSeq[e] > gs[len(gs)-1].end) {
+			gs = append(gs, &group{})
+			byParent[p] = gs
+		}
+		g := gs[len(gs)-1]
+		g.tasks = append(g.tasks, e)
+		if e.terminal() {
+			g.end = max(g.end, rv.endSeq[e])
+		} else {
+			g.live++
+		}
+	}
+	for _, p := range parents {
+		for _, g := range byParent[p] {
+			if g.live > 0 {
+				r := &round{parent: p, live: g.live, tasks: g.tasks}
+				m.notes.rounds[p] = r
+				for _, e := range g.tasks {
+					if !e.terminal() {
+						e.rt.round = r
+					}
+				}
+				continue
+			}
+			told := false
+			for _, e := range g.tasks {
+				told = told || rv.roundTold[e.id]
+			}
+			if !told && rv.owed(g.end) {
+				tasks := make([]Task, 0, len(g.tasks))
+				for _, e := range g.tasks {
+					tasks = append(tasks, e.project())
+				}
+				m.push(AllComplete(p, tasks))
+			}
+		}
 	}
 }
 
@@ -1082,7 +1185,7 @@ func (m *Manager) recoverRun(fx *effect) {
 	e, a := fx.e, fx.run.attempt()
 	defer func() { fx.rv.pending <- struct{}{} }()
 	sh := m.host.(StatusHost)
-	in := recoveredIn{e: e, a: a, sid: a.SessionID, stopAsked: fx.stopped}
+	in := recoveredIn{e: e, a: a, sid: a.SessionID, stopAsked: fx.stopped, seq: fx.seq}
 	ctx := withRun(m.life.ctx, RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}, callStart)
 	func() {
 		defer func() {
@@ -1120,8 +1223,22 @@ func (m *Manager) recoverRun(fx *effect) {
 // evidence. m.mu is held.
 func (m *Manager) onRecovered(in *recoveredIn) {
 	e, a := in.e, in.a
+	if in.seq != 0 { // the start whose answer was lost has its answer now
+		delete(m.calls.inflight, in.seq)
+		if e.rt.startSeq == in.seq {
+			e.rt.startSeq = 0
+		}
+		defer m.signal() // Shutdown and closures wait for starts to return
+	}
 	cur := e.cur()
 	if cur.ID != a.ID || cur.Token != a.Token || cur.Status.Terminal() {
+		if _, taken := m.led.bySession[in.sid]; in.sid != "" && in.report.State == SessionAlive && a.SessionID == "" && !taken {
+			// Found for a run that ended meanwhile: indexed (its events are
+			// stale) and stopped, never left running unknown.
+			rec, err := m.led.orphanRecord(e, a.ID, in.sid, m.now())
+			m.commitBuilt(e, rec, err)
+			m.abortOrphan(e, a, in.sid)
+		}
 		return
 	}
 	now := m.now()
@@ -1129,6 +1246,9 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 	case in.err != nil:
 		why := LostAcrossRestart + ": the host could not say what became of it: " + in.text
 		m.finalize(e, a.ID, StatusInterrupt, why, "", now)
+		return
+	case in.sid == "" && e.stop != "":
+		m.stopRun(e, now) // no child was ever made: the stop ends it now, as it ends a run that never started
 		return
 	case in.sid == "":
 		m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
@@ -1217,7 +1337,8 @@ type turnEnd struct {
 	noText bool
 	upTo   int // the last invocation the turn had seen; 0: the latest admitted
 	at     time.Time
-	last   bool // the run is over (a FuncHost function returned): no turn follows
+	last   bool   // the run is over (a FuncHost function returned): no turn follows
+	notice string // the gate's, on a turn it released degraded, kept while the turn waits (replayEarly)
 }
 
 // released reports whether invocation n and every one before it has its
@@ -1272,6 +1393,7 @@ func (m *Manager) turnEnded(e *entry, t turnEnd, notice string) {
 		t.upTo = admitted
 	}
 	if lane := m.calls.prompts[e]; lane != nil && lane.inflight > 0 {
+		t.notice = notice // a degraded release stays degraded when it is filed
 		lane.early = append(lane.early, t)
 		return
 	}
@@ -1286,7 +1408,8 @@ func (m *Manager) turnEnded(e *entry, t turnEnd, notice string) {
 		// summary carries it. (One filed earlier, at a retry, is told.)
 		m.releaseAnswers(e, from, to, ending && lastOpen)
 		if !ending {
-			return // an invocation is still open: the run goes on
+			out.notice = "" // it rode the answers filed now, not what ends the run later
+			return          // an invocation is still open: the run goes on
 		}
 	}
 	m.finalize(e, e.cur().ID, StatusCompleted, "", t.text, t.at)
@@ -1482,7 +1605,7 @@ func (m *Manager) kidSettled(k *entry) {
 	}
 	g.armed = true
 	if g.last { // no turn can follow the run's last: it is the answer now
-		m.releaseGate(e, g, "degraded: the child's run ended while tasks it launched were still running; its last turn was released once they had ended")
+		m.releaseGate(e, g, degradedNotice+"the child's run ended while tasks it launched were still running; its last turn was released once they had ended")
 		return
 	}
 	d := m.gateTimeout()
@@ -1529,8 +1652,17 @@ func (m *Manager) onGateCheck(in *gateCheckIn) {
 		g.armed = false // launched another meanwhile: its settling arms the watch again
 		return
 	}
-	m.releaseGate(e, g, "degraded: the children gate released the child's last turn; no further turn came within "+m.gateTimeout().String()+" after the tasks it launched had ended")
+	m.releaseGate(e, g, degradedNotice+"the children gate released the child's last turn; no further turn came within "+m.gateTimeout().String()+" after the tasks it launched had ended")
 }
+
+// degradedNotice starts the notice of every answer the children gate
+// released without a turn (Answer.Degraded): an outcome's notices say by it
+// whether its answer was.
+const degradedNotice = "degraded: "
+
+// isDegradedNotice reports whether notice is the children gate's, on an
+// answer it released degraded.
+func isDegradedNotice(notice string) bool { return strings.HasPrefix(notice, degradedNotice) }
 
 // releaseGate files g, the turn the children gate held, as the answer,
 // with notice. m.mu is held.
@@ -1598,7 +1730,7 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 func (m *Manager) replayEarly(e *entry, early []turnEnd) {
 	for _, t := range early {
 		if !e.terminal() && e.cur().Token == t.token {
-			m.turnEnded(e, t, "")
+			m.turnEnded(e, t, t.notice)
 		}
 	}
 }

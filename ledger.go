@@ -2434,7 +2434,56 @@ type recovery struct {
 	left    int                    // recovery effects queued
 	closing map[uint64]openClosure // closures in progress at the crash, by opening record
 	lost    []*notice              // notifications given up before the restart, in that order
+
+	// What recovery derives is owed from the state the records left, not
+	// only from the records themselves (owed): a journal that did not keep
+	// a batch whole may hold an end without its announcement.
+	retry     map[*entry]bool   // tasks whose durable retry_scheduled has no next attempt
+	finals    map[string]bool   // tasks with a final summary produced
+	roundTold map[string]bool   // tasks listed in an all_complete produced
+	launchSeq map[*entry]uint64 // the sequence of each task's launch record
+	endSeq    map[*entry]uint64 // the sequence of the record that ended each ended task
+	// told: what ended up to this sequence was told (a compaction's point:
+	// it waits until nothing is out). silent: the lives that had no
+	// Notifier, from their epoch record to the next: what ended in them
+	// was never to be told.
+	told   uint64
+	silent [][2]uint64
 }
+
+// epochNote is the note of this life's epoch record: whether it tells
+// anyone (a Notifier), and extra.
+func (m *Manager) epochNote(extra string) string {
+	switch {
+	case m.cfg.notifier != nil:
+		return extra
+	case extra != "":
+		return epochSilent + ", " + extra
+	}
+	return epochSilent
+}
+
+// owed reports whether a task or round that ended at seq is owed its
+// announcement (it ended after the last point where all was told, in a
+// life that had a Notifier).
+func (rv *recovery) owed(seq uint64) bool {
+	if seq <= rv.told {
+		return false
+	}
+	for _, r := range rv.silent {
+		if seq > r[0] && (r[1] == 0 || seq < r[1]) {
+			return false
+		}
+	}
+	return true
+}
+
+// Notes on an epoch record: the life it begins has no Notifier; the
+// records before it are a compaction's, made when nothing was out.
+const (
+	epochSilent    = "no notifier"
+	epochCompacted = "compacted"
+)
 
 // openClosure is a closure in progress: its root session, or its task.
 type openClosure struct{ root, task string }
@@ -2444,7 +2493,9 @@ type openClosure struct{ root, task string }
 // process life. It touches nothing outside the Manager. ctx bounds a
 // ContextReplayer's replay. m.mu is held.
 func (m *Manager) restore(ctx context.Context) (*recovery, error) {
-	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice), closing: make(map[uint64]openClosure)}
+	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice), closing: make(map[uint64]openClosure),
+		retry: make(map[*entry]bool), finals: make(map[string]bool), roundTold: make(map[string]bool),
+		launchSeq: make(map[*entry]uint64), endSeq: make(map[*entry]uint64)}
 	var lastEpoch uint64
 	step := m.replayInto(rv, &lastEpoch)
 	err := guardJournal("Replay", func() error {
@@ -2469,7 +2520,7 @@ func (m *Manager) restore(ctx context.Context) (*recovery, error) {
 		return nil, err
 	}
 	m.changes.epoch = lastEpoch + 1
-	return rv, m.afterReplay()
+	return rv, m.afterReplay(rv)
 }
 
 // replayInto is restore's step for one replayed record.
@@ -2481,9 +2532,20 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 			if rec.notice == nil {
 				return fmt.Errorf("bgtask: journal: record %d (%s) has no notification", rec.seq, rec.kind)
 			}
+			if rec.notice.seq >= m.notes.seq && rec.notice.id != "" {
+				m.notes.lastID = rec.notice.id
+			}
+			m.notes.seq = max(m.notes.seq, rec.notice.seq) // a delivery too: a compaction keeps the last as its mark
 			if rec.kind == recNotifyProduced {
 				rv.notes[rec.notice.seq] = rec.notice
-				m.notes.seq = max(m.notes.seq, rec.notice.seq)
+				switch rec.notice.kind {
+				case NotifyFinalSummary:
+					rv.finals[rec.task] = true
+				case NotifyAllComplete:
+					for _, id := range rec.notice.tasks {
+						rv.roundTold[id] = true
+					}
+				}
 			} else {
 				if n := rv.notes[rec.notice.seq]; n != nil && strings.HasPrefix(rec.note, "given up") {
 					rv.lost = append(rv.lost, n) // Undelivered outlives the process
@@ -2503,14 +2565,39 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 		case recEpoch:
 			if rec.recordExt != nil {
 				*lastEpoch = max(*lastEpoch, rec.epoch)
+				if n := len(rv.silent); n > 0 && rv.silent[n-1][1] == 0 {
+					rv.silent[n-1][1] = rec.seq // the silent life before it ends here
+				}
+				if strings.Contains(rec.note, epochCompacted) {
+					rv.told = rec.seq
+				}
+				if strings.Contains(rec.note, epochSilent) {
+					rv.silent = append(rv.silent, [2]uint64{rec.seq, 0})
+				}
 			}
+		}
+		if g, ok := m.cfg.ids.(*seqIDs); ok {
+			g.skipPast(&rec)
 		}
 		e, err := l.replayOne(rec)
 		if err != nil {
 			return fmt.Errorf("bgtask: journal: record %d (%s): %w", rec.seq, rec.kind, err)
 		}
-		if rec.kind == recTaskLaunched {
-			m.order = append(m.order, e)
+		if e != nil {
+			switch rec.kind {
+			case recTaskLaunched:
+				m.order = append(m.order, e)
+				rv.launchSeq[e] = rec.seq
+			case recRetryScheduled:
+				rv.retry[e] = true
+			case recAttemptCreated:
+				delete(rv.retry, e)
+			}
+			if e.terminal() {
+				rv.endSeq[e] = rec.seq
+			} else if rec.kind == recAttemptCreated {
+				delete(rv.endSeq, e) // a retry: it runs again
+			}
 		}
 		return nil
 	}
@@ -2518,17 +2605,29 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 
 // afterReplay counts what ended before the restart as ended, and moves
 // sequential ids past the journal's. m.mu is held.
-func (m *Manager) afterReplay() error {
+func (m *Manager) afterReplay(rv *recovery) error {
 	l := m.led
+	kept := m.order[:0]
 	for _, e := range m.order {
-		if e.terminal() {
+		if e.count() == 0 {
+			// Launched, and its first attempt never became durable: a
+			// journal that did not keep the launch's batch whole. The
+			// Launch never returned it, so it never happened.
+			l.drop(e)
+			if l.byKey[e.info.opt().key] == e {
+				delete(l.byKey, e.info.opt().key)
+			}
+			m.logLocked(slog.LevelWarn, "bgtask: the journal holds a launch without its first attempt (its commit was not kept whole): the task is dropped", slog.String("task", e.id))
+			continue
+		}
+		kept = append(kept, e)
+		if e.terminal() && !rv.retry[e] { // a durable retry runs again (reconcile)
 			l.liveEnded(e)
 			l.ended = append(l.ended, e)
 		}
 	}
-	if g, ok := m.cfg.ids.(*seqIDs); ok {
-		g.skipPast(l)
-	}
+	clear(m.order[len(kept):])
+	m.order = kept
 	return nil
 }
 
@@ -2543,20 +2642,21 @@ func guardJournal(what string, f func() error) (err error) {
 	return f()
 }
 
-// skipPast moves g's counters past every id the ledger holds, so that a
-// Manager reopened on a journal never makes an id twice.
-func (s *seqIDs) skipPast(l *ledger) {
-	bump := func(c *atomic.Uint64, prefix, id string) {
+// skipPast moves g's counters past every id a replayed record holds
+// (tasks, attempts, run tokens, notifications), so that a Manager reopened
+// on a journal never makes an id twice.
+func (s *seqIDs) skipPast(rec *record) {
+	bump := func(c *atomic.Uint64, kind IDKind, id string) {
+		prefix := string(kind) + "-"
 		if n, err := strconv.ParseUint(strings.TrimPrefix(id, prefix), 10, 64); err == nil && strings.HasPrefix(id, prefix) && n > c.Load() {
 			c.Store(n)
 		}
 	}
-	for id, e := range l.tasks {
-		bump(&s.task, string(IDTask)+"-", id)
-		for _, a := range e.atts() {
-			bump(&s.attempt, string(IDAttempt)+"-", a.ID)
-			bump(&s.run, string(IDToken)+"-", a.Token)
-		}
+	bump(&s.task, IDTask, rec.task)
+	bump(&s.attempt, IDAttempt, rec.attempt.ID)
+	bump(&s.run, IDToken, rec.attempt.Token)
+	if rec.recordExt != nil && rec.notice != nil {
+		bump(&s.note, IDNotification, rec.notice.id)
 	}
 }
 
@@ -2939,7 +3039,13 @@ func (m *Manager) snapshotRecords() []record {
 	for _, c := range m.led.closures {
 		add(c)
 	}
-	add(record{kind: recEpoch, recordExt: &recordExt{epoch: m.changes.epoch}})
+	if m.notes.seq > 0 {
+		// No notification is out, so none is kept; the numbering goes on
+		// from the last one after a restart (Notification.Seq, and IDs a
+		// sequential generator makes): a delivery record is its mark.
+		add(record{kind: recNotifyDelivered, at: m.now(), recordExt: &recordExt{note: "kept by the compaction as the last notification made", notice: &notice{seq: m.notes.seq, id: m.notes.lastID}}})
+	}
+	add(record{kind: recEpoch, recordExt: &recordExt{epoch: m.changes.epoch, note: m.epochNote(epochCompacted)}})
 	return out
 }
 

@@ -1259,6 +1259,7 @@ type changeFeed struct {
 type notifications struct {
 	lanes    *dispatch.Lanes[Notification]
 	seq      uint64            // notification production sequence
+	lastID   string            // the ID of the latest notification produced (kept through a compaction)
 	rounds   map[string]*round // per parent: the tasks of its current round
 	lost     []Notification    // notifications the Notifier never accepted
 	failures atomic.Uint64     // notifications not delivered (NotifyFailures)
@@ -1432,7 +1433,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	}
 	m.out.durable.advance(m.led.seq) // what was replayed is durable
 	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
-	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch}})
+	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch, note: m.epochNote("")}})
 	m.reconcile(rv)
 	for before := -1; before != len(m.led.ended); { // what the journal still held past retention
 		before = len(m.led.ended)
@@ -1992,6 +1993,9 @@ type (
 		// stopAsked: a stop was asked of the run before the question was
 		// (before the restart); one asked since is this life's own.
 		stopAsked bool
+		// seq is the start sequence the question stands for, when the run
+		// was pending (its start's answer lost); 0 for a bound run.
+		seq uint64
 	}
 )
 
@@ -2844,7 +2848,8 @@ func (m *Manager) WaitAnswer(ctx context.Context, taskID string, n int) (Answer,
 // outcome.
 func answerOfTask(t Task) Answer {
 	o := t.Outcome
-	a := Answer{Invocation: 1, Status: o.State, Text: o.Error, Notices: slices.Clone(o.Notices), At: t.CompletedAt, Envelope: o.Envelope}
+	a := Answer{Invocation: 1, Status: o.State, Text: o.Error, Degraded: slices.ContainsFunc(o.Notices, isDegradedNotice),
+		Notices: slices.Clone(o.Notices), At: t.CompletedAt, Envelope: o.Envelope}
 	if o.HasAnswer {
 		a.Text = o.Answer
 	}
@@ -3096,6 +3101,7 @@ func (m *Manager) push(n Notification) {
 		}
 		n.ID = id
 	}
+	m.notes.lastID = n.ID
 	if m.led.recording() {
 		m.led.emit(record{kind: recNotifyProduced, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: m.noticeOf(n)}})
 	}
