@@ -453,8 +453,8 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 func (m *Manager) cancel(ctx context.Context, id, token string) error {
 	for {
 		in := stopIn{id: id, token: token}
-		if err := m.step(&in); err != nil {
-			return err
+		if err := m.stepCtx(ctx, &in); err != nil {
+			return durabilityUnknown(err, "Cancel", id)
 		}
 		r := in.out
 		if r.err != nil || r.done {
@@ -665,7 +665,14 @@ type closure struct {
 	// stopped, ended, or failed to stop, and has been waited for.
 	settled bool
 	widened uint64
+	// ctx is its caller's (the Manager's life for a closure that goes on
+	// without one): the waits of its commits for durability keep to it.
+	ctx context.Context
 }
+
+// unlockFor is unlock for c's commits: their wait for durability keeps to
+// c's caller's context (see unlockCtx). m.mu is held, and released.
+func (m *Manager) unlockFor(c *closure) error { return m.unlockCtx(c.ctx) }
 
 // touch is a run a closure asked to stop, with the abort that stopped it
 // (nil if the run had no child to abort when it was touched).
@@ -910,7 +917,8 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 		return ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
 	}
 	c := m.openClosure(sessionID, nil)
-	m.unlock()
+	c.ctx = ctx
+	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
 	return m.closeFrom(ctx, c)
 }
 
@@ -934,7 +942,8 @@ func (m *Manager) CloseTask(ctx context.Context, id string) (ClosureReport, erro
 		root = ss[len(ss)-1]
 	}
 	c := m.openClosure(root, e)
-	m.unlock()
+	c.ctx = ctx
+	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
 	return m.closeFrom(ctx, c)
 }
 
@@ -959,7 +968,7 @@ func (m *Manager) sessionKnown(session string) bool {
 // openClosure raises the fence of a closure of root (and, for CloseTask, of
 // task as a unit). m.mu is held.
 func (m *Manager) openClosure(root string, task *entry) *closure {
-	c := &closure{root: root, task: task, stop: stopBy(root, task), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.calls.startSeq}
+	c := &closure{root: root, task: task, stop: stopBy(root, task), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.calls.startSeq, ctx: m.life.ctx}
 	taskID := ""
 	if task != nil {
 		taskID = task.id
@@ -981,6 +990,7 @@ func (m *Manager) runClosure(ctx context.Context, c *closure) (ClosureReport, er
 		p := m.closurePass(c)
 		if p.selfWait {
 			rep := m.report(c, passes)
+			c.ctx = m.life.ctx // it goes on without its caller
 			if !m.life.group.Go(func() { _, _ = m.finishPasses(m.life.ctx, c, passes, p) }) {
 				_, _ = m.finishClosure(c, passes, ErrShutdown)
 			}
@@ -1034,7 +1044,7 @@ func (m *Manager) closurePass(c *closure) pass {
 	m.closures.passMu.Lock()
 	defer m.closures.passMu.Unlock()
 	m.mu.Lock()
-	defer m.unlock()
+	defer m.unlockFor(c)
 	if c.settled && c.widened == m.led.widened {
 		// Nothing that could add a run to the branch was recorded since
 		// the last walk, and every run that walk found has been dealt
@@ -1121,7 +1131,7 @@ func (m *Manager) passVisit(w *passWalk, e *entry) {
 // seen in flight may have ended meanwhile). m.closures.passMu stays held.
 func (m *Manager) passYield(w *passWalk) {
 	change := m.waitAny()
-	m.unlock()
+	_ = m.unlockFor(w.c)
 	if m.hooks.yield != nil {
 		m.hooks.yield()
 	}
@@ -1235,9 +1245,18 @@ func (m *Manager) reportLocked(c *closure, passes int) (rep ClosureReport) {
 
 // finishClosure takes the fence down, records the closure and notifies the
 // root's parent.
-func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureReport, error) {
+func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep ClosureReport, err error) {
+	err = cause
 	m.mu.Lock()
-	defer m.unlock()
+	defer func() {
+		if uerr := m.unlockFor(c); uerr != nil && err == nil {
+			op, task := "CloseBranch", ""
+			if c.task != nil {
+				op, task = "CloseTask", c.task.id
+			}
+			err = durabilityUnknown(uerr, op, task)
+		}
+	}()
 	delete(m.closures.active, c)
 	m.signal()
 	owner := m.rootTask(c)
@@ -1247,7 +1266,7 @@ func (m *Manager) finishClosure(c *closure, passes int, err error) (ClosureRepor
 		m.led.emit(record{kind: recClosureDropped, at: m.now(), recordExt: &recordExt{opened: c.opened}})
 		return ClosureReport{SessionID: c.root, Passes: passes}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, c.root)
 	}
-	rep := m.reportLocked(c, passes)
+	rep = m.reportLocked(c, passes)
 	rec := ClosureRecord{SessionID: c.root, TaskID: rep.TaskID, At: m.now(), Stopped: slices.Clone(rep.Stopped),
 		Failed: slices.Clone(rep.Failed), Stopping: slices.Clone(rep.Stopping), Passes: passes}
 	m.led.recordClosure(rec, rep.TaskID, c.opened) // by value: the record owns its copy

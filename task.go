@@ -28,6 +28,7 @@ import (
 	"github.com/bgtask/bgtask/internal/held"
 	"github.com/bgtask/bgtask/internal/slots"
 	"github.com/bgtask/bgtask/internal/textbound"
+	"github.com/bgtask/bgtask/internal/wal"
 	"github.com/google/uuid"
 )
 
@@ -98,7 +99,59 @@ var (
 	// wall-clock deadline (Spec.Timeout, Spec.AttemptTimeout); the
 	// outcome's reason is ReasonDeadline.
 	ErrDeadline = errors.New("deadline")
+	// ErrDurabilityUnknown: a call's context ended while it waited for its
+	// records to be durable (WithJournal), so what it did may or may not
+	// have been recorded; the error is a *DurabilityUnknownError naming the
+	// task, and it also matches the context's error (errors.Is).
+	ErrDurabilityUnknown = errors.New("bgtask: the context ended before the records were durable")
 )
+
+// DurabilityUnknownError is a call (Launch, Extend, Cancel, CloseBranch,
+// CloseTask) whose context ended while it waited for its records to be
+// durable: they may or may not become durable, and what they describe may
+// or may not happen (it happens, in order, once they are: nothing runs
+// before its records are durable). TaskID names the task, so the caller
+// can look it up: Lookup tells the truth (an ErrUnknownTask after a
+// Launch means it never happened). It matches ErrDurabilityUnknown and
+// unwraps to the context's error.
+type DurabilityUnknownError struct {
+	Op     string // the call: "Launch", "Extend", "Cancel", "CloseBranch", "CloseTask"
+	TaskID string // the task it was about ("" for a CloseBranch of a session no task owns)
+	Err    error  // the context's error
+}
+
+func (e *DurabilityUnknownError) Error() string {
+	s := "bgtask: " + e.Op
+	if e.TaskID != "" {
+		s += " of task " + e.TaskID
+	}
+	return s + ": the context ended before its records were durable; they may or may not be (Lookup tells): " + errText(e.Err)
+}
+
+// Is makes errors.Is(err, ErrDurabilityUnknown) true.
+func (e *DurabilityUnknownError) Is(target error) bool { return target == ErrDurabilityUnknown }
+
+// Unwrap returns the context's error.
+func (e *DurabilityUnknownError) Unwrap() error { return e.Err }
+
+// durabilityUnknown makes err, from a call's unlock, a
+// *DurabilityUnknownError of op on task when its context ended before its
+// records were durable; any other err is returned as it is.
+func durabilityUnknown(err error, op, task string) error {
+	var nd errNotDurable
+	if errors.As(err, &nd) {
+		return &DurabilityUnknownError{Op: op, TaskID: task, Err: nd.err}
+	}
+	return err
+}
+
+// errText is err's text, "" for nil.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
 
 // LimitError is a Launch refused by a limit of WithTreeLimits. It matches
 // ErrDepthLimit, ErrFanOutLimit or ErrTreeLimit (errors.Is), as Limit says.
@@ -1558,7 +1611,38 @@ func (m *Manager) unlock() error { return m.unlockOn(nil) }
 // unlockOn is unlock on worker w of the Manager's group, as the last thing
 // the function w runs does: the first effect may run on w once that
 // function returns, instead of on a new goroutine (see group.Worker).
-func (m *Manager) unlockOn(w *group.Worker) error {
+func (m *Manager) unlockOn(w *group.Worker) error { return m.unlockUntil(nil, w) }
+
+// unlockCtx is unlock for a caller whose wait for its records to be
+// durable keeps to ctx: once ctx ends first, it returns ctx's error
+// wrapped in errNotDurable, and the rest — the wait, then the effects, the
+// log lines, the callbacks — goes on, on a goroutine of the Manager, in the
+// order it would have.
+func (m *Manager) unlockCtx(ctx context.Context) error { return m.unlockUntil(ctx, nil) }
+
+// released is what an unlock does once m.mu is released: wait for its
+// records (up to last) to be durable, then start its effects, emit its log
+// lines and measurements in its turn, and run its callbacks.
+type released struct {
+	fx       []effect
+	lines    []logRec
+	later    []func()
+	measures []func()
+	turn     uint64
+	ordered  bool
+	last     uint64
+}
+
+// errNotDurable wraps ctx's error when a call's wait for its records to be
+// durable ended with ctx: they may or may not be.
+type errNotDurable struct{ err error }
+
+func (e errNotDurable) Error() string {
+	return "the context ended before the records were durable: " + e.err.Error()
+}
+func (e errNotDurable) Unwrap() error { return e.err }
+
+func (m *Manager) unlockUntil(ctx context.Context, w *group.Worker) error {
 	if len(m.led.warm) > 0 {
 		m.freezeSome(freezeBudget)
 	}
@@ -1566,15 +1650,14 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		m.mu.Unlock()
 		return nil
 	}
-	lines, fx, recs, later, measures := m.out.lines, m.out.fx, m.out.recs, m.out.later, m.out.measures
+	r := released{lines: m.out.lines, fx: m.out.fx, later: m.out.later, measures: m.out.measures}
+	recs := m.out.recs
 	m.out.lines, m.out.fx, m.out.recs, m.out.later, m.out.measures = nil, nil, nil, nil, nil
-	ordered := len(lines) > 0 || len(measures) > 0
-	var turn uint64
-	if ordered {
-		turn = m.out.turns.take() // under m.mu: the turns follow its releases
+	r.ordered = len(r.lines) > 0 || len(r.measures) > 0
+	if r.ordered {
+		r.turn = m.out.turns.take() // under m.mu: the turns follow its releases
 	}
 	var durable Commit
-	var last uint64 // the sequence of the last record committed
 	if len(recs) > 0 {
 		// Batches reach the journal in commit order: the order lock is
 		// taken before m.mu is released, and the batch is encoded and
@@ -1582,7 +1665,7 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		m.out.order.Lock()
 		m.out.recs, m.out.spare = m.out.spare, nil // both locks held: the next commit's buffer
 		m.mu.Unlock()
-		last = recs[len(recs)-1].seq
+		r.last = recs[len(recs)-1].seq
 		durable = m.appendBatch(recs)
 		m.out.recycle(recs) // encoded: the records are done with
 		m.out.order.Unlock()
@@ -1591,12 +1674,67 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 	}
 	var err error
 	if durable != nil {
-		if err = durable.Wait(); err != nil {
-			err = m.poison(err)
+		done, rest, werr := m.waitDurable(ctx, durable)
+		if !done {
+			// ctx ended first: the wait and all that follows it go on
+			// without the caller (effects run only once the records are
+			// durable, as ever).
+			q := new(released)
+			*q = r
+			if !m.life.group.Go(func() { _ = m.finishRelease(q, rest(), nil) }) {
+				_ = m.finishRelease(q, rest(), nil)
+			}
+			return errNotDurable{ctx.Err()}
+		}
+		err = werr
+	}
+	return m.finishRelease(&r, err, w)
+}
+
+// waitDurable waits for c to be durable until ctx ends (nil: without
+// end). done is false when ctx ended first; rest then waits for what is
+// left of the wait. A Journal's own Commit has only a blocking Wait: with
+// a ctx that can end, it waits on a goroutine of the Manager.
+func (m *Manager) waitDurable(ctx context.Context, c Commit) (done bool, rest func() error, err error) {
+	if ctx == nil || ctx.Done() == nil {
+		return true, nil, c.Wait()
+	}
+	switch c := c.(type) {
+	case *wal.Batch:
+		done, err = c.WaitContext(ctx)
+		return done, c.Wait, err
+	case failedCommit:
+		return true, nil, c.err
+	}
+	ch := make(chan error, 1)
+	if !m.life.group.Go(func() { ch <- c.Wait() }) {
+		return true, nil, c.Wait()
+	}
+	select {
+	case err := <-ch:
+		return true, nil, err
+	case <-ctx.Done():
+		select {
+		case err := <-ch:
+			return true, nil, err
+		default:
+		}
+		return false, func() error { return <-ch }, nil
+	}
+}
+
+// finishRelease is the rest of an unlock once its records are durable
+// (werr nil) or are known not to be: the Manager stops then (poison).
+func (m *Manager) finishRelease(r *released, werr error, w *group.Worker) error {
+	var err error
+	if r.last > 0 {
+		if werr != nil {
+			err = m.poison(werr)
 		} else {
-			m.out.durable.advance(last)
+			m.out.durable.advance(r.last)
 		}
 	}
+	fx := r.fx
 	for i := range fx {
 		// fx is this call's own: &fx[i] stays valid. Worker w, if any, goes
 		// on with the first host call (a start, a retry) of the chain.
@@ -1608,17 +1746,17 @@ func (m *Manager) unlockOn(w *group.Worker) error {
 		}
 		m.life.group.Start(on, &fx[i])
 	}
-	if ordered { // the logger and Metrics are user code, and may be slow: after the effects start
-		m.out.turns.wait(turn)
-		for _, r := range lines {
-			m.logAttrs(r.level, r.msg, r.attrs...)
+	if r.ordered { // the logger and Metrics are user code, and may be slow: after the effects start
+		m.out.turns.wait(r.turn)
+		for _, l := range r.lines {
+			m.logAttrs(l.level, l.msg, l.attrs...)
 		}
-		for _, f := range measures {
+		for _, f := range r.measures {
 			f()
 		}
 		m.out.turns.done()
 	}
-	for _, f := range later { // user callbacks: on a goroutine of their own, or here once none starts
+	for _, f := range r.later { // user callbacks: on a goroutine of their own, or here once none starts
 		if err != nil {
 			break // not durable: what they would be told did not happen
 		}
@@ -2074,6 +2212,17 @@ func (m *Manager) step(in input) error {
 	return m.unlock()
 }
 
+// stepCtx is step for a caller whose wait for durability keeps to ctx
+// (see unlockCtx).
+func (m *Manager) stepCtx(ctx context.Context, in input) error {
+	if err := m.poisoned(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.decide(in)
+	return m.unlockCtx(ctx)
+}
+
 // Launch records a task and its first attempt (pending) and returns its
 // snapshot. The child session is started on a goroutine the Manager owns;
 // Launch does not wait for it.
@@ -2128,7 +2277,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		return Task{}, err
 	}
 	if in.out.err != nil {
-		m.unlock()
+		_ = m.unlockCtx(ctx)
 		var held *KeyHeldError
 		if spec.ExtendLive && errors.As(in.out.err, &held) {
 			return m.extendLive(ctx, held, &spec)
@@ -2136,8 +2285,8 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		return Task{}, in.out.err
 	}
 	task := in.out.e.project()
-	if err := m.unlock(); err != nil {
-		return Task{}, err // not durable: it never happened
+	if err := m.unlockCtx(ctx); err != nil {
+		return Task{}, durabilityUnknown(err, "Launch", task.ID) // not durable: it never happened, or may not have
 	}
 	if spec.CancelWithCaller {
 		m.watchCaller(ctx, in.out.e)
@@ -2708,7 +2857,7 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 		defer context.AfterFunc(ctx, cancel)()
 	}
 	in := extendIn{e: e, prompt: prompt, notice: notice, cancel: cancel}
-	if err := m.step(&in); err != nil {
+	if err := m.step(&in); err != nil { // it records nothing: the admission is recorded once the host took the prompt
 		return 0, err
 	}
 	if in.err != nil {
@@ -2716,8 +2865,8 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 	}
 	in.done = true
 	in.hostErr = m.callPrompt(withRunOf(callCtx, e, in.req, in.values), p, in.req)
-	if err := m.step(&in); err != nil {
-		return 0, err
+	if err := m.stepCtx(ctx, &in); err != nil {
+		return 0, durabilityUnknown(err, "Extend", e.id)
 	}
 	return in.n, in.err
 }

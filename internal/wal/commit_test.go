@@ -2,6 +2,7 @@ package wal_test
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -102,4 +103,36 @@ func TestAJournalWrittenBeforeFramingReadsAsBefore(t *testing.T) {
 	require.NoError(t, l.Append([][]byte{[]byte("new-1"), []byte("new-2")}).Wait())
 	require.NoError(t, l.Close())
 	equalRecords(t, concat(old, [][]byte{[]byte("new-1"), []byte("new-2")}), reopen(t, dir))
+}
+
+// WaitContext returns once its context ends, with the batch not yet
+// durable (a sync held, as a disk that stalls holds it); the batch stays
+// queued or in flight, and a later Wait sees it durable.
+func TestWaitContextKeepsToItsContext(t *testing.T) {
+	fs := &faultFS{}
+	dir := t.TempDir()
+	l := open(t, dir, wal.Options{FS: fs})
+	g := newGate()
+	fs.set(func(fs *faultFS) {
+		fs.onSync = func(name string) error {
+			_, err := g.hold()
+			return err
+		}
+	})
+	first := l.Append([][]byte{[]byte("first")})
+	firstDone := waiting(first) // its writer holds the turn, in a held sync
+	<-g.entered
+	second := l.Append([][]byte{[]byte("second")})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done, err := second.WaitContext(ctx)
+	assert.False(t, done, "the context ended before the batch was durable")
+	assert.NoError(t, err)
+	g.release <- nil
+	require.NoError(t, <-firstDone)
+	done, err = second.WaitContext(context.Background())
+	assert.True(t, done)
+	require.NoError(t, err, "a later wait writes it and sees it durable")
+	require.NoError(t, l.Close())
+	equalRecords(t, [][]byte{[]byte("first"), []byte("second")}, reopen(t, dir))
 }

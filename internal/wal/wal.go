@@ -113,6 +113,7 @@ package wal
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -325,6 +326,35 @@ func (b *Batch) Wait() error {
 	}
 	<-b.done
 	return b.err
+}
+
+// WaitContext is Wait until ctx ends: it reports true, with Wait's result,
+// once the batch is durable (or failed), or false once ctx ended first.
+// Then the batch may or may not become durable: it is still queued or
+// being written, and some waiter must still call Wait, or nothing may
+// write it (there is no writer of its own).
+func (b *Batch) WaitContext(ctx context.Context) (done bool, err error) {
+	l := b.l
+	if l == nil {
+		<-b.done
+		return true, b.err
+	}
+	for {
+		select {
+		case <-b.done:
+			return true, b.err
+		case l.turn <- struct{}{}:
+			l.round()
+			<-l.turn
+		case <-ctx.Done():
+			select {
+			case <-b.done:
+				return true, b.err
+			default:
+				return false, nil
+			}
+		}
+	}
 }
 
 // Open opens (or creates) the journal in dir, reads it, and truncates a
