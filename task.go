@@ -1442,8 +1442,16 @@ func New(host Host, opts ...Option) *Manager {
 // a host that cannot say, it ends interrupt ("lost across restart") —
 // never cancelled or completed without evidence. A run that never asked
 // for a child starts now. Notifications produced and not delivered are
-// delivered again, in their order, with their IDs. ctx bounds the host
-// calls of the recovery. Without a journal, Open is New.
+// delivered again, in their order, with their IDs. What is owed is derived
+// from the state replayed, not only from the records: a recorded retry
+// starts the attempt it chose, an ended task whose final summary was never
+// produced gets one, a round whose tasks all ended gets its all_complete
+// once, and a run whose deadline passed while nobody ran is stopped
+// through the host (found by FindSession if need be) and ends only when
+// the host confirms. ctx bounds the host calls of the recovery. A journal
+// Open cannot make sense of is an error (naming, for the file journal, the
+// file, the offset and the record kind); Open never panics on one.
+// Without a journal, Open is New.
 func Open(ctx context.Context, host Host, opts ...Option) (*Manager, error) {
 	if host == nil {
 		return nil, errors.New("bgtask: Open with a nil Host")
