@@ -70,8 +70,13 @@ func (w *crashWorld) StartSession(ctx context.Context, req SessionRequest) (stri
 	sid := "s-" + req.AttemptID
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.sess[sid] == nil {
-		w.sess[sid] = &worldSession{attempt: req.AttemptID, state: SessionAlive}
+	for n := 2; w.sess[sid] != nil; n++ {
+		// A second start of the same attempt makes a second session, as a
+		// session service does: the first runs on, and must be stopped.
+		sid = fmt.Sprintf("s-%s-%d", req.AttemptID, n)
+	}
+	w.sess[sid] = &worldSession{attempt: req.AttemptID, state: SessionAlive}
+	if w.byAtt[req.AttemptID] == "" {
 		w.byAtt[req.AttemptID] = sid
 	}
 	return sid, nil
