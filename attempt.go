@@ -1096,7 +1096,7 @@ func (m *Manager) roundsOwed(rv *recovery) {
 		return
 	}
 	for _, e := range m.order {
-		if e.terminal() && !rv.finals[e.id] && rv.owed(rv.endSeq[e]) {
+		if e.terminal() && !rv.finals[e.id] && rv.owed(e.seq) {
 			m.answerAtEnd(e)
 			m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
 		}
@@ -1121,7 +1121,7 @@ func (m *Manager) roundsOwed(rv *recovery) {
 		g := gs[len(gs)-1]
 		g.tasks = append(g.tasks, e)
 		if e.terminal() {
-			g.end = max(g.end, rv.endSeq[e])
+			g.end = max(g.end, e.seq)
 		} else {
 			g.live++
 		}

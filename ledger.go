@@ -205,6 +205,27 @@ func (ti *taskInfo) extra() *taskExtra {
 	return ti.x
 }
 
+// roomFor is the room to make, at once, for the attempts of a task that
+// may make n of them: n, up to a few.
+func roomFor(n int) int { return min(n, 8) }
+
+// check refuses a spec no launch makes (a journal bgtask did not write):
+// a task needs a model and at least one attempt, and its place in its
+// tree and its deadlines are not negative.
+func (ti *taskInfo) check() error {
+	switch {
+	case len(ti.models) == 0:
+		return errors.New("bgtask: ledger: a task launched with no model")
+	case ti.maxAttempts < 1:
+		return fmt.Errorf("bgtask: ledger: a task launched with %d attempts at most", ti.maxAttempts)
+	case ti.depth < 0:
+		return fmt.Errorf("bgtask: ledger: a task launched at depth %d", ti.depth)
+	case ti.opt().timeout < 0 || ti.opt().attemptTimeout < 0:
+		return errors.New("bgtask: ledger: a task launched with a negative timeout")
+	}
+	return nil
+}
+
 // modelFor returns the model of attempt number n (1-based): the chain in
 // order, the last model reused past its end.
 func (ti *taskInfo) modelFor(n int) Model {
@@ -587,18 +608,56 @@ func metaKey(k, v string) string { return k + "\x00" + v }
 
 // replayOne applies one replayed record: the kinds that change no task
 // are numbered, a closure record is kept, the rest are applied (the entry
-// they concern is returned).
+// they concern is returned). What a journal bgtask did not write may say
+// anything: a record is refused unless it carries what its kind needs.
 func (l *ledger) replayOne(rec record) (*entry, error) {
 	switch rec.kind {
 	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch, recClosureOpened, recClosureDropped:
 		l.stamp(&rec)
 		return nil, nil
 	case recBranchClosed:
+		if rec.recordExt == nil || rec.closure == nil {
+			return nil, errors.New("bgtask: ledger: a closure record must carry its closure")
+		}
 		l.stamp(&rec)
 		l.closures = append(l.closures, rec)
 		return nil, nil
+	case recSessionBound, recSessionOrphan:
+		if err := l.checkTree(rec); err != nil {
+			return nil, err
+		}
 	}
 	return l.apply(rec)
+}
+
+// checkTree refuses a replayed bind (or orphan) of a session to a task
+// that the session launched, or launched an ancestor of: the task would
+// be its own descendant, and wait for its own end (the children gate)
+// forever. A host that hands out such a session is broken; a journal that
+// holds one is not a tree.
+func (l *ledger) checkTree(rec record) error {
+	sid := rec.attempt.SessionID
+	if rec.kind == recSessionOrphan {
+		if rec.recordExt == nil {
+			return nil // check refuses it
+		}
+		sid = rec.session
+	}
+	x := l.tasks[rec.task]
+	for range len(l.tasks) { // up the tree, by the sessions that launched each task
+		if x == nil {
+			return nil
+		}
+		if x.info.parent == sid {
+			return fmt.Errorf("bgtask: ledger: session %q launched task %s, an ancestor of the task it would run (or itself)", sid, x.id)
+		}
+		ref, ok := l.bySession[x.info.parent]
+		if !ok {
+			return nil
+		}
+		x = ref.e
+	}
+	return nil
 }
 
 // drop takes back a task just opened whose first attempt could not be
@@ -686,6 +745,9 @@ func (l *ledger) apply(rec record) (*entry, error) {
 		if rec.recordExt == nil || rec.spec == nil || rec.spec.id != rec.task {
 			return nil, errors.New("bgtask: ledger: a launch record must carry its task's spec")
 		}
+		if err := rec.spec.check(); err != nil {
+			return nil, err
+		}
 		if _, dup := l.tasks[rec.task]; dup {
 			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.task)
 		}
@@ -746,8 +808,9 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	case recAttemptCreated:
 		if len(e.attempts) == cap(e.attempts) && e.info.maxAttempts > len(e.attempts) {
 			// Out of first's room: make room for every attempt the task may
-			// make, once.
-			e.attempts = append(make([]Attempt, 0, e.info.maxAttempts), e.attempts...)
+			// make, once (for a few: MaxAttempts has no upper bound, and a
+			// task that fails over that often grows as any slice does).
+			e.attempts = append(make([]Attempt, 0, roomFor(e.info.maxAttempts)), e.attempts...)
 		}
 		e.attempts = append(e.attempts, rec.attempt)
 		e.current = len(e.attempts) - 1
@@ -794,7 +857,7 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 func (l *ledger) indexSession(e *entry, ref attemptRef, session string) {
 	l.bySession[session] = ref
 	if e.sessions == nil {
-		e.sessions = make([]string, 0, e.info.maxAttempts) // one per attempt, usually
+		e.sessions = make([]string, 0, roomFor(e.info.maxAttempts)) // one per attempt, usually
 	}
 	e.sessions = append(e.sessions, session)
 	e.kids = append(e.kids, l.byParent[session]...)
@@ -813,8 +876,8 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		if _, dup := l.byAttempt[rec.attempt.ID]; dup {
 			return fmt.Errorf("bgtask: attempt id %q is already in use", rec.attempt.ID)
 		}
-		if rec.attempt.Status != StatusPending || rec.attempt.Number != e.count()+1 {
-			return fmt.Errorf("%w: a new attempt must be pending and number %d", errBadTransition, e.count()+1)
+		if rec.attempt.Status != StatusPending || rec.attempt.Number != e.count()+1 || rec.attempt.SessionID != "" {
+			return fmt.Errorf("%w: a new attempt must be pending, with no session, and number %d", errBadTransition, e.count()+1)
 		}
 		return nil
 	case recRetryScheduled:
@@ -834,6 +897,9 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 	}
 	old := ref.attempt()
 	if rec.kind == recSessionOrphan {
+		if rec.recordExt == nil || rec.session == "" {
+			return errors.New("bgtask: ledger: an orphaned session must be named")
+		}
 		if _, taken := l.bySession[rec.session]; taken {
 			return fmt.Errorf("bgtask: session %q is already indexed", rec.session)
 		}
@@ -853,6 +919,9 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 	}
 	if old.SessionID != "" && rec.attempt.SessionID != old.SessionID {
 		return fmt.Errorf("bgtask: ledger: attempt %s is bound to session %s", old.ID, old.SessionID)
+	}
+	if rec.kind != recSessionBound && rec.attempt.SessionID != old.SessionID {
+		return fmt.Errorf("bgtask: ledger: attempt %s: only a bind gives it a session", old.ID)
 	}
 	switch rec.kind {
 	case recAttemptPending:
@@ -2089,13 +2158,25 @@ type Record struct {
 }
 
 // Journal persists a Manager's ledger records (WithJournal).
+//
+// A batch is the unit of atomicity: every record of one Append is durable,
+// and replayed, together or not at all — a crash may lose a whole batch
+// (the last ones appended), never part of one, and never one without
+// those appended before it. The Manager hands a journal everything one
+// commit decided as one batch (a launch with its first attempt, a retry
+// with the attempt it chose, an end with its notifications), so a replay
+// never sees half a decision. The file journal frames its batches
+// (internal/wal); pgledger writes each in one transaction. Recovery still
+// derives what is owed from the state it replays (see Open), but a journal
+// that breaks this rule may make it announce an outcome the live Manager
+// would not have reached.
 type Journal interface {
 	// Append queues a batch of records after every batch appended before
 	// it and returns at once: the Manager calls it in commit order, one
 	// call at a time, while commits behind it wait, so it must not wait for
-	// I/O. The batch's Wait returns once it is
-	// durable, or with why it is not; after an error the Manager stops
-	// (fail-stop) and a restart recovers from what is durable.
+	// I/O. The batch's Wait returns once it is durable (all of it), or
+	// with why it is not; after an error the Manager stops (fail-stop) and
+	// a restart recovers from what is durable.
 	Append(batch []Record) Commit
 	// Replay calls fn with every durable record, in order. A journal
 	// that waits on I/O it can cancel implements ContextReplayer too.
@@ -2296,13 +2377,56 @@ func readJSON(d *codec.Reader, v any) (bool, error) {
 // decodeRecord is the record a Journal returned.
 func decodeRecord(r Record) (record, error) { return decodeData(r.Data, r.Seq, nil) }
 
-// decodeData is the record data encodes; seq names it in an error.
+// recordError is why a replay refused a record: the record, as far as it
+// could be read (its sequence and kind), where the journal keeps it (a
+// file journal's segment and offset, once located), and the cause.
+type recordError struct {
+	seq  uint64
+	kind recordKind // 0: not known
+	// decoding: the record could not be decoded (else it was refused).
+	decoding bool
+	at       wal.Location // the zero Location: not located
+	err      error
+}
+
+func (e *recordError) Error() string {
+	var b strings.Builder
+	b.WriteString("bgtask: journal")
+	if e.at != (wal.Location{}) {
+		b.WriteString(" " + e.at.String())
+	}
+	b.WriteString(": ")
+	if e.decoding {
+		b.WriteString("decoding ")
+	}
+	kind := "kind unknown"
+	if e.kind != 0 {
+		kind = e.kind.String()
+	}
+	fmt.Fprintf(&b, "record %d (%s): %v", e.seq, kind, e.err)
+	return b.String()
+}
+
+func (e *recordError) Unwrap() error { return e.err }
+
+// decodeData is the record data encodes; seq names it in an error if the
+// record's own cannot be read.
 func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 	if len(data) == 0 || data[0] == 0 || data[0] > recordFormat {
-		return record{}, fmt.Errorf("bgtask: decoding record %d: not a record of format 1 to %d", seq, recordFormat)
+		return record{}, &recordError{seq: seq, decoding: true, err: fmt.Errorf("not a record of format 1 to %d", recordFormat)}
 	}
 	format, d := data[0], codec.Reader{B: data[1:], Words: words}
 	rec := record{seq: d.Uint(), kind: recordKind(d.Uint()), task: d.String(), at: d.Time()}
+	bad := func(err error) (record, error) {
+		re := &recordError{seq: rec.seq, kind: rec.kind, decoding: true, err: err}
+		if re.seq == 0 {
+			re.seq = seq
+		}
+		if int(re.kind) >= len(recordKindNames) {
+			re.kind = 0
+		}
+		return record{}, re
+	}
 	if d.Bool() {
 		var f [10]string
 		for i := range f {
@@ -2325,7 +2449,7 @@ func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 	if d.Bool() {
 		x, inv, err := decodeExt(&d, format)
 		if err != nil {
-			return record{}, fmt.Errorf("bgtask: decoding record %d: %w", rec.seq, err)
+			return bad(err)
 		}
 		if rec.inv = inv; *x != noExt {
 			rec.recordExt = x
@@ -2335,10 +2459,10 @@ func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 		}
 	}
 	if err := d.Err(); err != nil {
-		return record{}, fmt.Errorf("bgtask: decoding record %d: %w", seq, err)
+		return bad(err)
 	}
 	if int(rec.kind) >= len(recordKindNames) || recordKindNames[rec.kind] == "" {
-		return record{}, fmt.Errorf("bgtask: decoding record %d: unknown kind %d", rec.seq, rec.kind)
+		return bad(fmt.Errorf("unknown kind %d", rec.kind))
 	}
 	return rec, nil
 }
@@ -2438,11 +2562,14 @@ type recovery struct {
 	// What recovery derives is owed from the state the records left, not
 	// only from the records themselves (owed): a journal that did not keep
 	// a batch whole may hold an end without its announcement.
-	retry     map[*entry]bool   // tasks whose durable retry_scheduled has no next attempt
-	finals    map[string]bool   // tasks with a final summary produced
-	roundTold map[string]bool   // tasks listed in an all_complete produced
-	launchSeq map[*entry]uint64 // the sequence of each task's launch record
-	endSeq    map[*entry]uint64 // the sequence of the record that ended each ended task
+	retry     map[*entry]bool // tasks whose durable retry_scheduled has no next attempt
+	finals    map[string]bool // tasks with a final summary produced
+	roundTold map[string]bool // tasks listed in an all_complete produced
+	// launchSeq is the sequence of each task's launch record (kept with a
+	// Notifier only: rounds are rebuilt from it). An ended task's end is
+	// the sequence of its latest record (entry.seq): its final record, or
+	// a later one that changed nothing it announced.
+	launchSeq map[*entry]uint64
 	// told: what ended up to this sequence was told (a compaction's point:
 	// it waits until nothing is out). silent: the lives that had no
 	// Notifier, from their epoch record to the next: what ended in them
@@ -2495,14 +2622,20 @@ type openClosure struct{ root, task string }
 func (m *Manager) restore(ctx context.Context) (*recovery, error) {
 	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice), closing: make(map[uint64]openClosure),
 		retry: make(map[*entry]bool), finals: make(map[string]bool), roundTold: make(map[string]bool),
-		launchSeq: make(map[*entry]uint64), endSeq: make(map[*entry]uint64)}
+	}
+	if m.cfg.notifier != nil {
+		rv.launchSeq = make(map[*entry]uint64)
+	}
 	var lastEpoch uint64
 	step := m.replayInto(rv, &lastEpoch)
 	err := guardJournal("Replay", func() error {
 		if fj, ok := m.cfg.journal.(*fileJournal); ok {
 			payloads := fj.l.Records()
 			m.presize(payloads)
-			return replayPayloads(payloads, step)
+			if at, err := replayPayloads(payloads, step); err != nil {
+				return fj.placed(at, payloads[at], err)
+			}
+			return nil
 		}
 		fn := func(r Record) error {
 			rec, err := decodeRecord(r)
@@ -2529,8 +2662,8 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 	return func(rec record) error {
 		switch rec.kind {
 		case recNotifyProduced, recNotifyDelivered:
-			if rec.notice == nil {
-				return fmt.Errorf("bgtask: journal: record %d (%s) has no notification", rec.seq, rec.kind)
+			if rec.recordExt == nil || rec.notice == nil {
+				return &recordError{seq: rec.seq, kind: rec.kind, err: errors.New("it has no notification")}
 			}
 			if rec.notice.seq >= m.notes.seq && rec.notice.id != "" {
 				m.notes.lastID = rec.notice.id
@@ -2581,22 +2714,19 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 		}
 		e, err := l.replayOne(rec)
 		if err != nil {
-			return fmt.Errorf("bgtask: journal: record %d (%s): %w", rec.seq, rec.kind, err)
+			return &recordError{seq: rec.seq, kind: rec.kind, err: err}
 		}
 		if e != nil {
 			switch rec.kind {
 			case recTaskLaunched:
 				m.order = append(m.order, e)
-				rv.launchSeq[e] = rec.seq
+				if rv.launchSeq != nil {
+					rv.launchSeq[e] = rec.seq
+				}
 			case recRetryScheduled:
 				rv.retry[e] = true
 			case recAttemptCreated:
 				delete(rv.retry, e)
-			}
-			if e.terminal() {
-				rv.endSeq[e] = rec.seq
-			} else if rec.kind == recAttemptCreated {
-				delete(rv.endSeq, e) // a retry: it runs again
 			}
 		}
 		return nil
@@ -2677,7 +2807,10 @@ func SegmentSize(n int64) FileJournalOption { return func(o *wal.Options) { o.Se
 // time: a second opener of dir gets an error saying it is in use. A torn
 // last record (a crash mid-write) is cut off and reported when the Manager
 // opens (a warning); a bad checksum anywhere else is an error naming the
-// file and offset, and the journal refuses to open.
+// file and offset, and the journal refuses to open. So is, when a Manager
+// opens it, a record that cannot be decoded or that the ledger refuses
+// (one bgtask did not write): the error names its file, its offset and
+// its kind.
 func OpenFileJournal(dir string, opts ...FileJournalOption) (Journal, error) {
 	if blank(dir) {
 		return nil, fmt.Errorf("%w: OpenFileJournal with no directory", ErrInvalidArgument)
@@ -2784,14 +2917,14 @@ func unpackRecord(p []byte) (Record, record, error) {
 	var r Record
 	seq, n := binary.Uvarint(p)
 	if n <= 0 {
-		return r, record{}, errors.New("bgtask: journal: a record with no sequence")
+		return r, record{}, &recordError{decoding: true, err: errors.New("a record with no sequence")}
 	}
 	r.Seq, p = seq, p[n:]
 	var fs [4]string
 	for i := range fs {
 		l, n := binary.Uvarint(p)
 		if n <= 0 || uint64(len(p)-n) < l {
-			return r, record{}, errors.New("bgtask: journal: a record cut short")
+			return r, record{}, &recordError{seq: seq, decoding: true, err: errors.New("a record cut short")}
 		}
 		fs[i], p = string(p[n:n+int(l)]), p[n+int(l):]
 	}
@@ -2816,6 +2949,46 @@ func kindOf(p []byte) recordKind {
 		return 0
 	}
 	return recordKind(k)
+}
+
+// peek reads the sequence and kind of the record payload p holds, as far
+// as they can be read, to name it in an error (0 for what cannot be).
+func peek(p []byte) (seq uint64, kind recordKind) {
+	if len(p) > 0 && p[0] != dataMark { // packed as packRecord did
+		seq, _ = binary.Uvarint(p)
+		return seq, 0
+	}
+	if len(p) < 3 {
+		return 0, 0
+	}
+	d := codec.Reader{B: p[2:]}
+	seq = d.Uint()
+	if kind = kindOf(p); int(kind) >= len(recordKindNames) || recordKindNames[kind] == "" {
+		kind = 0
+	}
+	return seq, kind
+}
+
+// placed is err, what a replay met at the i-th record the log read (whose
+// payload is p), with where that record lies in the journal's files:
+// a *recordError.
+func (j *fileJournal) placed(i int, p []byte, err error) error {
+	loc, _ := j.l.Locate(i)
+	return placeAt(loc, p, err)
+}
+
+// placeAt is err, what a replay met at the record p at loc, as a
+// *recordError that names loc.
+func placeAt(loc wal.Location, p []byte, err error) error {
+	var re *recordError
+	if !errors.As(err, &re) {
+		re = &recordError{err: err}
+	}
+	if re.seq == 0 && re.kind == 0 {
+		re.seq, re.kind = peek(p)
+	}
+	re.at = loc
+	return re
 }
 
 // presize makes the ledger's indexes as big as the records about to be
@@ -2848,31 +3021,37 @@ func unpackData(p []byte, words *codec.Words) (record, error) {
 	return rec, err
 }
 
+// Replay calls fn with each record, in order. An error, fn's or the
+// decoding's, names the record's file and offset.
 func (j *fileJournal) Replay(fn func(Record) error) error {
-	for _, p := range j.l.Records() {
+	for i, p := range j.l.Records() {
 		r, _, err := unpackRecord(p)
-		if err != nil {
-			return err
+		if err == nil {
+			err = fn(r)
 		}
-		if err := fn(r); err != nil {
-			return err
+		if err != nil {
+			return j.placed(i, p, err)
 		}
 	}
 	return nil
 }
 
 // replayPayloads hands fn each record of payloads (the file journal's,
-// read at its open) as the ledger reads it, in order. The records are
-// decoded on a goroutine of its own, a chunk ahead of fn, which applies
-// them: a replay is half decoding, and a machine has more than one core.
-// The goroutine ends before replayPayloads returns, also when fn fails.
-func replayPayloads(payloads [][]byte, fn func(record) error) error {
+// read at its open) as the ledger reads it, in order; if the decoding or
+// fn fails, or panics, it returns the error and the index of the record
+// (so that the caller can say where it lies). The records are decoded on
+// a goroutine of its own, a chunk ahead of fn, which applies them: a
+// replay is half decoding, and a machine has more than one core. The
+// goroutine ends before replayPayloads returns, also when fn fails.
+func replayPayloads(payloads [][]byte, fn func(record) error) (at int, err error) {
 	if len(payloads) <= replayChunk {
-		return decodeChunk(payloads, &codec.Words{}, fn)
+		err = guardDecode(func() error { return decodeChunk(payloads, &codec.Words{}, &at, fn) })
+		return at, err
 	}
 	type chunk struct {
 		recs []record
 		err  error
+		at   int // the index of the record err is about
 	}
 	out, free, stop := make(chan chunk, 2), make(chan []record, 3), make(chan struct{})
 	for range cap(free) {
@@ -2892,12 +3071,12 @@ func replayPayloads(payloads [][]byte, fn func(record) error) error {
 			}
 			var c chunk
 			c.err = guardDecode(func() error {
-				return decodeChunk(payloads[i:min(i+replayChunk, len(payloads))], words, func(rec record) error {
+				return decodeChunk(payloads[i:min(i+replayChunk, len(payloads))], words, &c.at, func(rec record) error {
 					recs = append(recs, rec)
 					return nil
 				})
 			})
-			c.recs = recs
+			c.recs, c.at = recs, i+c.at
 			select {
 			case out <- c:
 			case <-stop:
@@ -2909,27 +3088,35 @@ func replayPayloads(payloads [][]byte, fn func(record) error) error {
 		}
 	}()
 	defer func() { close(stop); <-done }()
-	for c := range out {
-		for i := range c.recs {
-			if err := fn(c.recs[i]); err != nil {
-				return err
+	at = 0 // the index of the record being applied
+	err = guardDecode(func() error {
+		for c := range out {
+			for i := range c.recs {
+				if err := fn(c.recs[i]); err != nil {
+					return err
+				}
+				at++
 			}
+			if c.err != nil {
+				at = c.at
+				return c.err
+			}
+			clear(c.recs) // what they point to is the ledger's now, or garbage
+			free <- c.recs[:0]
 		}
-		if c.err != nil {
-			return c.err
-		}
-		clear(c.recs) // what they point to is the ledger's now, or garbage
-		free <- c.recs[:0]
-	}
-	return nil
+		return nil
+	})
+	return at, err
 }
 
 // replayChunk is how many records replayPayloads decodes at a time.
 const replayChunk = 2048
 
-// decodeChunk hands fn each record of payloads, decoded.
-func decodeChunk(payloads [][]byte, words *codec.Words, fn func(record) error) error {
-	for _, p := range payloads {
+// decodeChunk hands fn each record of payloads, decoded; *at is the index
+// of the record being decoded or handed, where it stops if either fails.
+func decodeChunk(payloads [][]byte, words *codec.Words, at *int, fn func(record) error) error {
+	for i, p := range payloads {
+		*at = i
 		rec, err := unpackData(p, words)
 		if err != nil {
 			return err
@@ -2941,12 +3128,13 @@ func decodeChunk(payloads [][]byte, words *codec.Words, fn func(record) error) e
 	return nil
 }
 
-// guardDecode runs f, a decoding, with a panic made its error: the decoder
-// reads what a disk held.
+// guardDecode runs f, a decoding or a replay, with a panic made its
+// error: the decoder reads what a disk held (a panic is a bug, and Open
+// fails rather than the process).
 func guardDecode(f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("bgtask: journal: a record that cannot be read: %s", panicText(r))
+			err = fmt.Errorf("a record that cannot be read: panic: %s", panicText(r))
 		}
 	}()
 	return f()
@@ -3123,11 +3311,12 @@ type RecordView struct {
 // lock is taken and no byte is changed, so it works on a journal whose
 // writer is still running (it sees what was written so far) and on one a
 // crash left (a torn tail is reported in Torn, not cut off). A corrupt
-// record before the tail is an error naming the file and offset.
+// record before the tail, or one that cannot be read or replayed, is an
+// error naming the file and offset (and the record's kind).
 func ReadFileJournal(dir string) (v JournalView, err error) {
 	defer func() { // a journal bgtask did not write must not crash the reader
 		if r := recover(); r != nil {
-			v, err = JournalView{}, fmt.Errorf("bgtask: journal %s holds a record that cannot be read: %s", dir, panicText(r))
+			v, err = JournalView{}, fmt.Errorf("bgtask: journal %s cannot be read: %s", dir, panicText(r))
 		}
 	}()
 	payloads, torn, err := wal.ReadOnly(dir, wal.Options{})
@@ -3139,21 +3328,34 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 	}
 	recs := make([]record, 0, len(payloads))
 	words := &codec.Words{}
-	for _, p := range payloads {
-		rec, err := unpackData(p, words)
-		if err != nil {
-			return JournalView{}, err
+	l := newLedger(nil)
+	// A journal bgtask did not write must not crash the reader: at is the
+	// record being read, if it does.
+	at := 0
+	err = guardDecode(func() error {
+		for i, p := range payloads {
+			at = i
+			rec, err := unpackData(p, words)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+			v.Records = append(v.Records, RecordView{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: rec.attempt.ID, At: rec.at, Change: describe(&rec)})
+			if _, err := l.replayOne(rec); err != nil {
+				return &recordError{seq: rec.seq, kind: rec.kind, err: err}
+			}
 		}
-		recs = append(recs, rec)
-		v.Records = append(v.Records, RecordView{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: rec.attempt.ID, At: rec.at, Change: describe(&rec)})
-	}
-	l, _, err := replayLedger(recs)
+		return nil
+	})
 	if err != nil {
-		return JournalView{}, err
+		loc, _ := wal.Locate(dir, wal.Options{}, at)
+		return JournalView{}, placeAt(loc, payloads[at], err)
 	}
 	for _, rec := range recs {
 		if rec.kind == recTaskLaunched {
-			if e := l.tasks[rec.task]; e != nil {
+			// A launch without its first attempt (a journal that did not
+			// keep its commit whole) never happened: Open drops it too.
+			if e := l.tasks[rec.task]; e != nil && e.count() > 0 {
 				v.Tasks = append(v.Tasks, e.project())
 			}
 		}

@@ -1619,7 +1619,7 @@ func (m *Manager) unlock() error { return m.unlockOn(nil) }
 // unlockOn is unlock on worker w of the Manager's group, as the last thing
 // the function w runs does: the first effect may run on w once that
 // function returns, instead of on a new goroutine (see group.Worker).
-func (m *Manager) unlockOn(w *group.Worker) error { return m.unlockUntil(nil, w) }
+func (m *Manager) unlockOn(w *group.Worker) error { return m.unlockUntil(context.Background(), w) }
 
 // unlockCtx is unlock for a caller whose wait for its records to be
 // durable keeps to ctx: once ctx ends first, it returns ctx's error
