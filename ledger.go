@@ -2709,8 +2709,8 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 				}
 			}
 		}
-		if g, ok := m.cfg.ids.(*seqIDs); ok {
-			g.skipPast(&rec)
+		if g, ok := m.cfg.ids.(*seqIDs); ok && (rec.kind == recTaskLaunched || rec.kind == recAttemptCreated || rec.kind == recNotifyProduced || rec.kind == recNotifyDelivered) {
+			g.skipPast(&rec) // where an id is made
 		}
 		e, err := l.replayOne(rec)
 		if err != nil {

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"flag"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -18,7 +20,7 @@ var (
 )
 
 func TestSim(t *testing.T) {
-	run := func(s uint64) {
+	run := func(t *testing.T, s uint64) {
 		tr, err := Run(Options{Seed: s, Steps: *steps})
 		if *trace {
 			t.Logf("seed %d:\n%s", s, strings.Join(tr, "\n"))
@@ -28,10 +30,18 @@ func TestSim(t *testing.T) {
 		}
 	}
 	if *seed >= 0 {
-		run(uint64(*seed))
+		run(t, uint64(*seed))
 		return
 	}
-	for s := range *seeds {
-		run(uint64(s))
+	// The seeds are independent: one worker per processor takes every
+	// n-th of them.
+	n := runtime.GOMAXPROCS(0)
+	for w := range n {
+		t.Run(fmt.Sprintf("worker %d of %d", w+1, n), func(t *testing.T) {
+			t.Parallel()
+			for s := w; s < *seeds; s += n {
+				run(t, uint64(s))
+			}
+		})
 	}
 }
