@@ -575,21 +575,25 @@ func worldOf(recs []record) *crashWorld {
 		case recAbortRequested:
 			aborted[rec.attempt.ID] = true
 		case recAttemptFinal:
-			s, ok := w.sess["s-"+rec.attempt.ID]
-			if !ok {
-				continue
-			}
-			switch {
-			case rec.attempt.Status == StatusCompleted:
-				s.state, s.end = SessionEnded, Event{Kind: SessionIdle, Text: rec.evidence.output}
-			case aborted[rec.attempt.ID]:
-				s.state, s.aborted = SessionGone, true
-			default:
-				s.state, s.end = SessionEnded, Event{Kind: SessionError, Err: errors.New(rec.attempt.Error)}
+			if s, ok := w.sess["s-"+rec.attempt.ID]; ok {
+				s.endAs(&rec, aborted[rec.attempt.ID])
 			}
 		}
 	}
 	return w
+}
+
+// endAs ends s as rec, its attempt's final record, says its run ended
+// (aborted: an abort was asked for it).
+func (s *worldSession) endAs(rec *record, aborted bool) {
+	switch {
+	case rec.attempt.Status == StatusCompleted:
+		s.state, s.end = SessionEnded, Event{Kind: SessionIdle, Text: rec.evidence.output}
+	case aborted:
+		s.state, s.aborted = SessionGone, true
+	default:
+		s.state, s.end = SessionEnded, Event{Kind: SessionError, Err: errors.New(rec.attempt.Error)}
+	}
 }
 
 // before is what the first life had done by the crash: the

@@ -19,7 +19,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"errors"
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
@@ -719,15 +718,7 @@ func worldOfImage(recs []record) *crashWorld {
 			if w.byAtt[rec.attempt.ID] == "" {
 				continue
 			}
-			s := session(rec.attempt.ID)
-			switch {
-			case rec.attempt.Status == StatusCompleted:
-				s.state, s.end = SessionEnded, Event{Kind: SessionIdle, Text: rec.evidence.output}
-			case aborted[rec.attempt.ID]:
-				s.state, s.aborted = SessionGone, true
-			default:
-				s.state, s.end = SessionEnded, Event{Kind: SessionError, Err: errors.New(rec.attempt.Error)}
-			}
+			session(rec.attempt.ID).endAs(&rec, aborted[rec.attempt.ID])
 		}
 	}
 	return w

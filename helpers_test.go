@@ -140,7 +140,18 @@ func newHarness(t *testing.T, host *testHost, opts ...Option) *harness {
 	if host == nil {
 		host = &testHost{}
 	}
-	h := &harness{t: t, host: host, rec: &recorder{}, clock: clock.NewFake(t0), logs: &logSink{}}
+	h := harnessOn(t, host, host, opts...)
+	if os.Getenv("BGTASK_TEST_NOTAP") == "" {
+		h.m.recordAll() // tests read what the ledger committed (recordsOf)
+	}
+	return h
+}
+
+// harnessOn is newHarness with the Manager on host, which wraps th (the
+// harness's test host): a host with more interfaces than testHost's.
+func harnessOn(t *testing.T, host Host, th *testHost, opts ...Option) *harness {
+	t.Helper()
+	h := &harness{t: t, host: th, rec: &recorder{}, clock: clock.NewFake(t0), logs: &logSink{}}
 	all := append([]Option{
 		WithIDs(SequentialIDs()),
 		WithClock(h.clock),
@@ -148,9 +159,6 @@ func newHarness(t *testing.T, host *testHost, opts ...Option) *harness {
 		WithLogger(slog.New(h.logs)),
 	}, append(remoteJournal(t, opts), opts...)...)
 	h.m = New(host, all...)
-	if os.Getenv("BGTASK_TEST_NOTAP") == "" {
-		h.m.recordAll() // tests read what the ledger committed (recordsOf)
-	}
 	shutdownAtCleanup(t, h.m)
 	return h
 }

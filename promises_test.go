@@ -5,14 +5,12 @@ package bgtask
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/bgtask/bgtask/internal/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -22,16 +20,7 @@ import (
 func promptHarness(t *testing.T, opts ...Option) (*harness, *promptHost) {
 	t.Helper()
 	host := &promptHost{testHost: &testHost{}, callGate: newCallGate[PromptRequest]()}
-	h := &harness{t: t, host: host.testHost, rec: &recorder{}, clock: clock.NewFake(t0), logs: &logSink{}}
-	all := append([]Option{
-		WithIDs(SequentialIDs()),
-		WithClock(h.clock),
-		WithNotifier(h.rec),
-		WithLogger(slog.New(h.logs)),
-	}, append(remoteJournal(t, opts), opts...)...)
-	h.m = New(host, all...)
-	shutdownAtCleanup(t, h.m)
-	return h, host
+	return harnessOn(t, host, host.testHost, opts...), host
 }
 
 // heldAtTheGate launches, on h, a task whose session launched a child,
