@@ -25,12 +25,17 @@ func running(m *bgtask.Manager, parent string) bgtask.Task {
 	if err != nil {
 		panic(err)
 	}
+	return runningOn(m, task.ID, 1)
+}
+
+// runningOn waits until task id runs its attempt number n.
+func runningOn(m *bgtask.Manager, id string, n int) bgtask.Task {
 	sub, _ := m.Subscribe(context.Background(), 64)
 	defer sub.Close()
-	for t, ok := m.Task(task.ID); ok && t.Status != bgtask.StatusRunning; t, ok = m.Task(task.ID) {
+	for t, ok := m.Task(id); ok && (t.Status != bgtask.StatusRunning || len(t.Attempts) < n); t, ok = m.Task(id) {
 		<-sub.C
 	}
-	t, _ := m.Task(task.ID)
+	t, _ := m.Task(id)
 	return t
 }
 
@@ -70,7 +75,7 @@ func ExampleManager_Observe() {
 	t := running(m, "chat")
 	first := t.SessionID
 	fmt.Println(m.Observe(bgtask.Event{SessionID: first, Kind: bgtask.SessionError, Err: errors.New("429 Too Many Requests")}))
-	t = running(m, "other") // the retry runs meanwhile
+	runningOn(m, t.ID, 2) // the retry runs on the next model (no start is in flight)
 	fmt.Println(m.Observe(bgtask.Event{SessionID: first, Kind: bgtask.SessionIdle, Text: "late"}))
 	fmt.Println(m.Observe(bgtask.Event{SessionID: "ses_nobody", Kind: bgtask.SessionBusy}))
 	// Output:
