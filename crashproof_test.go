@@ -555,29 +555,41 @@ func recordsIn(t testing.TB, files map[string][]byte) (dir string, recs []record
 }
 
 // worldOf is the session service a crash that left recs implies: every
-// session a start may have made exists; a run the records ended is over
-// (gone if it was stopped); every other run is alive.
+// session a start may have made exists (the one its bind names, else the
+// one a start makes for its attempt: an image that may hold anything can
+// have renamed it); a run the records ended is over (gone if it was
+// stopped); every other run is alive.
 func worldOf(recs []record) *crashWorld {
+	bound := map[string]string{} // attempt → the session its bind names
+	for _, rec := range recs {
+		if rec.kind == recSessionBound && rec.attempt.SessionID != "" {
+			bound[rec.attempt.ID] = rec.attempt.SessionID
+		}
+	}
 	w := newCrashWorld()
-	make := func(att string) *worldSession {
-		sid := "s-" + att
+	session := func(att string) *worldSession {
+		sid, ok := bound[att]
+		if !ok {
+			sid = "s-" + att
+		}
 		if w.sess[sid] == nil {
 			w.sess[sid] = &worldSession{attempt: att, state: SessionAlive}
 			w.byAtt[att] = sid
 		}
 		return w.sess[sid]
 	}
-	aborted := map[string]bool{} // attempts an abort was asked for
+	aborted := map[string]bool{}
 	for _, rec := range recs {
 		switch rec.kind {
 		case recStartRequested, recSessionBound:
-			make(rec.attempt.ID)
+			session(rec.attempt.ID)
 		case recAbortRequested:
 			aborted[rec.attempt.ID] = true
 		case recAttemptFinal:
-			if s, ok := w.sess["s-"+rec.attempt.ID]; ok {
-				s.endAs(&rec, aborted[rec.attempt.ID])
+			if w.byAtt[rec.attempt.ID] == "" {
+				continue
 			}
+			session(rec.attempt.ID).endAs(&rec, aborted[rec.attempt.ID])
 		}
 	}
 	return w

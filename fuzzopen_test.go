@@ -646,7 +646,7 @@ func checkOpenImage(t *testing.T, base *openBase, files map[string][]byte, late 
 	}
 	w := newCrashWorld()
 	if decoded {
-		w = worldOfImage(recs)
+		w = worldOf(recs)
 	}
 	now := start.Add(time.Minute)
 	if late {
@@ -683,45 +683,6 @@ func checkOpenImage(t *testing.T, base *openBase, files map[string][]byte, late 
 			require.NotEqual(t, SessionAlive, s.state, "session %s of task %s is still running, the task ended", sid, task)
 		}
 	}
-}
-
-// worldOfImage is worldOf for an image that may hold anything: a run's
-// session is the one its bind names (a mutation may have renamed it), else
-// the one a start makes for its attempt (worldOf assumes the latter).
-func worldOfImage(recs []record) *crashWorld {
-	bound := map[string]string{} // attempt → the session its bind names
-	for _, rec := range recs {
-		if rec.kind == recSessionBound && rec.attempt.SessionID != "" {
-			bound[rec.attempt.ID] = rec.attempt.SessionID
-		}
-	}
-	w := newCrashWorld()
-	session := func(att string) *worldSession {
-		sid, ok := bound[att]
-		if !ok {
-			sid = "s-" + att
-		}
-		if w.sess[sid] == nil {
-			w.sess[sid] = &worldSession{attempt: att, state: SessionAlive}
-			w.byAtt[att] = sid
-		}
-		return w.sess[sid]
-	}
-	aborted := map[string]bool{}
-	for _, rec := range recs {
-		switch rec.kind {
-		case recStartRequested, recSessionBound:
-			session(rec.attempt.ID)
-		case recAbortRequested:
-			aborted[rec.attempt.ID] = true
-		case recAttemptFinal:
-			if w.byAtt[rec.attempt.ID] == "" {
-				continue
-			}
-			session(rec.attempt.ID).endAs(&rec, aborted[rec.attempt.ID])
-		}
-	}
-	return w
 }
 
 // FuzzOpen: see the top of this file. The input chooses an image (the
