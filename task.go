@@ -125,7 +125,7 @@ func (e *DurabilityUnknownError) Error() string {
 	if e.TaskID != "" {
 		s += " of task " + e.TaskID
 	}
-	return s + ": the context ended before its records were durable; they may or may not be (Lookup tells): " + errText(e.Err)
+	return s + ": the context ended before its records were durable; they may or may not be (Lookup tells): " + safeText(e.Err)
 }
 
 // Is makes errors.Is(err, ErrDurabilityUnknown) true.
@@ -143,14 +143,6 @@ func durabilityUnknown(err error, op, task string) error {
 		return &DurabilityUnknownError{Op: op, TaskID: task, Err: nd.err}
 	}
 	return err
-}
-
-// errText is err's text, "" for nil.
-func errText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
 
 // LimitError is a Launch refused by a limit of WithTreeLimits. It matches
