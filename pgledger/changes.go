@@ -129,15 +129,20 @@ func (n *Node) writeChanges(ctx context.Context, mb *member, tasks []bgtask.Task
 		}
 		ids, bodies = append(ids, tasks[i].ID), append(bodies, body)
 	}
-	for ctx.Err() == nil {
+	for tries := 0; ctx.Err() == nil; tries++ {
 		_, err := n.pool.Exec(ctx, `SELECT bgtask_publish($1, $2, $3, $4, $5::jsonb[])`, n.o.Ledger, mb.name, mb.j.Fence(), ids, bodies)
 		if err == nil {
+			if tries > 0 {
+				n.o.Logger.Info("pgledger: publishing changes again", "member", mb.name, "tries", tries+1)
+			}
 			return true
 		}
 		if errors.Is(classify(err), ErrLeaseLost) {
 			return false // no longer this process's to publish
 		}
-		n.o.Logger.Warn("pgledger: publishing changes failed; trying again", "member", mb.name, "err", err)
+		if tries == 0 { // once per outage, not at every try
+			n.o.Logger.Warn("pgledger: publishing changes failed; trying again until the database answers", "member", mb.name, "err", err)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(n.o.Poll):

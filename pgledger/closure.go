@@ -64,10 +64,10 @@ func (e *UnstoppedError) Unwrap() error { return e.Err }
 // closure and, if no closure's branch holds parent, records the launch as
 // in flight (bgtask_append clears it when its task_launched lands): one
 // statement, bgtask_admit, under the fence lock, shared.
-func (n *Node) admit(ctx context.Context, id, parent string) error {
+func (n *Node) admit(ctx context.Context, member, id, parent string) error {
 	var closure *int64
-	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit($1, $2, $3, $4)`, n.o.Ledger, id, parent, n.o.Member).Scan(&closure); err != nil {
-		return fmt.Errorf("pgledger: checking the fence: %w", err)
+	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit($1, $2, $3, $4)`, n.o.Ledger, id, parent, member).Scan(&closure); err != nil {
+		return dbErr("checking the fence", err)
 	}
 	if closure != nil {
 		return fmt.Errorf("%w: session %s is inside the branch closure %d is closing", bgtask.ErrBranchClosing, parent, *closure)
@@ -84,26 +84,31 @@ func (n *Node) admit(ctx context.Context, id, parent string) error {
 func (n *Node) gateStart(ctx context.Context, req bgtask.SessionRequest) error {
 	var closure *int64
 	var err error
-	// A refusal is for good: a database that does not answer is asked
-	// again for a while (it fails the journal soon enough if it is gone).
-	for wait, tries := 10*time.Millisecond, 0; ; wait, tries = min(2*wait, time.Second), tries+1 {
+	// A refusal is for good (the attempt ends in error): a database that
+	// does not answer is asked again, until ctx ends or for startGateFor —
+	// longer than any lease, so a journal that cannot reach the database
+	// has failed by then and the Manager has stopped without this answer.
+	deadline := time.Now().Add(startGateFor)
+	for wait := time.Duration(0); ; {
 		err = n.pool.QueryRow(ctx, `SELECT bgtask_start_fenced($1, $2, $3)`, n.o.Ledger, req.TaskID, req.ParentSessionID).Scan(&closure)
-		if err == nil || ctx.Err() != nil || tries == 8 {
+		if err == nil || !transient(err) || ctx.Err() != nil || time.Now().After(deadline) {
 			break
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
+		wait = retryWait(wait)
+		sleepCtx(ctx, wait)
 	}
 	if err != nil {
-		return fmt.Errorf("pgledger: checking the fence: %w", err)
+		return dbErr("checking the fence", err)
 	}
 	if closure != nil {
 		return fmt.Errorf("%w: task %s is inside the branch closure %d is closing", bgtask.ErrBranchClosing, req.TaskID, *closure)
 	}
 	return nil
 }
+
+// startGateFor bounds how long a start waits for the database to answer
+// its fence check.
+const startGateFor = 2 * time.Minute
 
 // admitted clears a launch that was admitted but did not land.
 func (n *Node) admitted(ctx context.Context, id string) {

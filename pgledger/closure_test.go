@@ -182,7 +182,7 @@ func TestAClosureNamesTheRunsThatDidNotStop(t *testing.T) {
 func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 	_, svc, ns, br := chain(t, 2, 1)
 	a := br[0]
-	require.NoError(t, ns[1].admit(ctx(t), "late", a.SessionID)) // past the check
+	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, "late", a.SessionID)) // past the check
 	g := svc.hold(a.SessionID)
 	done := make(chan error, 1)
 	var rep bgtask.ClosureReport
@@ -227,7 +227,7 @@ func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 func TestALaunchLeftInFlightByADeadProcessIsCleared(t *testing.T) {
 	f, svc, ns, br := chain(t, 2, 1)
 	a := br[0]
-	require.NoError(t, ns[1].admit(ctx(t), "ghost", a.SessionID))
+	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, "ghost", a.SessionID))
 	ns[1].kill()
 	f.expire("w1")
 	again, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w1", Host: svc, Poll: 50 * time.Millisecond})

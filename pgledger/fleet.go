@@ -52,6 +52,8 @@ type NodeOptions struct {
 	drained func(member string) // tests: called after applied events left a member's inbox
 	stopped func(task string)   // tests: called once what a stop of a run of task came to is written
 	marked  func(note string)   // tests: called once a delivered notification is marked so
+	beat    func()              // tests: Options.beat of every member's journal
+	away    func(error)         // tests: Options.away of every member's journal
 }
 
 // Node is one process of a fleet on one ledger: its own member's Manager,
@@ -98,6 +100,7 @@ type member struct {
 	j       *Journal
 	m       *bgtask.Manager
 	drainMu sync.Mutex // one drain of its inbox at a time (the loop's, a takeover's)
+	unwatch func()     // ends the goroutines adopt started for it
 }
 
 // Join opens this process's member and its Manager, and starts listening
@@ -146,10 +149,11 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 // the member dropped (events go to whoever owns it next, closures no
 // longer ask it) as soon as its lease is found lost.
 func (n *Node) adopt(mb *member) {
+	ctx, cancel := context.WithCancel(n.loopCtx)
+	mb.unwatch = cancel
 	n.mu.Lock()
 	n.members[mb.name] = mb
 	n.mu.Unlock()
-	ctx, cancel := context.WithCancel(n.loopCtx)
 	n.goOwned(func() { n.publish(ctx, mb) })
 	n.goOwned(func() {
 		defer cancel()
@@ -161,10 +165,83 @@ func (n *Node) adopt(mb *member) {
 				n.dead = append(n.dead, mb)
 			}
 			n.mu.Unlock()
-			n.o.Logger.Warn("pgledger: the lease of a member was lost; this process no longer acts for it", "member", mb.name)
+			n.o.Logger.Warn("pgledger: the lease of a member was lost; this process no longer acts for it", "member", mb.name,
+				"err", mb.j.failedErr())
+			if mb.name == n.o.Member {
+				n.goOwned(func() { n.reopen(n.loopCtx) })
+			}
 		case <-ctx.Done():
 		}
 	})
+}
+
+// reopen opens this process's own member again after its lease was lost
+// — the database did not answer for a whole lease, or another process
+// took the member over — as a new life of it (a new fence; its Manager
+// replays the member and reconciles its runs, as after a restart). It
+// tries every downBeat until it succeeds or the node closes; meanwhile
+// Node.Launch launches on another member this node owns, or refuses with
+// ErrUnavailable. A member another process holds is asked for again until
+// that process releases it (it does once nothing of it is live).
+func (n *Node) reopen(ctx context.Context) {
+	for held := false; ctx.Err() == nil; {
+		mb, err := n.open(ctx, n.o.Member)
+		if err == nil {
+			n.mu.Lock()
+			if n.closed {
+				n.dead = append(n.dead, mb) // Close shuts it down with the others
+				n.mu.Unlock()
+				return
+			}
+			n.mu.Unlock()
+			n.adopt(mb)
+			n.o.Logger.Info("pgledger: this process's member was opened again", "member", n.o.Member, "fence", mb.j.Fence())
+			n.drain(ctx, mb)
+			if n.o.took != nil {
+				n.o.took(n.o.Member)
+			}
+			return
+		}
+		var lh *LeaseHeldError
+		if errors.As(err, &lh) && !held {
+			held = true
+			n.o.Logger.Warn("pgledger: this process's member is held by another process; asking again until it is released",
+				"member", n.o.Member, "holder", lh.Holder)
+		}
+		wait := downBeat
+		if held {
+			wait = n.o.Poll
+		}
+		sleepCtx(ctx, wait)
+	}
+}
+
+// launcher is the member a launch goes to: this process's own, or, while
+// that one cannot write (its lease was lost and it is being opened
+// again), another member this node owns that can. With none, the error
+// wraps ErrUnavailable: the launch is refused at once, and may be made
+// again.
+func (n *Node) launcher() (*member, error) {
+	n.mu.Lock()
+	own := n.members[n.o.Member]
+	n.mu.Unlock()
+	var why error
+	if own != nil {
+		if why = own.j.Available(); why == nil {
+			return own, nil
+		}
+		if errors.Is(why, ErrUnavailable) {
+			return nil, why // the database is away: every member waits on it
+		}
+	} else {
+		why = fmt.Errorf("member %s lost its lease and is being opened again", n.o.Member)
+	}
+	for _, mb := range n.owned() {
+		if mb.j.Available() == nil {
+			return mb, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %w", ErrUnavailable, why)
 }
 
 // goOwned runs f on a goroutine the node joins at Close, unless it is
@@ -187,7 +264,7 @@ func (n *Node) goOwned(f func()) bool {
 // replays it and reconciles its live runs).
 func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	j, err := Open(ctx, n.pool, Options{Ledger: n.o.Ledger, Member: name, Lease: n.o.Lease, Heartbeat: n.o.Heartbeat, Holder: n.o.Holder,
-		Rounds: n.o.Notifier != nil})
+		Rounds: n.o.Notifier != nil, beat: n.o.beat, away: n.o.away})
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +383,11 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m := n.Manager()
+	mb, err := n.launcher()
+	if err != nil {
+		return bgtask.Task{}, err
+	}
+	m := mb.m
 	if spec.Key == "" && spec.ParentSessionID == "" {
 		return m.Launch(ctx, spec)
 	}
@@ -314,13 +395,13 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 		spec.ID = uuid.NewString()
 	}
 	if spec.ParentSessionID != "" {
-		if err := n.admit(ctx, spec.ID, spec.ParentSessionID); err != nil {
+		if err := n.admit(ctx, mb.name, spec.ID, spec.ParentSessionID); err != nil {
 			return bgtask.Task{}, err
 		}
 	}
 	admitted := spec.ParentSessionID != ""
 	if spec.Key != "" {
-		holder, err := n.claimKey(ctx, spec.Key, spec.ID)
+		holder, err := n.claimKey(ctx, mb.name, spec.Key, spec.ID)
 		if err == nil && holder != spec.ID {
 			err = &bgtask.KeyHeldError{Key: spec.Key, TaskID: holder}
 		}
@@ -372,7 +453,7 @@ const keyClaimGrace = time.Minute
 
 // claimKey claims key for task id and returns the task that holds it:
 // id if the claim was won.
-func (n *Node) claimKey(ctx context.Context, key, id string) (string, error) {
+func (n *Node) claimKey(ctx context.Context, member, key, id string) (string, error) {
 	var holder string
 	err := n.pool.QueryRow(ctx, `
 INSERT INTO bgtask_keys AS k (ledger, key, member, task_id) VALUES ($1, $2, $3, $4)
@@ -381,12 +462,12 @@ ON CONFLICT (ledger, key) DO UPDATE
  WHERE EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = k.ledger AND t.task_id = k.task_id AND t.ended)
     OR (NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = k.ledger AND t.task_id = k.task_id)
         AND k.claimed_at < now() - $5::interval)
-RETURNING task_id`, n.o.Ledger, key, n.o.Member, id, keyClaimGrace).Scan(&holder)
+RETURNING task_id`, n.o.Ledger, key, member, id, keyClaimGrace).Scan(&holder)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = n.pool.QueryRow(ctx, `SELECT task_id FROM bgtask_keys WHERE ledger = $1 AND key = $2`, n.o.Ledger, key).Scan(&holder)
 	}
 	if err != nil {
-		return "", fmt.Errorf("pgledger: claiming key %q: %w", key, err)
+		return "", dbErr(fmt.Sprintf("claiming key %q", key), err)
 	}
 	return holder, nil
 }
@@ -463,7 +544,7 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		return "", false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("pgledger: routing an event: %w", err)
+		return "", false, dbErr("routing an event", err)
 	}
 	return owner, current, nil
 }
@@ -533,7 +614,7 @@ func (n *Node) route(ctx context.Context, owner string, ev bgtask.Event) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("pgledger: routing an event to member %s: %w", owner, err)
+		return dbErr("routing an event to member "+owner, err)
 	}
 	return nil
 }
@@ -697,10 +778,11 @@ func (n *Node) takeOver(ctx context.Context) {
 	if closed {
 		return
 	}
+	n.releaseIdle(ctx)
 	own := n.Members()
 	rows, err := n.pool.Query(ctx, `
 SELECT m.member FROM bgtask_members m
- WHERE m.ledger = $1 AND m.expires_at <= now() AND m.member <> ALL($2)
+ WHERE m.ledger = $1 AND m.expires_at <= now() AND NOT m.idle AND m.member <> ALL($2)
    AND (EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = m.ledger AND t.member = m.member AND NOT t.ended)
         OR EXISTS (SELECT 1 FROM bgtask_inbox i WHERE i.ledger = m.ledger AND i.member = m.member))
  ORDER BY m.expires_at`, n.o.Ledger, own)
@@ -736,6 +818,46 @@ SELECT m.member FROM bgtask_members m
 		if n.o.took != nil {
 			n.o.took(name)
 		}
+	}
+}
+
+// releaseIdle gives back each member this node took over once nothing of
+// it is live — no live task, no event routed to it — so that it costs no
+// one anything more, and its own process (restarted, or opening it again
+// after an outage) can have it back. Its Manager is shut down and its
+// journal closed, which marks it idle.
+func (n *Node) releaseIdle(ctx context.Context) {
+	for _, mb := range n.owned() {
+		if mb.name == n.o.Member {
+			continue
+		}
+		n.mu.Lock()
+		if n.closed || n.members[mb.name] != mb {
+			n.mu.Unlock()
+			return
+		}
+		delete(n.members, mb.name) // launches no longer go to it
+		n.mu.Unlock()
+		var idle bool
+		err := n.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM bgtask_tasks WHERE ledger = $1 AND member = $2 AND NOT ended)
+   AND NOT EXISTS (SELECT 1 FROM bgtask_inbox WHERE ledger = $1 AND member = $2)`, n.o.Ledger, mb.name).Scan(&idle)
+		if err != nil || !idle {
+			n.mu.Lock()
+			if n.closed {
+				n.dead = append(n.dead, mb)
+			} else {
+				n.members[mb.name] = mb
+			}
+			n.mu.Unlock()
+			continue
+		}
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		mb.j.closeWithin(c)
+		mb.unwatch()
+		err = mb.m.Shutdown(c)
+		_ = mb.j.Close()
+		cancel()
+		n.o.Logger.Info("pgledger: released a member taken over once nothing of it was live", "member", mb.name, "err", err)
 	}
 }
 

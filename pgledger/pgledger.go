@@ -66,7 +66,8 @@ type Options struct {
 	// parent per commit that launches or ends its tasks.
 	Rounds bool
 
-	beat func() // tests: called after each heartbeat that renewed the lease
+	beat func()      // tests: called after each heartbeat that renewed the lease
+	away func(error) // tests: called with each error of the database's absence
 }
 
 // Errors a Journal's writes fail with (wrapped in the Manager's
@@ -123,6 +124,11 @@ type Journal struct {
 	// closing, once set (Node.Close), bounds the journal's last writes and
 	// the release of its lease: closeGrace after it ends, at most.
 	closing atomic.Pointer[context.Context]
+	// away is why the database did not answer the journal's last
+	// statement (nil once one was answered): while it is set, the journal
+	// retries its writes and Available reports ErrUnavailable.
+	away   atomic.Pointer[error]
+	onAway func(error) // Options.away
 }
 
 // closeGrace is how long a journal's last writes may take once the
@@ -229,7 +235,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 // newJournal is the journal of o.Member, not yet holding its lease and
 // with no goroutine running.
 func newJournal(pool *pgxpool.Pool, o Options) *Journal {
-	return &Journal{pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds,
+	return &Journal{pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds, onAway: o.away,
 		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
 }
 
@@ -254,7 +260,7 @@ WITH m AS (
 INSERT INTO bgtask_members AS m (ledger, member, fence, holder, expires_at)
 VALUES ($1, $2, 1, $3, now() + $4::interval)
 ON CONFLICT (ledger, member) DO UPDATE
-   SET fence = m.fence + 1, holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+   SET fence = m.fence + 1, holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at, idle = false
  WHERE m.expires_at <= now()
 RETURNING fence),
 l AS (DELETE FROM bgtask_launching WHERE ledger = $1 AND member = $2 AND EXISTS (SELECT 1 FROM m)),
@@ -345,18 +351,103 @@ func (j *Journal) writer() {
 }
 
 // write commits group in one statement, and tells each batch how it went.
+// A database that does not answer is asked again (see persist): the
+// batches wait, and so do the Manager's commits behind them.
 func (j *Journal) write(group []*commit) {
 	err := j.failedErr()
 	if err == nil {
-		err = j.appendGroup(group)
-		if err != nil {
-			err = j.fail(err)
-		}
+		err = j.persist(0, func(ctx context.Context) error { return j.appendGroup(ctx, group) })
 	}
 	for _, c := range group {
 		c.err = err
 		close(c.done)
 	}
+}
+
+// persist runs op, one idempotent write of the journal's, until it lands
+// (nil), the database refuses it (the journal fails with that), or the
+// lease may have run out: unrenewed for a whole lease, another process may
+// own the member by now, so the journal fails with ErrLeaseLost rather
+// than act for it (the Node opens the member again once the database
+// answers). A try whose outcome is unknown — the connection dropped around
+// its commit — is resolved by the next: op is idempotent. Each try is
+// bounded by tryFor (0: a lease), and once the journal is closing, the
+// tries end with the close's context.
+func (j *Journal) persist(tryFor time.Duration, op func(ctx context.Context) error) error {
+	var wait time.Duration
+	for {
+		left := j.leaseLeft()
+		if left <= 0 {
+			return j.fail(j.leaseLost("not renewed for %s while the database did not answer: %v", j.lease, j.awayErr()))
+		}
+		if tryFor == 0 {
+			// A try may outlast what is left of the lease: if it lands, the
+			// database found the lease still this journal's.
+			tryFor = j.lease
+		}
+		ctx, cancel := j.opCtx(tryFor)
+		err := op(ctx)
+		cancel()
+		if err == nil {
+			j.answered()
+			return nil
+		}
+		if !transient(err) {
+			return j.fail(err)
+		}
+		j.unanswered(err)
+		if c := j.closing.Load(); c != nil && (*c).Err() != nil {
+			return j.fail(fmt.Errorf("%w: the journal of member %s closed before the database answered: %w", ErrUnavailable, j.member, err))
+		}
+		wait = retryWait(wait)
+		time.Sleep(min(wait, max(j.leaseLeft(), 0)))
+	}
+}
+
+// leaseLeft is how long the lease lasts, as this process can be sure of
+// it: from when the last renewal that succeeded was asked.
+func (j *Journal) leaseLeft() time.Duration {
+	return time.Until(time.Unix(0, j.renewedAt.Load()).Add(j.lease))
+}
+
+// unanswered notes that the database did not answer a statement: until
+// one is answered, Available reports it. A standby's refusal of a write
+// (a failover left the pool's connections on the old server) drops the
+// pool's connections, so the next are made to whichever server answers
+// at the address now.
+func (j *Journal) unanswered(err error) {
+	j.away.Store(&err)
+	if readOnly(err) {
+		j.pool.Reset()
+	}
+	if j.onAway != nil {
+		j.onAway(err)
+	}
+}
+
+// answered notes that the database answered a statement.
+func (j *Journal) answered() { j.away.Store(nil) }
+
+func (j *Journal) awayErr() error {
+	if p := j.away.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Available reports whether the journal can write now: nil, an error that
+// wraps ErrUnavailable while the database does not answer its statements
+// (writes wait and are retried; they may still land), or the error the
+// journal failed with (ErrLeaseLost, ErrStale, …: it writes nothing
+// more). Node.Launch refuses a launch with it at once rather than wait.
+func (j *Journal) Available() error {
+	if err := j.failedErr(); err != nil {
+		return err
+	}
+	if err := j.awayErr(); err != nil {
+		return fmt.Errorf("%w: member %s: %w", ErrUnavailable, j.member, err)
+	}
+	return nil
 }
 
 func (j *Journal) failedErr() error {
@@ -407,8 +498,10 @@ func (j *Journal) leaseLost(format string, args ...any) error {
 	return fmt.Errorf("%w: member %s (fence %d): %s", ErrLeaseLost, j.member, j.fence, fmt.Sprintf(format, args...))
 }
 
-// appendGroup writes the records of group through bgtask_append.
-func (j *Journal) appendGroup(group []*commit) (err error) {
+// appendGroup writes the records of group through bgtask_append, which
+// is idempotent: a group that landed already (its first record is in the
+// table, under this fence) is not written again.
+func (j *Journal) appendGroup(ctx context.Context, group []*commit) (err error) {
 	n := 0
 	for _, c := range group {
 		n += len(c.recs)
@@ -434,8 +527,6 @@ func (j *Journal) appendGroup(group []*commit) (err error) {
 			data = append(data, r.Data)
 		}
 	}
-	ctx, cancel := j.opCtx(j.lease)
-	defer cancel()
 	asked := time.Now()
 	defer func() {
 		if err == nil {
@@ -453,10 +544,13 @@ const renewLease = `UPDATE bgtask_members SET expires_at = now() + $4::interval
  WHERE ledger = $1 AND member = $2 AND fence = $3 AND expires_at > now()`
 
 // heartbeat renews the lease every interval until Close; a renewal that
-// finds the lease gone fails the journal.
+// finds the lease gone fails the journal. While the database does not
+// answer, it asks every downBeat, so the journal knows soon after the
+// database is back (Available), and fails the journal once the lease
+// could have run out.
 func (j *Journal) heartbeat(every time.Duration, beat func()) {
 	defer j.done.Done()
-	t := time.NewTicker(every)
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
@@ -467,28 +561,38 @@ func (j *Journal) heartbeat(every time.Duration, beat func()) {
 		if j.failedErr() != nil {
 			return
 		}
+		if j.leaseLeft() <= 0 {
+			j.fail(j.leaseLost("not renewed for %s while the database did not answer: %v", j.lease, j.awayErr()))
+			return
+		}
 		asked := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		tag, err := j.pool.Exec(ctx, renewLease, j.ledger, j.member, j.fence, j.lease)
 		cancel()
+		next := every
 		switch {
 		case err == nil && tag.RowsAffected() == 0:
 			j.fail(j.leaseLost("the heartbeat found it taken or expired"))
 			return
 		case err == nil:
 			j.renewed(asked)
+			j.answered()
 			if beat != nil {
 				beat()
 			}
-		case time.Since(time.Unix(0, j.renewedAt.Load())) >= j.lease:
-			// Unrenewed for a whole lease: another process may own the
-			// member by now. Stop before the database says so.
-			j.fail(j.leaseLost("not renewed for %s: %v", j.lease, err))
-			return
+		default:
+			// Tried again soon; the next pass fails the journal once the
+			// lease could have run out.
+			j.unanswered(err)
+			next = min(every, downBeat)
 		}
-		// A heartbeat that failed to reach the database is tried again.
+		t.Reset(next)
 	}
 }
+
+// downBeat is how often the heartbeat asks while the database does not
+// answer.
+const downBeat = 200 * time.Millisecond
 
 // A Journal is a bgtask.Journal whose replay a context can end.
 var (
@@ -556,8 +660,16 @@ func (j *Journal) Compact(keep []bgtask.Record) error {
 	if err := j.Append(nil).Wait(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*j.lease)
-	defer cancel()
+	// A compaction is idempotent (the whole set is replaced): one that the
+	// database did not answer is tried again, as an append is. It may take
+	// longer than a lease: it holds the member's row from its first
+	// statement, so no other process can take the member meanwhile.
+	return j.persist(10*j.lease, func(ctx context.Context) error { return j.compact(ctx, keep) })
+}
+
+// compact is one try of Compact.
+func (j *Journal) compact(ctx context.Context, keep []bgtask.Record) error {
+	asked := time.Now()
 	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, renewLease, j.ledger, j.member, j.fence, j.lease)
 		if err != nil {
@@ -585,16 +697,19 @@ func (j *Journal) Compact(keep []bgtask.Record) error {
 		for id := range tasks {
 			ids = append(ids, id)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM bgtask_sessions WHERE ledger = $1 AND member = $2 AND task_id <> ALL($3)`, j.ledger, j.member, ids); err != nil {
+		// An anti-join on the kept ids (hashed), by the member's index.
+		if _, err := tx.Exec(ctx, `DELETE FROM bgtask_sessions s WHERE s.ledger = $1 AND s.member = $2
+   AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) k(id) WHERE k.id = s.task_id)`, j.ledger, j.member, ids); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM bgtask_tasks WHERE ledger = $1 AND member = $2 AND task_id <> ALL($3)`, j.ledger, j.member, ids)
+		_, err = tx.Exec(ctx, `DELETE FROM bgtask_tasks t WHERE t.ledger = $1 AND t.member = $2
+   AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) k(id) WHERE k.id = t.task_id)`, j.ledger, j.member, ids)
 		return err
 	})
-	if err != nil {
-		return j.fail(err)
+	if err == nil {
+		j.renewed(asked)
 	}
-	return nil
+	return err
 }
 
 // Close writes what was appended, stops the heartbeat and releases the
@@ -617,7 +732,11 @@ func (j *Journal) Close() error {
 	}
 	ctx, cancel := j.opCtx(j.lease)
 	defer cancel()
-	_, err := j.pool.Exec(ctx, `UPDATE bgtask_members SET expires_at = now()
+	// A member left with nothing live (no live task, no event routed to it)
+	// is idle: the takeover poll passes it by until it is opened again.
+	_, err := j.pool.Exec(ctx, `UPDATE bgtask_members m SET expires_at = now(),
+       idle = NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = m.ledger AND t.member = m.member AND NOT t.ended)
+          AND NOT EXISTS (SELECT 1 FROM bgtask_inbox i WHERE i.ledger = m.ledger AND i.member = m.member)
  WHERE ledger = $1 AND member = $2 AND fence = $3`, j.ledger, j.member, j.fence)
 	if err != nil {
 		return fmt.Errorf("pgledger: releasing the lease of member %q: %w", j.member, err)

@@ -40,9 +40,12 @@ type fixture struct {
 	marked chan string
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureOn(t, dbURL) }
+
+// newFixtureOn is a fixture on the database at url.
+func newFixtureOn(t *testing.T, url string) *fixture {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dbURL)
+	pool, err := pgxpool.New(context.Background(), url)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return &fixture{t: t, pool: pool, ledger: fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1)), took: make(chan took, 16), drained: make(chan string, 64), stopped: make(chan string, 64), marked: make(chan string, 256)}

@@ -31,6 +31,7 @@ type Server struct {
 	dir  string              // the data directory, "" for a server not started here
 	ctl  string              // pg_ctl
 	cred *syscall.Credential // the postgres user commands run as (tests as root), or nil
+	opts string              // the server's options (-o)
 }
 
 // postgresUser is the unprivileged user the server runs as when the tests
@@ -59,6 +60,13 @@ func Start(db string) (*Server, error) {
 		s.URL = u
 		return s, err
 	}
+	return StartOwn(db)
+}
+
+// StartOwn starts a server of its own (whatever BGTASK_PG_URL says), for a
+// test that restarts or stops it (Restart, Halt, Resume), and creates
+// database db.
+func StartOwn(db string) (*Server, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -83,8 +91,8 @@ func Start(db string) (*Server, error) {
 		s.Stop()
 		return nil, fmt.Errorf("pgtest: initdb: %v\n%s", err, out)
 	}
-	opts := fmt.Sprintf("-c listen_addresses='' -c unix_socket_directories=%s -c fsync=on -c max_connections=200", s.dir)
-	if out, err := s.run(s.ctl, "-D", data, "-o", opts, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "start"); err != nil {
+	s.opts = fmt.Sprintf("-c listen_addresses='' -c unix_socket_directories=%s -c fsync=on -c max_connections=200", s.dir)
+	if out, err := s.run(s.ctl, "-D", data, "-o", s.opts, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "start"); err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
 		s.Stop()
 		return nil, fmt.Errorf("pgtest: pg_ctl start: %v\n%s\n%s", err, out, log)
@@ -96,6 +104,41 @@ func Start(db string) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// data is the server's data directory.
+func (s *Server) data() string { return filepath.Join(s.dir, "data") }
+
+// Restart restarts the server as an operator would (pg_ctl restart -m
+// fast): every connection is ended ("terminating connection due to
+// administrator command"), and the server is back on the same socket.
+func (s *Server) Restart() error {
+	if s.dir == "" {
+		return errors.New("pgtest: a server not started here cannot be restarted")
+	}
+	if out, err := s.run(s.ctl, "-D", s.data(), "-o", s.opts, "-l", filepath.Join(s.dir, "log"), "-m", "fast", "-w", "-t", "60", "restart"); err != nil {
+		return fmt.Errorf("pgtest: pg_ctl restart: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// Halt stops the server (pg_ctl stop -m fast) until Resume.
+func (s *Server) Halt() error {
+	if s.dir == "" {
+		return errors.New("pgtest: a server not started here cannot be stopped")
+	}
+	if out, err := s.run(s.ctl, "-D", s.data(), "-m", "fast", "-w", "-t", "60", "stop"); err != nil {
+		return fmt.Errorf("pgtest: pg_ctl stop: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// Resume starts a server Halt stopped, with the options it had.
+func (s *Server) Resume() error {
+	if out, err := s.run(s.ctl, "-D", s.data(), "-o", s.opts, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "start"); err != nil {
+		return fmt.Errorf("pgtest: pg_ctl start: %v\n%s", err, out)
+	}
+	return nil
 }
 
 // Stop stops a server Start started and removes its directory.

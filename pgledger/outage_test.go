@@ -1,0 +1,318 @@
+package pgledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/pgledger/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The database goes away under a node and comes back, as an operator's
+// restart, stop and lock make it do, on a server of the test's own. The
+// node's journal rides out what is shorter than its lease (the same
+// fence, no new life), opens its member again after what is longer, fails
+// calls fast with ErrUnavailable meanwhile, keeps every call to its
+// deadline, and launches again overrun a few seconds of the database
+// answering; every task it launched ends exactly once.
+
+// outage is a test's own server and a fixture on it.
+type outage struct {
+	*fixture
+	srv   *pgtest.Server
+	url   string
+	beats chan struct{} // a heartbeat renewed a lease
+	aways chan error    // a statement of a journal found the database away
+}
+
+func newOutage(t *testing.T) *outage {
+	t.Helper()
+	srv, err := pgtest.StartOwn("outage")
+	require.NoError(t, err)
+	t.Cleanup(srv.Stop) // last: after the nodes and the pool
+	return &outage{fixture: newFixtureOn(t, srv.URL), srv: srv, url: srv.URL,
+		beats: make(chan struct{}, 1), aways: make(chan error, 1)}
+}
+
+// node joins member w0 with lease, on svc.
+func (o *outage) node(svc *service, lease time.Duration) *Node {
+	o.t.Helper()
+	n, err := Join(context.Background(), o.pool, NodeOptions{Ledger: o.ledger, Member: "w0", Lease: lease, Heartbeat: lease / 10, Host: svc,
+		Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{o.t}, nil)),
+		took: func(m string) { tell(o.took)(took{0, m}) }, beat: func() { tell(o.beats)(struct{}{}) }, away: tell(o.aways)})
+	require.NoError(o.t, err)
+	closeAtEnd(o.t, n)
+	return n
+}
+
+// admin runs statements on a connection of its own (not the pool's).
+func (o *outage) admin(sql ...string) *pgx.Conn {
+	o.t.Helper()
+	conn, err := pgx.Connect(ctx(o.t), o.url)
+	require.NoError(o.t, err)
+	for _, q := range sql {
+		_, err := conn.Exec(ctx(o.t), q)
+		require.NoError(o.t, err, q)
+	}
+	return conn
+}
+
+// overrun is how far past its deadline a call may return.
+const overrun = time.Second
+
+// launcher launches on n until stopped, each call with a deadline of its
+// own, and checks each: it returns overrun its deadline (and a second),
+// and fails, if it does, as a retryable call does — ErrUnavailable, or
+// its durability unknown when the database went away under it. After a
+// failure it waits for the database to answer a heartbeat again.
+type launcher struct {
+	t        *testing.T
+	n        *Node
+	beats    <-chan struct{}
+	stop     chan struct{}
+	done     sync.WaitGroup
+	mu       sync.Mutex
+	ok, fail int
+	worst    time.Duration // the longest overrun of a deadline
+}
+
+func (o *outage) launching(n *Node) *launcher {
+	l := &launcher{t: o.t, n: n, beats: o.beats, stop: make(chan struct{})}
+	l.done.Add(1)
+	go func() {
+		defer l.done.Done()
+		for {
+			select {
+			case <-l.stop:
+				return
+			default:
+			}
+			err := l.once(500 * time.Millisecond)
+			if err == nil {
+				continue
+			}
+			select {
+			case <-l.stop:
+				return
+			case <-l.beats:
+			}
+		}
+	}()
+	return l
+}
+
+// once is one launch with deadline d.
+func (l *launcher) once(d time.Duration) error {
+	c, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	asked := time.Now()
+	_, err := l.n.Launch(c, spec)
+	over := time.Since(asked) - d
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.worst = max(l.worst, over)
+	if err == nil {
+		l.ok++
+		return nil
+	}
+	l.fail++
+	if !errors.Is(err, ErrUnavailable) && !errors.Is(err, bgtask.ErrDurabilityUnknown) {
+		l.t.Errorf("a launch failed with an error that is not retryable: %v", err)
+	}
+	return err
+}
+
+// end stops the launcher and checks its calls kept to their deadlines.
+func (l *launcher) end() {
+	close(l.stop)
+	l.done.Wait()
+	l.t.Logf("launches during the fault: %d ok, %d refused; worst overrun %s", l.ok, l.fail, l.worst)
+	assert.LessOrEqual(l.t, l.worst, overrun, "a launch overran its deadline")
+}
+
+// launchesAgain launches on n until one succeeds — after each refusal,
+// once a heartbeat answered again — and returns how long that took.
+func (o *outage) launchesAgain(n *Node) time.Duration {
+	o.t.Helper()
+	up := time.Now()
+	for {
+		c, cancel := context.WithTimeout(ctx(o.t), 2*time.Second)
+		_, err := n.Launch(c, spec)
+		cancel()
+		if err == nil {
+			took := time.Since(up)
+			o.t.Logf("launches work again %s after the database answers", took.Round(time.Millisecond))
+			return took
+		}
+		require.Less(o.t, time.Since(up), 10*time.Second, "launches do not work again: %v", err)
+		recv(o.t, o.beats, "a heartbeat once the database answers")
+	}
+}
+
+// endAll ends every task of n's Managers through its session, and checks
+// that each ended once: completed, with one attempt_finalized record in
+// the database for its one attempt.
+func (o *outage) endAll(n *Node, svc *service) {
+	o.t.Helper()
+	count := 0
+	for _, m := range n.Managers() {
+		for _, task := range m.Snapshot().Tasks {
+			running, err := bgtasktest.WaitFor(ctx(o.t), m, task.ID, func(t bgtask.Task) bool {
+				return t.Status == bgtask.StatusRunning || t.Status.Terminal()
+			})
+			require.NoError(o.t, err)
+			count++
+			if running.Status.Terminal() {
+				// A launch whose start the outage cut short ends as its
+				// evidence says; nothing else ends before it is answered.
+				o.t.Logf("task %s ended before it was answered: %s %q", task.ID, running.Status, running.Error)
+				continue
+			}
+			a := running.Attempts[len(running.Attempts)-1]
+			require.NoError(o.t, n.Observe(bgtask.Event{AttemptID: a.ID, SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "done"}))
+			got, err := m.Wait(ctx(o.t), task.ID)
+			require.NoError(o.t, err)
+			assert.Equal(o.t, bgtask.StatusCompleted, got.Status, task.ID)
+		}
+	}
+	require.Positive(o.t, count)
+	assert.Equal(o.t, count, o.count("bgtask_tasks", "ended"), "every task ended in the database")
+	assert.Equal(o.t, count, o.count("bgtask_records", "kind = 'attempt_finalized'"), "and once")
+}
+
+// A fast restart mid-run (every connection ended, the server back in a
+// second or two): the journal rides it out under the same fence.
+func TestANodeRidesOutAServerRestart(t *testing.T) {
+	o := newOutage(t)
+	svc := newService()
+	n := o.node(svc, 5*time.Second)
+	fence := n.live("w0").j.Fence()
+	l := o.launching(n)
+	for range 5 {
+		_, err := n.Launch(ctx(t), spec)
+		require.NoError(t, err)
+	}
+	require.NoError(t, o.srv.Restart())
+	assert.Less(t, o.launchesAgain(n), 5*time.Second)
+	l.end()
+	assert.Equal(t, fence, n.live("w0").j.Fence(), "the journal rode the restart out: no new life")
+	o.endAll(n, svc)
+}
+
+// The server stopped for less than a lease, then for more: the first is
+// ridden out under the same fence; after the second the member's lease
+// may have run out, so the node gives that life up and opens its member
+// again (a new fence), reconciling its runs — each task still ends once.
+func TestANodeRidesOutAStopAndReopensAfterOneLongerThanItsLease(t *testing.T) {
+	o := newOutage(t)
+	svc := newService()
+	lease := 5 * time.Second
+	n := o.node(svc, lease)
+	fence := n.live("w0").j.Fence()
+	for range 3 {
+		_, err := n.Launch(ctx(t), spec)
+		require.NoError(t, err)
+	}
+	l := o.launching(n)
+	require.NoError(t, o.srv.Halt())
+	err := recv(t, o.aways, "the journal to find the database away")
+	assert.True(t, transient(err), "%v", err)
+	c, cancel := context.WithTimeout(ctx(t), time.Second)
+	_, err = n.Launch(c, spec)
+	cancel()
+	require.ErrorIs(t, err, ErrUnavailable, "refused at once while the database is away")
+	time.Sleep(time.Second) // the outage itself
+	require.NoError(t, o.srv.Resume())
+	assert.Less(t, o.launchesAgain(n), 5*time.Second)
+	l.end()
+	assert.Equal(t, fence, n.live("w0").j.Fence(), "a stop shorter than the lease is ridden out")
+
+	require.NoError(t, o.srv.Halt())
+	time.Sleep(lease + lease/5) // longer than the lease
+	require.NoError(t, o.srv.Resume())
+	recv(t, o.took, "the node to open its own member again")
+	assert.Less(t, o.launchesAgain(n), 5*time.Second)
+	assert.Greater(t, n.live("w0").j.Fence(), fence, "a new life of the member")
+	o.endAll(n, svc)
+}
+
+// A lock held on the members table for longer than a call's deadline
+// stalls every write: the calls keep to their deadlines, and once the lock
+// is gone the journal goes on under the same fence and what was in flight
+// lands.
+func TestCallsKeepToTheirDeadlinesWhileTheDatabaseStalls(t *testing.T) {
+	o := newOutage(t)
+	svc := newService()
+	n := o.node(svc, 5*time.Second)
+	fence := n.live("w0").j.Fence()
+	_, err := n.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	lock := o.admin("BEGIN", "LOCK TABLE bgtask_members IN ACCESS EXCLUSIVE MODE")
+	l := o.launching(n)
+	for _, s := range []bgtask.Spec{spec, {Prompt: "no parent", Models: spec.Models}} {
+		c, cancel := context.WithTimeout(ctx(t), time.Second)
+		asked := time.Now()
+		_, err := n.Launch(c, s)
+		cancel()
+		assert.Less(t, time.Since(asked), time.Second+overrun, "a launch kept to its deadline")
+		assert.True(t, errors.Is(err, ErrUnavailable) || errors.Is(err, bgtask.ErrDurabilityUnknown), "%v", err)
+	}
+	recv(t, o.aways, "a statement to run out of its time")
+	_, err = lock.Exec(ctx(t), "ROLLBACK")
+	require.NoError(t, err)
+	require.NoError(t, lock.Close(ctx(t)))
+	o.launchesAgain(n)
+	l.end()
+	assert.Equal(t, fence, n.live("w0").j.Fence())
+	o.endAll(n, svc)
+}
+
+// A failover whose new writer answers at the same address, while the
+// pool's connections are still to a server that refuses writes (SQLSTATE
+// 25006 — here the database is made read-only, its connections ended, and
+// made writable again, so the connections the pool made meanwhile stay
+// read-only): the node drops those connections and goes on once a writer
+// answers.
+func TestANodeDropsConnectionsToAStandby(t *testing.T) {
+	o := newOutage(t)
+	svc := newService()
+	n := o.node(svc, 5*time.Second)
+	_, err := n.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	db := "outage"
+	admin := o.admin(fmt.Sprintf("ALTER DATABASE %s SET default_transaction_read_only = on", db),
+		fmt.Sprintf("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '%s' AND pid <> pg_backend_pid()", db))
+	defer func() { _ = admin.Close(context.Background()) }()
+	for {
+		err := recv(t, o.aways, "a write refused by a read-only server")
+		if readOnly(err) {
+			break
+		}
+	}
+	_, err = admin.Exec(ctx(t), fmt.Sprintf("ALTER DATABASE %s RESET default_transaction_read_only", db))
+	require.NoError(t, err)
+	assert.Less(t, o.launchesAgain(n), 5*time.Second)
+	o.endAll(n, svc)
+}
+
+// A commit whose connection dropped around its end is tried again, and
+// lands once: bgtask_append finds its first record already there.
+func TestACommitTriedAgainLandsOnce(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{})
+	batch := []bgtask.Record{rec(1, "note", "", "", "", ""), rec(2, "note", "", "", "", "")}
+	require.NoError(t, j.Append(batch).Wait())
+	require.NoError(t, j.appendGroup(ctx(t), []*commit{{recs: batch}}), "the same commit again")
+	assert.Equal(t, 2, f.count("bgtask_records", "member = 'w1'"))
+	require.NoError(t, j.Append([]bgtask.Record{rec(3, "note", "", "", "", "")}).Wait())
+	assert.Equal(t, 3, f.count("bgtask_records", "member = 'w1'"))
+}
