@@ -270,7 +270,7 @@ func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	}
 	opts := append(slices.Clip(n.o.Options), bgtask.WithJournal(j), bgtask.WithStartGate(n.gateStart))
 	if n.o.Notifier != nil {
-		opts = append(opts, bgtask.WithNotifier(outboxNotifier{n: n, member: name}))
+		opts = append(opts, bgtask.WithNotifier(outboxNotifier{n: n, member: name, j: j}))
 	}
 	m, err := bgtask.Open(ctx, n.o.Host, opts...)
 	if err != nil {

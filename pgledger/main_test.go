@@ -2,6 +2,7 @@ package pgledger_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -52,4 +53,36 @@ func TestFleetOfProcesses(t *testing.T) {
 	assert.Equal(t, 9, rep.Completed, "6 answered through another process, 3 of the killed one's")
 	assert.Equal(t, 3, rep.TakenOver)
 	assert.Equal(t, 3, rep.Cancelled, "the branch across the three")
+}
+
+var chaosRun = flag.Bool("pg.chaos", false, "run TestChaosOfAFleet: three worker processes, several hundred tasks, a kill -9, a server restart, a 10 s stop and a lock (about 2 minutes)")
+
+// Three worker processes on a server of the test's own, and several
+// hundred tasks; mid-run, in turn: one worker is killed (kill -9), the
+// server is restarted (pg_ctl restart -m fast), stopped for 10 s, and the
+// members table is locked for longer than a launch's deadline. After
+// each, launches work again in every worker; at the end every task
+// launched ended exactly once, every final summary and all_complete was
+// delivered (again only with the same ID), nothing is left in the inbox,
+// outbox or launching tables, and no launch overran its deadline by more
+// than a second (fleetdemo.Chaos checks each).
+func TestChaosOfAFleet(t *testing.T) {
+	if !*chaosRun {
+		t.Skip("the chaos run is long: -pg.chaos runs it (.ci/run does)")
+	}
+	srv, err := pgtest.StartOwn("chaos")
+	require.NoError(t, err)
+	defer srv.Stop()
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := fleetdemo.Chaos(c, fleetdemo.ChaosConfig{
+		Config: fleetdemo.Config{DB: srv.URL, Ledger: "chaos", Worker: os.Args[0], Lease: 15 * time.Second, Heartbeat: time.Second, Out: logWriter{t}},
+		Faults: fleetdemo.Faults{Restart: srv.Restart, Halt: srv.Halt, Resume: srv.Resume},
+	})
+	require.NoError(t, err)
+	t.Logf("%+v", rep)
+	assert.GreaterOrEqual(t, rep.Tasks, 300, "several hundred tasks")
+	for fault, back := range rep.Back {
+		assert.Less(t, back, 10*time.Second, "launches work again within a few seconds of %s", fault)
+	}
 }

@@ -41,6 +41,7 @@ const (
 type outboxNotifier struct {
 	n      *Node
 	member string
+	j      *Journal // the member's: while it lives, a database away is waited out
 }
 
 func (o outboxNotifier) Notify(ctx context.Context, note bgtask.Notification) error {
@@ -51,14 +52,31 @@ func (o outboxNotifier) Notify(ctx context.Context, note bgtask.Notification) er
 	if err != nil {
 		return fmt.Errorf("pgledger: encoding a notification: %w", err)
 	}
-	_, err = o.n.pool.Exec(ctx, `WITH ins AS (
+	// A database that does not answer is asked again until it does (the
+	// Manager gives a notification up after a few refusals), as long as
+	// the member's journal lives: once it failed, the member's next life
+	// produces what is owed again.
+	for wait := time.Duration(0); ; {
+		err = o.insert(ctx, note, body)
+		if err == nil || !transient(err) || ctx.Err() != nil || o.j.failedErr() != nil {
+			break
+		}
+		wait = retryWait(wait)
+		sleepCtx(ctx, wait)
+	}
+	if err != nil {
+		return dbErr("writing a notification to the outbox", err)
+	}
+	return nil
+}
+
+// insert writes note to the outbox, once (idempotent on its ID).
+func (o outboxNotifier) insert(ctx context.Context, note bgtask.Notification, body []byte) error {
+	_, err := o.n.pool.Exec(ctx, `WITH ins AS (
   INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
   VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (ledger, member, note_id) DO NOTHING RETURNING 1)
 SELECT pg_notify($8, $1) FROM ins`, o.n.o.Ledger, o.member, note.ID, note.ParentSessionID, string(note.Kind), note.TaskID, body, outboxChannel)
-	if err != nil {
-		return fmt.Errorf("pgledger: writing a notification to the outbox: %w", err)
-	}
-	return nil
+	return err
 }
 
 // wakeDeliverer makes the deliverer look at the outbox now.

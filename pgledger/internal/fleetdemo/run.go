@@ -24,7 +24,10 @@ type Config struct {
 	Ledger string        // the ledger the fleet shares (a fresh one per run)
 	Worker string        // the binary to re-execute as a worker (os.Executable())
 	Lease  time.Duration // each member's lease (a killed worker is taken over once it expires)
-	Out    io.Writer     // where the scenario tells what it does
+	// Heartbeat, if set, is how often a lease is renewed (0: a third of
+	// Lease).
+	Heartbeat time.Duration
+	Out       io.Writer // where the scenario tells what it does
 }
 
 // Report is what a run saw.
@@ -271,6 +274,9 @@ func spawn(ctx context.Context, cfg Config, svc *service, member string) (*proc,
 	cmd := exec.CommandContext(ctx, cfg.Worker)
 	cmd.Env = append(os.Environ(), WorkerEnv+"="+member, dbEnv+"="+cfg.DB, ledgerEnv+"="+cfg.Ledger,
 		serviceEnv+"="+svc.addr, leaseEnv+"="+cfg.Lease.String())
+	if cfg.Heartbeat > 0 {
+		cmd.Env = append(cmd.Env, beatEnv+"="+cfg.Heartbeat.String())
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

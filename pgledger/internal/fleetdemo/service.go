@@ -41,7 +41,8 @@ type session struct {
 	state   bgtask.SessionState
 	end     bgtask.Event
 	aborted bool
-	asked   int // SessionStatus calls: a takeover reconciling it
+	asked   int       // SessionStatus calls: a takeover reconciling it
+	at      time.Time // when it started
 }
 
 func newService() (*service, error) {
@@ -123,7 +124,7 @@ type sessionArg struct {
 func (s *service) start(member string, req bgtask.SessionRequest) any {
 	s.n++
 	id := fmt.Sprintf("ses-%d", s.n)
-	s.sessions[id] = &session{req: req, owner: member, state: bgtask.SessionAlive}
+	s.sessions[id] = &session{req: req, owner: member, state: bgtask.SessionAlive, at: time.Now()}
 	s.byAtt[req.AttemptID] = id
 	s.byTask[req.TaskID] = id
 	s.change()

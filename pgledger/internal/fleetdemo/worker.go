@@ -31,6 +31,7 @@ const (
 	ledgerEnv  = "BGTASK_FLEET_LEDGER"
 	serviceEnv = "BGTASK_FLEET_SERVICE"
 	leaseEnv   = "BGTASK_FLEET_LEASE"
+	beatEnv    = "BGTASK_FLEET_HEARTBEAT" // optional: the lease's heartbeat
 )
 
 // IsWorker reports whether this process was started as a worker.
@@ -115,6 +116,12 @@ func worker() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", leaseEnv, err)
 	}
+	var beat time.Duration
+	if v := os.Getenv(beatEnv); v != "" {
+		if beat, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("%s: %w", beatEnv, err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	pool, err := pgxpool.New(ctx, os.Getenv(dbEnv))
@@ -124,7 +131,7 @@ func worker() error {
 	defer pool.Close()
 	c := client{base: os.Getenv(serviceEnv), member: member, http: &http.Client{Timeout: 30 * time.Second}}
 	node, err := pgledger.Join(ctx, pool, pgledger.NodeOptions{
-		Ledger: os.Getenv(ledgerEnv), Member: member, Lease: lease, Holder: "worker " + member + fmt.Sprintf(" (pid %d)", os.Getpid()),
+		Ledger: os.Getenv(ledgerEnv), Member: member, Lease: lease, Heartbeat: beat, Holder: "worker " + member + fmt.Sprintf(" (pid %d)", os.Getpid()),
 		Host: host{c}, Notifier: notifier{c}, Poll: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
@@ -156,6 +163,8 @@ func worker() error {
 type launchArg struct {
 	Parent string `json:"parent"`
 	Prompt string `json:"prompt"`
+	// Within, if set, is the launch's deadline (the caller's context).
+	Within time.Duration `json:"within,omitempty"`
 }
 
 type closeArg struct {
@@ -166,7 +175,8 @@ type answer struct {
 	Task   *bgtask.Task          `json:"task,omitempty"`
 	Report *bgtask.ClosureReport `json:"report,omitempty"`
 	Err    string                `json:"error,omitempty"`
-	Kind   string                `json:"kind,omitempty"` // "unknown", "stale", "closing" for errors the caller may act on
+	Kind   string                `json:"kind,omitempty"` // "unknown", "stale", "closing", "unavailable", "undecided" for errors the caller may act on
+	Took   time.Duration         `json:"took,omitempty"` // how long the call took in the worker
 }
 
 func errAnswer(err error) answer {
@@ -178,6 +188,10 @@ func errAnswer(err error) answer {
 		a.Kind = "stale"
 	case errors.Is(err, bgtask.ErrBranchClosing):
 		a.Kind = "closing"
+	case errors.Is(err, pgledger.ErrUnavailable):
+		a.Kind = "unavailable"
+	case errors.Is(err, bgtask.ErrDurabilityUnknown):
+		a.Kind = "undecided"
 	}
 	return a
 }
@@ -192,12 +206,21 @@ func api(node *pgledger.Node) http.Handler {
 		if !decode(w, r, &a) {
 			return
 		}
-		t, err := node.Launch(r.Context(), bgtask.Spec{ParentSessionID: a.Parent, Prompt: a.Prompt, Models: models})
+		ctx := r.Context()
+		if a.Within > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, a.Within)
+			defer cancel()
+		}
+		began := time.Now()
+		t, err := node.Launch(ctx, bgtask.Spec{ParentSessionID: a.Parent, Prompt: a.Prompt, Models: models})
 		if err != nil {
-			reply(w, errAnswer(err))
+			out := errAnswer(err)
+			out.Took = time.Since(began)
+			reply(w, out)
 			return
 		}
-		reply(w, answer{Task: &t})
+		reply(w, answer{Task: &t, Took: time.Since(began)})
 	})
 	mux.HandleFunc("POST /observe", func(w http.ResponseWriter, r *http.Request) {
 		var ev bgtask.Event

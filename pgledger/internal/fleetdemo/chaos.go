@@ -1,0 +1,481 @@
+package fleetdemo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/jackc/pgx/v5"
+)
+
+// Faults are what a chaos run does to the fleet's database server.
+type Faults struct {
+	Restart func() error // as pg_ctl restart -m fast
+	Halt    func() error // as pg_ctl stop -m fast
+	Resume  func() error // as pg_ctl start, after Halt
+}
+
+// ChaosConfig is a chaos run's.
+type ChaosConfig struct {
+	Config
+	Faults Faults
+	Wave   int           // tasks launched around each fault (0: 120)
+	Within time.Duration // each launch's deadline (0: 2s)
+	Down   time.Duration // how long the server stays stopped (0: 10s)
+	Lock   time.Duration // how long the members table is locked (0: twice Within)
+}
+
+// ChaosReport is what a chaos run saw.
+type ChaosReport struct {
+	Launched  int // launches that returned a task
+	Refused   int // refused as retryable (pgledger.ErrUnavailable) while the database was away
+	Undecided int // returned at their deadline with their durability unknown
+	Lost      int // calls to a worker killed under them
+	Tasks     int // tasks in the ledger at the end, every one ended
+	Completed int // completed with their session's answer
+	Other     int // ended otherwise (a start the kill or an outage cut short), with a reason
+	// Duplicates counts final summaries and all_complete delivered again
+	// with the same ID (at least once across a fault).
+	Duplicates int
+	Worst      time.Duration            // the longest overrun of a launch's deadline
+	Back       map[string]time.Duration // per fault: from its end until every live worker launched again
+	Took       time.Duration
+}
+
+// Chaos runs three workers and several hundred tasks and, mid-run, in
+// turn: kills one worker (kill -9; a new worker with a new member takes its
+// place), restarts the server, stops it for Down, and holds a lock on the
+// members table for longer than a launch's deadline. Sessions are answered
+// by the service a moment after they start, each answer sent to a random
+// live worker. Then it checks, and returns the first broken promise:
+// every launch kept to its deadline (a second over at most) and failed, if
+// it did, as retryable; launches worked again after each fault; every task
+// in the ledger ended, once, with one final summary ID delivered (again
+// only with the same ID) and its session's answer if it completed; every
+// parent's tasks were told in its all_complete rounds, each once; nothing
+// was left in the inbox, outbox or launching tables.
+func Chaos(ctx context.Context, cfg ChaosConfig) (rep ChaosReport, err error) {
+	began := time.Now()
+	if cfg.Wave == 0 {
+		cfg.Wave = 120
+	}
+	if cfg.Within == 0 {
+		cfg.Within = 2 * time.Second
+	}
+	if cfg.Down == 0 {
+		cfg.Down = 10 * time.Second
+	}
+	if cfg.Lock == 0 {
+		cfg.Lock = 2 * cfg.Within
+	}
+	say := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
+	if err := migrate(ctx, cfg.DB); err != nil {
+		return rep, err
+	}
+	svc, err := newService()
+	if err != nil {
+		return rep, err
+	}
+	defer svc.close()
+	c := &chaos{cfg: cfg, svc: svc, http: &http.Client{Timeout: cfg.Within + 10*time.Second}, back: map[string]time.Duration{}}
+	defer c.stopAll()
+	for i := range 3 {
+		if err := c.spawn(ctx, fmt.Sprintf("w%d", i)); err != nil {
+			return rep, err
+		}
+	}
+	answering, stopAnswering := context.WithCancel(ctx)
+	var answerer sync.WaitGroup
+	answerer.Add(1)
+	go func() { defer answerer.Done(); c.answer(answering) }()
+	defer func() { stopAnswering(); answerer.Wait() }()
+
+	faults := []struct {
+		name string
+		do   func() error
+	}{
+		{"kill -9 of a worker", func() error { return c.killOne(ctx) }},
+		{"pg_ctl restart -m fast", cfg.Faults.Restart},
+		{fmt.Sprintf("server stopped for %s", cfg.Down), func() error {
+			if err := cfg.Faults.Halt(); err != nil {
+				return err
+			}
+			t := time.NewTimer(cfg.Down)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			return cfg.Faults.Resume()
+		}},
+		{fmt.Sprintf("bgtask_members locked for %s", cfg.Lock), func() error { return c.lockMembers(ctx, cfg.Lock) }},
+	}
+	for i, f := range faults {
+		if err := c.wave(ctx, i, func() error { return f.do() }); err != nil {
+			return rep, fmt.Errorf("%s: %w", f.name, err)
+		}
+		back, err := c.launchesAgain(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("after %s: %w", f.name, err)
+		}
+		c.back[f.name] = back
+		say("%s: launches worked again in every live worker %s after it", f.name, back.Round(time.Millisecond))
+	}
+	if err := c.settle(ctx); err != nil {
+		return rep, err
+	}
+	rep, err = c.check(ctx)
+	rep.Took = time.Since(began)
+	if err == nil {
+		say("%d launched, %d refused as unavailable, %d undecided at their deadline, %d lost with a killed worker; worst overrun of a deadline %s",
+			rep.Launched, rep.Refused, rep.Undecided, rep.Lost, rep.Worst.Round(time.Millisecond))
+		say("%d tasks ended once: %d completed with their answers, %d otherwise; %d deliveries again with the same ID; in %s",
+			rep.Tasks, rep.Completed, rep.Other, rep.Duplicates, rep.Took.Round(time.Second))
+	}
+	return rep, err
+}
+
+// chaos is a chaos run's state.
+type chaos struct {
+	cfg  ChaosConfig
+	svc  *service
+	http *http.Client
+	back map[string]time.Duration
+
+	mu     sync.Mutex
+	ws     []*proc // live workers
+	dead   []*proc
+	next   int // the next worker's number
+	counts struct{ launched, refused, undecided, lost int }
+	worst  time.Duration
+	failed error // the first launch that failed as no launch may
+}
+
+func (c *chaos) spawn(ctx context.Context, member string) error {
+	w, err := spawn(ctx, c.cfg.Config, c.svc, member)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.ws = append(c.ws, w)
+	c.next++
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *chaos) live() []*proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.ws)
+}
+
+func (c *chaos) stopAll() {
+	for _, w := range c.live() {
+		w.stop()
+	}
+}
+
+// killOne kills a worker as a crash does, and starts a new one (a new
+// member: the dead one's is taken over once its lease expires).
+func (c *chaos) killOne(ctx context.Context) error {
+	c.mu.Lock()
+	w := c.ws[1]
+	c.ws = slices.Delete(c.ws, 1, 2)
+	c.dead = append(c.dead, w)
+	next := c.next
+	c.mu.Unlock()
+	w.kill()
+	return c.spawn(ctx, fmt.Sprintf("w%d", next))
+}
+
+// lockMembers holds an ACCESS EXCLUSIVE lock on bgtask_members for d.
+func (c *chaos) lockMembers(ctx context.Context, d time.Duration) error {
+	conn, err := pgx.Connect(ctx, c.cfg.DB)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE bgtask_members IN ACCESS EXCLUSIVE MODE"); err != nil {
+		return err
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	return tx.Rollback(ctx)
+}
+
+// wave launches Wave tasks from four launchers at random live workers,
+// and does fault once half of them were launched.
+func (c *chaos) wave(ctx context.Context, n int, fault func() error) error {
+	var launched atomic.Int64
+	half := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for l := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := l; i < c.cfg.Wave; i += 4 {
+				if ctx.Err() != nil {
+					return
+				}
+				c.launch(ctx, fmt.Sprintf("chat-%d-%d", n, i%8))
+				if launched.Add(1) >= int64(c.cfg.Wave/2) {
+					once.Do(func() { close(half) })
+				}
+			}
+		}()
+	}
+	select {
+	case <-half:
+	case <-ctx.Done():
+	}
+	err := fault()
+	wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return errors.Join(err, c.failed)
+}
+
+// launch launches one task from parent at a random live worker, and
+// counts how it went.
+func (c *chaos) launch(ctx context.Context, parent string) bool {
+	ws := c.live()
+	w := ws[rand.IntN(len(ws))]
+	cl := client{base: w.addr, member: "coordinator", http: c.http}
+	var a answer
+	err := cl.call(ctx, "/launch", launchArg{Parent: parent, Prompt: "look it up", Within: c.cfg.Within}, &a)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.worst = max(c.worst, a.Took-c.cfg.Within)
+	switch {
+	case err != nil:
+		c.counts.lost++ // its worker was killed under it
+	case a.Err == "":
+		c.counts.launched++
+		return true
+	case a.Kind == "unavailable":
+		c.counts.refused++
+	case a.Kind == "undecided":
+		c.counts.undecided++
+	default:
+		if c.failed == nil {
+			c.failed = fmt.Errorf("a launch at %s failed as no launch may: %s", w.member, a.Err)
+		}
+	}
+	return false
+}
+
+// launchesAgain launches at every live worker until each has launched
+// once, and returns how long that took.
+func (c *chaos) launchesAgain(ctx context.Context) (time.Duration, error) {
+	from := time.Now()
+	for _, w := range c.live() {
+		for {
+			cl := client{base: w.addr, member: "coordinator", http: c.http}
+			var a answer
+			err := cl.call(ctx, "/launch", launchArg{Parent: "probe", Prompt: "are you back?", Within: c.cfg.Within}, &a)
+			if err == nil && a.Err == "" {
+				c.mu.Lock()
+				c.counts.launched++
+				c.mu.Unlock()
+				break
+			}
+			if time.Since(from) > time.Minute {
+				return 0, fmt.Errorf("worker %s launches nothing a minute on: %v %s", w.member, err, a.Err)
+			}
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return 0, ctx.Err()
+			case <-t.C:
+			}
+		}
+	}
+	return time.Since(from), nil
+}
+
+// answer ends each session a moment after it started, with its answer,
+// and sends the answer to a random live worker until one takes it (or
+// finds it stale), until ctx ends.
+func (c *chaos) answer(ctx context.Context) {
+	sent := map[string]bool{}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		var due []string
+		c.svc.mu.Lock()
+		for id, s := range c.svc.sessions {
+			if s.state == bgtask.SessionAlive && time.Since(s.at) >= 150*time.Millisecond {
+				s.state, s.end = bgtask.SessionEnded, bgtask.Event{Kind: bgtask.SessionIdle, Text: "answer of " + id}
+				c.svc.change()
+			}
+			if s.state == bgtask.SessionEnded && !s.aborted && !sent[id] {
+				due = append(due, id)
+			}
+		}
+		c.svc.mu.Unlock()
+		ws := c.live()
+		for _, id := range due {
+			w := ws[rand.IntN(len(ws))]
+			cl := client{base: w.addr, member: "service", http: c.http}
+			var a answer
+			err := cl.call(ctx, "/observe", bgtask.Event{SessionID: id, Kind: bgtask.SessionIdle, Text: "answer of " + id}, &a)
+			if err == nil && (a.Err == "" || a.Kind == "stale") {
+				sent[id] = true
+			}
+		}
+	}
+}
+
+// settle waits until every task of the ledger ended and every
+// notification was delivered: no live task, nothing in the outbox, inbox
+// or launching tables.
+func (c *chaos) settle(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, c.cfg.DB)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var left int
+		err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM bgtask_tasks WHERE ledger = $1 AND NOT ended)
+     + (SELECT count(*) FROM bgtask_outbox WHERE ledger = $1)
+     + (SELECT count(*) FROM bgtask_inbox WHERE ledger = $1)
+     + (SELECT count(*) FROM bgtask_launching WHERE ledger = $1)`, c.cfg.Ledger).Scan(&left)
+		if err != nil {
+			return err
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			var what string
+			_ = conn.QueryRow(ctx, `SELECT concat_ws('; ',
+  (SELECT 'live tasks: ' || string_agg(t.task_id || ' of ' || t.member || coalesce(' (lease ' || CASE WHEN m.expires_at > now() THEN 'held by ' || m.holder ELSE 'expired' END || ')', ''), ', ')
+     FROM bgtask_tasks t LEFT JOIN bgtask_members m ON m.ledger = t.ledger AND m.member = t.member WHERE t.ledger = $1 AND NOT t.ended),
+  (SELECT 'outbox: ' || string_agg(kind || ' ' || note_id || CASE WHEN delivered_at IS NULL THEN '' ELSE ' (delivered)' END, ', ') FROM bgtask_outbox WHERE ledger = $1),
+  (SELECT 'inbox: ' || count(*) || ' for ' || string_agg(DISTINCT member, ', ') FROM bgtask_inbox WHERE ledger = $1 HAVING count(*) > 0),
+  (SELECT 'launching: ' || string_agg(task_id || ' of ' || member, ', ') FROM bgtask_launching WHERE ledger = $1))`, c.cfg.Ledger).Scan(&what)
+			return fmt.Errorf("the fleet did not settle in 90s: %s", what)
+		}
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// check checks every promise of a settled run.
+func (c *chaos) check(ctx context.Context) (rep ChaosReport, err error) {
+	c.mu.Lock()
+	rep.Launched, rep.Refused, rep.Undecided, rep.Lost = c.counts.launched, c.counts.refused, c.counts.undecided, c.counts.lost
+	rep.Worst, rep.Back = c.worst, c.back
+	c.mu.Unlock()
+	if rep.Worst > time.Second {
+		return rep, fmt.Errorf("a launch overran its deadline by %s", rep.Worst)
+	}
+	conn, err := pgx.Connect(ctx, c.cfg.DB)
+	if err != nil {
+		return rep, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT task_id, parent_session FROM bgtask_tasks WHERE ledger = $1`, c.cfg.Ledger)
+	if err != nil {
+		return rep, err
+	}
+	byParent := map[string][]string{}
+	var tasks []string
+	for rows.Next() {
+		var id, parent string
+		if err := rows.Scan(&id, &parent); err != nil {
+			return rep, err
+		}
+		tasks = append(tasks, id)
+		byParent[parent] = append(byParent[parent], id)
+	}
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
+	rep.Tasks = len(tasks)
+	if rep.Tasks < rep.Launched {
+		return rep, fmt.Errorf("%d launches returned a task, but the ledger has %d", rep.Launched, rep.Tasks)
+	}
+	c.svc.mu.Lock()
+	defer c.svc.mu.Unlock()
+	for _, id := range tasks {
+		sums := c.svc.summaries(id)
+		if len(sums) == 0 {
+			return rep, fmt.Errorf("task %s: no final summary delivered", id)
+		}
+		for _, d := range sums[1:] {
+			if d.ID != sums[0].ID {
+				return rep, fmt.Errorf("task %s: two different final summaries (%s, %s): it ended twice", id, sums[0].ID, d.ID)
+			}
+			rep.Duplicates++
+		}
+		t := sums[0].Task
+		ses := c.svc.byTask[id]
+		switch {
+		case t.Status == bgtask.StatusCompleted && t.Result == "answer of "+ses:
+			rep.Completed++
+		case t.Status == bgtask.StatusCompleted:
+			return rep, fmt.Errorf("task %s: completed with %q, want %q", id, t.Result, "answer of "+ses)
+		case t.Status == bgtask.StatusCancelled:
+			return rep, fmt.Errorf("task %s: cancelled, and nobody cancelled it", id)
+		case t.Error == "":
+			return rep, fmt.Errorf("task %s: %s without a reason", id, t.Status)
+		default:
+			rep.Other++
+		}
+	}
+	for parent, want := range byParent {
+		told := map[string]int{} // task → the rounds (distinct all_complete IDs) that told it
+		seen := map[string]bool{}
+		for _, n := range c.svc.allComplete(parent) {
+			if seen[n.ID] {
+				rep.Duplicates++
+				continue
+			}
+			seen[n.ID] = true
+			for _, t := range n.Tasks {
+				told[t.ID]++
+			}
+		}
+		for _, id := range want {
+			if told[id] != 1 {
+				return rep, fmt.Errorf("parent %s: task %s was told in %d all_complete rounds, want 1", parent, id, told[id])
+			}
+		}
+		if len(told) != len(want) {
+			return rep, fmt.Errorf("parent %s: its all_complete rounds told %d tasks, it has %d", parent, len(told), len(want))
+		}
+	}
+	return rep, nil
+}
