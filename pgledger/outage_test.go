@@ -13,6 +13,7 @@ import (
 	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/bgtask/bgtask/pgledger/internal/pgtest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -230,6 +231,10 @@ func TestANodeRidesOutAStopAndReopensAfterOneLongerThanItsLease(t *testing.T) {
 	_, err = n.Launch(c, spec)
 	cancel()
 	require.ErrorIs(t, err, ErrUnavailable, "refused at once while the database is away")
+	c, cancel = context.WithTimeout(ctx(t), time.Second)
+	_, err = Join(c, o.pool, NodeOptions{Ledger: o.ledger, Member: "w9", Host: svc})
+	cancel()
+	require.ErrorIs(t, err, ErrUnavailable, "a node cannot join while the database is away, and says why")
 	time.Sleep(time.Second) // the outage itself
 	require.NoError(t, o.srv.Resume())
 	assert.Less(t, o.launchesAgain(n), 5*time.Second)
@@ -298,6 +303,19 @@ func TestANodeDropsConnectionsToAStandby(t *testing.T) {
 			break
 		}
 	}
+	// Fill the pool with connections to the read-only server: made while it
+	// was so, they stay read-only once it is writable again.
+	conns := make([]*pgxpool.Conn, o.pool.Config().MaxConns)
+	for i := range conns {
+		conns[i], err = o.pool.Acquire(ctx(t))
+		require.NoError(t, err)
+		var ro string
+		require.NoError(t, conns[i].QueryRow(ctx(t), "SHOW transaction_read_only").Scan(&ro))
+		require.Equal(t, "on", ro)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
 	_, err = admin.Exec(ctx(t), fmt.Sprintf("ALTER DATABASE %s RESET default_transaction_read_only", db))
 	require.NoError(t, err)
 	assert.Less(t, o.launchesAgain(n), 5*time.Second)
@@ -315,4 +333,43 @@ func TestACommitTriedAgainLandsOnce(t *testing.T) {
 	assert.Equal(t, 2, f.count("bgtask_records", "member = 'w1'"))
 	require.NoError(t, j.Append([]bgtask.Record{rec(3, "note", "", "", "", "")}).Wait())
 	assert.Equal(t, 3, f.count("bgtask_records", "member = 'w1'"))
+}
+
+// An append whose connection is cut while it waits in the database (its
+// backend terminated, as a restart or a failover does) is tried again, and
+// lands once: the launch that waited on it succeeds, the journal goes on
+// under the same fence.
+func TestAnAppendCutOffMidwayIsTriedAgain(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	j := f.open("w1", Options{Lease: 10 * time.Second})
+	m := f.manager(svc, j)
+	conn, err := pgx.Connect(ctx(t), dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx(t))
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx(t), "LOCK TABLE bgtask_members IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	launched := make(chan error, 1)
+	go func() {
+		_, err := m.Launch(ctx(t), spec)
+		launched <- err
+	}()
+	// The append's backend, waiting on the lock: cut it off.
+	var pid int
+	for pid == 0 {
+		err := conn.QueryRow(ctx(t), `SELECT coalesce((SELECT pid FROM pg_stat_activity
+ WHERE query LIKE 'SELECT bgtask_append(%' AND wait_event_type = 'Lock' LIMIT 1), 0)`).Scan(&pid)
+		require.NoError(t, err)
+	}
+	var cut bool
+	require.NoError(t, conn.QueryRow(ctx(t), "SELECT pg_terminate_backend($1)", pid).Scan(&cut))
+	require.True(t, cut)
+	require.NoError(t, tx.Rollback(ctx(t)))
+	require.NoError(t, recv(t, launched, "the launch"), "the append was tried again")
+	require.NoError(t, j.Available())
+	assert.Equal(t, 1, f.count("bgtask_records", "kind = 'task_launched'"))
+	_, err = m.Launch(ctx(t), spec)
+	require.NoError(t, err, "the journal goes on")
 }

@@ -218,6 +218,9 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 		o.Holder = defaultHolder()
 	}
 	if err := Migrate(ctx, pool); err != nil {
+		if transient(err) {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
 		return nil, err
 	}
 	j := newJournal(pool, o)
@@ -270,13 +273,13 @@ SELECT fence FROM m`, j.ledger, j.member, j.holder, j.lease).Scan(&j.fence)
 			return nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("pgledger: taking the lease of member %q: %w", j.member, err)
+			return dbErr(fmt.Sprintf("taking the lease of member %q", j.member), err)
 		}
 		held := &LeaseHeldError{Ledger: j.ledger, Member: j.member}
 		var left time.Duration
 		if err := j.pool.QueryRow(ctx, `SELECT holder, expires_at, greatest(expires_at - now(), '0') FROM bgtask_members WHERE ledger = $1 AND member = $2`,
 			j.ledger, j.member).Scan(&held.Holder, &held.Expires, &left); err != nil {
-			return fmt.Errorf("pgledger: reading the lease of member %q: %w", j.member, err)
+			return dbErr(fmt.Sprintf("reading the lease of member %q", j.member), err)
 		}
 		// Wait for the expiry (a little past it, the database's clock
 		// deciding), in steps, until the deadline.
@@ -628,7 +631,7 @@ func (j *Journal) ReplayContext(ctx context.Context, fn func(bgtask.Record) erro
 	rows, err := j.pool.Query(ctx, `SELECT seq, kind, task_id, attempt_id, token, data FROM bgtask_records
  WHERE ledger = $1 AND member = $2 ORDER BY seq`, j.ledger, j.member)
 	if err != nil {
-		return fmt.Errorf("pgledger: replay: %w", err)
+		return dbErr("replay", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -643,7 +646,7 @@ func (j *Journal) ReplayContext(ctx context.Context, fn func(bgtask.Record) erro
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("pgledger: replay: %w", err)
+		return dbErr("replay", err)
 	}
 	return nil
 }
