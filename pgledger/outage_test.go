@@ -162,27 +162,29 @@ func (o *outage) launchesAgain(n *Node) time.Duration {
 // endAll ends every task of n's Managers through its session, and checks
 // that each ended once: completed, with one attempt_finalized record in
 // the database for its one attempt.
-func (o *outage) endAll(n *Node, svc *service) {
+func (o *outage) endAll(svc *service, ns ...*Node) {
 	o.t.Helper()
 	count := 0
-	for _, m := range n.Managers() {
-		for _, task := range m.Snapshot().Tasks {
-			running, err := bgtasktest.WaitFor(ctx(o.t), m, task.ID, func(t bgtask.Task) bool {
-				return t.Status == bgtask.StatusRunning || t.Status.Terminal()
-			})
-			require.NoError(o.t, err)
-			count++
-			if running.Status.Terminal() {
-				// A launch whose start the outage cut short ends as its
-				// evidence says; nothing else ends before it is answered.
-				o.t.Logf("task %s ended before it was answered: %s %q", task.ID, running.Status, running.Error)
-				continue
+	for _, n := range ns {
+		for _, m := range n.Managers() {
+			for _, task := range m.Snapshot().Tasks {
+				running, err := bgtasktest.WaitFor(ctx(o.t), m, task.ID, func(t bgtask.Task) bool {
+					return t.Status == bgtask.StatusRunning || t.Status.Terminal()
+				})
+				require.NoError(o.t, err)
+				count++
+				if running.Status.Terminal() {
+					// A launch whose start the outage cut short ends as its
+					// evidence says; nothing else ends before it is answered.
+					o.t.Logf("task %s ended before it was answered: %s %q", task.ID, running.Status, running.Error)
+					continue
+				}
+				a := running.Attempts[len(running.Attempts)-1]
+				require.NoError(o.t, n.Observe(bgtask.Event{AttemptID: a.ID, SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "done"}))
+				got, err := m.Wait(ctx(o.t), task.ID)
+				require.NoError(o.t, err)
+				assert.Equal(o.t, bgtask.StatusCompleted, got.Status, task.ID)
 			}
-			a := running.Attempts[len(running.Attempts)-1]
-			require.NoError(o.t, n.Observe(bgtask.Event{AttemptID: a.ID, SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "done"}))
-			got, err := m.Wait(ctx(o.t), task.ID)
-			require.NoError(o.t, err)
-			assert.Equal(o.t, bgtask.StatusCompleted, got.Status, task.ID)
 		}
 	}
 	require.Positive(o.t, count)
@@ -206,7 +208,7 @@ func TestANodeRidesOutAServerRestart(t *testing.T) {
 	assert.Less(t, o.launchesAgain(n), 5*time.Second)
 	l.end()
 	assert.Equal(t, fence, n.live("w0").j.Fence(), "the journal rode the restart out: no new life")
-	o.endAll(n, svc)
+	o.endAll(svc, n)
 }
 
 // The server stopped for less than a lease, then for more: the first is
@@ -247,7 +249,7 @@ func TestANodeRidesOutAStopAndReopensAfterOneLongerThanItsLease(t *testing.T) {
 	recv(t, o.took, "the node to open its own member again")
 	assert.Less(t, o.launchesAgain(n), 5*time.Second)
 	assert.Greater(t, n.live("w0").j.Fence(), fence, "a new life of the member")
-	o.endAll(n, svc)
+	o.endAll(svc, n)
 }
 
 // A lock held on the members table for longer than a call's deadline
@@ -278,7 +280,7 @@ func TestCallsKeepToTheirDeadlinesWhileTheDatabaseStalls(t *testing.T) {
 	o.launchesAgain(n)
 	l.end()
 	assert.Equal(t, fence, n.live("w0").j.Fence())
-	o.endAll(n, svc)
+	o.endAll(svc, n)
 }
 
 // A failover whose new writer answers at the same address, while the
@@ -319,7 +321,7 @@ func TestANodeDropsConnectionsToAStandby(t *testing.T) {
 	_, err = admin.Exec(ctx(t), fmt.Sprintf("ALTER DATABASE %s RESET default_transaction_read_only", db))
 	require.NoError(t, err)
 	assert.Less(t, o.launchesAgain(n), 5*time.Second)
-	o.endAll(n, svc)
+	o.endAll(svc, n)
 }
 
 // A commit whose connection dropped around its end is tried again, and
@@ -372,4 +374,48 @@ func TestAnAppendCutOffMidwayIsTriedAgain(t *testing.T) {
 	assert.Equal(t, 1, f.count("bgtask_records", "kind = 'task_launched'"))
 	_, err = m.Launch(ctx(t), spec)
 	require.NoError(t, err, "the journal goes on")
+}
+
+// A stall longer than the lease (the members table locked past it) ends
+// with every member owned once: each journal gave its life up once the
+// lease could have run out, and each member was opened again — by its own
+// process or by the other — under a new fence, never by both.
+func TestAStallLongerThanTheLeaseNeverMakesTwoOwners(t *testing.T) {
+	o := newOutage(t)
+	svc := newService()
+	lease := 2 * time.Second
+	var ns []*Node
+	for _, name := range []string{"w0", "w1"} {
+		n, err := Join(context.Background(), o.pool, NodeOptions{Ledger: o.ledger, Member: name, Lease: lease, Heartbeat: lease / 10, Host: svc,
+			Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{o.t}, nil)),
+			took: func(m string) { tell(o.took)(took{0, m}) }})
+		require.NoError(t, err)
+		closeAtEnd(t, n)
+		ns = append(ns, n)
+	}
+	fences := map[string]int64{}
+	for _, n := range ns {
+		_, err := n.Launch(ctx(t), spec)
+		require.NoError(t, err)
+		fences[n.o.Member] = n.live(n.o.Member).j.Fence()
+	}
+	lock := o.admin("BEGIN", "LOCK TABLE bgtask_members IN ACCESS EXCLUSIVE MODE")
+	time.Sleep(lease + lease/2) // the stall itself
+	_, err := lock.Exec(ctx(t), "ROLLBACK")
+	require.NoError(t, err)
+	require.NoError(t, lock.Close(ctx(t)))
+	for range 2 { // each member opened again, by one node or the other
+		recv(t, o.took, "a member to be opened again")
+	}
+	for name, old := range fences {
+		var owners []*member
+		for _, n := range ns {
+			if mb := n.live(name); mb != nil {
+				owners = append(owners, mb)
+			}
+		}
+		require.Len(t, owners, 1, "member %s has one owner", name)
+		assert.Greater(t, owners[0].j.Fence(), old, "member %s: a new life", name)
+	}
+	o.endAll(svc, ns...)
 }
