@@ -153,7 +153,10 @@ func (n *Node) writeChanges(ctx context.Context, mb *member, tasks []bgtask.Task
 
 // Snapshot returns every task of the ledger as its latest change left it,
 // and the sequence it was taken at (Change.Seq of the newest change it
-// holds): feed it and Subscribe's changes to a mirror.Mirror.
+// holds): feed it and Subscribe's changes to a mirror.Mirror. It holds
+// the live tasks and the ended ones the ledger retains
+// (NodeOptions.Retention): not those that ended longer ago than MaxAge,
+// even before they are pruned.
 func (n *Node) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 	if ctx == nil {
 		ctx = context.Background()
@@ -163,11 +166,28 @@ func (n *Node) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM bgtask_changes WHERE ledger = $1`, n.o.Ledger).Scan(&snap.Seq); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `SELECT DISTINCT ON (task_id) body FROM bgtask_changes WHERE ledger = $1 ORDER BY task_id, id DESC`, n.o.Ledger)
+		// In id order, by the ledger's index; a task has one row (each
+		// publish replaces its older ones), and if it had more the newest
+		// would count.
+		rows, err := tx.Query(ctx, `SELECT task_id, body FROM bgtask_changes
+ WHERE ledger = $1 AND (ended_at IS NULL OR $2::interval IS NULL OR ended_at >= now() - $2::interval) ORDER BY id`,
+			n.o.Ledger, retentionOf(n.o.Retention).ageArg())
 		if err != nil {
 			return err
 		}
-		snap.Tasks, err = pgx.CollectRows(rows, pgx.RowTo[bgtask.Task])
+		at := map[string]int{}
+		var id string
+		var task bgtask.Task
+		_, err = pgx.ForEachRow(rows, []any{&id, &task}, func() error {
+			if i, ok := at[id]; ok {
+				snap.Tasks[i] = task
+			} else {
+				at[id] = len(snap.Tasks)
+				snap.Tasks = append(snap.Tasks, task)
+			}
+			task = bgtask.Task{}
+			return nil
+		})
 		return err
 	})
 	if err != nil {

@@ -129,7 +129,9 @@ type scopeRun struct {
 // scopeQuery lists the live runs in the branch of root $2 (and of task $3
 // as a unit), of the members in $4 (all if null), and the launches in
 // flight from it: the tasks whose parent is the root or any session
-// (current or superseded) of a task in scope, recursively.
+// (current or superseded) of a task in scope, recursively. (A launch in
+// flight looks its parent session up: the launches are few, the sessions
+// of the ledger many.)
 const scopeQuery = `
 WITH RECURSIVE scope(task_id) AS (
     SELECT s.task_id FROM bgtask_sessions s WHERE s.ledger = $1 AND s.session_id = $2
@@ -150,8 +152,8 @@ UNION ALL
 SELECT l.task_id, '', '', '', l.member, m.holder, true
   FROM bgtask_launching l JOIN bgtask_members m ON m.ledger = $1 AND m.member = l.member AND m.expires_at > now()
  WHERE l.ledger = $1 AND $4::text[] IS NULL
-   AND (($2 <> '' AND l.parent_session = $2) OR l.parent_session IN
-        (SELECT s.session_id FROM scope JOIN bgtask_sessions s ON s.ledger = $1 AND s.task_id = scope.task_id))`
+   AND (($2 <> '' AND l.parent_session = $2) OR EXISTS (SELECT 1 FROM bgtask_sessions s
+        WHERE s.ledger = $1 AND s.session_id = l.parent_session AND s.task_id IN (SELECT task_id FROM scope)))`
 
 // scope lists closure k's live runs (of members, if not nil).
 func (n *Node) scope(ctx context.Context, k openClosure, members []string) ([]scopeRun, error) {
@@ -491,7 +493,7 @@ func (n *Node) Closures(ctx context.Context) ([]bgtask.ClosureRecord, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	rows, err := n.pool.Query(ctx, `SELECT record FROM bgtask_closures WHERE ledger = $1 AND record IS NOT NULL ORDER BY id`, n.o.Ledger)
+	rows, err := n.pool.Query(ctx, `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`, n.o.Ledger)
 	if err != nil {
 		return nil, fmt.Errorf("pgledger: closures: %w", err)
 	}
@@ -680,8 +682,12 @@ func (n *Node) insertStops(ctx context.Context, batch []stopResult) error {
 		session, token, member = append(session, r.run.SessionID), append(token, r.run.Token), append(member, r.member)
 		status, errs = append(status, string(r.run.Status)), append(errs, r.err)
 	}
+	// Not for a closure retention has pruned (a stop that said what it came
+	// to that late would stay behind it).
 	_, err := n.pool.Exec(ctx, `INSERT INTO bgtask_stops (closure_id, task_id, attempt_id, session_id, token, member, status, err)
-SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+SELECT u.* FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+       AS u(closure_id, task_id, attempt_id, session_id, token, member, status, err)
+ WHERE EXISTS (SELECT 1 FROM bgtask_closures k WHERE k.id = u.closure_id)
 ON CONFLICT (closure_id, token) DO UPDATE SET status = EXCLUDED.status, err = EXCLUDED.err`,
 		ids, task, attempt, session, token, member, status, errs)
 	if err != nil && ctx.Err() == nil {

@@ -46,6 +46,14 @@ type NodeOptions struct {
 	// Logger, if set, hears the node's own trouble (a lost listen
 	// connection, a takeover).
 	Logger *slog.Logger
+	// Retention is what the ledger keeps of what has ended, beside what
+	// each Manager keeps of its own (Options' bgtask.WithRetention): the
+	// changes of ended tasks, closures and their stops, idle parents' rows
+	// and dead members' data (see retention.go). MaxAge 0 is
+	// DefaultRetainFor (24h), a negative MaxAge no age bound; MaxEnded 0
+	// is no bound on the count of ended tasks' changes. The nodes of a
+	// ledger prune it about once a minute, one at a time.
+	Retention bgtask.Retention
 
 	took    func(member string) // tests: called after each takeover
 	pass    func()              // tests: called after each poll pass of the loop
@@ -81,11 +89,12 @@ type Node struct {
 	dead    []*member          // members whose lease was lost: shut down at Close
 	closed  bool
 
-	taking  atomic.Bool        // a takeover is running (takeOverAside)
-	stops   stopper            // the runs closures asked this node to stop
-	wake    chan struct{}      // the deliverer looks at the outbox now
-	backoff map[string]backoff // the deliverer's: parents whose delivery failed
-	stray   sync.WaitGroup     // Notifier calls (user code that may ignore its context)
+	taking  atomic.Bool                // a takeover is running (takeOverAside)
+	stops   stopper                    // the runs closures asked this node to stop
+	wake    chan struct{}              // the deliverer looks at the outbox now
+	backoff map[string]backoff         // the deliverer's: parents whose delivery failed
+	notes   atomic.Pointer[noteWriter] // the deliverer's note writer, while it runs
+	stray   sync.WaitGroup             // Notifier calls (user code that may ignore its context)
 
 	changesMu sync.Mutex
 	changed   chan struct{}   // closed and replaced when NOTIFY tells of changes
@@ -631,6 +640,7 @@ func (n *Node) run(ctx context.Context) {
 		}
 	}()
 	next := time.Now()
+	n.startRetention(ctx)
 	for ctx.Err() == nil {
 		if conn == nil {
 			conn = n.listen(ctx)

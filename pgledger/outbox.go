@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/bgtask/bgtask"
@@ -20,21 +21,51 @@ const outboxChannel = "bgtask_outbox"
 // the node is given an outbox as its notifier: a notification is
 // "delivered" for the Manager once it is a row of bgtask_outbox (the
 // insert is idempotent on the member and Notification.ID, so a
-// notification produced again after a crash is one row). The node's
-// deliverer then hands the rows to the Notifier, per parent session in
-// the order they were written, one process per parent at a time (a claim
-// row, renewed as it delivers, taken over once it expires): exactly once
-// without a crash, at least once across one, each with its stable ID.
+// notification produced again after a crash is one row; the calls of a
+// node's Managers that come together are written in one statement).
+//
+// The node's deliverer then hands the rows to the Notifier, per parent
+// session in the order they were written, one process per parent at a
+// time (a claim row with an expiry, renewed as it delivers, taken over
+// once it expires): exactly once without a crash, at least once across
+// one, each with its stable ID. It works in rounds of one statement each
+// (exchange): the statement marks what the last round delivered, for
+// every parent of it at once, and releases their claims; and claims up to
+// claimBatch more parents that have something to deliver, skipping those
+// another process is claiming at that moment (SKIP LOCKED, on a lock per
+// parent), so that processes looking at once share the parents out and
+// write nothing in vain; and reads their rows. deliverWorkers goroutines
+// of the deliverer's deliver them, several parents side by side, each
+// parent's rows in order; the next round marks them. A round that claims
+// nothing and has nothing to mark writes nothing.
 //
 // NotifyAllComplete is not the Managers' (each sees only its own tasks):
 // bgtask_append makes it in the commit that ends a parent round's last
 // live task, whichever process that commit is from, and the deliverer
-// tells it once the final summary of each task of the round is in the
-// outbox (or claimGrace after the round ended, with those that are).
+// tells it once the final summary of each task of the round was delivered
+// (or claimGrace after the round ended, with those that were). A summary
+// is written after its round's all_complete, and may come after the next
+// rounds' rows: it alone overtakes its own waiting all_complete; nothing
+// else passes it. A summary delivered stays in the outbox (marked) until
+// its round's all_complete is told, which takes it with it.
 const (
 	claimFor   = 30 * time.Second // a parent's claim, renewed as it delivers
 	notifyFor  = 10 * time.Second // one Notify call's bound
 	claimGrace = time.Minute      // how long an all_complete waits for its round's summaries
+	markFor    = 10 * time.Second // one statement of marks, or one write of the Managers' notifications
+
+	deliverWorkers = 8   // a node's goroutines that call the Notifier, each for one parent at a time
+	claimBatch     = 32  // the parents one round claims at most
+	maxActive      = 64  // the parents a node holds claims on at most
+	rowsPerParent  = 100 // the rows of a parent a claim reads at most
+	// straggleAfter is how long a round waits for its slowest parents
+	// before it marks what the others delivered and claims again; the
+	// stragglers are marked once they are done.
+	straggleAfter = 100 * time.Millisecond
+	// renewAfter is how old a parent's claim may be before a delivery:
+	// older, it is renewed first (writing what was delivered so far), so
+	// a Notify call (notifyFor at most) always ends under the claim.
+	renewAfter = claimFor / 3
 )
 
 // outboxNotifier is a Manager's notifier in a node with a Notifier.
@@ -42,6 +73,15 @@ type outboxNotifier struct {
 	n      *Node
 	member string
 	j      *Journal // the member's: while it lives, a database away is waited out
+}
+
+// noteWrite is one notification on its way to the outbox.
+type noteWrite struct {
+	member string
+	note   bgtask.Notification
+	body   []byte
+	err    error
+	done   chan struct{} // closed once written (or not: err)
 }
 
 func (o outboxNotifier) Notify(ctx context.Context, note bgtask.Notification) error {
@@ -57,7 +97,7 @@ func (o outboxNotifier) Notify(ctx context.Context, note bgtask.Notification) er
 	// the member's journal lives: once it failed, the member's next life
 	// produces what is owed again.
 	for wait := time.Duration(0); ; {
-		err = o.insert(ctx, note, body)
+		err = o.write(ctx, note, body)
 		if err == nil || !transient(err) || ctx.Err() != nil || o.j.failedErr() != nil {
 			break
 		}
@@ -70,13 +110,138 @@ func (o outboxNotifier) Notify(ctx context.Context, note bgtask.Notification) er
 	return nil
 }
 
-// insert writes note to the outbox, once (idempotent on its ID).
-func (o outboxNotifier) insert(ctx context.Context, note bgtask.Notification, body []byte) error {
-	_, err := o.n.pool.Exec(ctx, `WITH ins AS (
-  INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
-  VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (ledger, member, note_id) DO NOTHING RETURNING 1)
-SELECT pg_notify($8, $1) FROM ins`, o.n.o.Ledger, o.member, note.ID, note.ParentSessionID, string(note.Kind), note.TaskID, body, outboxChannel)
+// write writes note to the outbox, once (idempotent on its ID): with the
+// node's other notifications of the moment, while its deliverer runs.
+func (o outboxNotifier) write(ctx context.Context, note bgtask.Notification, body []byte) error {
+	w := &noteWrite{member: o.member, note: note, body: body, done: make(chan struct{})}
+	if nw := o.n.notes.Load(); nw != nil && nw.add(w) {
+		select {
+		case <-w.done:
+			return w.err
+		case <-ctx.Done():
+			return ctx.Err() // it may still be written: a repeat is one row
+		}
+	}
+	return o.n.writeNotes(ctx, []*noteWrite{w})
+}
+
+// writeNotes writes ws to the outbox in one statement, in their order,
+// and wakes the deliverers (this node's at once).
+func (n *Node) writeNotes(ctx context.Context, ws []*noteWrite) error {
+	members, ids, parents, kinds, tasks, bodies := make([]string, len(ws)), make([]string, len(ws)), make([]string, len(ws)),
+		make([]string, len(ws)), make([]string, len(ws)), make([]string, len(ws))
+	for i, w := range ws {
+		members[i], ids[i], parents[i], kinds[i], tasks[i], bodies[i] = w.member, w.note.ID, w.note.ParentSessionID, string(w.note.Kind), w.note.TaskID, string(w.body)
+	}
+	_, err := n.pool.Exec(ctx, writeNotesSQL, n.o.Ledger, members, ids, parents, kinds, tasks, bodies, outboxChannel)
+	if err == nil {
+		n.wakeDeliverer()
+	}
 	return err
+}
+
+// writeNotesSQL is writeNotes' statement.
+const writeNotesSQL = `WITH ins AS (
+  INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
+  SELECT $1, r.member, r.id, r.parent, r.kind, r.task, r.body::jsonb
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS r(member, id, parent, kind, task, body, o)
+   ORDER BY r.o
+  ON CONFLICT (ledger, member, note_id) DO NOTHING RETURNING 1)
+SELECT pg_notify($8, $1) WHERE EXISTS (SELECT 1 FROM ins)`
+
+// noteWriter writes the notifications of a node's Managers to the outbox:
+// those that come while a write is in flight go together in the next
+// (each Manager's calls for one parent come one at a time, so the order
+// of a parent's rows is the order of its calls).
+type noteWriter struct {
+	n      *Node
+	loop   context.Context // the node's: once it ended, a write is bounded by closeGrace
+	mu     sync.Mutex
+	queue  []*noteWrite
+	closed bool          // from then on, each call writes its own
+	wake   chan struct{} // something was queued
+}
+
+// add queues w, unless the writer has stopped (false).
+func (q *noteWriter) add(w *noteWrite) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return false
+	}
+	q.queue = append(q.queue, w)
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// run writes what is queued, a batch at a time, until stop is closed;
+// then it writes what was queued before it stopped taking more.
+func (q *noteWriter) run(stop <-chan struct{}) {
+	for {
+		q.mu.Lock()
+		batch := q.queue
+		q.queue = nil
+		q.mu.Unlock()
+		if len(batch) == 0 {
+			select {
+			case <-q.wake:
+				continue
+			case <-stop:
+			}
+			q.mu.Lock()
+			q.closed = true // later calls write their own
+			batch = q.queue
+			q.queue = nil
+			q.mu.Unlock()
+			q.write(batch)
+			return
+		}
+		q.write(batch)
+	}
+}
+
+// write writes batch (bounded by markCtx: it is every caller's, not one
+// caller's) and tells each caller how it went.
+func (q *noteWriter) write(batch []*noteWrite) {
+	if len(batch) == 0 {
+		return
+	}
+	ctx, cancel := markCtx(q.loop)
+	defer cancel()
+	err := q.n.writeNotes(ctx, batch)
+	if err != nil && !transient(err) && len(batch) > 1 {
+		// Refused: each is written on its own, so that one the database
+		// refuses fails alone.
+		for _, w := range batch {
+			w.err = q.n.writeNotes(ctx, []*noteWrite{w})
+			close(w.done)
+		}
+		return
+	}
+	for _, w := range batch {
+		w.err = err
+		close(w.done)
+	}
+}
+
+// markCtx is the context of one of the deliverer's own writes (marks, a
+// batch of the Managers' notifications): markFor long, and closeGrace at
+// most once loop (the node's, nil: none) ends. What was delivered as the
+// node closes is still marked, but a database that does not answer holds
+// Close up for closeGrace at most.
+func markCtx(loop context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), markFor)
+	if loop == nil {
+		return ctx, cancel
+	}
+	stop := context.AfterFunc(loop, func() {
+		t := time.AfterFunc(closeGrace, cancel)
+		context.AfterFunc(ctx, func() { t.Stop() })
+	})
+	return ctx, func() { stop(); cancel() }
 }
 
 // wakeDeliverer makes the deliverer look at the outbox now.
@@ -87,78 +252,15 @@ func (n *Node) wakeDeliverer() {
 	}
 }
 
-// deliverLoop delivers the outbox until ctx ends: at once when woken,
-// and every Poll.
-func (n *Node) deliverLoop(ctx context.Context) {
-	defer n.done.Done()
-	t := time.NewTicker(n.o.Poll)
-	defer t.Stop()
-	for {
-		n.deliverAll(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-n.wake:
-		case <-t.C:
-		}
-	}
-}
-
-// deliverAll delivers the rows of every parent with some pending whose
-// claim this node can take, except those waiting out a failure.
-func (n *Node) deliverAll(ctx context.Context) {
-	rows, err := n.pool.Query(ctx, `SELECT DISTINCT o.parent_session FROM bgtask_outbox o
- WHERE o.ledger = $1 AND o.delivered_at IS NULL
-   AND NOT EXISTS (SELECT 1 FROM bgtask_claims c WHERE c.ledger = o.ledger AND c.parent_session = o.parent_session
-                   AND c.until > now() AND c.member <> $2)
- LIMIT 1000`, n.o.Ledger, n.o.Member)
-	if err != nil {
-		return
-	}
-	parents, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return
-	}
-	now := time.Now()
-	for _, p := range parents {
-		if b, ok := n.backoff[p]; ok && now.Before(b.next) {
-			continue
-		}
-		if ctx.Err() != nil || !n.claim(ctx, p) {
-			continue
-		}
-		if n.deliverParent(ctx, p) {
-			delete(n.backoff, p)
-		} else {
-			b := n.backoff[p]
-			b.wait = min(max(2*b.wait, n.o.Poll), maxBackoff)
-			b.next = time.Now().Add(b.wait)
-			n.backoff[p] = b
-		}
-		_, _ = n.pool.Exec(ctx, `DELETE FROM bgtask_claims WHERE ledger = $1 AND parent_session = $2 AND member = $3`, n.o.Ledger, p, n.o.Member)
-	}
-}
-
 // maxBackoff bounds the wait before a parent whose delivery failed is
 // tried again.
 const maxBackoff = time.Minute
 
-// backoff is a parent's wait after a failed delivery (the deliverer's own:
-// one goroutine uses it).
+// backoff is a parent's wait after a failed delivery (the deliverer's
+// own: only its dispatching goroutine, deliverLoop's, uses n.backoff).
 type backoff struct {
 	wait time.Duration
 	next time.Time
-}
-
-// claim takes (or renews) parent's claim for this node.
-func (n *Node) claim(ctx context.Context, parent string) bool {
-	var who string
-	err := n.pool.QueryRow(ctx, `INSERT INTO bgtask_claims AS c (ledger, parent_session, member, until)
-VALUES ($1, $2, $3, now() + $4::interval)
-ON CONFLICT (ledger, parent_session) DO UPDATE SET member = EXCLUDED.member, until = EXCLUDED.until
- WHERE c.until <= now() OR c.member = EXCLUDED.member
-RETURNING member`, n.o.Ledger, parent, n.o.Member, claimFor).Scan(&who)
-	return err == nil && who == n.o.Member
 }
 
 // outboxRow is one pending row of the outbox.
@@ -170,113 +272,335 @@ type outboxRow struct {
 	body   []byte
 	round  []string
 	age    time.Duration
+	sent   bool // delivered by this claim
 }
 
-// deliverParent delivers parent's pending rows in order while it holds
-// the claim, and reports false if a delivery failed: it stops there (the
-// order is kept; it is tried again after a backoff). An all_complete
-// waiting for its round's summaries lets only those summaries past it,
-// wherever they are behind it: a summary may be written after the next
-// round's rows (its round's all_complete comes first), and nothing else
-// passes the waiting all_complete.
-func (n *Node) deliverParent(ctx context.Context, parent string) bool {
-	for ctx.Err() == nil {
-		pending, err := n.pending(ctx, parent)
-		if err != nil {
-			return false
+// parentRun is one parent claimed by this node: its pending rows, and
+// what of them was delivered and is not yet marked. A worker has it while
+// it delivers, the dispatcher before and after.
+type parentRun struct {
+	parent  string
+	rows    []outboxRow // as claimed, oldest first
+	full    bool        // the claim read rowsPerParent rows: more may be pending
+	renewed time.Time   // when the claim was last taken or renewed (asked): it holds claimFor from then
+	sent    []int       // rows delivered and not yet marked, in the order delivered
+	told    int         // rows delivered under this claim
+	failed  bool        // a delivery failed: the parent waits out a backoff
+	stopped bool        // the claim could not be renewed: nothing more is delivered under it
+}
+
+// deliverer is deliverLoop's state: the parents this node holds claims
+// on, and those delivered and waiting for their marks.
+type deliverer struct {
+	n       *Node
+	jobs    chan *parentRun       // to the workers
+	results chan *parentRun       // from the workers
+	active  map[string]*parentRun // claimed, not yet released
+	done    []*parentRun          // back from the workers, not yet marked
+	warned  bool                  // a statement failed, and it was logged: the next failures are not, until one succeeds
+}
+
+// trouble logs err, the first of an outage (nil: the database answered).
+func (d *deliverer) trouble(what string, err error) {
+	switch {
+	case err == nil:
+		d.warned = false
+	case !d.warned:
+		d.warned = true
+		d.n.o.Logger.Warn("pgledger: "+what+"; tried again", "err", err)
+	}
+}
+
+// deliverLoop delivers the outbox until ctx ends: at once when woken,
+// and every Poll. It owns the node's note writer and the delivery
+// workers, and joins them before it returns, once it has marked what
+// they delivered and released its claims.
+func (n *Node) deliverLoop(ctx context.Context) {
+	defer n.done.Done()
+	nw := &noteWriter{n: n, loop: ctx, wake: make(chan struct{}, 1)}
+	stopWriter, writerDone := make(chan struct{}), make(chan struct{})
+	go func() { defer close(writerDone); nw.run(stopWriter) }()
+	n.notes.Store(nw)
+	defer func() {
+		n.notes.Store(nil)
+		close(stopWriter)
+		<-writerDone
+	}()
+
+	d := &deliverer{n: n, jobs: make(chan *parentRun, maxActive), results: make(chan *parentRun, maxActive), active: map[string]*parentRun{}}
+	var workers sync.WaitGroup
+	for range deliverWorkers {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for r := range d.jobs {
+				n.deliverRun(ctx, r)
+				d.results <- r
+			}
+		}()
+	}
+	defer func() {
+		close(d.jobs)
+		workers.Wait() // ctx ended: each run they have stops at once
+		for len(d.active) > len(d.done) {
+			d.finished(<-d.results)
 		}
-		sent := 0
+		d.round(ctx) // marks, and releases every claim; claims nothing
+	}()
+
+	t := time.NewTicker(n.o.Poll)
+	defer t.Stop()
+	for {
+		for ctx.Err() == nil && d.round(ctx) {
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.wake:
+		case <-t.C:
+		case r := <-d.results: // a straggler of an earlier round
+			d.finished(r)
+		}
+	}
+}
+
+// round is one statement and what follows it. The statement marks what
+// the finished runs delivered and releases their claims, and claims what
+// there is room for (nothing once ctx ended); the workers deliver what it
+// claimed, and round waits for them (straggleAfter at most: the
+// stragglers are marked once they are done). It reports whether to go on
+// at once: there are marks to write, claims were released, or a parent
+// has more rows than its claim read. A parent with nothing to deliver yet
+// is looked at again when the deliverer is woken, or at the next Poll.
+func (d *deliverer) round(ctx context.Context) bool {
+	n := d.n
+	room := 0
+	var skip []string
+	if ctx.Err() == nil {
+		room = min(claimBatch, maxActive-len(d.active))
+		skip = make([]string, 0, len(d.active)+len(n.backoff))
+		for p := range d.active {
+			skip = append(skip, p)
+		}
+		now := time.Now()
+		for p, b := range n.backoff {
+			switch {
+			case now.Before(b.next):
+				skip = append(skip, p)
+			case now.Sub(b.next) > maxBackoff:
+				delete(n.backoff, p) // another process delivered it, most likely
+			}
+		}
+	}
+	if len(d.done) == 0 && room <= 0 {
+		return false
+	}
+	c, cancel := markCtx(ctx)
+	held, claimed, err := n.exchange(c, n.pool, d.done, true, skip, max(room, 0))
+	cancel()
+	d.trouble("marking notifications delivered and claiming parents", err)
+	more := false
+	if err != nil {
+		// Kept for the next round while their claims last (after that,
+		// another process delivers their rows again).
+		keep := d.done[:0]
+		for _, r := range d.done {
+			if time.Since(r.renewed) < claimFor {
+				keep = append(keep, r)
+				continue
+			}
+			delete(d.active, r.parent)
+		}
+		d.done = keep
+		return false
+	}
+	for _, r := range d.done {
+		delete(d.active, r.parent) // marked and released, or the claim was lost: whoever holds it goes on
+		more = more || (held[r.parent] && r.full && !r.failed && !r.stopped)
+	}
+	d.done = d.done[:0]
+
+	ours := make(map[*parentRun]bool, len(claimed))
+	for _, r := range claimed {
+		d.active[r.parent] = r
+		ours[r] = true
+		d.jobs <- r // room for every active run
+	}
+	wait := time.NewTimer(straggleAfter)
+	defer wait.Stop()
+	for len(ours) > 0 {
+		select {
+		case r := <-d.results:
+			d.finished(r)
+			delete(ours, r)
+		case <-wait.C:
+			clear(ours)
+		case <-ctx.Done():
+			clear(ours)
+		}
+	}
+	// Once claims were released, one more look: rows written while this
+	// node held them were not for any deliverer to claim then.
+	return len(d.done) > 0 || more || len(held) > 0
+}
+
+// finished takes r back from a worker: its backoff follows how it went.
+// A parent that had rows but nothing it could deliver yet (an all_complete
+// whose summary is further than its claim read) is left alone until the
+// next Poll, rather than claimed again at once.
+func (d *deliverer) finished(r *parentRun) {
+	n := d.n
+	switch {
+	case r.failed:
+		b := n.backoff[r.parent]
+		b.wait = min(max(2*b.wait, n.o.Poll), maxBackoff)
+		b.next = time.Now().Add(b.wait)
+		n.backoff[r.parent] = b
+	case r.told == 0 && len(r.rows) > 0 && !r.stopped:
+		b := n.backoff[r.parent]
+		b.next = time.Now().Add(n.o.Poll)
+		n.backoff[r.parent] = b
+	default:
+		delete(n.backoff, r.parent)
+	}
+	d.done = append(d.done, r)
+}
+
+// deliverRun delivers r's rows in order, and stops at a failed delivery
+// (r.failed: the order is kept; it is tried again after a backoff). An
+// all_complete waiting for its round's summaries lets only those
+// summaries past it, wherever they are behind it: a summary may be
+// written after the next round's rows (its round's all_complete comes
+// first), and nothing else passes the waiting all_complete. A summary
+// that passes it makes it ready, and it is told in the next pass.
+func (n *Node) deliverRun(ctx context.Context, r *parentRun) {
+	for progress := true; progress; {
+		progress = false
 		var waiting map[string]bool // the round tasks of an all_complete that waits
-		for _, r := range pending {
-			if waiting != nil && !(r.kind == string(bgtask.NotifyFinalSummary) && waiting[r.task]) {
+		for i := range r.rows {
+			row := &r.rows[i]
+			if row.sent {
+				continue
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if waiting != nil && !(row.kind == string(bgtask.NotifyFinalSummary) && waiting[row.task]) {
 				continue // after the waiting all_complete: not yet
 			}
-			note, ok, err := n.noteOf(ctx, parent, r)
+			note, ok, err := n.noteOf(ctx, r, row)
 			if err != nil {
-				return false
+				r.failed = true
+				return
 			}
 			if !ok {
 				if waiting == nil {
 					waiting = map[string]bool{}
 				}
-				for _, id := range r.round {
+				for _, id := range row.round {
 					waiting[id] = true
 				}
 				continue
 			}
+			if time.Since(r.renewed) > renewAfter && !n.renewRun(ctx, r) {
+				r.stopped = true // whoever holds the claim now goes on
+				return
+			}
 			if err := n.notify(ctx, note); err != nil {
-				n.o.Logger.Warn("pgledger: delivering a notification failed; it is tried again", "parent", parent, "id", note.ID, "err", err)
-				return false
+				n.o.Logger.Warn("pgledger: delivering a notification failed; it is tried again", "parent", r.parent, "id", note.ID, "err", err)
+				r.failed = true
+				return
 			}
-			if !n.delivered(parent, r) {
-				return true // the claim was lost (or the database is away): whoever holds it goes on
-			}
-			sent++
-		}
-		if sent == 0 {
-			return true
+			row.sent = true
+			r.sent = append(r.sent, i)
+			r.told++
+			progress = true
 		}
 	}
-	return true
 }
 
-// pending returns parent's undelivered rows, oldest first.
-func (n *Node) pending(ctx context.Context, parent string) ([]outboxRow, error) {
-	rows, err := n.pool.Query(ctx, `SELECT id, note_id, kind, task_id, coalesce(body::text, ''), coalesce(round_tasks, '{}'), now() - made
-  FROM bgtask_outbox WHERE ledger = $1 AND parent_session = $2 AND delivered_at IS NULL ORDER BY id LIMIT 100`, n.o.Ledger, parent)
+// renewRun writes what r delivered so far and renews its claim; false if
+// the claim is no longer this node's (or the database did not answer).
+func (n *Node) renewRun(loop context.Context, r *parentRun) bool {
+	ctx, cancel := markCtx(loop)
+	defer cancel()
+	held, err := n.markRuns(ctx, []*parentRun{r}, false)
 	if err != nil {
-		return nil, err
+		n.o.Logger.Warn("pgledger: renewing a parent's claim", "parent", r.parent, "err", err)
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
-		var r outboxRow
-		var body string
-		err := row.Scan(&r.id, &r.noteID, &r.kind, &r.task, &body, &r.round, &r.age)
-		r.body = []byte(body)
-		return r, err
-	})
+	return err == nil && held[r.parent]
 }
 
-// noteOf is the notification row r tells: its body, or for an
-// all_complete the round's tasks as their final summaries show them —
-// once each of those was delivered (false until then, for up to
-// claimGrace: the round's last summary is written after the commit that
-// made the all_complete).
-func (n *Node) noteOf(ctx context.Context, parent string, r outboxRow) (bgtask.Notification, bool, error) {
+// noteOf is the notification row tells: its body, or for an all_complete
+// the round's tasks as their final summaries show them — once each of
+// those was delivered (false until then, for up to claimGrace: the
+// round's last summary is written after the commit that made the
+// all_complete). The summaries delivered by this claim are r's; those
+// delivered before are read from the outbox, where they stay until their
+// round's all_complete is told.
+func (n *Node) noteOf(ctx context.Context, r *parentRun, row *outboxRow) (bgtask.Notification, bool, error) {
 	var note bgtask.Notification
-	if r.kind != string(bgtask.NotifyAllComplete) {
-		err := json.Unmarshal(r.body, &note)
+	if row.kind != string(bgtask.NotifyAllComplete) {
+		err := json.Unmarshal(row.body, &note)
 		return note, err == nil, err
 	}
-	round := slices.Compact(slices.Sorted(slices.Values(r.round)))
-	rows, err := n.pool.Query(ctx, `SELECT DISTINCT ON (task_id) body::text FROM bgtask_outbox
- WHERE ledger = $1 AND kind = 'final_summary' AND task_id = ANY($2) AND delivered_at IS NOT NULL ORDER BY task_id, id`, n.o.Ledger, round)
-	if err != nil {
-		return note, false, err
+	round := slices.Compact(slices.Sorted(slices.Values(row.round)))
+	bodies := map[string][]byte{} // task → the body of its delivered summary
+	coming := false               // a summary of the round is among r's rows, not yet delivered
+	for _, o := range r.rows {
+		if o.kind != string(bgtask.NotifyFinalSummary) || !slices.Contains(round, o.task) {
+			continue
+		}
+		if !o.sent {
+			coming = true
+		} else if _, ok := bodies[o.task]; !ok {
+			bodies[o.task] = o.body
+		}
 	}
-	bodies, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return note, false, err
+	if coming && row.age < claimGrace {
+		return note, false, nil // it passes this all_complete first
 	}
-	if len(bodies) < len(round) && r.age < claimGrace {
+	var before []string
+	for _, id := range round {
+		if _, ok := bodies[id]; !ok {
+			before = append(before, id)
+		}
+	}
+	if len(before) > 0 {
+		rows, err := n.pool.Query(ctx, `SELECT DISTINCT ON (task_id) task_id, body::text FROM bgtask_outbox
+ WHERE ledger = $1 AND kind = 'final_summary' AND task_id = ANY($2) AND delivered_at IS NOT NULL ORDER BY task_id, id`, n.o.Ledger, before)
+		if err != nil {
+			return note, false, err
+		}
+		var task, body string
+		_, err = pgx.ForEachRow(rows, []any{&task, &body}, func() error {
+			bodies[task] = []byte(body)
+			return nil
+		})
+		if err != nil {
+			return note, false, err
+		}
+	}
+	if len(bodies) < len(round) && row.age < claimGrace {
 		return note, false, nil
 	}
 	byID := map[string]bgtask.Task{}
 	for _, b := range bodies {
 		var s bgtask.Notification
-		if json.Unmarshal([]byte(b), &s) == nil {
+		if json.Unmarshal(b, &s) == nil {
 			byID[s.TaskID] = s.Task
 		}
 	}
-	tasks := make([]bgtask.Task, 0, len(r.round))
+	tasks := make([]bgtask.Task, 0, len(row.round))
 	seen := map[string]bool{}
-	for _, id := range r.round { // in the order the round's tasks were launched
+	for _, id := range row.round { // in the order the round's tasks were launched
 		if t, ok := byID[id]; ok && !seen[id] {
 			seen[id] = true
 			tasks = append(tasks, t)
 		}
 	}
-	note = bgtask.AllComplete(parent, tasks)
-	note.ID = r.noteID
+	note = bgtask.AllComplete(r.parent, tasks)
+	note.ID = row.noteID
 	return note, true, nil
 }
 
@@ -320,41 +644,192 @@ func (n *Node) callNotifier(ctx context.Context, note bgtask.Notification) (err 
 	return err
 }
 
-// delivered marks row r of parent delivered, if this node still holds the
-// parent's claim (renewing it): a final summary stays (as delivered) until
-// its round's all_complete is told; an all_complete takes its round's
-// summaries with it; any other row goes. It reports whether it did. It
-// runs on a context of its own: a delivery that returned as the node
-// closes is still marked.
-func (n *Node) delivered(parent string, r outboxRow) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	const held = `WITH c AS (UPDATE bgtask_claims SET until = now() + $4::interval
-  WHERE ledger = $1 AND parent_session = $2 AND member = $3 AND until > now() RETURNING 1) `
-	var q string
-	switch r.kind {
-	case string(bgtask.NotifyFinalSummary):
-		q = held + `UPDATE bgtask_outbox SET delivered_at = now() WHERE id = $5 AND EXISTS (SELECT 1 FROM c)`
-	case string(bgtask.NotifyAllComplete):
-		q = held + `DELETE FROM bgtask_outbox WHERE EXISTS (SELECT 1 FROM c) AND (id = $5
-   OR (ledger = $1 AND kind = 'final_summary' AND task_id = ANY($6) AND delivered_at IS NOT NULL))`
-	default:
-		q = held + `DELETE FROM bgtask_outbox WHERE id = $5 AND EXISTS (SELECT 1 FROM c)`
-	}
-	args := []any{n.o.Ledger, parent, n.o.Member, claimFor, r.id}
-	if r.kind == string(bgtask.NotifyAllComplete) {
-		args = append(args, r.round)
-	}
-	tag, err := n.pool.Exec(ctx, q, args...)
-	if err != nil {
-		n.o.Logger.Warn("pgledger: marking a notification delivered", "id", r.noteID, "err", err)
-		return false
-	}
-	if tag.RowsAffected() == 0 {
-		return false
-	}
-	if n.o.marked != nil {
-		n.o.marked(r.noteID)
-	}
-	return true
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
+
+// markRuns marks what runs delivered and releases their claims (with
+// release) or renews them, in one statement: exchange, claiming nothing.
+func (n *Node) markRuns(ctx context.Context, runs []*parentRun, release bool) (map[string]bool, error) {
+	held, _, err := n.exchange(ctx, n.pool, runs, release, nil, 0)
+	return held, err
+}
+
+// exchange is a round's one statement. It marks the rows each of done
+// delivered and has not marked yet, and releases their parents' claims
+// (with release) or renews them — each parent's only while this node
+// still holds its claim: it returns those parents (held). A final summary
+// stays (as delivered) until its round's all_complete is told; an
+// all_complete takes its round's summaries with it; any other row goes.
+// The marked rows of the held parents are no longer the runs' to mark.
+//
+// And it claims up to limit parents that have something to deliver —
+// their oldest pending row is not an all_complete still waiting for its
+// round's summaries — whose claim is free, expired or already this
+// node's, and which neither skip nor done names, oldest first; and reads
+// their pending rows (claimed). A parent another process is claiming at
+// this moment is skipped, not waited for: the claimers take a
+// transaction lock per parent with pg_try_advisory_xact_lock, which is
+// SKIP LOCKED for a lock that is not a row's. So processes looking at
+// once share the parents out, and none writes a claim it does not get (a
+// claim row is inserted only where there is none, and updated only where
+// it is expired or already this node's). A claimer locks the outbox rows
+// of the parents it got only, after their claim rows, as the marks do,
+// and both take the claim rows of one statement in one order (a parent's
+// name): the marks of one process and the claims of another never wait
+// on each other crosswise (but for a claim that expires in between).
+func (n *Node) exchange(ctx context.Context, q querier, done []*parentRun, release bool, skip []string, limit int) (map[string]bool, []*parentRun, error) {
+	var parents, keepParent, goneParent, sweepParent, sweepTask []string
+	var keepID, goneID []int64
+	for _, r := range done {
+		parents = append(parents, r.parent)
+		// From the last delivered back: a summary whose round's all_complete
+		// was delivered after it goes with it.
+		told := map[string]bool{}
+		for k := len(r.sent) - 1; k >= 0; k-- {
+			row := &r.rows[r.sent[k]]
+			switch row.kind {
+			case string(bgtask.NotifyAllComplete):
+				goneID, goneParent = append(goneID, row.id), append(goneParent, r.parent)
+				for _, t := range row.round {
+					if !told[t] {
+						told[t] = true
+						sweepTask, sweepParent = append(sweepTask, t), append(sweepParent, r.parent)
+					}
+				}
+			case string(bgtask.NotifyFinalSummary):
+				if told[row.task] {
+					goneID, goneParent = append(goneID, row.id), append(goneParent, r.parent)
+				} else {
+					keepID, keepParent = append(keepID, row.id), append(keepParent, r.parent)
+				}
+			default:
+				goneID, goneParent = append(goneID, row.id), append(goneParent, r.parent)
+			}
+		}
+	}
+	skip = append(append([]string{}, skip...), parents...) // never nil: <> ALL(NULL) is never true
+	asked := time.Now()
+	rows, err := q.Query(ctx, exchangeSQL, n.o.Ledger, n.o.Member, parents, claimFor, keepID, keepParent, goneID, goneParent,
+		sweepParent, sweepTask, release, skip, limit, 4*limit, claimGrace, rowsPerParent)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	held := map[string]bool{}
+	var claimed []*parentRun
+	for rows.Next() {
+		var what int
+		var parent string
+		var id *int64
+		var r outboxRow
+		var noteID, kind, task, body *string
+		var age *time.Duration
+		if err := rows.Scan(&what, &parent, &id, &noteID, &kind, &task, &body, &r.round, &age); err != nil {
+			return nil, nil, err
+		}
+		if what == 0 {
+			held[parent] = true
+			continue
+		}
+		if len(claimed) == 0 || claimed[len(claimed)-1].parent != parent {
+			claimed = append(claimed, &parentRun{parent: parent, renewed: asked})
+		}
+		if id == nil { // claimed, and nothing left to deliver: released with the next marks
+			continue
+		}
+		r.id, r.noteID, r.kind, r.task, r.body, r.age = *id, *noteID, *kind, *task, []byte(*body), *age
+		run := claimed[len(claimed)-1]
+		run.rows = append(run.rows, r)
+		run.full = len(run.rows) == rowsPerParent
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	for _, r := range done {
+		if !held[r.parent] {
+			continue
+		}
+		if !release {
+			r.renewed = asked
+		}
+		for _, i := range r.sent {
+			if n.o.marked != nil {
+				n.o.marked(r.rows[i].noteID)
+			}
+		}
+		r.sent = r.sent[:0]
+	}
+	return held, claimed, nil
+}
+
+// exchangeSQL is exchange's statement: $1 ledger, $2 member; the marks:
+// $3 the parents, $4 claimFor, $5/$6 the rows that stay (marked) and
+// their parents, $7/$8 those that go, $9/$10 the parents and tasks of the
+// rounds told, $11 release; the claim: $12 the parents to skip, $13 how
+// many to claim, $14 how many oldest rows to look at for them, $15
+// claimGrace, $16 rowsPerParent. Its rows are the held parents (0, the
+// parent), then the claimed parents' rows (1, the parent, the row; nulls
+// for a parent with none left), by parent and id.
+const exchangeSQL = `WITH held AS (
+  SELECT parent_session FROM bgtask_claims
+   WHERE ledger = $1 AND member = $2 AND until > now() AND parent_session = ANY($3::text[])
+   ORDER BY parent_session FOR UPDATE),
+freed AS (
+  DELETE FROM bgtask_claims c USING held h
+   WHERE c.ledger = $1 AND c.parent_session = h.parent_session AND $11),
+renewed AS (
+  UPDATE bgtask_claims c SET until = now() + $4::interval FROM held h
+   WHERE c.ledger = $1 AND c.parent_session = h.parent_session AND NOT $11),
+kept AS (
+  UPDATE bgtask_outbox o SET delivered_at = now() FROM unnest($5::bigint[], $6::text[]) AS k(id, parent)
+   WHERE o.id = k.id AND k.parent IN (SELECT parent_session FROM held)),
+gone AS (
+  DELETE FROM bgtask_outbox o USING unnest($7::bigint[], $8::text[]) AS g(id, parent)
+   WHERE o.id = g.id AND g.parent IN (SELECT parent_session FROM held)),
+swept AS (
+  DELETE FROM bgtask_outbox o USING unnest($9::text[], $10::text[]) AS s(parent, task)
+   WHERE o.ledger = $1 AND o.kind = 'final_summary' AND o.task_id = s.task AND o.parent_session = s.parent
+     AND o.delivered_at IS NOT NULL AND s.parent IN (SELECT parent_session FROM held)),
+picked AS MATERIALIZED (
+  SELECT c.parent_session FROM (
+    SELECT o.parent_session FROM bgtask_outbox o
+     WHERE o.ledger = $1 AND o.delivered_at IS NULL AND o.parent_session <> ALL($12::text[])
+       -- the parent's oldest pending row
+       AND o.id = (SELECT e.id FROM bgtask_outbox e WHERE e.ledger = $1 AND e.parent_session = o.parent_session
+                    AND e.delivered_at IS NULL ORDER BY e.id LIMIT 1)
+       -- and not an all_complete that waits for a summary not written yet
+       AND (o.kind <> 'all_complete' OR o.made <= now() - $15::interval
+            OR NOT EXISTS (SELECT 1 FROM unnest(o.round_tasks) t WHERE NOT EXISTS (
+                 SELECT 1 FROM bgtask_outbox s WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = t)))
+       AND NOT EXISTS (SELECT 1 FROM bgtask_claims k WHERE k.ledger = $1 AND k.parent_session = o.parent_session
+                       AND k.until > now() AND k.member <> $2)
+     ORDER BY o.id LIMIT $14) c
+   -- Tried row by row, oldest first, until $13 parents are locked (the
+   -- subquery's LIMIT keeps the call from being pushed down into it).
+   WHERE pg_try_advisory_xact_lock(hashtextextended('bgtask claim ' || $1 || chr(31) || c.parent_session, 0))
+   LIMIT $13),
+ins AS (
+  INSERT INTO bgtask_claims (ledger, parent_session, member, until)
+  SELECT $1, p.parent_session, $2, now() + $4::interval FROM picked p
+   WHERE NOT EXISTS (SELECT 1 FROM bgtask_claims c WHERE c.ledger = $1 AND c.parent_session = p.parent_session)
+   ORDER BY p.parent_session
+  ON CONFLICT (ledger, parent_session) DO NOTHING
+  RETURNING parent_session),
+upd AS (
+  UPDATE bgtask_claims c SET member = $2, until = now() + $4::interval FROM picked p
+   WHERE c.ledger = $1 AND c.parent_session = p.parent_session AND (c.until <= now() OR c.member = $2)
+  RETURNING c.parent_session),
+claimed AS (SELECT parent_session FROM ins UNION ALL SELECT parent_session FROM upd)
+SELECT 0, h.parent_session, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text[], NULL::interval FROM held h
+UNION ALL
+SELECT 1, p.parent_session, r.id, r.note_id, r.kind, r.task_id, coalesce(r.body::text, ''), coalesce(r.round_tasks, '{}'), now() - r.made
+  FROM claimed p LEFT JOIN LATERAL (
+    SELECT * FROM bgtask_outbox o WHERE o.ledger = $1 AND o.parent_session = p.parent_session AND o.delivered_at IS NULL
+     ORDER BY o.id LIMIT $16
+     -- Locked, each row is read as it is now: the claim may have been
+     -- another process's, released (its marks with it) after this
+     -- statement's snapshot was taken.
+     FOR UPDATE) r ON true
+ ORDER BY 1, 2, 3`

@@ -2,15 +2,19 @@ package pgledger
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -231,22 +235,40 @@ func TestCloseIsBoundedWhenTheNotifierHangs(t *testing.T) {
 
 // A process whose claim on a parent expired mid-delivery (a slow
 // Notifier) and was taken by another marks nothing: the row is the new
-// holder's to deliver, once.
+// holder's to deliver, once. Marks of several parents go in one
+// statement, each parent's only under its claim.
 func TestADeliveryIsMarkedOnlyUnderItsClaim(t *testing.T) {
 	f := newFixture(t)
 	ns := f.nodes(newService(), 2, 0) // no Notifier: no deliverer of their own runs
-	_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, body)
-VALUES ($1, 'w0', 'n-1', 'chat', 'progress', '{"kind":"progress","parentSessionID":"chat"}')`, f.ledger)
+	run := func(parent string) *parentRun {
+		_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, body)
+VALUES ($1, 'w0', $2, $3, 'progress', '{"kind":"progress"}')`, f.ledger, "n-"+parent, parent)
+		require.NoError(t, err)
+		row := outboxRow{kind: "progress", noteID: "n-" + parent, sent: true}
+		require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT id FROM bgtask_outbox WHERE ledger = $1 AND parent_session = $2`, f.ledger, parent).Scan(&row.id))
+		return &parentRun{parent: parent, rows: []outboxRow{row}, sent: []int{0}}
+	}
+	claim := func(parent, member string) {
+		_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_claims (ledger, parent_session, member, until) VALUES ($1, $2, $3, now() + interval '1 hour')
+ON CONFLICT (ledger, parent_session) DO UPDATE SET member = EXCLUDED.member, until = EXCLUDED.until`, f.ledger, parent, member)
+		require.NoError(t, err)
+	}
+	chat, other := run("chat"), run("other")
+	claim("chat", "w1") // taken from w0
+	claim("other", "w0")
+	held, err := ns[0].markRuns(ctx(t), []*parentRun{chat, other}, true)
 	require.NoError(t, err)
-	row := outboxRow{kind: "progress", noteID: "n-1"}
-	require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT id FROM bgtask_outbox WHERE ledger = $1`, f.ledger).Scan(&row.id))
-	_, err = f.pool.Exec(ctx(t), `INSERT INTO bgtask_claims (ledger, parent_session, member, until) VALUES ($1, 'chat', 'w1', now() + interval '1 hour')
-ON CONFLICT (ledger, parent_session) DO UPDATE SET member = 'w1', until = now() + interval '1 hour'`, f.ledger)
+	assert.Equal(t, map[string]bool{"other": true}, held, "w0 holds only other's claim")
+	assert.Equal(t, 1, f.count("bgtask_outbox", "parent_session = 'chat' AND delivered_at IS NULL"), "chat's row is still to deliver")
+	assert.Equal(t, 0, f.count("bgtask_outbox", "parent_session = 'other'"), "other's row is marked")
+	assert.Equal(t, 0, f.count("bgtask_claims", "parent_session = 'other'"), "and its claim released in the same statement")
+	assert.Empty(t, other.sent)
+	assert.Len(t, chat.sent, 1, "still unmarked")
+	held, err = ns[1].markRuns(ctx(t), []*parentRun{chat}, false)
 	require.NoError(t, err)
-	assert.False(t, ns[0].delivered("chat", row), "w0 no longer holds the claim")
-	assert.Equal(t, 1, f.count("bgtask_outbox", "delivered_at IS NULL"), "the row is still to deliver")
-	assert.True(t, ns[1].delivered("chat", row), "the holder marks it")
+	assert.True(t, held["chat"], "the holder marks it")
 	assert.Equal(t, 0, f.count("bgtask_outbox", ""))
+	assert.Equal(t, 1, f.count("bgtask_claims", "parent_session = 'chat' AND member = 'w1'"), "a renewal keeps the claim")
 }
 
 // A task launched and ended in one group commit (a cancel racing its
@@ -317,4 +339,327 @@ VALUES ($1, 'w0', $2, 'chat', $3, $4, $5, $6)`, append([]any{f.ledger}, row...).
 			assert.Equal(t, got[i].TaskID, n.Tasks[0].ID, "%s has its round's task", n.ID)
 		}
 	}
+}
+
+// outboxRows inserts a pending row of kind for each parent, in order.
+func (f *fixture) outboxRows(kind string, parents ...string) {
+	f.t.Helper()
+	for _, p := range parents {
+		_, err := f.pool.Exec(ctx(f.t), `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, body)
+VALUES ($1, 'w0', $2, $3, $4, $5)`, f.ledger, fmt.Sprintf("%s:%s:%d", kind, p, ledgers.Add(1)), p, kind,
+			fmt.Sprintf(`{"kind":%q,"parentSessionID":%q}`, kind, p))
+		require.NoError(f.t, err)
+	}
+}
+
+// wrote reports whether tx has written anything so far (it was given a
+// transaction id).
+func wrote(t *testing.T, tx pgx.Tx) bool {
+	t.Helper()
+	var xid *string
+	require.NoError(t, tx.QueryRow(ctx(t), `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid))
+	return xid != nil
+}
+
+func parentsOf(runs []*parentRun) []string {
+	var out []string
+	for _, r := range runs {
+		out = append(out, r.parent)
+	}
+	return out
+}
+
+// Processes that look for parents to deliver to at the same moment share
+// them out: one skips the parents another is claiming (its transaction
+// still open) instead of waiting for it, and a look that finds nothing it
+// can claim writes nothing.
+func TestClaimersLookingAtOnceShareTheParents(t *testing.T) {
+	f := newFixture(t)
+	ns := f.nodes(newService(), 2, 0) // no Notifier: no deliverer runs; the test claims by hand
+	f.outboxRows("progress", "chat-0", "chat-1", "chat-2", "chat-3", "chat-4", "chat-5")
+	tx0, err := f.pool.Begin(ctx(t))
+	require.NoError(t, err)
+	defer func() { _ = tx0.Rollback(context.Background()) }()
+	_, first, err := ns[0].exchange(ctx(t), tx0, nil, true, nil, 3)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"chat-0", "chat-1", "chat-2"}, parentsOf(first), "the oldest first")
+
+	// Bounded for failure detection only: a claimer that waited for w0's
+	// open transaction would wait until it ends.
+	c, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+	defer cancel()
+	tx1, err := f.pool.Begin(c)
+	require.NoError(t, err)
+	defer func() { _ = tx1.Rollback(context.Background()) }()
+	_, second, err := ns[1].exchange(c, tx1, nil, true, nil, 6)
+	require.NoError(t, err, "w1 did not wait for w0's claim")
+	assert.Equal(t, []string{"chat-3", "chat-4", "chat-5"}, parentsOf(second))
+	for _, r := range second {
+		assert.Len(t, r.rows, 1, "with its row")
+	}
+	require.NoError(t, tx1.Commit(c))
+
+	tx2, err := f.pool.Begin(c)
+	require.NoError(t, err)
+	defer func() { _ = tx2.Rollback(context.Background()) }()
+	_, third, err := ns[1].exchange(c, tx2, nil, true, []string{"chat-3", "chat-4", "chat-5"}, 6)
+	require.NoError(t, err)
+	assert.Empty(t, third, "nothing left that w1 may claim")
+	assert.False(t, wrote(t, tx2), "and a look that claims nothing writes nothing")
+	require.NoError(t, tx2.Rollback(c))
+
+	require.NoError(t, tx0.Commit(ctx(t)))
+	assert.Equal(t, 3, f.count("bgtask_claims", "member = 'w0'"))
+	assert.Equal(t, 3, f.count("bgtask_claims", "member = 'w1'"))
+}
+
+// An all_complete whose round's summary is not written yet is not
+// claimed (nothing could be delivered: it would be a write for nothing);
+// once the summary is in the outbox, the parent is claimed with both.
+func TestAWaitingAllCompleteIsNotClaimed(t *testing.T) {
+	f := newFixture(t)
+	ns := f.nodes(newService(), 1, 0)
+	_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
+VALUES ($1, '', 'all_complete:chat:1', 'chat', 'all_complete', '{t1}')`, f.ledger)
+	require.NoError(t, err)
+	tx, err := f.pool.Begin(ctx(t))
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, claimed, err := ns[0].exchange(ctx(t), tx, nil, true, nil, 5)
+	require.NoError(t, err)
+	assert.Empty(t, claimed)
+	assert.False(t, wrote(t, tx))
+	require.NoError(t, tx.Rollback(ctx(t)))
+
+	_, err = f.pool.Exec(ctx(t), `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
+VALUES ($1, 'w0', 'final:t1', 'chat', 'final_summary', 't1', '{"kind":"final_summary","parentSessionID":"chat","taskID":"t1"}')`, f.ledger)
+	require.NoError(t, err)
+	_, claimed, err = ns[0].exchange(ctx(t), f.pool, nil, true, nil, 5)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	var kinds []string
+	for _, r := range claimed[0].rows {
+		kinds = append(kinds, r.kind)
+	}
+	assert.Equal(t, []string{"all_complete", "final_summary"}, kinds)
+}
+
+// slowFor is a Notifier whose deliveries to parent slow wait until
+// released (the first hands its context to asked); the rest go to box.
+type slowFor struct {
+	slow    string
+	asked   chan context.Context
+	release chan struct{}
+	box     *inbox
+}
+
+func (s slowFor) Notify(ctx context.Context, n bgtask.Notification) error {
+	if n.ParentSessionID == s.slow {
+		select {
+		case s.asked <- ctx:
+		default:
+		}
+		<-s.release
+	}
+	return s.box.Notify(ctx, n)
+}
+
+// A node delivers to several parents side by side: a parent whose
+// Notifier call is slow holds up its own deliveries only. Another
+// parent's are delivered while the slow call is still within its bound
+// (one deliverer at a time would get to them only once it gave the slow
+// call up).
+func TestParentsAreDeliveredSideBySide(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	n := slowFor{slow: "slow", asked: make(chan context.Context, 1), release: make(chan struct{}), box: newInbox()}
+	node, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: svc, Poll: 100 * time.Millisecond, Notifier: n,
+		Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
+	require.NoError(t, err)
+	closeAtEnd(t, node)
+	var released bool
+	defer func() {
+		if !released {
+			close(n.release)
+		}
+	}()
+	end := func(parent string) {
+		task, err := node.Launch(ctx(t), bgtask.Spec{ParentSessionID: parent, Prompt: "do it", Models: spec.Models})
+		require.NoError(t, err)
+		got, err := bgtasktest.WaitStatus(ctx(t), node.Manager(), task.ID, bgtask.StatusRunning)
+		require.NoError(t, err)
+		require.NoError(t, node.Observe(bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+	}
+	end("slow")
+	slowCtx := recv(t, n.asked, "the slow parent's delivery")
+	end("fast")
+	n.box.await(t, func(got []bgtask.Notification) bool { return len(ofKind(got, "fast", bgtask.NotifyAllComplete)) == 1 })
+	assert.NoError(t, slowCtx.Err(), "the slow call is still within its bound")
+	close(n.release)
+	released = true
+	got := n.box.await(t, func(got []bgtask.Notification) bool { return len(ofKind(got, "slow", bgtask.NotifyAllComplete)) == 1 })
+	assert.Len(t, ofKind(got, "slow", bgtask.NotifyFinalSummary), 1)
+	assert.Len(t, ofKind(got, "fast", bgtask.NotifyFinalSummary), 1)
+}
+
+// exchanges counts the statements of exchange that marked something, and
+// the parents they marked.
+type exchanges struct {
+	mu             sync.Mutex
+	marks, parents int
+}
+
+func (e *exchanges) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == exchangeSQL && len(d.Args) > 2 {
+		if ps, ok := d.Args[2].([]string); ok && len(ps) > 0 {
+			e.mu.Lock()
+			e.marks++
+			e.parents += len(ps)
+			e.mu.Unlock()
+		}
+	}
+	return ctx
+}
+
+func (*exchanges) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// What a round delivered to several parents is marked in one statement,
+// not one per row nor one per parent.
+func TestARoundIsMarkedInOneStatement(t *testing.T) {
+	f := newFixture(t)
+	var parents []string
+	for i := range 20 {
+		parents = append(parents, fmt.Sprintf("chat-%d", i))
+	}
+	require.NoError(t, Migrate(ctx(t), f.pool))
+	f.outboxRows("progress", parents...)
+	f.outboxRows("answer", parents...)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	count := &exchanges{}
+	cfg.ConnConfig.Tracer = count
+	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	box := newInbox()
+	node, err := Join(ctx(t), pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 100 * time.Millisecond,
+		Notifier: box, marked: tell(f.marked)})
+	require.NoError(t, err)
+	closeAtEnd(t, node)
+	for range 40 {
+		recv(t, f.marked, "each row to be marked delivered")
+	}
+	got := box.await(t, func(got []bgtask.Notification) bool { return len(got) == 40 })
+	for _, p := range parents { // in order, per parent
+		var kinds []bgtask.NotificationKind
+		for _, n := range got {
+			if n.ParentSessionID == p {
+				kinds = append(kinds, n.Kind)
+			}
+		}
+		assert.Equal(t, []bgtask.NotificationKind{"progress", "answer"}, kinds, p)
+	}
+	count.mu.Lock()
+	defer count.mu.Unlock()
+	assert.Equal(t, 20, count.parents, "each parent marked once")
+	assert.Less(t, count.marks, 5, "in a few statements: %d", count.marks)
+	assert.Equal(t, 0, f.count("bgtask_outbox", ""), "nothing left")
+	assert.Equal(t, 0, f.count("bgtask_claims", ""), "and every claim released with its marks")
+}
+
+// The notifications that come together are written to the outbox in one
+// statement; one the database refuses fails alone.
+func TestNotificationsAreWrittenTogether(t *testing.T) {
+	f := newFixture(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	var writes atomic.Int64
+	cfg.ConnConfig.Tracer = statementsLike{sql: writeNotesSQL, n: &writes}
+	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	node, err := Join(ctx(t), pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: time.Hour})
+	require.NoError(t, err) // no Notifier: the test runs a writer of its own
+	closeAtEnd(t, node)
+	q := &noteWriter{n: node, wake: make(chan struct{}, 1)}
+	note := func(parent, text string) *noteWrite {
+		n := bgtask.Notification{Kind: bgtask.NotifyAnswer, ID: "answer:" + parent, ParentSessionID: parent, Text: text}
+		body, err := json.Marshal(n)
+		require.NoError(t, err)
+		return &noteWrite{member: "w0", note: n, body: body, done: make(chan struct{})}
+	}
+	ws := []*noteWrite{note("a", "1"), note("b", "2"), note("c", "3")}
+	for _, w := range ws {
+		require.True(t, q.add(w))
+	}
+	stop, ended := make(chan struct{}), make(chan struct{})
+	go func() { defer close(ended); q.run(stop) }()
+	for _, w := range ws {
+		recv(t, w.done, "the write")
+		assert.NoError(t, w.err)
+	}
+	assert.Equal(t, int64(1), writes.Load(), "one statement")
+	assert.Equal(t, 3, f.count("bgtask_outbox", ""))
+
+	// jsonb refuses a NUL character: that one fails, on its own.
+	bad := note("d", "\x00")
+	ws = []*noteWrite{note("e", "4"), bad, note("f", "5")}
+	q.mu.Lock() // queued together
+	q.queue = append(q.queue, ws...)
+	q.mu.Unlock()
+	require.True(t, q.add(note("g", "6")))
+	for _, w := range ws {
+		recv(t, w.done, "the write")
+	}
+	assert.Error(t, bad.err)
+	assert.NoError(t, ws[0].err)
+	assert.NoError(t, ws[2].err)
+	close(stop)
+	recv(t, ended, "the writer to stop")
+	assert.False(t, q.add(note("h", "7")), "a stopped writer takes nothing more")
+	assert.Equal(t, 6, f.count("bgtask_outbox", ""), "all but the refused one")
+}
+
+// statementsLike counts the statements that are sql.
+type statementsLike struct {
+	sql string
+	n   *atomic.Int64
+}
+
+func (s statementsLike) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == s.sql {
+		s.n.Add(1)
+	}
+	return ctx
+}
+
+func (statementsLike) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A row written while this node delivers its parent's earlier rows — its
+// parent claimed, so that no deliverer could take it then — is delivered
+// once those are, without waiting for a poll or a wake-up.
+func TestARowWrittenDuringADeliveryFollowsIt(t *testing.T) {
+	f := newFixture(t)
+	require.NoError(t, Migrate(ctx(t), f.pool))
+	f.outboxRows("answer", "chat")
+	n := slowFor{slow: "chat", asked: make(chan context.Context, 1), release: make(chan struct{}), box: newInbox()}
+	node, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: time.Hour, Notifier: n,
+		marked: tell(f.marked)})
+	require.NoError(t, err)
+	closeAtEnd(t, node)
+	released := false
+	defer func() {
+		if !released {
+			close(n.release)
+		}
+	}()
+	recv(t, n.asked, "the first row's delivery")
+	// Written with no wake-up at all: any that came now would find the
+	// parent claimed, and claim nothing.
+	f.outboxRows("retry_scheduled", "chat")
+	close(n.release)
+	released = true
+	got := n.box.await(t, func(got []bgtask.Notification) bool { return len(got) == 2 })
+	assert.Equal(t, bgtask.NotifyAnswer, got[0].Kind)
+	assert.Equal(t, bgtask.NotifyRetryScheduled, got[1].Kind)
 }

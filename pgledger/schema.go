@@ -531,6 +531,93 @@ BEGIN
 END
 $$;
 `,
+	// 3: tables that stay small (retention.go) and queries that stay
+	// indexed (explain_test.go). The takeover poll reads the members that
+	// are not idle; retention finds what it prunes by age: a change whose
+	// task ended (ended_at, which bgtask_publish sets), a closure that
+	// ended, a parent with nothing live and no round open (touched: when
+	// its row last changed), a member closed with nothing live whose data
+	// it has not pruned yet (pruned_fence). bgtask_retention is one row per
+	// ledger: when it was last pruned, and the round floor — above every
+	// round a pruned parent reached — at which a parent's row made again
+	// starts counting, so that an all_complete id never repeats.
+	`
+CREATE INDEX bgtask_members_busy ON bgtask_members (ledger, member) WHERE NOT idle;
+ALTER TABLE bgtask_members ADD COLUMN pruned_fence bigint NOT NULL DEFAULT 0;
+CREATE INDEX bgtask_members_prunable ON bgtask_members (ledger, member) WHERE idle AND fence > pruned_fence;
+CREATE INDEX bgtask_closures_closed ON bgtask_closures (ledger, closed_at) WHERE closed_at IS NOT NULL;
+ALTER TABLE bgtask_changes ADD COLUMN ended_at timestamptz;
+CREATE INDEX bgtask_changes_ended ON bgtask_changes (ledger, ended_at) WHERE ended_at IS NOT NULL;
+ALTER TABLE bgtask_parents ADD COLUMN touched timestamptz NOT NULL DEFAULT now();
+CREATE INDEX bgtask_parents_idle ON bgtask_parents (ledger, touched) WHERE live <= 0 AND cardinality(round_tasks) = 0;
+CREATE TABLE bgtask_retention (
+	ledger      text        PRIMARY KEY,
+	pruned_at   timestamptz NOT NULL DEFAULT '-infinity',
+	round_floor bigint      NOT NULL DEFAULT 0
+);
+
+-- bgtask_parent_row keeps a parent's row: touched at every change (unless
+-- the change sets touched itself), and a row made (again) starts its
+-- rounds where they cannot repeat an id. A row this statement's snapshot
+-- still has, which retention is deleting meanwhile (the insert waits for
+-- that, and then inserts), goes on from its round; a row it does not have
+-- starts above the ledger's round floor, which retention raises in the
+-- transaction that deletes a parent's row.
+CREATE FUNCTION bgtask_parent_row() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+	IF TG_OP = 'UPDATE' THEN
+		IF NEW.touched IS NOT DISTINCT FROM OLD.touched THEN
+			NEW.touched := now();
+		END IF;
+	ELSE
+		NEW.touched := now();
+		NEW.round := greatest(NEW.round, coalesce(
+			(SELECT p.round FROM bgtask_parents p WHERE p.ledger = NEW.ledger AND p.parent_session = NEW.parent_session),
+			(SELECT f.round_floor + 1 FROM bgtask_retention f WHERE f.ledger = NEW.ledger),
+			1));
+	END IF;
+	RETURN NEW;
+END
+$$;
+CREATE TRIGGER bgtask_parents_row BEFORE INSERT OR UPDATE ON bgtask_parents
+	FOR EACH ROW EXECUTE FUNCTION bgtask_parent_row();
+
+-- bgtask_ended_at is when the task of a change (its body) ended, or null
+-- while it is live: its completedAt as bgtask wrote it, or now.
+CREATE FUNCTION bgtask_ended_at(p_body jsonb) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+	SELECT CASE WHEN p_body ->> 'status' IN ('completed', 'error', 'cancelled', 'interrupt') THEN
+	       CASE WHEN p_body ->> 'completedAt' ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$'
+	            THEN (p_body ->> 'completedAt')::timestamptz ELSE now() END END
+$$;
+UPDATE bgtask_changes SET ended_at = bgtask_ended_at(body) WHERE body ->> 'status' IN ('completed', 'error', 'cancelled', 'interrupt');
+
+CREATE OR REPLACE FUNCTION bgtask_publish(p_ledger text, p_member text, p_fence bigint, p_task text[], p_body jsonb[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_advisory_xact_lock(hashtextextended('bgtask changes ' || p_ledger, 0));
+	-- Only the member's owner publishes its tasks: a process that lost the
+	-- lease must not overwrite the new owner's changes with older ones.
+	PERFORM 1 FROM bgtask_members WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
+			USING ERRCODE = 'BT001';
+	END IF;
+	INSERT INTO bgtask_changes (ledger, member, task_id, body, ended_at)
+	SELECT p_ledger, p_member, r.t, r.b, bgtask_ended_at(r.b) FROM unnest(p_task, p_body) WITH ORDINALITY AS r(t, b, o) ORDER BY r.o;
+	DELETE FROM bgtask_changes c USING (
+		SELECT task_id, max(id) AS top FROM bgtask_changes WHERE ledger = p_ledger AND task_id = ANY(p_task) GROUP BY task_id) k
+	 WHERE c.ledger = p_ledger AND c.task_id = k.task_id AND c.id < k.top;
+	PERFORM pg_notify('bgtask_change', p_ledger);
+END
+$$;
+`,
+	// 4: delivery at database speed (outbox.go): a deliverer looks at the
+	// pending rows oldest first, and stops once it found what it claims.
+	`
+CREATE INDEX bgtask_outbox_pending_id ON bgtask_outbox (ledger, id) WHERE delivered_at IS NULL;
+`,
 }
 
 // schemaLock is the advisory lock key migrations run under, so that two
