@@ -330,7 +330,7 @@ ON CONFLICT (ledger) DO UPDATE SET pruned_at = now() WHERE r.pruned_at <= now() 
 		{name: "retention: idle parents", sql: pruneParents, args: s("'big'", "1000", "'24 hours'")},
 		{name: "retention: the MaxEnded-th ended", sql: changesEdge, args: s("'big'", "10000")},
 		{name: "retention: changes", sql: pruneChangesBefore, args: s("'big'", "1000", "now() - interval '24 hours'")},
-		{name: "retention: dead members", sql: deadMembers, args: s("'big'", "1000", "'24 hours'")},
+		{name: "retention: dead members", sql: deadMembers, args: s("'big'", "1000", "'24 hours'", "''")},
 		{name: "retention: a dead member's row", sql: `SELECT fence FROM bgtask_members
  WHERE ledger = $1 AND member = $2 AND idle AND fence > pruned_fence AND expires_at < now() - $3::interval
  FOR UPDATE SKIP LOCKED`, args: s("'big'", "'m-20'", "'24 hours'")},

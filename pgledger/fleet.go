@@ -193,6 +193,7 @@ func (n *Node) adopt(mb *member) {
 // ErrUnavailable. A member another process holds is asked for again until
 // that process releases it (it does once nothing of it is live).
 func (n *Node) reopen(ctx context.Context) {
+	var wait time.Duration
 	for held := false; ctx.Err() == nil; {
 		mb, err := n.open(ctx, n.o.Member)
 		if err == nil {
@@ -212,14 +213,21 @@ func (n *Node) reopen(ctx context.Context) {
 			return
 		}
 		var lh *LeaseHeldError
-		if errors.As(err, &lh) && !held {
-			held = true
-			n.o.Logger.Warn("pgledger: this process's member is held by another process; asking again until it is released",
-				"member", n.o.Member, "holder", lh.Holder)
-		}
-		wait := downBeat
-		if held {
-			wait = n.o.Poll
+		switch {
+		case errors.As(err, &lh):
+			if !held {
+				n.o.Logger.Warn("pgledger: this process's member is held by another process; asking again until it is released",
+					"member", n.o.Member, "holder", lh.Holder)
+			}
+			held, wait = true, n.o.Poll
+		case errors.Is(err, ErrUnavailable):
+			wait = downBeat // the database is not back yet
+		default:
+			// The member opened but its Manager did not (a replay or a
+			// recovery that failed): each try costs a replay, so the tries
+			// back off to a minute, and each is logged.
+			wait = min(max(2*wait, n.o.Poll), time.Minute)
+			n.o.Logger.Warn("pgledger: opening this process's member again failed; trying again", "member", n.o.Member, "in", wait, "err", err)
 		}
 		sleepCtx(ctx, wait)
 	}

@@ -419,3 +419,27 @@ func TestAStallLongerThanTheLeaseNeverMakesTwoOwners(t *testing.T) {
 	}
 	o.endAll(svc, ns...)
 }
+
+// A write that the database never takes (here the records table is
+// locked, so every try waits and runs out of its time) is not tried for
+// ever: the journal gives its life up, as if its lease had run out. (Here
+// the blocked append holds the member's row, so the heartbeat cannot renew
+// either; the cap on a write's tries while heartbeats do renew the lease is
+// not shown by this test.)
+func TestAWriteNeverTakenIsNotTriedForEver(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{Lease: 500 * time.Millisecond})
+	conn, err := pgx.Connect(ctx(t), dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx(t))
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx(t), "LOCK TABLE bgtask_records IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- j.Append([]bgtask.Record{rec(1, "note", "", "", "", "")}).Wait() }()
+	err = recv(t, done, "the write to be given up")
+	require.ErrorIs(t, err, ErrLeaseLost)
+	recv(t, j.Lost(), "the journal to say its life is over")
+}

@@ -129,6 +129,11 @@ type Journal struct {
 	// retries its writes and Available reports ErrUnavailable.
 	away   atomic.Pointer[error]
 	onAway func(error) // Options.away
+	// ops is the context of every statement of the journal's own: it ends
+	// closeGrace after the context of a Close that bounds the journal
+	// (closeWithin), or once Close returns.
+	ops    context.Context
+	opsEnd context.CancelFunc
 }
 
 // closeGrace is how long a journal's last writes may take once the
@@ -136,33 +141,19 @@ type Journal struct {
 const closeGrace = time.Second
 
 // closeWithin bounds the rest of the journal's work, its last writes and
-// the release of its lease, by ctx and closeGrace after it.
-func (j *Journal) closeWithin(ctx context.Context) { j.closing.Store(&ctx) }
+// the release of its lease, by ctx and closeGrace after it: the
+// statements in flight then are cancelled too.
+func (j *Journal) closeWithin(ctx context.Context) {
+	if j.closing.Swap(&ctx) != nil {
+		return
+	}
+	context.AfterFunc(ctx, func() { time.AfterFunc(closeGrace, j.opsEnd) })
+}
 
 // opCtx is the context of one statement of the journal's own: d long,
-// and no later than closeGrace after the closing context ended.
+// and no later than closeGrace after the closing context ended (ops).
 func (j *Journal) opCtx(d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	c := j.closing.Load()
-	if c == nil {
-		return ctx, cancel
-	}
-	var mu sync.Mutex
-	var grace *time.Timer
-	stop := context.AfterFunc(*c, func() {
-		mu.Lock()
-		grace = time.AfterFunc(closeGrace, cancel)
-		mu.Unlock()
-	})
-	return ctx, func() {
-		stop()
-		mu.Lock()
-		if grace != nil {
-			grace.Stop()
-		}
-		mu.Unlock()
-		cancel()
-	}
+	return context.WithTimeout(j.ops, d)
 }
 
 // renewed notes a renewal of the lease asked at at.
@@ -238,7 +229,8 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 // newJournal is the journal of o.Member, not yet holding its lease and
 // with no goroutine running.
 func newJournal(pool *pgxpool.Pool, o Options) *Journal {
-	return &Journal{pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds, onAway: o.away,
+	ops, end := context.WithCancel(context.Background())
+	return &Journal{ops: ops, opsEnd: end, pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds, onAway: o.away,
 		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
 }
 
@@ -378,6 +370,7 @@ func (j *Journal) write(group []*commit) {
 // tries end with the close's context.
 func (j *Journal) persist(tryFor time.Duration, op func(ctx context.Context) error) error {
 	var wait time.Duration
+	var first time.Time // the first try that failed
 	for {
 		left := j.leaseLeft()
 		if left <= 0 {
@@ -399,11 +392,20 @@ func (j *Journal) persist(tryFor time.Duration, op func(ctx context.Context) err
 			return j.fail(err)
 		}
 		j.unanswered(err)
-		if c := j.closing.Load(); c != nil && (*c).Err() != nil {
-			return j.fail(fmt.Errorf("%w: the journal of member %s closed before the database answered: %w", ErrUnavailable, j.member, err))
+		if first.IsZero() {
+			first = time.Now()
+		}
+		if time.Since(first) >= j.lease {
+			// Tried for a whole lease (a heartbeat may have renewed it
+			// meanwhile, but this write never lands: a statement timeout
+			// shorter than it, a server out of memory): the journal gives
+			// this life up, as if the lease had run out.
+			return j.fail(j.leaseLost("a write was not taken for %s: %v", j.lease, err))
 		}
 		wait = retryWait(wait)
-		time.Sleep(min(wait, max(j.leaseLeft(), 0)))
+		if !sleepCtx(j.ops, min(wait, max(j.leaseLeft(), 0))) {
+			return j.fail(fmt.Errorf("%w: the journal of member %s closed before the database answered: %w", ErrUnavailable, j.member, err))
+		}
 	}
 }
 
@@ -569,7 +571,7 @@ func (j *Journal) heartbeat(every time.Duration, beat func()) {
 			return
 		}
 		asked := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), every)
+		ctx, cancel := j.opCtx(every)
 		tag, err := j.pool.Exec(ctx, renewLease, j.ledger, j.member, j.fence, j.lease)
 		cancel()
 		next := every
@@ -728,6 +730,7 @@ func (j *Journal) Close() error {
 	}
 	j.closed = true
 	j.mu.Unlock()
+	defer j.opsEnd()
 	close(j.stop)
 	j.done.Wait()
 	if j.failedErr() != nil {

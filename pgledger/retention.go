@@ -363,16 +363,18 @@ func pruneChanges(ctx context.Context, pool *pgxpool.Pool, ledger string, r rete
 }
 
 // deadMembers lists (at most $2 of) ledger $1's idle members whose lease
-// ended longer ago than $3 and whose data is not pruned yet.
+// ended longer ago than $3 and whose data is not pruned yet, by name after
+// $4 (a member left as it is — busy, or locked — is not listed again in
+// the pass).
 const deadMembers = `SELECT member FROM bgtask_members
- WHERE ledger = $1 AND idle AND fence > pruned_fence AND expires_at < now() - $3::interval
+ WHERE ledger = $1 AND idle AND fence > pruned_fence AND expires_at < now() - $3::interval AND member > $4
  ORDER BY member LIMIT $2`
 
 // pruneMembers prunes the data of ledger's dead members (see Retention
 // above), one member per transaction.
 func pruneMembers(ctx context.Context, pool *pgxpool.Pool, ledger string, r retention, count *int, warn func(string, ...any)) error {
-	for {
-		rows, err := pool.Query(ctx, deadMembers, ledger, pruneBatch, r.age)
+	for after := ""; ; {
+		rows, err := pool.Query(ctx, deadMembers, ledger, pruneBatch, r.age, after)
 		if err != nil {
 			return err
 		}
@@ -392,6 +394,7 @@ func pruneMembers(ctx context.Context, pool *pgxpool.Pool, ledger string, r rete
 		if len(names) < pruneBatch {
 			return nil
 		}
+		after = names[len(names)-1]
 	}
 }
 
