@@ -211,14 +211,7 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
   FROM bgtask_sessions s JOIN bgtask_tasks t ON t.ledger = s.ledger AND t.task_id = s.task_id
  WHERE s.ledger = $1 AND s.session_id = $2`, args: s("'big'", "'s-500'", "''")},
 		{name: "route: into the inbox", sql: `INSERT INTO bgtask_inbox (ledger, member, event) VALUES ($1, $2, $3)`, args: s("'big'", "'m-5'", "'{}'")},
-		{name: "claimKey", sql: `
-INSERT INTO bgtask_keys AS k (ledger, key, member, task_id) VALUES ($1, $2, $3, $4)
-ON CONFLICT (ledger, key) DO UPDATE
-   SET member = EXCLUDED.member, task_id = EXCLUDED.task_id, claimed_at = now()
- WHERE EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = k.ledger AND t.task_id = k.task_id AND t.ended)
-    OR (NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = k.ledger AND t.task_id = k.task_id)
-        AND k.claimed_at < now() - $5::interval)
-RETURNING task_id`, args: s("'big'", "'k-500'", "'m-0'", "'t-new'", "'1 minute'")},
+		{name: "claimKey", sql: claimKeySQL, args: s("'big'", "'k-500'", "'m-0'", "'t-new'", "'1 minute'")},
 		{name: "claimKey: its holder", sql: `SELECT task_id FROM bgtask_keys WHERE ledger = $1 AND key = $2`, args: s("'big'", "'k-500'")},
 		{name: "releaseKey", sql: `DELETE FROM bgtask_keys WHERE ledger = $1 AND key = $2 AND task_id = $3`, args: s("'big'", "'k-500'", "'t-new'")},
 
@@ -286,17 +279,7 @@ SELECT pg_notify($8, $1) WHERE EXISTS (SELECT 1 FROM ins)`,
 			args: s("'big'", "'m-0'", "1", "ARRAY['t-1000']", `ARRAY['{"id":"t-1000","status":"running"}']::jsonb[]`)},
 
 		// The journal.
-		{name: "Open: the lease", sql: `
-WITH m AS (
-INSERT INTO bgtask_members AS m (ledger, member, fence, holder, expires_at)
-VALUES ($1, $2, 1, $3, now() + $4::interval)
-ON CONFLICT (ledger, member) DO UPDATE
-   SET fence = m.fence + 1, holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at, idle = false
- WHERE m.expires_at <= now()
-RETURNING fence),
-l AS (DELETE FROM bgtask_launching WHERE ledger = $1 AND member = $2 AND EXISTS (SELECT 1 FROM m)),
-c AS (UPDATE bgtask_closures SET closed_at = now() WHERE ledger = $1 AND member = $2 AND closed_at IS NULL AND EXISTS (SELECT 1 FROM m))
-SELECT fence FROM m`, args: s("'big'", "'m-9'", "'h'", "'15 seconds'")},
+		{name: "Open: the lease", sql: acquireLease, args: s("'big'", "'m-9'", "'h'", "'15 seconds'")},
 		{name: "Open: who holds it", sql: `SELECT holder, expires_at, greatest(expires_at - now(), '0') FROM bgtask_members WHERE ledger = $1 AND member = $2`,
 			args: s("'big'", "'m-0'")},
 		{name: "heartbeat", sql: renewLease, args: s("'big'", "'m-0'", "1", "'15 seconds'")},

@@ -468,18 +468,23 @@ func (n *Node) cleanUp(ctx context.Context, f func(context.Context)) {
 // (its process died in between) stays claimed.
 const keyClaimGrace = time.Minute
 
-// claimKey claims key for task id and returns the task that holds it:
-// id if the claim was won.
-func (n *Node) claimKey(ctx context.Context, member, key, id string) (string, error) {
-	var holder string
-	err := n.pool.QueryRow(ctx, `
+// claimKeySQL claims key $2 of ledger $1 for task $4 of member $3 unless a
+// task that is live (or a claim younger than $5 whose task is not
+// launched yet) holds it, and returns the task that holds it.
+const claimKeySQL = `
 INSERT INTO bgtask_keys AS k (ledger, key, member, task_id) VALUES ($1, $2, $3, $4)
 ON CONFLICT (ledger, key) DO UPDATE
    SET member = EXCLUDED.member, task_id = EXCLUDED.task_id, claimed_at = now()
  WHERE EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = k.ledger AND t.task_id = k.task_id AND t.ended)
     OR (NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = k.ledger AND t.task_id = k.task_id)
         AND k.claimed_at < now() - $5::interval)
-RETURNING task_id`, n.o.Ledger, key, member, id, keyClaimGrace).Scan(&holder)
+RETURNING task_id`
+
+// claimKey claims key for task id and returns the task that holds it:
+// id if the claim was won.
+func (n *Node) claimKey(ctx context.Context, member, key, id string) (string, error) {
+	var holder string
+	err := n.pool.QueryRow(ctx, claimKeySQL, n.o.Ledger, key, member, id, keyClaimGrace).Scan(&holder)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = n.pool.QueryRow(ctx, `SELECT task_id FROM bgtask_keys WHERE ledger = $1 AND key = $2`, n.o.Ledger, key).Scan(&holder)
 	}

@@ -242,15 +242,12 @@ func defaultHolder() string {
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// acquire takes the member's lease, a new fence with it, waiting up to
-// wait for a live lease of another holder to expire.
-func (j *Journal) acquire(ctx context.Context, wait time.Duration) error {
-	deadline := time.Now().Add(wait)
-	for {
-		// What the member's previous life left in flight ends with it: its
-		// launches past the fence check (none of them can land now) and the
-		// closures it opened (their fence held only while it lived).
-		err := j.pool.QueryRow(ctx, `
+// acquireLease takes member $2's lease of ledger $1 for holder $3, for $4,
+// with a new fence, if it is free or expired; what the member's previous
+// life left in flight ends with it: its launches past the fence check
+// (none of them can land now) and the closures it opened (their fence held
+// only while it lived).
+const acquireLease = `
 WITH m AS (
 INSERT INTO bgtask_members AS m (ledger, member, fence, holder, expires_at)
 VALUES ($1, $2, 1, $3, now() + $4::interval)
@@ -260,7 +257,14 @@ ON CONFLICT (ledger, member) DO UPDATE
 RETURNING fence),
 l AS (DELETE FROM bgtask_launching WHERE ledger = $1 AND member = $2 AND EXISTS (SELECT 1 FROM m)),
 c AS (UPDATE bgtask_closures SET closed_at = now() WHERE ledger = $1 AND member = $2 AND closed_at IS NULL AND EXISTS (SELECT 1 FROM m))
-SELECT fence FROM m`, j.ledger, j.member, j.holder, j.lease).Scan(&j.fence)
+SELECT fence FROM m`
+
+// acquire takes the member's lease, a new fence with it, waiting up to
+// wait for a live lease of another holder to expire.
+func (j *Journal) acquire(ctx context.Context, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := j.pool.QueryRow(ctx, acquireLease, j.ledger, j.member, j.holder, j.lease).Scan(&j.fence)
 		if err == nil {
 			return nil
 		}

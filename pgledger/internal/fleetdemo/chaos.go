@@ -76,10 +76,7 @@ func Chaos(ctx context.Context, cfg ChaosConfig) (rep ChaosReport, err error) {
 		cfg.Lock = 2 * cfg.Within
 	}
 	say := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
-	if err := migrate(ctx, cfg.DB); err != nil {
-		return rep, err
-	}
-	svc, err := newService()
+	svc, err := begin(ctx, cfg.Config)
 	if err != nil {
 		return rep, err
 	}

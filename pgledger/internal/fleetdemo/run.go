@@ -56,10 +56,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if cfg.Out == nil {
 		cfg.Out = io.Discard
 	}
-	if err := migrate(ctx, cfg.DB); err != nil {
-		return rep, err
-	}
-	svc, err := newService()
+	svc, err := begin(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}
@@ -251,6 +248,15 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		rep.Tasks, rep.Completed, rep.TakenOver, rep.Cancelled, rep.Duplicates)
 	rep.Took = time.Since(began)
 	return rep, nil
+}
+
+// begin migrates the database and starts the session service, before
+// the workers start.
+func begin(ctx context.Context, cfg Config) (*service, error) {
+	if err := migrate(ctx, cfg.DB); err != nil {
+		return nil, err
+	}
+	return newService()
 }
 
 // migrate brings the database's schema up to date, once, before the
