@@ -404,7 +404,7 @@ func pruneMembers(ctx context.Context, pool *pgxpool.Pool, ledger string, r rete
 // launched from one of its sessions; its row stays (its fence keeps
 // growing), marked pruned at its fence. It reports whether it did.
 func pruneMember(ctx context.Context, pool *pgxpool.Pool, ledger, name string, r retention, warn func(string, ...any)) (bool, error) {
-	gone := false
+	gone, tooBig := false, false
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var fence int64
 		err := tx.QueryRow(ctx, `SELECT fence FROM bgtask_members
@@ -425,8 +425,7 @@ func pruneMember(ctx context.Context, pool *pgxpool.Pool, ledger, name string, r
 			return nil // looked at again at the next pass
 		}
 		if records > memberPruneMax {
-			warn("pgledger: the data of a dead member is too large to prune at once; it is left as it is",
-				"member", name, "records", fmt.Sprintf("more than %d", memberPruneMax))
+			tooBig = true // told once the transaction is over: the logger is user code
 		} else {
 			for _, q := range []string{
 				`DELETE FROM bgtask_records WHERE ledger = $1 AND member = $2`,
@@ -442,6 +441,10 @@ func pruneMember(ctx context.Context, pool *pgxpool.Pool, ledger, name string, r
 		_, err = tx.Exec(ctx, `UPDATE bgtask_members SET pruned_fence = fence WHERE ledger = $1 AND member = $2`, ledger, name)
 		return err
 	})
+	if tooBig && err == nil {
+		warn("pgledger: the data of a dead member is too large to prune at once; it is left as it is",
+			"member", name, "records", fmt.Sprintf("more than %d", memberPruneMax))
+	}
 	return gone && err == nil, err
 }
 
