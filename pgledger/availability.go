@@ -80,6 +80,20 @@ func retryWait(prev time.Duration) time.Duration {
 	return min(2*prev, time.Second)
 }
 
+// untilAnswered runs op until the database answers it (its error, or nil,
+// is not transient), ctx ends, or done says to stop asking; it returns
+// op's last error. The tries pause as retryWait says.
+func untilAnswered(ctx context.Context, done func() bool, op func() error) error {
+	for wait := time.Duration(0); ; {
+		err := op()
+		if err == nil || !transient(err) || ctx.Err() != nil || done() {
+			return err
+		}
+		wait = retryWait(wait)
+		sleepCtx(ctx, wait)
+	}
+}
+
 // sleepCtx waits d, or until ctx ends (false).
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)

@@ -89,14 +89,9 @@ func (n *Node) gateStart(ctx context.Context, req bgtask.SessionRequest) error {
 	// longer than any lease, so a journal that cannot reach the database
 	// has failed by then and the Manager has stopped without this answer.
 	deadline := time.Now().Add(startGateFor)
-	for wait := time.Duration(0); ; {
-		err = n.pool.QueryRow(ctx, `SELECT bgtask_start_fenced($1, $2, $3)`, n.o.Ledger, req.TaskID, req.ParentSessionID).Scan(&closure)
-		if err == nil || !transient(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			break
-		}
-		wait = retryWait(wait)
-		sleepCtx(ctx, wait)
-	}
+	err = untilAnswered(ctx, func() bool { return time.Now().After(deadline) }, func() error {
+		return n.pool.QueryRow(ctx, `SELECT bgtask_start_fenced($1, $2, $3)`, n.o.Ledger, req.TaskID, req.ParentSessionID).Scan(&closure)
+	})
 	if err != nil {
 		return dbErr("checking the fence", err)
 	}

@@ -62,6 +62,7 @@ type NodeOptions struct {
 	marked  func(note string)   // tests: called once a delivered notification is marked so
 	beat    func()              // tests: Options.beat of every member's journal
 	away    func(error)         // tests: Options.away of every member's journal
+	prune   *pruneHook          // tests: the node's pruning passes
 }
 
 // Node is one process of a fleet on one ledger: its own member's Manager,

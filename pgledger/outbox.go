@@ -96,14 +96,7 @@ func (o outboxNotifier) Notify(ctx context.Context, note bgtask.Notification) er
 	// Manager gives a notification up after a few refusals), as long as
 	// the member's journal lives: once it failed, the member's next life
 	// produces what is owed again.
-	for wait := time.Duration(0); ; {
-		err = o.write(ctx, note, body)
-		if err == nil || !transient(err) || ctx.Err() != nil || o.j.failedErr() != nil {
-			break
-		}
-		wait = retryWait(wait)
-		sleepCtx(ctx, wait)
-	}
+	err = untilAnswered(ctx, func() bool { return o.j.failedErr() != nil }, func() error { return o.write(ctx, note, body) })
 	if err != nil {
 		return dbErr("writing a notification to the outbox", err)
 	}

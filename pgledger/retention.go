@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/bgtask/bgtask"
@@ -109,21 +108,12 @@ type pruned struct {
 
 func (p pruned) any() bool { return p != pruned{} }
 
-// pruneHook is a test's view of a ledger's pruning by its nodes: every
-// (how often a node offers to prune; 0: pruneEvery) and done (hears every
-// pass). Tests register one per ledger.
+// pruneHook is a test's view of a node's pruning (NodeOptions.prune):
+// every (how often the node offers to prune; 0: pruneEvery) and done
+// (hears every pass).
 type pruneHook struct {
 	every time.Duration
 	done  chan<- pruned
-}
-
-var pruneHooks sync.Map // ledger → *pruneHook
-
-func hookOf(ledger string) *pruneHook {
-	if h, ok := pruneHooks.Load(ledger); ok {
-		return h.(*pruneHook)
-	}
-	return nil
 }
 
 // startRetention starts the node's pruning of its ledger, on a goroutine
@@ -137,7 +127,7 @@ func (n *Node) startRetention(ctx context.Context) {
 func (n *Node) retain(ctx context.Context) {
 	r := retentionOf(n.o.Retention)
 	every := func() time.Duration {
-		if h := hookOf(n.o.Ledger); h != nil && h.every > 0 {
+		if h := n.o.prune; h != nil && h.every > 0 {
 			return h.every
 		}
 		return pruneEvery
@@ -159,7 +149,7 @@ func (n *Node) retain(ctx context.Context) {
 			case p.any():
 				n.o.Logger.Info("pgledger: pruned the ledger", "pruned", fmt.Sprintf("%+v", p))
 			}
-			if h := hookOf(n.o.Ledger); h != nil && err == nil {
+			if h := n.o.prune; h != nil && err == nil {
 				select {
 				case h.done <- p:
 				case <-ctx.Done():

@@ -389,11 +389,9 @@ func TestRetentionPrunesTheDataOfDeadMembers(t *testing.T) {
 func TestANodePrunesItsLedger(t *testing.T) {
 	f := newFixture(t)
 	done := make(chan pruned, 16)
-	pruneHooks.Store(f.ledger, &pruneHook{every: 20 * time.Millisecond, done: done})
-	t.Cleanup(func() { pruneHooks.Delete(f.ledger) }) // after the node closes
 	f.exec(`INSERT INTO bgtask_closures (ledger, root_session, member, closed_at) VALUES ($1, 'old', 'w0', now() - interval '2 hours')`)
 	node, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 50 * time.Millisecond,
-		Retention: bgtask.Retention{MaxAge: time.Hour}})
+		Retention: bgtask.Retention{MaxAge: time.Hour}, prune: &pruneHook{every: 20 * time.Millisecond, done: done}})
 	require.NoError(t, err)
 	closeAtEnd(t, node)
 	p := recv(t, done, "a pass")
