@@ -62,11 +62,12 @@ func (e *UnstoppedError) Unwrap() error { return e.Err }
 
 // admit checks a launch from parent against the fence of every open
 // closure and, if no closure's branch holds parent, records the launch as
-// in flight (bgtask_append clears it when its task_launched lands): one
-// statement, bgtask_admit, under the fence lock, shared.
+// in flight (bgtask_append clears it when its task_launched lands): under
+// the fence lock, shared, in one statement with the launches that come
+// with it (bgtask_admit_all).
 func (n *Node) admit(ctx context.Context, member, id, parent string) error {
-	var closure *int64
-	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit($1, $2, $3, $4)`, n.o.Ledger, id, parent, member).Scan(&closure); err != nil {
+	closure, err := n.admits.do(ctx, admission{task: id, parent: parent, member: member})
+	if err != nil {
 		return dbErr("checking the fence", err)
 	}
 	if closure != nil {
@@ -75,22 +76,50 @@ func (n *Node) admit(ctx context.Context, member, id, parent string) error {
 	return nil
 }
 
+// admission is a launch's fence check: its task, the session it is
+// launched from and the member it launches on.
+type admission struct{ task, parent, member string }
+
+// admitAll is the admits' statement: a closure's id for each launch a
+// fence holds, nil for each admitted.
+func (n *Node) admitAll(ctx context.Context, qs []admission) ([]*int64, error) {
+	task, parent, member := make([]string, len(qs)), make([]string, len(qs)), make([]string, len(qs))
+	for i, q := range qs {
+		task[i], parent[i], member[i] = q.task, q.parent, q.member
+	}
+	var out []*int64
+	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit_all($1, $2, $3, $4)`, n.o.Ledger, task, parent, member).Scan(&out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// admitDropped clears the launch of a caller that left before it was
+// admitted.
+func (n *Node) admitDropped(ctx context.Context, q admission, closure *int64) {
+	if closure == nil {
+		n.admitted(ctx, q.task)
+	}
+}
+
 // gateStart is every Manager's start gate: a session start of a task
 // inside a branch a closure is closing — a retry its owner decided before
 // it heard of the closure, a launch that did not come through Node.Launch
 // — is refused, so nothing new starts in the branch from the closure's
 // commit on. A start that passed before is in flight at the fence, and
-// the closure stops its run.
+// the closure stops its run. The starts that come together are checked in
+// one statement (bgtask_start_fenced_all).
 func (n *Node) gateStart(ctx context.Context, req bgtask.SessionRequest) error {
 	var closure *int64
-	var err error
 	// A refusal is for good (the attempt ends in error): a database that
 	// does not answer is asked again, until ctx ends or for startGateFor —
 	// longer than any lease, so a journal that cannot reach the database
 	// has failed by then and the Manager has stopped without this answer.
 	deadline := time.Now().Add(startGateFor)
-	err = untilAnswered(ctx, func() bool { return time.Now().After(deadline) }, func() error {
-		return n.pool.QueryRow(ctx, `SELECT bgtask_start_fenced($1, $2, $3)`, n.o.Ledger, req.TaskID, req.ParentSessionID).Scan(&closure)
+	err := untilAnswered(ctx, func() bool { return time.Now().After(deadline) }, func() error {
+		var err error
+		closure, err = n.gates.do(ctx, admission{task: req.TaskID, parent: req.ParentSessionID})
+		return err
 	})
 	if err != nil {
 		return dbErr("checking the fence", err)
@@ -99,6 +128,20 @@ func (n *Node) gateStart(ctx context.Context, req bgtask.SessionRequest) error {
 		return fmt.Errorf("%w: task %s is inside the branch closure %d is closing", bgtask.ErrBranchClosing, req.TaskID, *closure)
 	}
 	return nil
+}
+
+// gateAll is the start gates' statement: a closure's id for each start a
+// fence holds, nil for each let through.
+func (n *Node) gateAll(ctx context.Context, qs []admission) ([]*int64, error) {
+	task, parent := make([]string, len(qs)), make([]string, len(qs))
+	for i, q := range qs {
+		task[i], parent[i] = q.task, q.parent
+	}
+	var out []*int64
+	if err := n.pool.QueryRow(ctx, `SELECT bgtask_start_fenced_all($1, $2, $3)`, n.o.Ledger, task, parent).Scan(&out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // startGateFor bounds how long a start waits for the database to answer

@@ -109,11 +109,13 @@ func TestQueriesStayIndexed(t *testing.T) {
 		check(0, "custom")
 		exec("SET plan_cache_mode = auto")
 		var times, execs []float64
+		var last plan
 		jit := 0
 		for range 7 {
 			exec("BEGIN")
 			p := explainJSON(t, conn, "EXPLAIN (ANALYZE, FORMAT JSON) "+call)
 			exec("ROLLBACK")
+			last = p
 			times, execs = append(times, p.Planning+p.Execution), append(execs, p.Execution)
 			if p.JIT != nil {
 				jit++
@@ -132,6 +134,12 @@ func TestQueriesStayIndexed(t *testing.T) {
 			t.Logf("%s takes %.3f ms:\n%s", k.name, times[len(times)/2], strings.Join(text, "\n"))
 		}
 		check(1, "cached")
+		// What the plan the cache keeps reads of the big tables: a
+		// statement on a few rows must not find them among many (a
+		// member's whole history, say).
+		if n, where := rowsRead(last.Plan, big); !k.whole && n > max(k.reads, readLimit) {
+			t.Errorf("%s (cached plan): reads %d rows of big tables (%s), more than %d\n%s", k.name, n, where, max(k.reads, readLimit), squash(k.sql))
+		}
 		exec("DEALLOCATE " + name)
 		report = append(report, row{k.name, summary(plans[0]), summary(plans[1]), times[len(times)/2], execs[len(execs)/2], jit})
 	}
@@ -166,6 +174,7 @@ type explainCase struct {
 	args   []string
 	from   string // a PL/pgSQL statement's text in schema.go ("": a literal of the code)
 	whole  bool   // it reads the whole (retained) ledger by design: timed, its plan not checked
+	reads  int64  // rows of big tables it may read by design, if more than readLimit (a page, say)
 }
 
 // explainExempt are the literals of the code that touch no table of the
@@ -180,7 +189,8 @@ var explainExempt = map[string]string{
 }
 
 // The arguments of the cases name rows fillLedger makes: task t-<i>
-// (live when i is a multiple of 100, of member m-<i/100 mod 10>), its
+// (live when i is a multiple of 100, of member m-<i/100 mod 10>; else,
+// when i is even, of m-<i/2 mod 8>), its
 // session s-<i>, attempt a-<i> and run r-<i>, launched from session
 // s-<i/10>; members m-0…m-7 hold live leases, m-8 and m-9 are dead with
 // live tasks, the rest dead and idle.
@@ -216,8 +226,10 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "releaseKey", sql: `DELETE FROM bgtask_keys WHERE ledger = $1 AND key = $2 AND task_id = $3`, args: s("'big'", "'k-500'", "'t-new'")},
 
 		// Closures: the fence, the scope, the stops, the record.
-		{name: "admit (bgtask_admit)", sql: `SELECT bgtask_admit($1, $2, $3, $4)`, args: s("'big'", "'t-new'", "'s-43210'", "'m-0'")},
-		{name: "start gate (bgtask_start_fenced)", sql: `SELECT bgtask_start_fenced($1, $2, $3)`, args: s("'big'", "'t-500'", "'s-50'")},
+		{name: "admit (bgtask_admit_all)", sql: `SELECT bgtask_admit_all($1, $2, $3, $4)`,
+			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-43210', 's-77']", "ARRAY['m-0', 'm-1']")},
+		{name: "start gate (bgtask_start_fenced_all)", sql: `SELECT bgtask_start_fenced_all($1, $2, $3)`,
+			args: s("'big'", "ARRAY['t-500', 't-77']", "ARRAY['s-50', 's-7']")},
 		{name: "admitted: a launch that failed", sql: `DELETE FROM bgtask_launching WHERE ledger = $1 AND task_id = $2`, args: s("'big'", "'t-new'")},
 		{name: "scope of a branch", sql: scopeQuery, args: s("'big'", "'s-4321'", "'t-4321'", "NULL")},
 		{name: "scope of a branch, a node's members", sql: scopeQuery, args: s("'big'", "'s-4321'", "'t-4321'", "ARRAY['m-0', 'm-1']")},
@@ -272,7 +284,7 @@ SELECT pg_notify($8, $1) WHERE EXISTS (SELECT 1 FROM ins)`,
 		// The change stream.
 		{name: "Subscribe/Snapshot: the newest id", sql: `SELECT coalesce(max(id), 0) FROM bgtask_changes WHERE ledger = $1`, args: s("'big'")},
 		{name: "Subscribe: the next changes", sql: `SELECT id, body FROM bgtask_changes WHERE ledger = $1 AND id > $2 ORDER BY id LIMIT 1000`,
-			args: s("'big'", strconv.Itoa(n-500))}, // big's ids are 1…n
+			args: s("'big'", strconv.Itoa(n-500)), reads: 2000}, // big's ids are 1…n; a page, with the small ledger's rows after them
 		{name: "Snapshot (small ledger)", sql: snapshotSQL, args: s("'small'", "'24 hours'")},
 		{name: "Snapshot (big ledger: all it retains)", sql: snapshotSQL, args: s("'big'", "'24 hours'"), whole: true},
 		{name: "publish (bgtask_publish)", sql: `SELECT bgtask_publish($1, $2, $3, $4, $5::jsonb[])`,
@@ -311,8 +323,8 @@ ON CONFLICT (ledger) DO UPDATE SET pruned_at = now() WHERE r.pruned_at <= now() 
 		{name: "retention: expired claims", sql: pruneClaims, args: s("'big'", "1000", "'1 hour'")},
 		{name: "retention: closures and stops", sql: pruneClosures, args: s("'big'", "100", "'24 hours'")},
 		{name: "retention: idle parents", sql: pruneParents, args: s("'big'", "1000", "'24 hours'")},
-		{name: "retention: the MaxEnded-th ended", sql: changesEdge, args: s("'big'", "10000")},
-		{name: "retention: changes", sql: pruneChangesBefore, args: s("'big'", "1000", "now() - interval '24 hours'")},
+		{name: "retention: the MaxEnded-th ended", sql: changesEdge, args: s("'big'", "10000"), reads: 10000},                       // counts MaxEnded down the index
+		{name: "retention: changes", sql: pruneChangesBefore, args: s("'big'", "1000", "now() - interval '24 hours'"), reads: 2001}, // a batch, found and deleted
 		{name: "retention: dead members", sql: deadMembers, args: s("'big'", "1000", "'24 hours'", "''")},
 		{name: "retention: a dead member's row", sql: `SELECT fence FROM bgtask_members
  WHERE ledger = $1 AND member = $2 AND idle AND fence > pruned_fence AND expires_at < now() - $3::interval
@@ -339,14 +351,13 @@ ON CONFLICT (ledger) DO UPDATE SET pruned_at = now() WHERE r.pruned_at <= now() 
 			args: s("'big'", "'t-new'", "'m-0'", "'s-500'")},
 		{name: "append: whose task", from: `SELECT member INTO other FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];`,
 			sql: `SELECT member FROM bgtask_tasks WHERE ledger = $1::text AND task_id = $2::text`, args: s("'big'", "'t-500'")},
-		{name: "append: attempt_created", from: `UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i], ended = false WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member;`,
-			sql:  `UPDATE bgtask_tasks SET attempt_id = $4::text, token = $5::text, ended = false WHERE ledger = $1::text AND task_id = $2::text AND member = $3::text`,
-			args: s("'big'", "'t-500'", "'m-5'", "'a-x'", "'r-x'")},
-		{name: "append: the current attempt", from: `PERFORM 1 FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member AND attempt_id = p_attempt[i] AND token = p_token[i];`,
-			sql:  `SELECT 1 FROM bgtask_tasks WHERE ledger = $1::text AND task_id = $2::text AND member = $3::text AND attempt_id = $4::text AND token = $5::text`,
-			args: s("'big'", "'t-500'", "'m-5'", "'a-500'", "'r-500'")},
-		{name: "append: attempt_finalized", from: `UPDATE bgtask_tasks SET ended = true WHERE ledger = p_ledger AND task_id = p_task[i];`,
-			sql: `UPDATE bgtask_tasks SET ended = true WHERE ledger = $1::text AND task_id = $2::text`, args: s("'big'", "'t-500'")},
+		{name: "append: attempt_created", from: `UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i], ended = false WHERE ledger = p_ledger AND task_id = p_task[i] RETURNING member INTO other;`,
+			sql:  `UPDATE bgtask_tasks SET attempt_id = $3::text, token = $4::text, ended = false WHERE ledger = $1::text AND task_id = $2::text RETURNING member`,
+			args: s("'big'", "'t-500'", "'a-x'", "'r-x'")},
+		{name: "append: the current attempt", from: `SELECT member, attempt_id, token INTO other, c_attempt, c_token FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];`,
+			sql: `SELECT member, attempt_id, token FROM bgtask_tasks WHERE ledger = $1::text AND task_id = $2::text`, args: s("'big'", "'t-500'")},
+		{name: "append: attempt_finalized", from: `UPDATE bgtask_tasks SET ended = true WHERE ledger = p_ledger AND task_id = p_task[i] RETURNING member, attempt_id, token INTO other, c_attempt, c_token;`,
+			sql: `UPDATE bgtask_tasks SET ended = true WHERE ledger = $1::text AND task_id = $2::text RETURNING member, attempt_id, token`, args: s("'big'", "'t-500'")},
 		{name: "append: session_bound", from: `INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id) VALUES (p_ledger, p_session[i], p_member, p_task[i], p_attempt[i]) ON CONFLICT (ledger, session_id) DO UPDATE SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id WHERE bgtask_sessions.member = EXCLUDED.member;`,
 			sql: `INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id) VALUES ($1::text, $2::text, $3::text, $4::text, $5::text)
 ON CONFLICT (ledger, session_id) DO UPDATE SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id WHERE bgtask_sessions.member = EXCLUDED.member`,
@@ -371,9 +382,10 @@ VALUES ($1::text, '', 'all_complete:' || $2::text || ':' || $3::bigint, $2::text
 		{name: "append: the next round", from: `UPDATE bgtask_parents SET live = 0, round = rnd + 1, round_tasks = '{}' WHERE ledger = p_ledger AND parent_session = p.parent;`,
 			sql:  `UPDATE bgtask_parents SET live = 0, round = $3::bigint + 1, round_tasks = '{}' WHERE ledger = $1::text AND parent_session = $2::text`,
 			args: s("'big'", "'s-50'", "7")},
-		{name: "append: keys given up", from: `DELETE FROM bgtask_keys k USING bgtask_tasks t WHERE k.ledger = p_ledger AND t.ledger = p_ledger AND t.task_id = k.task_id AND t.ended AND k.task_id = ANY(p_task);`,
-			sql: `DELETE FROM bgtask_keys k USING bgtask_tasks t
- WHERE k.ledger = $1::text AND t.ledger = $1::text AND t.task_id = k.task_id AND t.ended AND k.task_id = ANY($2::text[])`,
+		{name: "append: keys given up", from: `DELETE FROM bgtask_keys k WHERE k.ledger = p_ledger AND k.task_id = ANY(fin) AND EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = p_ledger AND t.task_id = k.task_id AND t.ended);`,
+			sql: `DELETE FROM bgtask_keys k
+ WHERE k.ledger = $1::text AND k.task_id = ANY($2::text[])
+   AND EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = $1::text AND t.task_id = k.task_id AND t.ended)`,
 			args: s("'big'", "ARRAY['t-500', 't-600']")},
 		{name: "append: the records", from: `INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data) SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);`,
 			sql: `INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
@@ -419,7 +431,11 @@ SELECT $1::text, $2::text, r.t, r.b, bgtask_ended_at(r.b) FROM unnest($3::text[]
  WHERE k.ledger = $1::text AND k.closed_at IS NULL AND bgtask_closure_live(k.ledger, k.member)
    AND (k.task_id = $2::text OR k.root_session IN (SELECT session_id FROM bgtask_sessions WHERE ledger = $1::text AND task_id = $2::text))
  LIMIT 1`, args: s("'big'", "'t-500'")},
-		{name: "admit: in flight", from: `INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES (p_ledger, p_task, p_parent, p_member) ON CONFLICT (ledger, task_id) DO NOTHING;`,
+		{name: "admit: launches in flight, no fence up", from: `INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) SELECT p_ledger, r.t, r.p, r.m FROM unnest(p_task, p_parent, p_member) AS r(t, p, m) ON CONFLICT (ledger, task_id) DO NOTHING;`,
+			sql: `INSERT INTO bgtask_launching (ledger, task_id, parent_session, member)
+SELECT $1::text, r.t, r.p, r.m FROM unnest($2::text[], $3::text[], $4::text[]) AS r(t, p, m) ON CONFLICT (ledger, task_id) DO NOTHING`,
+			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-43210', 's-7']", "ARRAY['m-0', 'm-1']")},
+		{name: "admit: in flight", from: `INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES (p_ledger, p_task[i], p_parent[i], p_member[i]) ON CONFLICT (ledger, task_id) DO NOTHING;`,
 			sql: `INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES ($1::text, $2::text, $3::text, $4::text)
 ON CONFLICT (ledger, task_id) DO NOTHING`, args: s("'big'", "'t-new'", "'s-43210'", "'m-0'")},
 	}
@@ -452,8 +468,8 @@ func checkCoverage(t *testing.T, cases []explainCase) {
 		}
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
-		if f == "schema.go" {
-			schema = squash(string(src))
+		if f == "schema.go" || f == "appendfn.go" {
+			schema += squash(string(src))
 		}
 		fs := token.NewFileSet()
 		af, err := parser.ParseFile(fs, f, src, 0)
@@ -536,7 +552,10 @@ func explainSchema(t *testing.T) *pgxpool.Pool {
 // ledger "small" with a thousand, then VACUUMs and ANALYZEs the tables.
 func fillLedger(t *testing.T, pool *pgxpool.Pool, n int) {
 	t.Helper()
-	m := n / 50 // members: m-0…m-7 live, m-8 and m-9 dead with live tasks, the rest dead and idle
+	// members: m-0…m-7 live, each with a sixteenth of the tasks (a
+	// worker's history), m-8 and m-9 dead with live tasks, the rest dead
+	// and idle
+	m := n / 50
 	c := n / 50 // closures that ended, over two days (and two open)
 	p := n / 10 // parents' rows
 	vars := strings.NewReplacer("$N", strconv.Itoa(n), "$M", strconv.Itoa(m), "$C", strconv.Itoa(c), "$P", strconv.Itoa(p))
@@ -549,7 +568,7 @@ SELECT 'big', 'm-' || k, CASE WHEN k < 10 THEN 1 ELSE 1 + k % 5 END, 'h-' || k,
        k >= 10, CASE WHEN k >= 10 AND k % 10 <> 0 THEN 1 + k % 5 ELSE 0 END
   FROM generate_series(0, $M - 1) k`,
 		`INSERT INTO bgtask_tasks (ledger, task_id, member, attempt_id, token, ended, parent_session)
-SELECT 'big', 't-' || i, CASE WHEN i % 100 = 0 THEN 'm-' || (i / 100) % 10 ELSE 'm-' || (10 + i % ($M - 10)) END,
+SELECT 'big', 't-' || i, CASE WHEN i % 100 = 0 THEN 'm-' || (i / 100) % 10 WHEN i % 2 = 0 THEN 'm-' || (i / 2) % 8 ELSE 'm-' || (10 + i % ($M - 10)) END,
        'a-' || i, 'r-' || i, i % 100 <> 0, CASE WHEN i <= 10 THEN 'chat-' || i ELSE 's-' || (i / 10) END
   FROM generate_series(1, $N) i`,
 		`INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id)
@@ -656,6 +675,40 @@ func explainJSON(t *testing.T, conn *pgx.Conn, sql string) plan {
 	require.Len(t, out, 1)
 	out[0].raw = raw
 	return out[0]
+}
+
+// readLimit is how many rows of big tables a statement may read (index
+// entries and rows a filter dropped included): its own few, and not a
+// member's history or a table's.
+const readLimit = 1000
+
+// rowsRead sums the rows the scans of plan (EXPLAIN ANALYZE's) read of
+// the big tables — returned, and those a filter or a recheck dropped —
+// and says where.
+func rowsRead(plan map[string]any, big map[string]bool) (int64, string) {
+	var n int64
+	var where []string
+	var walk func(map[string]any)
+	walk = func(p map[string]any) {
+		if rel, ok := p["Relation Name"].(string); ok && big[rel] && p["Node Type"] != "ModifyTable" {
+			num := func(k string) float64 { f, _ := p[k].(float64); return f }
+			r := int64((num("Actual Rows") + num("Rows Removed by Filter") + num("Rows Removed by Index Recheck")) * max(num("Actual Loops"), 1))
+			if r > 0 {
+				idx, _ := p["Index Name"].(string)
+				where = append(where, fmt.Sprintf("%s %s %s: %d", p["Node Type"], rel, idx, r))
+			}
+			n += r
+		}
+		if subs, ok := p["Plans"].([]any); ok {
+			for _, s := range subs {
+				if m, ok := s.(map[string]any); ok {
+					walk(m)
+				}
+			}
+		}
+	}
+	walk(plan)
+	return n, strings.Join(where, ", ")
 }
 
 // scan is one node of a plan that reads a relation.

@@ -96,6 +96,8 @@ type Node struct {
 	backoff map[string]backoff         // the deliverer's: parents whose delivery failed
 	notes   atomic.Pointer[noteWriter] // the deliverer's note writer, while it runs
 	stray   sync.WaitGroup             // Notifier calls (user code that may ignore its context)
+	admits  *batch[admission, *int64]  // launches' fence checks, batched (admit)
+	gates   *batch[admission, *int64]  // starts' fence checks, batched (gateStart)
 
 	changesMu sync.Mutex
 	changed   chan struct{}   // closed and replaced when NOTIFY tells of changes
@@ -139,6 +141,7 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1), changed: make(chan struct{}),
 		backoff: map[string]backoff{}}
 	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
+	n.admits, n.gates = newBatch(n.admitAll, n.admitDropped), newBatch(n.gateAll, nil)
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
 		return nil, err
@@ -935,6 +938,8 @@ func (n *Node) Close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	n.admits.close()
+	n.gates.close()
 	return errors.Join(append(errs, shut...)...)
 }
 

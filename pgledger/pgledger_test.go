@@ -394,6 +394,12 @@ func TestIdentityInTheDatabase(t *testing.T) {
 		{[]bgtask.Record{rec(1, "task_launched", "u1", "", "", ""), rec(2, "attempt_created", "u1", "b1", "q1", ""),
 			rec(3, "session_bound", "u1", "b1", "q1", "s1")}, ErrSessionTaken},
 		{[]bgtask.Record{rec(1, "attempt_created", "t1", "b1", "q1", "")}, ErrStale},
+		// Another member's task, named with its current attempt and run.
+		{[]bgtask.Record{rec(1, "session_bound", "t1", "a2", "r2", "s9")}, ErrStale},
+		{[]bgtask.Record{rec(1, "attempt_finalized", "t1", "a2", "r2", "")}, ErrStale},
+		// Its own task, with the current attempt under another run.
+		{[]bgtask.Record{rec(1, "task_launched", "u2", "", "", ""), rec(2, "attempt_created", "u2", "b2", "q2", ""),
+			rec(3, "start_requested", "u2", "b2", "q-other", "")}, ErrStale},
 	} {
 		i++
 		jj := j2
