@@ -72,6 +72,7 @@ BEGIN
 			UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i], ended = false
 			 WHERE ledger = p_ledger AND task_id = p_task[i]
 			RETURNING member INTO other;
+			fin := array_remove(fin, p_task[i]); -- live again: a retry keeps its key
 			IF other IS DISTINCT FROM p_member THEN
 				RAISE EXCEPTION 'bgtask: attempt % of task %: no such task of member %', p_attempt[i], p_task[i], p_member
 					USING ERRCODE = 'BT003';
@@ -137,11 +138,9 @@ BEGIN
 		END IF;
 	END LOOP;
 	-- A task that ended in this commit gives its key up (a retry in the
-	-- same commit keeps it: ended is false again by the end of the loop).
+	-- same commit keeps it: its attempt_created took it out of fin).
 	IF cardinality(fin) > 0 THEN
-		DELETE FROM bgtask_keys k
-		 WHERE k.ledger = p_ledger AND k.task_id = ANY(fin)
-		   AND EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = p_ledger AND t.task_id = k.task_id AND t.ended);
+		DELETE FROM bgtask_keys WHERE ledger = p_ledger AND task_id = ANY(fin);
 	END IF;
 	INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
 	SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data

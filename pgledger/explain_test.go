@@ -382,11 +382,8 @@ VALUES ($1::text, '', 'all_complete:' || $2::text || ':' || $3::bigint, $2::text
 		{name: "append: the next round", from: `UPDATE bgtask_parents SET live = 0, round = rnd + 1, round_tasks = '{}' WHERE ledger = p_ledger AND parent_session = p.parent;`,
 			sql:  `UPDATE bgtask_parents SET live = 0, round = $3::bigint + 1, round_tasks = '{}' WHERE ledger = $1::text AND parent_session = $2::text`,
 			args: s("'big'", "'s-50'", "7")},
-		{name: "append: keys given up", from: `DELETE FROM bgtask_keys k WHERE k.ledger = p_ledger AND k.task_id = ANY(fin) AND EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = p_ledger AND t.task_id = k.task_id AND t.ended);`,
-			sql: `DELETE FROM bgtask_keys k
- WHERE k.ledger = $1::text AND k.task_id = ANY($2::text[])
-   AND EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = $1::text AND t.task_id = k.task_id AND t.ended)`,
-			args: s("'big'", "ARRAY['t-500', 't-600']")},
+		{name: "append: keys given up", from: `DELETE FROM bgtask_keys WHERE ledger = p_ledger AND task_id = ANY(fin);`,
+			sql: `DELETE FROM bgtask_keys WHERE ledger = $1::text AND task_id = ANY($2::text[])`, args: s("'big'", "ARRAY['t-500', 't-600']")},
 		{name: "append: the records", from: `INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data) SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);`,
 			sql: `INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
 SELECT $1::text, $2::text, r.seq, r.kind, r.task, r.attempt, r.token, r.data

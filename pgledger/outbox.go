@@ -789,13 +789,15 @@ picked AS MATERIALIZED (
   SELECT c.parent_session FROM (
     SELECT o.parent_session FROM bgtask_outbox o
      WHERE o.ledger = $1 AND o.delivered_at IS NULL AND o.parent_session <> ALL($12::text[])
-       -- the parent's oldest pending row
-       AND o.id = (SELECT e.id FROM bgtask_outbox e WHERE e.ledger = $1 AND e.parent_session = o.parent_session
-                    AND e.delivered_at IS NULL ORDER BY e.id LIMIT 1)
+       -- the parent's oldest pending row (no older one: an ORDER BY id
+       -- LIMIT 1 here let the planner walk all pending rows in id order)
+       AND NOT EXISTS (SELECT 1 FROM bgtask_outbox e WHERE e.ledger = $1 AND e.parent_session = o.parent_session
+                        AND e.delivered_at IS NULL AND e.id < o.id)
        -- and not an all_complete that waits for a summary not written yet
+       -- (its tasks' summaries looked up by key, together)
        AND (o.kind <> 'all_complete' OR o.made <= now() - $15::interval
-            OR NOT EXISTS (SELECT 1 FROM unnest(o.round_tasks) t WHERE NOT EXISTS (
-                 SELECT 1 FROM bgtask_outbox s WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = t)))
+            OR (SELECT count(DISTINCT s.task_id) FROM bgtask_outbox s
+                 WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = ANY(o.round_tasks)) >= cardinality(o.round_tasks))
        AND NOT EXISTS (SELECT 1 FROM bgtask_claims k WHERE k.ledger = $1 AND k.parent_session = o.parent_session
                        AND k.until > now() AND k.member <> $2)
      ORDER BY o.id LIMIT $14) c

@@ -412,6 +412,27 @@ func TestIdentityInTheDatabase(t *testing.T) {
 	}
 }
 
+// A task gives its key up in the commit that ends it, not in one that
+// ends an attempt and starts its retry.
+func TestKeyGivenUpWhenItsTaskEnds(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{})
+	require.NoError(t, j.Append([]bgtask.Record{
+		rec(1, "task_launched", "t1", "", "", ""),
+		rec(2, "attempt_created", "t1", "a1", "r1", ""),
+	}).Wait())
+	_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_keys (ledger, key, member, task_id) VALUES ($1, 'k', 'w1', 't1')`, f.ledger)
+	require.NoError(t, err)
+	require.NoError(t, j.Append([]bgtask.Record{
+		rec(3, "attempt_finalized", "t1", "a1", "r1", ""),
+		rec(4, "retry_scheduled", "t1", "a1", "r1", ""),
+		rec(5, "attempt_created", "t1", "a2", "r2", ""),
+	}).Wait())
+	assert.Equal(t, 1, f.count("bgtask_keys", "key = 'k'"), "a retry in the same commit keeps the key")
+	require.NoError(t, j.Append([]bgtask.Record{rec(6, "attempt_finalized", "t1", "a2", "r2", "")}).Wait())
+	assert.Equal(t, 0, f.count("bgtask_keys", "key = 'k'"), "the task ended: its key is free")
+}
+
 // Two Managers binding the same session (a host bug, or two processes
 // told the same child): the second cannot win; its Manager stops rather
 // than act on a session another owns.
