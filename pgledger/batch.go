@@ -2,6 +2,7 @@ package pgledger
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,11 +84,17 @@ func newBatch[Q, A any](run func(context.Context, []Q) ([]A, error), drop func(c
 // error once ctx ends first. Once the batch is closed, q is sent alone,
 // under ctx.
 func (b *batch[Q, A]) do(ctx context.Context, q Q) (A, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	c := &batchCall[Q, A]{q: q, done: make(chan struct{})}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		as, err := b.run(ctx, []Q{q})
+		if err == nil && len(as) != 1 {
+			err = fmt.Errorf("pgledger: %d answers to 1 call", len(as))
+		}
 		if err != nil {
 			var zero A
 			return zero, err
@@ -156,6 +163,9 @@ func (b *batch[Q, A]) send() {
 		}
 		as, err := b.run(ctx, qs)
 		cancel()
+		if err == nil && len(as) != len(qs) {
+			err = fmt.Errorf("pgledger: %d answers to %d calls", len(as), len(qs))
+		}
 		for i, c := range live {
 			if err != nil {
 				c.err = err

@@ -264,3 +264,16 @@ func TestBatchCancelsAStatementNobodyWaitsFor(t *testing.T) {
 	defer s.mu.Unlock()
 	assert.Empty(t, s.dropped, "nothing to undo: the statements were cancelled")
 }
+
+// A statement that answers the wrong number of calls fails them all, in a
+// batch and alone, rather than give one caller another's answer.
+func TestBatchRefusesTooFewAnswers(t *testing.T) {
+	short := func(_ context.Context, qs []int) ([]string, error) { return make([]string, len(qs)-1), nil }
+	b := newBatch(short, nil)
+	_, err := b.do(context.Background(), 1)
+	assert.ErrorContains(t, err, "0 answers to 1 call")
+	b.close()
+	//lint:ignore SA1012 a nil context is taken as Background
+	_, err = b.do(nil, 2)
+	assert.ErrorContains(t, err, "0 answers to 1 call")
+}

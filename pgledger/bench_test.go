@@ -327,9 +327,18 @@ func BenchmarkLifecycles(b *testing.B) {
 			}
 			host.m.Store(m)
 			defer func() { _ = m.Shutdown(context.Background()) }()
+			var stats *pgxpool.Pool
+			var from dbCounts
+			if mode == "postgres" {
+				stats = benchPool(b)
+				from = countsNow(b, stats)
+			}
 			b.ResetTimer()
 			took := run32(b, m, b.N)
 			b.ReportMetric(float64(b.N)/took.Seconds(), "tasks/s")
+			if stats != nil {
+				countsNow(b, stats).report(b, from, b.N)
+			}
 		})
 	}
 }
