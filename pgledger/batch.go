@@ -24,6 +24,9 @@ type batch[Q, A any] struct {
 	// drop undoes what run did for a call whose caller left before its
 	// answer came (nil: nothing to undo).
 	drop func(ctx context.Context, q Q, a A)
+	// alone reports a call that must go in a statement of its own (nil:
+	// none), one whose failure must not be the others'.
+	alone func(q Q) bool
 
 	ctx    context.Context // the statements'; ends at close
 	cancel context.CancelFunc
@@ -38,7 +41,7 @@ type batch[Q, A any] struct {
 }
 
 // batchFor bounds one batch's statement.
-const batchFor = 30 * time.Second
+const batchFor = 10 * time.Second
 
 // A batchCall is one caller's call: pending, then answered or left,
 // whichever comes first.
@@ -81,15 +84,15 @@ func newBatch[Q, A any](run func(context.Context, []Q) ([]A, error), drop func(c
 }
 
 // do sends q with the calls around it and returns its answer, or ctx's
-// error once ctx ends first. Once the batch is closed, q is sent alone,
-// under ctx.
+// error once ctx ends first. Once the batch is closed, or if alone says
+// so, q is sent alone, under ctx.
 func (b *batch[Q, A]) do(ctx context.Context, q Q) (A, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	c := &batchCall[Q, A]{q: q, done: make(chan struct{})}
 	b.mu.Lock()
-	if b.closed {
+	if b.closed || (b.alone != nil && b.alone(q)) {
 		b.mu.Unlock()
 		as, err := b.run(ctx, []Q{q})
 		if err == nil && len(as) != 1 {

@@ -54,6 +54,14 @@ type call struct {
 	done chan struct{}
 }
 
+// answers waits for c's answer and checks it is want.
+func (c *call) answers(t *testing.T, want string) {
+	t.Helper()
+	<-c.done
+	require.NoError(t, c.err)
+	assert.Equal(t, want, c.a)
+}
+
 func callOf(ctx context.Context, b *batch[int, string], q int) *call {
 	c := &call{done: make(chan struct{})}
 	go func() { defer close(c.done); c.a, c.err = b.do(ctx, q) }()
@@ -80,9 +88,7 @@ func TestBatchSendsTheCallsThatWaitedTogether(t *testing.T) {
 	assert.Equal(t, []int{2, 3, 4}, <-s.ran, "the three that waited, in one statement")
 	s.release <- nil
 	for i, c := range rest {
-		<-c.done
-		require.NoError(t, c.err)
-		assert.Equal(t, fmt.Sprint("answer-", i+2), c.a)
+		c.answers(t, fmt.Sprint("answer-", i+2))
 	}
 }
 
@@ -187,9 +193,7 @@ func TestBatchClose(t *testing.T) {
 	late := callOf(context.Background(), b, 2)
 	assert.Equal(t, []int{2}, <-s.ran)
 	s.release <- nil
-	<-late.done
-	require.NoError(t, late.err)
-	assert.Equal(t, "answer-2", late.a)
+	late.answers(t, "answer-2")
 }
 
 // The fence checks of many launches, and of many starts, in one statement
@@ -276,4 +280,53 @@ func TestBatchRefusesTooFewAnswers(t *testing.T) {
 	//lint:ignore SA1012 a nil context is taken as Background
 	_, err = b.do(nil, 2)
 	assert.ErrorContains(t, err, "0 answers to 1 call")
+}
+
+// A call alone says must go alone (text the database would refuse for
+// the whole statement) is sent at once, in a statement of its own, even
+// while another is in flight; the others go on batched.
+func TestBatchSendsSomeAlone(t *testing.T) {
+	s := newStepped()
+	b, q := testBatch(s)
+	b.alone = func(q int) bool { return q < 0 }
+	b.run = func(ctx context.Context, qs []int) ([]string, error) {
+		if qs[0] < 0 { // refused at once, as the database would
+			s.ran <- qs
+			return nil, errors.New("refused")
+		}
+		return s.run(ctx, qs)
+	}
+	defer b.close()
+	first := callOf(context.Background(), b, 1)
+	require.Equal(t, []int{1}, <-s.ran)
+	queuedBehind := callOf(context.Background(), b, 2)
+	waitQueued(t, b, q, 1)
+	bad := callOf(context.Background(), b, -1)
+	assert.Equal(t, []int{-1}, <-s.ran, "alone, beside the statement in flight")
+	<-bad.done
+	assert.ErrorContains(t, bad.err, "refused")
+	s.release <- nil
+	<-first.done
+	assert.Equal(t, []int{2}, <-s.ran, "the others are not failed by it")
+	s.release <- nil
+	queuedBehind.answers(t, "answer-2")
+}
+
+// A launch from a parent the database cannot store (a NUL byte, bytes
+// that are not UTF-8) is refused, alone: the launches beside it go on.
+func TestALaunchOfTextTheDatabaseRefuses(t *testing.T) {
+	f := newFixture(t)
+	n := f.nodes(newService(), 1, 0)[0]
+	for _, parent := range []string{"p\x00", "p\xff"} {
+		bad := spec
+		bad.ParentSessionID = parent
+		_, err := n.Launch(ctx(t), bad)
+		require.Error(t, err, "parent %q", parent)
+		assert.ErrorContains(t, err, "checking the fence")
+	}
+	good := spec
+	good.ParentSessionID = "chat-1"
+	task, err := n.Launch(ctx(t), good)
+	require.NoError(t, err)
+	assert.Equal(t, "chat-1", task.ParentSessionID)
 }

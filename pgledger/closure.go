@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bgtask/bgtask"
 	"github.com/jackc/pgx/v5"
@@ -79,6 +80,18 @@ func (n *Node) admit(ctx context.Context, member, id, parent string) error {
 // admission is a launch's fence check: its task, the session it is
 // launched from and the member it launches on.
 type admission struct{ task, parent, member string }
+
+// alone reports whether q must be sent alone: the database refuses text
+// that is not UTF-8 or holds a NUL, and the statement that carried it
+// would fail every call in it.
+func (q admission) alone() bool {
+	for _, s := range [...]string{q.task, q.parent, q.member} {
+		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+			return true
+		}
+	}
+	return false
+}
 
 // admitAll is the admits' statement: a closure's id for each launch a
 // fence holds, nil for each admitted.

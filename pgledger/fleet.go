@@ -142,6 +142,7 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 		backoff: map[string]backoff{}}
 	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
 	n.admits, n.gates = newBatch(n.admitAll, n.admitDropped), newBatch(n.gateAll, nil)
+	n.admits.alone, n.gates.alone = admission.alone, admission.alone
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
 		return nil, err

@@ -797,7 +797,9 @@ picked AS MATERIALIZED (
        -- (its tasks' summaries looked up by key, together)
        AND (o.kind <> 'all_complete' OR o.made <= now() - $15::interval
             OR (SELECT count(DISTINCT s.task_id) FROM bgtask_outbox s
-                 WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = ANY(o.round_tasks)) >= cardinality(o.round_tasks))
+                 WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = ANY(o.round_tasks))
+               -- a task may be in its round twice (it lived again after a crash)
+               >= (SELECT count(DISTINCT t) FROM unnest(o.round_tasks) t))
        AND NOT EXISTS (SELECT 1 FROM bgtask_claims k WHERE k.ledger = $1 AND k.parent_session = o.parent_session
                        AND k.until > now() AND k.member <> $2)
      ORDER BY o.id LIMIT $14) c

@@ -663,3 +663,36 @@ func TestARowWrittenDuringADeliveryFollowsIt(t *testing.T) {
 	assert.Equal(t, bgtask.NotifyAnswer, got[0].Kind)
 	assert.Equal(t, bgtask.NotifyRetryScheduled, got[1].Kind)
 }
+
+// A task may be in its round twice (it lived again after a crash: a retry
+// owed was written in a later commit): the round's all_complete is ready
+// once each of its tasks' summaries is there, not held back for
+// claimGrace as if one were missing.
+func TestExchangeTakesARoundWithATaskTwice(t *testing.T) {
+	f := newFixture(t)
+	require.NoError(t, Migrate(ctx(t), f.pool))
+	for _, q := range []string{
+		`INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body, delivered_at)
+VALUES ($1, 'w', 'final:t1', 'P', 'final_summary', 't1', '{}', now()), ($1, 'w', 'final:t2', 'P', 'final_summary', 't2', '{}', now())`,
+		`INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
+VALUES ($1, '', 'all_complete:P:1', 'P', 'all_complete', ARRAY['t1', 't2', 't1'])`,
+	} {
+		_, err := f.pool.Exec(ctx(t), q, f.ledger)
+		require.NoError(t, err)
+	}
+	rows, err := f.pool.Query(ctx(t), exchangeSQL, f.ledger, "w", []string{}, claimFor, []int64{}, []string{}, []int64{}, []string{},
+		[]string{}, []string{}, false, []string{"x"}, claimBatch, 4*claimBatch, claimGrace, rowsPerParent)
+	require.NoError(t, err)
+	var kinds []string
+	for rows.Next() {
+		var which int
+		var parent string
+		var kind *string
+		require.NoError(t, rows.Scan(&which, &parent, nil, nil, &kind, nil, nil, nil, nil))
+		if which == 1 && kind != nil {
+			kinds = append(kinds, parent+" "+*kind)
+		}
+	}
+	require.NoError(t, rows.Err())
+	assert.Equal(t, []string{"P all_complete"}, kinds, "claimed at once, with its all_complete")
+}

@@ -276,7 +276,125 @@ BEGIN
 END
 $$;
 
--- bgtask_append: migration 5 (appendFunction).
+-- bgtask_append writes one group commit of member's records, as one
+-- statement: the lease must be the caller's (its fence) and unexpired,
+-- and every record must agree with the identity tables. Any disagreement
+-- raises, so that nothing of the commit lands.
+CREATE FUNCTION bgtask_append(
+	p_ledger text, p_member text, p_fence bigint, p_lease interval,
+	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
+	p_session text[], p_parent text[], p_data bytea[], p_rounds boolean
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	i int;
+	n int;
+	other text;
+	before jsonb;
+	p record;
+	live int;
+	rnd bigint;
+	tasks text[];
+BEGIN
+	UPDATE bgtask_members SET expires_at = now() + p_lease
+	 WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
+			USING ERRCODE = 'BT001';
+	END IF;
+	-- Which of the commit's tasks were live before it: its end moves
+	-- their parents' live counts.
+	IF p_rounds THEN
+		SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') INTO before
+		  FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = ANY(p_task);
+	END IF;
+	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
+		CASE p_kind[i]
+		WHEN 'task_launched' THEN
+			DELETE FROM bgtask_launching WHERE ledger = p_ledger AND task_id = p_task[i];
+			INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session)
+			VALUES (p_ledger, p_task[i], p_member, p_parent[i])
+			ON CONFLICT (ledger, task_id) DO NOTHING;
+			IF NOT FOUND THEN
+				SELECT member INTO other FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];
+				IF other IS DISTINCT FROM p_member THEN
+					RAISE EXCEPTION 'bgtask: task id % is taken by member %', p_task[i], other
+						USING ERRCODE = 'BT002';
+				END IF;
+			END IF;
+		WHEN 'attempt_created' THEN
+			UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i], ended = false
+			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'bgtask: attempt % of task %: no such task of member %', p_attempt[i], p_task[i], p_member
+					USING ERRCODE = 'BT003';
+			END IF;
+		WHEN 'session_bound', 'attempt_finalized', 'retry_scheduled', 'start_requested' THEN
+			PERFORM 1 FROM bgtask_tasks
+			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member
+			   AND attempt_id = p_attempt[i] AND token = p_token[i];
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'bgtask: % for attempt % (run %) of task %, which is not its current attempt',
+					p_kind[i], p_attempt[i], p_token[i], p_task[i]
+					USING ERRCODE = 'BT003';
+			END IF;
+			IF p_kind[i] = 'attempt_finalized' THEN
+				-- Until a retry's attempt_created, which follows in the same
+				-- commit, makes the task live again.
+				UPDATE bgtask_tasks SET ended = true WHERE ledger = p_ledger AND task_id = p_task[i];
+			ELSIF p_kind[i] = 'session_bound' THEN
+				INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id)
+				VALUES (p_ledger, p_session[i], p_member, p_task[i], p_attempt[i])
+				ON CONFLICT (ledger, session_id) DO UPDATE
+				   SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id
+				 WHERE bgtask_sessions.member = EXCLUDED.member;
+				GET DIAGNOSTICS n = ROW_COUNT;
+				IF n = 0 THEN
+					SELECT member INTO other FROM bgtask_sessions WHERE ledger = p_ledger AND session_id = p_session[i];
+					RAISE EXCEPTION 'bgtask: session % is bound by member %', p_session[i], other
+						USING ERRCODE = 'BT004';
+				END IF;
+			END IF;
+		ELSE
+		END CASE;
+	END LOOP;
+	-- Each parent whose live count the commit moved, in a fixed order (two
+	-- commits never wait on each other's rows crosswise): a round whose
+	-- last task ended makes its all_complete.
+	FOR p IN
+		SELECT t.parent_session AS parent,
+		       sum((NOT t.ended)::int - coalesce((before ->> t.task_id)::boolean, false)::int) AS delta,
+		       -- born into the round: new in this commit (whatever it came to),
+		       -- or live again after it had ended
+		       array_agg(t.task_id) FILTER (WHERE NOT (before ? t.task_id)
+		           OR (NOT t.ended AND NOT (before ->> t.task_id)::boolean)) AS born
+		  FROM bgtask_tasks t
+		 WHERE p_rounds AND t.ledger = p_ledger AND t.task_id = ANY(p_task) AND t.parent_session <> ''
+		 GROUP BY t.parent_session ORDER BY t.parent_session
+	LOOP
+		CONTINUE WHEN p.delta = 0 AND p.born IS NULL;
+		INSERT INTO bgtask_parents AS x (ledger, parent_session, live, round_tasks)
+		VALUES (p_ledger, p.parent, p.delta, coalesce(p.born, '{}'))
+		ON CONFLICT (ledger, parent_session) DO UPDATE
+		   SET live = x.live + EXCLUDED.live, round_tasks = x.round_tasks || EXCLUDED.round_tasks
+		RETURNING x.live, x.round, x.round_tasks INTO live, rnd, tasks;
+		IF live <= 0 AND cardinality(tasks) > 0 THEN
+			INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
+			VALUES (p_ledger, '', 'all_complete:' || p.parent || ':' || rnd, p.parent, 'all_complete', tasks);
+			UPDATE bgtask_parents SET live = 0, round = rnd + 1, round_tasks = '{}'
+			 WHERE ledger = p_ledger AND parent_session = p.parent;
+			PERFORM pg_notify('bgtask_outbox', p_ledger);
+		END IF;
+	END LOOP;
+	-- A task that ended in this commit gives its key up (a retry in the
+	-- same commit keeps it: ended is false again by the end of the loop).
+	DELETE FROM bgtask_keys k USING bgtask_tasks t
+	 WHERE k.ledger = p_ledger AND t.ledger = p_ledger AND t.task_id = k.task_id
+	   AND t.ended AND k.task_id = ANY(p_task);
+	INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
+	SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data
+	  FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);
+END
+$$;
 `,
 	// 2: riding out the database. bgtask_append is idempotent (a commit
 	// tried again after its connection dropped is not written twice);
@@ -290,7 +408,128 @@ CREATE INDEX bgtask_tasks_member ON bgtask_tasks (ledger, member);
 CREATE INDEX bgtask_keys_task ON bgtask_keys (ledger, task_id);
 ALTER TABLE bgtask_members ADD COLUMN idle boolean NOT NULL DEFAULT false;
 
--- bgtask_append: migration 5 (appendFunction).
+CREATE OR REPLACE FUNCTION bgtask_append(
+	p_ledger text, p_member text, p_fence bigint, p_lease interval,
+	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
+	p_session text[], p_parent text[], p_data bytea[], p_rounds boolean
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	i int;
+	n int;
+	other text;
+	before jsonb;
+	p record;
+	live int;
+	rnd bigint;
+	tasks text[];
+BEGIN
+	UPDATE bgtask_members SET expires_at = now() + p_lease
+	 WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
+			USING ERRCODE = 'BT001';
+	END IF;
+	-- A commit tried again after its outcome was lost with its connection:
+	-- if it landed (its first record is here: records of one member are
+	-- written only under its fence, in sequence), it is not written twice.
+	IF coalesce(array_length(p_seq, 1), 0) > 0 AND EXISTS (
+		SELECT 1 FROM bgtask_records WHERE ledger = p_ledger AND member = p_member AND seq = p_seq[1]) THEN
+		RETURN;
+	END IF;
+	-- Which of the commit's tasks were live before it: its end moves
+	-- their parents' live counts.
+	IF p_rounds THEN
+		SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') INTO before
+		  FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = ANY(p_task);
+	END IF;
+	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
+		CASE p_kind[i]
+		WHEN 'task_launched' THEN
+			DELETE FROM bgtask_launching WHERE ledger = p_ledger AND task_id = p_task[i];
+			INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session)
+			VALUES (p_ledger, p_task[i], p_member, p_parent[i])
+			ON CONFLICT (ledger, task_id) DO NOTHING;
+			IF NOT FOUND THEN
+				SELECT member INTO other FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];
+				IF other IS DISTINCT FROM p_member THEN
+					RAISE EXCEPTION 'bgtask: task id % is taken by member %', p_task[i], other
+						USING ERRCODE = 'BT002';
+				END IF;
+			END IF;
+		WHEN 'attempt_created' THEN
+			UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i], ended = false
+			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'bgtask: attempt % of task %: no such task of member %', p_attempt[i], p_task[i], p_member
+					USING ERRCODE = 'BT003';
+			END IF;
+		WHEN 'session_bound', 'attempt_finalized', 'retry_scheduled', 'start_requested' THEN
+			PERFORM 1 FROM bgtask_tasks
+			 WHERE ledger = p_ledger AND task_id = p_task[i] AND member = p_member
+			   AND attempt_id = p_attempt[i] AND token = p_token[i];
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'bgtask: % for attempt % (run %) of task %, which is not its current attempt',
+					p_kind[i], p_attempt[i], p_token[i], p_task[i]
+					USING ERRCODE = 'BT003';
+			END IF;
+			IF p_kind[i] = 'attempt_finalized' THEN
+				-- Until a retry's attempt_created, which follows in the same
+				-- commit, makes the task live again.
+				UPDATE bgtask_tasks SET ended = true WHERE ledger = p_ledger AND task_id = p_task[i];
+			ELSIF p_kind[i] = 'session_bound' THEN
+				INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id)
+				VALUES (p_ledger, p_session[i], p_member, p_task[i], p_attempt[i])
+				ON CONFLICT (ledger, session_id) DO UPDATE
+				   SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id
+				 WHERE bgtask_sessions.member = EXCLUDED.member;
+				GET DIAGNOSTICS n = ROW_COUNT;
+				IF n = 0 THEN
+					SELECT member INTO other FROM bgtask_sessions WHERE ledger = p_ledger AND session_id = p_session[i];
+					RAISE EXCEPTION 'bgtask: session % is bound by member %', p_session[i], other
+						USING ERRCODE = 'BT004';
+				END IF;
+			END IF;
+		ELSE
+		END CASE;
+	END LOOP;
+	-- Each parent whose live count the commit moved, in a fixed order (two
+	-- commits never wait on each other's rows crosswise): a round whose
+	-- last task ended makes its all_complete.
+	FOR p IN
+		SELECT t.parent_session AS parent,
+		       sum((NOT t.ended)::int - coalesce((before ->> t.task_id)::boolean, false)::int) AS delta,
+		       -- born into the round: new in this commit (whatever it came to),
+		       -- or live again after it had ended
+		       array_agg(t.task_id) FILTER (WHERE NOT (before ? t.task_id)
+		           OR (NOT t.ended AND NOT (before ->> t.task_id)::boolean)) AS born
+		  FROM bgtask_tasks t
+		 WHERE p_rounds AND t.ledger = p_ledger AND t.task_id = ANY(p_task) AND t.parent_session <> ''
+		 GROUP BY t.parent_session ORDER BY t.parent_session
+	LOOP
+		CONTINUE WHEN p.delta = 0 AND p.born IS NULL;
+		INSERT INTO bgtask_parents AS x (ledger, parent_session, live, round_tasks)
+		VALUES (p_ledger, p.parent, p.delta, coalesce(p.born, '{}'))
+		ON CONFLICT (ledger, parent_session) DO UPDATE
+		   SET live = x.live + EXCLUDED.live, round_tasks = x.round_tasks || EXCLUDED.round_tasks
+		RETURNING x.live, x.round, x.round_tasks INTO live, rnd, tasks;
+		IF live <= 0 AND cardinality(tasks) > 0 THEN
+			INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
+			VALUES (p_ledger, '', 'all_complete:' || p.parent || ':' || rnd, p.parent, 'all_complete', tasks);
+			UPDATE bgtask_parents SET live = 0, round = rnd + 1, round_tasks = '{}'
+			 WHERE ledger = p_ledger AND parent_session = p.parent;
+			PERFORM pg_notify('bgtask_outbox', p_ledger);
+		END IF;
+	END LOOP;
+	-- A task that ended in this commit gives its key up (a retry in the
+	-- same commit keeps it: ended is false again by the end of the loop).
+	DELETE FROM bgtask_keys k USING bgtask_tasks t
+	 WHERE k.ledger = p_ledger AND t.ledger = p_ledger AND t.task_id = k.task_id
+	   AND t.ended AND k.task_id = ANY(p_task);
+	INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
+	SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data
+	  FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);
+END
+$$;
 `,
 	// 3: tables that stay small (retention.go) and queries that stay
 	// indexed (explain_test.go). The takeover poll reads the members that
