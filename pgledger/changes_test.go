@@ -3,12 +3,15 @@ package pgledger
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/mirror"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -104,4 +107,42 @@ func awaitMirror(t *testing.T, m *mirror.Mirror, ids []string, status bgtask.Sta
 		}
 		return n == len(ids)
 	}), msg)
+}
+
+// The change stream keeps each task's newest change only: a publish
+// replaces the rows of its tasks (a task twice in one publish keeps its
+// last), and the newest row of each comes after every row it replaced.
+func TestAPublishReplacesItsTasksRows(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{})
+	publish := func(tasks []string, status ...string) {
+		t.Helper()
+		bodies := make([]string, len(tasks))
+		for i := range tasks {
+			bodies[i] = fmt.Sprintf(`{"id": %q, "status": %q}`, tasks[i], status[i])
+		}
+		_, err := f.pool.Exec(ctx(t), `SELECT bgtask_publish($1, $2, $3, $4, $5::jsonb[])`, f.ledger, "w1", j.Fence(), tasks, bodies)
+		require.NoError(t, err)
+	}
+	rows := func() map[string]string {
+		t.Helper()
+		r, err := f.pool.Query(ctx(t), `SELECT task_id, body ->> 'status' FROM bgtask_changes WHERE ledger = $1 ORDER BY id`, f.ledger)
+		require.NoError(t, err)
+		got := map[string]string{}
+		var order []string
+		var task, status string
+		_, err = pgx.ForEachRow(r, []any{&task, &status}, func() error {
+			require.NotContains(t, got, task, "one row per task")
+			got[task] = status
+			order = append(order, task)
+			return nil
+		})
+		require.NoError(t, err)
+		got["order"] = strings.Join(order, ",")
+		return got
+	}
+	publish([]string{"a", "b", "c"}, "pending", "pending", "pending")
+	publish([]string{"b", "a"}, "running", "running")
+	publish([]string{"a", "a"}, "completed", "error")
+	assert.Equal(t, map[string]string{"a": "error", "b": "running", "c": "pending", "order": "c,b,a"}, rows())
 }

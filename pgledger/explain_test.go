@@ -400,17 +400,15 @@ SELECT $1::text, $2::text, r.seq, r.kind, r.task, r.attempt, r.token, r.data
 		{name: "publish: the lease", from: `PERFORM 1 FROM bgtask_members WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();`,
 			sql:  `SELECT 1 FROM bgtask_members WHERE ledger = $1::text AND member = $2::text AND fence = $3::bigint AND expires_at > now()`,
 			args: s("'big'", "'m-0'", "1")},
-		{name: "publish: the changes", from: `SELECT p_ledger, p_member, r.t, r.b, bgtask_ended_at(r.b) FROM unnest(p_task, p_body) WITH ORDINALITY AS r(t, b, o) ORDER BY r.o;`,
-			sql: `INSERT INTO bgtask_changes (ledger, member, task_id, body, ended_at)
-SELECT $1::text, $2::text, r.t, r.b, bgtask_ended_at(r.b) FROM unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS r(t, b, o) ORDER BY r.o`,
-			args: s("'big'", "'m-0'", "ARRAY['t-1000']", `ARRAY['{"id":"t-1000","status":"completed"}']::jsonb[]`)},
-		{name: "publish: the older rows go", from: `DELETE FROM bgtask_changes c USING ( SELECT task_id, max(id) AS top FROM bgtask_changes WHERE ledger = p_ledger AND task_id = ANY(p_task) GROUP BY task_id) k WHERE c.ledger = p_ledger AND c.task_id = k.task_id AND c.id < k.top;`,
-			sql: `DELETE FROM bgtask_changes c USING (
-	SELECT task_id, max(id) AS top FROM bgtask_changes WHERE ledger = $1::text AND task_id = ANY($2::text[]) GROUP BY task_id) k
- WHERE c.ledger = $1::text AND c.task_id = k.task_id AND c.id < k.top`, args: s("'big'", "ARRAY['t-1000', 't-999']")},
-
-		// The fence's statements (bgtask_fenced, bgtask_start_fenced,
-		// bgtask_admit; bgtask_closure_live is inlined).
+		{name: "publish: the changes, the older rows go", from: `WITH r AS ( SELECT DISTINCT ON (r.t) r.t, r.b, r.o FROM unnest(p_task, p_body) WITH ORDINALITY AS r(t, b, o) ORDER BY r.t, r.o DESC), ins AS ( INSERT INTO bgtask_changes (ledger, member, task_id, body, ended_at) SELECT p_ledger, p_member, r.t, r.b, bgtask_ended_at(r.b) FROM r ORDER BY r.o RETURNING task_id, id) DELETE FROM bgtask_changes c USING ins WHERE c.ledger = p_ledger AND c.task_id = ins.task_id AND c.id < ins.id;`,
+			sql: `WITH r AS (
+	SELECT DISTINCT ON (r.t) r.t, r.b, r.o FROM unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS r(t, b, o) ORDER BY r.t, r.o DESC),
+ins AS (
+	INSERT INTO bgtask_changes (ledger, member, task_id, body, ended_at)
+	SELECT $1::text, $2::text, r.t, r.b, bgtask_ended_at(r.b) FROM r ORDER BY r.o
+	RETURNING task_id, id)
+DELETE FROM bgtask_changes c USING ins WHERE c.ledger = $1::text AND c.task_id = ins.task_id AND c.id < ins.id`,
+			args: s("'big'", "'m-0'", "ARRAY['t-1000', 't-999']", `ARRAY['{"id":"t-1000","status":"completed"}', '{"id":"t-999","status":"running"}']::jsonb[]`)},
 		{name: "fence: any open closure", from: `IF NOT EXISTS (SELECT 1 FROM bgtask_closures k WHERE k.ledger = p_ledger AND k.closed_at IS NULL AND bgtask_closure_live(k.ledger, k.member)) THEN`,
 			sql:  `SELECT EXISTS (SELECT 1 FROM bgtask_closures k WHERE k.ledger = $1::text AND k.closed_at IS NULL AND bgtask_closure_live(k.ledger, k.member))`,
 			args: s("'big'")},

@@ -620,7 +620,8 @@ CREATE INDEX bgtask_outbox_pending_id ON bgtask_outbox (ledger, id) WHERE delive
 `,
 	// 5: bgtask_append finds each task by its key alone (appendFunction);
 	// a node checks the launches and the starts that come together against
-	// the fence in one statement each (batch.go).
+	// the fence in one statement each (batch.go); bgtask_publish finds the
+	// rows a change replaces by key.
 	appendFunction + `
 -- bgtask_admit_all is bgtask_admit of many launches, in order: a
 -- closure's id for each launch a fence holds, null for each admitted.
@@ -660,6 +661,32 @@ BEGIN
 		RETURN array_fill(NULL::bigint, ARRAY[cardinality(p_task)]);
 	END IF;
 	RETURN ARRAY(SELECT bgtask_start_fenced(p_ledger, r.t, r.p) FROM unnest(p_task, p_parent) WITH ORDINALITY AS r(t, p, o) ORDER BY r.o);
+END
+$$;
+
+-- bgtask_publish as before (migration 3), but the rows a change replaces
+-- are found from the rows it inserts, by key (a task's rows older than its
+-- new one), not by an aggregate over the tasks' rows: one statement.
+CREATE OR REPLACE FUNCTION bgtask_publish(p_ledger text, p_member text, p_fence bigint, p_task text[], p_body jsonb[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_advisory_xact_lock(hashtextextended('bgtask changes ' || p_ledger, 0));
+	-- Only the member's owner publishes its tasks: a process that lost the
+	-- lease must not overwrite the new owner's changes with older ones.
+	PERFORM 1 FROM bgtask_members WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
+			USING ERRCODE = 'BT001';
+	END IF;
+	-- A task twice in one call keeps its last change only.
+	WITH r AS (
+		SELECT DISTINCT ON (r.t) r.t, r.b, r.o FROM unnest(p_task, p_body) WITH ORDINALITY AS r(t, b, o) ORDER BY r.t, r.o DESC),
+	ins AS (
+		INSERT INTO bgtask_changes (ledger, member, task_id, body, ended_at)
+		SELECT p_ledger, p_member, r.t, r.b, bgtask_ended_at(r.b) FROM r ORDER BY r.o
+		RETURNING task_id, id)
+	DELETE FROM bgtask_changes c USING ins WHERE c.ledger = p_ledger AND c.task_id = ins.task_id AND c.id < ins.id;
+	PERFORM pg_notify('bgtask_change', p_ledger);
 END
 $$;
 `,
