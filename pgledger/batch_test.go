@@ -213,7 +213,7 @@ VALUES ($1, 'root', 't-root', 'w1') RETURNING id`, f.ledger).Scan(&id))
 			member[i] = "w1"
 		}
 		var out []*int64
-		require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT bgtask_admit_all($1, $2, $3, $4)`, f.ledger, task, parent, member).Scan(&out))
+		require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT bgtask_admit_all($1, $2, $3, $4, '10 seconds')`, f.ledger, task, parent, member).Scan(&out))
 		return out
 	}
 	got := admit([]string{"in", "out", "in-too"}, []string{"root", "elsewhere", "root"})

@@ -67,7 +67,8 @@ func (e *UnstoppedError) Unwrap() error { return e.Err }
 // the fence lock, shared, in one statement with the launches that come
 // with it (bgtask_admit_all).
 func (n *Node) admit(ctx context.Context, member, id, parent string) error {
-	closure, err := n.admits.do(ctx, admission{task: id, parent: parent, member: member})
+	until, _ := ctx.Deadline()
+	closure, err := n.admits.do(ctx, admission{task: id, parent: parent, member: member, until: until})
 	if err != nil {
 		return dbErr("checking the fence", err)
 	}
@@ -78,8 +79,12 @@ func (n *Node) admit(ctx context.Context, member, id, parent string) error {
 }
 
 // admission is a launch's fence check: its task, the session it is
-// launched from and the member it launches on.
-type admission struct{ task, parent, member string }
+// launched from and the member it launches on, and until when its caller
+// waits for it (zero: no deadline).
+type admission struct {
+	task, parent, member string
+	until                time.Time
+}
 
 // alone reports whether q must be sent alone: the database refuses text
 // that is not UTF-8 or holds a NUL, and the statement that carried it
@@ -97,11 +102,26 @@ func (q admission) alone() bool {
 // fence holds, nil for each admitted.
 func (n *Node) admitAll(ctx context.Context, qs []admission) ([]*int64, error) {
 	task, parent, member := make([]string, len(qs)), make([]string, len(qs)), make([]string, len(qs))
+	// The statement may take as long as its longest-waiting caller, and
+	// no longer than the batch's bound; past that, what it did is rolled
+	// back, even if the server goes on with it after its connection was
+	// dropped (a context that ends drops it, not the statement).
+	within := batchFor
+	if d, ok := ctx.Deadline(); ok {
+		within = time.Until(d)
+	}
+	longest := time.Duration(0)
 	for i, q := range qs {
 		task[i], parent[i], member[i] = q.task, q.parent, q.member
+		if q.until.IsZero() {
+			longest = within
+		} else {
+			longest = max(longest, time.Until(q.until))
+		}
 	}
+	within = max(min(within, longest), 0)
 	var out []*int64
-	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit_all($1, $2, $3, $4)`, n.o.Ledger, task, parent, member).Scan(&out); err != nil {
+	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit_all($1, $2, $3, $4, $5::interval)`, n.o.Ledger, task, parent, member, within).Scan(&out); err != nil {
 		return nil, err
 	}
 	return out, nil

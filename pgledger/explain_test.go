@@ -226,8 +226,8 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "releaseKey", sql: `DELETE FROM bgtask_keys WHERE ledger = $1 AND key = $2 AND task_id = $3`, args: s("'big'", "'k-500'", "'t-new'")},
 
 		// Closures: the fence, the scope, the stops, the record.
-		{name: "admit (bgtask_admit_all)", sql: `SELECT bgtask_admit_all($1, $2, $3, $4)`,
-			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-43210', 's-77']", "ARRAY['m-0', 'm-1']")},
+		{name: "admit (bgtask_admit_all)", sql: `SELECT bgtask_admit_all($1, $2, $3, $4, $5::interval)`,
+			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-43210', 's-77']", "ARRAY['m-0', 'm-1']", "'10 seconds'")},
 		{name: "start gate (bgtask_start_fenced_all)", sql: `SELECT bgtask_start_fenced_all($1, $2, $3)`,
 			args: s("'big'", "ARRAY['t-500', 't-77']", "ARRAY['s-50', 's-7']")},
 		{name: "admitted: a launch that failed", sql: `DELETE FROM bgtask_launching WHERE ledger = $1 AND task_id = $2`, args: s("'big'", "'t-new'")},

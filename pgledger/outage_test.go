@@ -283,6 +283,42 @@ func TestCallsKeepToTheirDeadlinesWhileTheDatabaseStalls(t *testing.T) {
 	o.endAll(svc, n)
 }
 
+// A stall of the fence checks (a lock on bgtask_launching, which every
+// admission writes): the launches sent together behind it keep to their
+// deadlines, the statement none of them waits for any more is cancelled
+// with nothing of theirs left in flight, and launches work again once the
+// lock is gone.
+func TestLaunchesBatchedBehindAStallKeepToTheirDeadlines(t *testing.T) {
+	o := newOutage(t)
+	svc := newService()
+	n := o.node(svc, 5*time.Second)
+	lock := o.admin("BEGIN", "LOCK TABLE bgtask_launching IN ACCESS EXCLUSIVE MODE")
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, cancel := context.WithTimeout(ctx(t), time.Second)
+			defer cancel()
+			asked := time.Now()
+			_, errs[i] = n.Launch(c, spec)
+			assert.Less(t, time.Since(asked), time.Second+overrun, "a launch kept to its deadline")
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		assert.ErrorIs(t, err, ErrUnavailable)
+	}
+	_, err := lock.Exec(ctx(t), "ROLLBACK")
+	require.NoError(t, err)
+	require.NoError(t, lock.Close(ctx(t)))
+	o.launchesAgain(n)
+	assert.Equal(t, 0, o.count("bgtask_launching", ""), "nothing left in flight")
+	assert.Len(t, n.Manager().Tasks(), 1, "only the launch after the stall")
+	o.endAll(svc, n)
+}
+
 // A failover whose new writer answers at the same address, while the
 // pool's connections are still to a server that refuses writes (SQLSTATE
 // 25006 — here the database is made read-only, its connections ended, and

@@ -624,8 +624,11 @@ CREATE INDEX bgtask_outbox_pending_id ON bgtask_outbox (ledger, id) WHERE delive
 	// rows a change replaces by key.
 	appendFunction + `
 -- bgtask_admit_all is bgtask_admit of many launches, in order: a
--- closure's id for each launch a fence holds, null for each admitted.
-CREATE FUNCTION bgtask_admit_all(p_ledger text, p_task text[], p_parent text[], p_member text[]) RETURNS bigint[]
+-- closure's id for each launch a fence holds, null for each admitted. A
+-- check that took longer than p_within (it waited for a lock, say) is
+-- rolled back (BT006): its callers have left, and a launch left in flight
+-- by them would hold a closure up.
+CREATE FUNCTION bgtask_admit_all(p_ledger text, p_task text[], p_parent text[], p_member text[], p_within interval) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
 	out bigint[] := '{}';
@@ -638,16 +641,21 @@ BEGIN
 		INSERT INTO bgtask_launching (ledger, task_id, parent_session, member)
 		SELECT p_ledger, r.t, r.p, r.m FROM unnest(p_task, p_parent, p_member) AS r(t, p, m)
 		ON CONFLICT (ledger, task_id) DO NOTHING;
-		RETURN array_fill(NULL::bigint, ARRAY[cardinality(p_task)]);
+		out := array_fill(NULL::bigint, ARRAY[cardinality(p_task)]);
+	ELSE
+		FOR i IN 1 .. cardinality(p_task) LOOP
+			c := bgtask_fenced(p_ledger, p_parent[i]);
+			IF c IS NULL THEN
+				INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES (p_ledger, p_task[i], p_parent[i], p_member[i])
+				ON CONFLICT (ledger, task_id) DO NOTHING;
+			END IF;
+			out := array_append(out, c);
+		END LOOP;
 	END IF;
-	FOR i IN 1 .. cardinality(p_task) LOOP
-		c := bgtask_fenced(p_ledger, p_parent[i]);
-		IF c IS NULL THEN
-			INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES (p_ledger, p_task[i], p_parent[i], p_member[i])
-			ON CONFLICT (ledger, task_id) DO NOTHING;
-		END IF;
-		out := array_append(out, c);
-	END LOOP;
+	IF clock_timestamp() > statement_timestamp() + p_within THEN
+		RAISE EXCEPTION 'bgtask: a fence check took longer than its callers wait (%)', p_within
+			USING ERRCODE = 'BT006';
+	END IF;
 	RETURN out;
 END
 $$;
