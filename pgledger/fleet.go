@@ -659,6 +659,7 @@ func (n *Node) run(ctx context.Context) {
 	}()
 	next := time.Now()
 	n.startRetention(ctx)
+	n.goOwned(func() { n.keepStatistics(ctx) })
 	for ctx.Err() == nil {
 		if conn == nil {
 			conn = n.listen(ctx)

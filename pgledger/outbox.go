@@ -126,20 +126,49 @@ func (n *Node) writeNotes(ctx context.Context, ws []*noteWrite) error {
 	for i, w := range ws {
 		members[i], ids[i], parents[i], kinds[i], tasks[i], bodies[i] = w.member, w.note.ID, w.note.ParentSessionID, string(w.note.Kind), w.note.TaskID, string(w.body)
 	}
-	_, err := n.pool.Exec(ctx, writeNotesSQL, n.o.Ledger, members, ids, parents, kinds, tasks, bodies, outboxChannel)
+	var sumParents, sumTasks []string // the final summaries' parents and tasks: their rounds' all_complete may now be ready
+	for _, w := range ws {
+		if w.note.Kind == bgtask.NotifyFinalSummary {
+			sumParents, sumTasks = append(sumParents, w.note.ParentSessionID), append(sumTasks, w.note.TaskID)
+		}
+	}
+	_, err := n.pool.Exec(ctx, writeNotesSQL, n.o.Ledger, members, ids, parents, kinds, tasks, bodies, outboxChannel,
+		slices.Compact(slices.Sorted(slices.Values(sumParents))), sumTasks)
 	if err == nil {
 		n.wakeDeliverer()
 	}
 	return err
 }
 
-// writeNotesSQL is writeNotes' statement.
+// writeNotesSQL is writeNotes' statement: $1 the ledger, $2–$7 the rows,
+// $8 the channel to wake deliverers on, $9 the parents of the final
+// summaries among the rows, $10 their tasks. It marks ready each pending
+// all_complete of those parents whose round's summaries are now all
+// written: those of $10 (written here, or before), and those in the
+// outbox (written before: this statement does not see the rows it
+// inserts). A row a deliverer holds is left as it is (SKIP LOCKED: no
+// deadlock with its marks), and so is one whose last summaries two
+// processes write at once, neither seeing the other's: the deliverer
+// counts those rounds' summaries itself.
 const writeNotesSQL = `WITH ins AS (
   INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
   SELECT $1, r.member, r.id, r.parent, r.kind, r.task, r.body::jsonb
     FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS r(member, id, parent, kind, task, body, o)
    ORDER BY r.o
-  ON CONFLICT (ledger, member, note_id) DO NOTHING RETURNING 1)
+  ON CONFLICT (ledger, member, note_id) DO NOTHING RETURNING 1),
+ready AS (
+  UPDATE bgtask_outbox a SET ready = true
+    FROM unnest($9::text[]) AS p(parent) CROSS JOIN LATERAL (
+      -- A subquery with FOR UPDATE is not flattened: each parent's rows
+      -- are looked up by the parent.
+      SELECT w.id FROM bgtask_outbox w
+       WHERE w.ledger = $1 AND w.parent_session = p.parent AND w.delivered_at IS NULL AND w.kind = 'all_complete' AND NOT w.ready
+         AND NOT EXISTS (SELECT 1 FROM unnest(w.round_tasks) t(task)
+                          WHERE t.task <> ALL($10::text[])
+                            AND NOT EXISTS (SELECT 1 FROM bgtask_outbox s
+                                             WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = t.task))
+       FOR UPDATE SKIP LOCKED) r
+   WHERE a.id = r.id)
 SELECT pg_notify($8, $1) WHERE EXISTS (SELECT 1 FROM ins)`
 
 // noteWriter writes the notifications of a node's Managers to the outbox:
@@ -794,8 +823,9 @@ picked AS MATERIALIZED (
        AND NOT EXISTS (SELECT 1 FROM bgtask_outbox e WHERE e.ledger = $1 AND e.parent_session = o.parent_session
                         AND e.delivered_at IS NULL AND e.id < o.id)
        -- and not an all_complete that waits for a summary not written yet
-       -- (its tasks' summaries looked up by key, together)
-       AND (o.kind <> 'all_complete' OR o.made <= now() - $15::interval
+       -- (marked ready by the write of its last summary, else its tasks'
+       -- summaries looked up by key, together)
+       AND (o.kind <> 'all_complete' OR o.ready OR o.made <= now() - $15::interval
             OR (SELECT count(DISTINCT s.task_id) FROM bgtask_outbox s
                  WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = ANY(o.round_tasks))
                -- a task may be in its round twice (it lived again after a crash)

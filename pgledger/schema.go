@@ -698,6 +698,12 @@ BEGIN
 END
 $$;
 `,
+	// 6: an all_complete is ready once its round's final summaries are all
+	// written (writeNotesSQL marks it), so that a deliverer looking for
+	// what it can tell need not count each waiting round's summaries.
+	`
+ALTER TABLE bgtask_outbox ADD COLUMN ready boolean NOT NULL DEFAULT false;
+`,
 }
 
 // schemaLock is the advisory lock key migrations run under, so that two
