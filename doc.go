@@ -215,4 +215,19 @@
 // names a Manager's process life, and a snapshot from a different epoch
 // replaces what an older one said, whatever the clocks say. Task.Activity
 // (generating, waiting) is process-local and never persisted.
+//
+// # Where things are
+//
+// Every change is an input decided under one lock by decide (core.go),
+// which sends it to the file of its kind: a launch to launch.go, an event
+// to observe.go, a start's answer to start.go, a retry's delay to
+// retry.go, a stop to stop.go, a deadline to deadline.go, queue and stall
+// timers to limits.go, Extend and the children gate to invocation.go, a
+// restart's answers to recovery.go, Shutdown to manager.go. The effects a
+// decision queues (start, retry, abort, watch a timer) run after the lock
+// is released, from effects.go, in the same files. The ledger (ledger.go,
+// entry.go, builders.go) records every change through one commit
+// (commit.go); record.go encodes them, journal.go keeps them, and
+// retention.go freezes and forgets what settled. The README's "Layout"
+// has the full map.
 package bgtask

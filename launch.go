@@ -1,0 +1,380 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+
+	"github.com/bgtask/bgtask/internal/textbound"
+)
+
+// Launch records a task and its first attempt (pending) and returns its
+// snapshot. The child session is started on a goroutine the Manager owns;
+// Launch does not wait for it.
+func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
+	ctx = orBackground(ctx)
+	if err := ctx.Err(); err != nil {
+		return Task{}, err
+	}
+	if err := spec.validate(); err != nil {
+		return Task{}, err
+	}
+	if m.cfg.err != nil {
+		return Task{}, m.cfg.err
+	}
+	maxAttempts := spec.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = len(spec.Models)
+	}
+	info := taskInfo{ // launchedAt is the core's to give, and id unless the spec has one
+		id:          spec.ID,
+		parent:      spec.ParentSessionID,
+		description: spec.Description,
+		agent:       spec.Agent,
+		prompt:      spec.Prompt,
+		models:      spec.Models, // the ledger keeps its own copy (chain)
+		maxAttempts: maxAttempts,
+		metadata:    maps.Clone(spec.Metadata),
+	}
+	if spec.Key != "" || spec.ContinueFrom != "" || spec.Timeout != 0 || spec.AttemptTimeout != 0 || spec.RetryOnTimeout {
+		info.x = &taskExtra{key: spec.Key, continues: spec.ContinueFrom,
+			timeout: spec.Timeout, attemptTimeout: spec.AttemptTimeout, retryOnTimeout: spec.RetryOnTimeout}
+	}
+	if spec.ContinueFrom != "" {
+		if _, ok := m.host.(Resumer); !ok {
+			return Task{}, ErrNoResumer
+		}
+	}
+	if err := m.poisoned(); err != nil {
+		return Task{}, err
+	}
+	in := launchIn{info: info}
+	if spec.OnDone != nil || spec.InheritValues {
+		in.loc = &local{}
+		if spec.OnDone != nil {
+			in.loc.onDone = []*func(Task){&spec.OnDone}
+		}
+		if spec.InheritValues {
+			in.loc.values = ctx
+		}
+	}
+	if err := m.launchDecide(ctx, &in); err != nil {
+		return Task{}, err
+	}
+	if in.out.err != nil {
+		_ = m.unlockCtx(ctx)
+		var held *KeyHeldError
+		if spec.ExtendLive && errors.As(in.out.err, &held) {
+			return m.extendLive(ctx, held, &spec)
+		}
+		return Task{}, in.out.err
+	}
+	task := in.out.e.project()
+	if err := m.unlockCtx(ctx); err != nil {
+		return Task{}, durabilityUnknown(err, "Launch", task.ID) // not durable: it never happened, or may not have
+	}
+	if spec.CancelWithCaller {
+		m.watchCaller(ctx, in.out.e)
+	}
+	return task, nil
+}
+
+// extendLive makes a Launch whose key a live task holds that task's next
+// invocation (Spec.ExtendLive), and returns the task's snapshot.
+func (m *Manager) extendLive(ctx context.Context, held *KeyHeldError, spec *Spec) (Task, error) {
+	note := "a Launch with key " + strconv.Quote(held.Key) + ", which this task held, became this invocation (Spec.ExtendLive)"
+	var hook *func(Task)
+	if spec.OnDone != nil { // before the Extend: the task cannot end unseen in between
+		hook = &spec.OnDone
+		m.alsoOnDone(held.TaskID, hook)
+	}
+	if _, err := m.extend(ctx, held.TaskID, spec.Prompt, note); err != nil {
+		if !errors.Is(err, ErrNotRunning) { // else the task is ending: OnDone tells of it
+			m.dropOnDone(held.TaskID, hook)
+		}
+		return Task{}, err
+	}
+	return m.Lookup(held.TaskID)
+}
+
+// watchCaller stops task e when ctx ends first (Spec.CancelWithCaller).
+// The caller's context is user code: it is looked at outside m.mu.
+func (m *Manager) watchCaller(ctx context.Context, e *entry) {
+	if ctx.Done() == nil {
+		return
+	}
+	id := e.id
+	stop := context.AfterFunc(ctx, func() { m.callerDone(id) })
+	m.mu.Lock()
+	if e.terminal() {
+		m.unlock()
+		stop()
+		return
+	}
+	e.keep().stopWait = stop
+	m.unlock()
+}
+
+// alsoOnDone adds the OnDone of a Launch that extends task id
+// (Spec.ExtendLive) to the task's: it is called when the task ends, as
+// the task's own is. m.mu is taken.
+func (m *Manager) alsoOnDone(id string, hook *func(Task)) {
+	m.mu.Lock()
+	defer m.unlock()
+	if e := m.led.tasks[id]; e != nil && !e.terminal() {
+		l := e.keep()
+		l.onDone = append(l.onDone, hook)
+	}
+}
+
+// dropOnDone takes back a hook alsoOnDone added, for an Extend that
+// failed (the Launch failed: it is told nothing). m.mu is taken.
+func (m *Manager) dropOnDone(id string, hook *func(Task)) {
+	if hook == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.unlock()
+	if e := m.led.tasks[id]; e != nil && e.loc != nil {
+		e.loc.onDone = slices.DeleteFunc(e.loc.onDone, func(h *func(Task)) bool { return h == hook })
+	}
+}
+
+// launchDecide decides launch in, waiting in its parent's queue while
+// TreeLimits.MaxPerParent says so (at most ParentWait, and never past
+// ctx). It returns with m.mu held, unless it returns an error.
+func (m *Manager) launchDecide(ctx context.Context, in *launchIn) error {
+	var timer Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		m.mu.Lock()
+		m.decide(in)
+		if in.out.wait == nil {
+			if in.out.err != nil && in.ticket != nil {
+				m.leaveFanout(in)
+			}
+			return nil
+		}
+		wait, since := in.out.wait, in.ticket.since
+		if timer == nil {
+			timer = m.cfg.clock.NewTimer(m.cfg.tree.ParentWait)
+		}
+		m.unlock()
+		var err error
+		select {
+		case <-wait:
+			continue
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-timer.C():
+			t := m.cfg.tree
+			err = &LimitError{Limit: ErrFanOutLimit, Max: t.MaxPerParent, Session: in.info.parent, Waited: m.now().Sub(since)}
+		}
+		m.mu.Lock()
+		m.leaveFanout(in)
+		m.unlock()
+		return err
+	}
+}
+
+// callerDone stops task id, whose caller's context ended
+// (Spec.CancelWithCaller), with its branch, as CloseTask does: on a
+// goroutine of the Manager, which logs the close's error.
+func (m *Manager) callerDone(id string) {
+	m.goLocked(func() {
+		m.mu.Lock()
+		e := m.led.tasks[id]
+		live := e != nil && !e.terminal()
+		m.unlock()
+		if !live {
+			return
+		}
+		if _, err := m.CloseTask(m.life.ctx, id); err != nil && !errors.Is(err, ErrShutdown) {
+			m.logAttrs(slog.LevelWarn, "bgtask: stopping a task whose caller's context ended failed",
+				slog.String("task", id), slog.String("err", err.Error()))
+		}
+	})
+}
+
+// continuation resolves info's Spec.ContinueFrom: an ended task that holds
+// its session still (not continued by another already); the session and
+// the task's output, bounded, go into info. m.mu is held.
+func (m *Manager) continuation(info *taskInfo) error {
+	old := m.led.tasks[info.opt().continues]
+	if old == nil {
+		return m.missing(info.opt().continues)
+	}
+	sid := old.cur().SessionID
+	switch {
+	case !old.terminal():
+		return &SpecError{Field: "ContinueFrom", Reason: "names live task " + old.id + " (Extend it instead)"}
+	case sid == "":
+		return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", which has no session to continue"}
+	}
+	if holder, ok := m.led.bySession[sid]; !ok || holder.e != old {
+		if !ok { // the task that continued it was forgotten since (retention), and the session with it
+			return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", whose session a task since forgotten continued"}
+		}
+		return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", whose session task " + holder.e.id + " continued: continue that one"}
+	}
+	o := old.project().Outcome
+	prior := o.Evidence
+	if o.HasAnswer {
+		prior = o.Answer
+	}
+	info.extra().resume = sid
+	info.extra().prior, _ = textbound.Middle(prior, MaxEvidenceRunes)
+	return nil
+}
+
+// onLaunch decides a launch: refused while shutting down or inside a
+// closing branch; else the task is recorded with its first attempt, which
+// is admitted. m.mu is held.
+func (m *Manager) onLaunch(in *launchIn) reply {
+	info := new(taskInfo)
+	*info = in.info
+	if m.life.closing {
+		return reply{err: ErrShutdown}
+	}
+	if m.closingParent(info.parent) {
+		return reply{err: fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, info.parent)}
+	}
+	if o := m.led.live(info.opt().key); o != nil { // before any id is drawn: a refused launch leaves no trace
+		return reply{err: &KeyHeldError{Key: info.opt().key, TaskID: o.id}}
+	}
+	if info.id != "" && m.led.taken(info.id) {
+		return reply{err: fmt.Errorf("%w: %q", ErrIDTaken, info.id)}
+	}
+	if wait, err := m.treeAdmit(in); wait != nil || err != nil {
+		return reply{wait: wait, err: err}
+	}
+	if info.opt().continues != "" {
+		if err := m.continuation(info); err != nil {
+			return reply{err: err}
+		}
+	}
+	if info.id == "" {
+		id, err := m.taskID()
+		if err != nil {
+			return reply{err: err}
+		}
+		info.id = id
+	}
+	info.launchedAt = m.now()
+	e, first, err := m.led.open(info)
+	if err != nil {
+		return reply{err: err}
+	}
+	m.order = append(m.order, e)
+	e.loc = in.loc
+	if m.cfg.notifier != nil { // rounds exist only to tell a parent all is done
+		r := m.notes.rounds[info.parent]
+		if r == nil {
+			r = &round{parent: info.parent}
+			m.notes.rounds[info.parent] = r
+		}
+		r.live++
+		r.tasks = append(r.tasks, e)
+		e.rt.round = r
+	}
+	if !m.commit(e, first) { // cannot happen (open checked it): never leave a task without an attempt
+		m.led.drop(e)
+		m.order = m.order[:len(m.order)-1]
+		if r := e.rt.round; r != nil {
+			r.live--
+			r.tasks = r.tasks[:len(r.tasks)-1]
+		}
+		return reply{err: errors.New("bgtask: the ledger refused a task's first attempt")}
+	}
+	m.admit(e, *e.cur())
+	m.launched(e)
+	if info.opt().timeout > 0 && !e.terminal() {
+		m.armDeadline(e, Attempt{})
+	}
+	if in.ticket != nil { // it had its turn: the next in line may look
+		m.leaveFanout(in)
+	}
+	return reply{e: e}
+}
+
+// taskID draws a task id from the IDGenerator; one that a caller already
+// chose (Spec.ID) is drawn again, a few times. m.mu is held.
+func (m *Manager) taskID() (string, error) {
+	for range 4 {
+		id, err := newID(m.cfg.ids, IDTask)
+		if err != nil || !m.led.taken(id) {
+			return id, err
+		}
+	}
+	return "", errors.New("bgtask: the IDGenerator keeps returning task ids in use")
+}
+
+// treeAdmit applies WithTreeLimits to launch in: an error refuses it; a
+// channel says it waits, in its parent's queue, until the channel is
+// closed. m.mu is held.
+func (m *Manager) treeAdmit(in *launchIn) (<-chan struct{}, error) {
+	t, parent := &m.cfg.tree, in.info.parent
+	root, depth := m.led.lineage(parent)
+	switch {
+	case t.MaxDepth > 0 && depth > t.MaxDepth:
+		return nil, &LimitError{Limit: ErrDepthLimit, Max: t.MaxDepth, Session: parent}
+	case t.MaxPerRoot > 0 && m.led.liveRoot[root] >= t.MaxPerRoot:
+		return nil, &LimitError{Limit: ErrTreeLimit, Max: t.MaxPerRoot, Session: root}
+	case t.MaxPerParent == 0:
+		return nil, nil
+	}
+	q := m.calls.fanout[parent]
+	ahead := len(q) > 0 && q[0] != in.ticket
+	if !ahead && m.led.liveBy[parent] < t.MaxPerParent {
+		return nil, nil
+	}
+	if in.ticket == nil {
+		if t.ParentWait <= 0 {
+			return nil, &LimitError{Limit: ErrFanOutLimit, Max: t.MaxPerParent, Session: parent}
+		}
+		in.ticket = &fanWaiter{ch: make(chan struct{}), since: m.now()}
+		if m.calls.fanout == nil {
+			m.calls.fanout = make(map[string][]*fanWaiter)
+		}
+		m.calls.fanout[parent] = append(q, in.ticket)
+		if m.hooks.queued != nil {
+			m.hooks.queued(parent)
+		}
+	} else if in.ticket.woken { // woken, and beaten to the slot: wait again
+		in.ticket.ch, in.ticket.woken = make(chan struct{}), false
+	}
+	return in.ticket.ch, nil
+}
+
+// leaveFanout takes launch in out of its parent's queue, and lets the
+// next one look if there is room. m.mu is held.
+func (m *Manager) leaveFanout(in *launchIn) {
+	parent := in.info.parent
+	q := slices.DeleteFunc(m.calls.fanout[parent], func(w *fanWaiter) bool { return w == in.ticket })
+	in.ticket = nil
+	if len(q) == 0 {
+		delete(m.calls.fanout, parent)
+		return
+	}
+	m.calls.fanout[parent] = q
+	m.wakeFanout(parent)
+}
+
+// wakeFanout lets the first Launch waiting for a slot of parent look
+// again, if one is free. m.mu is held.
+func (m *Manager) wakeFanout(parent string) {
+	q := m.calls.fanout[parent]
+	if len(q) == 0 || m.led.liveBy[parent] >= m.cfg.tree.MaxPerParent || q[0].woken {
+		return
+	}
+	q[0].woken = true
+	close(q[0].ch)
+}

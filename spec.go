@@ -1,0 +1,176 @@
+package bgtask
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Spec describes a task to launch.
+type Spec struct {
+	// ParentSessionID is the chat session that launched the task and
+	// receives its notifications. Required.
+	ParentSessionID string
+	// Description says what the task is for, in a line (notifications show it).
+	Description string
+	// Agent names the kind of subagent, for the host.
+	Agent string
+	// Prompt is the launch prompt: invocation 1.
+	Prompt string
+	// Models is the fallback chain: Models[0] first, then the rest in
+	// order. Required, each with an ID; Provider may be empty (a model the
+	// harness names by an alias alone).
+	Models []Model
+	// MaxAttempts caps the attempts. 0 means one attempt per model; a
+	// larger value than len(Models) reuses the last model for the rest.
+	MaxAttempts int
+	// Metadata is the caller's, carried on every snapshot. Keys under the
+	// "bgtask." prefix are reserved for the library; a Spec using one is
+	// refused.
+	Metadata map[string]string
+	// Key, when set, makes this task the one start owner of the key: a
+	// Launch with the key of a live task starts no second run; it fails
+	// with a *KeyHeldError naming that task, or, with ExtendLive, hands
+	// Prompt to it as its next invocation (Extend) and returns its
+	// snapshot. Keys survive a restart with a journal.
+	Key string
+	// ExtendLive: see Key.
+	ExtendLive bool
+	// ContinueFrom, when set, names an ended task whose child session this
+	// task continues: its first attempt resumes that session with Prompt
+	// (the Host must implement Resumer) instead of starting a new one, and
+	// its envelope reports the ended task's output once, as prior output.
+	// The ended task never changes; the session's events are this task's
+	// from then on. A retry starts a new session, as always.
+	ContinueFrom string
+
+	// ID, when set, is the task's id instead of one the IDGenerator makes
+	// (the harness's own ids): at most 128 bytes of valid UTF-8, with no
+	// white space or control characters. A Launch with the id of a task
+	// the Manager knows — live, ended, or forgotten lately — is refused
+	// with ErrIDTaken.
+	ID string
+
+	// Timeout is the task's wall-clock deadline, from its launch: at
+	// Timeout the current attempt is stopped and the task ends error,
+	// reason deadline ("deadline: ..."), whatever attempts are left.
+	// AttemptTimeout bounds each attempt the same way, from the moment
+	// its session runs; the attempt ends error, reason deadline, and the
+	// task falls back to its next model only with RetryOnTimeout. Unlike
+	// WithStallTimeout, which catches silence, these catch a chatty child
+	// stuck in a loop. 0: no deadline. Both survive a restart with a
+	// journal (the timers are armed again). The task reads running until
+	// the child really stopped: an abort the host refuses is asked again
+	// every 30 seconds.
+	Timeout time.Duration
+	// AttemptTimeout and RetryOnTimeout: see Timeout.
+	AttemptTimeout time.Duration
+	RetryOnTimeout bool
+
+	// The fields below are process-local: they hold what only this
+	// process can keep (a function, a context), are not journaled, and
+	// are gone after a restart.
+
+	// OnDone, when set, is called once the task has ended and its final
+	// summary was delivered (or given up, or no Notifier is set): exactly
+	// once, on a goroutine of the Manager, never under its lock, with the
+	// task's final snapshot. It is how the one caller that launched a
+	// task hears of its end without racing Launch's return. A panic in it
+	// is recovered and logged. A Launch that ExtendLive makes an Extend
+	// adds its OnDone to the extended task's (also when that Extend fails
+	// with ErrNotRunning: the task is ending, and OnDone says how). It is
+	// not called for an end the journal could not make durable (the
+	// Manager then refuses everything with ErrJournal). Shutdown waits for
+	// OnDone calls: one must not wait for Shutdown in turn.
+	OnDone func(Task)
+	// InheritValues makes the contexts of the task's host calls — the
+	// FuncHost function's, StartSession's, PromptSession's — carry the
+	// values of the context passed to Launch (a channel, a chat, turn
+	// state: what tools read), never its cancellation or deadline. The
+	// context is kept with the task while it is in memory.
+	InheritValues bool
+	// CancelWithCaller stops the task when the context passed to Launch
+	// ends before the task does: the task and what its sessions launched
+	// are stopped as CloseTask stops them (honestly: cancelled once the
+	// host confirmed), and the close's error, if any, is logged.
+	// InheritValues and CancelWithCaller apply to the task a Launch
+	// creates: with ExtendLive they are refused (ErrInvalidSpec), as that
+	// Launch may extend a task another caller started.
+	CancelWithCaller bool
+}
+
+// Resumer is a Host that can resume an existing child session with a new
+// prompt (Spec.ContinueFrom). nil means the session runs req.Prompt now, as
+// attempt req.AttemptID.
+type Resumer interface {
+	ResumeSession(ctx context.Context, sessionID string, req SessionRequest) error
+}
+
+// ReservedMetadataPrefix starts the Metadata keys only bgtask may write.
+const ReservedMetadataPrefix = "bgtask."
+
+func (s Spec) validate() error {
+	switch {
+	case blank(s.ParentSessionID):
+		return &SpecError{Field: "ParentSessionID", Reason: "is empty"}
+	case len(s.Models) == 0:
+		return &SpecError{Field: "Models", Reason: "has no model"}
+	case s.MaxAttempts < 0:
+		return &SpecError{Field: "MaxAttempts", Reason: "is negative (" + strconv.Itoa(s.MaxAttempts) + ")"}
+	case s.Timeout < 0:
+		return &SpecError{Field: "Timeout", Reason: "is negative (" + s.Timeout.String() + ")"}
+	case s.AttemptTimeout < 0:
+		return &SpecError{Field: "AttemptTimeout", Reason: "is negative (" + s.AttemptTimeout.String() + ")"}
+	}
+	if s.ID != "" {
+		if reason := badID(s.ID); reason != "" {
+			return &SpecError{Field: "ID", Reason: reason}
+		}
+	}
+	if s.ExtendLive && (s.InheritValues || s.CancelWithCaller) {
+		return &SpecError{Field: "ExtendLive", Reason: "cannot be used with InheritValues or CancelWithCaller: they apply to the task a Launch creates"}
+	}
+	for k := range s.Metadata {
+		if len(k) >= len(ReservedMetadataPrefix) && strings.EqualFold(k[:len(ReservedMetadataPrefix)], ReservedMetadataPrefix) {
+			return &SpecError{Field: "Metadata[" + strconv.Quote(k) + "]", Reason: "the " + ReservedMetadataPrefix + " prefix is reserved for the library"}
+		}
+	}
+	for i, m := range s.Models {
+		field := "Models[" + strconv.Itoa(i) + "]"
+		if m.Provider != "" && blank(m.Provider) {
+			return &SpecError{Field: field + ".Provider", Reason: "is only white space (leave it empty for a model with no provider)"}
+		}
+		if m.Provider == "" && strings.Contains(m.ID, "/") {
+			return &SpecError{Field: field + ".ID", Reason: "has a \"/\" but no Provider: it would read as provider/id (set Provider)"}
+		}
+		if blank(m.ID) {
+			return &SpecError{Field: field + ".ID", Reason: "is empty"}
+		}
+	}
+	return nil
+}
+
+// badID says what is wrong with a task id a caller chose, or "".
+func badID(id string) string {
+	switch {
+	case len(id) > maxIDBytes:
+		return "is longer than " + strconv.Itoa(maxIDBytes) + " bytes"
+	case !utf8.ValidString(id):
+		return "is not valid UTF-8"
+	}
+	for _, r := range id {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return "contains white space or a control character (" + strconv.QuoteRune(r) + ")"
+		}
+	}
+	return ""
+}
+
+// maxIDBytes bounds a task id a caller chose (Spec.ID).
+const maxIDBytes = 128
+
+// blank reports whether s is empty or only white space.
+func blank(s string) bool { return strings.TrimSpace(s) == "" }

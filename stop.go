@@ -1,0 +1,379 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/bgtask/bgtask/internal/callq"
+)
+
+// newAbort registers the abort of run a of e, or returns the one in flight
+// (fresh false). A fresh op must be handed to runAbort or addAbort. store,
+// if not nil, is where a fresh op is kept (closures allocate ops in slabs).
+// m.mu is held.
+func (m *Manager) newAbort(e *entry, a *Attempt, store *abortOp) (op *abortOp, fresh bool) {
+	if op := e.rt.abort; op != nil && op.run().Token == a.Token {
+		return op, false
+	}
+	if store == nil {
+		store = new(abortOp)
+	}
+	op = store
+	m.intend(recAbortRequested, e, *a)
+	*op = abortOp{
+		ref:     attemptRef{e: e, index: e.current},
+		session: a.SessionID,
+		ctx: runCtx{Context: m.life.ctx, v: runValue{
+			ref:  RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token},
+			kind: callAbort,
+		}},
+	}
+	e.rt.abort = op
+	m.calls.abortsN++
+	return op, true
+}
+
+// abortRun starts the abort of run a of e, or joins the one in flight. When
+// the host confirms it, the attempt ends with e's wanted stop status unless
+// it already ended on its own evidence. m.mu is held.
+func (m *Manager) abortRun(e *entry, a Attempt) *abortOp {
+	op, fresh := m.newAbort(e, &a, nil)
+	if fresh {
+		m.runAbort(op)
+	}
+	return op
+}
+
+// maxAbortWorkers bounds the goroutines one batch of aborts (a closure
+// pass) calls the host on. A host that answers at once keeps one or two
+// busy; a slow or hung one grows the set to the bound (see internal/callq).
+const maxAbortWorkers = 32
+
+// abortBatch is a set of aborts in flight. The host calls run on a callq
+// Queue's workers; each answer is recorded under m.mu, as it lands, by the
+// queue's recorder — or by the closure pass that set the batch off, which
+// takes the answers that landed while it went on scanning.
+type abortBatch struct {
+	q      *callq.Queue[*abortOp]
+	left   int           // ops added and not recorded yet
+	sealed bool          // no op will be added
+	done   chan struct{} // made by seal; closed once sealed and left is 0
+	failed []*abortOp    // ops whose abort failed, in the order recorded
+	buf    []*abortOp    // scratch for take
+	pend   []*abortOp    // fresh ops not handed to the queue yet
+}
+
+func (m *Manager) newBatch() *abortBatch {
+	b := &abortBatch{}
+	b.q = callq.New(maxAbortWorkers, m.goLater, m.life.group.Go,
+		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.session) },
+		func(ops []*abortOp) {
+			m.step(&abortedIn{b: b, ops: ops})
+		})
+	return b
+}
+
+// runAbort calls the host for one fresh op on an owned goroutine. m.mu is
+// held.
+func (m *Manager) runAbort(op *abortOp) {
+	b := m.newBatch()
+	m.addAbort(b, op)
+	m.flushAborts(b)
+}
+
+// addAbort adds a fresh op to b; flushAborts hands it to the workers.
+// m.mu is held.
+func (m *Manager) addAbort(b *abortBatch, op *abortOp) {
+	b.left++
+	b.pend = append(b.pend, op)
+}
+
+// flushAborts hands b's added ops to its workers, all at once. m.mu is
+// held.
+func (m *Manager) flushAborts(b *abortBatch) {
+	if !b.q.Add(b.pend...) { // the group is closed (after Shutdown): the ops fail
+		for _, op := range b.pend {
+			op.err = ErrShutdown
+		}
+		m.recordAborts(b, b.pend, m.now())
+	}
+	clear(b.pend)
+	b.pend = b.pend[:0]
+}
+
+// takeAborts hands b's added ops to its workers and records the answers
+// they landed that no recorder took yet. m.mu is held.
+func (m *Manager) takeAborts(b *abortBatch) {
+	m.flushAborts(b)
+	b.buf = b.q.Take(b.buf[:0])
+	if len(b.buf) > 0 {
+		m.recordAborts(b, b.buf, m.now())
+		clear(b.buf)
+	}
+}
+
+// sealAborts says b gets no more ops and returns a channel closed once
+// every answer is recorded. m.mu is held.
+func (m *Manager) sealAborts(b *abortBatch) <-chan struct{} {
+	m.flushAborts(b)
+	b.sealed = true
+	b.done = make(chan struct{})
+	done := b.done
+	b.closeIfDone()
+	return done
+}
+
+// closeIfDone closes b's done channel once it is sealed and every answer
+// is recorded. m.mu is held.
+func (b *abortBatch) closeIfDone() {
+	if b.sealed && b.left == 0 && b.done != nil {
+		close(b.done)
+		b.done = nil
+	}
+}
+
+// recordAborts records the host's answers to ops, all of which had landed
+// by now. m.mu is held.
+func (m *Manager) recordAborts(b *abortBatch, ops []*abortOp, now time.Time) {
+	for _, op := range ops {
+		m.aborted(op, op.err, now)
+		if op.err != nil {
+			b.failed = append(b.failed, op)
+		}
+	}
+	b.left -= len(ops)
+	b.closeIfDone()
+}
+
+// aborted records the host's answer to op, which had landed by now. m.mu
+// is held.
+func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
+	e := op.ref.e
+	if e.rt.abort == op {
+		e.rt.abort = nil
+	}
+	m.calls.abortsN--
+	op.err = err
+	op.finished = true
+	if op.done != nil {
+		close(op.done)
+	}
+	a := op.ref.attempt()
+	live := op.ref.isCurrent() && !a.Status.Terminal()
+	switch {
+	case err != nil:
+		if live {
+			// The stop it served is withdrawn: the run goes on (a stop that
+			// was asked still forbids a retry).
+			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
+				slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
+				slog.String("session", op.session), slog.String("err", err.Error()))
+			if !m.commit(e, record{kind: recStopWithdrawn, at: now, attempt: *a, recordExt: &recordExt{note: err.Error()}}) {
+				m.touched(e)
+			}
+		} else {
+			m.touched(e) // the stop's waiters learn the answer
+		}
+	case live && op.failWith != nil && e.stop != StatusError && !m.fence(e):
+		e.seen.stopped = op.run().Token // the retry need not abort it again
+		m.fail(e, *op.failWith, now)
+	case live:
+		var errText string // what the run returned as it stopped, if anything
+		if out := e.seen.out; out.token == a.Token {
+			errText = out.stopErr
+		}
+		m.endStopped(op.ref, errText, now)
+	default:
+		m.touched(e)
+	}
+	op.status = op.ref.attempt().Status
+}
+
+// endStopped ends the run ref names, which a stop asked of it (e.stop,
+// or a cancel) found stopped: the task's deadline fails it, reason
+// deadline, whoever's abort stopped it; any other stop gives its status,
+// with errText, what the run returned as it stopped. m.mu is held.
+func (m *Manager) endStopped(ref attemptRef, errText string, now time.Time) {
+	e := ref.e
+	if e.stop == StatusError {
+		m.fail(e, *deadlineFailure(e, false), now)
+		return
+	}
+	m.finalizeRef(ref, e.stopStatus(), errText, "", now)
+}
+
+// abortOrphan aborts a session that was created for attempt a after a
+// stopped being current. The session is never adopted; a failed abort is
+// logged.
+func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
+	orphan := a
+	orphan.SessionID = sessionID
+	m.intend(recAbortRequested, e, orphan)
+	if !m.effect(effect{kind: fxAbortOrphan, e: e, run: runOfAttempt(a), session: sessionID}) {
+		m.logLocked(slog.LevelError, "bgtask: a session created for a superseded attempt was left running: the manager is shut down",
+			slog.String("task", e.id), slog.String("attempt", a.ID), slog.String("session", sessionID))
+	}
+}
+
+// abortOrphanNow aborts sessionID, created for run a of e after a stopped
+// being current; a failed abort is logged.
+func (m *Manager) abortOrphanNow(e *entry, a Attempt, sessionID string) {
+	run := RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}
+	if err := m.callAbort(withRun(m.life.ctx, run, callAbort), sessionID); err != nil {
+		m.logAttrs(slog.LevelWarn, "bgtask: abort of a session created for a superseded attempt failed",
+			slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID),
+			slog.String("session", sessionID), slog.String("err", err.Error()))
+	}
+}
+
+// callAbort calls the host. A panic is an abort that failed; the host's
+// error is guarded, so rendering it later never calls user code.
+func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
+	if err := m.poisoned(); err != nil {
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("bgtask: Host.AbortSession panicked: %s", panicText(r))
+		}
+	}()
+	return guardError(m.host.AbortSession(ctx, sessionID))
+}
+
+// stopRun acts on e's wanted stop for its current run: a run with no child
+// ends at once; a running child is aborted; a start in flight is aborted on
+// arrival (started sees the stop recorded). m.mu is held.
+func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
+	a := *e.cur()
+	if op := e.rt.abort; op != nil && op.run().Token == a.Token {
+		return op // joined: an arriving session, a stall, another stop
+	}
+	switch {
+	case a.Status == StatusPending && !e.rt.starting() && e.stop == StatusError:
+		m.fail(e, *deadlineFailure(e, false), now) // no child: the task's deadline ends it now
+	case a.Status == StatusPending && !e.rt.starting():
+		m.finalize(e, a.ID, e.stop, "", "", now)
+	case a.Status == StatusRunning:
+		return m.abortRun(e, a)
+	}
+	return nil
+}
+
+// Cancel stops the task with id and returns once its child has stopped: the
+// host confirmed the abort, or no child existed yet. It acts on the run it
+// observes when called (by token): it never stops a later run, and no retry
+// follows it.
+//
+// Cancel returns nil, changing nothing, when the task is already terminal
+// (also when the child finished before the abort landed: the task keeps that
+// outcome). It returns ErrUnknownTask for an unknown id; the host's error if
+// the abort failed (the task stays in its live state, and Cancel may be
+// called again); ctx's error if ctx ends first (the abort goes on and its
+// outcome is recorded when it lands); and ErrStopPending when called with a
+// Host callback's context for the run that callback serves.
+func (m *Manager) Cancel(ctx context.Context, id string) error {
+	return m.cancel(orBackground(ctx), id, "")
+}
+
+// cancel stops the run of task id with token, or (token "") the run current
+// at the first look.
+func (m *Manager) cancel(ctx context.Context, id, token string) error {
+	for {
+		in := stopIn{id: id, token: token}
+		if err := m.stepCtx(ctx, &in); err != nil {
+			return durabilityUnknown(err, "Cancel", id)
+		}
+		r := in.out
+		if r.err != nil || r.done {
+			return r.err
+		}
+		op, wait := r.op, r.wait
+		token = r.token // the run the stop acts on
+		if servesRun(ctx, token) {
+			return ErrStopPending
+		}
+		if m.hooks.waiting != nil {
+			m.hooks.waiting(id)
+		}
+		if err := m.parkOn(ctx, wait); err != nil {
+			return err
+		}
+		if op != nil && op.err != nil {
+			e := op.ref.e
+			m.mu.Lock()
+			live := !e.terminal() && e.cur().Token == token
+			m.unlock()
+			if live {
+				return fmt.Errorf("bgtask: cancel task %s: abort session %s: %w", id, op.session, op.err)
+			}
+		}
+	}
+}
+
+// onStop decides a Cancel of task id's run (token, or "" for the current
+// one): the stop is recorded and acted on; the reply says what to wait for
+// (the abort, or the next change), or done when the task is terminal or
+// another run is current. m.mu is held.
+func (m *Manager) onStop(in *stopIn) reply {
+	e := m.led.tasks[in.id]
+	if e == nil {
+		return reply{err: m.missing(in.id)}
+	}
+	a := *e.cur()
+	if e.terminal() || (in.token != "" && a.Token != in.token) {
+		return reply{done: true}
+	}
+	m.wantStop(e, stopByCancel, m.now())
+	op := m.stopRun(e, m.now())
+	if e.terminal() {
+		return reply{done: true}
+	}
+	r := reply{op: op, wait: e.waitChange(), token: a.Token}
+	if op != nil {
+		r.wait = op.waitDone()
+	}
+	return r
+}
+
+// CancelRun stops exactly the run ref names and returns once it has
+// stopped, like Cancel. If that run was already replaced or ended, it does
+// nothing and returns nil: it never touches another run of the task.
+func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
+	ctx = orBackground(ctx)
+	m.mu.Lock()
+	e := m.led.tasks[ref.TaskID]
+	if e == nil {
+		m.unlock()
+		return fmt.Errorf("%w: %q", ErrUnknownTask, ref.TaskID)
+	}
+	cur := e.cur()
+	live := !e.terminal() && cur.Token == ref.Token
+	m.unlock()
+	if !live {
+		return nil
+	}
+	return m.cancel(ctx, ref.TaskID, ref.Token)
+}
+
+// cascadeDelete closes the branch beneath a deleted session: the fence goes
+// up at once, and the passes run on a goroutine the Manager owns, so
+// Observe never waits for them. Its record is kept; the parent hears of it
+// only if anything was running below. m.mu is held.
+func (m *Manager) cascadeDelete(sessionID string) {
+	c := m.openClosure(sessionID, nil)
+	c.quiet = true
+	if !m.effect(effect{kind: fxCascade, closure: c, session: sessionID}) {
+		delete(m.closures.active, c)
+	}
+}
+
+// cascadeNow runs the passes of closure c of a deleted session's branch.
+func (m *Manager) cascadeNow(c *closure, sessionID string) {
+	if _, err := m.runClosure(m.life.ctx, c); err != nil && !errors.Is(err, context.Canceled) {
+		m.logAttrs(slog.LevelWarn, "bgtask: closing the branch of a deleted session failed",
+			slog.String("session", sessionID), slog.String("err", err.Error()))
+	}
+}
