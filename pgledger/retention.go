@@ -132,32 +132,25 @@ func (n *Node) retain(ctx context.Context) {
 		}
 		return pruneEvery
 	}
-	t := time.NewTimer(every())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+	periodically(ctx, every, func(d time.Duration) {
+		mine, err := claimPrune(ctx, n.pool, n.o.Ledger, d)
+		if err != nil || !mine {
 			return
-		case <-t.C:
 		}
-		d := every()
-		if mine, err := claimPrune(ctx, n.pool, n.o.Ledger, d); err == nil && mine {
-			p, err := pruneLedger(ctx, n.pool, n.o.Ledger, r, n.o.Logger.Warn)
-			switch {
-			case err != nil && ctx.Err() == nil:
-				n.o.Logger.Warn("pgledger: pruning the ledger", "err", err, "pruned", fmt.Sprintf("%+v", p))
-			case p.any():
-				n.o.Logger.Info("pgledger: pruned the ledger", "pruned", fmt.Sprintf("%+v", p))
-			}
-			if h := n.o.prune; h != nil && err == nil {
-				select {
-				case h.done <- p:
-				case <-ctx.Done():
-				}
+		p, err := pruneLedger(ctx, n.pool, n.o.Ledger, r, n.o.Logger.Warn)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			n.o.Logger.Warn("pgledger: pruning the ledger", "err", err, "pruned", fmt.Sprintf("%+v", p))
+		case p.any():
+			n.o.Logger.Info("pgledger: pruned the ledger", "pruned", fmt.Sprintf("%+v", p))
+		}
+		if h := n.o.prune; h != nil && err == nil {
+			select {
+			case h.done <- p:
+			case <-ctx.Done():
 			}
 		}
-		t.Reset(d)
-	}
+	})
 }
 
 // claimPrune takes ledger's pass for this node if no node took one in the

@@ -44,7 +44,18 @@ const staleSQL = `SELECT quote_ident(s.relname) FROM pg_stat_user_tables s JOIN 
 // keepStatistics analyzes the package's tables whose statistics fell
 // behind (staleSQL), every analyzeEvery until ctx ends.
 func (n *Node) keepStatistics(ctx context.Context) {
-	t := time.NewTimer(analyzeEvery)
+	periodically(ctx, func() time.Duration { return analyzeEvery }, func(time.Duration) {
+		if tables, err := analyzeStale(ctx, n.pool, analyzeFloor); err != nil && ctx.Err() == nil {
+			n.o.Logger.Debug("pgledger: analyzing tables whose statistics fell behind", "err", err, "tables", tables)
+		}
+	})
+}
+
+// periodically calls f until ctx ends, each call interval() after the
+// previous one ended (the first, interval() after it starts); f is given
+// the interval it waited for next, asked again at each call.
+func periodically(ctx context.Context, interval func() time.Duration, f func(next time.Duration)) {
+	t := time.NewTimer(interval())
 	defer t.Stop()
 	for {
 		select {
@@ -52,10 +63,9 @@ func (n *Node) keepStatistics(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if tables, err := analyzeStale(ctx, n.pool, analyzeFloor); err != nil && ctx.Err() == nil {
-			n.o.Logger.Debug("pgledger: analyzing tables whose statistics fell behind", "err", err, "tables", tables)
-		}
-		t.Reset(analyzeEvery)
+		d := interval()
+		f(d)
+		t.Reset(d)
 	}
 }
 
