@@ -98,16 +98,26 @@ func guardJournal(what string, f func() error) (err error) {
 	return f()
 }
 
-// FileJournalOption configures OpenFileJournal.
-type FileJournalOption func(*wal.Options)
+// FileJournalOption configures OpenFileJournal: WithSyncEachCommit,
+// WithSegmentSize.
+type FileJournalOption interface{ applyFile(*wal.Options) }
 
-// SyncEachCommit makes every commit its own fsync. Default: group commit —
-// commits that arrive while an fsync is in progress share the next one.
-func SyncEachCommit() FileJournalOption { return func(o *wal.Options) { o.SyncEach = true } }
+type fileOption func(*wal.Options)
 
-// SegmentSize starts a new segment file once the current one holds n
-// bytes. Default: 64 MiB.
-func SegmentSize(n int64) FileJournalOption { return func(o *wal.Options) { o.SegmentBytes = n } }
+func (f fileOption) applyFile(o *wal.Options) { f(o) }
+
+// WithSyncEachCommit makes every commit its own fsync. Default: group
+// commit — commits that arrive while an fsync is in progress share the
+// next one.
+func WithSyncEachCommit() FileJournalOption {
+	return fileOption(func(o *wal.Options) { o.SyncEach = true })
+}
+
+// WithSegmentSize starts a new segment file once the current one holds n
+// bytes. Default (and for n ≤ 0): 64 MiB.
+func WithSegmentSize(n int64) FileJournalOption {
+	return fileOption(func(o *wal.Options) { o.SegmentBytes = n })
+}
 
 // OpenFileJournal opens (or creates) a journal in dir, the embedded
 // default for durability: segment files of length-prefixed, CRC-32C-checked
@@ -125,7 +135,9 @@ func OpenFileJournal(dir string, opts ...FileJournalOption) (Journal, error) {
 	}
 	var o wal.Options
 	for _, f := range opts {
-		f(&o)
+		if f != nil {
+			f.applyFile(&o)
+		}
 	}
 	l, err := wal.Open(dir, o)
 	if err != nil {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"time"
-
-	"github.com/bgtask/bgtask/internal/clock"
 )
 
 // Clock is the Manager's time source (WithClock): every timeout, delay,
@@ -24,7 +22,10 @@ type Clock interface {
 
 // Timer is a Clock's timer: C delivers the time once when it fires, Stop
 // prevents that and reports whether it did (as time.Timer's do).
-type Timer = clock.Timer
+type Timer = interface {
+	C() <-chan time.Time
+	Stop() bool
+}
 
 // Option configures a Manager.
 type Option interface{ apply(*config) }

@@ -14,10 +14,12 @@ type Clock interface {
 	NewTimer(d time.Duration) Timer
 }
 
-// Timer fires once on C unless stopped first.
-type Timer interface {
+// Timer fires once on C unless stopped first; Stop prevents that and
+// reports whether it did so. It is an alias of an unnamed interface so
+// that the root package can declare the same type without naming this
+// package in its API: a bgtask.Clock and a Clock are then one method set.
+type Timer = interface {
 	C() <-chan time.Time
-	// Stop prevents the timer from firing and reports whether it did so.
 	Stop() bool
 }
 
