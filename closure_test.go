@@ -240,17 +240,17 @@ func TestReentrantNotifierAndHostCallbacks(t *testing.T) {
 	var m *Manager
 	h := newHarness(t, &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
 		// A host reading and launching from inside its callback.
-		if _, ok := m.Task(req.TaskID); !ok {
+		if _, err := m.Task(req.TaskID); err != nil {
 			return "", errors.New("task not visible from the host")
 		}
-		_ = m.Tasks()
+		_ = m.Snapshot().Tasks
 		return sid, nil
 	}})
 	m = h.m
 	var child Task
 	var childErr error
 	h.rec.hook = func(ctx context.Context, n Notification) error {
-		_ = m.Tasks()
+		_ = m.Snapshot().Tasks
 		if n.Kind == NotifyRetryScheduled {
 			// A notifier launching follow-up work and cancelling from inside
 			// its callback.

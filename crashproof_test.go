@@ -669,7 +669,7 @@ func drive(t *testing.T, m *Manager, w *crashWorld) {
 		woke := w.woke
 		w.mu.Unlock()
 		live := 0
-		for _, task := range m.Tasks() {
+		for _, task := range m.Snapshot().Tasks {
 			if task.Status.Terminal() {
 				continue
 			}
@@ -703,7 +703,7 @@ func drive(t *testing.T, m *Manager, w *crashWorld) {
 		case <-ch:
 		case <-woke:
 		case <-deadline:
-			for _, task := range m.Tasks() {
+			for _, task := range m.Snapshot().Tasks {
 				if !task.Status.Terminal() {
 					t.Logf("live: %s %s pending=%q activity=%q session %s alive=%v invocations=%d", task.ID, task.Status, task.Pending, task.Activity, task.SessionID, w.alive(task.SessionID), len(task.Invocations))
 				}
@@ -744,13 +744,13 @@ func checkRestart(t *testing.T, j Journal, recs, history []record, start time.Ti
 	require.NoError(t, m.notes.lanes.Wait(ctx))
 	for _, id := range b.launched {
 		if !slices.Contains(b.tasks, id) {
-			_, err := m.Lookup(id)
+			_, err := m.Task(id)
 			require.Error(t, err, "task %s, launched without its first attempt, never happened", id)
 		}
 	}
 	tasks := map[string]Task{}
 	for _, id := range b.tasks {
-		if task, err := m.Lookup(id); err == nil {
+		if task, err := m.Task(id); err == nil {
 			tasks[id] = task
 		}
 	}

@@ -82,7 +82,7 @@ func requireDurabilityUnknown(t *testing.T, err error, op string) *DurabilityUnk
 
 // Every call that waits for its records to be durable returns when its
 // context ends, with the context's error; a Launch's error names the task
-// so that a later Lookup tells the truth; and nothing the records describe
+// so that a later Task tells the truth; and nothing the records describe
 // happens before they are durable — it happens, in order, once they are.
 func TestDurableWaitsKeepToTheirContext(t *testing.T) {
 	inner, err := OpenFileJournal(t.TempDir())
@@ -104,8 +104,8 @@ func TestDurableWaitsKeepToTheirContext(t *testing.T) {
 	assert.Empty(t, w.sess, "no session was started before the launch was durable")
 	w.mu.Unlock()
 	j.release()
-	task := waitStatus(t, m, du.TaskID, StatusRunning) // it became durable after all: Lookup tells
-	got, err := m.Lookup(du.TaskID)
+	task := waitStatus(t, m, du.TaskID, StatusRunning) // it became durable after all: Task tells
+	got, err := m.Task(du.TaskID)
 	require.NoError(t, err)
 	assert.Equal(t, task.ID, got.ID)
 

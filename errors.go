@@ -86,7 +86,7 @@ var (
 // durable: they may or may not become durable, and what they describe may
 // or may not happen (it happens, in order, once they are: nothing runs
 // before its records are durable). TaskID names the task, so the caller
-// can look it up: Lookup tells the truth (an ErrUnknownTask after a
+// can look it up: Manager.Task tells the truth (an ErrUnknownTask after a
 // Launch means it never happened). It matches ErrDurabilityUnknown and
 // unwraps to the context's error.
 type DurabilityUnknownError struct {
@@ -100,7 +100,7 @@ func (e *DurabilityUnknownError) Error() string {
 	if e.TaskID != "" {
 		s += " of task " + e.TaskID
 	}
-	return s + ": the context ended before its records were durable; they may or may not be (Lookup tells): " + safeText(e.Err)
+	return s + ": the context ended before its records were durable; they may or may not be (Manager.Task tells): " + safeText(e.Err)
 }
 
 // Is makes errors.Is(err, ErrDurabilityUnknown) true.

@@ -32,7 +32,7 @@ func running(m *bgtask.Manager, parent string) bgtask.Task {
 func runningOn(m *bgtask.Manager, id string, n int) bgtask.Task {
 	sub, _ := m.Subscribe(context.Background(), 64)
 	defer sub.Close()
-	for t, ok := m.Task(id); ok && (t.Status != bgtask.StatusRunning || len(t.Attempts) < n); t, ok = m.Task(id) {
+	for t, err := m.Task(id); err == nil && (t.Status != bgtask.StatusRunning || len(t.Attempts) < n); t, err = m.Task(id) {
 		<-sub.C
 	}
 	t, _ := m.Task(id)
@@ -48,7 +48,7 @@ func ExampleNew() {
 		bgtask.WithRetryDelay(bgtask.Backoff(0, 0, 0)),
 	)
 	defer m.Shutdown(context.Background())
-	fmt.Println(len(m.Tasks()))
+	fmt.Println(len(m.Snapshot().Tasks))
 	// Output: 0
 }
 

@@ -128,18 +128,16 @@ func readsOf(t *testing.T, m *Manager, ids []string, local bool) string {
 		fmt.Fprintf(&b, "%s: %s\n", what, j)
 	}
 	for _, id := range ids {
-		task, ok := m.Task(id)
-		require.True(t, ok, "task %s", id)
+		task, err := m.Task(id)
+		require.NoError(t, err, "task %s", id)
 		add("Task "+id, task, nil)
-		looked, err := m.Lookup(id)
-		add("Lookup", looked, err)
 		waited, err := m.Wait(ctx, id)
 		add("Wait", waited, err)
 		answer, err := m.WaitAnswer(ctx, id, 1)
 		add("WaitAnswer", answer, err)
 		add("Envelope", Envelope(task), nil)
 		add("Timeline", Timeline(task), nil)
-		page, err := m.Page(Query{Parent: task.ParentSessionID, Status: task.Status, Limit: 1000})
+		page, err := m.Tasks(Query{Parent: task.ParentSessionID, Status: task.Status, Limit: 1000})
 		add("Page", page, err)
 		if local {
 			add("Value", fmt.Sprintf("%#v", task.Value), nil)
@@ -150,7 +148,7 @@ func readsOf(t *testing.T, m *Manager, ids []string, local bool) string {
 		snap := m.Snapshot()
 		snap.Epoch = 0 // a Manager's own: two Managers never share one
 		add("Snapshot", snap, nil)
-		add("Tasks", m.Tasks(), nil)
+		add("Tasks", m.Snapshot().Tasks, nil)
 		add("Undelivered", m.Undelivered(), nil)
 		add("ClosureRecords", m.ClosureRecords(), nil)
 	}
@@ -207,7 +205,7 @@ func richTasks(t *testing.T, h *harness) []string {
 	return ids
 }
 
-// Every read of a frozen task — Task, Lookup, Wait, WaitAnswer, Page,
+// Every read of a frozen task — Task, Wait, WaitAnswer, Tasks,
 // Snapshot, Tasks, its envelope and timeline, its Value and Err — gives
 // what it gave while the task was warm, and freezing changes nothing a
 // subscriber sees (the snapshot's sequence).
@@ -247,8 +245,8 @@ func staleEvents(t *testing.T, m *Manager, ids []string) []Event {
 	t.Helper()
 	evs := []Event{{AttemptID: "attempt-none", Kind: SessionBusy}, {SessionID: "ses-none", Kind: SessionIdle, Text: "x"}}
 	for _, id := range ids {
-		task, ok := m.Task(id)
-		require.True(t, ok)
+		task, err := m.Task(id)
+		require.NoError(t, err)
 		for _, a := range task.Attempts {
 			evs = append(evs,
 				Event{AttemptID: a.ID, Kind: SessionBusy},
@@ -354,7 +352,7 @@ func branchRun(t *testing.T, freeze bool, how string) string {
 	}
 	aborts := slices.Clone(h.host.Aborts())
 	slices.Sort(aborts) // a closure stops its runs side by side: in no order between them
-	j, err := json.Marshal([]any{rep, h.m.Tasks(), h.m.ClosureRecords(), aborts, kinds})
+	j, err := json.Marshal([]any{rep, h.m.Snapshot().Tasks, h.m.ClosureRecords(), aborts, kinds})
 	require.NoError(t, err)
 	return string(j)
 }
@@ -435,9 +433,9 @@ func TestContinueFromATaskWhoseContinuationWasForgotten(t *testing.T) {
 	require.NoError(t, err)
 	waitStatus(t, m, next.ID, StatusRunning)
 	require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "polished"}))
-	_, err = m.Lookup(next.ID)
+	_, err = m.Task(next.ID)
 	require.ErrorIs(t, err, ErrForgotten, "q has no live task: the continuation goes")
-	_, err = m.Lookup(first.ID)
+	_, err = m.Task(first.ID)
 	require.NoError(t, err)
 	launch := func() (err error) {
 		defer func() {
@@ -453,7 +451,7 @@ func TestContinueFromATaskWhoseContinuationWasForgotten(t *testing.T) {
 	var se *SpecError
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, "ContinueFrom", se.Field)
-	_, err = m.Lookup(first.ID) // the Manager still answers
+	_, err = m.Task(first.ID) // the Manager still answers
 	assert.NoError(t, err)
 }
 
@@ -519,7 +517,7 @@ func TestRetentionForgetsFrozenTasks(t *testing.T) {
 	}
 	ctx := testCtx(t)
 	for _, old := range tasks[:n-keep] {
-		_, err := h.m.Lookup(old.ID)
+		_, err := h.m.Task(old.ID)
 		assert.ErrorIs(t, err, ErrForgotten)
 		_, err = h.m.Wait(ctx, old.ID)
 		assert.ErrorIs(t, err, ErrForgotten)
@@ -530,7 +528,7 @@ func TestRetentionForgetsFrozenTasks(t *testing.T) {
 	kept := tasks[n-keep:]
 	requireFrozen(t, h.m, kept[0].ID, kept[keep-freezeLag-1].ID)
 	for _, task := range kept {
-		got, err := h.m.Lookup(task.ID)
+		got, err := h.m.Task(task.ID)
 		require.NoError(t, err)
 		require.NoError(t, sameJSON("task "+task.ID, task, got))
 	}
@@ -557,10 +555,10 @@ func TestRetentionByAgeForgetsFrozenTasks(t *testing.T) {
 	h.clock.Advance(2 * time.Minute)
 	fresh := finish(t, h, "q")
 	for _, task := range old {
-		_, err := h.m.Lookup(task.ID)
+		_, err := h.m.Task(task.ID)
 		assert.ErrorIs(t, err, ErrForgotten)
 	}
-	_, err := h.m.Lookup(fresh.ID)
+	_, err := h.m.Task(fresh.ID)
 	assert.NoError(t, err)
 	checkIndexes(t, h.m)
 }
@@ -590,7 +588,7 @@ func TestARetryThatReturnsAfterItsTaskFrozeOrWasForgotten(t *testing.T) {
 			require.Equal(t, StatusCancelled, ended.Status)
 			if forget {
 				finish(t, h, "q")
-				_, err := m.Lookup(task.ID)
+				_, err := m.Task(task.ID)
 				require.ErrorIs(t, err, ErrForgotten)
 			} else {
 				freezeAll(m)
@@ -776,7 +774,7 @@ func TestATaskThatCannotFreezeStaysWarmAndIsNotLookedAtAgain(t *testing.T) {
 	}
 	for _, task := range tasks {
 		require.False(t, frozen(t, h.m, task.ID), "task %s", task.ID)
-		got, err := h.m.Lookup(task.ID)
+		got, err := h.m.Task(task.ID)
 		require.NoError(t, err)
 		require.NoError(t, sameJSON("task "+task.ID, task, got))
 	}

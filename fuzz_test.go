@@ -134,7 +134,7 @@ func runScript(t *testing.T, script []byte) {
 		if err := m.checkReplay(); err != nil {
 			t.Fatal(err)
 		}
-		for _, task := range m.Tasks() {
+		for _, task := range m.Snapshot().Tasks {
 			if task.Revision < revs[task.ID] {
 				t.Fatalf("task %s revision went back %d → %d", task.ID, revs[task.ID], task.Revision)
 			}
@@ -149,7 +149,7 @@ func runScript(t *testing.T, script []byte) {
 			}
 		}
 	}
-	for _, task := range m.Tasks() {
+	for _, task := range m.Snapshot().Tasks {
 		var kinds []NotificationKind
 		for _, k := range h.rec.Kinds(task.ID) {
 			if k != NotifyBranchClosed { // about the branch below the task, not the task
@@ -175,7 +175,7 @@ func runScript(t *testing.T, script []byte) {
 // allSessions lists every session any task's attempt was bound to.
 func allSessions(m *Manager) []string {
 	var out []string
-	for _, task := range m.Tasks() {
+	for _, task := range m.Snapshot().Tasks {
 		for _, a := range task.Attempts {
 			if a.SessionID != "" {
 				out = append(out, a.SessionID)
@@ -189,7 +189,7 @@ func allSessions(m *Manager) []string {
 // session of every task found) is live, nor root's own live run.
 func assertBranchStopped(t *testing.T, m *Manager, root string) {
 	t.Helper()
-	tasks := m.Tasks()
+	tasks := m.Snapshot().Tasks
 	inScope := map[string]bool{root: true}
 	for changed := true; changed; {
 		changed = false

@@ -664,7 +664,7 @@ func checkOpenImage(t *testing.T, base *openBase, files map[string][]byte, late 
 	drive(t, m, w)
 	require.NoError(t, m.notes.lanes.Wait(ctx))
 	attempts := map[string]string{} // attempt → task
-	for _, task := range m.Tasks() {
+	for _, task := range m.Snapshot().Tasks {
 		require.True(t, task.Status.Terminal(), "task %s ended", task.ID)
 		for i, a := range task.Attempts {
 			require.Equal(t, i+1, a.Number, "task %s: attempts numbered in order", task.ID)

@@ -417,7 +417,7 @@ func TestSpecRefusesBlankFieldsAndReservedPrefixInAnyCase(t *testing.T) {
 			assert.Equal(t, tt.field, se.Field)
 		})
 	}
-	assert.Empty(t, h.m.Tasks())
+	assert.Empty(t, h.m.Snapshot().Tasks)
 }
 
 // panicky is an error whose own methods panic: user code failing on a

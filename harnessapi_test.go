@@ -44,7 +44,7 @@ func TestARunReturnsAStructuredResultKeptBesideTheTask(t *testing.T) {
 	assert.Equal(t, report{ForModel: "model part of q", ForUser: "user part"}, got)
 	_, isString := ValueOf[string](done)
 	assert.False(t, isString)
-	again, err := h.m.Lookup(task.ID)
+	again, err := h.m.Task(task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, got, again.Value, "every later snapshot carries it")
 	b, err := json.Marshal(done)
@@ -246,7 +246,7 @@ func TestRunIsToldItsTaskAndLaunchesChildrenBeneathItsSession(t *testing.T) {
 	assert.Equal(t, 2, child.Depth)
 	assert.Equal(t, "sub", child.Description)
 	assert.Equal(t, "parent saw: child of "+parent.SessionID, done.Result)
-	kid, err := h.m.Lookup(child.TaskID)
+	kid, err := h.m.Task(child.TaskID)
 	require.NoError(t, err)
 	assert.Equal(t, "chat", kid.Root)
 	assert.Equal(t, 2, kid.Depth)
@@ -388,14 +388,14 @@ func TestTreeLimitsRefuseASpawnPastTheDepth(t *testing.T) {
 	three := h.running(two.SessionID)
 	assert.Equal(t, []int{1, 2, 3}, []int{one.Depth, two.Depth, three.Depth})
 	assert.Equal(t, "chat", three.Root)
-	before := len(h.m.Tasks())
+	before := len(h.m.Snapshot().Tasks)
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: three.SessionID, Models: mustModels(t, "a/one")})
 	require.ErrorIs(t, err, ErrDepthLimit)
 	var le *LimitError
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, 3, le.Max)
 	assert.Equal(t, three.SessionID, le.Session)
-	assert.Len(t, h.m.Tasks(), before, "a refused launch records nothing")
+	assert.Len(t, h.m.Snapshot().Tasks, before, "a refused launch records nothing")
 	h.running(two.SessionID) // a sibling at depth 3 is fine
 }
 
@@ -441,7 +441,7 @@ func TestTreeLimitsLetLaunchesWaitForAParentSlotInOrder(t *testing.T) {
 	require.NoError(t, h.observe(Event{SessionID: b.SessionID, Kind: SessionIdle, Text: "ok"}))
 	require.NoError(t, <-fourth)
 	var order []string
-	for _, task := range h.m.Tasks() {
+	for _, task := range h.m.Snapshot().Tasks {
 		order = append(order, task.Description)
 	}
 	assert.Equal(t, []string{"", "", "third", "fourth"}, order)
@@ -480,7 +480,7 @@ func TestTreeLimitsBoundTheWaitForAParentSlot(t *testing.T) {
 	h.m.mu.Lock()
 	assert.Empty(t, h.m.calls.fanout)
 	h.m.mu.Unlock()
-	assert.Len(t, h.m.Tasks(), 1, "no waiting launch left a task")
+	assert.Len(t, h.m.Snapshot().Tasks, 1, "no waiting launch left a task")
 }
 
 func TestTreeLimitsCapTheLiveTasksOfATree(t *testing.T) {
@@ -593,7 +593,7 @@ func TestPageLooksTasksUpByRootMetadataAndStatuses(t *testing.T) {
 
 	ids := func(q Query) []string {
 		t.Helper()
-		p, err := h.m.Page(q)
+		p, err := h.m.Tasks(q)
 		require.NoError(t, err)
 		var out []string
 		for _, task := range p.Tasks {
@@ -610,15 +610,15 @@ func TestPageLooksTasksUpByRootMetadataAndStatuses(t *testing.T) {
 	assert.Empty(t, ids(Query{Root: "nobody"}))
 	assert.Empty(t, ids(Query{Metadata: map[string]string{"team": "z"}}))
 
-	first, err := h.m.Page(Query{Root: "chat", Limit: 1})
+	first, err := h.m.Tasks(Query{Root: "chat", Limit: 1})
 	require.NoError(t, err)
 	require.Equal(t, a.ID, first.Next)
 	assert.Equal(t, "prompt of a", first.Tasks[0].Prompt)
-	second, err := h.m.Page(Query{Root: "chat", Limit: 1, After: first.Next})
+	second, err := h.m.Tasks(Query{Root: "chat", Limit: 1, After: first.Next})
 	require.NoError(t, err)
 	assert.Equal(t, []string{b.ID}, []string{second.Tasks[0].ID})
 	assert.Empty(t, second.Next)
-	_, err = h.m.Page(Query{Root: "other", After: a.ID})
+	_, err = h.m.Tasks(Query{Root: "other", After: a.ID})
 	assert.ErrorIs(t, err, ErrInvalidArgument, "a cursor from another query")
 }
 
@@ -655,7 +655,7 @@ func TestSpecIDSetsTheTaskID(t *testing.T) {
 	assert.Equal(t, "harness-42", task.ID)
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ID: "harness-42", Models: mustModels(t, "a/one")})
 	assert.ErrorIs(t, err, ErrIDTaken)
-	assert.Len(t, h.m.Tasks(), 1)
+	assert.Len(t, h.m.Snapshot().Tasks, 1)
 	for _, bad := range []string{"has space", "tab\there", strings.Repeat("x", 129), "bad\xffutf8", "nul\x00"} {
 		_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ID: bad, Models: mustModels(t, "a/one")})
 		var se *SpecError
@@ -667,7 +667,7 @@ func TestSpecIDSetsTheTaskID(t *testing.T) {
 	drawn := h.launch("a/one")
 	assert.Equal(t, "task-2", taken.ID)
 	assert.NotEqual(t, "task-2", drawn.ID)
-	assert.Len(t, h.m.Tasks(), 3)
+	assert.Len(t, h.m.Snapshot().Tasks, 3)
 }
 
 func TestAForgottenTasksIDIsStillTaken(t *testing.T) {
@@ -677,7 +677,7 @@ func TestAForgottenTasksIDIsStillTaken(t *testing.T) {
 		require.NoError(t, h.m.Cancel(context.Background(), task.ID))
 	}
 	h.settle()
-	_, err := h.m.Lookup("first")
+	_, err := h.m.Task("first")
 	require.ErrorIs(t, err, ErrForgotten)
 	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ID: "first", Models: mustModels(t, "a/one")})
 	assert.ErrorIs(t, err, ErrIDTaken)
@@ -979,7 +979,7 @@ func TestAnEndedTaskWhoseSessionLaunchedLiveTasksIsKeptWhole(t *testing.T) {
 		o := h.running("other")
 		require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "ok"}))
 	}
-	_, err := h.m.Lookup(p.ID)
+	_, err := h.m.Task(p.ID)
 	require.NoError(t, err, "kept while a task its session launched is live")
 	sibling, err := h.m.Launch(context.Background(), Spec{ParentSessionID: p.SessionID, Models: mustModels(t, "a/one")})
 	require.NoError(t, err)
@@ -1083,7 +1083,7 @@ func TestARestartThatForgetsAsItReconcilesCrashesNothing(t *testing.T) {
 	m2, err := Open(context.Background(), plainHost{&svcHost{svc: newSessionService()}}, opts...)
 	require.NoError(t, err)
 	shutdownAtCleanup(t, m2)
-	got, err := m2.Lookup(live.ID)
+	got, err := m2.Task(live.ID)
 	require.NoError(t, err)
 	assert.Equal(t, StatusInterrupt, got.Status)
 }
@@ -1106,7 +1106,7 @@ func TestAShutdownThatForgetsAsItStopsCrashesNothing(t *testing.T) {
 	}
 	require.NoError(t, h.m.Shutdown(context.Background()))
 	for _, q := range queued {
-		if got, err := h.m.Lookup(q.ID); err == nil {
+		if got, err := h.m.Task(q.ID); err == nil {
 			assert.Equal(t, StatusInterrupt, got.Status)
 		}
 	}

@@ -199,8 +199,8 @@ func (h *harness) launchSpec(spec Spec) Task {
 
 func (h *harness) task(id string) Task {
 	h.t.Helper()
-	task, ok := h.m.Task(id)
-	require.True(h.t, ok, "task %s", id)
+	task, err := h.m.Task(id)
+	require.NoError(h.t, err, "task %s", id)
 	return task
 }
 

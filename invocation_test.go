@@ -221,8 +221,8 @@ func TestTurnEndWhileAPromptIsInFlight(t *testing.T) {
 
 func (m *Manager) mustTask(t *testing.T, id string) Task {
 	t.Helper()
-	task, ok := m.Task(id)
-	require.True(t, ok)
+	task, err := m.Task(id)
+	require.NoError(t, err)
 	return task
 }
 

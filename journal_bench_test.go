@@ -207,7 +207,7 @@ func BenchmarkReplay(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ReportMetric(time.Since(start).Seconds(), "s/frozen")
-		if n := len(m.Tasks()); n != tasks {
+		if n := len(m.Snapshot().Tasks); n != tasks {
 			b.Fatalf("%d tasks after replay", n)
 		}
 		b.StopTimer()

@@ -48,8 +48,8 @@ func TestFileJournalOptions(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, m2.Shutdown(context.Background())) }()
 	for _, id := range ids {
-		task, ok := m2.Task(id)
-		require.True(t, ok, id)
+		task, err := m2.Task(id)
+		require.NoError(t, err, id)
 		require.Equal(t, StatusCompleted, task.Status)
 		require.Equal(t, "done "+id, task.Result)
 	}

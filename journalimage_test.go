@@ -269,7 +269,7 @@ func TestAHugeMaxAttemptsMakesRoomForAFew(t *testing.T) {
 	require.NoError(t, err)
 	m, err := Open(context.Background(), &benchHost{}, WithJournal(j))
 	require.NoError(t, err)
-	task, err := m.Lookup("t")
+	task, err := m.Task("t")
 	require.NoError(t, err)
 	assert.Len(t, task.Attempts, 2)
 	require.NoError(t, m.Shutdown(context.Background()))

@@ -98,7 +98,7 @@ func (m *Manager) extendLive(ctx context.Context, held *KeyHeldError, spec *Spec
 		}
 		return Task{}, err
 	}
-	return m.Lookup(held.TaskID)
+	return m.Task(held.TaskID)
 }
 
 // watchCaller stops task e when ctx ends first (Spec.CancelWithCaller).

@@ -6,20 +6,10 @@ import (
 	"slices"
 )
 
-// Task returns a snapshot of the task with that id.
-func (m *Manager) Task(id string) (Task, bool) {
-	m.mu.Lock()
-	defer m.unlock()
-	e := m.led.tasks[id]
-	if e == nil {
-		return Task{}, false
-	}
-	return e.project(), true
-}
-
-// Lookup returns a snapshot of the task with that id, or ErrForgotten for
-// a task forgotten under the retention rule, or ErrUnknownTask.
-func (m *Manager) Lookup(id string) (Task, error) {
+// Task returns a snapshot of the task with that id, or an error wrapping
+// ErrForgotten for a task forgotten under the retention rule, or
+// ErrUnknownTask.
+func (m *Manager) Task(id string) (Task, error) {
 	m.mu.Lock()
 	defer m.unlock()
 	e := m.led.tasks[id]
@@ -37,7 +27,7 @@ func (m *Manager) missing(id string) error {
 	return fmt.Errorf("%w: %q", ErrUnknownTask, id)
 }
 
-// Query selects tasks for a paged read (Manager.Page).
+// Query selects tasks for a paged read (Manager.Tasks).
 type Query struct {
 	Parent string // only tasks launched from this session; "": any
 	Root   string // only tasks of the tree under this session (Task.Root), at any depth; "": any
@@ -61,11 +51,13 @@ type Page struct {
 	Next  string // the cursor of the next page; "" when this is the last
 }
 
-// Page returns the tasks Query selects, one page at a time, copying only
-// that page under the lock: for services that must not copy every task.
-// A query by Parent, Root or Metadata reads an index of the tasks it
-// names (the smallest of them), not every task.
-func (m *Manager) Page(q Query) (Page, error) {
+// Tasks returns the tasks q selects, one page at a time (at most q.Limit,
+// 100 by default; Page.Next is the cursor of the next), copying only that
+// page under the lock. A query by Parent, Root or Metadata reads an index
+// of the tasks it names (the smallest of them), not every task. For every
+// task in memory at once, with the change sequence it was taken at, use
+// Snapshot.
+func (m *Manager) Tasks(q Query) (Page, error) {
 	limit := q.Limit
 	switch {
 	case limit == 0:
@@ -140,9 +132,6 @@ func (q *Query) matches(e *entry) bool {
 	}
 	return true
 }
-
-// Tasks returns snapshots of every task, in launch order.
-func (m *Manager) Tasks() []Task { return m.Snapshot().Tasks }
 
 // Wait blocks until the task is terminal and returns its snapshot, or
 // returns ctx's error first — or ErrJournal once the journal failed (the

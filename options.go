@@ -78,7 +78,7 @@ type Retention struct {
 // WithRetention sets how many ended tasks, and for how long, a Manager
 // keeps. An ended task stays while its parent session has live tasks
 // (they may still be reported together) and until its notifications are
-// delivered. A forgotten task's id answers ErrForgotten (Lookup, Wait,
+// delivered. A forgotten task's id answers ErrForgotten (Task, Wait,
 // Cancel) for the last 100,000 forgotten; with a journal, compaction drops
 // it from disk too. Default: the last DefaultMaxEnded ended tasks.
 func WithRetention(r Retention) Option {

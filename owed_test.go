@@ -61,7 +61,7 @@ func TestOnlyWhatWasOwedIsToldAfterARestart(t *testing.T) {
 	rec3 := &crashRecorder{w: w}
 	m3, err := Open(ctx, w, WithJournal(j), WithIDs(SequentialIDs()), WithNotifier(rec3))
 	require.NoError(t, err)
-	got, err := m3.Lookup(told.ID)
+	got, err := m3.Task(told.ID)
 	require.NoError(t, err)
 	require.Equal(t, StatusCompleted, got.Status)
 	require.NoError(t, m3.Shutdown(ctx))

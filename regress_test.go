@@ -18,7 +18,7 @@ import (
 func reenters(m *Manager) bool {
 	done := make(chan struct{})
 	go func() {
-		_ = m.Tasks()
+		_ = m.Snapshot().Tasks
 		close(done)
 	}()
 	select {

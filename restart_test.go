@@ -205,8 +205,8 @@ func TestRestartRecoversEveryTaskAsTheEvidenceSays(t *testing.T) {
 	defer func() { _ = m2.Shutdown(context.Background()) }()
 	assert.NotEqual(t, epoch1, m2.Snapshot().Epoch, "a new process life")
 
-	got, ok := m2.Task(done.ID)
-	require.True(t, ok)
+	got, err := m2.Task(done.ID)
+	require.NoError(t, err)
 	assert.Equal(t, StatusCompleted, got.Status)
 	assert.Equal(t, "before", got.Result)
 
@@ -334,7 +334,7 @@ func TestCompactionKeepsExactlyWhatRetentionKeeps(t *testing.T) {
 	compacted := m1.led.compactedAt
 	m1.mu.Unlock()
 	require.NotZero(t, compacted, "the journal was compacted")
-	want := m1.Tasks()
+	want := m1.Snapshot().Tasks
 	require.NoError(t, m1.Shutdown(ctx))
 
 	j2, err := OpenFileJournal(dir)
@@ -342,7 +342,7 @@ func TestCompactionKeepsExactlyWhatRetentionKeeps(t *testing.T) {
 	m2, err := Open(ctx, &benchHost{}, WithJournal(j2), WithRetention(Retention{MaxEnded: 50}))
 	require.NoError(t, err)
 	defer func() { _ = m2.Shutdown(ctx) }()
-	got := m2.Tasks()
+	got := m2.Snapshot().Tasks
 	require.Equal(t, len(want), len(got), "the same retained tasks")
 	for i := range want {
 		want[i].Activity = ""
@@ -385,7 +385,7 @@ func TestAClosureInProgressAtACrashIsFinishedAtRestart(t *testing.T) {
 	m2, err := Open(ctx, host2, WithJournal(j2))
 	require.NoError(t, err)
 	defer func() { _ = m2.Shutdown(context.Background()) }()
-	got, err := m2.Lookup(task.ID)
+	got, err := m2.Task(task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, got.Status, "the restart finished the closure: the child was stopped, confirmed")
 	recs := m2.ClosureRecords()
@@ -661,8 +661,8 @@ func TestAContextReplayerIsReplayedThroughReplayContext(t *testing.T) {
 	m2, err := Open(context.Background(), host, WithJournal(j))
 	require.NoError(t, err)
 	defer func() { _ = m2.Shutdown(context.Background()) }()
-	again, ok := m2.Task(task.ID)
-	require.True(t, ok, "replayed through ReplayContext")
+	again, err := m2.Task(task.ID)
+	require.NoError(t, err, "replayed through ReplayContext")
 	assert.Equal(t, done.Status, again.Status)
 	assert.Equal(t, 2, j.withCtx)
 	assert.Equal(t, 0, j.plain)

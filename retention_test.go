@@ -40,9 +40,7 @@ func TestRetentionForgetsTheOldestEndedTasksAndSaysSo(t *testing.T) {
 	}
 	h.settle()
 	for _, old := range tasks[:2] {
-		_, ok := h.m.Task(old.ID)
-		assert.False(t, ok, "forgotten: %s", old.ID)
-		_, err := h.m.Lookup(old.ID)
+		_, err := h.m.Task(old.ID)
 		assert.ErrorIs(t, err, ErrForgotten)
 		assert.NotErrorIs(t, err, ErrUnknownTask, "it existed")
 		_, err = h.m.Wait(context.Background(), old.ID)
@@ -51,12 +49,12 @@ func TestRetentionForgetsTheOldestEndedTasksAndSaysSo(t *testing.T) {
 		assert.ErrorIs(t, h.m.Observe(Event{SessionID: old.SessionID, Kind: SessionBusy}), ErrUnknownSession, "its session index is gone too")
 	}
 	for _, kept := range tasks[2:] {
-		got, err := h.m.Lookup(kept.ID)
+		got, err := h.m.Task(kept.ID)
 		require.NoError(t, err)
 		assert.Equal(t, StatusCompleted, got.Status)
 	}
-	assert.Len(t, h.m.Tasks(), 3)
-	_, err := h.m.Lookup("never-was")
+	assert.Len(t, h.m.Snapshot().Tasks, 3)
+	_, err := h.m.Task("never-was")
 	assert.ErrorIs(t, err, ErrUnknownTask)
 	h.m.mu.Lock()
 	assert.Len(t, h.m.led.tasks, 3)
@@ -72,16 +70,16 @@ func TestRetentionKeepsTasksWhoseParentStillHasLiveOnes(t *testing.T) {
 	require.NoError(t, err)
 	a := finish(t, h, "p")
 	b := finish(t, h, "p")
-	_, err = h.m.Lookup(a.ID)
+	_, err = h.m.Task(a.ID)
 	require.NoError(t, err, "its parent still has a live task")
-	_, err = h.m.Lookup(b.ID)
+	_, err = h.m.Task(b.ID)
 	require.NoError(t, err)
 	h.settle()
 	require.NoError(t, h.m.Observe(Event{SessionID: h.task(live.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
 	c := finish(t, h, "q") // the next end looks again
-	_, err = h.m.Lookup(a.ID)
+	_, err = h.m.Task(a.ID)
 	assert.ErrorIs(t, err, ErrForgotten)
-	_, err = h.m.Lookup(c.ID)
+	_, err = h.m.Task(c.ID)
 	assert.NoError(t, err)
 }
 
@@ -99,12 +97,12 @@ func TestRetentionKeepsATaskUntilItsNotificationsAreDelivered(t *testing.T) {
 	slow := finish(t, h, "slow")
 	finish(t, h, "q1")
 	finish(t, h, "q2")
-	_, err := h.m.Lookup(slow.ID)
+	_, err := h.m.Task(slow.ID)
 	require.NoError(t, err, "its final summary is not delivered yet")
 	once.Do(func() { close(release) })
 	h.settle() // the lane delivers it
 	finish(t, h, "q3")
-	_, err = h.m.Lookup(slow.ID)
+	_, err = h.m.Task(slow.ID)
 	assert.ErrorIs(t, err, ErrForgotten)
 }
 
@@ -114,9 +112,9 @@ func TestRetentionByAge(t *testing.T) {
 	h.settle()
 	h.clock.Advance(2 * time.Minute)
 	fresh := finish(t, h, "p2")
-	_, err := h.m.Lookup(old.ID)
+	_, err := h.m.Task(old.ID)
 	assert.ErrorIs(t, err, ErrForgotten)
-	_, err = h.m.Lookup(fresh.ID)
+	_, err = h.m.Task(fresh.ID)
 	assert.NoError(t, err)
 }
 
@@ -140,7 +138,7 @@ func TestPageReadsTasksAPageAtATimeByParentAndStatus(t *testing.T) {
 	q := Query{Parent: "p", Limit: 2}
 	for pages := 0; ; pages++ {
 		require.Less(t, pages, 10)
-		p, err := h.m.Page(q)
+		p, err := h.m.Tasks(q)
 		require.NoError(t, err)
 		for _, task := range p.Tasks {
 			assert.Equal(t, "p", task.ParentSessionID)
@@ -153,11 +151,11 @@ func TestPageReadsTasksAPageAtATimeByParentAndStatus(t *testing.T) {
 		q.After = p.Next
 	}
 	assert.Equal(t, pIDs, got, "every task of the parent, once, in launch order")
-	p, err := h.m.Page(Query{Parent: "p", Status: StatusCompleted, Limit: 1000})
+	p, err := h.m.Tasks(Query{Parent: "p", Status: StatusCompleted, Limit: 1000})
 	require.NoError(t, err)
 	assert.Len(t, p.Tasks, len(pIDs)-1)
-	_, err = h.m.Page(Query{Limit: 1001})
+	_, err = h.m.Tasks(Query{Limit: 1001})
 	assert.ErrorIs(t, err, ErrInvalidArgument)
-	_, err = h.m.Page(Query{After: "nope"})
+	_, err = h.m.Tasks(Query{After: "nope"})
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 }

@@ -107,7 +107,7 @@ func TestLaunchRejectsBadSpecs(t *testing.T) {
 			require.ErrorAs(t, err, &se)
 			assert.Equal(t, tt.field, se.Field)
 			assert.Contains(t, err.Error(), tt.field)
-			assert.Empty(t, h.m.Tasks(), "a rejected spec records nothing")
+			assert.Empty(t, h.m.Snapshot().Tasks, "a rejected spec records nothing")
 		})
 	}
 }

@@ -179,7 +179,7 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 			writeError(w, err)
 			return
 		}
-		p, err := m.Page(q)
+		p, err := m.Tasks(q)
 		if err != nil {
 			writeError(w, err)
 			return
@@ -190,7 +190,7 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		writeJSON(w, http.StatusOK, pageJSON{Tasks: p.Tasks, Next: p.Next})
 	})
 	mux.HandleFunc("GET /tasks/{id}", func(w http.ResponseWriter, r *http.Request) {
-		t, err := m.Lookup(r.PathValue("id"))
+		t, err := m.Task(r.PathValue("id"))
 		if err != nil {
 			writeError(w, err)
 			return

@@ -65,14 +65,14 @@ func TestTheAPIServesTasksAndActsOnThem(t *testing.T) {
 	b := s.running(t, a.SessionID)
 	s.running(t, "other")
 
-	page, err := s.c.Page(s.ctx, bgtask.Query{Root: "chat"})
+	page, err := s.c.Tasks(s.ctx, bgtask.Query{Root: "chat"})
 	require.NoError(t, err)
 	require.Len(t, page.Tasks, 2)
 	assert.Equal(t, []string{a.ID, b.ID}, []string{page.Tasks[0].ID, page.Tasks[1].ID})
-	first, err := s.c.Page(s.ctx, bgtask.Query{Status: bgtask.StatusRunning, Limit: 2})
+	first, err := s.c.Tasks(s.ctx, bgtask.Query{Status: bgtask.StatusRunning, Limit: 2})
 	require.NoError(t, err)
 	assert.Equal(t, b.ID, first.Next)
-	rest, err := s.c.Page(s.ctx, bgtask.Query{Status: bgtask.StatusRunning, Limit: 2, After: first.Next})
+	rest, err := s.c.Tasks(s.ctx, bgtask.Query{Status: bgtask.StatusRunning, Limit: 2, After: first.Next})
 	require.NoError(t, err)
 	assert.Len(t, rest.Tasks, 1)
 
@@ -90,7 +90,7 @@ func TestTheAPIServesTasksAndActsOnThem(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, he.Status)
 	assert.Equal(t, "unknown_task", he.Code)
 
-	_, err = s.c.Page(s.ctx, bgtask.Query{Limit: 5000})
+	_, err = s.c.Tasks(s.ctx, bgtask.Query{Limit: 5000})
 	require.ErrorIs(t, err, bgtask.ErrInvalidArgument)
 	require.ErrorAs(t, err, &he)
 	assert.Equal(t, http.StatusBadRequest, he.Status)

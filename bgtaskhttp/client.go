@@ -104,9 +104,10 @@ func (c *Client) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 	return s, c.call(ctx, http.MethodGet, "/snapshot", nil, &s)
 }
 
-// Page returns one page of the tasks q selects (GET /tasks). Of q's
+// Tasks returns one page of the tasks q selects (GET /tasks), as
+// Manager.Tasks does. Of q's
 // filters, Parent, Root, Status and Statuses, After and Limit are sent.
-func (c *Client) Page(ctx context.Context, q bgtask.Query) (bgtask.Page, error) {
+func (c *Client) Tasks(ctx context.Context, q bgtask.Query) (bgtask.Page, error) {
 	v := url.Values{}
 	for k, s := range map[string]string{"parent": q.Parent, "root": q.Root, "after": q.After} {
 		if s != "" {

@@ -348,7 +348,7 @@ func WaitFor(ctx context.Context, m *bgtask.Manager, id string, ok func(bgtask.T
 		return bgtask.Task{}, err
 	}
 	defer sub.Close()
-	t, err := m.Lookup(id) // after subscribing: no change is missed
+	t, err := m.Task(id) // after subscribing: no change is missed
 	if err != nil {
 		return bgtask.Task{}, err
 	}

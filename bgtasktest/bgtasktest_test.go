@@ -95,7 +95,7 @@ func TestAFailedAbortLeavesTheTaskRunning(t *testing.T) {
 	require.NoError(t, err)
 	err = k.m.Cancel(k.ctx, task.ID)
 	assert.ErrorContains(t, err, "session service busy")
-	now, err := k.m.Lookup(task.ID)
+	now, err := k.m.Task(task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, now.Status, "never reported stopped")
 	require.NoError(t, k.m.Cancel(k.ctx, task.ID), "the next abort succeeds")

@@ -28,7 +28,7 @@ func TestTheKitWithSynctest(t *testing.T) {
 		task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: twoModels})
 		require.NoError(t, err)
 		synctest.Wait() // the start has run
-		first, _ := m.Lookup(task.ID)
+		first, _ := m.Task(task.ID)
 		require.Equal(t, bgtask.StatusRunning, first.Status)
 		require.NoError(t, host.Fail(first.SessionID, errors.New("429 Too Many Requests")))
 		second, err := bgtasktest.WaitFor(ctx, m, task.ID, func(t bgtask.Task) bool {

@@ -686,7 +686,7 @@ func (n *Node) stopRun(ctx context.Context, id int64, mb *member, r scopeRun) {
 	if err := mb.m.CancelRun(ctx, r.ref); err != nil {
 		s.err = safeText(err)
 	}
-	if t, ok := mb.m.Task(r.ref.TaskID); ok {
+	if t, err := mb.m.Task(r.ref.TaskID); err == nil {
 		for _, a := range t.Attempts {
 			if a.Token == r.ref.Token {
 				s.run.Status, s.run.SessionID = a.Status, a.SessionID

@@ -387,14 +387,21 @@ func (n *Node) Managers() []*bgtask.Manager {
 	return out
 }
 
-// Task finds task id in whichever Manager of this node has it.
-func (n *Node) Task(id string) (bgtask.Task, bool) {
+// Task finds task id in whichever Manager of this node has it. If none
+// has it, the error wraps bgtask.ErrForgotten when one of them forgot it
+// under its retention rule, else bgtask.ErrUnknownTask.
+func (n *Node) Task(id string) (bgtask.Task, error) {
+	err := fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, id)
 	for _, m := range n.Managers() {
-		if t, ok := m.Task(id); ok {
-			return t, true
+		t, e := m.Task(id)
+		if e == nil {
+			return t, nil
+		}
+		if errors.Is(e, bgtask.ErrForgotten) {
+			err = e
 		}
 	}
-	return bgtask.Task{}, false
+	return bgtask.Task{}, err
 }
 
 // Launch launches spec on this process's own member. A Spec.Key is

@@ -51,8 +51,8 @@ func TestEventsReachTheOwner(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusCompleted, got.Status)
 	assert.Equal(t, "from afar", got.Attempts[0].Result)
-	_, here := ns[1].Task(task.ID)
-	assert.False(t, here, "w1 does not own it")
+	_, err = ns[1].Task(task.ID)
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask, "w1 does not own it")
 
 	// The same event again, at w2: stale, in the database.
 	err = ns[2].Observe(bgtask.Event{SessionID: a.SessionID, AttemptID: a.ID, Kind: bgtask.SessionIdle, Text: "again"})
@@ -72,8 +72,8 @@ func TestEventsReachTheOwner(t *testing.T) {
 
 func mustTask(t *testing.T, n *Node, id string) bgtask.Task {
 	t.Helper()
-	task, ok := n.Task(id)
-	require.True(t, ok, "task %s", id)
+	task, err := n.Task(id)
+	require.NoError(t, err, "task %s", id)
 	return task
 }
 
@@ -91,7 +91,7 @@ func TestKeyAcrossProcesses(t *testing.T) {
 	var held *bgtask.KeyHeldError
 	require.ErrorAs(t, err, &held)
 	assert.Equal(t, first.ID, held.TaskID)
-	assert.Empty(t, ns[1].Manager().Tasks(), "nothing was launched")
+	assert.Empty(t, ns[1].Manager().Snapshot().Tasks, "nothing was launched")
 
 	running, err := bgtasktest.WaitStatus(ctx(t), ns[0].Manager(), first.ID, bgtask.StatusRunning)
 	require.NoError(t, err)

@@ -322,7 +322,7 @@ func TestLaunchesBatchedBehindAStallKeepToTheirDeadlines(t *testing.T) {
 	require.NoError(t, lock.Close(ctx(t)))
 	o.launchesAgain(n)
 	assert.Equal(t, 0, o.count("bgtask_launching", ""), "nothing left in flight")
-	assert.Len(t, n.Manager().Tasks(), 1, "only the launch after the stall")
+	assert.Len(t, n.Manager().Snapshot().Tasks, 1, "only the launch after the stall")
 	o.endAll(svc, n)
 }
 

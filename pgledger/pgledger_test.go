@@ -219,7 +219,7 @@ func TestDurableAcrossRestart(t *testing.T) {
 	require.NoError(t, m.Observe(bgtask.Event{AttemptID: a1.ID, Kind: bgtask.SessionError, Err: errors.New("429 rate limited")}))
 	retried, err := bgtasktest.WaitFor(ctx(t), m, failed.ID, func(t bgtask.Task) bool { return len(t.Attempts) == 2 && t.Attempts[1].SessionID != "" })
 	require.NoError(t, err)
-	before := m.Tasks()
+	before := m.Snapshot().Tasks
 	// The process dies: nothing it does from now on lands, and its lease
 	// runs out.
 	j.abandon()
@@ -235,7 +235,7 @@ func TestDurableAcrossRestart(t *testing.T) {
 	assert.Positive(t, f.count("bgtask_records", "member = 'w1'"))
 	assert.Equal(t, 2, f.count("bgtask_tasks", "member = 'w1'"))
 	assert.Equal(t, 3, f.count("bgtask_sessions", "member = 'w1'"), "every session bound, once recovery is done")
-	after := m2.Tasks()
+	after := m2.Snapshot().Tasks
 	require.Len(t, after, 2)
 	assert.Equal(t, jsonOf(t, before[0]), jsonOf(t, after[0]), "an ended task is replayed exactly")
 	assert.Equal(t, jsonOf(t, before[1].Attempts[:1]), jsonOf(t, after[1].Attempts[:1]))
@@ -302,8 +302,8 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 	j2 := f.open("w1", Options{Lease: lease, Wait: 10 * lease, Holder: "heir"})
 	assert.Greater(t, j2.Fence(), j.Fence(), "the heir holds a newer fence")
 	heir := f.manager(svc, j2)
-	alive, ok := heir.Task(ids[0])
-	require.True(t, ok)
+	alive, err := heir.Task(ids[0])
+	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, alive.Status, "its session runs on: re-adopted")
 	ended, err := heir.Wait(ctx(t), ids[1])
 	require.NoError(t, err)

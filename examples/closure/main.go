@@ -108,7 +108,7 @@ func run(ctx context.Context, w io.Writer) error {
 		fmt.Fprintf(w, "  %-8s %-9s %-24s session %s token %s\n", s.TaskID, s.Status, t.Description, s.SessionID, s.Token)
 	}
 	fmt.Fprintln(w, "\nEvery task after the closure:")
-	for _, t := range m.Tasks() {
+	for _, t := range m.Snapshot().Tasks {
 		fmt.Fprintf(w, "  %-8s %-9s %s\n", t.ID, t.Status, t.Description)
 	}
 	recs := m.ClosureRecords()

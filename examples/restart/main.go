@@ -207,7 +207,7 @@ func harness(addr, dir, phase string, w io.Writer) error {
 		os.Exit(3) // killed: no Shutdown, nothing flushed but what was durable
 	}
 	// Phase 2: what Open recovered, then the children finish.
-	for _, t := range m.Tasks() {
+	for _, t := range m.Snapshot().Tasks {
 		say("recovered %s %s (%s)", t.ID, t.Status, t.SessionID)
 		if t.Status != bgtask.StatusRunning {
 			continue
@@ -220,7 +220,7 @@ func harness(addr, dir, phase string, w io.Writer) error {
 			return err
 		}
 	}
-	for _, t := range m.Tasks() {
+	for _, t := range m.Snapshot().Tasks {
 		done, err := m.Wait(ctx, t.ID)
 		if err != nil {
 			return err
@@ -237,7 +237,7 @@ func waitFor(ctx context.Context, m *bgtask.Manager, id string, status bgtask.St
 		return bgtask.Task{}, err
 	}
 	defer sub.Close()
-	if t, ok := m.Task(id); ok && t.Status == status {
+	if t, err := m.Task(id); err == nil && t.Status == status {
 		return t, nil
 	}
 	for c := range sub.C {

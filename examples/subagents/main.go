@@ -229,7 +229,7 @@ func (h *Harness) Tree(ctx context.Context, chat string) (TreeRun, error) {
 		return TreeRun{}, ctx.Err()
 	}
 	r, _ := bgtask.ValueOf[Result](t)
-	page, err := h.M.Page(bgtask.Query{Root: chat})
+	page, err := h.M.Tasks(bgtask.Query{Root: chat})
 	return TreeRun{Root: t, Result: r, Tasks: page.Tasks}, errors.Join(err, errIf(root.ID != t.ID, "OnDone of another task"))
 }
 
@@ -266,18 +266,18 @@ func (h *Harness) Fan(ctx context.Context, chat string, n int) (FanRun, error) {
 		return FanRun{}, ctx.Err()
 	}
 	out.Result, _ = bgtask.ValueOf[Result](out.Fan)
-	page, err := h.M.Page(bgtask.Query{Parent: out.Fan.SessionID, Limit: 1000})
+	page, err := h.M.Tasks(bgtask.Query{Parent: out.Fan.SessionID, Limit: 1000})
 	out.Tasks = page.Tasks
 	return out, err
 }
 
 // live counts the live subagents launched from the session of task id.
 func (h *Harness) live(_ context.Context, id string) (int, error) {
-	t, err := h.M.Lookup(id)
+	t, err := h.M.Task(id)
 	if err != nil {
 		return 0, err
 	}
-	p, err := h.M.Page(bgtask.Query{Parent: t.SessionID, Statuses: []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning}, Limit: 1000})
+	p, err := h.M.Tasks(bgtask.Query{Parent: t.SessionID, Statuses: []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning}, Limit: 1000})
 	return len(p.Tasks), err
 }
 
@@ -302,7 +302,7 @@ func (h *Harness) Stops(ctx context.Context, chat string) (StopRun, error) {
 		return out, err
 	}
 	<-branchDone
-	page, err := h.M.Page(bgtask.Query{Root: chat, Limit: 1000})
+	page, err := h.M.Tasks(bgtask.Query{Root: chat, Limit: 1000})
 	if err != nil {
 		return out, err
 	}
@@ -330,7 +330,7 @@ func (h *Harness) Stops(ctx context.Context, chat string) (StopRun, error) {
 	<-h.holding
 	endCaller() // the caller's turn is over: its subagents stop
 	<-callerDone
-	page, err = h.M.Page(bgtask.Query{Root: caller.ParentSessionID})
+	page, err = h.M.Tasks(bgtask.Query{Root: caller.ParentSessionID})
 	if err != nil {
 		return out, err
 	}

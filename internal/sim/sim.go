@@ -257,7 +257,7 @@ func (w *world) sessions(tasks []bgtask.Task) []string {
 }
 
 func (w *world) act() {
-	tasks := w.m.Tasks()
+	tasks := w.m.Snapshot().Tasks
 	switch op := w.rng.IntN(100); {
 	case op < 22 || len(tasks) == 0:
 		w.launch(tasks)
@@ -653,7 +653,7 @@ func (w *world) quiesce() {
 }
 
 func (w *world) check() {
-	tasks := w.m.Tasks()
+	tasks := w.m.Snapshot().Tasks
 	for _, t := range tasks {
 		live := 0
 		var cur bgtask.Attempt
@@ -974,12 +974,12 @@ func (w *world) finish() {
 			if err != nil && !strings.Contains(err.Error(), "notifications not delivered") {
 				w.failf("shutdown: %v", err)
 			}
-			for _, t := range w.m.Tasks() {
+			for _, t := range w.m.Snapshot().Tasks {
 				if !t.Status.Terminal() {
 					w.failf("%s did not end: %s", t.ID, t.Status)
 				}
 			}
-			w.checkNotifications(w.m.Tasks(), true)
+			w.checkNotifications(w.m.Snapshot().Tasks, true)
 			if !w.restarted { // across a restart, the journal's replay was the check
 				if err := probe.Replay(w.m); err != nil {
 					w.failf("%v", err)
