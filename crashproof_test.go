@@ -240,7 +240,7 @@ func (r *crashRecorder) all() []Notification {
 func crashOptions() []Option {
 	return []Option{
 		WithRetention(Retention{MaxEnded: 3}),
-		WithRetryDelay(func(int) time.Duration { return 0 }),
+		WithRetryDelay(func(int, error) time.Duration { return 0 }),
 		WithIDs(SequentialIDs()),
 	}
 }

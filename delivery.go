@@ -195,7 +195,7 @@ func (m *Manager) deliver(_ string, n Notification) {
 		if attempt >= m.cfg.notifyAttempts || m.life.ctx.Err() != nil {
 			break
 		}
-		d, ok := m.notifyBackoff(attempt + 1)
+		d, ok := m.notifyBackoff(attempt+1, err)
 		if !ok {
 			err = fmt.Errorf("%w (and the WithNotifyRetry backoff panicked: no more tries)", err)
 			break
@@ -222,13 +222,13 @@ func (m *Manager) deliver(_ string, n Notification) {
 
 // notifyBackoff asks the WithNotifyRetry backoff (user code) how long to
 // wait before try n; ok is false if it panicked.
-func (m *Manager) notifyBackoff(n int) (d time.Duration, ok bool) {
+func (m *Manager) notifyBackoff(n int, cause error) (d time.Duration, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			d, ok = 0, false
 		}
 	}()
-	return m.cfg.notifyBackoff(n), true
+	return m.cfg.notifyBackoff(n, cause), true
 }
 
 // Undelivered returns the notifications the Notifier never accepted (after
@@ -241,10 +241,11 @@ func (m *Manager) Undelivered() []Notification {
 }
 
 // WithNotifyRetry makes a refused Notify be tried up to attempts times in
-// all, waiting backoff(n) before try n (n ≥ 2; nil: no wait). Default: 3
-// tries with Backoff(200ms, 5s, 0.2). A notification refused every time is
+// all, waiting backoff(n, cause) before try n (n ≥ 2; cause is the error
+// the Notifier returned; nil backoff: no wait). Default: 3 tries with
+// Backoff(200ms, 5s, 0.2). A notification refused every time is
 // logged at error level, counted (NotifyFailures) and kept (Undelivered).
-func WithNotifyRetry(attempts int, backoff func(attempt int) time.Duration) Option {
+func WithNotifyRetry(attempts int, backoff func(attempt int, cause error) time.Duration) Option {
 	return optionFunc(func(c *config) {
 		c.notifyAttempts = attempts
 		c.notifyBackoff = backoff

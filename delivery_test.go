@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,7 +67,14 @@ func TestASlowParentDoesNotHoldUpAnother(t *testing.T) {
 
 func TestRefusedNotificationIsRetriedWithBackoff(t *testing.T) {
 	var calls atomic.Int32
-	h := newHarness(t, nil, WithNotifyRetry(3, func(n int) time.Duration { return time.Duration(n) * time.Second }))
+	var mu sync.Mutex
+	var causes []string
+	h := newHarness(t, nil, WithNotifyRetry(3, func(n int, cause error) time.Duration {
+		mu.Lock()
+		causes = append(causes, fmt.Sprint(n, " ", cause))
+		mu.Unlock()
+		return time.Duration(n) * time.Second
+	}))
 	h.rec.hook = func(ctx context.Context, n Notification) error {
 		if n.Kind == NotifyFinalSummary && calls.Add(1) < 3 {
 			return errors.New("parent session busy")
@@ -84,6 +92,9 @@ func TestRefusedNotificationIsRetriedWithBackoff(t *testing.T) {
 	assert.Equal(t, int32(3), calls.Load())
 	assert.Zero(t, h.m.NotifyFailures())
 	assert.Empty(t, h.m.Undelivered())
+	mu.Lock()
+	assert.Equal(t, []string{"2 parent session busy", "3 parent session busy"}, causes, "the backoff sees each try's number and the Notifier's error")
+	mu.Unlock()
 	_ = task
 }
 

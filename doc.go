@@ -28,9 +28,9 @@
 // makes it current, aborts the failed session, then starts the new one,
 // bound to exactly that attempt. DefaultRetryable decides what is
 // retryable (from a status method or field, or a provider's message);
-// WithRetryable replaces it; Permanent marks an error that must not be
-// retried; WithRetryDelay and Backoff space retries out, and
-// WithRetryDelayFunc sees the failure (RetryAfter reads what a provider
+// WithRetryable sees its answer and decides; Permanent marks an error
+// that must not be retried; WithRetryDelay (Backoff makes one) spaces
+// retries out and sees the failure (RetryAfter reads what a provider
 // asked for).
 //
 // # Events
@@ -138,10 +138,10 @@
 // stops the task's branch when that context ends. WithTreeLimits bounds
 // depth, live tasks per parent session (a Launch past it waits its turn,
 // bounded) and per tree; Spec.Timeout and Spec.AttemptTimeout end a run at
-// a wall-clock deadline (reason deadline). Page looks tasks up by parent,
+// a wall-clock deadline (reason deadline). Tasks looks tasks up by parent,
 // root, metadata and status through indexes. A Model may be a bare alias
-// (no provider), Spec.ID may set a task's id, and WithRetryClassifier
-// extends DefaultRetryable, which also hears an error's own IsRetryable,
+// (no provider), Spec.ID may set a task's id, and WithRetryable extends
+// DefaultRetryable, which also hears an error's own IsRetryable,
 // Temporary and Timeout methods.
 //
 // # Bad input and user code

@@ -84,13 +84,13 @@ type quotaErr struct{}
 func (quotaErr) Error() string { return "400 quota exceeded for this key" }
 
 // A harness adds a rule of its own to the default classifier.
-func ExampleWithRetryClassifier() {
+func ExampleWithRetryable() {
 	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if run.Attempt == 1 {
 			return "", quotaErr{}
 		}
 		return "answered on " + run.Model.String(), nil
-	}), bgtask.WithRetryClassifier(func(err error, retryable bool) bool {
+	}), bgtask.WithRetryable(func(err error, retryable bool) bool {
 		return retryable || errors.As(err, new(quotaErr))
 	}))
 	defer m.Shutdown(context.Background())

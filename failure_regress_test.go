@@ -62,7 +62,7 @@ func (e reentrantErr) StatusCode() int { _ = e.m.Snapshot(); return 500 } // use
 
 // The outcome classifier calls the error's methods under m.mu.
 func TestErrorMethodsAreNeverCalledUnderTheLock(t *testing.T) {
-	h := newHarness(t, nil, WithRetryable(func(error) bool { return false }))
+	h := newHarness(t, nil, WithRetryable(func(error, bool) bool { return false }))
 	task := h.launchOn("a/1")
 	h.settle()
 	done := make(chan struct{})

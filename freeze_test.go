@@ -618,7 +618,7 @@ func btoi(b bool) int {
 // change nothing.
 func TestTimersDueAfterTheirTaskFrozeChangeNothing(t *testing.T) {
 	h := newHarness(t, nil, WithStallTimeout(time.Minute), WithQueueTimeout(time.Minute),
-		WithConcurrency(Limits{Models: map[string]int{"a/one": 1}}), WithRetryDelay(func(int) time.Duration { return time.Minute }))
+		WithConcurrency(Limits{Models: map[string]int{"a/one": 1}}), WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
 	ctx := testCtx(t)
 	holder := h.running("p1", func(s *Spec) {
 		s.Models, s.Timeout, s.AttemptTimeout = mustModels(t, "a/one"), time.Minute, time.Minute

@@ -450,7 +450,7 @@ func TestUserCodeThatPanicsOnAManagerGoroutineFailsTheAttemptNotTheProcess(t *te
 		{name: "run error whose Error panics", runErr: panicky{}, want: "Error method panicked: Error exploded"},
 		{name: "StatusCode that panics", runErr: panicky{status: true}, want: "classifying this error panicked: StatusCode exploded"},
 		{name: "classifier that panics", runErr: errRateLimited,
-			opts: []Option{WithRetryable(func(error) bool { panic("classifier exploded") })}, want: "classifying this error panicked: classifier exploded"},
+			opts: []Option{WithRetryable(func(error, bool) bool { panic("classifier exploded") })}, want: "classifying this error panicked: classifier exploded"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -498,7 +498,7 @@ func TestRetryDelayFuncSeesTheFailureAndItsRetryAfter(t *testing.T) {
 		cause error
 	}
 	saw := make(chan seen, 4)
-	h := newHarness(t, nil, WithRetryDelayFunc(func(n int, cause error) time.Duration {
+	h := newHarness(t, nil, WithRetryDelay(func(n int, cause error) time.Duration {
 		saw <- seen{n, cause}
 		d, _ := RetryAfter(cause)
 		return d
@@ -523,7 +523,7 @@ func (e retryAfterErr) Error() string             { return "429 Too Many Request
 func (e retryAfterErr) RetryAfter() time.Duration { return e.d }
 
 func TestARetryDelayFunctionThatPanicsEndsTheAttemptItWouldDelay(t *testing.T) {
-	h := newHarness(t, nil, WithRetryDelay(func(int) time.Duration { panic("delay exploded") }))
+	h := newHarness(t, nil, WithRetryDelay(func(int, error) time.Duration { panic("delay exploded") }))
 	task := h.launch("a/one", "b/two")
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errRateLimited}))

@@ -751,10 +751,10 @@ func TestDefaultRetryableHearsWhatAnErrorSaysOfItself(t *testing.T) {
 	}
 }
 
-func TestWithRetryClassifierExtendsTheDefault(t *testing.T) {
+func TestWithRetryableSeesTheDefaultsAnswer(t *testing.T) {
 	var mu sync.Mutex
 	var defaults []bool
-	h := newHarness(t, nil, WithRetryClassifier(func(err error, retry bool) bool {
+	h := newHarness(t, nil, WithRetryable(func(err error, retry bool) bool {
 		mu.Lock()
 		defaults = append(defaults, retry)
 		mu.Unlock()
@@ -779,7 +779,7 @@ func TestWithRetryClassifierExtendsTheDefault(t *testing.T) {
 }
 
 func TestAPanickingRetryClassifierMakesTheFailureFinal(t *testing.T) {
-	h := newHarness(t, nil, WithRetryClassifier(func(error, bool) bool { panic("classifier bug") }))
+	h := newHarness(t, nil, WithRetryable(func(error, bool) bool { panic("classifier bug") }))
 	task := h.running("chat")
 	require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionError, Err: errors.New("HTTP 503")}))
 	done := h.wait(task.ID)

@@ -310,12 +310,6 @@ func newManager(host Host, opts []Option) *Manager {
 	if cfg.ids == nil {
 		cfg.ids = newUUIDs()
 	}
-	if cfg.retryable == nil {
-		cfg.retryable = DefaultRetryable
-	}
-	if f, base := cfg.classifier, cfg.retryable; f != nil {
-		cfg.retryable = func(err error) bool { return f(err, base(err)) }
-	}
 	if cfg.holdLimit <= 0 {
 		cfg.holdLimit = 1024
 	}
@@ -323,7 +317,7 @@ func newManager(host Host, opts []Option) *Manager {
 		cfg.notifyAttempts = 1
 	}
 	if cfg.notifyBackoff == nil {
-		cfg.notifyBackoff = func(int) time.Duration { return 0 }
+		cfg.notifyBackoff = func(int, error) time.Duration { return 0 }
 	}
 	m := &Manager{
 		host:     host,

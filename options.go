@@ -36,7 +36,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	notifyAttempts    int
-	notifyBackoff     func(attempt int) time.Duration
+	notifyBackoff     func(attempt int, cause error) time.Duration
 	limits            *Limits
 	queueTimeout      time.Duration
 	stallTimeout      time.Duration
@@ -47,7 +47,7 @@ type config struct {
 	logInfo, logDebug bool // the logger's handler takes info (debug) lines, as it said at New (the lines are built only then)
 	clock             Clock
 	ids               IDGenerator
-	retryable         func(error) bool
+	retryable         func(err error, retryable bool) bool
 	retryDelay        func(attempt int, cause error) time.Duration
 	holdLimit         int
 	queueLimit        int // notifications waiting per parent
@@ -56,8 +56,7 @@ type config struct {
 	startGate         func(ctx context.Context, req SessionRequest) error // WithStartGate
 	retention         Retention
 	tree              TreeLimits
-	metrics           Metrics                              // WithMetrics; nil: none
-	classifier        func(err error, retryable bool) bool // WithRetryClassifier, composed into retryable by New
+	metrics           Metrics // WithMetrics; nil: none
 
 	err error // an invalid option, found by New: every Launch returns it
 }

@@ -72,8 +72,8 @@ func TestRetryClassifierAndDelayRunWithoutTheLock(t *testing.T) {
 		}
 		return sid, nil
 	}},
-		WithRetryable(func(err error) bool { probe(); return true }),
-		WithRetryDelay(func(int) time.Duration { probe(); return 0 }))
+		WithRetryable(func(err error, _ bool) bool { probe(); return true }),
+		WithRetryDelay(func(int, error) time.Duration { probe(); return 0 }))
 	m = h.m
 	task := h.launch("a/one", "b/two", "c/three")
 	h.settle()

@@ -11,55 +11,41 @@ import (
 	"github.com/bgtask/bgtask/internal/group"
 )
 
-// WithRetryable decides which errors move a task to its next model,
-// replacing DefaultRetryable. A Permanent error is never retried, whatever f
-// says. A failed session start reaches f as a *StartError.
-func WithRetryable(f func(error) bool) Option {
+// WithRetryable decides which failures move a task to its next model: f
+// sees each failure and what DefaultRetryable answers for it, and its
+// answer decides. To replace the default, ignore the second argument; to
+// extend it, combine them:
+//
+//	bgtask.WithRetryable(func(err error, retryable bool) bool {
+//		var q *QuotaError
+//		return retryable || errors.As(err, &q)
+//	})
+//
+// A Permanent error is never retried, whatever f says. A failed session
+// start reaches f as a *StartError. f is user code, run outside the
+// Manager's lock; a panic in it makes the failure non-retryable, named in
+// its text. Default: DefaultRetryable.
+func WithRetryable(f func(err error, retryable bool) bool) Option {
 	return optionFunc(func(c *config) { c.retryable = f })
 }
 
-// WithRetryClassifier extends the retry classifier instead of replacing
-// it: f sees each failure and the answer the classifier gave
-// (DefaultRetryable, or WithRetryable's), and its answer decides. A
-// Permanent error is never retried, whatever f says. f is user code, run
-// outside the Manager's lock; a panic in it makes the failure
-// non-retryable, named in its text.
+// WithRetryDelay waits f(n, cause) before starting attempt n (n ≥ 2) of a
+// retry. cause is the error the failed attempt reported (a *StartError
+// for a failed session start), so f can honour what the provider asked
+// for; Backoff returns a ready-made f that does not look at it:
 //
-//	bgtask.WithRetryClassifier(func(err error, retry bool) bool {
-//		var q *QuotaError
-//		return retry || errors.As(err, &q)
-//	})
-func WithRetryClassifier(f func(err error, retryable bool) bool) Option {
-	return optionFunc(func(c *config) { c.classifier = f })
-}
-
-// WithRetryDelay waits f(n) before starting attempt n (n ≥ 2) of a retry.
-// The attempt is pending with PendingRetryDelay meanwhile, and Cancel ends
-// the wait. Default: no delay. Backoff returns a ready-made f. To see the
-// failure that caused the retry, use WithRetryDelayFunc.
-func WithRetryDelay(f func(attempt int) time.Duration) Option {
-	if f == nil {
-		return WithRetryDelayFunc(nil)
-	}
-	return WithRetryDelayFunc(func(attempt int, _ error) time.Duration { return f(attempt) })
-}
-
-// WithRetryDelayFunc is WithRetryDelay with the failure that caused the
-// retry: f(n, cause) is waited before attempt n. cause is the error the
-// failed attempt reported (a *StartError for a failed session start), so
-// f can honour what the provider asked for:
-//
-//	bgtask.WithRetryDelayFunc(func(n int, cause error) time.Duration {
+//	bgtask.WithRetryDelay(func(n int, cause error) time.Duration {
 //		if d, ok := bgtask.RetryAfter(cause); ok {
 //			return d
 //		}
 //		return time.Second
 //	})
 //
-// f runs on a goroutine of the Manager, never under its lock. A panic in f
-// ends the attempt it would delay in error, naming the panic. Default: no
-// delay.
-func WithRetryDelayFunc(f func(attempt int, cause error) time.Duration) Option {
+// The attempt is pending with PendingRetryDelay meanwhile, and Cancel ends
+// the wait. f runs on a goroutine of the Manager, never under its lock. A
+// panic in f ends the attempt it would delay in error, naming the panic.
+// Default: no delay.
+func WithRetryDelay(f func(attempt int, cause error) time.Duration) Option {
 	return optionFunc(func(c *config) { c.retryDelay = f })
 }
 
@@ -93,7 +79,11 @@ func (m *Manager) retryable(err error) bool {
 	if IsPermanent(err) {
 		return false
 	}
-	return m.cfg.retryable(err)
+	retry := DefaultRetryable(err)
+	if f := m.cfg.retryable; f != nil {
+		retry = f(err, retry)
+	}
+	return retry
 }
 
 // retry runs a retry effect on worker w: abort the failed run's session,
@@ -187,7 +177,8 @@ func IsPermanent(err error) bool {
 	return ok
 }
 
-// DefaultRetryable is the classifier used unless WithRetryable replaces it.
+// DefaultRetryable is the retry classifier: its answer decides unless
+// WithRetryable decides otherwise.
 // It retries rate limits (429), overload (503, 529, "overloaded"), other
 // 5xx, a forbidden or unauthorized provider (403, 401), a model not found
 // (404) and timeouts. The status is read from the first error in the chain
@@ -206,7 +197,7 @@ func IsPermanent(err error) bool {
 // error in the chain with an IsRetryable() bool method is retried exactly
 // when it returns true, and one whose Temporary() bool or Timeout() bool
 // returns true is retried. To add rules of your own without losing these,
-// use WithRetryClassifier.
+// use WithRetryable and combine your answer with the one it is given.
 func DefaultRetryable(err error) bool {
 	if err == nil || IsPermanent(err) {
 		return false
@@ -264,13 +255,14 @@ func inChain[T error](err error) (T, bool) {
 	return zero, false
 }
 
-// Backoff returns a retry delay for WithRetryDelay: base before attempt 2,
-// doubling for each later attempt, never more than max. jitter in [0, 1]
-// takes up to that fraction off each delay at random, so tasks that failed
-// together do not retry together; 0 means none. A base ≤ 0 means no delay.
-func Backoff(base, max time.Duration, jitter float64) func(attempt int) time.Duration {
+// Backoff returns a delay for WithRetryDelay and WithNotifyRetry: base
+// before attempt 2, doubling for each later attempt, never more than max.
+// jitter in [0, 1] takes up to that fraction off each delay at random, so
+// tasks that failed together do not retry together; 0 means none. A
+// base ≤ 0 means no delay. It does not look at the cause.
+func Backoff(base, max time.Duration, jitter float64) func(attempt int, cause error) time.Duration {
 	jitter = math.Min(math.Max(jitter, 0), 1)
-	return func(attempt int) time.Duration {
+	return func(attempt int, _ error) time.Duration {
 		if base <= 0 {
 			return 0
 		}

@@ -217,7 +217,7 @@ func TestNonRetryableErrorsEndTheTask(t *testing.T) {
 }
 
 func TestWithRetryableReplacesClassifierButNotPermanent(t *testing.T) {
-	h := newHarness(t, nil, WithRetryable(func(err error) bool { return strings.Contains(err.Error(), "odd") }))
+	h := newHarness(t, nil, WithRetryable(func(err error, _ bool) bool { return strings.Contains(err.Error(), "odd") }))
 	task := h.launch("a/one", "b/two", "c/three")
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errors.New("something odd")}))
@@ -567,7 +567,7 @@ func TestFinalSummaryForEveryTerminalOutcome(t *testing.T) {
 }
 
 func TestRetryDelayShowsPendingAndCancelEndsIt(t *testing.T) {
-	h := newHarness(t, nil, WithRetryDelay(func(n int) time.Duration { return time.Duration(n) * time.Second }))
+	h := newHarness(t, nil, WithRetryDelay(func(n int, _ error) time.Duration { return time.Duration(n) * time.Second }))
 	task := h.launch("a/one", "b/two", "c/three")
 	h.settle()
 	_, timersBefore := h.clock.Created()
@@ -598,15 +598,15 @@ func TestRetryDelayShowsPendingAndCancelEndsIt(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	f := Backoff(time.Second, 10*time.Second, 0)
-	assert.Equal(t, time.Second, f(2))
-	assert.Equal(t, 2*time.Second, f(3))
-	assert.Equal(t, 4*time.Second, f(4))
-	assert.Equal(t, 10*time.Second, f(10))
-	assert.Equal(t, 10*time.Second, f(1000))
+	assert.Equal(t, time.Second, f(2, nil))
+	assert.Equal(t, 2*time.Second, f(3, nil))
+	assert.Equal(t, 4*time.Second, f(4, nil))
+	assert.Equal(t, 10*time.Second, f(10, nil))
+	assert.Equal(t, 10*time.Second, f(1000, nil))
 	j := Backoff(time.Second, 10*time.Second, 0.5)
 	for n := 2; n < 20; n++ {
-		d := j(n)
-		base := f(n)
+		d := j(n, nil)
+		base := f(n, nil)
 		assert.GreaterOrEqual(t, d, base/2)
 		assert.LessOrEqual(t, d, base)
 	}

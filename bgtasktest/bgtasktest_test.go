@@ -42,7 +42,7 @@ func newKit(t *testing.T, opts ...bgtask.Option) *kit {
 var twoModels = []bgtask.Model{{Provider: "openai", ID: "gpt-5"}, {Provider: "google", ID: "gemini"}}
 
 func TestAFallbackWithARetryDelayDrivenByHand(t *testing.T) {
-	k := newKit(t, bgtask.WithRetryDelay(func(int) time.Duration { return 5 * time.Second }))
+	k := newKit(t, bgtask.WithRetryDelay(func(int, error) time.Duration { return 5 * time.Second }))
 	task, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Prompt: "q", Models: twoModels})
 	require.NoError(t, err)
 	first, err := bgtasktest.WaitStatus(k.ctx, k.m, task.ID, bgtask.StatusRunning)

@@ -169,7 +169,7 @@ func Run(opts Options) (trace []string, err error) {
 	cfg := []bgtask.Option{
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithClock(w.clock),
-		bgtask.WithNotifyRetry(2, func(int) time.Duration { return time.Second }),
+		bgtask.WithNotifyRetry(2, func(int, error) time.Duration { return time.Second }),
 	}
 	var features []string
 	if w.rng.IntN(2) == 0 {
