@@ -294,7 +294,7 @@ type runtime struct {
 	round    *round     // the parent's round the task counts in
 }
 
-// slotHold is a run's claim on a concurrency slot (WithConcurrency): its
+// slotHold is a run's claim on a concurrency slot (WithModelLimits): its
 // place in the queue while it waits, then the slot it holds.
 type slotHold struct {
 	waiter *slots.Waiter[queued]

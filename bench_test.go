@@ -309,7 +309,7 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	b.ReportAllocs()
 	var total time.Duration
 	for i := 0; i < b.N; i++ {
-		m := New(host, WithConcurrency(Limits{Default: 4}))
+		m := New(host, WithModelLimits(ModelLimits{Default: 4}))
 		host.m = m
 		start := time.Now()
 		ids := make([]string, n)

@@ -44,7 +44,7 @@ func runningOn(m *bgtask.Manager, id string, n int) bgtask.Task {
 func ExampleNew() {
 	m := bgtask.New(&quietHost{},
 		bgtask.WithIDs(bgtask.SequentialIDs()),
-		bgtask.WithConcurrency(bgtask.Limits{Default: 2}),
+		bgtask.WithModelLimits(bgtask.ModelLimits{Default: 2}),
 		bgtask.WithRetryDelay(bgtask.Backoff(0, 0, 0)),
 	)
 	defer m.Shutdown(context.Background())

@@ -618,7 +618,7 @@ func btoi(b bool) int {
 // change nothing.
 func TestTimersDueAfterTheirTaskFrozeChangeNothing(t *testing.T) {
 	h := newHarness(t, nil, WithStallTimeout(time.Minute), WithQueueTimeout(time.Minute),
-		WithConcurrency(Limits{Models: map[string]int{"a/one": 1}}), WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
+		WithModelLimits(ModelLimits{Models: map[string]int{"a/one": 1}}), WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
 	ctx := testCtx(t)
 	holder := h.running("p1", func(s *Spec) {
 		s.Models, s.Timeout, s.AttemptTimeout = mustModels(t, "a/one"), time.Minute, time.Minute
@@ -720,7 +720,7 @@ func lateInputs(t *testing.T, m *Manager, id, late string, w *slots.Waiter[queue
 // nothing changes but a late start's session, indexed to it as an orphan
 // and aborted — the task thaws for that record, and freezes again.
 func TestLateInputsForAFrozenTaskActAsForAWarmOne(t *testing.T) {
-	h := newHarness(t, nil, WithConcurrency(Limits{Models: map[string]int{"q/slot": 1}}))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Models: map[string]int{"q/slot": 1}}))
 	one := func(s *Spec) { s.Models = mustModels(t, "a/one") }
 	var ids []string
 	for range 2 {

@@ -526,7 +526,7 @@ func TestATaskTimeoutEndsItErrorWithReasonDeadline(t *testing.T) {
 }
 
 func TestATaskTimeoutEndsAQueuedTaskWithoutAChild(t *testing.T) {
-	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}))
 	h.running("chat")
 	queued := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
 	require.Equal(t, PendingQueued, queued.Pending)
@@ -635,12 +635,12 @@ func TestAModelWithNoProviderIsItsIDAlone(t *testing.T) {
 	require.ErrorAs(t, err, &se, "an ID with a slash and no provider would read as provider/id")
 	assert.Equal(t, "Models[0].ID", se.Field)
 
-	h := newHarness(t, nil, WithConcurrency(Limits{Models: map[string]int{"gpt-primary": 1}, Providers: map[string]int{"": 5}}))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Models: map[string]int{"gpt-primary": 1}, Providers: map[string]int{"": 5}}))
 	spec := func(s *Spec) { s.Models = []Model{alias, {Provider: "b", ID: "two"}} }
 	first := h.running("chat", spec)
 	second := h.running("chat", spec)
 	assert.Equal(t, StatusRunning, first.Status)
-	assert.Equal(t, PendingQueued, second.Pending, "keyed by its ID under Limits.Models, never under a provider")
+	assert.Equal(t, PendingQueued, second.Pending, "keyed by its ID under ModelLimits.Models, never under a provider")
 	assert.Contains(t, fmt.Sprint(h.m.Stats()), "model:gpt-primary")
 	require.NoError(t, h.observe(Event{SessionID: first.SessionID, Kind: SessionError, Err: errors.New("HTTP 503 overloaded")}))
 	h.settle()
@@ -1091,7 +1091,7 @@ func TestARestartThatForgetsAsItReconcilesCrashesNothing(t *testing.T) {
 // Shutdown ends queued tasks while retention forgets ended ones: the launch
 // order it walks is never tripped over.
 func TestAShutdownThatForgetsAsItStopsCrashesNothing(t *testing.T) {
-	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 5}), WithConcurrency(Limits{Models: map[string]int{"a/one": 1}}))
+	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 5}), WithModelLimits(ModelLimits{Models: map[string]int{"a/one": 1}}))
 	one := func(s *Spec) { s.Models = mustModels(t, "a/one") }
 	h.running("chat", one)
 	var queued []Task

@@ -42,7 +42,7 @@ func (t *TreeLimits) validate() error {
 // launched, from what the ledger holds. Default: no limits.
 func WithTreeLimits(t TreeLimits) Option { return optionFunc(func(c *config) { c.tree = t }) }
 
-// Limits caps how many attempts run at once. An attempt holds a slot from
+// ModelLimits caps how many attempts run at once. An attempt holds a slot from
 // the moment its session start is requested until its run ends, whatever
 // ends it; an attempt that finds no free slot waits pending (PendingQueued)
 // and slots are handed over first come, first served, per key. A retry
@@ -52,7 +52,7 @@ func WithTreeLimits(t TreeLimits) Option { return optionFunc(func(c *config) { c
 // (that model alone), its provider's entry in Providers (every model of the
 // provider together), or Default (that model alone). A limit of 0 means no
 // limit; a negative one is invalid (Launch reports it).
-type Limits struct {
+type ModelLimits struct {
 	// Models caps single models, keyed "provider/id" (no variant), or by
 	// the ID alone for a model with no provider.
 	Models map[string]int
@@ -64,26 +64,26 @@ type Limits struct {
 	Default int
 }
 
-func (l *Limits) validate() error {
+func (l *ModelLimits) validate() error {
 	for k, n := range l.Models {
 		if n < 0 {
-			return fmt.Errorf("bgtask: invalid Limits: Models[%q] is negative (%d)", k, n)
+			return fmt.Errorf("bgtask: invalid ModelLimits: Models[%q] is negative (%d)", k, n)
 		}
 	}
 	for k, n := range l.Providers {
 		if n < 0 {
-			return fmt.Errorf("bgtask: invalid Limits: Providers[%q] is negative (%d)", k, n)
+			return fmt.Errorf("bgtask: invalid ModelLimits: Providers[%q] is negative (%d)", k, n)
 		}
 	}
 	if l.Default < 0 {
-		return fmt.Errorf("bgtask: invalid Limits: Default is negative (%d)", l.Default)
+		return fmt.Errorf("bgtask: invalid ModelLimits: Default is negative (%d)", l.Default)
 	}
 	return nil
 }
 
 // key returns the concurrency key of model and its limit: "model:p/id"
 // ("model:id" with no provider) or "provider:p".
-func (l *Limits) key(model Model) (string, int) {
+func (l *ModelLimits) key(model Model) (string, int) {
 	id := Model{Provider: model.Provider, ID: model.ID}.String()
 	if n, ok := l.Models[id]; ok {
 		return "model:" + id, n
@@ -94,9 +94,9 @@ func (l *Limits) key(model Model) (string, int) {
 	return "model:" + id, l.Default
 }
 
-// WithConcurrency caps concurrent attempts per model or provider; see
-// Limits. Default: no limits.
-func WithConcurrency(l Limits) Option {
+// WithModelLimits caps concurrent attempts per model or provider; see
+// ModelLimits. Default: no limits.
+func WithModelLimits(l ModelLimits) Option {
 	return optionFunc(func(c *config) {
 		l.Models = maps.Clone(l.Models)
 		l.Providers = maps.Clone(l.Providers)
@@ -194,7 +194,7 @@ type QueueStat struct {
 }
 
 // Stats reports every concurrency key with attempts running or queued, by
-// key. It is empty without WithConcurrency.
+// key. It is empty without WithModelLimits.
 func (m *Manager) Stats() []QueueStat {
 	m.mu.Lock()
 	defer m.unlock()

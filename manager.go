@@ -92,7 +92,7 @@ type lifetime struct {
 // (Shutdown waits for both), and the events held until a start in flight
 // binds the session or attempt they name.
 type hostCalls struct {
-	pool     *slots.Pool[queued]     // concurrency slots; nil without WithConcurrency
+	pool     *slots.Pool[queued]     // concurrency slots; nil without WithModelLimits
 	startSeq uint64                  // last session start issued
 	inflight map[uint64]struct{}     // session starts in flight, by seq
 	abortsN  int                     // aborts in flight

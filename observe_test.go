@@ -148,7 +148,7 @@ func (r *recMetrics) QueueDepth(key string, n int) {
 
 func TestMetricsMeasureLaunchesAttemptsRetriesOutcomesAndQueues(t *testing.T) {
 	mt := &recMetrics{counts: map[string]int{}, depths: map[string][]int{}}
-	h := newHarness(t, nil, WithMetrics(mt), WithConcurrency(Limits{Default: 1}))
+	h := newHarness(t, nil, WithMetrics(mt), WithModelLimits(ModelLimits{Default: 1}))
 	first := h.running("chat", func(s *Spec) { s.Models = mustModels(t, "a/one", "b/two") })
 	queued := h.running("chat", func(s *Spec) { s.Models = mustModels(t, "a/one") })
 	require.Equal(t, PendingQueued, queued.Pending)

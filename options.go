@@ -37,7 +37,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	notifyAttempts    int
 	notifyBackoff     func(attempt int, cause error) time.Duration
-	limits            *Limits
+	limits            *ModelLimits
 	queueTimeout      time.Duration
 	stallTimeout      time.Duration
 	gateTimeout       time.Duration

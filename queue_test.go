@@ -60,7 +60,7 @@ func (h *harness) waitTimers(n int) {
 
 func TestQueueIsFIFOPerKey(t *testing.T) {
 	needRecords(t)
-	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}))
 	a, b, c := h.launchOn("m/x"), h.launchOn("m/x"), h.launchOn("m/x")
 	other := h.launchOn("m/y") // another key is not held up
 	h.settle()
@@ -98,7 +98,7 @@ func TestQueueIsFIFOPerKey(t *testing.T) {
 }
 
 func TestLimitPrecedenceModelThenProviderThenDefault(t *testing.T) {
-	h := newHarness(t, nil, WithConcurrency(Limits{
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{
 		Models:    map[string]int{"a/x": 1},
 		Providers: map[string]int{"a": 2},
 		Default:   3,
@@ -122,21 +122,21 @@ func TestLimitPrecedenceModelThenProviderThenDefault(t *testing.T) {
 }
 
 func TestZeroLimitMeansUnlimitedAndNegativeIsAnError(t *testing.T) {
-	h := newHarness(t, nil, WithConcurrency(Limits{Models: map[string]int{"a/x": 0}, Default: 1}))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Models: map[string]int{"a/x": 0}, Default: 1}))
 	for range 5 {
 		h.launchOn("a/x")
 	}
 	h.settle()
 	assert.Equal(t, []QueueStat{{Key: "model:a/x", Running: 5, Limit: 0}}, h.m.Stats())
 
-	bad := newHarness(t, nil, WithConcurrency(Limits{Providers: map[string]int{"a": -1}}))
+	bad := newHarness(t, nil, WithModelLimits(ModelLimits{Providers: map[string]int{"a": -1}}))
 	_, err := bad.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/x")})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `Providers["a"]`)
 }
 
 func TestRetryReleasesItsSlotAndQueuesUnderTheNewKey(t *testing.T) {
-	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}))
 	t1 := h.launchOn("a/1", "b/2")
 	t2 := h.launchOn("b/2") // holds b/2
 	t3 := h.launchOn("a/1") // waits for t1's slot on a/1
@@ -162,7 +162,7 @@ func TestRetryReleasesItsSlotAndQueuesUnderTheNewKey(t *testing.T) {
 func TestCancelOfQueuedWorkLeavesTheQueueAtOnce(t *testing.T) {
 	for _, victim := range []int{0, 1, 2} {
 		t.Run([]string{"head", "middle", "tail"}[victim], func(t *testing.T) {
-			h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}))
+			h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}))
 			running := h.launchOn("m/x")
 			var queuedIDs []string
 			for range 3 {
@@ -188,7 +188,7 @@ func TestCancelOfQueuedWorkLeavesTheQueueAtOnce(t *testing.T) {
 }
 
 func TestClosureTakesQueuedWorkOutOfTheQueue(t *testing.T) {
-	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}))
 	outside := h.launchSpec(Spec{ParentSessionID: "elsewhere", Models: mustModels(t, "m/x")})
 	inside := h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "m/x")})
 	after := h.launchSpec(Spec{ParentSessionID: "elsewhere", Models: mustModels(t, "m/x")})
@@ -201,7 +201,7 @@ func TestClosureTakesQueuedWorkOutOfTheQueue(t *testing.T) {
 }
 
 func TestQueueTimeoutFreesTheWaiterAndTheNextTaskStarts(t *testing.T) {
-	h := newHarness(t, nil, WithConcurrency(Limits{Default: 1}), WithQueueTimeout(time.Minute))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}), WithQueueTimeout(time.Minute))
 	a := h.launchOn("m/x")
 	h.settle()
 	made, _ := h.clock.Created()
@@ -321,7 +321,7 @@ func TestThousandTasksThroughALimitOfThree(t *testing.T) {
 		}()
 		return sid, nil
 	}}
-	h := newHarness(t, host, WithConcurrency(Limits{Default: 3}), WithNotifier(nil))
+	h := newHarness(t, host, WithModelLimits(ModelLimits{Default: 3}), WithNotifier(nil))
 	m = h.m
 	var ids []string
 	for i := range 1000 {

@@ -259,7 +259,7 @@ func TestRestartWithAHostThatCannotSayInterruptsWhatMayHaveAChild(t *testing.T) 
 	svc := newSessionService()
 	host := plainHost{&svcHost{svc: svc}}
 	j1 := openJournal(t, dir)
-	m1, err := Open(context.Background(), host, WithJournal(j1), WithConcurrency(Limits{Default: 1}))
+	m1, err := Open(context.Background(), host, WithJournal(j1), WithModelLimits(ModelLimits{Default: 1}))
 	require.NoError(t, err)
 	ctx := context.Background()
 	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
@@ -272,7 +272,7 @@ func TestRestartWithAHostThatCannotSayInterruptsWhatMayHaveAChild(t *testing.T) 
 	crash(t, m1, j1)
 
 	j2 := openJournal(t, dir)
-	m2, err := Open(ctx, host, WithJournal(j2), WithConcurrency(Limits{Default: 1}))
+	m2, err := Open(ctx, host, WithJournal(j2), WithModelLimits(ModelLimits{Default: 1}))
 	require.NoError(t, err)
 	defer func() { _ = m2.Shutdown(context.Background()) }()
 	got := waitStatus(t, m2, running.ID, StatusInterrupt)

@@ -173,7 +173,7 @@ func Run(opts Options) (trace []string, err error) {
 	}
 	var features []string
 	if w.rng.IntN(2) == 0 {
-		cfg = append(cfg, bgtask.WithConcurrency(bgtask.Limits{Default: 1 + w.rng.IntN(3), Providers: map[string]int{"c": 1}}))
+		cfg = append(cfg, bgtask.WithModelLimits(bgtask.ModelLimits{Default: 1 + w.rng.IntN(3), Providers: map[string]int{"c": 1}}))
 		features = append(features, "limits")
 	}
 	if w.rng.IntN(2) == 0 {
