@@ -80,7 +80,7 @@ func (w *crashWorld) StartSession(ctx context.Context, req SessionRequest) (stri
 		// session service does: the first runs on, and must be stopped.
 		sid = fmt.Sprintf("s-%s-%d", req.AttemptID, n)
 	}
-	w.sess[sid] = &worldSession{attempt: req.AttemptID, state: SessionAlive}
+	w.sess[sid] = &worldSession{attempt: req.AttemptID, state: SessionStateAlive}
 	if w.byAtt[req.AttemptID] == "" {
 		w.byAtt[req.AttemptID] = sid
 	}
@@ -91,9 +91,9 @@ func (w *crashWorld) AbortSession(ctx context.Context, sid string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch s := w.sess[sid]; {
-	case s != nil && s.state == SessionAlive:
-		s.state, s.aborted = SessionGone, true
-	case s != nil && s.state == SessionEnded:
+	case s != nil && s.state == SessionStateAlive:
+		s.state, s.aborted = SessionStateGone, true
+	case s != nil && s.state == SessionStateEnded:
 		s.late = true
 	}
 	return nil
@@ -103,8 +103,8 @@ func (w *crashWorld) SessionStatus(ctx context.Context, sid string) (SessionRepo
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.sess[sid]
-	if s == nil || s.state == SessionGone {
-		return SessionReport{State: SessionGone}, nil
+	if s == nil || s.state == SessionStateGone {
+		return SessionReport{State: SessionStateGone}, nil
 	}
 	return SessionReport{State: s.state, End: s.end}, nil
 }
@@ -128,8 +128,8 @@ func (w *crashWorld) PromptSession(ctx context.Context, req PromptRequest) error
 func (w *crashWorld) end(sid string, ev Event) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if s := w.sess[sid]; s != nil && s.state == SessionAlive {
-		s.state, s.end = SessionEnded, ev
+	if s := w.sess[sid]; s != nil && s.state == SessionStateAlive {
+		s.state, s.end = SessionStateEnded, ev
 		return true
 	}
 	return false
@@ -143,8 +143,8 @@ func (w *crashWorld) deliver(ctx context.Context, sid string) {
 	Delivered(ctx) // the result reaches the session now, before its next turn can begin
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if s := w.sess[sid]; s != nil && s.state == SessionEnded && s.end.Kind == SessionIdle {
-		s.state, s.end, s.woken = SessionAlive, Event{}, true
+	if s := w.sess[sid]; s != nil && s.state == SessionStateEnded && s.end.Kind == SessionIdle {
+		s.state, s.end, s.woken = SessionStateAlive, Event{}, true
 		if w.woke != nil {
 			close(w.woke)
 			w.woke = nil
@@ -156,7 +156,7 @@ func (w *crashWorld) alive(sid string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.sess[sid]
-	return s != nil && s.state == SessionAlive
+	return s != nil && s.state == SessionStateAlive
 }
 
 func (w *crashWorld) session(sid string) (worldSession, bool) {
@@ -573,7 +573,7 @@ func worldOf(recs []record) *crashWorld {
 			sid = "s-" + att
 		}
 		if w.sess[sid] == nil {
-			w.sess[sid] = &worldSession{attempt: att, state: SessionAlive}
+			w.sess[sid] = &worldSession{attempt: att, state: SessionStateAlive}
 			w.byAtt[att] = sid
 		}
 		return w.sess[sid]
@@ -600,11 +600,11 @@ func worldOf(recs []record) *crashWorld {
 func (s *worldSession) endAs(rec *record, aborted bool) {
 	switch {
 	case rec.attempt.Status == StatusCompleted:
-		s.state, s.end = SessionEnded, Event{Kind: SessionIdle, Text: rec.evidence.output}
+		s.state, s.end = SessionStateEnded, Event{Kind: SessionIdle, Text: rec.evidence.output}
 	case aborted:
-		s.state, s.aborted = SessionGone, true
+		s.state, s.aborted = SessionStateGone, true
 	default:
-		s.state, s.end = SessionEnded, Event{Kind: SessionError, Err: errors.New(rec.attempt.Error)}
+		s.state, s.end = SessionStateEnded, Event{Kind: SessionError, Err: errors.New(rec.attempt.Error)}
 	}
 }
 
@@ -849,7 +849,7 @@ func checkRestart(t *testing.T, j Journal, recs, history []record, start time.Ti
 		switch task.Status {
 		case StatusCompleted:
 			s, ok := w.session("s-" + cur.ID)
-			require.True(t, ok && s.state == SessionEnded && s.end.Kind == SessionIdle, "task %s completed: its session ended with an answer (%+v)", id, s)
+			require.True(t, ok && s.state == SessionStateEnded && s.end.Kind == SessionIdle, "task %s completed: its session ended with an answer (%+v)", id, s)
 		case StatusCancelled:
 			s, ok := w.session("s-" + cur.ID)
 			require.True(t, !ok || s.aborted || s.late, "task %s cancelled: its session was stopped, or it never had one (%+v)", id, s)
@@ -858,7 +858,7 @@ func checkRestart(t *testing.T, j Journal, recs, history []record, start time.Ti
 	// No child left running.
 	w.mu.Lock()
 	for sid, s := range w.sess {
-		require.NotEqual(t, SessionAlive, s.state, "session %s is still running, its task ended", sid)
+		require.NotEqual(t, SessionStateAlive, s.state, "session %s is still running, its task ended", sid)
 	}
 	w.mu.Unlock()
 	// Each round exactly one all_complete: every task is in exactly one

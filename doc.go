@@ -131,7 +131,7 @@
 // A FuncHost function is told its task (Run: description, metadata, root
 // and depth) and can spawn beneath its own session (Run.Launch); Returning
 // lets it return a value of the harness's type, kept beside the task
-// (Task.Value) while Task.Result stays its text, and Task.Err keeps the
+// (Task.Value) while Task.Result stays its text, and Task.Cause keeps the
 // original error value. Spec.OnDone tells the launching caller once, after
 // the final summary. Spec.InheritValues passes the Launch context's values
 // (never its cancellation) to the host calls, and Spec.CancelWithCaller

@@ -125,7 +125,7 @@ func TestDurableWaitsKeepToTheirContext(t *testing.T) {
 	du = requireDurabilityUnknown(t, cancelErr, "Cancel")
 	assert.Equal(t, task.ID, du.TaskID)
 	s, _ := w.session(task.SessionID)
-	assert.Equal(t, SessionAlive, s.state, "no abort before the stop was durable")
+	assert.Equal(t, SessionStateAlive, s.state, "no abort before the stop was durable")
 	j.release()
 	waitStatus(t, m, task.ID, StatusCancelled)
 

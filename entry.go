@@ -310,7 +310,7 @@ func (e *entry) project() Task {
 			t.Value = l.value
 		}
 		if l.errTok == cur.Token {
-			t.Err = l.err
+			t.Cause = l.err
 		}
 	}
 	if e.inv != nil {

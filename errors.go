@@ -70,7 +70,7 @@ var (
 	ErrDepthLimit  = errors.New("bgtask: spawn depth limit reached")
 	ErrFanOutLimit = errors.New("bgtask: live tasks per parent session limit reached")
 	ErrTreeLimit   = errors.New("bgtask: live tasks per root session limit reached")
-	// ErrDeadline is in the chain of Task.Err when a run was stopped at its
+	// ErrDeadline is in the chain of Task.Cause when a run was stopped at its
 	// wall-clock deadline (Spec.Timeout, Spec.AttemptTimeout); the
 	// outcome's reason is ReasonDeadline.
 	ErrDeadline = errors.New("deadline")

@@ -75,7 +75,7 @@ func ExampleSpec_timeout() {
 	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "loop",
 		Models: []bgtask.Model{{ID: "m"}, {ID: "fallback"}}, Timeout: 20 * time.Millisecond})
 	done, _ := m.Wait(context.Background(), task.ID)
-	fmt.Println(done.Status, done.Outcome.Reason, len(done.Attempts), errors.Is(done.Err, bgtask.ErrDeadline))
+	fmt.Println(done.Status, done.Outcome.Reason, len(done.Attempts), errors.Is(done.Cause, bgtask.ErrDeadline))
 	// Output: error deadline 1 true
 }
 

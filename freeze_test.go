@@ -141,7 +141,7 @@ func readsOf(t *testing.T, m *Manager, ids []string, local bool) string {
 		add("Page", page, err)
 		if local {
 			add("Value", fmt.Sprintf("%#v", task.Value), nil)
-			add("Err", fmt.Sprintf("%T %v", task.Err, task.Err), nil)
+			add("Err", fmt.Sprintf("%T %v", task.Cause, task.Cause), nil)
 		}
 	}
 	if local {
@@ -701,7 +701,7 @@ func lateInputs(t *testing.T, m *Manager, id, late string, w *slots.Waiter[queue
 	m.decide(&queueTimeoutIn{e: e, a: cur, w: w})
 	retry := retryReadyIn{e: e, next: cur}
 	m.decide(&retry)
-	m.decide(&recoveredIn{e: e, a: cur, sid: cur.SessionID, report: SessionReport{State: SessionAlive}})
+	m.decide(&recoveredIn{e: e, a: cur, sid: cur.SessionID, report: SessionReport{State: SessionStateAlive}})
 	m.decide(&runReturnedIn{attemptID: cur.ID, token: cur.Token, text: "stopped", ended: true})
 	m.decide(&gateCheckIn{e: e, g: &gateHold{}})
 	extend := extendIn{e: e, prompt: "more"}

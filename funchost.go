@@ -21,7 +21,7 @@ type RunFunc func(ctx context.Context, run Run) (answer string, err error)
 // harness's own type: the value is kept beside the task while the
 // process lives (Task.Value, ValueOf), and text(v) is the answer text the
 // parent model reads (the Result, the envelope). A nil text renders the
-// value with fmt.Sprint. An error is returned as it is (Task.Err keeps
+// value with fmt.Sprint. An error is returned as it is (Task.Cause keeps
 // it); text is not called then. A panic in text is the run's panic.
 func Returning[T any](fn func(ctx context.Context, run Run) (T, error), text func(T) string) RunFunc {
 	if fn == nil {

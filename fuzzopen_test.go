@@ -680,7 +680,7 @@ func checkOpenImage(t *testing.T, base *openBase, files map[string][]byte, late 
 	defer w.mu.Unlock()
 	for sid, s := range w.sess {
 		if task, ok := attempts[s.attempt]; ok && !s.woken {
-			require.NotEqual(t, SessionAlive, s.state, "session %s of task %s is still running, the task ended", sid, task)
+			require.NotEqual(t, SessionStateAlive, s.state, "session %s of task %s is still running, the task ended", sid, task)
 		}
 	}
 }

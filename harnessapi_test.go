@@ -76,15 +76,15 @@ func TestTaskErrIsTheOriginalErrorOfTheCurrentAttempt(t *testing.T) {
 	h.settle()
 	retried := h.task(task.ID)
 	require.Len(t, retried.Attempts, 2)
-	assert.Nil(t, retried.Err, "the new attempt has not failed: the old one's error is not its")
+	assert.Nil(t, retried.Cause, "the new attempt has not failed: the old one's error is not its")
 	require.NoError(t, h.observe(Event{SessionID: retried.SessionID, Kind: SessionError, Err: Permanent(&quotaError{code: 403})}))
 	done := h.wait(task.ID)
 	require.Equal(t, StatusError, done.Status)
 	var q *quotaError
-	require.ErrorAs(t, done.Err, &q, "the value itself, for errors.As")
+	require.ErrorAs(t, done.Cause, &q, "the value itself, for errors.As")
 	assert.Equal(t, 403, q.code)
-	assert.True(t, IsPermanent(done.Err))
-	assert.Equal(t, done.Error, done.Err.Error(), "Error is its text")
+	assert.True(t, IsPermanent(done.Cause))
+	assert.Equal(t, done.Error, done.Cause.Error(), "Error is its text")
 }
 
 func TestTaskErrOfAFailedStartIsAStartErrorWrappingTheHosts(t *testing.T) {
@@ -95,9 +95,9 @@ func TestTaskErrOfAFailedStartIsAStartErrorWrappingTheHosts(t *testing.T) {
 	done := h.wait(h.launch("a/one").ID)
 	require.Equal(t, StatusError, done.Status)
 	var se *StartError
-	require.ErrorAs(t, done.Err, &se)
+	require.ErrorAs(t, done.Cause, &se)
 	var q *quotaError
-	require.ErrorAs(t, done.Err, &q)
+	require.ErrorAs(t, done.Cause, &q)
 	assert.Equal(t, 400, q.code)
 }
 
@@ -111,7 +111,7 @@ func TestEventValueIsTheCurrentRunsResult(t *testing.T) {
 	got, ok := ValueOf[report](done)
 	require.True(t, ok)
 	assert.Equal(t, "for the user", got.ForUser)
-	assert.Nil(t, done.Err)
+	assert.Nil(t, done.Cause)
 }
 
 // doneLog records, in order, the final summaries a notifier was given and
@@ -520,7 +520,7 @@ func TestATaskTimeoutEndsItErrorWithReasonDeadline(t *testing.T) {
 	assert.Equal(t, []string{task.SessionID}, h.host.Aborts(), "the child was stopped")
 	require.NotNil(t, done.Outcome)
 	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
-	assert.ErrorIs(t, done.Err, ErrDeadline)
+	assert.ErrorIs(t, done.Cause, ErrDeadline)
 	assert.Contains(t, done.Error, "deadline: the task ran longer than its timeout of 1m0s")
 	assert.Equal(t, "still looping", done.Outcome.Evidence)
 }

@@ -36,16 +36,16 @@ type StatusHost interface {
 type SessionState string
 
 const (
-	SessionAlive SessionState = "alive" // it runs on
-	SessionEnded SessionState = "ended" // its run ended: SessionReport.End says how
-	SessionGone  SessionState = "gone"  // no such session any more
+	SessionStateAlive SessionState = "alive" // it runs on
+	SessionStateEnded SessionState = "ended" // its run ended: SessionReport.End says how
+	SessionStateGone  SessionState = "gone"  // no such session any more
 )
 
 // SessionReport is a StatusHost's answer about one session.
 type SessionReport struct {
 	// State is what became of the session.
 	State SessionState
-	// End (SessionEnded) is the event that ended the run: its Kind
+	// End (SessionStateEnded) is the event that ended the run: its Kind
 	// (SessionIdle, SessionError, SessionInterrupted), Text, Err, Finish,
 	// NoFinalText. Its ids are filled in by the Manager.
 	End Event

@@ -472,7 +472,7 @@ func (m *Manager) recoverRun(fx *effect) {
 	if in.err != nil {
 		in.text = safeText(in.err) // user code: before the lock
 	}
-	if in.report.State == SessionEnded && in.report.End.Kind == SessionError {
+	if in.report.State == SessionStateEnded && in.report.End.Kind == SessionError {
 		err := in.report.End.Err
 		if err == nil {
 			err = errors.New("session error with no detail")
@@ -498,7 +498,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 	}
 	cur := e.cur()
 	if cur.ID != a.ID || cur.Token != a.Token || cur.Status.Terminal() {
-		if _, taken := m.led.bySession[in.sid]; in.sid != "" && in.report.State == SessionAlive && a.SessionID == "" && !taken {
+		if _, taken := m.led.bySession[in.sid]; in.sid != "" && in.report.State == SessionStateAlive && a.SessionID == "" && !taken {
 			// Found for a run that ended meanwhile: indexed (its events are
 			// stale) and stopped, never left running unknown.
 			rec, err := m.led.orphanRecord(e, a.ID, in.sid, m.now())
@@ -519,7 +519,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 	case in.sid == "":
 		m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
 		return
-	case in.report.State == SessionGone && e.stop != "" && !in.stopAsked:
+	case in.report.State == SessionStateGone && e.stop != "" && !in.stopAsked:
 		// A stop asked since the question (a deadline that passed while
 		// nobody ran, a cancel) had its abort sent: that abort may be what
 		// ended the session before the host was asked. The run is not
@@ -528,7 +528,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 			m.endStopped(ref, "", now)
 		}
 		return
-	case in.report.State == SessionGone || (in.report.State != SessionAlive && in.report.State != SessionEnded):
+	case in.report.State == SessionStateGone || (in.report.State != SessionStateAlive && in.report.State != SessionStateEnded):
 		m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
 		return
 	}
@@ -549,7 +549,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 			m.armDeadline(e, *e.cur())
 		}
 	}
-	if in.report.State == SessionEnded {
+	if in.report.State == SessionStateEnded {
 		ev := in.report.End
 		if !ev.Kind.ends() {
 			ev.Kind = SessionInterrupted // ended, but not said how: an interruption, not an answer

@@ -50,7 +50,7 @@ type svcHost struct {
 func (h *svcHost) StartSession(ctx context.Context, req SessionRequest) (string, error) {
 	sid := "s-" + req.AttemptID
 	h.svc.mu.Lock()
-	h.svc.sessions[sid] = &svcSession{state: SessionAlive}
+	h.svc.sessions[sid] = &svcSession{state: SessionStateAlive}
 	h.svc.byAtt[req.AttemptID] = sid
 	gate := h.svc.gate[req.AttemptNumber]
 	h.svc.mu.Unlock()
@@ -86,7 +86,7 @@ func (h *svcHost) SessionStatus(ctx context.Context, sid string) (SessionReport,
 	defer h.svc.mu.Unlock()
 	s := h.svc.sessions[sid]
 	if s == nil {
-		return SessionReport{State: SessionGone}, nil
+		return SessionReport{State: SessionStateGone}, nil
 	}
 	return SessionReport{State: s.state, End: s.end}, nil
 }
@@ -193,7 +193,7 @@ func TestRestartRecoversEveryTaskAsTheEvidenceSays(t *testing.T) {
 	svc.mu.Unlock()
 
 	// While the harness is down, the service goes on.
-	svc.set("s-"+ended.CurrentAttemptID, SessionEnded, Event{Kind: SessionIdle, Text: "done while you were away"})
+	svc.set("s-"+ended.CurrentAttemptID, SessionStateEnded, Event{Kind: SessionIdle, Text: "done while you were away"})
 	svc.mu.Lock()
 	delete(svc.sessions, "s-"+gone.CurrentAttemptID)
 	svc.mu.Unlock()

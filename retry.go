@@ -285,7 +285,7 @@ func Backoff(base, max time.Duration, jitter float64) func(attempt int, cause er
 func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	m.fence(e)
 	a := e.cur()
-	if f.err != nil { // the value itself, for Task.Err
+	if f.err != nil { // the value itself, for Task.Cause
 		l := e.keep()
 		l.err, l.errTok = f.err, a.Token
 	}

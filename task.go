@@ -73,15 +73,15 @@ type Task struct {
 	Depth int `json:"depth,omitempty"`
 
 	// Value is the structured result of the current attempt's run
-	// (Event.Value, or what a Returning function returned); Err is the
+	// (Event.Value, or what a Returning function returned); Cause is the
 	// original error value that ended the current attempt (a SessionError's
 	// Event.Err, a failed start's *StartError, a deadline or a stall), for
 	// errors.Is and errors.As — Error is its text. Both are process-local:
 	// never journaled, nil after a restart, and never in JSON. ValueOf
 	// reads Value as the harness's type.
 	Value any `json:"-"`
-	// Err: see Value.
-	Err error `json:"-"`
+	// Cause: see Value.
+	Cause error `json:"-"`
 }
 
 // ValueOf returns t.Value as a T, and whether it is one.

@@ -52,7 +52,7 @@ func (s *service) StartSession(ctx context.Context, req bgtask.SessionRequest) (
 	s.mu.Lock()
 	s.n++
 	id := fmt.Sprintf("s-%d", s.n)
-	s.sessions[id] = &session{req: req, state: bgtask.SessionAlive}
+	s.sessions[id] = &session{req: req, state: bgtask.SessionStateAlive}
 	s.byAtt[req.AttemptID] = id
 	s.mu.Unlock()
 	return id, nil
@@ -72,8 +72,8 @@ func (s *service) AbortSession(ctx context.Context, id string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ses := s.sessions[id]; ses != nil && ses.state == bgtask.SessionAlive {
-		ses.state, ses.aborted = bgtask.SessionEnded, true
+	if ses := s.sessions[id]; ses != nil && ses.state == bgtask.SessionStateAlive {
+		ses.state, ses.aborted = bgtask.SessionStateEnded, true
 		ses.end = bgtask.Event{Kind: bgtask.SessionInterrupted}
 	}
 	return nil
@@ -84,7 +84,7 @@ func (s *service) SessionStatus(ctx context.Context, id string) (bgtask.SessionR
 	defer s.mu.Unlock()
 	ses := s.sessions[id]
 	if ses == nil {
-		return bgtask.SessionReport{State: bgtask.SessionGone}, nil
+		return bgtask.SessionReport{State: bgtask.SessionStateGone}, nil
 	}
 	return bgtask.SessionReport{State: ses.state, End: ses.end}, nil
 }
@@ -101,7 +101,7 @@ func (s *service) end(id string, ev bgtask.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ses := s.sessions[id]; ses != nil {
-		ses.state, ses.end = bgtask.SessionEnded, ev
+		ses.state, ses.end = bgtask.SessionStateEnded, ev
 	}
 }
 

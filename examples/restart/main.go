@@ -272,7 +272,7 @@ func (h *httpHost) SessionStatus(ctx context.Context, sid string) (bgtask.Sessio
 		return bgtask.SessionReport{}, err
 	}
 	r := bgtask.SessionReport{State: bgtask.SessionState(st.State)}
-	if r.State == bgtask.SessionEnded {
+	if r.State == bgtask.SessionStateEnded {
 		r.End = bgtask.Event{Kind: bgtask.SessionIdle, Text: st.Text}
 	}
 	return r, nil

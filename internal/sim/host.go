@@ -228,9 +228,9 @@ func (g *gate) SessionStatus(ctx context.Context, sid string) (bgtask.SessionRep
 	g.h.mu.Lock()
 	defer g.h.mu.Unlock()
 	if g.h.created[sid] && !g.h.confirmed[sid] {
-		return bgtask.SessionReport{State: bgtask.SessionAlive}, nil
+		return bgtask.SessionReport{State: bgtask.SessionStateAlive}, nil
 	}
-	return bgtask.SessionReport{State: bgtask.SessionGone}, nil
+	return bgtask.SessionReport{State: bgtask.SessionStateGone}, nil
 }
 
 func (g *gate) FindSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {

@@ -325,11 +325,11 @@ func (c *chaos) answer(ctx context.Context) {
 		var due []string
 		c.svc.mu.Lock()
 		for id, s := range c.svc.sessions {
-			if s.state == bgtask.SessionAlive && time.Since(s.at) >= 150*time.Millisecond {
-				s.state, s.end = bgtask.SessionEnded, bgtask.Event{Kind: bgtask.SessionIdle, Text: "answer of " + id}
+			if s.state == bgtask.SessionStateAlive && time.Since(s.at) >= 150*time.Millisecond {
+				s.state, s.end = bgtask.SessionStateEnded, bgtask.Event{Kind: bgtask.SessionIdle, Text: "answer of " + id}
 				c.svc.change()
 			}
-			if s.state == bgtask.SessionEnded && !s.aborted && !sent[id] {
+			if s.state == bgtask.SessionStateEnded && !s.aborted && !sent[id] {
 				due = append(due, id)
 			}
 		}

@@ -124,7 +124,7 @@ type sessionArg struct {
 func (s *service) start(member string, req bgtask.SessionRequest) any {
 	s.n++
 	id := fmt.Sprintf("ses-%d", s.n)
-	s.sessions[id] = &session{req: req, owner: member, state: bgtask.SessionAlive, at: time.Now()}
+	s.sessions[id] = &session{req: req, owner: member, state: bgtask.SessionStateAlive, at: time.Now()}
 	s.byAtt[req.AttemptID] = id
 	s.byTask[req.TaskID] = id
 	s.change()
@@ -132,8 +132,8 @@ func (s *service) start(member string, req bgtask.SessionRequest) any {
 }
 
 func (s *service) abort(_ string, a sessionArg) any {
-	if ses := s.sessions[a.SessionID]; ses != nil && ses.state == bgtask.SessionAlive {
-		ses.state, ses.aborted, ses.end = bgtask.SessionEnded, true, bgtask.Event{Kind: bgtask.SessionInterrupted}
+	if ses := s.sessions[a.SessionID]; ses != nil && ses.state == bgtask.SessionStateAlive {
+		ses.state, ses.aborted, ses.end = bgtask.SessionStateEnded, true, bgtask.Event{Kind: bgtask.SessionInterrupted}
 		s.change()
 	}
 	return struct{}{}
@@ -142,7 +142,7 @@ func (s *service) abort(_ string, a sessionArg) any {
 func (s *service) status(_ string, a sessionArg) any {
 	ses := s.sessions[a.SessionID]
 	if ses == nil {
-		return bgtask.SessionReport{State: bgtask.SessionGone}
+		return bgtask.SessionReport{State: bgtask.SessionStateGone}
 	}
 	ses.asked++
 	s.change()
@@ -175,7 +175,7 @@ func (s *service) endWhileDown(id string, ev bgtask.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ses := s.sessions[id]; ses != nil {
-		ses.state, ses.end = bgtask.SessionEnded, ev
+		ses.state, ses.end = bgtask.SessionStateEnded, ev
 		s.change()
 	}
 }
