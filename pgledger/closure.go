@@ -558,9 +558,9 @@ VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT (ledger, member, note_id) DO NOT
 	}
 }
 
-// Closures returns the records of the ledger's closures that have ended,
+// ClosureRecords returns the records of the ledger's closures that have ended,
 // in the order they were opened.
-func (n *Node) Closures(ctx context.Context) ([]bgtask.ClosureRecord, error) {
+func (n *Node) ClosureRecords(ctx context.Context) ([]bgtask.ClosureRecord, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}

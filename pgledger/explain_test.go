@@ -36,7 +36,7 @@ var explainLong = flag.Bool("pg.explain", false,
 // few runs, pgx's and PL/pgSQL's alike). No plan may read a table of
 // bigTable rows or more with a Seq Scan: the planner must choose an index
 // on its own. A statement that reads the whole ledger by design (Snapshot,
-// Closures) is checked on a small ledger in the same tables instead, and
+// ClosureRecords) is checked on a small ledger in the same tables instead, and
 // only timed on the big one.
 //
 // A SQL literal of the code with no case here fails the test: add its
@@ -227,7 +227,7 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "claimKey: its holder", sql: `SELECT task_id FROM bgtask_keys WHERE ledger = $1 AND key = $2`, args: s("'big'", "'k-500'")},
 		{name: "releaseKey", sql: `DELETE FROM bgtask_keys WHERE ledger = $1 AND key = $2 AND task_id = $3`, args: s("'big'", "'k-500'", "'t-new'")},
 
-		// Closures: the fence, the scope, the stops, the record.
+		// ClosureRecords: the fence, the scope, the stops, the record.
 		{name: "admit (bgtask_admit_all)", sql: `SELECT bgtask_admit_all($1, $2, $3, $4, $5::interval)`,
 			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-43210', 's-77']", "ARRAY['m-0', 'm-1']", "'10 seconds'")},
 		{name: "start gate (bgtask_start_fenced_all)", sql: `SELECT bgtask_start_fenced_all($1, $2, $3)`,
@@ -253,9 +253,9 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "record: NotifyBranchClosed", sql: `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
 VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT (ledger, member, note_id) DO NOTHING`,
 			args: s("'big'", "'branch_closed:5'", "'s-432'", "'branch_closed'", "'t-4321'", "'{}'")},
-		{name: "Closures (small ledger)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
+		{name: "ClosureRecords (small ledger)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
 			args: s("'small'")},
-		{name: "Closures (big ledger: all of them)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
+		{name: "ClosureRecords (big ledger: all of them)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
 			args: s("'big'"), whole: true},
 		{name: "serveAll: open closures", sql: `SELECT id, root_session, task_id FROM bgtask_closures
  WHERE ledger = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, args: s("'big'")},
