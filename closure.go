@@ -104,6 +104,7 @@ type ClosureError struct {
 	Failed []FailedStop
 }
 
+// Error names the runs that did not stop and why.
 func (e *ClosureError) Error() string {
 	var b strings.Builder
 	b.WriteString("bgtask: branch ")

@@ -95,6 +95,7 @@ type DurabilityUnknownError struct {
 	Err    error  // the context's error
 }
 
+// Error says what was being made durable and the context's error.
 func (e *DurabilityUnknownError) Error() string {
 	s := "bgtask: " + e.Op
 	if e.TaskID != "" {
@@ -131,6 +132,7 @@ type LimitError struct {
 	Waited time.Duration
 }
 
+// Error names the limit and the figures.
 func (e *LimitError) Error() string {
 	s := fmt.Sprintf("%v (%d) under session %s", e.Limit, e.Max, e.Session)
 	if e.Waited > 0 {
@@ -150,6 +152,7 @@ type KeyHeldError struct {
 	TaskID string
 }
 
+// Error names the key and the task that holds it.
 func (e *KeyHeldError) Error() string {
 	return "bgtask: key " + strconv.Quote(e.Key) + " is held by live task " + e.TaskID
 }
@@ -164,6 +167,7 @@ type SpecError struct {
 	Reason string
 }
 
+// Error names the field and what is wrong with it.
 func (e *SpecError) Error() string {
 	return "bgtask: invalid spec: " + e.Field + ": " + e.Reason
 }

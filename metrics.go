@@ -33,20 +33,28 @@ type Metrics interface {
 // NopMetrics implements Metrics and records nothing: embed it.
 type NopMetrics struct{}
 
+// TaskLaunched records nothing.
 func (NopMetrics) TaskLaunched(Task) {}
 
+// AttemptStarted records nothing.
 func (NopMetrics) AttemptStarted(Task, Attempt) {}
 
+// RetryScheduled records nothing.
 func (NopMetrics) RetryScheduled(Task, Attempt, Reason) {}
 
+// AttemptEnded records nothing.
 func (NopMetrics) AttemptEnded(Task, Attempt, time.Duration) {}
 
+// TaskEnded records nothing.
 func (NopMetrics) TaskEnded(Task, Status, Reason, time.Duration) {}
 
+// QueueWaited records nothing.
 func (NopMetrics) QueueWaited(string, time.Duration) {}
 
+// LiveTasks records nothing.
 func (NopMetrics) LiveTasks(int) {}
 
+// QueueDepth records nothing.
 func (NopMetrics) QueueDepth(string, int) {}
 
 // measure queues a call of the Metrics for once m.mu is released. m.mu is

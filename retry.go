@@ -149,10 +149,12 @@ type StartError struct {
 	Err error
 }
 
+// Error says the start failed, with its cause.
 func (e *StartError) Error() string {
-	return "session start failed on " + e.Model.String() + ": " + e.Err.Error()
+	return "session start failed on " + e.Model.String() + ": " + safeText(e.Err)
 }
 
+// Unwrap returns the Host's error.
 func (e *StartError) Unwrap() error { return e.Err }
 
 type permanentError struct{ err error }
