@@ -18,6 +18,15 @@
 //	host.Fail(running.SessionID, errors.New("429 Too Many Requests"))
 //	retried, _ := bgtasktest.WaitFor(ctx, m, task.ID, func(t bgtask.Task) bool { return len(t.Attempts) == 2 })
 //
+// Notifications are delivered by the Manager's own goroutines, after the
+// change they report: Wait (or WaitStatus) can return before the task's
+// final summary reached the Recorder. Wait for a notification itself with
+// Recorder.AwaitFinal or Recorder.Await, never by reading All right after
+// Wait:
+//
+//	done, _ := m.Wait(ctx, task.ID)
+//	summary, _ := rec.AwaitFinal(ctx, task.ID)
+//
 // With testing/synctest (Go 1.25 and later) a test may use the wall clock
 // instead: inside a bubble, time moves only when every goroutine of the
 // bubble is blocked, so a Manager's timeouts fire at once and in order. The
@@ -312,9 +321,23 @@ func (r *Recorder) Kinds(taskID string) []bgtask.NotificationKind {
 	return out
 }
 
+// AwaitFinal waits for the final summary (bgtask.NotifyFinalSummary) of
+// task taskID and returns it, or returns ctx's error. A task's final
+// summary is sent after it ended, by the Manager's delivery goroutine:
+// Wait returning does not mean it has arrived.
+func (r *Recorder) AwaitFinal(ctx context.Context, taskID string) (bgtask.Notification, error) {
+	return r.Await(ctx, func(n bgtask.Notification) bool {
+		return n.Kind == bgtask.NotifyFinalSummary && n.TaskID == taskID
+	})
+}
+
 // Await waits until a kept notification satisfies ok and returns it, or
-// returns ctx's error.
+// returns ctx's error. Notifications arrive after the changes they report
+// (see the package doc).
 func (r *Recorder) Await(ctx context.Context, ok func(bgtask.Notification) bool) (bgtask.Notification, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	seen := 0
 	for {
 		r.mu.Lock()

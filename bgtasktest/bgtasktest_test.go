@@ -246,3 +246,30 @@ func TestTheSimulationRunsOnYourJournal(t *testing.T) {
 	}
 	assert.Positive(t, restarted, "no seed crashed and reopened the journal")
 }
+
+func TestAwaitFinalWaitsForThatTasksSummary(t *testing.T) {
+	k := newKit(t)
+	a, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Models: twoModels})
+	require.NoError(t, err)
+	b, err := k.m.Launch(k.ctx, bgtask.Spec{ParentSessionID: "chat", Models: twoModels})
+	require.NoError(t, err)
+	runB, err := bgtasktest.WaitStatus(k.ctx, k.m, b.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, k.host.Idle(runB.SessionID, "b's answer"))
+	got, err := k.rec.AwaitFinal(k.ctx, b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, b.ID, got.TaskID)
+
+	short, cancel := context.WithCancel(k.ctx)
+	cancel()
+	_, err = k.rec.AwaitFinal(short, a.ID) // a is still running: no summary yet
+	assert.ErrorIs(t, err, context.Canceled)
+
+	runA, err := bgtasktest.WaitStatus(k.ctx, k.m, a.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, k.host.Idle(runA.SessionID, "a's answer"))
+	got, err = k.rec.AwaitFinal(k.ctx, a.ID)
+	require.NoError(t, err)
+	assert.Equal(t, a.ID, got.TaskID)
+	assert.Equal(t, bgtask.NotifyFinalSummary, got.Kind)
+}

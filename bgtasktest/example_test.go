@@ -1,0 +1,48 @@
+package bgtasktest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
+)
+
+// A test of a harness's fallback, with no sleeps: the scripted host fails
+// the first model's session, the retry waits out a delay on the test's
+// clock, and the final summary is awaited, not read right after Wait.
+func Example() {
+	ctx := context.Background()
+	clk := bgtasktest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	host := bgtasktest.NewHost()
+	rec := &bgtasktest.Recorder{}
+	m := bgtask.New(host, bgtask.WithClock(clk), bgtask.WithNotifier(rec), bgtask.WithIDs(bgtask.SequentialIDs()),
+		bgtask.WithRetryDelay(bgtask.Backoff(time.Second, time.Minute, 0)))
+	host.Attach(m)
+	defer m.Shutdown(ctx)
+
+	task, _ := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Prompt: "summarise",
+		Models: []bgtask.Model{{Provider: "a", ID: "big"}, {Provider: "b", ID: "small"}}})
+	running, _ := bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
+	made, _ := clk.Timers()
+	_ = host.Fail(running.SessionID, errors.New("429 Too Many Requests"))
+	_ = clk.AwaitTimers(ctx, made+1) // the retry delay's timer exists
+
+	clk.Advance(time.Second)
+	second, _ := bgtasktest.WaitFor(ctx, m, task.ID, func(t bgtask.Task) bool {
+		return len(t.Attempts) == 2 && t.Status == bgtask.StatusRunning
+	})
+	_ = host.Idle(second.SessionID, "three bullet points")
+
+	done, _ := m.Wait(ctx, task.ID)
+	summary, _ := rec.AwaitFinal(ctx, task.ID)
+	fmt.Println(done.Status, done.Model, "|", done.Result)
+	fmt.Println(summary.Kind, rec.Kinds(task.ID))
+	fmt.Println(host.Aborts())
+	// Output:
+	// completed b/small | three bullet points
+	// final_summary [retry_scheduled retry_session_ready final_summary]
+	// [ses-1]
+}
