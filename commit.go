@@ -267,7 +267,7 @@ func (m *Manager) poison(err error) error {
 	err = fmt.Errorf("%w: %w", ErrJournal, err)
 	if m.life.jerr.CompareAndSwap(nil, &err) {
 		close(m.life.dead) // whoever waits for what can no longer be recorded (await)
-		m.logAttrs(slog.LevelError, "bgtask: the journal failed; the manager stops acting on the world", slog.String("err", err.Error()))
+		m.logAttrs(slog.LevelError, "bgtask: the journal failed; the manager stops acting on the world", slog.String("err", safeText(err)))
 	}
 	return m.poisoned()
 }

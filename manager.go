@@ -183,7 +183,7 @@ func New(host Host, opts ...Option) *Manager {
 	if m.cfg.journal != nil {
 		if err := m.recover(context.Background()); err != nil {
 			m.cfg.err = err
-			m.logAttrs(slog.LevelError, "bgtask: recovering from the journal failed", slog.String("err", err.Error()))
+			m.logAttrs(slog.LevelError, "bgtask: recovering from the journal failed", slog.String("err", safeText(err)))
 		}
 	}
 	return m
@@ -284,7 +284,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			_, err = m.CloseBranch(ctx, c.root)
 		}
 		if err != nil && !errors.Is(err, ErrUnknownSession) && !errors.Is(err, ErrUnknownTask) {
-			m.logAttrs(slog.LevelWarn, "bgtask: finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", err.Error()))
+			m.logAttrs(slog.LevelWarn, "bgtask: finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", safeText(err)))
 		}
 	}
 	return m.poisoned()
@@ -421,7 +421,7 @@ func (m *Manager) now() time.Time { return m.cfg.clock.Now() }
 // ledgerBug queues a log line for a write the ledger refused: a bug in the
 // Manager, never trusted away. m.mu is held.
 func (m *Manager) ledgerBug(e *entry, err error) {
-	m.logLocked(slog.LevelError, "bgtask: ledger refused a write", slog.String("task", e.info.id), slog.String("err", err.Error()))
+	m.logLocked(slog.LevelError, "bgtask: ledger refused a write", slog.String("task", e.info.id), slog.String("err", safeText(err)))
 }
 
 // rejectedLocked queues the debug line of an event that was not applied.

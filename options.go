@@ -122,8 +122,20 @@ func loggerTakes(l *slog.Logger, level slog.Level) (ok bool) {
 	return l.Enabled(context.Background(), level)
 }
 
-// WithLogger logs through l: rejected events at debug, failed host and
-// notifier calls at warn and error. Default: nothing is logged.
+// WithLogger logs through l, each line with task, attempt and session
+// attributes where it has them:
+//
+//   - info: one line per milestone — task launched, attempt started,
+//     retry scheduled (with its reason class), task ended (with its
+//     outcome and attempts);
+//   - debug: every event held for a session start in flight, or rejected
+//     (stale, unknown);
+//   - warn and error: the anomalies — a failed abort or host call, a
+//     notification refused every time, a journal that failed.
+//
+// Whether the handler takes info and debug lines is asked once, at New:
+// lines it would drop are never built. A panic in the logger is swallowed
+// and counted (LoggerPanics). Default: nothing is logged.
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
 // WithClock reads time and makes timers from c. Default: the wall clock. c

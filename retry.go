@@ -97,7 +97,7 @@ func (m *Manager) retry(fx *effect, w *group.Worker) {
 		if err := m.callAbort(&fx.ctx, failed.SessionID); err != nil {
 			m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
 				slog.String("task", e.info.id), slog.String("attempt", failed.ID),
-				slog.String("session", failed.SessionID), slog.String("err", err.Error()))
+				slog.String("session", failed.SessionID), slog.String("err", safeText(err)))
 		}
 	}
 	in := retryReadyIn{e: e, next: next}

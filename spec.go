@@ -18,7 +18,9 @@ type Spec struct {
 	Description string
 	// Agent names the kind of subagent, for the host.
 	Agent string
-	// Prompt is the launch prompt: invocation 1.
+	// Prompt is the launch prompt: invocation 1. It may be empty (a host
+	// that takes its work from elsewhere, a FuncHost function that needs
+	// none); ParentSessionID and Models are the fields a Launch requires.
 	Prompt string
 	// Models is the fallback chain: Models[0] first, then the rest in
 	// order. Required, each with an ID; Provider may be empty (a model the

@@ -170,7 +170,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 			// was asked still forbids a retry).
 			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
 				slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
-				slog.String("session", op.session), slog.String("err", err.Error()))
+				slog.String("session", op.session), slog.String("err", safeText(err)))
 			if !m.commit(e, record{kind: recStopWithdrawn, at: now, attempt: *a, recordExt: &recordExt{note: err.Error()}}) {
 				m.touched(e)
 			}
@@ -225,7 +225,7 @@ func (m *Manager) abortOrphanNow(e *entry, a Attempt, sessionID string) {
 	if err := m.callAbort(withRun(m.life.ctx, run, callAbort), sessionID); err != nil {
 		m.logAttrs(slog.LevelWarn, "bgtask: abort of a session created for a superseded attempt failed",
 			slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID),
-			slog.String("session", sessionID), slog.String("err", err.Error()))
+			slog.String("session", sessionID), slog.String("err", safeText(err)))
 	}
 }
 
@@ -374,6 +374,6 @@ func (m *Manager) cascadeDelete(sessionID string) {
 func (m *Manager) cascadeNow(c *closure, sessionID string) {
 	if _, err := m.runClosure(m.life.ctx, c); err != nil && !errors.Is(err, context.Canceled) {
 		m.logAttrs(slog.LevelWarn, "bgtask: closing the branch of a deleted session failed",
-			slog.String("session", sessionID), slog.String("err", err.Error()))
+			slog.String("session", sessionID), slog.String("err", safeText(err)))
 	}
 }
