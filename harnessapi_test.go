@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -801,6 +802,24 @@ func TestTheModuleRequiresWhatTheREADMESays(t *testing.T) {
 	require.NotNil(t, stated, "the README says which Go versions are supported")
 	assert.Equal(t, string(stated[1]), string(goLine[1]), "go.mod's go directive is the README's oldest supported Go")
 	assert.NotContains(t, string(mod), "\ntoolchain ", "no toolchain line forces a newer Go on importers")
+	// Every module's go directive is the one the README's table gives it.
+	rows := regexp.MustCompile("(?m)^\\| `github.com/bgtask/bgtask(/[a-z/]+)?`[^|]*\\| (1\\.\\d+) \\|").FindAllSubmatch(readme, -1)
+	mods, err := filepath.Glob("*/go.mod")
+	require.NoError(t, err)
+	deeper, err := filepath.Glob("*/*/go.mod")
+	require.NoError(t, err)
+	require.Len(t, rows, 1+len(mods)+len(deeper), "the README's table has a row for every module of the repository")
+	for _, row := range rows {
+		path := strings.TrimPrefix(string(row[1]), "/")
+		if path == "" {
+			path = "."
+		}
+		sub, err := os.ReadFile(path + "/go.mod")
+		require.NoError(t, err, "the README names module %s", path)
+		line := regexp.MustCompile(`(?m)^go (1\.\d+)(\.\d+)?$`).FindSubmatch(sub)
+		require.NotNil(t, line, "%s/go.mod has a go directive", path)
+		assert.Equal(t, string(row[2]), string(line[1]), "the README's Go for module %s", path)
+	}
 	direct := regexp.MustCompile(`(?m)^\t(\S+) v\S+$`).FindAllSubmatch(mod, -1)
 	allowed := map[string]bool{"github.com/google/uuid": true, "github.com/stretchr/testify": true, "go.uber.org/goleak": true}
 	for _, d := range direct {
