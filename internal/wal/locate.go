@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -97,5 +98,21 @@ func readFile(fs FS, name string) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return io.ReadAll(f)
+	return readWhole(f)
+}
+
+// readWhole reads f from its start to its end into a buffer of its size
+// (io.ReadAll would grow one by doubling: for a preallocated segment,
+// megabytes of zeros copied a dozen times).
+func readWhole(f File) ([]byte, error) {
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
+	_, err = buf.ReadFrom(f)
+	return buf.Bytes(), err
 }

@@ -551,7 +551,7 @@ func (l *Log) read(n int, last bool) (s seg, err error) {
 		return seg{}, fmt.Errorf("bgtask: journal: %w", err)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(f)
+	data, err := readWhole(f)
 	if err != nil {
 		return seg{}, fmt.Errorf("bgtask: journal: reading %s: %w", name, err)
 	}
