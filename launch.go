@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strconv"
 
@@ -26,24 +25,6 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if m.cfg.err != nil {
 		return Task{}, m.cfg.err
 	}
-	maxAttempts := spec.MaxAttempts
-	if maxAttempts == 0 {
-		maxAttempts = len(spec.Models)
-	}
-	info := taskInfo{ // launchedAt is the core's to give, and id unless the spec has one
-		id:          spec.ID,
-		parent:      spec.ParentSessionID,
-		description: spec.Description,
-		agent:       spec.Agent,
-		prompt:      spec.Prompt,
-		models:      spec.Models, // the ledger keeps its own copy (chain)
-		maxAttempts: maxAttempts,
-		metadata:    maps.Clone(spec.Metadata),
-	}
-	if spec.Key != "" || spec.ContinueFrom != "" || spec.Timeout != 0 || spec.AttemptTimeout != 0 || spec.RetryOnTimeout {
-		info.x = &taskExtra{key: spec.Key, continues: spec.ContinueFrom,
-			timeout: spec.Timeout, attemptTimeout: spec.AttemptTimeout, retryOnTimeout: spec.RetryOnTimeout}
-	}
 	if spec.ContinueFrom != "" {
 		if _, ok := m.host.(Resumer); !ok {
 			return Task{}, ErrNoResumer
@@ -52,7 +33,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err := m.poisoned(); err != nil {
 		return Task{}, err
 	}
-	in := launchIn{info: info}
+	in := launchIn{info: spec.taskInfo()}
 	if spec.OnDone != nil || spec.InheritValues {
 		in.loc = &local{}
 		if spec.OnDone != nil {
@@ -275,20 +256,11 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	}
 	m.order = append(m.order, e)
 	e.loc = in.loc
-	if m.cfg.notifier != nil { // rounds exist only to tell a parent all is done
-		r := m.notes.rounds[info.parent]
-		if r == nil {
-			r = &round{parent: info.parent}
-			m.notes.rounds[info.parent] = r
-		}
-		r.live++
-		r.tasks = append(r.tasks, e)
-		e.rt.round = r
-	}
+	m.joinRound(e)
 	if !m.commit(e, first) { // cannot happen (open checked it): never leave a task without an attempt
 		m.led.drop(e)
 		m.order = m.order[:len(m.order)-1]
-		if r := e.rt.round; r != nil {
+		if r := e.rt.round; r != nil { // it joined last
 			r.live--
 			r.tasks = r.tasks[:len(r.tasks)-1]
 		}
@@ -303,6 +275,23 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 		m.leaveFanout(in)
 	}
 	return reply{e: e}
+}
+
+// joinRound counts a new task in its parent's current round (the tasks
+// whose ends one all_complete reports). Rounds exist only to tell a parent
+// all is done: without a Notifier there are none. m.mu is held.
+func (m *Manager) joinRound(e *entry) {
+	if m.cfg.notifier == nil {
+		return
+	}
+	r := m.notes.rounds[e.info.parent]
+	if r == nil {
+		r = &round{parent: e.info.parent}
+		m.notes.rounds[e.info.parent] = r
+	}
+	r.live++
+	r.tasks = append(r.tasks, e)
+	e.rt.round = r
 }
 
 // taskID draws a task id from the IDGenerator; one that a caller already

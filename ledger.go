@@ -335,6 +335,12 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	case recTaskLaunched, recAttemptCreated, recSessionBound, recSessionOrphan:
 		l.widened++
 	}
+	l.update(e, ref, rec)
+	return nil
+}
+
+// update applies a checked record to e's projection and the indexes.
+func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 	switch rec.kind {
 	case recAttemptCreated:
 		if len(e.attempts) == cap(e.attempts) && e.info.maxAttempts > len(e.attempts) {
@@ -380,7 +386,6 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 		e.inv.file(rec.inv.N, rec.inv.Answer)
 		e.revision++
 	}
-	return nil
 }
 
 // indexSession resolves session to ref's attempt of e, and makes the tasks
@@ -423,6 +428,13 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 	case recStopWithdrawn:
 		return nil
 	}
+	return l.checkAttemptWrite(e, ref, rec)
+}
+
+// checkAttemptWrite refuses a record that rewrites an attempt (ref) the
+// state machine does not allow: only the current attempt changes, along
+// an allowed transition, keeping its identity and its session.
+func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error {
 	if ref.e != e || ref.attempt().ID != rec.attempt.ID {
 		return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
 	}
@@ -467,8 +479,6 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		if rec.attempt.Status != StatusRunning || old.SessionID != "" {
 			return fmt.Errorf("%w: a bind must move an unbound attempt to running", errBadTransition)
 		}
-	}
-	if rec.kind == recSessionBound {
 		if rec.attempt.SessionID == "" {
 			return errors.New("bgtask: ledger: bind with an empty session id")
 		}

@@ -501,6 +501,21 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	m.life.watchers.Close()
 	_ = m.life.watchers.Wait(context.Background())
+	errs = append(errs, m.leftBehind()...)
+	if j := m.cfg.journal; j != nil && m.life.group.Running() == 0 {
+		m.life.journalClosed.Do(func() {
+			if err := guardJournal("Close", j.Close); err != nil {
+				errs = append(errs, fmt.Errorf("bgtask: shutdown: closing the journal: %w", err))
+			}
+		})
+	}
+	return errors.Join(errs...)
+}
+
+// leftBehind names what a Shutdown leaves: children whose abort failed or
+// never returned, and notifications not delivered.
+func (m *Manager) leftBehind() []error {
+	var errs []error
 	m.mu.Lock()
 	lost := len(m.notes.lost)
 	var live []string
@@ -516,14 +531,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	if n := m.notes.lanes.Pending() + lost; n > 0 {
 		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered (see Undelivered)", n))
 	}
-	if j := m.cfg.journal; j != nil && m.life.group.Running() == 0 {
-		m.life.journalClosed.Do(func() {
-			if err := guardJournal("Close", j.Close); err != nil {
-				errs = append(errs, fmt.Errorf("bgtask: shutdown: closing the journal: %w", err))
-			}
-		})
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // onShutdown decides the start of Shutdown, once: no new work from now on,

@@ -133,26 +133,7 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 			if rec.recordExt == nil || rec.notice == nil {
 				return &recordError{seq: rec.seq, kind: rec.kind, err: errors.New("it has no notification")}
 			}
-			if rec.notice.seq >= m.notes.seq && rec.notice.id != "" {
-				m.notes.lastID = rec.notice.id
-			}
-			m.notes.seq = max(m.notes.seq, rec.notice.seq) // a delivery too: a compaction keeps the last as its mark
-			if rec.kind == recNotifyProduced {
-				rv.notes[rec.notice.seq] = rec.notice
-				switch rec.notice.kind {
-				case NotifyFinalSummary:
-					rv.finals[rec.task] = true
-				case NotifyAllComplete:
-					for _, id := range rec.notice.tasks {
-						rv.roundTold[id] = true
-					}
-				}
-			} else {
-				if n := rv.notes[rec.notice.seq]; n != nil && strings.HasPrefix(rec.note, "given up") {
-					rv.lost = append(rv.lost, n) // Undelivered outlives the process
-				}
-				delete(rv.notes, rec.notice.seq)
-			}
+			m.replayNotice(rv, &rec)
 		case recStartRequested:
 			rv.started[rec.attempt.ID] = true
 		case recClosureOpened:
@@ -198,6 +179,33 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 			}
 		}
 		return nil
+	}
+}
+
+// replayNotice keeps what a replayed notification record says: a
+// produced notification is owed until its delivery record comes (a
+// given-up one is Undelivered again), and the notification sequence
+// resumes past it. m.mu is held.
+func (m *Manager) replayNotice(rv *recovery, rec *record) {
+	if rec.notice.seq >= m.notes.seq && rec.notice.id != "" {
+		m.notes.lastID = rec.notice.id
+	}
+	m.notes.seq = max(m.notes.seq, rec.notice.seq) // a delivery too: a compaction keeps the last as its mark
+	if rec.kind == recNotifyDelivered {
+		if n := rv.notes[rec.notice.seq]; n != nil && strings.HasPrefix(rec.note, "given up") {
+			rv.lost = append(rv.lost, n) // Undelivered outlives the process
+		}
+		delete(rv.notes, rec.notice.seq)
+		return
+	}
+	rv.notes[rec.notice.seq] = rec.notice
+	switch rec.notice.kind {
+	case NotifyFinalSummary:
+		rv.finals[rec.task] = true
+	case NotifyAllComplete:
+		for _, id := range rec.notice.tasks {
+			rv.roundTold[id] = true
+		}
 	}
 }
 
@@ -532,7 +540,17 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 		m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
 		return
 	}
-	if cur.Status == StatusPending {
+	m.readopt(in, now)
+}
+
+// readopt takes back a current run whose session the host found alive or
+// ended after a restart: a pending run is bound to it, a running one has
+// its watches armed again; an ended session's last event is applied as if
+// it arrived now, and a stop asked before the restart goes on. m.mu is
+// held.
+func (m *Manager) readopt(in *recoveredIn, now time.Time) {
+	e, a := in.e, in.a
+	if e.cur().Status == StatusPending {
 		if owner, taken := m.led.bySession[in.sid]; taken && owner.e != e {
 			m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
 			return

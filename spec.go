@@ -2,6 +2,7 @@ package bgtask
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -176,3 +177,27 @@ const maxIDBytes = 128
 
 // blank reports whether s is empty or only white space.
 func blank(s string) bool { return strings.TrimSpace(s) == "" }
+
+// taskInfo is what the ledger records of a valid spec. launchedAt is the
+// core's to give, and the id unless the spec has one.
+func (s *Spec) taskInfo() taskInfo {
+	maxAttempts := s.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = len(s.Models)
+	}
+	info := taskInfo{
+		id:          s.ID,
+		parent:      s.ParentSessionID,
+		description: s.Description,
+		agent:       s.Agent,
+		prompt:      s.Prompt,
+		models:      s.Models, // the ledger keeps its own copy (chain)
+		maxAttempts: maxAttempts,
+		metadata:    maps.Clone(s.Metadata),
+	}
+	if s.Key != "" || s.ContinueFrom != "" || s.Timeout != 0 || s.AttemptTimeout != 0 || s.RetryOnTimeout {
+		info.x = &taskExtra{key: s.Key, continues: s.ContinueFrom,
+			timeout: s.Timeout, attemptTimeout: s.AttemptTimeout, retryOnTimeout: s.RetryOnTimeout}
+	}
+	return info
+}
