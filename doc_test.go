@@ -48,3 +48,39 @@ func TestEveryExportedFieldIsDocumented(t *testing.T) {
 		})
 	}
 }
+
+// The README's Layout names every source file of the root package, and
+// only files that exist.
+func TestTheREADMELayoutNamesEveryFile(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, layout, ok := strings.Cut(string(readme), "\n## Layout\n")
+	if !ok {
+		t.Fatal("the README has no Layout section")
+	}
+	layout, _, _ = strings.Cut(layout, "\n## ")
+	files, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range files {
+		name := f.Name()
+		if strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") {
+			have[name] = true
+			if !strings.Contains(layout, "`"+name+"`") {
+				t.Errorf("the README's Layout does not name %s", name)
+			}
+		}
+	}
+	for _, field := range strings.Split(layout, "`") {
+		if strings.HasSuffix(field, ".go") && !strings.Contains(field, "/") && !strings.HasSuffix(field, "_test.go") && !have[field] {
+			t.Errorf("the README's Layout names %s, which is not a file of the root package", field)
+		}
+	}
+	if len(have) < 10 {
+		t.Fatalf("found %d source files: not the root package's directory", len(have))
+	}
+}
