@@ -8,12 +8,31 @@
 // parent what happened, and never reports a task stopped while its child
 // still runs.
 //
+// # Start here
+//
+// The entry points a harness author starts from, each with an Example:
+//
+//   - New (or Open, with a journal) makes a Manager over a Host: your
+//     session service, or NewFuncHost for subagents written as Go
+//     functions (Run.Launch makes a tree of them).
+//   - Manager.Launch starts a task; Manager.Observe feeds it what the
+//     child session does; Manager.Wait, Manager.Task and Manager.Subscribe
+//     read it.
+//   - Manager.Cancel stops one task; Manager.CloseBranch stops everything
+//     a session started, at every depth, and says what it stopped.
+//   - Manager.Extend sends a further prompt; Manager.WaitAnswer returns
+//     each answer, in order.
+//   - OpenFileJournal (or pgledger, for a fleet sharing PostgreSQL) makes
+//     it survive a restart.
+//   - bgtasktest drives it from your tests without sleeping; bgtaskhttp
+//     serves it over HTTP.
+//
 // # Tasks
 //
 // A Manager owns the tasks. Launch validates a Spec, records the task with
 // its first attempt pending, and returns at once; the child session is
-// started through the Host on a goroutine the Manager owns. Task and Tasks
-// return snapshots (copies), Wait blocks until a task is terminal, and
+// started through the Host on a goroutine the Manager owns. Task, Tasks (a
+// page of a Query) and Snapshot return snapshots (copies), Wait blocks until a task is terminal, and
 // Shutdown stops everything and returns once no goroutine of the Manager is
 // left. A task's Status, SessionID, Model, StartedAt, CompletedAt, Error and
 // Result are always those of its current attempt.
