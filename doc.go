@@ -10,7 +10,7 @@
 //
 // # Start here
 //
-// The entry points a harness author starts from, each with an Example:
+// The entry points a harness author starts from (most with an Example):
 //
 //   - New (or Open, with a journal) makes a Manager over a Host: your
 //     session service, or NewFuncHost for subagents written as Go

@@ -78,8 +78,9 @@ func ExampleRun_Launch() {
 }
 
 // With a journal, what one process decided a restart replays: Open reads
-// it back, and ends in honest states what the old process left running
-// (a FuncHost's functions died with it: "lost across restart").
+// it back. (A run the old process left running is ended honestly: a
+// FuncHost's functions died with it, so it is interrupt, "lost across
+// restart".)
 func ExampleOpenFileJournal() {
 	dir, _ := os.MkdirTemp("", "bgtask-journal")
 	defer os.RemoveAll(dir)

@@ -19,8 +19,8 @@ type JournalView struct {
 	Tasks []Task
 	// Records are its records, in sequence order, each with what it changed.
 	Records []RecordView
-	// Closures are the branch closures it recorded, in order.
-	Closures []ClosureRecord
+	// ClosureRecords are the branch closures it recorded, in order.
+	ClosureRecords []ClosureRecord
 	// Torn says where a torn last record was found ("" if none): a crash
 	// mid-write, or a write in progress. It is left as it is.
 	Torn string
@@ -95,7 +95,7 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 		}
 	}
 	for _, c := range l.closures {
-		v.Closures = append(v.Closures, c.closure.clone())
+		v.ClosureRecords = append(v.ClosureRecords, c.closure.clone())
 	}
 	return v, nil
 }

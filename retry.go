@@ -21,10 +21,12 @@ import (
 //		return retryable || errors.As(err, &q)
 //	})
 //
-// A Permanent error is never retried, whatever f says. A failed session
-// start reaches f as a *StartError. f is user code, run outside the
-// Manager's lock; a panic in it makes the failure non-retryable, named in
-// its text. Default: DefaultRetryable.
+// DefaultRetryable is always asked first (it reads the error's own
+// methods: a status, IsRetryable, Temporary, Timeout). A Permanent error
+// is never retried, whatever f says. A failed session start reaches f as a
+// *StartError. f is user code, run outside the Manager's lock; a panic in
+// it (or in the error's methods) makes the failure non-retryable, named in
+// its text. Default: DefaultRetryable alone.
 func WithRetryable(f func(err error, retryable bool) bool) Option {
 	return optionFunc(func(c *config) { c.retryable = f })
 }

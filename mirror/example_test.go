@@ -22,7 +22,7 @@ func Example() {
 	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Models: []bgtask.Model{{ID: "m"}}})
 	for c := range sub.C {
 		mir.ApplyChange(c)
-		if got, ok := mir.Task(task.ID); ok && got.Status.Terminal() {
+		if got, err := mir.Task(task.ID); err == nil && got.Status.Terminal() {
 			break
 		}
 	}

@@ -41,6 +41,7 @@ package mirror
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -222,12 +223,17 @@ func (m *Mirror) Tasks() []bgtask.Task {
 	return out
 }
 
-// Task returns one mirrored task.
-func (m *Mirror) Task(id string) (bgtask.Task, bool) {
+// Task returns one mirrored task, or an error wrapping
+// bgtask.ErrUnknownTask when the mirror holds none with that id (as
+// Manager.Task answers).
+func (m *Mirror) Task(id string) (bgtask.Task, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	h, ok := m.tasks[id]
-	return h.task, ok
+	if !ok {
+		return bgtask.Task{}, fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, id)
+	}
+	return h.task, nil
 }
 
 // wake releases Wait. m.mu is held.

@@ -35,8 +35,8 @@ func TestSnapshotOvertakenByANewerChangeDoesNotErase(t *testing.T) {
 	got, _ := m.Task("a")
 	assert.Equal(t, bgtask.StatusRunning, got.Status, "the newer event wins")
 	assert.Equal(t, bgtask.ActivityGenerating, got.Activity)
-	_, ok := m.Task("new")
-	assert.True(t, ok, "absent from an older snapshot, but changed after it: kept")
+	_, err := m.Task("new")
+	assert.NoError(t, err, "absent from an older snapshot, but changed after it: kept")
 }
 
 func TestCompleteSnapshotRemovesAbsentTasksAndClearsActivity(t *testing.T) {
@@ -45,8 +45,8 @@ func TestCompleteSnapshotRemovesAbsentTasksAndClearsActivity(t *testing.T) {
 	m.ApplyChange(bgtask.Change{Seq: 4, Task: task("a", bgtask.StatusRunning, bgtask.ActivityGenerating)})
 	// After a restart the server's snapshot omits activity and the gone task.
 	m.ApplySnapshot(bgtask.Snapshot{Seq: 20, Tasks: []bgtask.Task{task("a", bgtask.StatusRunning, "")}})
-	_, ok := m.Task("gone")
-	assert.False(t, ok)
+	_, err := m.Task("gone")
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
 	got, _ := m.Task("a")
 	assert.Equal(t, bgtask.ActivityNone, got.Activity, "an omitted activity in a complete snapshot clears it")
 	require.Len(t, m.Tasks(), 1)
@@ -72,8 +72,8 @@ func TestNothingOlderThanACompleteSnapshotBringsATaskBack(t *testing.T) {
 	m.ApplySnapshot(bgtask.Snapshot{Seq: 10}) // complete: no task x as of 10
 	assert.False(t, m.ApplyChange(bgtask.Change{Seq: 5, Task: task("x", bgtask.StatusRunning, "")}))
 	m.ApplySnapshot(bgtask.Snapshot{Seq: 7, Tasks: []bgtask.Task{task("x", bgtask.StatusRunning, "")}})
-	_, ok := m.Task("x")
-	assert.False(t, ok)
+	_, err := m.Task("x")
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
 	assert.True(t, m.ApplyChange(bgtask.Change{Seq: 11, Task: task("x", bgtask.StatusPending, "")}), "a newer change is news")
 }
 
@@ -108,8 +108,8 @@ func TestASnapshotFromAnotherEpochReplacesEverything(t *testing.T) {
 				task("new", bgtask.StatusPending, ""),
 			}})
 			assert.Equal(t, []string{"new", "x"}, ids(&m), "exactly the new process's tasks")
-			got, ok := m.Task("x")
-			require.True(t, ok)
+			got, err := m.Task("x")
+			require.NoError(t, err)
 			assert.Equal(t, bgtask.StatusPending, got.Status, "the new process's version, though its sequence is smaller")
 			assert.Equal(t, bgtask.ActivityNone, got.Activity, "restart clears what was never persisted")
 
@@ -132,8 +132,8 @@ func TestAChangeFromAnotherEpochIsHeldUntilThatEpochsSnapshot(t *testing.T) {
 	assert.Equal(t, []string{"a"}, ids(&m), "the foreign change left the mirror alone")
 
 	m.ApplySnapshot(bgtask.Snapshot{Epoch: 1_000, Seq: 4, Tasks: []bgtask.Task{task("b", bgtask.StatusPending, "")}})
-	got, ok := m.Task("b")
-	require.True(t, ok)
+	got, err := m.Task("b")
+	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, got.Status, "the held change, newer than its epoch's snapshot, applied after it")
 	assert.Equal(t, []string{"b"}, ids(&m))
 	assert.False(t, m.ApplyChange(early), "the same change again: a duplicate now")

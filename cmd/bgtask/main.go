@@ -93,7 +93,7 @@ func run(ctx context.Context, args []string, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		for _, c := range v.Closures {
+		for _, c := range v.ClosureRecords {
 			root := c.SessionID
 			if root == "" {
 				root = "task " + c.TaskID

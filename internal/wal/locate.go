@@ -106,8 +106,8 @@ func readFile(fs FS, name string) ([]byte, error) {
 // megabytes of zeros copied a dozen times).
 func readWhole(f File) ([]byte, error) {
 	size, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
-		return nil, err
+	if err != nil || size < 0 { // a file that cannot say its size: read it as it comes
+		return io.ReadAll(f)
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, err
