@@ -175,6 +175,34 @@ func (e *SpecError) Error() string {
 // Is reports whether target is ErrInvalidSpec.
 func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec }
 
+// ErrNilResult ends an attempt whose Returning function returned a nil
+// result and a nil error: there is no answer to give the parent.
+var ErrNilResult = errors.New("bgtask: the subagent function returned a nil result and no error")
+
+// PanicError is a panic in user code the Manager ran for a run (a FuncHost
+// function, Returning's text): the attempt ends in error with it as its
+// Cause (never retried; Task.Error is its text), and it is logged at
+// error level with the stack. It is process-local, as Cause is: after a
+// restart only the text remains.
+type PanicError struct {
+	// Where names the code that panicked: "subagent function".
+	Where string
+	// Value is what was passed to panic.
+	Value any
+	// Stack is the panicking goroutine's stack (runtime/debug.Stack).
+	Stack []byte
+}
+
+// Error says where the panic was and its value (without the stack).
+func (e *PanicError) Error() string { return "bgtask: " + e.Where + " panicked: " + panicText(e.Value) }
+
+// Unwrap returns the panic's value when it is an error, so that
+// errors.Is and errors.As see it.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
 // safeText returns err's text. An Error method that panics is user code
 // failing: the text names the error's type and the panic instead.
 func safeText(err error) (text string) {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"reflect"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -22,7 +25,10 @@ type RunFunc func(ctx context.Context, run Run) (answer string, err error)
 // process lives (Task.Value, ValueOf), and text(v) is the answer text the
 // parent model reads (the Result, the envelope). A nil text renders the
 // value with fmt.Sprint. An error is returned as it is (Task.Cause keeps
-// it); text is not called then. A panic in text is the run's panic.
+// it); text is not called then. A nil result (a nil pointer, map, slice,
+// interface, …) with a nil error ends the attempt in error with
+// ErrNilResult, never retried; text is not called with it. A panic in
+// text is the run's panic (a *PanicError).
 func Returning[T any](fn func(ctx context.Context, run Run) (T, error), text func(T) string) RunFunc {
 	if fn == nil {
 		panic("bgtask: Returning with a nil function")
@@ -31,6 +37,9 @@ func Returning[T any](fn func(ctx context.Context, run Run) (T, error), text fun
 		v, err := fn(ctx, run)
 		if err != nil {
 			return "", err
+		}
+		if isNil(v) {
+			return "", Permanent(fmt.Errorf("%w (%T)", ErrNilResult, v))
 		}
 		if run.value != nil {
 			var kept any = v
@@ -41,6 +50,19 @@ func Returning[T any](fn func(ctx context.Context, run Run) (T, error), text fun
 		}
 		return text(v), nil
 	}
+}
+
+// isNil reports whether v is a nil pointer, map, slice, channel, function
+// or interface: a result with nothing in it.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
 }
 
 // Run is what a RunFunc is told about the attempt it runs, and how it
@@ -159,8 +181,9 @@ func (r Run) Compacted() { r.report(SessionCompacted, "") }
 //
 // fn's return is the evidence: an answer becomes SessionIdle with that text,
 // an error SessionError (so the fallback chain applies, and Permanent is
-// respected), and a panic is recovered and reported as a non-retryable
-// error carrying the panic value. Every report carries the attempt id and
+// respected), and a panic is recovered as a non-retryable *PanicError
+// (Task.Cause) carrying the panic's value and stack, and logged at error
+// level. Every report carries the attempt id and
 // run token, so a function that returns late can never complete a later
 // attempt.
 //
@@ -353,10 +376,19 @@ func (m *Manager) stoppedWith(attemptID, token, text string, ended bool) {
 	m.step(&runReturnedIn{attemptID: attemptID, token: token, text: text, ended: ended})
 }
 
+// callRunFunc runs fn; a panic in it ends the attempt in error with a
+// *PanicError (its value and stack), never retried, and logged at error
+// level with the stack.
 func callRunFunc(fn RunFunc, ctx context.Context, run Run) (answer string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			answer, err = "", Permanent(fmt.Errorf("bgtask: subagent function panicked: %s", panicText(r)))
+			p := &PanicError{Where: "subagent function", Value: r, Stack: debug.Stack()}
+			if run.m != nil {
+				run.m.logAttrs(slog.LevelError, "bgtask: subagent function panicked", slog.String("task", run.TaskID),
+					slog.String("attempt", run.AttemptID), slog.String("session", run.SessionID),
+					slog.String("panic", panicText(r)), slog.String("stack", string(p.Stack)))
+			}
+			answer, err = "", Permanent(p)
 		}
 	}()
 	return fn(ctx, run)
