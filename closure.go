@@ -164,6 +164,7 @@ type closure struct {
 	starting map[string]bool    // tokens touched while their start was in flight, or stopped by the fence
 	failed   map[string]FailedStop
 	self     string // the run token of the callback CloseBranch was called from
+	detached bool   // StopBranch: its caller does not wait past the first pass
 	quiet    bool   // notify the parent only if something was in the branch
 	horizon  uint64 // the last session start issued when the closure opened
 	opened   uint64 // the sequence of its opening record (0: not recorded)
@@ -412,7 +413,7 @@ func (m *Manager) walk(c *closure, visit func(*entry)) {
 // with the report of that first pass and ErrStopPending; the closure goes on
 // in the background — fence, rescans, record and notification — until the
 // branch has stopped. A Notifier's context is no such case: notifications
-// are not waited for.
+// are not waited for. To close a branch without waiting, use StopBranch.
 func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureReport, error) {
 	ctx = orBackground(ctx)
 	if blank(sessionID) {
@@ -427,6 +428,40 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 	c.ctx = ctx
 	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
 	return m.closeFrom(ctx, c)
+}
+
+// StopBranch is CloseBranch that does not wait for the branch to stop: it
+// raises the fence (no new work starts in the branch from then on), asks
+// every run in scope to stop, and returns; the closure goes on in the
+// background — rescans, aborts, its record and NotifyBranchClosed — until
+// everything in it has stopped. Each task ends cancelled when its child
+// really stopped, as with CloseBranch; Wait or Subscribe to see it. It
+// returns nil once the fence is recorded (durably, with a journal: a
+// restart finishes the closure), or the errors CloseBranch returns before
+// that: ErrInvalidArgument, ErrUnknownSession, ErrShutdown, or ctx's
+// error while the fence was made durable.
+func (m *Manager) StopBranch(ctx context.Context, sessionID string) error {
+	ctx = orBackground(ctx)
+	if blank(sessionID) {
+		return fmt.Errorf("%w: StopBranch needs a session id", ErrInvalidArgument)
+	}
+	m.mu.Lock()
+	if !m.sessionKnown(sessionID) && len(m.calls.inflight) == 0 {
+		m.unlock()
+		return fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
+	}
+	c := m.openClosure(sessionID, nil)
+	c.ctx, c.detached = ctx, true
+	if err := m.unlockFor(c); err != nil {
+		c.ctx = m.life.ctx // the closure goes on; only the wait for durability ended
+		_, _ = m.closeFrom(ctx, c)
+		return durabilityUnknown(err, "StopBranch", "")
+	}
+	_, err := m.closeFrom(ctx, c)
+	if errors.Is(err, ErrStopPending) {
+		return nil
+	}
+	return err
 }
 
 // CloseTask closes the branch of the task with id as a unit: its own live
@@ -495,7 +530,7 @@ func (m *Manager) runClosure(ctx context.Context, c *closure) (ClosureReport, er
 	for {
 		passes++
 		p := m.closurePass(c)
-		if p.selfWait {
+		if p.selfWait || (c.detached && !p.done()) {
 			rep := m.report(c, passes)
 			c.ctx = m.life.ctx // it goes on without its caller
 			if !m.life.group.Go(func() { _, _ = m.finishPasses(m.life.ctx, c, passes, p) }) {

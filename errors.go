@@ -90,7 +90,7 @@ var (
 // Launch means it never happened). It matches ErrDurabilityUnknown and
 // unwraps to the context's error.
 type DurabilityUnknownError struct {
-	Op     string // the call: "Launch", "Extend", "Cancel", "CloseBranch", "CloseTask"
+	Op     string // the call: "Launch", "Extend", "Cancel", "Stop", "CloseBranch", "CloseTask", "StopBranch"
 	TaskID string // the task it was about ("" for a CloseBranch of a session no task owns)
 	Err    error  // the context's error
 }

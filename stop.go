@@ -273,9 +273,28 @@ func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 // the abort failed (the task stays in its live state, and Cancel may be
 // called again); ctx's error if ctx ends first (the abort goes on and its
 // outcome is recorded when it lands); and ErrStopPending when called with a
-// Host callback's context for the run that callback serves.
+// Host callback's context for the run that callback serves. To ask for the
+// stop without waiting, use Stop.
 func (m *Manager) Cancel(ctx context.Context, id string) error {
 	return m.cancel(orBackground(ctx), id, "")
+}
+
+// Stop is Cancel that does not wait for the child: it records the stop of
+// task id's current run (durably, with a journal), sets off its abort, and
+// returns. The task ends cancelled once its child really stopped (Wait, or
+// Subscribe, tells); until then it reads as it is, and no retry follows.
+// If the abort fails the task stays in its live state, as with Cancel, and
+// Stop (or Cancel) may be asked again. It returns nil also when the task
+// is already terminal; ErrUnknownTask or ErrForgotten for an id it does
+// not have; a *DurabilityUnknownError if ctx ended before the stop was
+// durable. Called from a Host callback for the very run it stops, it
+// returns nil: nothing waits.
+func (m *Manager) Stop(ctx context.Context, id string) error {
+	in := stopIn{id: id}
+	if err := m.stepCtx(orBackground(ctx), &in); err != nil {
+		return durabilityUnknown(err, "Stop", id)
+	}
+	return in.out.err
 }
 
 // cancel stops the run of task id with token, or (token "") the run current
