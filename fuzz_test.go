@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -28,16 +29,16 @@ func FuzzEventSequences(f *testing.F) {
 }
 
 func runScript(t *testing.T, script []byte) {
-	failStarts, failAborts := false, false
+	var failStarts, failAborts atomic.Bool // read by the host's calls, on the Manager's goroutines
 	host := &testHost{
 		start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
-			if failStarts {
+			if failStarts.Load() {
 				return "", errRateLimited
 			}
 			return sid, nil
 		},
 		abort: func(ctx context.Context, sid string) error {
-			if failAborts {
+			if failAborts.Load() {
 				return errors.New("abort refused")
 			}
 			return nil
@@ -125,9 +126,9 @@ func runScript(t *testing.T, script []byte) {
 			}
 			cancel()
 		case 4:
-			failStarts = !failStarts
+			failStarts.Store(!failStarts.Load())
 		case 5:
-			failAborts = !failAborts
+			failAborts.Store(!failAborts.Load())
 		}
 		h.settle()
 		checkInvariants(t, m)
