@@ -323,7 +323,7 @@ func (e *entry) project() Task {
 			if x := e.ev(); x != (evidence{}) {
 				ev = &x
 			}
-			o = outcomeOf(t, ev)
+			o = outcomeOf(t, ev, e.info.sessions)
 			if e.info.opt().prior != "" {
 				o.withPrior(t.ID, e.info.opt().continues, e.info.opt().prior)
 			}

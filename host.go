@@ -67,3 +67,30 @@ type SessionRequest struct {
 	Description   string
 	Metadata      map[string]string // the task's Spec.Metadata: the host's copy
 }
+
+// sessionKind is what the Manager's host can do with a child session once
+// its task ended: what the envelope may offer the parent model.
+type sessionKind uint8
+
+const (
+	// sessionsResumable: a Resumer; the session can be inspected, or
+	// resumed by task id (Spec.ContinueFrom). The zero value.
+	sessionsResumable sessionKind = iota
+	// sessionsKept: a session service with no Resumer: the session can be
+	// inspected, not resumed.
+	sessionsKept
+	// sessionsGone: a FuncHost: nothing remains of a run once its function
+	// returned.
+	sessionsGone
+)
+
+// sessionKindOf says what host can do with an ended task's session.
+func sessionKindOf(host Host) sessionKind {
+	switch host.(type) {
+	case *FuncHost:
+		return sessionsGone
+	case Resumer:
+		return sessionsResumable
+	}
+	return sessionsKept
+}

@@ -222,6 +222,7 @@ func (m *Manager) continuation(info *taskInfo) error {
 func (m *Manager) onLaunch(in *launchIn) reply {
 	info := new(taskInfo)
 	*info = in.info
+	info.sessions = m.sessions
 	if m.life.closing {
 		return reply{err: ErrShutdown}
 	}

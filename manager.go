@@ -40,8 +40,9 @@ type logRec struct {
 // Manager supervises background tasks. It is safe for concurrent use. Create
 // it with New and stop it with Shutdown.
 type Manager struct {
-	host Host
-	cfg  config // New's options, defaults filled in: never changed after New
+	host     Host
+	sessions sessionKind // what host can do with an ended task's session (the envelope's notice)
+	cfg      config      // New's options, defaults filled in: never changed after New
 
 	life lifetime // its context and the goroutines it owns; see lifetime
 
@@ -321,6 +322,7 @@ func newManager(host Host, opts []Option) *Manager {
 	}
 	m := &Manager{
 		host:     host,
+		sessions: sessionKindOf(host),
 		cfg:      cfg,
 		led:      newLedger(cfg.ids),
 		closures: branchClosures{active: make(map[*closure]struct{})},

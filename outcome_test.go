@@ -229,7 +229,7 @@ func TestEnvelopeGolden(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o := outcomeOf(tt.task, tt.out)
+			o := outcomeOf(tt.task, tt.out, sessionsResumable)
 			golden(t, "envelope_"+tt.name+".golden", o.Envelope)
 		})
 	}

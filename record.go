@@ -151,6 +151,10 @@ type taskInfo struct {
 	// launched from a session no task owns).
 	root  string
 	depth int
+	// sessions is what this process's host can do with the task's session
+	// once it ended (the envelope's notice): process-local, never recorded,
+	// set by the Manager that launched or replayed the task.
+	sessions sessionKind
 }
 
 // taskExtra is the part of a task's spec that only some specs set.

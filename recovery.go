@@ -168,6 +168,7 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 		if e != nil {
 			switch rec.kind {
 			case recTaskLaunched:
+				e.info.sessions = m.sessions // what this process's host can do, not the last one's
 				m.order = append(m.order, e)
 				if rv.launchSeq != nil {
 					rv.launchSeq[e] = rec.seq
@@ -639,6 +640,7 @@ func checkReplay(l *ledger) error {
 		if re == nil {
 			return fmt.Errorf("bgtask: replay: task %s missing", id)
 		}
+		re.info.sessions = e.info.sessions // process-local: the replaying Manager's host sets it
 		want, got := e.project(), re.project()
 		want.Activity = ""
 		if err := sameJSON("task "+id, want, got); err != nil {

@@ -260,14 +260,14 @@ func reasonOf(err error) Reason {
 // outcomeOf computes a terminal task's outcome from its current attempt and
 // what its run reported (ev, from the attempt's final record; nil if the
 // run reported nothing that bears on it).
-func outcomeOf(t Task, ev *evidence) *Outcome {
-	o := outcomeFacts(t, ev)
+func outcomeOf(t Task, ev *evidence, sessions sessionKind) *Outcome {
+	o := outcomeFacts(t, ev, sessions)
 	o.Envelope = renderEnvelope(t.ID, o)
 	return o
 }
 
 // outcomeFacts is outcomeOf without the envelope.
-func outcomeFacts(t Task, ev *evidence) *Outcome {
+func outcomeFacts(t Task, ev *evidence, sessions sessionKind) *Outcome {
 	cur := t.Current()
 	o := &Outcome{State: cur.Status}
 	last := evidence{}
@@ -311,7 +311,7 @@ func outcomeFacts(t Task, ev *evidence) *Outcome {
 		}
 		o.Evidence, o.EvidenceDropped = textbound.Middle(evidence, MaxEvidenceRunes)
 	}
-	o.Notices = notices(t, o)
+	o.Notices = notices(t, o, sessions)
 	if last.notice != "" {
 		o.Notices = append(o.Notices, last.notice)
 	}
@@ -337,7 +337,7 @@ var unusableAnswer = map[Reason]string{
 // MaxNoticeRunes bounds one <task_notice> line.
 const MaxNoticeRunes = 200
 
-func notices(t Task, o *Outcome) []string {
+func notices(t Task, o *Outcome, sessions sessionKind) []string {
 	var out []string
 	if len(t.Attempts) > 1 {
 		seen := map[Model]bool{}
@@ -350,7 +350,12 @@ func notices(t Task, o *Outcome) []string {
 		out = append(out, "the answer is empty: the child ended its turn with an empty final message")
 	}
 	if !o.HasAnswer && t.SessionID != "" {
-		out = append(out, "the task's session "+t.SessionID+" can be inspected or resumed by task id "+t.ID)
+		switch sessions { // offer only what the host can do
+		case sessionsResumable:
+			out = append(out, "the task's session "+t.SessionID+" can be inspected or resumed by task id "+t.ID)
+		case sessionsKept:
+			out = append(out, "the task's session "+t.SessionID+" can be inspected by task id "+t.ID)
+		}
 	}
 	return out
 }
@@ -518,7 +523,7 @@ const deliveryPromise = "each task's result or error is delivered to this conver
 // (renderAnswerEnvelope).
 func answerOutcome(id string, status Status, text, errText string, ev evidence) *Outcome {
 	t := Task{ID: id, CurrentAttemptID: "answer", Attempts: []Attempt{{ID: "answer", Status: status, Result: text, Error: errText}}}
-	return outcomeFacts(t, &ev)
+	return outcomeFacts(t, &ev, sessionsGone) // no session: no session notice
 }
 
 // answerText tells a parent that invocation a.Invocation of task id was
