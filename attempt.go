@@ -94,6 +94,20 @@ func (s Status) Terminal() bool {
 	return false
 }
 
+// Live reports whether s is a state that may still change: pending or
+// running. A harness maps bgtask's states onto its own with a switch on
+// these two and Terminal; an unknown Status is neither.
+//
+//	switch {
+//	case t.Status.Live():
+//		return "in progress"
+//	case t.Status == bgtask.StatusCompleted:
+//		return "done"
+//	default: // error, cancelled, interrupt
+//		return "failed: " + t.Outcome.Error
+//	}
+func (s Status) Live() bool { return s == StatusPending || s == StatusRunning }
+
 // PendingReason says why a pending attempt waits. It is empty for an
 // attempt that is not pending.
 type PendingReason string

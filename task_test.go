@@ -701,3 +701,18 @@ func TestManyConcurrentTasksUnderRace(t *testing.T) {
 	wg.Wait()
 	checkInvariants(t, m)
 }
+
+// Every status is exactly one of live and terminal; an unknown one is
+// neither.
+func TestStatusIsLiveOrTerminal(t *testing.T) {
+	for _, s := range []Status{StatusPending, StatusRunning} {
+		assert.True(t, s.Live(), s)
+		assert.False(t, s.Terminal(), s)
+	}
+	for _, s := range []Status{StatusCompleted, StatusError, StatusCancelled, StatusInterrupt} {
+		assert.False(t, s.Live(), s)
+		assert.True(t, s.Terminal(), s)
+	}
+	assert.False(t, Status("paused").Live())
+	assert.False(t, Status("paused").Terminal())
+}

@@ -2,8 +2,11 @@
 // Manager, deterministically and without sleeping: a Clock the test moves
 // by hand, a scripted Host (session ids handed out in order; starts and
 // aborts that fail or hang on demand; every call recorded; events sent to
-// the Manager), a Notifier that records what parents were told, and
-// helpers that wait for a task's state on the Manager's change stream.
+// the Manager), a Notifier that records what parents were told, helpers
+// that wait for a task's state on the Manager's change stream, and
+// BuildTask, which makes a snapshot of a task in any state (its attempts,
+// their statuses, models and times) for tests of code that renders or maps
+// snapshots.
 //
 //	clk := bgtasktest.NewClock(time.Now())
 //	host := bgtasktest.NewHost()
