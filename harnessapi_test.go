@@ -453,7 +453,9 @@ func TestSpecIDSetsTheTaskID(t *testing.T) {
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ID: "harness-42", Models: mustModels(t, "a/one")})
 	assert.ErrorIs(t, err, ErrIDTaken)
 	assert.Len(t, h.m.Snapshot().Tasks, 1)
-	for _, bad := range []string{"has space", "tab\there", strings.Repeat("x", 129), "bad\xffutf8", "nul\x00"} {
+	long := "call_" + strings.Repeat("x", 507) // 512 bytes: a tool call's id joined to its message's
+	assert.Equal(t, long, h.launchSpec(Spec{ParentSessionID: "p", ID: long, Models: mustModels(t, "a/one")}).ID)
+	for _, bad := range []string{"has space", "tab\there", strings.Repeat("x", 513), "bad\xffutf8", "nul\x00"} {
 		_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ID: bad, Models: mustModels(t, "a/one")})
 		var se *SpecError
 		require.ErrorAs(t, err, &se, "%q", bad)
@@ -464,7 +466,7 @@ func TestSpecIDSetsTheTaskID(t *testing.T) {
 	drawn := h.launch("a/one")
 	assert.Equal(t, "task-2", taken.ID)
 	assert.NotEqual(t, "task-2", drawn.ID)
-	assert.Len(t, h.m.Snapshot().Tasks, 3)
+	assert.Len(t, h.m.Snapshot().Tasks, 4)
 }
 
 func TestAForgottenTasksIDIsStillTaken(t *testing.T) {

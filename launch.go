@@ -13,7 +13,11 @@ import (
 
 // Launch records a task and its first attempt (pending) and returns its
 // snapshot. The child session is started on a goroutine the Manager owns;
-// Launch does not wait for it.
+// Launch does not wait for it. ctx bounds the Launch itself (with a
+// journal, the wait for its records to be durable), and, with
+// Spec.InheritValues or Spec.CancelWithCaller, lends the task its values
+// or its end; a ctx that has already ended is refused with its error,
+// whatever the Spec says, and nothing is recorded.
 func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {

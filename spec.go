@@ -51,7 +51,8 @@ type Spec struct {
 	ContinueFrom string
 
 	// ID, when set, is the task's id instead of one the IDGenerator makes
-	// (the harness's own ids): at most 128 bytes of valid UTF-8, with no
+	// (the harness's own ids, a tool call's joined to its message's): at
+	// most 512 bytes of valid UTF-8, with no
 	// white space or control characters. A Launch with the id of a task
 	// the Manager knows — live, ended, or forgotten lately — is refused
 	// with ErrIDTaken.
@@ -93,7 +94,8 @@ type Spec struct {
 	// FuncHost function's, StartSession's, PromptSession's — carry the
 	// values of the context passed to Launch (a channel, a chat, turn
 	// state: what tools read), never its cancellation or deadline. The
-	// context is kept with the task while it is in memory.
+	// context is kept with the task until it ends (its last host call
+	// made), then let go.
 	InheritValues bool
 	// CancelWithCaller stops the task when the context passed to Launch
 	// ends before the task does: the task and what its sessions launched
@@ -173,7 +175,7 @@ func badID(id string) string {
 }
 
 // maxIDBytes bounds a task id a caller chose (Spec.ID).
-const maxIDBytes = 128
+const maxIDBytes = 512
 
 // blank reports whether s is empty or only white space.
 func blank(s string) bool { return strings.TrimSpace(s) == "" }
