@@ -645,7 +645,8 @@ func TestOnDoneAtShutdownWithANotifierThatNeverDelivers(t *testing.T) {
 type memJournal struct {
 	mu      sync.Mutex
 	recs    []Record
-	crashed bool // the process died: nothing more is kept
+	crashed bool          // the process died: nothing more is kept
+	changed chan struct{} // closed (and replaced) by an Append that kept records; nil until awaited
 }
 
 func (j *memJournal) Append(batch []Record) Commit {
@@ -658,7 +659,35 @@ func (j *memJournal) Append(batch []Record) Commit {
 		r.Data = append([]byte(nil), r.Data...)
 		j.recs = append(j.recs, r)
 	}
+	if j.changed != nil {
+		close(j.changed)
+		j.changed = nil
+	}
 	return doneCommit{}
+}
+
+// await waits until the records kept satisfy ok: a commit's append may
+// come after the change it holds is visible in memory.
+func (j *memJournal) await(t *testing.T, ok func([]Record) bool) {
+	t.Helper()
+	deadline := time.After(10 * time.Second) // failure detection only
+	for {
+		j.mu.Lock()
+		if ok(j.recs) {
+			j.mu.Unlock()
+			return
+		}
+		if j.changed == nil {
+			j.changed = make(chan struct{})
+		}
+		changed := j.changed
+		j.mu.Unlock()
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatal("the journal never kept what was awaited")
+		}
+	}
 }
 
 func (j *memJournal) Replay(fn func(Record) error) error {

@@ -2,6 +2,7 @@ package bgtask
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -35,6 +36,9 @@ func TestOnlyWhatWasOwedIsToldAfterARestart(t *testing.T) {
 	told, err := m2.Launch(ctx, Spec{ParentSessionID: "q", Prompt: "go", Models: mustModels(t, "a/1")})
 	require.NoError(t, err)
 	told = waitStatus(t, m2, told.ID, StatusRunning)
+	j.await(t, func(recs []Record) bool { // the bind is kept before the crash
+		return slices.ContainsFunc(recs, func(r Record) bool { return r.TaskID == told.ID && r.Kind == "session_bound" })
+	})
 	w.end(told.SessionID, Event{Kind: SessionIdle, Text: "done"})
 	j.mu.Lock()
 	j.crashed = true // the end is decided, and not kept
