@@ -325,18 +325,21 @@ func (m *Manager) wantStop(e *entry, stop *recordExt, at time.Time) {
 // The stops a record can name: immutable, so every stop record of one
 // asker shares its extension (a closure makes its own, see stopBy).
 var (
-	stopByCancel   = &recordExt{stop: StatusCancelled, note: "cancel"}
-	stopByShutdown = &recordExt{stop: StatusInterrupt, note: "shutdown"}
+	stopByCancel   = &recordExt{stop: StatusCancelled, note: noteCancel}
+	stopByShutdown = &recordExt{stop: StatusInterrupt, note: noteShutdown}
 	// stopByDeadline is the task's deadline (Spec.Timeout): the only stop
 	// that ends a run error (deadlineFailure says how).
-	stopByDeadline = &recordExt{stop: StatusError, note: "deadline"}
+	stopByDeadline = &recordExt{stop: StatusError, note: noteDeadline}
+	// stopBySessionDeleted is a SessionDeleted event's: the run has
+	// already stopped, and ends cancelled at once.
+	stopBySessionDeleted = &recordExt{stop: StatusCancelled, note: noteSessionDeleted}
 )
 
 // stopBy is the stop a closure of root (or, for CloseTask, of task) asks.
 func stopBy(root string, task *entry) *recordExt {
-	by := "closure of " + root
+	by := noteClosureOf + root
 	if root == "" {
-		by = "closure of task " + task.id
+		by = noteClosureOfTask + task.id
 	}
 	return &recordExt{stop: StatusCancelled, note: by}
 }
@@ -472,6 +475,12 @@ func (m *Manager) StopBranch(ctx context.Context, sessionID string) error {
 // otherwise it behaves as CloseBranch, and the report and record name the
 // task (TaskID) and its current session.
 func (m *Manager) CloseTask(ctx context.Context, id string) (ClosureReport, error) {
+	return m.closeTask(ctx, id, "")
+}
+
+// closeTask is CloseTask; a note, when given, says who asked instead of
+// the closure (Spec.CancelWithCaller's "caller of task").
+func (m *Manager) closeTask(ctx context.Context, id, note string) (ClosureReport, error) {
 	ctx = orBackground(ctx)
 	m.mu.Lock()
 	e := m.led.tasks[id]
@@ -484,6 +493,9 @@ func (m *Manager) CloseTask(ctx context.Context, id string) (ClosureReport, erro
 		root = ss[len(ss)-1]
 	}
 	c := m.openClosure(root, e)
+	if note != "" {
+		c.stop = &recordExt{stop: StatusCancelled, note: note}
+	}
 	c.ctx = ctx
 	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
 	return m.closeFrom(ctx, c)

@@ -494,7 +494,7 @@ func (m *Manager) endedLine(e *entry) {
 	if m.cfg.logInfo {
 		m.logLocked(slog.LevelInfo, "bgtask: task ended", slog.String("task", e.id), slog.String("attempt", cur.ID),
 			slog.String("session", cur.SessionID), slog.String("status", string(t.Status)), slog.String("outcome", string(o.State)),
-			slog.String("reason", string(o.Reason)), slog.Int("attempts", len(t.Attempts)))
+			slog.String("reason", string(o.Reason)), slog.Int("attempts", len(t.Attempts)), slog.String("stop", stopText(t.Stop)))
 	}
 	if m.cfg.metrics != nil {
 		live := m.liveTasks() - 1 // e counts as ended from here on

@@ -18,6 +18,7 @@ type entry struct {
 	// The fields every closure reads come next.
 	id       string   // info.id, kept beside the hot fields
 	stop     Status   // a stop was asked for (recStopRequested): the status it gives; no retry follows
+	stopBy   string   // who asked it: the stop record's note (stopCauseOf reads it)
 	kids     []*entry // the tasks launched from any of sessions: byParent over them
 	revision uint64   // number of projection changes applied
 	seq      uint64   // the sequence of the latest record written to it: what a wait for it waits to be durable
@@ -315,6 +316,13 @@ func (e *entry) project() Task {
 	}
 	if e.inv != nil {
 		t.Invocations = e.inv.clone()
+	}
+	if e.stop != "" {
+		c := stopCauseOf(e.stopBy)
+		t.Stop = &c
+		if t.Cause == nil && (t.Status == StatusCancelled || t.Status == StatusInterrupt) {
+			t.Cause = &StopError{Status: t.Status, Stop: c}
+		}
 	}
 	if e.terminal() {
 		o := e.outcome

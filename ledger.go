@@ -374,7 +374,7 @@ func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 	case recSessionOrphan:
 		l.indexSession(e, ref, rec.session)
 	case recStopRequested:
-		e.stop = rec.stop
+		e.stop, e.stopBy = rec.stop, rec.note
 		e.live.Store(nil)
 	case recInvocationAdmitted:
 		if e.inv == nil {

@@ -182,6 +182,7 @@ func (m *Manager) apply(e *entry, o *observation) {
 	case SessionInterrupted:
 		m.finalize(e, a.ID, StatusInterrupt, "", "", at)
 	case SessionDeleted:
+		m.wantStop(e, stopBySessionDeleted, at) // who stopped it, unless a stop was asked first
 		m.finalize(e, a.ID, StatusCancelled, "session deleted", "", at)
 		m.cascadeDelete(a.SessionID)
 	}

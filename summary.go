@@ -49,6 +49,10 @@ func Timeline(t Task) string {
 			b.WriteString(textbound.OneLine(a.Error, MaxTimelineErrorRunes))
 		}
 	}
+	if t.Stop != nil {
+		b.WriteString("\nStop asked by ")
+		b.WriteString(textbound.OneLine(t.Stop.String(), MaxTimelineErrorRunes))
+	}
 	return b.String()
 }
 
@@ -345,6 +349,9 @@ func notices(t Task, o *Outcome, sessions sessionKind) []string {
 			seen[a.Model] = true
 		}
 		out = append(out, "retried on "+strconv.Itoa(len(seen))+" model"+plural(len(seen))+" after attempt 1 failed")
+	}
+	if t.Stop != nil && !o.HasAnswer {
+		out = append(out, "stopped: asked by "+t.Stop.String())
 	}
 	if o.HasAnswer && o.Answer == "" {
 		out = append(out, "the answer is empty: the child ended its turn with an empty final message")

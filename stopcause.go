@@ -1,0 +1,137 @@
+package bgtask
+
+import (
+	"errors"
+	"strings"
+)
+
+// StopKind says who asked a task to stop (StopCause).
+type StopKind string
+
+const (
+	// StopCancel: Cancel, Stop or CancelRun.
+	StopCancel StopKind = "cancel"
+	// StopCaller: the context passed to Launch ended first
+	// (Spec.CancelWithCaller); StopCause.TaskID names the task whose
+	// caller it was (its branch was closed with it).
+	StopCaller StopKind = "caller"
+	// StopClosure: a branch closure (CloseBranch, StopBranch, CloseTask):
+	// StopCause.Root names the session closed, or StopCause.TaskID the
+	// task closed as a unit.
+	StopClosure StopKind = "closure"
+	// StopDeadline: the task's deadline (Spec.Timeout) passed; the task
+	// ends in error (ErrDeadline).
+	StopDeadline StopKind = "deadline"
+	// StopSessionDeleted: the child session was deleted (SessionDeleted).
+	StopSessionDeleted StopKind = "session_deleted"
+	// StopShutdown: Shutdown; the task ends interrupt.
+	StopShutdown StopKind = "shutdown"
+	// StopOther: a stop a journal recorded that this release does not
+	// know (StopCause.Note says what it said).
+	StopOther StopKind = "other"
+)
+
+// StopCause is who asked a task to stop (Task.Stop). It is recorded with
+// the stop in the ledger (journaled: a restart keeps it), shown in the
+// Timeline, the final summary and the envelope, and logged with the task's
+// end. The first stop asked is the one kept. A stop asked of a run whose
+// child then ended on its own leaves the task with the child's outcome;
+// Task.Stop still says a stop was asked.
+type StopCause struct {
+	// Kind is who asked.
+	Kind StopKind `json:"kind"`
+	// Root is the session a closure closed (StopClosure).
+	Root string `json:"root,omitempty"`
+	// TaskID is the task a closure closed as a unit (StopClosure, by
+	// CloseTask) or whose caller's context ended (StopCaller).
+	TaskID string `json:"taskID,omitempty"`
+	// Note is what the journal said, for StopOther.
+	Note string `json:"note,omitempty"`
+}
+
+// String says who asked, for people and parent models.
+func (c StopCause) String() string {
+	switch c.Kind {
+	case StopCancel:
+		return "a cancel"
+	case StopCaller:
+		return "the end of the caller's context of task " + c.TaskID
+	case StopClosure:
+		if c.TaskID != "" {
+			return "the closure of task " + c.TaskID
+		}
+		return "the closure of session " + c.Root
+	case StopDeadline:
+		return "the task's deadline"
+	case StopSessionDeleted:
+		return "the deletion of its session"
+	case StopShutdown:
+		return "the shutdown of its manager"
+	}
+	return "a stop (" + c.Note + ")"
+}
+
+// The notes the stop records carry: who asked, as the ledger says it.
+const (
+	noteCancel         = "cancel"
+	noteShutdown       = "shutdown"
+	noteDeadline       = "deadline"
+	noteSessionDeleted = "session deleted"
+	noteCallerOf       = "caller of task "
+	noteClosureOfTask  = "closure of task "
+	noteClosureOf      = "closure of "
+)
+
+// stopCauseOf reads who asked from a stop record's note.
+func stopCauseOf(note string) StopCause {
+	switch {
+	case note == noteCancel:
+		return StopCause{Kind: StopCancel}
+	case note == noteShutdown:
+		return StopCause{Kind: StopShutdown}
+	case note == noteDeadline:
+		return StopCause{Kind: StopDeadline}
+	case note == noteSessionDeleted:
+		return StopCause{Kind: StopSessionDeleted}
+	case strings.HasPrefix(note, noteCallerOf):
+		return StopCause{Kind: StopCaller, TaskID: strings.TrimPrefix(note, noteCallerOf)}
+	case strings.HasPrefix(note, noteClosureOfTask):
+		return StopCause{Kind: StopClosure, TaskID: strings.TrimPrefix(note, noteClosureOfTask)}
+	case strings.HasPrefix(note, noteClosureOf):
+		return StopCause{Kind: StopClosure, Root: strings.TrimPrefix(note, noteClosureOf)}
+	}
+	return StopCause{Kind: StopOther, Note: note}
+}
+
+// ErrCancelled is in the chain of Task.Cause of every cancelled task: a
+// *StopError that says who asked.
+var ErrCancelled = errors.New("bgtask: cancelled")
+
+// StopError is Task.Cause of a task a stop ended cancelled or interrupt:
+// it says who asked (Stop), matches ErrCancelled for a cancelled task and
+// ErrShutdown for one a Shutdown interrupted (errors.Is). Unlike the
+// other causes it is rebuilt from the ledger, so it survives a restart.
+type StopError struct {
+	Status Status    // cancelled or interrupt
+	Stop   StopCause // who asked
+}
+
+// Error says how the task ended and who asked.
+func (e *StopError) Error() string {
+	return "bgtask: " + string(e.Status) + " by " + e.Stop.String()
+}
+
+// Is matches ErrCancelled (a cancelled task) and ErrShutdown (a task a
+// Shutdown interrupted).
+func (e *StopError) Is(target error) bool {
+	return (target == ErrCancelled && e.Status == StatusCancelled) ||
+		(target == ErrShutdown && e.Stop.Kind == StopShutdown)
+}
+
+// stopText is who asked, for a log line ("" when no stop was asked).
+func stopText(c *StopCause) string {
+	if c == nil {
+		return ""
+	}
+	return c.String()
+}

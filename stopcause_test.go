@@ -1,0 +1,168 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Every stop says who asked: in the snapshot (Task.Stop), in Cause (a
+// *StopError matching ErrCancelled for a cancelled task), in the Timeline
+// (and so the final summary), in the envelope and in the task-ended log.
+func TestEveryStopSaysWhoAsked(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		stop   func(h *harness, task Task)
+		want   StopCause
+		status Status
+	}{
+		{"Cancel", func(h *harness, task Task) { require.NoError(t, h.m.Cancel(context.Background(), task.ID)) },
+			StopCause{Kind: StopCancel}, StatusCancelled},
+		{"Stop", func(h *harness, task Task) { require.NoError(t, h.m.Stop(context.Background(), task.ID)) },
+			StopCause{Kind: StopCancel}, StatusCancelled},
+		{"CloseBranch", func(h *harness, task Task) {
+			_, err := h.m.CloseBranch(context.Background(), "chat")
+			require.NoError(t, err)
+		}, StopCause{Kind: StopClosure, Root: "chat"}, StatusCancelled},
+		{"CloseTask", func(h *harness, task Task) {
+			_, err := h.m.CloseTask(context.Background(), task.ID)
+			require.NoError(t, err)
+		}, StopCause{Kind: StopClosure, Root: "ses-1"}, StatusCancelled},
+		{"a deleted session", func(h *harness, task Task) {
+			require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionDeleted}))
+		}, StopCause{Kind: StopSessionDeleted}, StatusCancelled},
+		{"Shutdown", func(h *harness, task Task) { require.NoError(t, h.m.Shutdown(context.Background())) },
+			StopCause{Kind: StopShutdown}, StatusInterrupt},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			task := h.running("chat")
+			tt.stop(h, task)
+			done := h.wait(task.ID)
+			require.Equal(t, tt.status, done.Status)
+			require.NotNil(t, done.Stop)
+			assert.Equal(t, tt.want, *done.Stop)
+			var se *StopError
+			require.ErrorAs(t, done.Cause, &se, "a stopped task's Cause is never nil")
+			assert.Equal(t, tt.want, se.Stop)
+			assert.Equal(t, tt.status == StatusCancelled, errors.Is(done.Cause, ErrCancelled))
+			assert.Equal(t, tt.want.Kind == StopShutdown, errors.Is(done.Cause, ErrShutdown))
+			said := tt.want.String()
+			assert.Contains(t, Timeline(done), "\nStop asked by "+said)
+			assert.Contains(t, done.Outcome.Envelope, "stopped: asked by "+said)
+			logged := false
+			for _, r := range h.logs.Records() {
+				if r["msg"] == "bgtask: task ended" && r["task"] == task.ID {
+					logged = r["stop"] == said
+				}
+			}
+			assert.True(t, logged, "the task-ended line says who asked: %v", h.logs.Records())
+		})
+	}
+}
+
+// A caller's context ending stops the task and its branch, and says so.
+func TestACallersEndSaysSo(t *testing.T) {
+	started := make(chan string, 4)
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
+		if run.Depth == 1 {
+			if _, err := run.Launch(ctx, Spec{Prompt: "kid", Models: mustModels(t, "a/one")}); err != nil {
+				return "", err
+			}
+		}
+		started <- run.TaskID
+		<-ctx.Done()
+		return "", ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	task, err := h.m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), CancelWithCaller: true})
+	require.NoError(t, err)
+	first, second := <-started, <-started
+	cancel()
+	for _, id := range []string{first, second} {
+		done := h.wait(id)
+		require.Equal(t, StatusCancelled, done.Status)
+		require.NotNil(t, done.Stop, id)
+		assert.Equal(t, StopCause{Kind: StopCaller, TaskID: task.ID}, *done.Stop, "the task and its branch: the caller of %s", task.ID)
+		assert.ErrorIs(t, done.Cause, ErrCancelled)
+	}
+}
+
+// A deadline's stop ends the task in error: its Cause stays the deadline,
+// and Stop says who asked.
+func TestADeadlineSaysSo(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
+	h.clock.Advance(time.Minute)
+	done := h.wait(task.ID)
+	require.Equal(t, StatusError, done.Status)
+	require.NotNil(t, done.Stop)
+	assert.Equal(t, StopCause{Kind: StopDeadline}, *done.Stop)
+	assert.ErrorIs(t, done.Cause, ErrDeadline)
+	assert.Contains(t, Timeline(done), "Stop asked by the task's deadline")
+}
+
+// A stop asked of a run whose child ended on its own first leaves the
+// child's outcome; Stop still says a stop was asked. A task never stopped
+// has none.
+func TestAStopTheChildOutranKeepsTheChildsOutcome(t *testing.T) {
+	release := make(chan struct{})
+	host := &testHost{abort: func(ctx context.Context, sid string) error {
+		<-release
+		return nil
+	}}
+	h := newHarness(t, host)
+	task := h.running("chat")
+	other := h.running("chat")
+	require.NoError(t, h.m.Stop(context.Background(), task.ID))
+	require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionIdle, Text: "finished first"}))
+	close(release)
+	done := h.wait(task.ID)
+	assert.Equal(t, StatusCompleted, done.Status)
+	require.NotNil(t, done.Stop)
+	assert.Nil(t, done.Cause, "it completed: nothing failed")
+	assert.NotContains(t, done.Outcome.Envelope, "stopped:", "the answer stands")
+
+	require.NoError(t, h.observe(Event{SessionID: other.SessionID, Kind: SessionIdle, Text: "done"}))
+	plain := h.wait(other.ID)
+	assert.Nil(t, plain.Stop)
+	assert.NotContains(t, Timeline(plain), "Stop asked")
+}
+
+// Who asked survives a restart: it is in the ledger.
+func TestAStopCauseSurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	m, err := Open(context.Background(), &testHost{}, WithJournal(j))
+	require.NoError(t, err)
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: []Model{{ID: "m"}}})
+	require.NoError(t, err)
+	waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
+	_, err = m.CloseBranch(context.Background(), "chat")
+	require.NoError(t, err)
+	require.NoError(t, m.Shutdown(context.Background()))
+
+	j, err = OpenFileJournal(dir)
+	require.NoError(t, err)
+	m, err = Open(context.Background(), &testHost{}, WithJournal(j))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m)
+	again, err := m.Task(task.ID)
+	require.NoError(t, err)
+	require.NotNil(t, again.Stop)
+	assert.Equal(t, StopCause{Kind: StopClosure, Root: "chat"}, *again.Stop)
+	assert.ErrorIs(t, again.Cause, ErrCancelled, "rebuilt from the ledger: never nil")
+	assert.True(t, strings.HasSuffix(Timeline(again), "Stop asked by the closure of session chat"))
+}
+
+func TestStopCauseOfAnUnknownNote(t *testing.T) {
+	c := stopCauseOf("a future release's stop")
+	assert.Equal(t, StopCause{Kind: StopOther, Note: "a future release's stop"}, c)
+	assert.Equal(t, "a stop (a future release's stop)", c.String())
+}
