@@ -73,6 +73,7 @@ type hot struct {
 // local is what a task keeps only while this process lives, beside its
 // records: never journaled, gone after a restart. Guarded by m.mu.
 type local struct {
+	run      RunFunc         // Spec.Run: the task's own function
 	values   context.Context // Spec.InheritValues: the Launch context, for its values
 	onDone   []*func(Task)   // Spec.OnDone (and those of Launches ExtendLive made Extends), until called
 	stopWait func() bool     // ends the Spec.CancelWithCaller watch

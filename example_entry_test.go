@@ -2,6 +2,7 @@ package bgtask_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -101,4 +102,44 @@ func ExampleOpenFileJournal() {
 	again, err := m.Task(task.ID)
 	fmt.Println(again.Status, "|", again.Result, "|", err)
 	// Output: completed | done: index the repo | <nil>
+}
+
+// An in-process harness with two kinds of subagent: each launch brings its
+// own function (Spec.Run), so the spawn tool needs no side map and no
+// context values; New(nil) means there is no session service at all.
+func ExampleSpec_run() {
+	m := bgtask.New(nil, bgtask.WithIDs(bgtask.SequentialIDs()))
+	defer m.Shutdown(context.Background())
+
+	kinds := map[string]func(topic string) bgtask.RunFunc{
+		"research": func(topic string) bgtask.RunFunc {
+			return func(ctx context.Context, run bgtask.Run) (string, error) {
+				return "three sources on " + topic, nil // call the model here, with run.Model
+			}
+		},
+		"code": func(topic string) bgtask.RunFunc {
+			return func(ctx context.Context, run bgtask.Run) (string, error) {
+				if run.Model.ID == "fast" {
+					return "", errors.New("503 Service Unavailable") // the next model is tried
+				}
+				return "a patch for " + topic + " (" + run.Model.ID + ")", nil
+			}
+		},
+	}
+	// The spawn tool: one launch per call, whatever kind it asks for.
+	spawn := func(ctx context.Context, parent, kind, topic string) (bgtask.Task, error) {
+		return m.Launch(ctx, bgtask.Spec{ParentSessionID: parent, Agent: kind, Prompt: topic,
+			Models: []bgtask.Model{{ID: "fast"}, {ID: "careful"}}, Run: kinds[kind](topic)})
+	}
+
+	ctx := context.Background()
+	a, _ := spawn(ctx, "chat", "research", "flaky tests")
+	b, _ := spawn(ctx, "chat", "code", "the race")
+	for _, id := range []string{a.ID, b.ID} {
+		done, _ := m.Wait(ctx, id)
+		fmt.Println(done.Agent, done.Status, len(done.Attempts), "|", done.Result)
+	}
+	// Output:
+	// research completed 1 | three sources on flaky tests
+	// code completed 2 | a patch for the race (careful)
 }

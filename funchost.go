@@ -234,7 +234,7 @@ func NewFuncHost(fn RunFunc) *FuncHost {
 
 // attach is called by New.
 func (h *FuncHost) attach(m *Manager) {
-	if err := h.h.Attach(funcEnv{m}); err != nil {
+	if err := h.h.Attach(funcEnv{m: m, h: h}); err != nil {
 		panic("bgtask: a FuncHost serves one Manager")
 	}
 }
@@ -250,6 +250,10 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 		_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: SessionIdle, Text: text, Invocation: n})
 	}
 	root, depth := m.treeOf(req.TaskID)
+	fn := h.fn
+	if own := m.runFuncOf(req.TaskID); own != nil {
+		fn = own // Spec.Run
+	}
 	run := Run{
 		TaskID: req.TaskID, AttemptID: req.AttemptID, Attempt: req.AttemptNumber, Token: req.Token,
 		SessionID: sid, ParentSessionID: req.ParentSessionID, Model: req.Model, Agent: req.Agent, Prompt: req.Prompt,
@@ -279,7 +283,7 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 				close(ib.done) // before its answer is reported: no prompt is taken after it
 				h.inboxes.Delete(sid)
 			}()
-			return callRunFunc(h.fn, ctx, run)
+			return callRunFunc(fn, ctx, run)
 		})
 	if err != nil {
 		h.inboxes.Delete(sid)
@@ -293,6 +297,22 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	return sid, nil
 }
 
+// runFuncOf returns task id's own function (Spec.Run), or nil.
+func (m *Manager) runFuncOf(id string) RunFunc {
+	m.mu.Lock()
+	defer m.unlock()
+	if e := m.led.tasks[id]; e != nil && e.loc != nil {
+		return e.loc.run
+	}
+	return nil
+}
+
+// noRunFunc is the function of the in-process host a Manager makes for
+// tasks with their own (Spec.Run): only those tasks reach it.
+func noRunFunc(context.Context, Run) (string, error) {
+	return "", Permanent(errors.New("bgtask: the task has no function of its own"))
+}
+
 // treeOf returns task id's root session and depth (Task.Root, Task.Depth).
 func (m *Manager) treeOf(id string) (root string, depth int) {
 	m.mu.Lock()
@@ -304,7 +324,10 @@ func (m *Manager) treeOf(id string) (root string, depth int) {
 }
 
 // funcEnv is what a FuncHost's runs need of the Manager.
-type funcEnv struct{ m *Manager }
+type funcEnv struct {
+	m *Manager
+	h *FuncHost // the host whose runs these are
+}
 
 func (f funcEnv) RunContext(taskID, attemptID, token string) context.Context {
 	f.m.mu.Lock()
@@ -318,8 +341,8 @@ func (f funcEnv) Go(fn func()) bool { return f.m.goLocked(fn) }
 
 func (f funcEnv) AwaitBound(ctx context.Context, attemptID, token, sid string) bool {
 	ok := f.m.awaitBound(ctx, attemptID, token, sid) && ctx.Err() == nil
-	if fh, isFunc := f.m.host.(*FuncHost); !ok && isFunc {
-		fh.inboxes.Delete(sid) // the function never runs: no prompt can reach it
+	if !ok {
+		f.h.inboxes.Delete(sid) // the function never runs: no prompt can reach it
 	}
 	return ok
 }

@@ -47,10 +47,6 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 	case blank(prompt):
 		return 0, fmt.Errorf("%w: Extend with an empty prompt", ErrInvalidArgument)
 	}
-	p, ok := m.host.(Prompter)
-	if !ok {
-		return 0, ErrNoPrompter
-	}
 	if err := m.poisoned(); err != nil {
 		return 0, err
 	}
@@ -60,6 +56,14 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 		err := m.missing(taskID)
 		m.unlock()
 		return 0, err
+	}
+	p, ok := m.host.(Prompter)
+	if e.info.inProcess {
+		p, ok = m.funcs, true // its own function takes prompts as a FuncHost's does
+	}
+	if !ok {
+		m.unlock()
+		return 0, ErrNoPrompter
 	}
 	if e.terminal() { // no turn to wait for
 		m.unlock()

@@ -26,11 +26,14 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err := spec.validate(); err != nil {
 		return Task{}, err
 	}
+	if m.ownOnly && spec.Run == nil {
+		return Task{}, &SpecError{Field: "Run", Reason: "is nil, and the Manager has no Host (New(nil)): every task brings its own function"}
+	}
 	if m.cfg.err != nil {
 		return Task{}, m.cfg.err
 	}
 	if spec.ContinueFrom != "" {
-		if _, ok := m.host.(Resumer); !ok {
+		if _, ok := m.host.(Resumer); !ok || spec.Run != nil {
 			return Task{}, ErrNoResumer
 		}
 	}
@@ -38,8 +41,8 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		return Task{}, err
 	}
 	in := launchIn{info: spec.taskInfo()}
-	if spec.OnDone != nil || spec.InheritValues {
-		in.loc = &local{}
+	if spec.OnDone != nil || spec.InheritValues || spec.Run != nil {
+		in.loc = &local{run: spec.Run}
 		if spec.OnDone != nil {
 			in.loc.onDone = []*func(Task){&spec.OnDone}
 		}
@@ -203,6 +206,8 @@ func (m *Manager) continuation(info *taskInfo) error {
 		return &SpecError{Field: "ContinueFrom", Reason: "names live task " + old.id + " (Extend it instead)"}
 	case sid == "":
 		return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", which has no session to continue"}
+	case old.info.inProcess:
+		return fmt.Errorf("%w: task %s ran its own function (Spec.Run): nothing remains of its session", ErrNoResumer, old.id)
 	}
 	if holder, ok := m.led.bySession[sid]; !ok || holder.e != old {
 		if !ok { // the task that continued it was forgotten since (retention), and the session with it
@@ -227,6 +232,9 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	info := new(taskInfo)
 	*info = in.info
 	info.sessions = m.sessions
+	if info.inProcess {
+		info.sessions = sessionsGone
+	}
 	if m.life.closing {
 		return reply{err: ErrShutdown}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/bgtask/bgtask/internal/clock"
 	"github.com/bgtask/bgtask/internal/dispatch"
 	"github.com/bgtask/bgtask/internal/feed"
+	"github.com/bgtask/bgtask/internal/funchost"
 	"github.com/bgtask/bgtask/internal/group"
 	"github.com/bgtask/bgtask/internal/held"
 	"github.com/bgtask/bgtask/internal/slots"
@@ -41,6 +42,8 @@ type logRec struct {
 // it with New and stop it with Shutdown.
 type Manager struct {
 	host     Host
+	funcs    *FuncHost   // runs the tasks with their own function (Spec.Run): host itself when it is a FuncHost
+	ownOnly  bool        // New(nil): every task must bring its own function
 	sessions sessionKind // what host can do with an ended task's session (the envelope's notice)
 	cfg      config      // New's options, defaults filled in: never changed after New
 
@@ -176,10 +179,11 @@ func (m *Manager) settle(ctx context.Context, seq uint64) error {
 // (a StatusHost that never answers holds New); a journal that cannot be
 // read makes every Launch fail with the error. Use Open to bound the
 // recovery and see its error at once.
+//
+// A nil host makes an in-process Manager: every task brings its own
+// function (Spec.Run), and a Launch without one is refused (a *SpecError
+// naming Run).
 func New(host Host, opts ...Option) *Manager {
-	if host == nil {
-		panic("bgtask: New with a nil Host")
-	}
 	m := newManager(host, opts)
 	if m.cfg.journal != nil {
 		if err := m.recover(context.Background()); err != nil {
@@ -209,9 +213,6 @@ func New(host Host, opts ...Option) *Manager {
 // file, the offset and the record kind); Open never panics on one.
 // Without a journal, Open is New.
 func Open(ctx context.Context, host Host, opts ...Option) (*Manager, error) {
-	if host == nil {
-		return nil, errors.New("bgtask: Open with a nil Host")
-	}
 	m := newManager(host, opts)
 	if m.cfg.journal == nil {
 		return m, m.cfg.err
@@ -292,6 +293,10 @@ func (m *Manager) recover(ctx context.Context) error {
 }
 
 func newManager(host Host, opts []Option) *Manager {
+	ownOnly := host == nil
+	if ownOnly { // in-process only: every task brings its own function
+		host = &FuncHost{fn: noRunFunc, h: funchost.New()}
+	}
 	cfg := config{holdLimit: 1024, notifyAttempts: 3, notifyBackoff: Backoff(200*time.Millisecond, 5*time.Second, 0.2),
 		queueLimit: DefaultNotifyQueueLimit, undeliveredLimit: DefaultUndeliveredLimit,
 		retention: Retention{MaxEnded: DefaultMaxEnded}}
@@ -347,6 +352,13 @@ func newManager(host Host, opts []Option) *Manager {
 	}
 	if a, ok := host.(interface{ attach(*Manager) }); ok {
 		a.attach(m)
+	}
+	m.ownOnly = ownOnly
+	if fh, ok := host.(*FuncHost); ok {
+		m.funcs = fh
+	} else {
+		m.funcs = &FuncHost{fn: noRunFunc, h: funchost.New()}
+		m.funcs.attach(m)
 	}
 	return m
 }

@@ -151,6 +151,9 @@ type taskInfo struct {
 	// launched from a session no task owns).
 	root  string
 	depth int
+	// inProcess: the task runs its own function (Spec.Run), on the
+	// Manager's in-process host. Process-local, never recorded.
+	inProcess bool
 	// sessions is what this process's host can do with the task's session
 	// once it ended (the envelope's notice): process-local, never recorded,
 	// set by the Manager that launched or replayed the task.

@@ -19,6 +19,15 @@ type Spec struct {
 	Description string
 	// Agent names the kind of subagent, for the host.
 	Agent string
+	// Run, when set, runs every attempt of this task in-process, as a
+	// FuncHost runs its function — whatever the Manager's Host is: bound
+	// before it runs, stopped by its run token, run again with the next
+	// model (Run.Model) on a retry, a panic guarded (*PanicError). It is
+	// process-local: after a restart the task's run is interrupt ("lost
+	// across restart"). A task with Run cannot ContinueFrom, nor be
+	// continued (ErrNoResumer). Use it for a harness with several kinds of
+	// subagent; a FuncHost is the Manager-wide default.
+	Run RunFunc
 	// Prompt is the launch prompt: invocation 1. It may be empty (a host
 	// that takes its work from elsewhere, a FuncHost function that needs
 	// none); ParentSessionID and Models are the fields a Launch requires.
@@ -196,6 +205,7 @@ func (s *Spec) taskInfo() taskInfo {
 		models:      s.Models, // the ledger keeps its own copy (chain)
 		maxAttempts: maxAttempts,
 		metadata:    maps.Clone(s.Metadata),
+		inProcess:   s.Run != nil,
 	}
 	if s.Key != "" || s.ContinueFrom != "" || s.Timeout != 0 || s.AttemptTimeout != 0 || s.RetryOnTimeout {
 		info.x = &taskExtra{key: s.Key, continues: s.ContinueFrom,

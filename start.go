@@ -34,6 +34,8 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 	case err != nil:
 	case a.Number == 1 && e.info.opt().resume != "":
 		sid, err = m.callResume(&fx.ctx, e.info.opt().resume, req)
+	case e.info.inProcess:
+		sid, err = m.callStartOn(&fx.ctx, m.funcs, req)
 	default:
 		sid, err = m.callStart(&fx.ctx, req)
 	}
@@ -84,6 +86,12 @@ func (m *Manager) callResume(ctx context.Context, sid string, req SessionRequest
 }
 
 func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
+	return m.callStartOn(ctx, m.host, req)
+}
+
+// callStartOn calls host's StartSession: the Manager's Host, or its
+// in-process host for a task with its own function.
+func (m *Manager) callStartOn(ctx context.Context, host Host, req SessionRequest) (sid string, err error) {
 	if err := m.poisoned(); err != nil {
 		return "", Permanent(err)
 	}
@@ -92,7 +100,7 @@ func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string
 			sid, err = "", Permanent(fmt.Errorf("bgtask: Host.StartSession panicked: %s", panicText(r)))
 		}
 	}()
-	sid, err = m.host.StartSession(ctx, req)
+	sid, err = host.StartSession(ctx, req)
 	return sid, guardError(err)
 }
 

@@ -229,6 +229,22 @@ func (m *Manager) abortOrphanNow(e *entry, a Attempt, sessionID string) {
 	}
 }
 
+// hostOf is the host that runs session sid: the in-process host for a
+// session of a task with its own function (Spec.Run), else the Manager's.
+func (m *Manager) hostOf(sid string) Host {
+	if m.funcs == m.host {
+		return m.host
+	}
+	m.mu.Lock()
+	ref, ok := m.led.bySession[sid]
+	inProcess := ok && ref.e.info.inProcess
+	m.mu.Unlock()
+	if inProcess {
+		return m.funcs
+	}
+	return m.host
+}
+
 // callAbort calls the host. A panic is an abort that failed; the host's
 // error is guarded, so rendering it later never calls user code.
 func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
@@ -240,7 +256,7 @@ func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
 			err = fmt.Errorf("bgtask: Host.AbortSession panicked: %s", panicText(r))
 		}
 	}()
-	return guardError(m.host.AbortSession(ctx, sessionID))
+	return guardError(m.hostOf(sessionID).AbortSession(ctx, sessionID))
 }
 
 // stopRun acts on e's wanted stop for its current run: a run with no child

@@ -55,6 +55,7 @@ func TestEveryStopSaysWhoAsked(t *testing.T) {
 			said := tt.want.String()
 			assert.Contains(t, Timeline(done), "\nStop asked by "+said)
 			assert.Contains(t, done.Outcome.Envelope, "stopped: asked by "+said)
+			h.settle() // the line is written as the lock is let go, maybe after Wait returned
 			logged := false
 			for _, r := range h.logs.Records() {
 				if r["msg"] == "bgtask: task ended" && r["task"] == task.ID {

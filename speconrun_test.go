@@ -1,0 +1,148 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A Manager over a session service runs tasks that carry their own
+// function in-process, each its own, beside the tasks the service runs;
+// the service never hears of them.
+func TestTasksWithTheirOwnFunctionBesideASessionService(t *testing.T) {
+	h := newHarness(t, nil)
+	researcher := func(ctx context.Context, run Run) (string, error) { return "found: " + run.Prompt, nil }
+	var models []string
+	coder := func(ctx context.Context, run Run) (string, error) {
+		models = append(models, run.Model.String()) // one attempt at a time
+		if run.Model.Provider == "a" {
+			return "", errors.New("503 Service Unavailable")
+		}
+		return "patched on " + run.Model.String(), nil
+	}
+	r := h.launchSpec(Spec{ParentSessionID: "chat", Prompt: "the logs", Models: mustModels(t, "a/one"), Run: researcher})
+	c := h.launchSpec(Spec{ParentSessionID: "chat", Prompt: "the bug", Models: mustModels(t, "a/one", "b/two"), Run: coder})
+	plain := h.running("chat")
+
+	rd, cd := h.wait(r.ID), h.wait(c.ID)
+	assert.Equal(t, StatusCompleted, rd.Status)
+	assert.Equal(t, "found: the logs", rd.Result)
+	assert.Equal(t, StatusCompleted, cd.Status)
+	assert.Equal(t, "patched on b/two", cd.Result)
+	assert.Equal(t, []string{"a/one", "b/two"}, models, "a retry runs the function again with the next model")
+	assert.True(t, strings.HasPrefix(rd.SessionID, "fn_"), rd.SessionID)
+	require.Len(t, h.host.starts, 1, "the service started only its own task")
+	assert.Equal(t, plain.ID, h.host.starts[0].TaskID)
+	assert.Empty(t, h.host.aborts, "nor was it asked to abort a function's run (%v)", h.host.aborts)
+	assert.NotContains(t, Envelope(cd), "inspected", "a function's run leaves no session to offer")
+}
+
+// A task's own function is stopped by its run token (its context ends),
+// takes its prompts (Extend) though the service cannot, and its panic is
+// guarded.
+func TestATasksOwnFunctionIsStoppedPromptedAndGuarded(t *testing.T) {
+	h := newHarness(t, nil)
+	waiting := func(ctx context.Context, run Run) (string, error) {
+		select {
+		case p := <-run.Prompts():
+			return "took " + p.Text, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	stopped := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Run: waiting})
+	waitFor(t, h.m, stopped.ID, func(t Task) bool { return t.Status == StatusRunning })
+	require.NoError(t, h.m.Cancel(context.Background(), stopped.ID))
+	assert.Equal(t, StatusCancelled, h.wait(stopped.ID).Status)
+	assert.Empty(t, h.host.aborts, "the service was not asked")
+
+	prompted := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Run: waiting})
+	waitFor(t, h.m, prompted.ID, func(t Task) bool { return t.Status == StatusRunning })
+	n, err := h.m.Extend(context.Background(), prompted.ID, "more")
+	require.NoError(t, err)
+	a, err := h.m.WaitAnswer(context.Background(), prompted.ID, n)
+	require.NoError(t, err)
+	assert.Equal(t, "took more", a.Text)
+	_, err = h.m.Extend(context.Background(), h.running("chat").ID, "more")
+	assert.ErrorIs(t, err, ErrNoPrompter, "the service's own tasks cannot take prompts")
+
+	panicky := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one", "b/two"),
+		Run: func(context.Context, Run) (string, error) { panic("boom") }})
+	done := h.wait(panicky.ID)
+	assert.Equal(t, StatusError, done.Status)
+	assert.Len(t, done.Attempts, 1, "a panic is never retried")
+	var p *PanicError
+	assert.ErrorAs(t, done.Cause, &p)
+}
+
+// On a FuncHost a task's own function runs instead of the host's.
+func TestATasksOwnFunctionOnAFuncHost(t *testing.T) {
+	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) { return "the default", nil })
+	own := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"),
+		Run: func(ctx context.Context, run Run) (string, error) { return "its own", nil }})
+	other := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	assert.Equal(t, "its own", h.wait(own.ID).Result)
+	assert.Equal(t, "the default", h.wait(other.ID).Result)
+}
+
+// A task with its own function neither continues a session nor is
+// continued: nothing remains of its run.
+func TestATasksOwnFunctionCannotContinueOrBeContinued(t *testing.T) {
+	h := harnessOn(t, resumingHost{&testHost{}}, &testHost{})
+	fn := func(ctx context.Context, run Run) (string, error) { return "", errors.New("400 bad request") }
+	ended := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Run: fn})
+	require.Equal(t, StatusError, h.wait(ended.ID).Status)
+	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), ContinueFrom: ended.ID})
+	assert.ErrorIs(t, err, ErrNoResumer)
+	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), ContinueFrom: ended.ID, Run: fn})
+	assert.ErrorIs(t, err, ErrNoResumer)
+}
+
+// After a restart a task whose own function was running is interrupt:
+// the function died with the process.
+func TestATasksOwnFunctionAfterARestart(t *testing.T) {
+	dir := t.TempDir()
+	cj := openJournal(t, dir)
+	m, err := Open(context.Background(), &testHost{}, WithJournal(cj))
+	require.NoError(t, err)
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"),
+		Run: func(ctx context.Context, run Run) (string, error) { <-ctx.Done(); return "", ctx.Err() }})
+	require.NoError(t, err)
+	waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
+	crash(t, m, cj)
+
+	j, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	m, err = Open(context.Background(), &testHost{}, WithJournal(j))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m)
+	again, err := m.Wait(context.Background(), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusInterrupt, again.Status)
+	assert.Contains(t, again.Error, LostAcrossRestart)
+}
+
+// New(nil) is an in-process Manager: every task brings its own function.
+func TestANilHostMakesAnInProcessManager(t *testing.T) {
+	m := New(nil, WithIDs(SequentialIDs()))
+	shutdownAtCleanup(t, m)
+	_, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
+	var se *SpecError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, "Run", se.Field)
+	assert.Empty(t, m.Snapshot().Tasks, "a refused launch records nothing")
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"),
+		Run: func(ctx context.Context, run Run) (string, error) { return "mine", nil }})
+	require.NoError(t, err)
+	done, err := m.Wait(context.Background(), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "mine", done.Result)
+
+	o, err := Open(context.Background(), nil)
+	require.NoError(t, err)
+	require.NoError(t, o.Shutdown(context.Background()))
+}
