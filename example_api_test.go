@@ -60,11 +60,11 @@ func ExampleManager_Launch() {
 	task, err := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "summarise the logs",
 		Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5.4-mini"}}})
 	fmt.Println(task.ID, task.Status, task.Current().Number, err)
-	_, err = m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat"})
+	_, err = m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", MaxAttempts: -1})
 	fmt.Println(errors.Is(err, bgtask.ErrInvalidSpec), err)
 	// Output:
 	// task-1 pending 1 <nil>
-	// true bgtask: invalid spec: Models: has no model
+	// true bgtask: invalid spec: MaxAttempts: is negative (-1)
 }
 
 // Observe is how the harness reports what a child session did; an event

@@ -26,6 +26,9 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err := spec.validate(); err != nil {
 		return Task{}, err
 	}
+	if spec.ParentSessionID == "" && m.cfg.notifier != nil {
+		return Task{}, &SpecError{Field: "ParentSessionID", Reason: "is empty, and the Manager has a Notifier: its notifications go to the parent session"}
+	}
 	if m.ownOnly && spec.Run == nil {
 		return Task{}, &SpecError{Field: "Run", Reason: "is nil, and the Manager has no Host (New(nil)): every task brings its own function"}
 	}

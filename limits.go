@@ -54,7 +54,8 @@ func WithTreeLimits(t TreeLimits) Option { return optionFunc(func(c *config) { c
 // limit; a negative one is invalid (Launch reports it).
 type ModelLimits struct {
 	// Models caps single models, keyed "provider/id" (no variant), or by
-	// the ID alone for a model with no provider.
+	// the ID alone for a model with no provider (an ID "a/b" with no
+	// provider and the model b of provider a share the key "a/b").
 	Models map[string]int
 	// Providers caps all models of a provider together, keyed by provider.
 	// A model with no provider is never under one: its entry in Models or

@@ -13,7 +13,10 @@ import (
 // Spec describes a task to launch.
 type Spec struct {
 	// ParentSessionID is the chat session that launched the task and
-	// receives its notifications. Required.
+	// receives its notifications. Required when the Manager has a
+	// Notifier; without one it may be empty: the task then has no parent
+	// (Query.Parent cannot select it, and TreeLimits count the tasks with
+	// none together, as children of "").
 	ParentSessionID string
 	// Description says what the task is for, in a line (notifications show it).
 	Description string
@@ -30,11 +33,15 @@ type Spec struct {
 	Run RunFunc
 	// Prompt is the launch prompt: invocation 1. It may be empty (a host
 	// that takes its work from elsewhere, a FuncHost function that needs
-	// none); ParentSessionID and Models are the fields a Launch requires.
+	// none).
 	Prompt string
 	// Models is the fallback chain: Models[0] first, then the rest in
-	// order. Required, each with an ID; Provider may be empty (a model the
-	// harness names by an alias alone).
+	// order, each with an ID. Provider may be empty: the ID is then the
+	// model's whole name, an opaque string ("openai/plain-model" is an ID
+	// with a slash in it, not a provider; ParseModel splits a name when a
+	// harness wants that). With no model at all the task runs once, with
+	// no model (Run.Model and SessionRequest.Model are zero; the Timeline
+	// says "no model").
 	Models []Model
 	// MaxAttempts caps the attempts. 0 means one attempt per model; a
 	// larger value than len(Models) reuses the last model for the rest.
@@ -128,10 +135,8 @@ const ReservedMetadataPrefix = "bgtask."
 
 func (s Spec) validate() error {
 	switch {
-	case blank(s.ParentSessionID):
-		return &SpecError{Field: "ParentSessionID", Reason: "is empty"}
-	case len(s.Models) == 0:
-		return &SpecError{Field: "Models", Reason: "has no model"}
+	case s.ParentSessionID != "" && blank(s.ParentSessionID):
+		return &SpecError{Field: "ParentSessionID", Reason: "is only white space"}
 	case s.MaxAttempts < 0:
 		return &SpecError{Field: "MaxAttempts", Reason: "is negative (" + strconv.Itoa(s.MaxAttempts) + ")"}
 	case s.Timeout < 0:
@@ -156,9 +161,6 @@ func (s Spec) validate() error {
 		field := "Models[" + strconv.Itoa(i) + "]"
 		if m.Provider != "" && blank(m.Provider) {
 			return &SpecError{Field: field + ".Provider", Reason: "is only white space (leave it empty for a model with no provider)"}
-		}
-		if m.Provider == "" && strings.Contains(m.ID, "/") {
-			return &SpecError{Field: field + ".ID", Reason: "has a \"/\" but no Provider: it would read as provider/id (set Provider)"}
 		}
 		if blank(m.ID) {
 			return &SpecError{Field: field + ".ID", Reason: "is empty"}
@@ -192,9 +194,13 @@ func blank(s string) bool { return strings.TrimSpace(s) == "" }
 // taskInfo is what the ledger records of a valid spec. launchedAt is the
 // core's to give, and the id unless the spec has one.
 func (s *Spec) taskInfo() taskInfo {
+	models := s.Models
+	if len(models) == 0 {
+		models = []Model{{}} // no chain: one run with no model
+	}
 	maxAttempts := s.MaxAttempts
 	if maxAttempts == 0 {
-		maxAttempts = len(s.Models)
+		maxAttempts = len(models)
 	}
 	info := taskInfo{
 		id:          s.ID,
@@ -202,7 +208,7 @@ func (s *Spec) taskInfo() taskInfo {
 		description: s.Description,
 		agent:       s.Agent,
 		prompt:      s.Prompt,
-		models:      s.Models, // the ledger keeps its own copy (chain)
+		models:      models, // the ledger keeps its own copy (chain)
 		maxAttempts: maxAttempts,
 		metadata:    maps.Clone(s.Metadata),
 		inProcess:   s.Run != nil,

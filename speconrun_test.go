@@ -146,3 +146,40 @@ func TestANilHostMakesAnInProcessManager(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, o.Shutdown(context.Background()))
 }
+
+// What an in-process harness needs no more: a model chain (a launch with
+// none runs once, with no model) and, with no Notifier, a parent session
+// (the task then has none: paging and tree limits count it under "").
+func TestInProcessDefaults(t *testing.T) {
+	m := New(nil, WithIDs(SequentialIDs()), WithTreeLimits(TreeLimits{MaxPerParent: 1}))
+	shutdownAtCleanup(t, m)
+	hold := make(chan struct{})
+	task, err := m.Launch(context.Background(), Spec{Prompt: "go",
+		Run: func(ctx context.Context, run Run) (string, error) {
+			<-hold
+			return "ran on " + run.Model.String() + "|", nil
+		}})
+	require.NoError(t, err)
+	assert.Empty(t, task.ParentSessionID)
+	assert.Equal(t, Model{}, task.Model)
+	_, err = m.Launch(context.Background(), Spec{Run: func(context.Context, Run) (string, error) { return "", nil }})
+	assert.ErrorIs(t, err, ErrFanOutLimit, "tasks with no parent count together under the tree limits")
+	close(hold)
+	done, err := m.Wait(context.Background(), task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Len(t, done.Attempts, 1)
+	assert.Equal(t, "ran on |", done.Result)
+	assert.Equal(t, "Background task attempts:\n- Attempt 1 — COMPLETED — no model — fn_attempt-1", Timeline(done))
+	page, err := m.Tasks(Query{Status: StatusCompleted})
+	require.NoError(t, err)
+	require.Len(t, page.Tasks, 1, "found by a query")
+	assert.Equal(t, task.ID, page.Tasks[0].ID)
+
+	told := New(nil, WithNotifier(NotifierFunc(func(context.Context, Notification) error { return nil })))
+	shutdownAtCleanup(t, told)
+	_, err = told.Launch(context.Background(), Spec{Run: func(context.Context, Run) (string, error) { return "", nil }})
+	var se *SpecError
+	require.ErrorAs(t, err, &se, "with a Notifier, its notifications need a parent")
+	assert.Equal(t, "ParentSessionID", se.Field)
+}

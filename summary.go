@@ -37,7 +37,11 @@ func Timeline(t Task) string {
 			b.WriteString(" (" + strings.ReplaceAll(string(a.Pending), "_", " ") + ")")
 		}
 		b.WriteString(" — ")
-		b.WriteString(a.Model.String())
+		if a.Model == (Model{}) {
+			b.WriteString("no model") // a launch with no chain
+		} else {
+			b.WriteString(a.Model.String())
+		}
 		b.WriteString(" — ")
 		if a.SessionID != "" {
 			b.WriteString(a.SessionID)

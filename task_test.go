@@ -88,8 +88,8 @@ func TestLaunchRejectsBadSpecs(t *testing.T) {
 		give  func(s *Spec)
 		field string
 	}{
-		{name: "no parent", give: func(s *Spec) { s.ParentSessionID = "" }, field: "ParentSessionID"},
-		{name: "no models", give: func(s *Spec) { s.Models = nil }, field: "Models"},
+		{name: "no parent, with a Notifier", give: func(s *Spec) { s.ParentSessionID = "" }, field: "ParentSessionID"},
+		{name: "a white-space parent", give: func(s *Spec) { s.ParentSessionID = " \t" }, field: "ParentSessionID"},
 		{name: "empty model id", give: func(s *Spec) { s.Models = []Model{{Provider: "a", ID: "b"}, {Provider: "c"}} }, field: "Models[1].ID"},
 		{name: "blank provider", give: func(s *Spec) { s.Models = []Model{{Provider: " ", ID: "b"}} }, field: "Models[0].Provider"},
 		{name: "negative max attempts", give: func(s *Spec) { s.MaxAttempts = -1 }, field: "MaxAttempts"},
