@@ -324,6 +324,10 @@ func (e *entry) project() Task {
 		if t.Cause == nil && (t.Status == StatusCancelled || t.Status == StatusInterrupt) {
 			t.Cause = &StopError{Status: t.Status, Stop: c}
 		}
+	} else if t.Status == StatusCancelled && t.Cause == nil {
+		// Cancelled with no stop recorded (a journal of an earlier release):
+		// still never a nil Cause.
+		t.Cause = &StopError{Status: t.Status, Stop: StopCause{Kind: StopOther, Note: "who asked was not recorded"}}
 	}
 	if e.terminal() {
 		o := e.outcome
