@@ -318,6 +318,15 @@ func (e *entry) project() Task {
 	if e.inv != nil {
 		t.Invocations = e.inv.clone()
 	}
+	e.projectStop(&t)
+	if e.terminal() {
+		t.Outcome = e.projectOutcome(t).clone()
+	}
+	return t
+}
+
+// projectStop sets who asked t to stop, and the Cause a stop gives.
+func (e *entry) projectStop(t *Task) {
 	if e.stop != "" {
 		c := stopCauseOf(e.stopBy)
 		t.Stop = &c
@@ -329,24 +338,26 @@ func (e *entry) project() Task {
 		// still never a nil Cause.
 		t.Cause = &StopError{Status: t.Status, Stop: StopCause{Kind: StopOther, Note: "who asked was not recorded"}}
 	}
-	if e.terminal() {
-		o := e.outcome
-		if o == nil {
-			var ev *evidence
-			if x := e.ev(); x != (evidence{}) {
-				ev = &x
-			}
-			o = outcomeOf(t, ev, e.info.sessions)
-			if e.info.opt().prior != "" {
-				o.withPrior(t.ID, e.info.opt().continues, e.info.opt().prior)
-			}
-			if e.cold == "" { // a frozen task keeps no outcome: it is computed at each read
-				e.outcome = o
-			}
-		}
-		t.Outcome = o.clone()
+}
+
+// projectOutcome is a terminal task's outcome, computed at its first read
+// from the attempts and the evidence (both immutable by then) and kept.
+func (e *entry) projectOutcome(t Task) *Outcome {
+	if e.outcome != nil {
+		return e.outcome
 	}
-	return t
+	var ev *evidence
+	if x := e.ev(); x != (evidence{}) {
+		ev = &x
+	}
+	o := outcomeOf(t, ev, e.info.sessions)
+	if e.info.opt().prior != "" {
+		o.withPrior(t.ID, e.info.opt().continues, e.info.opt().prior)
+	}
+	if e.cold == "" { // a frozen task keeps no outcome: it is computed at each read
+		e.outcome = o
+	}
+	return o
 }
 
 // activity is what the current run does now: process-local, and only while

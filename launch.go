@@ -23,22 +23,8 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err := ctx.Err(); err != nil {
 		return Task{}, err
 	}
-	if err := spec.validate(); err != nil {
+	if err := m.checkSpec(&spec); err != nil {
 		return Task{}, err
-	}
-	if spec.ParentSessionID == "" && m.cfg.notifier != nil {
-		return Task{}, &SpecError{Field: "ParentSessionID", Reason: "is empty, and the Manager has a Notifier: its notifications go to the parent session"}
-	}
-	if m.ownOnly && spec.Run == nil {
-		return Task{}, &SpecError{Field: "Run", Reason: "is nil, and the Manager has no Host (New(nil)): every task brings its own function"}
-	}
-	if m.cfg.err != nil {
-		return Task{}, m.cfg.err
-	}
-	if spec.ContinueFrom != "" {
-		if _, ok := m.host.(Resumer); !ok || spec.Run != nil {
-			return Task{}, ErrNoResumer
-		}
 	}
 	if err := m.poisoned(); err != nil {
 		return Task{}, err
@@ -72,6 +58,29 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 		m.watchCaller(ctx, in.out.e)
 	}
 	return task, nil
+}
+
+// checkSpec refuses a spec this Manager cannot launch: one invalid in
+// itself, or asking what the Manager cannot give.
+func (m *Manager) checkSpec(spec *Spec) error {
+	if err := spec.validate(); err != nil {
+		return err
+	}
+	if spec.ParentSessionID == "" && m.cfg.notifier != nil {
+		return &SpecError{Field: "ParentSessionID", Reason: "is empty, and the Manager has a Notifier: its notifications go to the parent session"}
+	}
+	if m.ownOnly && spec.Run == nil {
+		return &SpecError{Field: "Run", Reason: "is nil, and the Manager has no Host (New(nil)): every task brings its own function"}
+	}
+	if m.cfg.err != nil {
+		return m.cfg.err
+	}
+	if spec.ContinueFrom != "" {
+		if _, ok := m.host.(Resumer); !ok || spec.Run != nil {
+			return ErrNoResumer
+		}
+	}
+	return nil
 }
 
 // extendLive makes a Launch whose key a live task holds that task's next
@@ -234,10 +243,7 @@ func (m *Manager) continuation(info *taskInfo) error {
 func (m *Manager) onLaunch(in *launchIn) reply {
 	info := new(taskInfo)
 	*info = in.info
-	info.sessions = m.sessions
-	if info.inProcess {
-		info.sessions = sessionsGone
-	}
+	info.sessions = m.sessionsOf(info)
 	if m.life.closing {
 		return reply{err: ErrShutdown}
 	}
@@ -291,6 +297,15 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 		m.leaveFanout(in)
 	}
 	return reply{e: e}
+}
+
+// sessionsOf is what can be done with the session of a task launched
+// here once it ended: nothing for one that ran its own function.
+func (m *Manager) sessionsOf(info *taskInfo) sessionKind {
+	if info.inProcess {
+		return sessionsGone
+	}
+	return m.sessions
 }
 
 // joinRound counts a new task in its parent's current round (the tasks

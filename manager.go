@@ -350,17 +350,23 @@ func newManager(host Host, opts []Option) *Manager {
 	if err := cfg.tree.validate(); err != nil {
 		m.cfg.err = err
 	}
-	if a, ok := host.(interface{ attach(*Manager) }); ok {
+	m.attachHosts(ownOnly)
+	return m
+}
+
+// attachHosts ties m's hosts to it: a FuncHost host serves the tasks with
+// their own function too; any other gets an in-process host beside it.
+func (m *Manager) attachHosts(ownOnly bool) {
+	if a, ok := m.host.(interface{ attach(*Manager) }); ok {
 		a.attach(m)
 	}
 	m.ownOnly = ownOnly
-	if fh, ok := host.(*FuncHost); ok {
+	if fh, ok := m.host.(*FuncHost); ok {
 		m.funcs = fh
-	} else {
-		m.funcs = &FuncHost{fn: noRunFunc, h: funchost.New()}
-		m.funcs.attach(m)
+		return
 	}
-	return m
+	m.funcs = &FuncHost{fn: noRunFunc, h: funchost.New()}
+	m.funcs.attach(m)
 }
 
 // goLocked starts f on a goroutine the Manager owns, taking m.mu so that
