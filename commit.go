@@ -354,7 +354,7 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 	visible := false
 	for i := range recs {
 		switch recs[i].kind {
-		case recStopRequested, recSessionOrphan: // no projection a reader sees changes
+		case recStopRequested, recSessionOrphan: // no change a subscriber is sent (a stop shows with the end it brings)
 		default:
 			visible = true
 		}

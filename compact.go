@@ -71,7 +71,7 @@ func (m *Manager) snapshotRecords() []record {
 			}
 		}
 		if e.stop != "" {
-			add(record{kind: recStopRequested, task: e.id, at: ti.launchedAt, attempt: *e.cur(), recordExt: &recordExt{stop: e.stop, note: "restored"}})
+			add(record{kind: recStopRequested, task: e.id, at: ti.launchedAt, attempt: *e.cur(), recordExt: &recordExt{stop: e.stop, note: e.stopBy}}) // who asked: Task.Stop
 		}
 	}
 	for _, c := range m.led.closures {

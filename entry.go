@@ -330,8 +330,8 @@ func (e *entry) projectStop(t *Task) {
 	if e.stop != "" {
 		c := stopCauseOf(e.stopBy)
 		t.Stop = &c
-		if t.Cause == nil && (t.Status == StatusCancelled || t.Status == StatusInterrupt) {
-			t.Cause = &StopError{Status: t.Status, Stop: c}
+		if t.Cause == nil && t.Status == e.stop && t.Status != StatusError {
+			t.Cause = &StopError{Status: t.Status, Stop: c} // the stop ended it, as it asked
 		}
 	} else if t.Status == StatusCancelled && t.Cause == nil {
 		// Cancelled with no stop recorded (a journal of an earlier release):

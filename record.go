@@ -220,9 +220,12 @@ func (ti *taskInfo) modelFor(n int) Model {
 
 // recordFormat is the version byte that starts every encoded record.
 // Format 2 added evidence's notice, an invocation, and a spec's key;
-// format 3 a spec's deadlines and its place in its tree. Records of older
-// formats are still read.
-const recordFormat = 3
+// format 3 a spec's deadlines and its place in its tree; format 4 that a
+// task runs its own function (Spec.Run). Records of older formats are
+// still read. A record is written in format 3 unless it needs 4 (only the
+// launch of a task with its own function does), so a journal without such
+// tasks is read by the releases before format 4.
+const recordFormat = 4
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
 // length-prefixed strings, times with their zone offset).
@@ -237,7 +240,11 @@ func encodeRecord(rec *record) (Record, error) {
 func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	start := len(b)
 	w := codec.Writer{B: b}
-	w.B = append(w.B, recordFormat)
+	format := byte(3) // 4 only when a record needs it (see recordFormat)
+	if rec.recordExt != nil && rec.spec != nil && rec.spec.inProcess {
+		format = 4
+	}
+	w.B = append(w.B, format)
 	w.Uint(rec.seq)
 	w.Uint(uint64(rec.kind))
 	w.String(rec.task)
@@ -362,6 +369,9 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation) error {
 	}
 	w.String(root)
 	w.Uint(uint64(depth))
+	if ti := x.spec; ti != nil && ti.inProcess { // format 4 (encodeInto marks it)
+		w.Bool(true)
+	}
 	return nil
 }
 
@@ -541,6 +551,11 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 		}
 		if root, depth := d.String(), int(d.Uint()); x.spec != nil {
 			x.spec.root, x.spec.depth = root, depth
+		}
+	}
+	if format >= 4 {
+		if own := d.Bool(); x.spec != nil {
+			x.spec.inProcess = own
 		}
 	}
 	return x, inv, nil

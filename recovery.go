@@ -168,7 +168,7 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 		if e != nil {
 			switch rec.kind {
 			case recTaskLaunched:
-				e.info.sessions = m.sessions // what this process's host can do, not the last one's
+				e.info.sessions = m.sessionsOf(e.info) // what this process's host can do, not the last one's
 				m.order = append(m.order, e)
 				if rv.launchSeq != nil {
 					rv.launchSeq[e] = rec.seq
@@ -280,6 +280,15 @@ func (m *Manager) reconcile(rv *recovery) {
 		}
 		a := *e.cur()
 		switch {
+		case e.info.inProcess && (e.stop == "" || a.Status == StatusRunning || rv.started[a.ID]):
+			// Its own function (Spec.Run) died with the process, and no
+			// host knows its session: never asked about, never started again.
+			why := LostAcrossRestart
+			if a.Status != StatusRunning && rv.started[a.ID] {
+				why = StartOutcomeUnknown
+			}
+			m.finalize(e, a.ID, StatusInterrupt, why, "", now)
+			continue
 		case a.Status == StatusRunning || rv.started[a.ID]:
 			// It may have a child: only the host can say.
 			if !asks {

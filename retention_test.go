@@ -76,6 +76,7 @@ func TestRetentionKeepsTasksWhoseParentStillHasLiveOnes(t *testing.T) {
 	require.NoError(t, err)
 	h.settle()
 	require.NoError(t, h.m.Observe(Event{SessionID: h.task(live.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
+	h.settle()             // live's summary delivered: c, ending next, is the newest ended task
 	c := finish(t, h, "q") // the next end looks again
 	_, err = h.m.Task(a.ID)
 	assert.ErrorIs(t, err, ErrForgotten)

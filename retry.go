@@ -96,7 +96,7 @@ func (m *Manager) retry(fx *effect, w *group.Worker) {
 	if fx.abortOld {
 		failed := fx.prev.attempt()
 		fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, kind: callAbort}}
-		if err := m.callAbort(&fx.ctx, failed.SessionID); err != nil {
+		if err := m.callAbort(&fx.ctx, e, failed.SessionID); err != nil {
 			m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
 				slog.String("task", e.info.id), slog.String("attempt", failed.ID),
 				slog.String("session", failed.SessionID), slog.String("err", safeText(err)))

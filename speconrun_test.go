@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -182,4 +183,68 @@ func TestInProcessDefaults(t *testing.T) {
 	var se *SpecError
 	require.ErrorAs(t, err, &se, "with a Notifier, its notifications need a parent")
 	assert.Equal(t, "ParentSessionID", se.Field)
+}
+
+// askingHost is a session service that can say what became of a session
+// (a StatusHost) and resume one; it records what it was asked.
+type askingHost struct {
+	*testHost
+	asked []string
+}
+
+func (h *askingHost) SessionStatus(_ context.Context, sid string) (SessionReport, error) {
+	h.mu.Lock()
+	h.asked = append(h.asked, sid)
+	h.mu.Unlock()
+	return SessionReport{State: SessionStateAlive}, nil
+}
+
+func (h *askingHost) FindSession(_ context.Context, req SessionRequest) (string, error) {
+	h.mu.Lock()
+	h.asked = append(h.asked, "find "+req.AttemptID)
+	h.mu.Unlock()
+	return "", nil
+}
+
+func (h *askingHost) ResumeSession(context.Context, string, SessionRequest) error { return nil }
+
+// After a restart, the service is never asked about, nor asked to run or
+// resume, a task that ran its own function: running or queued, it is
+// interrupt, and its envelope offers no session.
+func TestAfterARestartTheServiceNeverHearsOfATasksOwnFunction(t *testing.T) {
+	dir := t.TempDir()
+	cj := openJournal(t, dir)
+	host := &askingHost{testHost: &testHost{}}
+	m, err := Open(context.Background(), host, WithJournal(cj), WithModelLimits(ModelLimits{Default: 1}))
+	require.NoError(t, err)
+	blocked := func(ctx context.Context, run Run) (string, error) { <-ctx.Done(); return "", ctx.Err() }
+	running, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Run: blocked})
+	require.NoError(t, err)
+	waitFor(t, m, running.ID, func(t Task) bool { return t.Status == StatusRunning })
+	queued, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Run: blocked})
+	require.NoError(t, err)
+	waitFor(t, m, queued.ID, func(t Task) bool { return t.Pending == PendingQueued })
+	crash(t, m, cj)
+
+	j, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	host2 := &askingHost{testHost: &testHost{}}
+	m2, err := Open(context.Background(), host2, WithJournal(j), WithModelLimits(ModelLimits{Default: 1}))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // failure detection only
+	defer cancel()
+	for _, id := range []string{running.ID, queued.ID} {
+		done, err := m2.Wait(ctx, id)
+		require.NoError(t, err)
+		assert.Equal(t, StatusInterrupt, done.Status, id)
+		assert.Equal(t, LostAcrossRestart, done.Error, id)
+		assert.NotContains(t, Envelope(done), "inspected", "its function's run left no session")
+	}
+	_, err = m2.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), ContinueFrom: running.ID})
+	assert.ErrorIs(t, err, ErrNoResumer, "a run of its own function cannot be resumed, after a restart too")
+	host2.mu.Lock()
+	defer host2.mu.Unlock()
+	assert.Empty(t, host2.asked, "never asked about a function's session")
+	assert.Empty(t, host2.starts, "never asked to run a function's task")
 }

@@ -69,7 +69,7 @@ type abortBatch struct {
 func (m *Manager) newBatch() *abortBatch {
 	b := &abortBatch{}
 	b.q = callq.New(maxAbortWorkers, m.goLater, m.life.group.Go,
-		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.session) },
+		func(op *abortOp) { op.err = m.callAbort(&op.ctx, op.ref.e, op.session) },
 		func(ops []*abortOp) {
 			m.step(&abortedIn{b: b, ops: ops})
 		})
@@ -222,32 +222,18 @@ func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
 // being current; a failed abort is logged.
 func (m *Manager) abortOrphanNow(e *entry, a Attempt, sessionID string) {
 	run := RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}
-	if err := m.callAbort(withRun(m.life.ctx, run, callAbort), sessionID); err != nil {
+	if err := m.callAbort(withRun(m.life.ctx, run, callAbort), e, sessionID); err != nil {
 		m.logAttrs(slog.LevelWarn, "bgtask: abort of a session created for a superseded attempt failed",
 			slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID),
 			slog.String("session", sessionID), slog.String("err", safeText(err)))
 	}
 }
 
-// hostOf is the host that runs session sid: the in-process host for a
-// session of a task with its own function (Spec.Run), else the Manager's.
-func (m *Manager) hostOf(sid string) Host {
-	if m.funcs == m.host {
-		return m.host
-	}
-	m.mu.Lock()
-	ref, ok := m.led.bySession[sid]
-	inProcess := ok && ref.e.info.inProcess
-	m.mu.Unlock()
-	if inProcess {
-		return m.funcs
-	}
-	return m.host
-}
-
-// callAbort calls the host. A panic is an abort that failed; the host's
+// callAbort calls the host of e's run — the in-process host for a task
+// with its own function (Spec.Run: e.info never changes, so no lock is
+// needed). A panic is an abort that failed; the host's
 // error is guarded, so rendering it later never calls user code.
-func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
+func (m *Manager) callAbort(ctx context.Context, e *entry, sessionID string) (err error) {
 	if err := m.poisoned(); err != nil {
 		return err
 	}
@@ -256,7 +242,11 @@ func (m *Manager) callAbort(ctx context.Context, sessionID string) (err error) {
 			err = fmt.Errorf("bgtask: Host.AbortSession panicked: %s", panicText(r))
 		}
 	}()
-	return guardError(m.hostOf(sessionID).AbortSession(ctx, sessionID))
+	host := m.host
+	if e.info.inProcess {
+		host = m.funcs
+	}
+	return guardError(host.AbortSession(ctx, sessionID))
 }
 
 // stopRun acts on e's wanted stop for its current run: a run with no child

@@ -167,3 +167,56 @@ func TestStopCauseOfAnUnknownNote(t *testing.T) {
 	assert.Equal(t, StopCause{Kind: StopOther, Note: "a future release's stop"}, c)
 	assert.Equal(t, "a stop (a future release's stop)", c.String())
 }
+
+// A compaction rewrites the stop as it was asked: who asked survives it.
+func TestACompactionKeepsWhoAsked(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.running("chat")
+	_, err := h.m.CloseBranch(context.Background(), "chat")
+	require.NoError(t, err)
+	h.wait(task.ID)
+	h.settle()
+	h.m.mu.Lock()
+	recs := h.m.snapshotRecords()
+	h.m.mu.Unlock()
+	l, _, err := replayLedger(recs)
+	require.NoError(t, err)
+	got := l.tasks[task.ID].project()
+	require.NotNil(t, got.Stop)
+	assert.Equal(t, StopCause{Kind: StopClosure, Root: "chat"}, *got.Stop)
+}
+
+// A stop that did not end the task (a crash came first: it ended
+// interrupt, lost across restart) is not blamed for its end.
+func TestAStopIsNotBlamedForAnEndItDidNotBring(t *testing.T) {
+	dir := t.TempDir()
+	release := make(chan struct{})
+	cj := openJournal(t, dir)
+	m, err := Open(context.Background(), &testHost{abort: func(ctx context.Context, sid string) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return ctx.Err()
+	}}, WithJournal(cj))
+	require.NoError(t, err)
+	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: []Model{{ID: "m"}}})
+	require.NoError(t, err)
+	waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
+	require.NoError(t, m.Stop(context.Background(), task.ID))
+	crash(t, m, cj)
+	close(release)
+
+	j, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	m2, err := Open(context.Background(), &testHost{}, WithJournal(j))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	done, err := m2.Task(task.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusInterrupt, done.Status)
+	require.NotNil(t, done.Stop, "a stop was asked")
+	assert.Equal(t, StopCancel, done.Stop.Kind)
+	var se *StopError
+	assert.False(t, errors.As(done.Cause, &se), "it did not end the task: %v", done.Cause)
+}
