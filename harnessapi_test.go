@@ -322,7 +322,11 @@ func TestCancelWithCallerStopsTheTaskAndItsBranchWhenTheCallersContextEnds(t *te
 	done := h.wait(task.ID)
 	assert.Equal(t, StatusCancelled, done.Status, "an honest cancel: the function returned")
 	for _, id := range []string{first, second} {
-		assert.Equal(t, StatusCancelled, h.wait(id).Status, "task %s", id)
+		got := h.wait(id)
+		assert.Equal(t, StatusCancelled, got.Status, "task %s", id)
+		require.NotNil(t, got.Stop, id)
+		assert.Equal(t, StopCause{Kind: StopCaller, TaskID: task.ID}, *got.Stop, "the task and its branch say who asked: the caller of %s", task.ID)
+		assert.ErrorIs(t, got.Cause, ErrCancelled)
 	}
 
 	_, err = h.m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), CancelWithCaller: true})

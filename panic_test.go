@@ -21,11 +21,7 @@ func TestAPanicKeepsItsValueAndStack(t *testing.T) {
 		panicsDeepInside(boom)
 		return "unreachable", nil
 	}), WithLogger(slog.New(sink)))
-	defer func() { require.NoError(t, m.Shutdown(context.Background())) }()
-	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{ID: "a"}, {ID: "b"}}})
-	require.NoError(t, err)
-	done, err := m.Wait(context.Background(), task.ID)
-	require.NoError(t, err)
+	task, done := runOnce(t, m, Model{ID: "a"}, Model{ID: "b"})
 
 	assert.Equal(t, StatusError, done.Status)
 	assert.Len(t, done.Attempts, 1, "a panic is never retried")
@@ -62,11 +58,7 @@ func TestANilResultIsReportedAsOne(t *testing.T) {
 		texts++
 		return strings.Join(r.findings, ", ")
 	})))
-	defer func() { require.NoError(t, m.Shutdown(context.Background())) }()
-	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{ID: "a"}, {ID: "b"}}})
-	require.NoError(t, err)
-	done, err := m.Wait(context.Background(), task.ID)
-	require.NoError(t, err)
+	_, done := runOnce(t, m, Model{ID: "a"}, Model{ID: "b"})
 	assert.Equal(t, StatusError, done.Status)
 	assert.Len(t, done.Attempts, 1, "never retried")
 	assert.ErrorIs(t, done.Cause, ErrNilResult)
@@ -82,11 +74,19 @@ func TestAZeroValueResultIsAResult(t *testing.T) {
 	m := New(NewFuncHost(Returning(func(ctx context.Context, run Run) (report2, error) {
 		return report2{}, nil
 	}, func(r report2) string { return "no findings" })))
-	defer func() { require.NoError(t, m.Shutdown(context.Background())) }()
-	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{ID: "a"}}})
-	require.NoError(t, err)
-	done, err := m.Wait(context.Background(), task.ID)
-	require.NoError(t, err)
+	_, done := runOnce(t, m, Model{ID: "a"})
 	assert.Equal(t, StatusCompleted, done.Status)
 	assert.Equal(t, "no findings", done.Result)
+}
+
+// runOnce launches a task on models and waits for its end; m is shut down
+// when the test ends.
+func runOnce(t *testing.T, m *Manager, models ...Model) (launched, done Task) {
+	t.Helper()
+	t.Cleanup(func() { require.NoError(t, m.Shutdown(context.Background())) })
+	launched, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: models})
+	require.NoError(t, err)
+	done, err = m.Wait(context.Background(), launched.ID)
+	require.NoError(t, err)
+	return launched, done
 }

@@ -67,33 +67,6 @@ func TestEveryStopSaysWhoAsked(t *testing.T) {
 	}
 }
 
-// A caller's context ending stops the task and its branch, and says so.
-func TestACallersEndSaysSo(t *testing.T) {
-	started := make(chan string, 4)
-	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
-		if run.Depth == 1 {
-			if _, err := run.Launch(ctx, Spec{Prompt: "kid", Models: mustModels(t, "a/one")}); err != nil {
-				return "", err
-			}
-		}
-		started <- run.TaskID
-		<-ctx.Done()
-		return "", ctx.Err()
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	task, err := h.m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), CancelWithCaller: true})
-	require.NoError(t, err)
-	first, second := <-started, <-started
-	cancel()
-	for _, id := range []string{first, second} {
-		done := h.wait(id)
-		require.Equal(t, StatusCancelled, done.Status)
-		require.NotNil(t, done.Stop, id)
-		assert.Equal(t, StopCause{Kind: StopCaller, TaskID: task.ID}, *done.Stop, "the task and its branch: the caller of %s", task.ID)
-		assert.ErrorIs(t, done.Cause, ErrCancelled)
-	}
-}
-
 // A deadline's stop ends the task in error: its Cause stays the deadline,
 // and Stop says who asked.
 func TestADeadlineSaysSo(t *testing.T) {
