@@ -57,9 +57,9 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 		m.unlock()
 		return 0, err
 	}
-	p, ok := m.host.(Prompter)
+	p, ok := m.hosts.main.(Prompter)
 	if e.info.inProcess {
-		p, ok = m.funcs, true // its own function takes prompts as a FuncHost's does
+		p, ok = m.hosts.funcs, true // its own function takes prompts as a FuncHost's does
 	}
 	if !ok {
 		m.unlock()

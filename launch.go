@@ -69,14 +69,14 @@ func (m *Manager) checkSpec(spec *Spec) error {
 	if spec.ParentSessionID == "" && m.cfg.notifier != nil {
 		return &SpecError{Field: "ParentSessionID", Reason: "is empty, and the Manager has a Notifier: its notifications go to the parent session"}
 	}
-	if m.ownOnly && spec.Run == nil {
+	if m.hosts.ownOnly && spec.Run == nil {
 		return &SpecError{Field: "Run", Reason: "is nil, and the Manager has no Host (New(nil)): every task brings its own function"}
 	}
 	if m.cfg.err != nil {
 		return m.cfg.err
 	}
 	if spec.ContinueFrom != "" {
-		if _, ok := m.host.(Resumer); !ok || spec.Run != nil {
+		if _, ok := m.hosts.main.(Resumer); !ok || spec.Run != nil {
 			return ErrNoResumer
 		}
 	}
@@ -305,7 +305,7 @@ func (m *Manager) sessionsOf(info *taskInfo) sessionKind {
 	if info.inProcess {
 		return sessionsGone
 	}
-	return m.sessions
+	return m.hosts.sessions
 }
 
 // joinRound counts a new task in its parent's current round (the tasks

@@ -41,11 +41,8 @@ type logRec struct {
 // Manager supervises background tasks. It is safe for concurrent use. Create
 // it with New and stop it with Shutdown.
 type Manager struct {
-	host     Host
-	funcs    *FuncHost   // runs the tasks with their own function (Spec.Run): host itself when it is a FuncHost
-	ownOnly  bool        // New(nil): every task must bring its own function
-	sessions sessionKind // what host can do with an ended task's session (the envelope's notice)
-	cfg      config      // New's options, defaults filled in: never changed after New
+	hosts hosts  // who runs the child sessions; never changed after New
+	cfg   config // New's options, defaults filled in: never changed after New
 
 	life lifetime // its context and the goroutines it owns; see lifetime
 
@@ -68,6 +65,14 @@ type Manager struct {
 // concurrent use; every goroutine of group is reserved under m.mu (an
 // effect) or started by a goroutine of group already counted, which join
 // relies on. closing is guarded by m.mu. parked has its own lock.
+// hosts are who runs a Manager's child sessions.
+type hosts struct {
+	main     Host        // New's host (an in-process FuncHost for New(nil))
+	funcs    *FuncHost   // runs the tasks with their own function (Spec.Run): main itself when it is a FuncHost
+	ownOnly  bool        // New(nil): every task must bring its own function
+	sessions sessionKind // what main can do with an ended task's session (the envelope's notice)
+}
+
 type lifetime struct {
 	// ctx is the Manager's lifetime, not a request's: host and notifier
 	// calls derive their contexts from it, and Shutdown cancels it.
@@ -326,8 +331,7 @@ func newManager(host Host, opts []Option) *Manager {
 		cfg.notifyBackoff = func(int, error) time.Duration { return 0 }
 	}
 	m := &Manager{
-		host:     host,
-		sessions: sessionKindOf(host),
+		hosts:    hosts{main: host, sessions: sessionKindOf(host)},
 		cfg:      cfg,
 		led:      newLedger(cfg.ids),
 		closures: branchClosures{active: make(map[*closure]struct{})},
@@ -357,16 +361,16 @@ func newManager(host Host, opts []Option) *Manager {
 // attachHosts ties m's hosts to it: a FuncHost host serves the tasks with
 // their own function too; any other gets an in-process host beside it.
 func (m *Manager) attachHosts(ownOnly bool) {
-	if a, ok := m.host.(interface{ attach(*Manager) }); ok {
+	if a, ok := m.hosts.main.(interface{ attach(*Manager) }); ok {
 		a.attach(m)
 	}
-	m.ownOnly = ownOnly
-	if fh, ok := m.host.(*FuncHost); ok {
-		m.funcs = fh
+	m.hosts.ownOnly = ownOnly
+	if fh, ok := m.hosts.main.(*FuncHost); ok {
+		m.hosts.funcs = fh
 		return
 	}
-	m.funcs = &FuncHost{fn: noRunFunc, h: funchost.New()}
-	m.funcs.attach(m)
+	m.hosts.funcs = &FuncHost{fn: noRunFunc, h: funchost.New()}
+	m.hosts.funcs.attach(m)
 }
 
 // goLocked starts f on a goroutine the Manager owns, taking m.mu so that

@@ -271,7 +271,7 @@ const StartOutcomeUnknown = "start outcome unknown after restart"
 // delivered are queued again, in their order. m.mu is held.
 func (m *Manager) reconcile(rv *recovery) {
 	now := m.now()
-	_, asks := m.host.(StatusHost)
+	_, asks := m.hosts.main.(StatusHost)
 	m.retryOwed(rv, now)
 	m.roundsOwed(rv)
 	for _, e := range slices.Clone(m.order) { // an end here may forget an ended task (retention)
@@ -468,7 +468,7 @@ func (m *Manager) noticeNotification(n *notice) Notification {
 func (m *Manager) recoverRun(fx *effect) {
 	e, a := fx.e, fx.run.attempt()
 	defer func() { fx.rv.pending <- struct{}{} }()
-	sh := m.host.(StatusHost)
+	sh := m.hosts.main.(StatusHost)
 	in := recoveredIn{e: e, a: a, sid: a.SessionID, stopAsked: fx.stopped, seq: fx.seq}
 	ctx := withRun(m.life.ctx, RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}, callStart)
 	func() {

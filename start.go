@@ -35,7 +35,7 @@ func (m *Manager) startSession(fx *effect, w *group.Worker) {
 	case a.Number == 1 && e.info.opt().resume != "":
 		sid, err = m.callResume(&fx.ctx, e.info.opt().resume, req)
 	case e.info.inProcess:
-		sid, err = m.callStartOn(&fx.ctx, m.funcs, req)
+		sid, err = m.callStartOn(&fx.ctx, m.hosts.funcs, req)
 	default:
 		sid, err = m.callStart(&fx.ctx, req)
 	}
@@ -78,7 +78,7 @@ func (m *Manager) callResume(ctx context.Context, sid string, req SessionRequest
 			err = Permanent(fmt.Errorf("bgtask: Host.ResumeSession panicked: %s", panicText(r)))
 		}
 	}()
-	r, _ := m.host.(Resumer) // Launch checked
+	r, _ := m.hosts.main.(Resumer) // Launch checked
 	if err := guardError(r.ResumeSession(ctx, sid, req)); err != nil {
 		return "", err
 	}
@@ -86,7 +86,7 @@ func (m *Manager) callResume(ctx context.Context, sid string, req SessionRequest
 }
 
 func (m *Manager) callStart(ctx context.Context, req SessionRequest) (sid string, err error) {
-	return m.callStartOn(ctx, m.host, req)
+	return m.callStartOn(ctx, m.hosts.main, req)
 }
 
 // callStartOn calls host's StartSession: the Manager's Host, or its

@@ -242,9 +242,9 @@ func (m *Manager) callAbort(ctx context.Context, e *entry, sessionID string) (er
 			err = fmt.Errorf("bgtask: Host.AbortSession panicked: %s", panicText(r))
 		}
 	}()
-	host := m.host
+	host := m.hosts.main
 	if e.info.inProcess {
-		host = m.funcs
+		host = m.hosts.funcs
 	}
 	return guardError(host.AbortSession(ctx, sessionID))
 }
