@@ -98,9 +98,11 @@ type (
 		a    Attempt
 		wait <-chan struct{} // the abort to wait for before looking again
 	}
-	// stopIn: Cancel asked to stop task id (token: the run it saw, or "").
+	// stopIn: Cancel asked to stop task id (token: the run it saw, or "");
+	// by says who asked (WithStopCause), nil for a cancel.
 	stopIn struct {
 		id, token string
+		by        *recordExt
 		out       reply
 	}
 	// shutdownIn: Shutdown began.

@@ -296,8 +296,9 @@ func (m *Manager) Cancel(ctx context.Context, id string) error {
 // durable. Called from a Host callback for the very run it stops, it
 // returns nil: nothing waits.
 func (m *Manager) Stop(ctx context.Context, id string) error {
-	in := stopIn{id: id}
-	if err := m.stepCtx(orBackground(ctx), &in); err != nil {
+	ctx = orBackground(ctx)
+	in := stopIn{id: id, by: stopAskedBy(ctx)}
+	if err := m.stepCtx(ctx, &in); err != nil {
 		return durabilityUnknown(err, "Stop", id)
 	}
 	return in.out.err
@@ -307,7 +308,7 @@ func (m *Manager) Stop(ctx context.Context, id string) error {
 // at the first look.
 func (m *Manager) cancel(ctx context.Context, id, token string) error {
 	for {
-		in := stopIn{id: id, token: token}
+		in := stopIn{id: id, token: token, by: stopAskedBy(ctx)}
 		if err := m.stepCtx(ctx, &in); err != nil {
 			return durabilityUnknown(err, "Cancel", id)
 		}
@@ -351,7 +352,11 @@ func (m *Manager) onStop(in *stopIn) reply {
 	if e.terminal() || (in.token != "" && a.Token != in.token) {
 		return reply{done: true}
 	}
-	m.wantStop(e, stopByCancel, m.now())
+	by := in.by
+	if by == nil {
+		by = stopByCancel
+	}
+	m.wantStop(e, by, m.now())
 	op := m.stopRun(e, m.now())
 	if e.terminal() {
 		return reply{done: true}

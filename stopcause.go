@@ -1,6 +1,7 @@
 package bgtask
 
 import (
+	"context"
 	"errors"
 	"strings"
 )
@@ -134,4 +135,47 @@ func stopText(c *StopCause) string {
 		return ""
 	}
 	return c.String()
+}
+
+type stopCauseKey struct{}
+
+// WithStopCause returns a context that makes a stop asked with it (Cancel,
+// Stop, CancelRun) record c as who asked, instead of a cancel: for code
+// that stops runs on another's behalf, as pgledger's fleet closure stops,
+// in each process, the runs of a branch closed from another. The task
+// still ends cancelled, whatever c's kind.
+func WithStopCause(ctx context.Context, c StopCause) context.Context {
+	return context.WithValue(orBackground(ctx), stopCauseKey{}, c)
+}
+
+// stopAskedBy is the stop record a stop asked with ctx carries: nil for a
+// plain cancel.
+func stopAskedBy(ctx context.Context) *recordExt {
+	c, ok := ctx.Value(stopCauseKey{}).(StopCause)
+	if !ok || c.Kind == StopCancel {
+		return nil
+	}
+	return &recordExt{stop: StatusCancelled, note: c.note()}
+}
+
+// note is c as a stop record says it (stopCauseOf reads it back).
+func (c StopCause) note() string {
+	switch c.Kind {
+	case StopCancel:
+		return noteCancel
+	case StopShutdown:
+		return noteShutdown
+	case StopDeadline:
+		return noteDeadline
+	case StopSessionDeleted:
+		return noteSessionDeleted
+	case StopCaller:
+		return noteCallerOf + c.TaskID
+	case StopClosure:
+		if c.TaskID != "" {
+			return noteClosureOfTask + c.TaskID
+		}
+		return noteClosureOf + c.Root
+	}
+	return c.Note
 }

@@ -193,3 +193,26 @@ func TestAStopIsNotBlamedForAnEndItDidNotBring(t *testing.T) {
 	var se *StopError
 	assert.False(t, errors.As(done.Cause, &se), "it did not end the task: %v", done.Cause)
 }
+
+// A stop asked with WithStopCause records that cause, not a cancel; every
+// kind reads back as it was given.
+func TestWithStopCauseSaysWhoAsked(t *testing.T) {
+	h := newHarness(t, nil)
+	closure := StopCause{Kind: StopClosure, Root: "chat"}
+	a := h.running("chat")
+	require.NoError(t, h.m.CancelRun(WithStopCause(context.Background(), closure), RunRef{TaskID: a.ID, AttemptID: a.CurrentAttemptID, Token: a.Current().Token}))
+	done := h.wait(a.ID)
+	require.NotNil(t, done.Stop)
+	assert.Equal(t, closure, *done.Stop)
+	assert.Equal(t, StatusCancelled, done.Status)
+
+	b := h.running("chat")
+	//lint:ignore SA1012 a nil context is taken as Background
+	require.NoError(t, h.m.Stop(WithStopCause(nil, StopCause{Kind: StopCaller, TaskID: "t-9"}), b.ID))
+	assert.Equal(t, StopCause{Kind: StopCaller, TaskID: "t-9"}, *h.wait(b.ID).Stop)
+
+	for _, c := range []StopCause{{Kind: StopCancel}, {Kind: StopShutdown}, {Kind: StopDeadline}, {Kind: StopSessionDeleted},
+		{Kind: StopCaller, TaskID: "t"}, {Kind: StopClosure, Root: "s"}, {Kind: StopClosure, TaskID: "t"}, {Kind: StopOther, Note: "x"}} {
+		assert.Equal(t, c, stopCauseOf(c.note()), "%+v", c)
+	}
+}

@@ -673,7 +673,11 @@ func (n *Node) serve(ctx context.Context, k openClosure) {
 		return
 	}
 	for _, t := range todo {
-		if !n.goOwned(func() { n.stopRun(n.loopCtx, k.id, t.mb, t.r) }) {
+		by := bgtask.StopCause{Kind: bgtask.StopClosure, Root: k.root, TaskID: k.task}
+		if k.task == "" || k.root != "" {
+			by.TaskID = "" // a closure of a session, or of a task by its session: the session names it
+		}
+		if !n.goOwned(func() { n.stopRun(bgtask.WithStopCause(n.loopCtx, by), k.id, t.mb, t.r) }) {
 			return
 		}
 	}

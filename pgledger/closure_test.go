@@ -64,6 +64,9 @@ func TestCloseBranchAcrossProcesses(t *testing.T) {
 		got := mustTask(t, ns[i], task.ID)
 		assert.Equal(t, bgtask.StatusCancelled, got.Status, "owned by w%d", i)
 		assert.True(t, svc.aborted(task.SessionID))
+		require.NotNil(t, got.Stop, "owned by w%d", i)
+		assert.Equal(t, bgtask.StopCause{Kind: bgtask.StopClosure, Root: "chat"}, *got.Stop, "in every process, the closure is who asked (w%d)", i)
+		assert.ErrorIs(t, got.Cause, bgtask.ErrCancelled)
 	}
 	assert.Equal(t, bgtask.StatusRunning, mustTask(t, ns[2], outside.ID).Status, "outside the branch")
 	assert.False(t, svc.aborted(outside.SessionID))
