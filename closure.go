@@ -805,8 +805,11 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 	defer func() {
 		if uerr := m.unlockFor(c); uerr != nil && err == nil {
 			op, task := "CloseBranch", ""
-			if c.task != nil {
+			switch {
+			case c.task != nil:
 				op, task = "CloseTask", c.task.id
+			case c.detached:
+				op = "StopBranch"
 			}
 			err = durabilityUnknown(uerr, op, task)
 		}
