@@ -163,11 +163,13 @@ type closure struct {
 	ops      slab.List[abortOp] // the aborts it set off
 	starting map[string]bool    // tokens touched while their start was in flight, or stopped by the fence
 	failed   map[string]FailedStop
-	self     string // the run token of the callback CloseBranch was called from
-	detached bool   // StopBranch: its caller does not wait past the first pass
-	quiet    bool   // notify the parent only if something was in the branch
-	horizon  uint64 // the last session start issued when the closure opened
-	opened   uint64 // the sequence of its opening record (0: not recorded)
+	self     string    // the run token of the callback CloseBranch was called from
+	detached bool      // StopBranch: its caller does not wait past the first pass
+	quiet    bool      // notify the parent only if something was in the branch
+	by       string    // what began it (ClosureSummary.By: closedBy...)
+	began    time.Time // when its fence went up
+	horizon  uint64    // the last session start issued when the closure opened
+	opened   uint64    // the sequence of its opening record (0: not recorded)
 	// settled: the last pass started no start it must wait for, and
 	// its scan saw the ledger at widened; every run it found was then
 	// stopped, ended, or failed to stop, and has been waited for.
@@ -319,7 +321,9 @@ func (m *Manager) wantStop(e *entry, stop *recordExt, at time.Time) {
 	if e.stop != "" {
 		return
 	}
-	m.commit(e, record{kind: recStopRequested, at: at, attempt: *e.cur(), recordExt: stop})
+	if m.commit(e, record{kind: recStopRequested, at: at, attempt: *e.cur(), recordExt: stop}) {
+		m.stopAsked(e, stop)
+	}
 }
 
 // The stops a record can name: immutable, so every stop record of one
@@ -418,6 +422,11 @@ func (m *Manager) walk(c *closure, visit func(*entry)) {
 // branch has stopped. A Notifier's context is no such case: notifications
 // are not waited for. To close a branch without waiting, use StopBranch.
 func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureReport, error) {
+	return m.closeBranch(ctx, sessionID, closedByCloseBranch)
+}
+
+// closeBranch is CloseBranch, begun by by (closedBy...).
+func (m *Manager) closeBranch(ctx context.Context, sessionID, by string) (ClosureReport, error) {
 	ctx = orBackground(ctx)
 	if blank(sessionID) {
 		return ClosureReport{}, fmt.Errorf("%w: CloseBranch needs a session id", ErrInvalidArgument)
@@ -427,7 +436,7 @@ func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureRep
 		m.unlock()
 		return ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
 	}
-	c := m.openClosure(sessionID, nil)
+	c := m.openClosure(sessionID, nil, by)
 	c.ctx = ctx
 	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
 	return m.closeFrom(ctx, c)
@@ -453,7 +462,7 @@ func (m *Manager) StopBranch(ctx context.Context, sessionID string) error {
 		m.unlock()
 		return fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
 	}
-	c := m.openClosure(sessionID, nil)
+	c := m.openClosure(sessionID, nil, closedByStopBranch)
 	c.ctx, c.detached = ctx, true
 	if err := m.unlockFor(c); err != nil {
 		c.ctx = m.life.ctx // the closure goes on; only the wait for durability ended
@@ -475,12 +484,13 @@ func (m *Manager) StopBranch(ctx context.Context, sessionID string) error {
 // otherwise it behaves as CloseBranch, and the report and record name the
 // task (TaskID) and its current session.
 func (m *Manager) CloseTask(ctx context.Context, id string) (ClosureReport, error) {
-	return m.closeTask(ctx, id, "")
+	return m.closeTask(ctx, id, closedByCloseTask)
 }
 
-// closeTask is CloseTask; a note, when given, says who asked instead of
-// the closure (Spec.CancelWithCaller's "caller of task").
-func (m *Manager) closeTask(ctx context.Context, id, note string) (ClosureReport, error) {
+// closeTask is CloseTask, begun by by (closedBy...): closedByCaller asks
+// its stops as the caller of task id (Spec.CancelWithCaller), not as a
+// closure.
+func (m *Manager) closeTask(ctx context.Context, id, by string) (ClosureReport, error) {
 	ctx = orBackground(ctx)
 	m.mu.Lock()
 	e := m.led.tasks[id]
@@ -492,10 +502,7 @@ func (m *Manager) closeTask(ctx context.Context, id, note string) (ClosureReport
 	if ss := e.sessionList(); root == "" && len(ss) > 0 {
 		root = ss[len(ss)-1]
 	}
-	c := m.openClosure(root, e)
-	if note != "" {
-		c.stop = &recordExt{stop: StatusCancelled, note: note}
-	}
+	c := m.openClosure(root, e, by)
 	c.ctx = ctx
 	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
 	return m.closeFrom(ctx, c)
@@ -519,10 +526,24 @@ func (m *Manager) sessionKnown(session string) bool {
 	return len(m.led.byParent[session]) > 0
 }
 
+// What begins a closure (ClosureSummary.By).
+const (
+	closedByCloseBranch    = "CloseBranch"
+	closedByStopBranch     = "StopBranch"
+	closedByCloseTask      = "CloseTask"
+	closedByCaller         = "caller"
+	closedBySessionDeleted = "session_deleted"
+	closedByRestart        = "restart"
+)
+
 // openClosure raises the fence of a closure of root (and, for CloseTask, of
-// task as a unit). m.mu is held.
-func (m *Manager) openClosure(root string, task *entry) *closure {
-	c := &closure{root: root, task: task, stop: stopBy(root, task), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.calls.startSeq, ctx: m.life.ctx}
+// task as a unit), begun by by. m.mu is held.
+func (m *Manager) openClosure(root string, task *entry, by string) *closure {
+	stop := stopBy(root, task)
+	if by == closedByCaller {
+		stop = &recordExt{stop: StatusCancelled, note: noteCallerOf + task.id}
+	}
+	c := &closure{root: root, task: task, stop: stop, by: by, began: m.now(), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.calls.startSeq, ctx: m.life.ctx}
 	taskID := ""
 	if task != nil {
 		taskID = task.id
@@ -531,6 +552,7 @@ func (m *Manager) openClosure(root string, task *entry) *closure {
 	c.opened = m.led.emit(record{kind: recClosureOpened, task: taskID, at: m.now(), recordExt: &recordExt{session: root, note: taskID}})
 	m.closures.active[c] = struct{}{}
 	m.signal()
+	m.closureBegun(c)
 	return c
 }
 
@@ -821,7 +843,10 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 		// The root was a session no start in flight turned out to create:
 		// nothing to record, nobody to tell.
 		m.led.emit(record{kind: recClosureDropped, at: m.now(), recordExt: &recordExt{opened: c.opened}})
-		return ClosureReport{SessionID: c.root, Passes: passes}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, c.root)
+		rep = ClosureReport{SessionID: c.root, Passes: passes}
+		err = fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, c.root)
+		m.closureEnded(c, rep, true, err)
+		return rep, err
 	}
 	rep = m.reportLocked(c, passes)
 	rec := ClosureRecord{SessionID: c.root, TaskID: rep.TaskID, At: m.now(), Stopped: slices.Clone(rep.Stopped),
@@ -836,6 +861,7 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 	if m.cfg.notifier != nil && !(c.quiet && c.touched.Len() == 0) {
 		m.push(BranchClosed(parent, taskID, snap, rec))
 	}
+	m.closureEnded(c, rep, false, err) // err: the caller's context, or Shutdown; the failures are counted
 	if err == nil && len(rep.Failed) > 0 {
 		err = &ClosureError{SessionID: c.root, Failed: rep.Failed}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/bgtask/bgtask/internal/group"
 	"github.com/bgtask/bgtask/internal/wal"
@@ -492,9 +493,10 @@ func (m *Manager) endedLine(e *entry) {
 	t := e.project()
 	o, cur := t.Outcome, t.Current()
 	if m.cfg.logInfo {
-		m.logLocked(slog.LevelInfo, "bgtask: task ended", slog.String("task", e.id), slog.String("attempt", cur.ID),
+		attrs := []slog.Attr{slog.String("task", e.id), slog.String("attempt", cur.ID),
 			slog.String("session", cur.SessionID), slog.String("status", string(t.Status)), slog.String("outcome", string(o.State)),
-			slog.String("reason", string(o.Reason)), slog.Int("attempts", len(t.Attempts)), slog.String("stop", stopText(t.Stop)))
+			slog.String("reason", string(o.Reason)), slog.Int("attempts", len(t.Attempts))}
+		m.logLocked(slog.LevelInfo, "bgtask: task ended", append(attrs, stopAttrs(t.Stop)...)...)
 	}
 	if m.cfg.metrics != nil {
 		live := m.liveTasks() - 1 // e counts as ended from here on
@@ -513,5 +515,112 @@ func (m *Manager) queueDepth(key string) {
 	if m.cfg.metrics != nil {
 		n := m.calls.pool.Queued(key)
 		m.measure(func(mt Metrics) { mt.QueueDepth(key, n) })
+	}
+}
+
+// Who stopped what: the lines and measurements of a stop asked, a branch
+// closure and a restart's recovery.
+
+// stopAsked tells of the stop just recorded for e's current run: who
+// asked (stop's note, read back as the StopCause the ledger keeps). m.mu
+// is held.
+func (m *Manager) stopAsked(e *entry, stop *recordExt) {
+	if !m.cfg.logInfo && m.cfg.metrics == nil {
+		return
+	}
+	c := stopCauseOf(stop.note)
+	if m.cfg.logInfo {
+		a := e.cur()
+		attrs := []slog.Attr{slog.String("task", e.id), slog.String("attempt", a.ID), slog.String("session", a.SessionID),
+			slog.String("status", string(a.Status)), slog.String("stop.status", string(stop.stop))}
+		m.logLocked(slog.LevelInfo, "bgtask: stop asked", append(attrs, stopAttrs(&c)...)...)
+	}
+	if m.cfg.metrics != nil {
+		t := e.project()
+		m.measure(func(mt Metrics) { mt.StopAsked(t, c) })
+	}
+}
+
+// stopAttrs says who asked a stop, for a log line: stop (in words),
+// stop.kind, and what the kind names — stop.root, stop.task, stop.note —
+// when it names it. None for no stop.
+func stopAttrs(c *StopCause) []slog.Attr {
+	if c == nil {
+		return nil
+	}
+	return []slog.Attr{slog.String("stop", c.String()), slog.String("stop.kind", string(c.Kind)),
+		slog.String("stop.root", c.Root), slog.String("stop.task", c.TaskID), slog.String("stop.note", c.Note)}
+}
+
+// closureSummary is c as Metrics sees it, with no counts yet. m.mu is
+// held.
+func (m *Manager) closureSummary(c *closure) ClosureSummary {
+	s := ClosureSummary{SessionID: c.root, By: c.by, Stop: stopCauseOf(c.stop.note)}
+	if owner := m.rootTask(c); owner != nil {
+		s.TaskID = owner.id
+	}
+	return s
+}
+
+// closureAttrs are the attributes a closure's lines share.
+func closureAttrs(s *ClosureSummary) []slog.Attr {
+	return append([]slog.Attr{slog.String("session", s.SessionID), slog.String("task", s.TaskID), slog.String("by", s.By)},
+		stopAttrs(&s.Stop)...)
+}
+
+// closureBegun tells of closure c, whose fence just went up. m.mu is held.
+func (m *Manager) closureBegun(c *closure) {
+	if !m.cfg.logInfo && m.cfg.metrics == nil {
+		return
+	}
+	s := m.closureSummary(c)
+	if m.cfg.logInfo {
+		m.logLocked(slog.LevelInfo, "bgtask: branch closure begun", closureAttrs(&s)...)
+	}
+	if m.cfg.metrics != nil {
+		m.measure(func(mt Metrics) { mt.ClosureBegun(s) })
+	}
+}
+
+// closureEnded tells of closure c, whose fence just came down, with what
+// its report says; dropped: its root turned out to be no task's session;
+// cause: why it returned early (its caller's context, Shutdown), if it
+// did. m.mu is held.
+func (m *Manager) closureEnded(c *closure, rep ClosureReport, dropped bool, cause error) {
+	if !m.cfg.logInfo && m.cfg.metrics == nil {
+		return
+	}
+	s := m.closureSummary(c)
+	s.Stopped, s.Failed, s.Stopping, s.Passes, s.Dropped = len(rep.Stopped), len(rep.Failed), len(rep.Stopping), rep.Passes, dropped
+	d := m.now().Sub(c.began)
+	if m.cfg.logInfo {
+		attrs := append(closureAttrs(&s), slog.Int("stopped", s.Stopped), slog.Int("failed", s.Failed), slog.Int("stopping", s.Stopping),
+			slog.Int("passes", s.Passes), slog.Duration("duration", d))
+		if dropped {
+			attrs = append(attrs, slog.Bool("dropped", true))
+		}
+		if cause != nil {
+			attrs = append(attrs, slog.String("err", safeText(cause)))
+		}
+		m.logLocked(slog.LevelInfo, "bgtask: branch closure ended", attrs...)
+	}
+	if m.cfg.metrics != nil {
+		m.measure(func(mt Metrics) { mt.ClosureEnded(s, d) })
+	}
+}
+
+// recovered tells of a restart's recovery, over after d, with what it
+// counted. m.mu is held.
+func (m *Manager) recovered(rv *recovery, d time.Duration) {
+	n := rv.counts
+	if m.cfg.logInfo {
+		m.logLocked(slog.LevelInfo, "bgtask: recovered from the journal", slog.Int("tasks", n.Tasks), slog.Int("live", n.Live),
+			slog.Int("readopted", n.Readopted), slog.Int("ended", n.Ended), slog.Int("interrupted", n.Interrupted),
+			slog.Int("stopped", n.Stopped), slog.Int("started", n.Started), slog.Int("retried", n.Retried),
+			slog.Int("redelivered", n.Redelivered), slog.Int("owed", n.Owed), slog.Int("undelivered", n.Undelivered),
+			slog.Int("closures", n.Closures), slog.Duration("duration", d))
+	}
+	if m.cfg.metrics != nil {
+		m.measure(func(mt Metrics) { mt.Recovered(n, d) })
 	}
 }

@@ -129,6 +129,7 @@ type (
 		// seq is the start sequence the question stands for, when the run
 		// was pending (its start's answer lost); 0 for a bound run.
 		seq uint64
+		rv  *recovery // the recovery asking: it counts the answers
 	}
 )
 

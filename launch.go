@@ -197,7 +197,7 @@ func (m *Manager) callerDone(id string) {
 		if !live {
 			return
 		}
-		if _, err := m.closeTask(m.life.ctx, id, noteCallerOf+id); err != nil && !errors.Is(err, ErrShutdown) {
+		if _, err := m.closeTask(m.life.ctx, id, closedByCaller); err != nil && !errors.Is(err, ErrShutdown) {
 			m.logAttrs(slog.LevelWarn, "bgtask: stopping a task whose caller's context ended failed",
 				slog.String("task", id), slog.String("err", safeText(err)))
 		}

@@ -235,6 +235,7 @@ func Open(ctx context.Context, host Host, opts ...Option) (*Manager, error) {
 // recover replays the journal, records the new process life's epoch, and
 // reconciles what was live (reconcile), waiting for the host's answers.
 func (m *Manager) recover(ctx context.Context) error {
+	began := m.now()
 	if t, ok := m.cfg.journal.(interface{ TornTail() string }); ok {
 		var torn string
 		if err := guardJournal("TornTail", func() error { torn = t.TornTail(); return nil }); err != nil {
@@ -255,6 +256,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	m.out.durable.advance(m.led.seq) // what was replayed is durable
+	rv.restart = m.led.seq > 0       // a previous life left records: this is a restart
 	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
 	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch, note: m.epochNote("")}})
 	m.reconcile(rv)
@@ -286,12 +288,19 @@ func (m *Manager) recover(ctx context.Context) error {
 		c := rv.closing[seq]
 		var err error
 		if c.task != "" {
-			_, err = m.CloseTask(ctx, c.task)
+			_, err = m.closeTask(ctx, c.task, closedByRestart)
 		} else {
-			_, err = m.CloseBranch(ctx, c.root)
+			_, err = m.closeBranch(ctx, c.root, closedByRestart)
 		}
 		if err != nil && !errors.Is(err, ErrUnknownSession) && !errors.Is(err, ErrUnknownTask) {
 			m.logAttrs(slog.LevelWarn, "bgtask: finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", safeText(err)))
+		}
+	}
+	if rv.restart {
+		m.mu.Lock()
+		m.recovered(rv, m.now().Sub(began))
+		if err := m.unlock(); err != nil {
+			return err
 		}
 	}
 	return m.poisoned()
@@ -427,7 +436,23 @@ func (m *Manager) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
 	if !m.cfg.logger.Enabled(ctx, level) {
 		return
 	}
-	m.cfg.logger.LogAttrs(ctx, level, msg, attrs...)
+	m.cfg.logger.LogAttrs(ctx, level, msg, dropEmpty(attrs)...)
+}
+
+// dropEmpty leaves out the attributes whose value is an empty string: a
+// line names what it knows (a reason, a session, a stop) and says nothing
+// of what is not, never `reason=""`. attrs is the caller's own (every line
+// builds its attributes afresh): it is compacted in place.
+func dropEmpty(attrs []slog.Attr) []slog.Attr {
+	out := attrs[:0]
+	for _, a := range attrs {
+		if a.Value.Kind() == slog.KindString && a.Value.String() == "" {
+			continue
+		}
+		out = append(out, a)
+	}
+	clear(attrs[len(out):])
+	return out
 }
 
 // LoggerPanics reports how many calls into the logger (WithLogger)
@@ -476,7 +501,7 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 	if !m.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
-	m.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "bgtask: event ignored", rejectedAttrs(ev, who, err)...)
+	m.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "bgtask: event ignored", dropEmpty(rejectedAttrs(ev, who, err))...)
 }
 
 // Shutdown refuses new work (ErrShutdown), aborts every running child

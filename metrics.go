@@ -3,15 +3,23 @@ package bgtask
 import "time"
 
 // Metrics receives the Manager's measurements (WithMetrics): counters
-// (launches, attempts started, retries by reason, outcomes by state),
-// durations for histograms (queue wait, attempt duration, end to end) and
-// gauges (live tasks, queue depth per concurrency key). The methods are
-// called outside the Manager's lock, one at a time, in the order the
-// measurements were made (so a gauge's last value is its current one):
-// they must be quick and must not block or call into the Manager, which
-// waits for them before its next measurements. A panic in one is recovered and counted
-// as LoggerPanics are. Embed NopMetrics to implement only some; the
+// (launches, attempts started, retries by reason, outcomes by state, stops
+// by who asked, branch closures, a restart's recovery), durations for
+// histograms (queue wait, attempt duration, end to end, a closure, a
+// recovery) and gauges (live tasks, queue depth per concurrency key). They
+// are the facts the info log lines tell (WithLogger), with the same names.
+//
+// The methods are called outside the Manager's lock, one at a time, in the
+// order the measurements were made (so a gauge's last value is its current
+// one): they must be quick and must not block or call into the Manager,
+// which waits for them before its next measurements. A panic in one is
+// recovered and counted as LoggerPanics are. Embed NopMetrics to implement
+// only some (methods added in later releases then record nothing); the
 // otelmetrics module adapts OpenTelemetry.
+//
+// A class passed (a Reason, a StopKind, ClosureSummary.By) is empty only
+// where its method says so (TaskEnded's reason): an adapter that makes
+// attributes of them leaves an empty one out rather than export "".
 type Metrics interface {
 	TaskLaunched(t Task)
 	AttemptStarted(t Task, a Attempt)
@@ -21,13 +29,92 @@ type Metrics interface {
 	// AttemptEnded: a started attempt ended, after d running.
 	AttemptEnded(t Task, a Attempt, d time.Duration)
 	// TaskEnded: state is the outcome's (Outcome.State), d the time from
-	// launch to end.
+	// launch to end. reason is the outcome's class (Outcome.Reason): empty
+	// for a clean answer and for a task a stop ended (t.Stop says who
+	// asked), when state says it all.
 	TaskEnded(t Task, state Status, reason Reason, d time.Duration)
 	// QueueWaited: an attempt got a slot of key after waiting d.
 	QueueWaited(key string, d time.Duration)
 	// LiveTasks and QueueDepth are gauges, reported as they change.
 	LiveTasks(n int)
 	QueueDepth(key string, queued int)
+	// StopAsked: a stop of t was asked and recorded, by cause (t.Stop):
+	// once per task, for the first stop asked of it — by a cancel, a
+	// branch closure, the caller's context, the task's deadline, a deleted
+	// session or Shutdown. The task ends later (TaskEnded).
+	StopAsked(t Task, cause StopCause)
+	// ClosureBegun: a branch closure raised its fence (c's counts are 0).
+	ClosureBegun(c ClosureSummary)
+	// ClosureEnded: the closure took its fence down after d, having
+	// stopped what c counts.
+	ClosureEnded(c ClosureSummary, d time.Duration)
+	// Recovered: a Manager reopened on a journal that held a previous
+	// life's records finished its recovery after d, as c counts (once,
+	// from New or Open).
+	Recovered(c RecoveryCounts, d time.Duration)
+}
+
+// ClosureSummary is a branch closure as Metrics.ClosureBegun and
+// ClosureEnded see it: what it closed, what began it, the stop it asked,
+// and (at its end) what became of the runs it asked to stop.
+type ClosureSummary struct {
+	// SessionID is the root session closed; TaskID the task closed as a
+	// unit (CloseTask, or the task the root session belongs to), empty
+	// while the root is no task's session.
+	SessionID, TaskID string
+	// By is what began it: "CloseBranch", "StopBranch" or "CloseTask"
+	// (called so), "caller" (the launch context of a task with
+	// Spec.CancelWithCaller ended), "session_deleted" (the host reported
+	// the root session deleted: its branch is closed) or "restart" (a
+	// closure a crash interrupted, finished at the restart).
+	By string
+	// Stop is the stop it asked of every run in its branch: kind closure
+	// (its root or task), or caller.
+	Stop StopCause
+	// Stopped, Failed and Stopping count the runs of its ClosureReport
+	// (ended; abort failed, still live; asked to stop and not ended when
+	// it returned), Passes its scans.
+	Stopped, Failed, Stopping, Passes int
+	// Dropped: the root turned out to be no task's session and no task's
+	// parent (ErrUnknownSession): nothing was recorded.
+	Dropped bool
+}
+
+// RecoveryCounts is what a restart's recovery found in the journal and
+// did (Metrics.Recovered, and the info line "bgtask: recovered from the
+// journal"). Each run live at the crash is counted in at most one of
+// Readopted, Ended, Interrupted, Stopped and Started.
+type RecoveryCounts struct {
+	// Tasks is the tasks the journal held (ended ones kept included), Live
+	// those live after the replay.
+	Tasks, Live int
+	// Readopted: runs whose session the host found alive, taken back (a
+	// stop asked before the restart goes on).
+	Readopted int
+	// Ended: runs whose session the host found ended: they end with that
+	// evidence.
+	Ended int
+	// Interrupted: runs ended interrupt — their session gone, or no host
+	// that could say (LostAcrossRestart), or a start whose outcome was lost
+	// (StartOutcomeUnknown).
+	Interrupted int
+	// Stopped: runs a stop asked before the restart (or a deadline that
+	// passed meanwhile) ended at once: no child was ever made, or the host
+	// found it gone after the stop's abort.
+	Stopped int
+	// Started: runs that had not asked for a child, admitted again (a
+	// retried task's next attempt included): they start now.
+	Started int
+	// Retried: retries the journal held whose next attempt it did not:
+	// that attempt is made now.
+	Retried int
+	// Redelivered: notifications produced and not delivered, queued again
+	// with their IDs; Owed: notifications owed and never produced (a final
+	// summary, an all_complete), produced now; Undelivered: notifications
+	// given up before the restart, kept in Undelivered.
+	Redelivered, Owed, Undelivered int
+	// Closures: closures the crash interrupted, finished.
+	Closures int
 }
 
 // NopMetrics implements Metrics and records nothing: embed it.
@@ -56,6 +143,18 @@ func (NopMetrics) LiveTasks(int) {}
 
 // QueueDepth records nothing.
 func (NopMetrics) QueueDepth(string, int) {}
+
+// StopAsked records nothing.
+func (NopMetrics) StopAsked(Task, StopCause) {}
+
+// ClosureBegun records nothing.
+func (NopMetrics) ClosureBegun(ClosureSummary) {}
+
+// ClosureEnded records nothing.
+func (NopMetrics) ClosureEnded(ClosureSummary, time.Duration) {}
+
+// Recovered records nothing.
+func (NopMetrics) Recovered(RecoveryCounts, time.Duration) {}
 
 // measure queues a call of the Metrics for once m.mu is released. m.mu is
 // held; call it only with m.cfg.metrics set.

@@ -71,6 +71,7 @@ func infoLines(t *testing.T, opts ...Option) {
 		"bgtask: attempt started", "bgtask: retry scheduled",
 		"bgtask: attempt started", "bgtask: retry scheduled",
 		"bgtask: attempt started",
+		"bgtask: stop asked",
 		"bgtask: task ended",
 	}, msgs)
 	assert.Equal(t, StatusCancelled, done.Status)

@@ -126,16 +126,21 @@ func loggerTakes(l *slog.Logger, level slog.Level) (ok bool) {
 // attributes where it has them:
 //
 //   - info: one line per milestone — task launched, attempt started,
-//     retry scheduled (with its reason class), task ended (with its
-//     outcome and attempts);
+//     retry scheduled (with its reason class), stop asked (who asked:
+//     stop.kind and what it names, stop.root, stop.task), task ended
+//     (with its outcome, attempts and stop), branch closure begun and
+//     ended (what began it, with the runs stopped, failed and still
+//     stopping), and, after a restart, what the recovery found and did;
 //   - debug: every event held for a session start in flight, or rejected
 //     (stale, unknown);
 //   - warn and error: the anomalies — a failed abort or host call, a
 //     notification refused every time, a journal that failed.
 //
-// Whether the handler takes info and debug lines is asked once, at New:
-// lines it would drop are never built. A panic in the logger is swallowed
-// and counted (LoggerPanics). Default: nothing is logged.
+// An attribute with nothing to say (no reason for a clean answer, no
+// session yet) is left out, never written empty. Whether the handler takes
+// info and debug lines is asked once, at New: lines it would drop are
+// never built. A panic in the logger is swallowed and counted
+// (LoggerPanics). Default: nothing is logged.
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
 // WithClock reads time and makes timers from c. Default: the wall clock. c

@@ -44,6 +44,12 @@ type recovery struct {
 	// was never to be told.
 	told   uint64
 	silent [][2]uint64
+
+	// restart: the journal held a previous life's records; counts is what
+	// the recovery found and did (guarded by m.mu: answers land on other
+	// goroutines), logged and measured once it is over (recovered).
+	restart bool
+	counts  RecoveryCounts
 }
 
 // epochNote is the note of this life's epoch record: whether it tells
@@ -274,10 +280,13 @@ func (m *Manager) reconcile(rv *recovery) {
 	_, asks := m.hosts.main.(StatusHost)
 	m.retryOwed(rv, now)
 	m.roundsOwed(rv)
+	n := &rv.counts
+	n.Tasks = len(m.order)
 	for _, e := range slices.Clone(m.order) { // an end here may forget an ended task (retention)
 		if e.terminal() {
 			continue
 		}
+		n.Live++
 		a := *e.cur()
 		switch {
 		case e.info.inProcess && (e.stop == "" || a.Status == StatusRunning || rv.started[a.ID]):
@@ -288,6 +297,7 @@ func (m *Manager) reconcile(rv *recovery) {
 				why = StartOutcomeUnknown
 			}
 			m.finalize(e, a.ID, StatusInterrupt, why, "", now)
+			n.Interrupted++
 			continue
 		case a.Status == StatusRunning || rv.started[a.ID]:
 			// It may have a child: only the host can say.
@@ -297,6 +307,7 @@ func (m *Manager) reconcile(rv *recovery) {
 					why = StartOutcomeUnknown
 				}
 				m.finalize(e, a.ID, StatusInterrupt, why, "", now)
+				n.Interrupted++
 				continue
 			}
 			fx := effect{kind: fxRecover, e: e, run: runOfAttempt(a), rv: rv, stopped: e.stop != ""}
@@ -317,27 +328,33 @@ func (m *Manager) reconcile(rv *recovery) {
 				}
 			} else {
 				m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
+				n.Interrupted++
 			}
 		case e.stop != "":
 			m.stopRun(e, now) // no child was ever asked for: it ends now
+			n.Stopped++
 		default:
 			m.admit(e, a) // it never asked for a child: ask now
+			n.Started++
 		}
 		if !e.terminal() && (e.stop == "" || e.stop == StatusError) && e.info.opt().timeout > 0 {
 			m.armDeadline(e, Attempt{}) // due from the launch: at once if it passed meanwhile, or it was asked already
 		}
 	}
 	rv.pending = make(chan struct{}, rv.left)
-	for _, n := range rv.lost {
+	for _, lost := range rv.lost {
 		if len(m.notes.lost) < m.cfg.undeliveredLimit {
-			m.notes.lost = append(m.notes.lost, m.noticeNotification(n))
+			m.notes.lost = append(m.notes.lost, m.noticeNotification(lost))
+			n.Undelivered++
 		}
 	}
 	seqs := slices.Sorted(maps.Keys(rv.notes))
 	for _, seq := range seqs {
-		n := rv.notes[seq]
-		m.redeliver(n)
+		if m.redeliver(rv.notes[seq]) {
+			n.Redelivered++
+		}
 	}
+	n.Closures = len(rv.closing)
 }
 
 // retryOwed starts the next attempt of each task whose retry was durable
@@ -355,6 +372,7 @@ func (m *Manager) retryOwed(rv *recovery, now time.Time) {
 		if e.terminal() && failed.Status == StatusError && n <= e.info.maxAttempts {
 			next, err := l.newAttempt(n, e.info.modelFor(n))
 			if err == nil && m.commit(e, record{kind: recAttemptCreated, task: e.id, at: now, attempt: next}) {
+				rv.counts.Retried++
 				if m.cfg.notifier != nil {
 					m.notify(e, NotifyRetryScheduled, retryScheduledText(failed, *e.cur()))
 				}
@@ -383,6 +401,7 @@ func (m *Manager) roundsOwed(rv *recovery) {
 		if e.terminal() && !rv.finals[e.id] && rv.owed(e.seq) {
 			m.answerAtEnd(e)
 			m.notify(e, NotifyFinalSummary, finalSummaryText(e.project()))
+			rv.counts.Owed++
 		}
 	}
 	type group struct {
@@ -432,18 +451,21 @@ func (m *Manager) roundsOwed(rv *recovery) {
 					tasks = append(tasks, e.project())
 				}
 				m.push(AllComplete(p, tasks))
+				rv.counts.Owed++
 			}
 		}
 	}
 }
 
 // redeliver queues again a notification produced before a restart and
-// not delivered, with its ID, sequence and text. m.mu is held.
-func (m *Manager) redeliver(n *notice) {
+// not delivered, with its ID, sequence and text, and reports whether it
+// did (not without a Notifier). m.mu is held.
+func (m *Manager) redeliver(n *notice) bool {
 	if m.cfg.notifier == nil {
-		return
+		return false
 	}
 	m.queueNote(m.noticeNotification(n))
+	return true
 }
 
 // noticeNotification is the notification a recorded notice was, its task
@@ -469,7 +491,7 @@ func (m *Manager) recoverRun(fx *effect) {
 	e, a := fx.e, fx.run.attempt()
 	defer func() { fx.rv.pending <- struct{}{} }()
 	sh := m.hosts.main.(StatusHost)
-	in := recoveredIn{e: e, a: a, sid: a.SessionID, stopAsked: fx.stopped, seq: fx.seq}
+	in := recoveredIn{e: e, a: a, sid: a.SessionID, stopAsked: fx.stopped, seq: fx.seq, rv: fx.rv}
 	ctx := withRun(m.life.ctx, RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}, callStart)
 	func() {
 		defer func() {
@@ -526,16 +548,20 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 		return
 	}
 	now := m.now()
+	n := &in.rv.counts
 	switch {
 	case in.err != nil:
 		why := LostAcrossRestart + ": the host could not say what became of it: " + in.text
 		m.finalize(e, a.ID, StatusInterrupt, why, "", now)
+		n.Interrupted++
 		return
 	case in.sid == "" && e.stop != "":
 		m.stopRun(e, now) // no child was ever made: the stop ends it now, as it ends a run that never started
+		n.Stopped++
 		return
 	case in.sid == "":
 		m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+		n.Interrupted++
 		return
 	case in.report.State == SessionStateGone && e.stop != "" && !in.stopAsked:
 		// A stop asked since the question (a deadline that passed while
@@ -545,9 +571,11 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 		if ref, ok := m.led.attemptOf(a.ID); ok {
 			m.endStopped(ref, "", now)
 		}
+		n.Stopped++
 		return
 	case in.report.State == SessionStateGone || (in.report.State != SessionStateAlive && in.report.State != SessionStateEnded):
 		m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
+		n.Interrupted++
 		return
 	}
 	m.readopt(in, now)
@@ -560,9 +588,11 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 // held.
 func (m *Manager) readopt(in *recoveredIn, now time.Time) {
 	e, a := in.e, in.a
+	n := &in.rv.counts
 	if e.cur().Status == StatusPending {
 		if owner, taken := m.led.bySession[in.sid]; taken && owner.e != e {
 			m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+			n.Interrupted++
 			return
 		}
 		if !m.bindRun(e, a.ID, in.sid, now) {
@@ -587,8 +617,10 @@ func (m *Manager) readopt(in *recoveredIn, now time.Time) {
 		if who, err := m.observeLocked(&o); err != nil {
 			m.rejectedLocked(ev, who, err)
 		}
+		n.Ended++
 		return
 	}
+	n.Readopted++
 	if e.stop != "" {
 		m.stopRun(e, now) // a stop was asked before the restart: it goes on
 	}

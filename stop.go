@@ -393,7 +393,7 @@ func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
 // Observe never waits for them. Its record is kept; the parent hears of it
 // only if anything was running below. m.mu is held.
 func (m *Manager) cascadeDelete(sessionID string) {
-	c := m.openClosure(sessionID, nil)
+	c := m.openClosure(sessionID, nil, closedBySessionDeleted)
 	c.quiet = true
 	if !m.effect(effect{kind: fxCascade, closure: c, session: sessionID}) {
 		delete(m.closures.active, c)

@@ -129,14 +129,6 @@ func (e *StopError) Is(target error) bool {
 		(target == ErrShutdown && e.Stop.Kind == StopShutdown)
 }
 
-// stopText is who asked, for a log line ("" when no stop was asked).
-func stopText(c *StopCause) string {
-	if c == nil {
-		return ""
-	}
-	return c.String()
-}
-
 type stopCauseKey struct{}
 
 // WithStopCause returns a context that makes a stop asked with it (Cancel,

@@ -4,11 +4,33 @@
 //	mt, err := otelmetrics.New(otel.Meter("bgtask"))
 //	m := bgtask.New(host, bgtask.WithMetrics(mt))
 //
-// Counters: bgtask.tasks.launched, bgtask.attempts.started (model),
-// bgtask.retries (reason), bgtask.tasks.ended (state, reason).
+// Counters, with their attributes:
+//
+//   - bgtask.tasks.launched;
+//   - bgtask.attempts.started (model);
+//   - bgtask.retries (reason);
+//   - bgtask.tasks.ended (state, reason): reason is left out when the
+//     outcome has none (a clean answer, a task a stop ended), never "";
+//   - bgtask.stops.asked (stop.kind: cancel, closure, caller, deadline,
+//     session_deleted, shutdown, other): the first stop asked of a task;
+//   - bgtask.closures.begun (by, stop.kind) and bgtask.closures.ended (by,
+//     stop.kind, outcome): by is what began the closure (CloseBranch,
+//     StopBranch, CloseTask, caller, session_deleted, restart), outcome
+//     stopped (every run it asked to stop ended), failed (an abort failed),
+//     stopping (it returned before every stop landed) or unknown_session;
+//   - bgtask.closure.runs (by, result: stopped, failed, stopping): the
+//     runs closures asked to stop, by what became of them;
+//   - bgtask.recoveries: restarts recovered from a journal;
+//     bgtask.recovery.runs (outcome: readopted, ended, interrupted,
+//     stopped, started): the runs live at the crash, by what the recovery
+//     made of them; bgtask.recovery.retries; bgtask.recovery.notifications
+//     (outcome: redelivered, owed, undelivered); bgtask.recovery.closures.
+//
 // Histograms, in seconds: bgtask.queue.wait (key), bgtask.attempt.duration
-// (model, status), bgtask.task.duration (state). Gauges: bgtask.tasks.live,
-// bgtask.queue.depth (key).
+// (model, status), bgtask.task.duration (state), bgtask.closure.duration
+// (by, outcome), bgtask.recovery.duration. Gauges: bgtask.tasks.live,
+// bgtask.queue.depth (key). Task, session and root ids are never
+// attributes (unbounded); the log lines (bgtask.WithLogger) carry them.
 package otelmetrics
 
 import (
@@ -28,6 +50,12 @@ type Metrics struct {
 	launched, started, retries, ended metric.Int64Counter
 	queueWait, attempt, task          metric.Float64Histogram
 	live, depth                       metric.Int64Gauge
+
+	stops                                                                      metric.Int64Counter
+	closuresBegun, closuresEnded, closureRuns                                  metric.Int64Counter
+	closure                                                                    metric.Float64Histogram
+	recoveries, recoveryRuns, recoveryRetries, recoveryNotes, recoveryClosures metric.Int64Counter
+	recovery                                                                   metric.Float64Histogram
 }
 
 var _ bgtask.Metrics = (*Metrics)(nil)
@@ -63,6 +91,17 @@ func New(meter metric.Meter) (*Metrics, error) {
 	m.task = seconds("bgtask.task.duration", "time from launch to end, by outcome state")
 	m.live = gauge("bgtask.tasks.live", "live (pending or running) tasks")
 	m.depth = gauge("bgtask.queue.depth", "attempts waiting for a concurrency slot, by key")
+	m.stops = counter("bgtask.stops.asked", "stops asked of tasks, by who asked")
+	m.closuresBegun = counter("bgtask.closures.begun", "branch closures begun, by what began them")
+	m.closuresEnded = counter("bgtask.closures.ended", "branch closures ended, by what began them and how they ended")
+	m.closureRuns = counter("bgtask.closure.runs", "runs branch closures asked to stop, by what became of them")
+	m.closure = seconds("bgtask.closure.duration", "time a branch closure's fence was up, by what began it and how it ended")
+	m.recoveries = counter("bgtask.recoveries", "restarts recovered from a journal")
+	m.recoveryRuns = counter("bgtask.recovery.runs", "runs live at a crash, by what the recovery made of them")
+	m.recoveryRetries = counter("bgtask.recovery.retries", "recorded retries whose next attempt a recovery made")
+	m.recoveryNotes = counter("bgtask.recovery.notifications", "notifications a recovery queued again, produced or kept undelivered")
+	m.recoveryClosures = counter("bgtask.recovery.closures", "closures a crash interrupted, finished by the recovery")
+	m.recovery = seconds("bgtask.recovery.duration", "time a recovery from a journal took")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -85,8 +124,13 @@ func (m *Metrics) AttemptEnded(_ bgtask.Task, a bgtask.Attempt, d time.Duration)
 	m.attempt.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("model", a.Model.String()), attribute.String("status", string(a.Status))))
 }
 
+// TaskEnded counts the end by state and reason; reason is left out when
+// the outcome has none (a clean answer, a stopped task): the state says it.
 func (m *Metrics) TaskEnded(_ bgtask.Task, state bgtask.Status, reason bgtask.Reason, d time.Duration) {
-	attrs := metric.WithAttributes(attribute.String("state", string(state)), attribute.String("reason", string(reason)))
+	attrs := metric.WithAttributes(attribute.String("state", string(state)))
+	if reason != "" {
+		attrs = metric.WithAttributes(attribute.String("state", string(state)), attribute.String("reason", string(reason)))
+	}
 	m.ended.Add(bg, 1, attrs)
 	m.task.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("state", string(state))))
 }
@@ -99,4 +143,60 @@ func (m *Metrics) LiveTasks(n int) { m.live.Record(bg, int64(n)) }
 
 func (m *Metrics) QueueDepth(key string, n int) {
 	m.depth.Record(bg, int64(n), metric.WithAttributes(attribute.String("key", key)))
+}
+
+func (m *Metrics) StopAsked(_ bgtask.Task, c bgtask.StopCause) {
+	m.stops.Add(bg, 1, metric.WithAttributes(attribute.String("stop.kind", string(c.Kind))))
+}
+
+func (m *Metrics) ClosureBegun(c bgtask.ClosureSummary) {
+	m.closuresBegun.Add(bg, 1, metric.WithAttributes(attribute.String("by", c.By), attribute.String("stop.kind", string(c.Stop.Kind))))
+}
+
+func (m *Metrics) ClosureEnded(c bgtask.ClosureSummary, d time.Duration) {
+	outcome := "stopped"
+	switch {
+	case c.Dropped:
+		outcome = "unknown_session"
+	case c.Failed > 0:
+		outcome = "failed"
+	case c.Stopping > 0:
+		outcome = "stopping"
+	}
+	by := attribute.String("by", c.By)
+	m.closuresEnded.Add(bg, 1, metric.WithAttributes(by, attribute.String("stop.kind", string(c.Stop.Kind)), attribute.String("outcome", outcome)))
+	m.closure.Record(bg, d.Seconds(), metric.WithAttributes(by, attribute.String("outcome", outcome)))
+	for _, r := range []struct {
+		result string
+		n      int
+	}{{"stopped", c.Stopped}, {"failed", c.Failed}, {"stopping", c.Stopping}} {
+		if r.n > 0 {
+			m.closureRuns.Add(bg, int64(r.n), metric.WithAttributes(by, attribute.String("result", r.result)))
+		}
+	}
+}
+
+func (m *Metrics) Recovered(c bgtask.RecoveryCounts, d time.Duration) {
+	m.recoveries.Add(bg, 1)
+	m.recovery.Record(bg, d.Seconds())
+	add := func(ctr metric.Int64Counter, n int, outcome string) {
+		if n <= 0 {
+			return
+		}
+		if outcome == "" {
+			ctr.Add(bg, int64(n))
+			return
+		}
+		ctr.Add(bg, int64(n), metric.WithAttributes(attribute.String("outcome", outcome)))
+	}
+	add(m.recoveryRuns, c.Readopted, "readopted")
+	add(m.recoveryRuns, c.Ended, "ended")
+	add(m.recoveryRuns, c.Interrupted, "interrupted")
+	add(m.recoveryRuns, c.Stopped, "stopped")
+	add(m.recoveryRuns, c.Started, "started")
+	add(m.recoveryRetries, c.Retried, "")
+	add(m.recoveryNotes, c.Redelivered, "redelivered")
+	add(m.recoveryNotes, c.Owed, "owed")
+	add(m.recoveryNotes, c.Undelivered, "undelivered")
+	add(m.recoveryClosures, c.Closures, "")
 }

@@ -3,6 +3,8 @@ package otelmetrics_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -38,11 +40,25 @@ func TestAManagersMeasurementsBecomeInstruments(t *testing.T) {
 	require.NoError(t, m.Shutdown(context.Background()))
 	require.Equal(t, bgtask.StatusCompleted, done.Status)
 
+	sums, hists, gauges := collect(t, reader)
+	assert.Equal(t, map[string]int64{"": 1}, sums["bgtask.tasks.launched"])
+	assert.Equal(t, map[string]int64{"model=primary": 1, "model=backup": 1}, sums["bgtask.attempts.started"])
+	assert.Equal(t, map[string]int64{"reason=provider_error": 1}, sums["bgtask.retries"])
+	assert.Equal(t, map[string]int64{"state=completed": 1}, sums["bgtask.tasks.ended"], "a clean answer has no reason: none is exported")
+	assert.Equal(t, map[string]uint64{"model=primary,status=error": 1, "model=backup,status=completed": 1}, hists["bgtask.attempt.duration"])
+	assert.Equal(t, map[string]uint64{"state=completed": 1}, hists["bgtask.task.duration"])
+	assert.Equal(t, int64(0), gauges["bgtask.tasks.live"])
+}
+
+// collect reads what reader holds: counters and gauges by instrument and
+// attribute set, histograms' counts likewise.
+func collect(t *testing.T, reader *sdkmetric.ManualReader) (sums map[string]map[string]int64, hists map[string]map[string]uint64, gauges map[string]int64) {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
-	sums := map[string]map[string]int64{}   // instrument → attribute set → value
-	hists := map[string]map[string]uint64{} // instrument → attribute set → count
-	gauges := map[string]int64{}
+	sums = map[string]map[string]int64{}   // instrument → attribute set → value
+	hists = map[string]map[string]uint64{} // instrument → attribute set → count
+	gauges = map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, mm := range sm.Metrics {
 			switch d := mm.Data.(type) {
@@ -63,13 +79,68 @@ func TestAManagersMeasurementsBecomeInstruments(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, map[string]int64{"": 1}, sums["bgtask.tasks.launched"])
-	assert.Equal(t, map[string]int64{"model=primary": 1, "model=backup": 1}, sums["bgtask.attempts.started"])
-	assert.Equal(t, map[string]int64{"reason=provider_error": 1}, sums["bgtask.retries"])
-	assert.Equal(t, map[string]int64{"reason=,state=completed": 1}, sums["bgtask.tasks.ended"])
-	assert.Equal(t, map[string]uint64{"model=primary,status=error": 1, "model=backup,status=completed": 1}, hists["bgtask.attempt.duration"])
-	assert.Equal(t, map[string]uint64{"state=completed": 1}, hists["bgtask.task.duration"])
-	assert.Equal(t, int64(0), gauges["bgtask.tasks.live"])
+	return sums, hists, gauges
+}
+
+// Who stopped what, what a closure did and what a restart recovered are
+// counters with those facts as attributes.
+func TestStopsClosuresAndRecoveriesBecomeInstruments(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	mt, err := otelmetrics.New(provider.Meter("bgtask"))
+	require.NoError(t, err)
+	ctx := context.Background()
+	running := make(chan string, 4)
+	fn := func(ctx context.Context, run bgtask.Run) (string, error) {
+		running <- run.SessionID
+		<-ctx.Done()
+		return "", ctx.Err()
+	}
+	dir := t.TempDir()
+	j, err := bgtask.OpenFileJournal(dir)
+	require.NoError(t, err)
+	m := bgtask.New(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt), bgtask.WithJournal(j))
+	model := []bgtask.Model{{ID: "m"}}
+	cancelled, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: model})
+	require.NoError(t, err)
+	<-running
+	crashed := filepath.Join(t.TempDir(), "crashed") // the journal as a crash now would leave it
+	require.NoError(t, os.CopyFS(crashed, os.DirFS(dir)))
+	require.NoError(t, m.Cancel(ctx, cancelled.ID))
+	closed, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "tree", Models: model})
+	require.NoError(t, err)
+	<-running
+	_, err = m.CloseBranch(ctx, "tree")
+	require.NoError(t, err)
+	_, err = m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: model})
+	require.NoError(t, err)
+	<-running
+	require.NoError(t, m.Shutdown(ctx)) // interrupts the last
+	_, err = m.Wait(ctx, closed.ID)
+	require.NoError(t, err)
+
+	j, err = bgtask.OpenFileJournal(dir)
+	require.NoError(t, err)
+	m, err = bgtask.Open(ctx, bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt), bgtask.WithJournal(j))
+	require.NoError(t, err)
+	require.NoError(t, m.Shutdown(ctx))
+	j, err = bgtask.OpenFileJournal(crashed)
+	require.NoError(t, err)
+	m, err = bgtask.Open(ctx, bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt), bgtask.WithJournal(j))
+	require.NoError(t, err)
+	require.NoError(t, m.Shutdown(ctx))
+
+	sums, hists, _ := collect(t, reader)
+	assert.Equal(t, map[string]int64{"stop.kind=cancel": 1, "stop.kind=closure": 1, "stop.kind=shutdown": 1}, sums["bgtask.stops.asked"])
+	assert.Equal(t, map[string]int64{"state=cancelled": 2, "state=interrupt": 2}, sums["bgtask.tasks.ended"], "a stopped task has no reason")
+	assert.Equal(t, map[string]int64{"by=CloseBranch,stop.kind=closure": 1}, sums["bgtask.closures.begun"])
+	assert.Equal(t, map[string]int64{"by=CloseBranch,outcome=stopped,stop.kind=closure": 1}, sums["bgtask.closures.ended"])
+	assert.Equal(t, map[string]int64{"by=CloseBranch,result=stopped": 1}, sums["bgtask.closure.runs"])
+	assert.Equal(t, map[string]uint64{"by=CloseBranch,outcome=stopped": 1}, hists["bgtask.closure.duration"])
+	assert.Equal(t, map[string]int64{"": 2}, sums["bgtask.recoveries"], "the reopenings, not the first opening")
+	assert.Equal(t, map[string]uint64{"": 2}, hists["bgtask.recovery.duration"])
+	assert.Equal(t, map[string]int64{"outcome=interrupted": 1}, sums["bgtask.recovery.runs"], "the function running at the crash died with it")
 }
 
 func TestANilMeterIsAnError(t *testing.T) {
