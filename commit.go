@@ -592,10 +592,13 @@ func (m *Manager) closureEnded(c *closure, rep ClosureReport, dropped bool, caus
 	}
 	s := m.closureSummary(c)
 	s.Stopped, s.Failed, s.Stopping, s.Passes, s.Dropped = len(rep.Stopped), len(rep.Failed), len(rep.Stopping), rep.Passes, dropped
+	if !dropped {
+		s.Ended = m.closureEndedEarly(cause)
+	}
 	d := m.now().Sub(c.began)
 	if m.cfg.logInfo {
 		attrs := append(closureAttrs(&s), slog.Int("stopped", s.Stopped), slog.Int("failed", s.Failed), slog.Int("stopping", s.Stopping),
-			slog.Int("passes", s.Passes), slog.Duration("duration", d))
+			slog.Int("passes", s.Passes), slog.Duration("duration", d), slog.String("ended", s.Ended))
 		if dropped {
 			attrs = append(attrs, slog.Bool("dropped", true))
 		}
@@ -607,6 +610,26 @@ func (m *Manager) closureEnded(c *closure, rep ClosureReport, dropped bool, caus
 	if m.cfg.metrics != nil {
 		m.measure(func(mt Metrics) { mt.ClosureEnded(s, d) })
 	}
+}
+
+// closureEndedEarly says why a closure ended before its end
+// (ClosureSummary.Ended), from the error it ended with: "" for none.
+// Its context ends with Shutdown when it is the Manager's own (a deleted
+// session's closure, one gone on without its caller), so a context's end
+// once Shutdown began is Shutdown's. m.mu is held.
+func (m *Manager) closureEndedEarly(cause error) string {
+	switch {
+	case cause == nil:
+		return ""
+	case errors.Is(cause, ErrShutdown):
+		return closureShutdown
+	case errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded):
+		if m.life.closing {
+			return closureShutdown
+		}
+		return closureCancelled
+	}
+	return closureJournalFailed
 }
 
 // recovered tells of a restart's recovery, over after d, with what it

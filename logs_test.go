@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/internal/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -499,7 +500,17 @@ func TestAClosureFinishedAtRestartSaysSo(t *testing.T) {
 	begun := sink.one(t, "bgtask: branch closure begun", map[string]string{"by": "restart"})
 	assert.Equal(t, "root", begun.get("session"))
 	ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"by": "restart"})
-	assert.True(t, ended.has("stopped"), "what it found still running is counted (the re-adopted run's own stop may have ended it first)")
+	recs := m2.ClosureRecords()
+	require.NotEmpty(t, recs)
+	rec := recs[len(recs)-1] // the restart's closure
+	require.Equal(t, "root", rec.SessionID)
+	// What it found still running is counted (the re-adopted run's own
+	// stop may have ended it first): as its record says.
+	assert.Equal(t, strconv.Itoa(len(rec.Stopped)), ended.get("stopped"), "%v", ended.attrs)
+	assert.Equal(t, "0", ended.get("failed"))
+	assert.Equal(t, "0", ended.get("stopping"))
+	assert.Equal(t, strconv.Itoa(rec.Passes), ended.get("passes"))
+	assert.False(t, ended.has("ended"), "it ran to its end")
 	got := sink.one(t, "bgtask: recovered from the journal", nil)
 	assert.Equal(t, "1", got.get("closures"))
 	assert.Equal(t, "1", got.get("readopted"), "the run was alive: taken back, then stopped by the closure")
@@ -575,4 +586,269 @@ func TestNoLogLineHasAnEmptyAttribute(t *testing.T) {
 		"bgtask: event held until its session is bound", "bgtask: abort failed; the child is still running"} {
 		assert.NotEmpty(t, sink.find(msg, nil), "the run logged %q", msg)
 	}
+}
+
+// A deleted session's closure that cannot run its passes (the Manager
+// shut down, a run whose abort failed still live) ends as it began: one
+// "ended" line and one ClosureEnded for its "begun", saying Shutdown cut
+// it short.
+func TestADeletedSessionsClosureAfterShutdownEndsAsItBegan(t *testing.T) {
+	sink, mt := &attrSink{}, newStoryMetrics()
+	host := &testHost{abort: func(context.Context, string) error { return errors.New("the session service is down") }}
+	h := newHarness(t, host, WithLogger(slog.New(sink)), WithMetrics(mt))
+	task, ses := h.child("chat")
+	require.Error(t, h.m.Shutdown(context.Background()), "its abort failed: it runs on")
+	require.Equal(t, StatusRunning, h.task(task.ID).Status)
+	require.NoError(t, h.m.Observe(Event{SessionID: ses, Kind: SessionDeleted}))
+	h.wait(task.ID)
+
+	begun := sink.find("bgtask: branch closure begun", map[string]string{"by": "session_deleted"})
+	require.Len(t, begun, 1, "%v", sink.all())
+	assert.Equal(t, ses, begun[0].get("session"))
+	ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"by": "session_deleted"})
+	assert.Equal(t, ses, ended.get("session"))
+	assert.Equal(t, "shutdown", ended.get("ended"))
+	assert.Equal(t, "0", ended.get("stopped"))
+	assert.Less(t, sink.index("bgtask: branch closure begun", nil), sink.index("bgtask: branch closure ended", nil))
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	require.Len(t, mt.begun, 1)
+	require.Len(t, mt.ended, 1, "every ClosureBegun has its ClosureEnded")
+	assert.Equal(t, "session_deleted", mt.ended[0].By)
+	assert.Equal(t, "shutdown", mt.ended[0].Ended)
+	assert.False(t, mt.ended[0].Dropped)
+}
+
+// A closure whose caller's context ends before its runs stopped says so
+// (ClosureSummary.Ended, the line's "ended"); one that ran to its end says
+// nothing of the kind.
+func TestAClosureCutShortByItsCallerSaysWhy(t *testing.T) {
+	sink, mt := &attrSink{}, newStoryMetrics()
+	host := &testHost{}
+	h := newHarness(t, host, WithLogger(slog.New(sink)), WithMetrics(mt))
+	done, _ := h.child("whole")
+	_, err := h.m.CloseBranch(context.Background(), "whole")
+	require.NoError(t, err)
+	h.wait(done.ID)
+	task, _ := h.child("root")
+	held, release := make(chan string, 1), make(chan struct{})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	host.mu.Lock()
+	host.abort = func(_ context.Context, sid string) error {
+		held <- sid
+		<-release
+		return nil
+	}
+	host.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	closed := make(chan error, 1)
+	go func() {
+		_, err := h.m.CloseBranch(ctx, "root")
+		closed <- err
+	}()
+	<-held // the abort is out; the closure waits for it
+	cancel()
+	require.ErrorIs(t, <-closed, context.Canceled)
+	close(release)
+	h.wait(task.ID)
+	h.settle()
+
+	whole := sink.one(t, "bgtask: branch closure ended", map[string]string{"session": "whole"})
+	assert.False(t, whole.has("ended"), "it ran to its end: %v", whole.attrs)
+	ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"session": "root"})
+	assert.Equal(t, "cancelled", ended.get("ended"))
+	assert.Equal(t, "1", ended.get("stopping"), "asked to stop, not stopped when it returned")
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	require.Len(t, mt.ended, 2)
+	assert.Equal(t, "", mt.ended[0].Ended)
+	assert.Equal(t, "cancelled", mt.ended[1].Ended)
+	assert.Equal(t, 1, mt.ended[1].Stopping)
+}
+
+// A stop asked of a task that is already stopping (its deadline's abort
+// held by the host, then a Cancel) logs no second "stop asked": the first
+// stop is who stopped it.
+func TestASecondStopOfAStoppingTaskLogsNoSecondLine(t *testing.T) {
+	sink, mt := &attrSink{}, newStoryMetrics()
+	held, release := make(chan string, 1), make(chan struct{})
+	host := &testHost{abort: func(_ context.Context, sid string) error {
+		held <- sid
+		<-release
+		return nil
+	}}
+	h := newHarness(t, host, WithLogger(slog.New(sink)), WithMetrics(mt))
+	waiting := make(chan string, 1)
+	h.m.hooks.waiting = func(id string) { waiting <- id }
+	task := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
+	h.clock.Advance(time.Minute)
+	<-held // the deadline's abort, held
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- h.m.Cancel(context.Background(), task.ID) }()
+	require.Equal(t, task.ID, <-waiting, "the Cancel was decided: it waits for the abort in flight")
+	close(release)
+	require.NoError(t, <-cancelled)
+	h.wait(task.ID)
+	h.settle()
+
+	asked := sink.find("bgtask: stop asked", nil)
+	require.Len(t, asked, 1, "%v", asked)
+	assert.Equal(t, "deadline", asked[0].get("stop.kind"))
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	assert.Equal(t, map[string][]StopCause{task.ID: {{Kind: StopDeadline}}}, mt.stops)
+}
+
+// CancelRun asks its stop once: one "stop asked" line.
+func TestCancelRunLogsOneStopAsked(t *testing.T) {
+	sink := &attrSink{}
+	h := newHarness(t, nil, WithLogger(slog.New(sink)))
+	task := h.running("chat")
+	cur := task.Current()
+	require.NoError(t, h.m.CancelRun(context.Background(), RunRef{TaskID: task.ID, AttemptID: cur.ID, Token: cur.Token}))
+	h.wait(task.ID)
+	h.settle()
+	asked := sink.find("bgtask: stop asked", nil)
+	require.Len(t, asked, 1, "%v", asked)
+	assert.Equal(t, task.ID, asked[0].get("task"))
+	assert.Equal(t, "cancel", asked[0].get("stop.kind"))
+}
+
+// recoveryHost is the session service as a restart sees it, with two
+// twists: the question about session late is answered only once lateEnded
+// is closed, and FindSession names, for the attempts in misfound, a
+// session that is not theirs.
+type recoveryHost struct {
+	svcHost
+	late      string
+	lateEnded <-chan struct{}
+	misfound  map[string]string // attempt id → the session FindSession names
+}
+
+func (h *recoveryHost) FindSession(ctx context.Context, req SessionRequest) (string, error) {
+	if sid, ok := h.misfound[req.AttemptID]; ok {
+		return sid, nil
+	}
+	return h.svcHost.FindSession(ctx, req)
+}
+
+func (h *recoveryHost) SessionStatus(ctx context.Context, sid string) (SessionReport, error) {
+	if sid == h.late {
+		select {
+		case <-h.lateEnded:
+		case <-ctx.Done():
+		}
+	}
+	return h.svcHost.SessionStatus(ctx, sid)
+}
+
+// endedHook is storyMetrics that closes ended once task id ended.
+type endedHook struct {
+	*storyMetrics
+	id    string
+	ended chan struct{}
+}
+
+func (m *endedHook) TaskEnded(t Task, state Status, reason Reason, d time.Duration) {
+	m.storyMetrics.TaskEnded(t, state, reason, d)
+	if t.ID == m.id {
+		close(m.ended)
+	}
+}
+
+// Every run live at the crash is counted once, in exactly one outcome:
+// Live is Readopted + Ended + Interrupted + Stopped + Started — a run
+// whose deadline passed across the restart and whose abort landed before
+// the host's answer, and a run whose session the host found but the
+// ledger refused, included. A closure the restart drops is not counted
+// finished.
+func TestARestartCountsEachLiveRunInExactlyOneOutcome(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	svc := newSessionService()
+	j1 := openJournal(t, dir)
+	m1, err := Open(ctx, &svcHost{svc: svc}, WithJournal(j1), WithClock(clock.NewFake(t0)),
+		WithModelLimits(ModelLimits{Models: map[string]int{"q/1": 1}}), WithRetryDelay(func(int, error) time.Duration { return 0 }))
+	require.NoError(t, err)
+	launch := func(parent string, spec Spec, want func(Task) bool) Task {
+		t.Helper()
+		spec.ParentSessionID = parent
+		task, err := m1.Launch(ctx, spec)
+		require.NoError(t, err)
+		return waitFor(t, m1, task.ID, want)
+	}
+	running := func(task Task) bool { return task.Status == StatusRunning }
+	one := func(model string) Spec { return Spec{Models: mustModels(t, model)} }
+
+	alive := launch("p-alive", one("q/1"), running)
+	queued := launch("p-queued", one("q/1"), func(task Task) bool { return task.Pending == PendingQueued })
+	ended := launch("p-ended", one("a/1"), running)
+	gone := launch("p-gone", one("a/1"), running)
+	lateSpec := one("a/1")
+	lateSpec.Timeout = time.Hour
+	late := launch("p-late", lateSpec, running)
+	retried := launch("p-retried", Spec{Models: mustModels(t, "a/1", "b/2")}, running)
+	svc.mu.Lock()
+	svc.gate[2] = make(chan struct{}) // never opened: the retry's start answers no more
+	svc.mu.Unlock()
+	require.NoError(t, m1.Observe(Event{SessionID: retried.SessionID, Kind: SessionError, Err: errRateLimited}))
+	<-svc.gated
+	svc.mu.Lock()
+	svc.gate[1] = make(chan struct{})
+	svc.mu.Unlock()
+	lost, err := m1.Launch(ctx, Spec{ParentSessionID: "p-lost", Models: mustModels(t, "a/1")})
+	require.NoError(t, err)
+	require.Equal(t, lost.CurrentAttemptID, <-svc.gated)
+	require.NoError(t, m1.StopBranch(ctx, "ghost"), "a start in flight may create it: its closure is recorded")
+	crash(t, m1, j1)
+	r := mustTask(t, m1, retried.ID)
+	require.Len(t, r.Attempts, 2)
+
+	svc.mu.Lock()
+	clear(svc.gate)
+	svc.mu.Unlock()
+	svc.set(ended.SessionID, SessionStateEnded, Event{Kind: SessionIdle, Text: "done while you were away"})
+	svc.mu.Lock()
+	delete(svc.sessions, gone.SessionID)
+	svc.mu.Unlock()
+
+	mt := &endedHook{storyMetrics: newStoryMetrics(), id: late.ID, ended: make(chan struct{})}
+	host := &recoveryHost{svcHost: svcHost{svc: svc, abortOK: true}, late: late.SessionID, lateEnded: mt.ended,
+		misfound: map[string]string{r.Attempts[1].ID: r.Attempts[0].SessionID}} // the session of its own failed attempt
+	sink := &attrSink{}
+	m2, err := Open(ctx, host, WithJournal(openJournal(t, dir)), WithClock(clock.NewFake(t0.Add(2*time.Hour))),
+		WithMetrics(mt), WithLogger(slog.New(sink)))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+
+	assert.Equal(t, StatusRunning, mustTask(t, m2, alive.ID).Status)
+	assert.Equal(t, StatusRunning, mustTask(t, m2, lost.ID).Status)
+	assert.Equal(t, StatusCompleted, mustTask(t, m2, ended.ID).Status)
+	assert.Equal(t, StatusInterrupt, mustTask(t, m2, gone.ID).Status)
+	lt := mustTask(t, m2, late.ID)
+	assert.Equal(t, StatusError, lt.Status)
+	assert.Equal(t, ReasonDeadline, lt.Outcome.Reason)
+	rt := mustTask(t, m2, retried.ID)
+	assert.Equal(t, StatusInterrupt, rt.Status, "the session found is its failed attempt's: never taken back, never left pending")
+	assert.Equal(t, StartOutcomeUnknown, rt.Error)
+	_ = queued
+
+	want := RecoveryCounts{Tasks: 7, Live: 7, Readopted: 2, Ended: 1, Interrupted: 2, Stopped: 1, Started: 1}
+	mt.mu.Lock()
+	got := slices.Clone(mt.recovered)
+	mt.mu.Unlock()
+	require.Len(t, got, 1)
+	n := got[0]
+	assert.Equal(t, n.Live, n.Readopted+n.Ended+n.Interrupted+n.Stopped+n.Started, "each live run in exactly one outcome: %+v", n)
+	assert.Equal(t, want, n)
+	line := sink.one(t, "bgtask: recovered from the journal", nil)
+	assert.Equal(t, "7", line.get("live"))
+	assert.Equal(t, "1", line.get("stopped"))
+	assert.Equal(t, "0", line.get("closures"), "the ghost's closure was dropped, not finished")
 }

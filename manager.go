@@ -283,7 +283,10 @@ func (m *Manager) recover(ctx context.Context) error {
 		}
 	}
 	// A closure the crash interrupted is finished: its fence up again, its
-	// runs stopped, its record written.
+	// runs stopped, its record written. One whose root or task is no
+	// longer known is dropped, and one that outlives ctx goes on: neither
+	// is counted finished.
+	closures := 0
 	for _, seq := range slices.Sorted(maps.Keys(rv.closing)) {
 		c := rv.closing[seq]
 		var err error
@@ -292,12 +295,19 @@ func (m *Manager) recover(ctx context.Context) error {
 		} else {
 			_, err = m.closeBranch(ctx, c.root, closedByRestart)
 		}
-		if err != nil && !errors.Is(err, ErrUnknownSession) && !errors.Is(err, ErrUnknownTask) {
+		if errors.Is(err, ErrUnknownSession) || errors.Is(err, ErrUnknownTask) {
+			continue
+		}
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			closures++
+		}
+		if err != nil {
 			m.logAttrs(slog.LevelWarn, "bgtask: finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", safeText(err)))
 		}
 	}
 	if rv.restart {
 		m.mu.Lock()
+		rv.counts.Closures = closures
 		m.recovered(rv, m.now().Sub(began))
 		if err := m.unlock(); err != nil {
 			return err

@@ -78,42 +78,63 @@ type ClosureSummary struct {
 	// Dropped: the root turned out to be no task's session and no task's
 	// parent (ErrUnknownSession): nothing was recorded.
 	Dropped bool
+	// Ended says why the closure ended before every run it asked to stop
+	// had stopped or failed to, when it did: "" (it ran to its end, or
+	// was Dropped), "cancelled" (its caller's context ended first),
+	// "shutdown" (Shutdown cut it short, or it could not go on after
+	// Shutdown) or "journal_failed" (the journal failed while it waited).
+	// Its counts are what it had seen then; its Stopping runs may still
+	// stop.
+	Ended string
 }
+
+// Why a closure ended early (ClosureSummary.Ended).
+const (
+	closureCancelled     = "cancelled"
+	closureShutdown      = "shutdown"
+	closureJournalFailed = "journal_failed"
+)
 
 // RecoveryCounts is what a restart's recovery found in the journal and
 // did (Metrics.Recovered, and the info line "bgtask: recovered from the
-// journal"). Each run live at the crash is counted in at most one of
-// Readopted, Ended, Interrupted, Stopped and Started.
+// journal"). Each run live at the crash is counted once, in exactly one
+// of Readopted, Ended, Interrupted, Stopped and Started: Live is their
+// sum. A task between attempts at the crash (its retry recorded, its next
+// attempt not) is live, and counted by what becomes of the attempt the
+// recovery makes for it (Retried counts those attempts again).
 type RecoveryCounts struct {
 	// Tasks is the tasks the journal held (ended ones kept included), Live
-	// those live after the replay.
+	// those live after the replay: the runs live at the crash.
 	Tasks, Live int
 	// Readopted: runs whose session the host found alive, taken back (a
 	// stop asked before the restart goes on).
 	Readopted int
 	// Ended: runs whose session the host found ended: they end with that
-	// evidence.
+	// evidence (or ended by themselves while the host was asked).
 	Ended int
 	// Interrupted: runs ended interrupt — their session gone, or no host
 	// that could say (LostAcrossRestart), or a start whose outcome was lost
-	// (StartOutcomeUnknown).
+	// or whose session could not be taken back (StartOutcomeUnknown).
 	Interrupted int
-	// Stopped: runs a stop asked before the restart (or a deadline that
-	// passed meanwhile) ended at once: no child was ever made, or the host
-	// found it gone after the stop's abort.
+	// Stopped: runs a stop ended — a stop asked before the restart, or a
+	// deadline that passed meanwhile: at once when no child was ever
+	// made, or once its abort landed, before or after the host's answer.
 	Stopped int
-	// Started: runs that had not asked for a child, admitted again (a
-	// retried task's next attempt included): they start now.
+	// Started: runs that had not asked for a child, admitted again: they
+	// start now.
 	Started int
 	// Retried: retries the journal held whose next attempt it did not:
-	// that attempt is made now.
+	// that attempt is made now, and counted in one of the above too
+	// (Started, unless it is stopped or cannot run).
 	Retried int
 	// Redelivered: notifications produced and not delivered, queued again
 	// with their IDs; Owed: notifications owed and never produced (a final
 	// summary, an all_complete), produced now; Undelivered: notifications
 	// given up before the restart, kept in Undelivered.
 	Redelivered, Owed, Undelivered int
-	// Closures: closures the crash interrupted, finished.
+	// Closures: closures the crash interrupted, finished by the recovery
+	// (one whose root or task is no longer known is dropped, and one that
+	// outlives the recovery's context goes on: neither is counted).
 	Closures int
 }
 

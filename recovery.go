@@ -354,7 +354,6 @@ func (m *Manager) reconcile(rv *recovery) {
 			n.Redelivered++
 		}
 	}
-	n.Closures = len(rv.closing)
 }
 
 // retryOwed starts the next attempt of each task whose retry was durable
@@ -545,10 +544,11 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 			m.commitBuilt(e, rec, err)
 			m.abortOrphan(e, a, in.sid)
 		}
+		in.endedMeanwhile(e)
 		return
 	}
 	now := m.now()
-	n := &in.rv.counts
+	n := in.counts()
 	switch {
 	case in.err != nil:
 		why := LostAcrossRestart + ": the host could not say what became of it: " + in.text
@@ -581,6 +581,36 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 	m.readopt(in, now)
 }
 
+// counts is what the recovery asking counts (a scratch copy for an
+// answer with no recovery: tests that decide one by hand).
+func (in *recoveredIn) counts() *RecoveryCounts {
+	if in.rv == nil {
+		return new(RecoveryCounts)
+	}
+	return &in.rv.counts
+}
+
+// endedMeanwhile counts a run that ended, or was replaced, while the
+// host's answer about it was outstanding — a deadline that passed across
+// the restart, whose abort landed first: by how it ended. m.mu is held.
+func (in *recoveredIn) endedMeanwhile(e *entry) {
+	n := in.counts()
+	status := e.cur().Status
+	for _, a := range e.atts() {
+		if a.ID == in.a.ID {
+			status = a.Status
+		}
+	}
+	switch {
+	case status == StatusInterrupt:
+		n.Interrupted++
+	case e.stop != "":
+		n.Stopped++
+	default:
+		n.Ended++
+	}
+}
+
 // readopt takes back a current run whose session the host found alive or
 // ended after a restart: a pending run is bound to it, a running one has
 // its watches armed again; an ended session's last event is applied as if
@@ -588,7 +618,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 // held.
 func (m *Manager) readopt(in *recoveredIn, now time.Time) {
 	e, a := in.e, in.a
-	n := &in.rv.counts
+	n := in.counts()
 	if e.cur().Status == StatusPending {
 		if owner, taken := m.led.bySession[in.sid]; taken && owner.e != e {
 			m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
@@ -596,6 +626,11 @@ func (m *Manager) readopt(in *recoveredIn, now time.Time) {
 			return
 		}
 		if !m.bindRun(e, a.ID, in.sid, now) {
+			// The ledger refused the session the host found (logged: one
+			// of another run of the task, say): it cannot be taken back,
+			// and the run is not left pending for a start that never answers.
+			m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+			n.Interrupted++
 			return
 		}
 	} else {

@@ -396,7 +396,11 @@ func (m *Manager) cascadeDelete(sessionID string) {
 	c := m.openClosure(sessionID, nil, closedBySessionDeleted)
 	c.quiet = true
 	if !m.effect(effect{kind: fxCascade, closure: c, session: sessionID}) {
+		// After Shutdown nothing runs its passes: the fence comes down
+		// at once, and the closure that began ends, cut short.
 		delete(m.closures.active, c)
+		m.signal()
+		m.closureEnded(c, ClosureReport{SessionID: sessionID}, false, ErrShutdown)
 	}
 }
 

@@ -17,14 +17,20 @@
 //     stop.kind, outcome): by is what began the closure (CloseBranch,
 //     StopBranch, CloseTask, caller, session_deleted, restart), outcome
 //     stopped (every run it asked to stop ended), failed (an abort failed),
-//     stopping (it returned before every stop landed) or unknown_session;
+//     stopping (it returned before every stop landed), unknown_session,
+//     or, for a closure cut short (bgtask.ClosureSummary.Ended), cancelled
+//     (its caller's context ended), shutdown or journal_failed;
 //   - bgtask.closure.runs (by, result: stopped, failed, stopping): the
 //     runs closures asked to stop, by what became of them;
 //   - bgtask.recoveries: restarts recovered from a journal;
 //     bgtask.recovery.runs (outcome: readopted, ended, interrupted,
-//     stopped, started): the runs live at the crash, by what the recovery
-//     made of them; bgtask.recovery.retries; bgtask.recovery.notifications
-//     (outcome: redelivered, owed, undelivered); bgtask.recovery.closures.
+//     stopped, started): the runs live at the crash, each counted once, in
+//     the one outcome the recovery gave it — their sum is the runs live
+//     at the crash (a task between attempts counts by the attempt the
+//     recovery makes for it); bgtask.recovery.retries: those attempts,
+//     counted again; bgtask.recovery.notifications (outcome: redelivered,
+//     owed, undelivered); bgtask.recovery.closures: closures a crash
+//     interrupted that the recovery finished.
 //
 // Histograms, in seconds: bgtask.queue.wait (key), bgtask.attempt.duration
 // (model, status), bgtask.task.duration (state), bgtask.closure.duration
@@ -158,6 +164,8 @@ func (m *Metrics) ClosureEnded(c bgtask.ClosureSummary, d time.Duration) {
 	switch {
 	case c.Dropped:
 		outcome = "unknown_session"
+	case c.Ended != "":
+		outcome = c.Ended // cut short: cancelled, shutdown, journal_failed
 	case c.Failed > 0:
 		outcome = "failed"
 	case c.Stopping > 0:

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -146,4 +147,41 @@ func TestStopsClosuresAndRecoveriesBecomeInstruments(t *testing.T) {
 func TestANilMeterIsAnError(t *testing.T) {
 	_, err := otelmetrics.New(nil)
 	assert.Error(t, err)
+}
+
+// A closure cut short — its caller's context ended, Shutdown — is an
+// outcome of its own, never "stopped".
+func TestAClosureCutShortIsAnOutcomeOfItsOwn(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	mt, err := otelmetrics.New(provider.Meter("bgtask"))
+	require.NoError(t, err)
+	ctx := context.Background()
+	running, release := make(chan struct{}, 1), make(chan struct{})
+	fn := func(ctx context.Context, run bgtask.Run) (string, error) {
+		running <- struct{}{}
+		<-release // it stops only when let go: its abort waits
+		return "", ctx.Err()
+	}
+	m := bgtask.New(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
+	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "tree", Models: []bgtask.Model{{ID: "m"}}})
+	require.NoError(t, err)
+	<-running
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = m.CloseBranch(gone, "tree")
+	require.ErrorIs(t, err, context.Canceled, "its caller gave up before the abort landed")
+	close(release)
+	_, err = m.Wait(ctx, task.ID)
+	require.NoError(t, err)
+	require.NoError(t, m.Shutdown(ctx))
+	mt.ClosureEnded(bgtask.ClosureSummary{SessionID: "s", By: "session_deleted", Stop: bgtask.StopCause{Kind: bgtask.StopClosure, Root: "s"},
+		Ended: "shutdown"}, time.Second)
+
+	sums, hists, _ := collect(t, reader)
+	assert.Equal(t, map[string]int64{"by=CloseBranch,outcome=cancelled,stop.kind=closure": 1,
+		"by=session_deleted,outcome=shutdown,stop.kind=closure": 1}, sums["bgtask.closures.ended"])
+	assert.Equal(t, map[string]uint64{"by=CloseBranch,outcome=cancelled": 1, "by=session_deleted,outcome=shutdown": 1}, hists["bgtask.closure.duration"])
+	assert.Equal(t, map[string]int64{"by=CloseBranch,result=stopping": 1}, sums["bgtask.closure.runs"], "asked to stop, not stopped when it returned")
 }
