@@ -372,6 +372,9 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 			}
 			m.retried(e, rec.attempt)
 		case recAttemptFinal:
+			if m.calls.health != nil {
+				m.healthEnded(e, rec.attempt)
+			}
 			if m.cfg.metrics != nil && !rec.attempt.StartedAt.IsZero() {
 				t, a := e.project(), rec.attempt
 				m.measure(func(mt Metrics) { mt.AttemptEnded(t, a, a.CompletedAt.Sub(a.StartedAt)) })

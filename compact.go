@@ -38,9 +38,27 @@ func (m *Manager) snapshotRecords() []record {
 		add(record{kind: recTaskLaunched, task: e.id, at: ti.launchedAt, recordExt: &recordExt{spec: ti}})
 		atts := e.atts()
 		bound := make(map[string]bool, len(atts))
+		skips := e.skips
 		for i, a := range atts {
 			created := Attempt{ID: a.ID, Number: a.Number, Token: a.Token, Model: a.Model, Status: StatusPending, Pending: PendingAwaitingSession}
+			var mine []Skip // the skips that moved it: made on the first model skipped, then moved as they did
+			for len(skips) > 0 && skips[0].Attempt == a.Number {
+				mine, skips = append(mine, skips[0]), skips[1:]
+			}
+			if len(mine) > 0 {
+				created.Model = mine[0].Model
+			}
 			add(record{kind: recAttemptCreated, task: e.id, at: ti.launchedAt, attempt: created})
+			for j, sk := range mine {
+				moved := created
+				moved.Model = a.Model
+				if j+1 < len(mine) {
+					moved.Model = mine[j+1].Model
+				}
+				sk := sk
+				add(record{kind: recModelSkipped, task: e.id, at: sk.At, attempt: moved, recordExt: &recordExt{skip: &sk}})
+				created = moved
+			}
 			if a.SessionID != "" {
 				run := created
 				run.Status, run.Pending, run.SessionID, run.StartedAt = StatusRunning, "", a.SessionID, a.StartedAt

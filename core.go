@@ -131,7 +131,15 @@ type (
 		seq uint64
 		rv  *recovery // the recovery asking: it counts the answers
 	}
+	// cooledIn: the cooldown run a of e waited for ended (or one ended
+	// early): it may be admitted now.
+	cooledIn struct {
+		e *entry
+		a Attempt
+	}
 )
+
+func (*cooledIn) input() {}
 
 func (*launchIn) input() {}
 
@@ -188,6 +196,8 @@ func (m *Manager) decide(in input) {
 		m.recordAborts(in.b, in.ops, m.now())
 	case *retryReadyIn:
 		in.out = m.onRetryReady(in)
+	case *cooledIn:
+		m.onCooled(in)
 	case *queueTimeoutIn:
 		m.onQueueTimeout(in)
 	case *gateCheckIn:

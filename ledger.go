@@ -143,7 +143,7 @@ func metaKey(k, v string) string { return k + "\x00" + v }
 // anything: a record is refused unless it carries what its kind needs.
 func (l *ledger) replayOne(rec record) (*entry, error) {
 	switch rec.kind {
-	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch, recClosureOpened, recClosureDropped:
+	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch, recClosureOpened, recClosureDropped, recHealthReset:
 		l.stamp(&rec)
 		return nil, nil
 	case recBranchClosed:
@@ -373,6 +373,12 @@ func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 		e.revision++
 	case recSessionOrphan:
 		l.indexSession(e, ref, rec.session)
+	case recModelSkipped:
+		e.attempts[ref.index] = rec.attempt
+		sk := *rec.skip
+		sk.At = rec.at.Round(0)
+		e.skips = append(e.skips, sk)
+		e.revision++
 	case recStopRequested:
 		e.stop, e.stopBy = rec.stop, rec.note
 		e.live.Store(nil)
@@ -439,6 +445,9 @@ func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error 
 		return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
 	}
 	old := ref.attempt()
+	if rec.kind == recModelSkipped {
+		return checkSkip(e, ref, rec)
+	}
 	if rec.kind == recSessionOrphan {
 		if rec.recordExt == nil || rec.session == "" {
 			return errors.New("bgtask: ledger: an orphaned session must be named")
@@ -485,6 +494,29 @@ func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error 
 		if prev, taken := l.bySession[rec.attempt.SessionID]; taken && prev.attempt().ID != old.ID && !continues(e, prev, rec.attempt.SessionID) {
 			return fmt.Errorf("bgtask: session %q already belongs to attempt %s", rec.attempt.SessionID, prev.attempt().ID)
 		}
+	}
+	return nil
+}
+
+// checkSkip refuses a skip the chain does not allow: only the current
+// attempt, pending and never started, moves from the model its place in
+// the chain names (the one skipped) to the chain's next, keeping its
+// identity.
+func checkSkip(e *entry, ref attemptRef, rec *record) error {
+	old, a := ref.attempt(), rec.attempt
+	if rec.recordExt == nil || rec.skip == nil {
+		return errors.New("bgtask: ledger: a skip must name the model it skipped")
+	}
+	if !ref.isCurrent() || old.Status != StatusPending || old.SessionID != "" {
+		return fmt.Errorf("%w: only the current attempt, pending with no session, skips a model", errBadTransition)
+	}
+	pos := e.chainPos(old.Number)
+	if pos+1 >= len(e.info.models) || rec.skip.Model != old.Model || old.Model != e.info.models[pos] || a.Model != e.info.models[pos+1] || rec.skip.Attempt != old.Number {
+		return fmt.Errorf("bgtask: ledger: attempt %s: a skip moves it from its place in the chain to the next", old.ID)
+	}
+	a.Model = old.Model
+	if a != *old {
+		return fmt.Errorf("bgtask: ledger: attempt %s: a skip changes its model only", old.ID)
 	}
 	return nil
 }

@@ -220,6 +220,12 @@ type queued struct {
 // admit starts attempt a of e when a slot is free, or queues it. m.mu is
 // held.
 func (m *Manager) admit(e *entry, a Attempt) {
+	if m.calls.health != nil {
+		var ok bool
+		if a, ok = m.healthAdmit(e, a); !ok {
+			return
+		}
+	}
 	if m.calls.pool == nil {
 		m.spawnStart(e, a)
 		return

@@ -108,6 +108,7 @@ type hostCalls struct {
 	held     *held.Set[observation]  // events waiting for a start in flight to bind their session
 	prompts  map[*entry]*promptLane  // the Extend lanes of live tasks: one host prompt call at a time
 	fanout   map[string][]*fanWaiter // Launches waiting for a live-task slot of their parent session, in arrival order
+	health   *healthBook             // what the calls' failures say of models and providers (WithHealth); nil: none kept
 }
 
 // fanWaiter is a Launch waiting for a slot of its parent session
@@ -363,6 +364,9 @@ func newManager(host Host, opts []Option) *Manager {
 	m.changes.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
 	m.notes.lanes = dispatch.New(m.goLater, m.deliver)
 	m.notes.lanes.SetLimit(cfg.queueLimit, lessNeeded)
+	if cfg.health != nil {
+		m.calls.health = newHealthBook(cfg.health)
+	}
 	if cfg.limits != nil {
 		m.calls.pool = slots.New[queued]()
 		m.cfg.err = cfg.limits.validate()

@@ -369,7 +369,7 @@ func (m *Manager) retryOwed(rv *recovery, now time.Time) {
 		}
 		failed, n := *e.cur(), e.count()+1
 		if e.terminal() && failed.Status == StatusError && n <= e.info.maxAttempts {
-			next, err := l.newAttempt(n, e.info.modelFor(n))
+			next, err := l.newAttempt(n, e.modelFor(n))
 			if err == nil && m.commit(e, record{kind: recAttemptCreated, task: e.id, at: now, attempt: next}) {
 				rv.counts.Retried++
 				if m.cfg.notifier != nil {

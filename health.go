@@ -1,0 +1,616 @@
+package bgtask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/bgtask/bgtask/internal/errclass"
+)
+
+// HealthPolicy is how a Manager keeps model and provider health
+// (WithHealth). A failure the classifier calls a rate limit, an overload
+// or a model that does not exist (404, "model not found", "not
+// supported") cools the model; a forbidden or unauthorized provider (403,
+// 401), or OutageAfter server errors in a row, cool the provider (each of
+// its models). A cooldown lasts what the provider's Retry-After asked
+// for, else Cooldown (Unavailable for a model not found or a provider
+// refused), doubling with each failure in a row, at most MaxCooldown. A
+// success ends the failures in a row. Once a cooldown is over, one
+// attempt (the probe) is let through before others; its failure starts a
+// cooldown at least twice as long as the last.
+//
+// While a model (or its provider) cools, a task's attempt skips it for
+// the chain's next model, and the skip is recorded (Task.Skips, the
+// Timeline). When every model left in the chain cools, the attempt waits
+// (PendingCooldown) for the earliest cooldown to end; a wait that would
+// last longer than MaxWait ends the task in error, naming the cooldowns.
+//
+// The zero value of each field is its default.
+type HealthPolicy struct {
+	// Off keeps no health: no cooldown, no skip (a harness's switch).
+	Off bool
+	// Cooldown is the first cooldown of a rate limit or an overload that
+	// gave no Retry-After. Default 30s.
+	Cooldown time.Duration
+	// Unavailable is the first cooldown of a model not found or a
+	// provider refused (403, 401) with no Retry-After. Default 5m.
+	Unavailable time.Duration
+	// MaxCooldown bounds a cooldown the policy works out (a Retry-After
+	// is honoured as given, up to it too). Default 10m.
+	MaxCooldown time.Duration
+	// MaxWait bounds how long an attempt waits for a cooldown to end when
+	// every model left in its chain cools. Default 2m; < 0: no wait (the
+	// task ends in error at once).
+	MaxWait time.Duration
+	// OutageAfter is how many server errors (500, 502) in a row from a
+	// provider's models cool the provider. Default 3.
+	OutageAfter int
+	// ProbeTimeout is how long a probe may go unanswered before another
+	// attempt may probe instead. Default 5m.
+	ProbeTimeout time.Duration
+	// EarlySuccess lets a success of an attempt admitted before a
+	// cooldown began end that cooldown. Default false: only a request
+	// sent after the failure (the probe) says the model recovered.
+	EarlySuccess bool
+}
+
+// Health defaults (HealthPolicy's zero fields).
+const (
+	DefaultHealthCooldown     = 30 * time.Second
+	DefaultHealthUnavailable  = 5 * time.Minute
+	DefaultHealthMaxCooldown  = 10 * time.Minute
+	DefaultHealthMaxWait      = 2 * time.Minute
+	DefaultHealthOutageAfter  = 3
+	DefaultHealthProbeTimeout = 5 * time.Minute
+)
+
+// WithHealth keeps model and provider health, shared by every task of the
+// Manager, by policy p (its zero fields: the defaults). Without it (or
+// with p.Off) no health is kept, and every attempt runs on the model its
+// place in the chain names.
+func WithHealth(p HealthPolicy) Option {
+	return optionFunc(func(c *config) {
+		if p.Off {
+			c.health = nil
+			return
+		}
+		def := func(d *time.Duration, v time.Duration) {
+			if *d <= 0 {
+				*d = v
+			}
+		}
+		def(&p.Cooldown, DefaultHealthCooldown)
+		def(&p.Unavailable, DefaultHealthUnavailable)
+		def(&p.MaxCooldown, DefaultHealthMaxCooldown)
+		def(&p.ProbeTimeout, DefaultHealthProbeTimeout)
+		switch {
+		case p.MaxWait == 0:
+			p.MaxWait = DefaultHealthMaxWait
+		case p.MaxWait < 0:
+			p.MaxWait = 0
+		}
+		if p.OutageAfter <= 0 {
+			p.OutageAfter = DefaultHealthOutageAfter
+		}
+		c.health = &p
+	})
+}
+
+// HealthState is a model's or a provider's state.
+type HealthState string
+
+const (
+	// HealthHealthy: attempts run on it.
+	HealthHealthy HealthState = "healthy"
+	// HealthCooling: attempts skip it until the cooldown ends.
+	HealthCooling HealthState = "cooling"
+	// HealthProbing: its cooldown is over; one attempt (the probe) is let
+	// through, or is in flight, before others.
+	HealthProbing HealthState = "probing"
+)
+
+// Health is one model's or provider's health (Manager.Health).
+type Health struct {
+	// Model is the model; for a provider's health only its Provider is
+	// set (Provider is then true). A model's variant is not told apart.
+	Model    Model `json:"model"`
+	Provider bool  `json:"provider,omitempty"`
+	// State is healthy, cooling, or probing (its cooldown is over).
+	State HealthState `json:"state"`
+	// Since is when the cooldown began, Until when it ends (zero while
+	// healthy). Why is the class of the failure that began it
+	// (rate_limited, overloaded, model_not_found, forbidden,
+	// unauthorized, server_error).
+	Since time.Time `json:"since,omitzero"`
+	Until time.Time `json:"until,omitzero"`
+	Why   string    `json:"why,omitempty"`
+	// InARow counts the failures since the last success; Failures,
+	// Successes, Cooldowns and Skips count since the Manager began.
+	InARow    int    `json:"inARow"`
+	Failures  uint64 `json:"failures"`
+	Successes uint64 `json:"successes"`
+	Cooldowns uint64 `json:"cooldowns"`
+	Skips     uint64 `json:"skips"`
+}
+
+// Key is what ResetHealth takes for it: "provider/id" for a model,
+// "provider" for a provider.
+func (h Health) Key() string {
+	if h.Provider {
+		return h.Model.Provider
+	}
+	return h.Model.Provider + "/" + h.Model.ID
+}
+
+// Skip is a model a task's chain skipped because it was cooling (Task.Skips).
+type Skip struct {
+	// Attempt is the number of the attempt that moved past it.
+	Attempt int `json:"attempt"`
+	// Model is the model skipped.
+	Model Model `json:"model"`
+	// Why says what cooled: the class of the failure, and "provider" when
+	// the provider cools ("rate_limited", "provider forbidden", "probe in
+	// flight").
+	Why string `json:"why"`
+	// Until is when its cooldown was to end; At when it was skipped.
+	Until time.Time `json:"until,omitzero"`
+	At    time.Time `json:"at,omitzero"`
+}
+
+// healthClass is what a failure means for health.
+type healthClass uint8
+
+const (
+	hcNone         healthClass = iota
+	hcRateLimited              // the model cools
+	hcOverloaded               // the model cools
+	hcNotFound                 // the model cools, long
+	hcForbidden                // the provider cools, long
+	hcUnauthorized             // the provider cools, long
+	hcServerError              // the provider cools after OutageAfter in a row
+)
+
+var healthClassNames = [...]string{"", "rate_limited", "overloaded", "model_not_found", "forbidden", "unauthorized", "server_error"}
+
+func (c healthClass) String() string { return healthClassNames[c] }
+
+// provider reports whether c cools the provider rather than the model.
+func (c healthClass) provider() bool { return c >= hcForbidden }
+
+// healthClassOf classifies err for health. It runs the error's methods:
+// never under m.mu (classify calls it, guarded).
+func healthClassOf(err error) healthClass {
+	switch errclass.Classify(err) {
+	case errclass.RateLimited:
+		return hcRateLimited
+	case errclass.Overloaded:
+		return hcOverloaded
+	case errclass.ModelNotFound:
+		return hcNotFound
+	case errclass.Forbidden:
+		return hcForbidden
+	case errclass.Unauthorized:
+		return hcUnauthorized
+	case errclass.ServerError:
+		return hcServerError
+	case errclass.Unknown, errclass.Validation:
+		if msg := strings.ToLower(safeText(err)); strings.Contains(msg, "model") && strings.Contains(msg, "not supported") {
+			return hcNotFound
+		}
+	}
+	return hcNone
+}
+
+// healthOf is one model's or provider's health as the Manager keeps it.
+type healthOf struct {
+	pub     Health
+	window  time.Duration // the current cooldown's length
+	probe   string        // the run token of the probe in flight ("": none)
+	probeAt time.Time
+	servers int    // server errors in a row
+	gen     uint64 // the book's count of cooldowns begun, as this one began
+}
+
+// healthBook is the Manager's health: guarded by m.mu.
+type healthBook struct {
+	pol  *HealthPolicy
+	of   map[string]*healthOf // "m:provider/id" or "p:provider"
+	wake chan struct{}        // closed (and made anew) when a cooldown may have ended early
+	gen  uint64               // cooldowns begun
+}
+
+func newHealthBook(p *HealthPolicy) *healthBook {
+	return &healthBook{pol: p, of: make(map[string]*healthOf), wake: make(chan struct{})}
+}
+
+func modelKey(md Model) string { return "m:" + md.Provider + "/" + md.ID }
+
+func providerKey(p string) string { return "p:" + p }
+
+// get is key's health, made healthy on first use.
+func (h *healthBook) get(key string, md Model, provider bool) *healthOf {
+	x := h.of[key]
+	if x == nil {
+		x = &healthOf{pub: Health{Model: md, Provider: provider, State: HealthHealthy}}
+		if provider {
+			x.pub.Model = Model{Provider: md.Provider}
+		} else {
+			x.pub.Model.Variant = ""
+		}
+		h.of[key] = x
+	}
+	return x
+}
+
+// blocks reports whether x keeps an attempt off now, and why.
+func (h *healthBook) blocks(x *healthOf, now time.Time) (bool, string, time.Time) {
+	switch {
+	case x == nil || x.pub.State == HealthHealthy:
+		return false, "", time.Time{}
+	case now.Before(x.pub.Until):
+		return true, x.pub.Why, x.pub.Until
+	case x.probe != "" && now.Before(x.probeAt.Add(h.pol.ProbeTimeout)):
+		return true, x.pub.Why + ", probe in flight", x.probeAt.Add(h.pol.ProbeTimeout)
+	}
+	return false, "", time.Time{}
+}
+
+// admits reports whether an attempt may run on md now; if not, why and
+// until when (the later of the model's and the provider's).
+func (h *healthBook) admits(md Model, now time.Time) (ok bool, why string, until time.Time) {
+	mb, mwhy, mu := h.blocks(h.of[modelKey(md)], now)
+	pb, pwhy, pu := h.blocks(h.of[providerKey(md.Provider)], now)
+	switch {
+	case mb && pb:
+		if pu.After(mu) {
+			return false, "provider " + pwhy, pu
+		}
+		return false, mwhy, mu
+	case mb:
+		return false, mwhy, mu
+	case pb:
+		return false, "provider " + pwhy, pu
+	}
+	return true, "", time.Time{}
+}
+
+// changed tells Metrics of x's new state. m.mu is held.
+func (m *Manager) healthChanged(x *healthOf) {
+	if m.cfg.metrics != nil {
+		pub := x.pub
+		m.measure(func(mt Metrics) { mt.HealthChanged(pub) })
+	}
+}
+
+// healthTake lets run token of e through on md: a model or provider whose
+// cooldown is over is probed by it. m.mu is held.
+func (m *Manager) healthTake(e *entry, md Model, token string, now time.Time) {
+	h := m.calls.health
+	e.rt.admitted = h.gen
+	for _, x := range [2]*healthOf{h.of[modelKey(md)], h.of[providerKey(md.Provider)]} {
+		if x == nil || x.pub.State == HealthHealthy {
+			continue
+		}
+		if ok, _, _ := h.blocks(x, now); ok {
+			continue
+		}
+		x.probe, x.probeAt = token, now
+		if x.pub.State != HealthProbing {
+			x.pub.State = HealthProbing
+			m.healthChanged(x)
+		}
+	}
+}
+
+// healthFailed records failure f of run a of e (started or not) in the
+// health of its model or provider. m.mu is held.
+func (m *Manager) healthFailed(e *entry, a Attempt, f failure, now time.Time) {
+	h := m.calls.health
+	if h == nil || f.health == hcNone {
+		return
+	}
+	x := h.get(modelKey(a.Model), a.Model, false)
+	if f.health.provider() {
+		x = h.get(providerKey(a.Model.Provider), a.Model, true)
+	}
+	x.pub.Failures++
+	if f.health == hcServerError {
+		if x.servers++; x.servers < h.pol.OutageAfter {
+			if x.probe == a.Token { // a probe that did not fail as the cooldown's cause: let another go
+				x.probe = ""
+			}
+			return
+		}
+	}
+	if x.pub.State == HealthCooling && now.Before(x.pub.Until) && e.rt.admitted < x.gen {
+		// Sent before this cooldown began: it finishes as it will and only
+		// a longer Retry-After moves the end.
+		if f.after > 0 && now.Add(min(f.after, h.pol.MaxCooldown)).After(x.pub.Until) {
+			x.pub.Until = now.Add(min(f.after, h.pol.MaxCooldown))
+			m.healthChanged(x)
+		}
+		return
+	}
+	x.pub.InARow++
+	base := h.pol.Cooldown
+	if f.health == hcNotFound || f.health == hcForbidden || f.health == hcUnauthorized {
+		base = h.pol.Unavailable
+	}
+	d := base
+	for i := 1; i < x.pub.InARow && d < h.pol.MaxCooldown; i++ {
+		d *= 2
+	}
+	if f.after > 0 {
+		d = f.after
+	}
+	if x.probe == a.Token && x.probe != "" { // the probe failed: longer than the last
+		d = max(d, 2*x.window)
+	}
+	d = min(d, h.pol.MaxCooldown)
+	h.gen++
+	x.window, x.probe, x.gen = d, "", h.gen
+	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthCooling, now, now.Add(d), f.health.String()
+	x.pub.Cooldowns++
+	m.healthChanged(x)
+	if m.cfg.logInfo {
+		m.logLocked(slog.LevelInfo, "bgtask: cooldown began", slog.String("key", x.pub.Key()), slog.String("why", x.pub.Why),
+			slog.String("until", x.pub.Until.Format(time.RFC3339)), slog.String("task", e.id))
+	}
+}
+
+// healthEnded records that run a of e ended (status): a completion is a
+// success; any end releases a probe the run held. m.mu is held.
+func (m *Manager) healthEnded(e *entry, a Attempt) {
+	h := m.calls.health
+	for _, x := range [2]*healthOf{h.of[modelKey(a.Model)], h.of[providerKey(a.Model.Provider)]} {
+		if x == nil {
+			continue
+		}
+		probe := x.probe == a.Token
+		if probe {
+			x.probe = ""
+		}
+		if a.Status != StatusCompleted {
+			continue
+		}
+		x.pub.Successes++
+		x.servers = 0
+		if x.pub.State != HealthHealthy && !probe && !h.pol.EarlySuccess && e.rt.admitted < x.gen {
+			continue // a request sent before the cooldown: it says nothing of now
+		}
+		x.pub.InARow = 0
+		if x.pub.State != HealthHealthy {
+			m.healthy(x)
+		}
+	}
+}
+
+// healthy ends x's cooldown. m.mu is held.
+func (m *Manager) healthy(x *healthOf) {
+	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthHealthy, time.Time{}, time.Time{}, ""
+	x.probe, x.window = "", 0
+	m.healthChanged(x)
+	h := m.calls.health
+	close(h.wake)
+	h.wake = make(chan struct{})
+}
+
+// skipsFor makes the skip records that move pending attempt a of e past
+// the cooling models at its place in the chain, to the first that is
+// not; none when that model does not cool, or when every model left
+// cools (the attempt then waits: healthAdmit). m.mu is held.
+func (m *Manager) skipsFor(e *entry, a Attempt, now time.Time) []record {
+	h := m.calls.health
+	if h == nil || len(h.of) == 0 {
+		return nil
+	}
+	models := e.info.models
+	pos := e.chainPos(a.Number)
+	if ok, _, _ := h.admits(models[pos], now); ok {
+		return nil
+	}
+	j := pos + 1
+	for ; j < len(models); j++ {
+		if ok, _, _ := h.admits(models[j], now); ok {
+			break
+		}
+	}
+	if j >= len(models) {
+		return nil
+	}
+	recs := make([]record, 0, j-pos)
+	for i := pos; i < j; i++ {
+		_, why, until := h.admits(models[i], now)
+		m.skipCounted(models[i], why)
+		next := a
+		next.Model = models[i+1]
+		recs = append(recs, record{kind: recModelSkipped, task: e.id, at: now, attempt: next,
+			recordExt: &recordExt{skip: &Skip{Attempt: a.Number, Model: models[i], Why: why, Until: until}}})
+		a = next
+	}
+	return recs
+}
+
+// skipCounted counts a skip of md in what blocked it. m.mu is held.
+func (m *Manager) skipCounted(md Model, why string) {
+	h := m.calls.health
+	key := modelKey(md)
+	if strings.HasPrefix(why, "provider ") {
+		key = providerKey(md.Provider)
+	}
+	if x := h.of[key]; x != nil {
+		x.pub.Skips++
+	}
+}
+
+// healthAdmit chooses the model pending attempt a of e runs on: past the
+// cooling ones (skip records), or, when every model left cools, none yet
+// (the attempt waits for the earliest cooldown to end, or ends in error
+// past MaxWait). It returns the attempt to admit and whether to admit it.
+// m.mu is held.
+func (m *Manager) healthAdmit(e *entry, a Attempt) (Attempt, bool) {
+	h, now := m.calls.health, m.now()
+	if len(h.of) == 0 {
+		e.rt.admitted = h.gen
+		return a, true
+	}
+	if recs := m.skipsFor(e, a, now); len(recs) > 0 {
+		if !m.commit(e, recs...) {
+			m.finalize(e, a.ID, StatusError, "bgtask: the ledger refused a model skip", "", now)
+			return a, false
+		}
+		a = *e.cur()
+	}
+	if ok, _, _ := h.admits(a.Model, now); !ok {
+		m.coolWait(e, a, now)
+		return a, false
+	}
+	e.rt.coolSince = 0
+	if a.Pending == PendingCooldown && !m.setPending(e, a.ID, PendingAwaitingSession, now) {
+		return a, false
+	}
+	m.healthTake(e, a.Model, a.Token, now)
+	return *e.cur(), true
+}
+
+// coolWait has pending attempt a of e, every model left in whose chain
+// cools, wait for the earliest cooldown to end (an fxCooldown), or end in
+// error when that is past the policy's MaxWait. m.mu is held.
+func (m *Manager) coolWait(e *entry, a Attempt, now time.Time) {
+	h := m.calls.health
+	if e.rt.coolSince == 0 {
+		e.rt.coolSince = now.UnixNano()
+	}
+	var end time.Time
+	var cooling []string
+	for _, md := range e.info.models[e.chainPos(a.Number):] {
+		_, why, until := h.admits(md, now)
+		if end.IsZero() || until.Before(end) {
+			end = until
+		}
+		cooling = append(cooling, md.String()+" ("+why+", until "+until.UTC().Format(time.RFC3339)+")")
+	}
+	cooling = slices.Compact(cooling)
+	limit := time.Unix(0, e.rt.coolSince).Add(h.pol.MaxWait)
+	if end.After(limit) {
+		e.output().reason = ReasonProviderError
+		text := fmt.Sprintf("every model left is cooling, past the %s a task waits: %s", h.pol.MaxWait, strings.Join(cooling, "; "))
+		m.finalize(e, a.ID, StatusError, text, "", now)
+		return
+	}
+	if a.Pending != PendingCooldown && !m.setPending(e, a.ID, PendingCooldown, now) {
+		return
+	}
+	t := m.cfg.clock.NewTimer(end.Sub(now))
+	if !m.effect(effect{kind: fxCooldown, e: e, run: runOfAttempt(a), timer: t, done: m.runDone(e), wake: h.wake}) {
+		t.Stop()
+		m.finalize(e, a.ID, StatusInterrupt, "", "", now)
+	}
+}
+
+// waitCooldownNow waits for the cooldown run a of e waits on to end (its
+// timer, or a cooldown ended early), then has the core look again
+// (cooledIn); nothing if the run ended meanwhile.
+func (m *Manager) waitCooldownNow(fx *effect) {
+	select {
+	case <-fx.timer.C():
+	case <-fx.wake:
+		fx.timer.Stop()
+	case <-fx.done:
+		fx.timer.Stop()
+		return
+	case <-m.life.ctx.Done():
+		fx.timer.Stop()
+		return
+	}
+	m.step(&cooledIn{e: fx.e, a: fx.run.attempt()})
+}
+
+// onCooled admits run a of e again after its wait for a cooldown, if it
+// still waits. m.mu is held.
+func (m *Manager) onCooled(in *cooledIn) {
+	e := in.e
+	if e.hot == nil || e.terminal() {
+		return
+	}
+	cur := *e.cur()
+	if cur.Token != in.a.Token || cur.Status != StatusPending || cur.Pending != PendingCooldown {
+		return
+	}
+	if m.fenceStop(e) {
+		m.finalize(e, cur.ID, e.stop, "", "", m.now())
+		return
+	}
+	m.admit(e, cur)
+}
+
+// Health lists the health of every model and provider that failed since
+// the Manager began (the others are healthy), models first, by name. It
+// is nil without WithHealth.
+func (m *Manager) Health() []Health {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h := m.calls.health
+	if h == nil {
+		return nil
+	}
+	now := m.now()
+	out := make([]Health, 0, len(h.of))
+	for _, x := range h.of {
+		pub := x.pub
+		if pub.State == HealthCooling && !now.Before(pub.Until) {
+			pub.State = HealthProbing // over: the next attempt probes
+		}
+		out = append(out, pub)
+	}
+	slices.SortFunc(out, func(a, b Health) int {
+		if a.Provider != b.Provider {
+			if a.Provider {
+				return 1
+			}
+			return -1
+		}
+		return strings.Compare(a.Model.String(), b.Model.String())
+	})
+	return out
+}
+
+// ErrNotCooling is ResetHealth's answer for a model or provider that is
+// healthy (or was never seen to fail).
+var ErrNotCooling = errors.New("bgtask: not cooling")
+
+// ResetHealth ends the cooldown of a model ("provider/id") or a provider
+// ("provider") by hand: the failures in a row are forgotten and tasks
+// waiting for it look again. The reset is recorded (a journal keeps it)
+// before ResetHealth returns. It returns ErrNotCooling when target does
+// not cool, and an error without WithHealth.
+func (m *Manager) ResetHealth(ctx context.Context, target string) error {
+	ctx = orBackground(ctx)
+	m.mu.Lock()
+	h := m.calls.health
+	if h == nil {
+		m.mu.Unlock()
+		return errors.New("bgtask: ResetHealth: the Manager keeps no health (WithHealth)")
+	}
+	key := providerKey(target)
+	if strings.Contains(target, "/") {
+		key = "m:" + target
+	}
+	x := h.of[key]
+	if x == nil || x.pub.State == HealthHealthy {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrNotCooling, target)
+	}
+	m.led.emit(record{kind: recHealthReset, at: m.now(), recordExt: &recordExt{note: target}})
+	x.pub.InARow, x.servers = 0, 0
+	m.healthy(x)
+	if m.cfg.logInfo {
+		m.logLocked(slog.LevelInfo, "bgtask: health reset", slog.String("key", target))
+	}
+	return m.unlockCtx(ctx)
+}
