@@ -201,7 +201,7 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		o.StreamWriteTimeout = 30 * time.Second
 	}
 	mux := http.NewServeMux()
-	page := View(m, o)
+	page := viewMux(m, o) // guarded with the rest, below
 	if o.Page != nil {
 		mux.Handle("GET /{$}", o.Page)
 	} else {

@@ -3,6 +3,7 @@ package bgtaskhttp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -156,4 +157,57 @@ func TestClientFollowSaysWhenTheAddressIsNoEventStream(t *testing.T) {
 	err := (&bgtaskhttp.Client{Base: srv.URL, Reconnect: rc.hook}).Follow(context.Background(), &mirror.Mirror{}, nil)
 	assert.ErrorContains(t, err, `not an event stream (Content-Type "text/html")`)
 	assert.ErrorIs(t, sent(t, rc.errs), err, "Reconnect was told why")
+}
+
+func TestClientFollowWaitsLongerWhileEachStreamEndsAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv := streamOf(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		switch n % 3 { // one line, then the stream ends: it received something, but it does not work
+		case 1:
+			snapshot(t, w, uint64(n), "a")
+		case 2:
+			_, _ = w.Write([]byte(": resumed\n\n"))
+		default:
+			_, _ = w.Write([]byte(": keepalive\n\n"))
+		}
+	})
+	var waits []time.Duration
+	errEnough := errors.New("enough")
+	c := &bgtaskhttp.Client{Base: srv.URL, Reconnect: func(err error, wait time.Duration) error {
+		assert.ErrorContains(t, err, "the service ended the stream")
+		if waits = append(waits, wait); len(waits) == 4 {
+			return errEnough
+		}
+		return nil
+	}}
+	require.ErrorIs(t, c.Follow(ctx, &mirror.Mirror{}, nil), errEnough)
+	assert.Equal(t, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond}, waits,
+		"each try waits longer: a line received is no proof the stream works")
+}
+
+func TestClientFollowWaitsShortAgainAfterAStreamThatLasted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv := streamOf(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		snapshot(t, w, uint64(n), "a")
+		if n == 3 {
+			// it lasts longer than the 400ms Follow is at by now
+			select {
+			case <-time.After(600 * time.Millisecond):
+			case <-r.Context().Done():
+			}
+		}
+	})
+	var waits []time.Duration
+	errEnough := errors.New("enough")
+	c := &bgtaskhttp.Client{Base: srv.URL, Reconnect: func(err error, wait time.Duration) error {
+		if waits = append(waits, wait); len(waits) == 4 {
+			return errEnough
+		}
+		return nil
+	}}
+	require.ErrorIs(t, c.Follow(ctx, &mirror.Mirror{}, nil), errEnough)
+	assert.Equal(t, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}, waits,
+		"a stream that lasted longer than the wait starts the waits again from 100ms")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -69,11 +70,17 @@ func View(m *bgtask.Manager, o Options) http.Handler {
 	if m == nil {
 		panic("bgtaskhttp: View of a nil Manager")
 	}
+	return newGuard(viewMux(m, o), o)
+}
+
+// viewMux serves the view's routes, unguarded: Handler guards it with
+// the API, View alone.
+func viewMux(m *bgtask.Manager, o Options) *http.ServeMux {
 	v := &view{m: m, o: o}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", v.page)
-	mux.HandleFunc("GET /view/tasks/{id}", v.detail)
-	mux.HandleFunc("GET /view/children/{id}", v.children)
+	mux.HandleFunc("GET /view/task", v.detail) // ?id=: any id, even "..", is a query value
+	mux.HandleFunc("GET /view/children", v.children)
 	for _, name := range []string{"view.js", "view.css"} {
 		b, _ := viewFiles.ReadFile(name)
 		ctype := "text/javascript; charset=utf-8"
@@ -116,7 +123,7 @@ type forest struct {
 // owns is a root. Each level is sorted live first, then newest first.
 func grow(snap bgtask.Snapshot) *forest {
 	f := &forest{snap: snap, byID: make(map[string]*node, len(snap.Tasks)), counts: map[bgtask.Status]int{}}
-	owner := make(map[string]*node, len(snap.Tasks))
+	owners := make(map[string][]claim, len(snap.Tasks))
 	for i := range snap.Tasks {
 		t := &snap.Tasks[i]
 		n := &node{t: t, live: !t.Status.Terminal()}
@@ -124,15 +131,28 @@ func grow(snap bgtask.Snapshot) *forest {
 		f.counts[t.Status]++
 		for _, a := range t.Attempts {
 			if a.SessionID != "" {
-				owner[a.SessionID] = n
+				at := a.StartedAt
+				if at.IsZero() {
+					at = t.LaunchedAt
+				}
+				owners[a.SessionID] = append(owners[a.SessionID], claim{n, at})
 			}
 		}
 	}
+	for _, cs := range owners {
+		slices.SortStableFunc(cs, func(a, b claim) int { return a.at.Compare(b.at) })
+	}
 	for i := range snap.Tasks {
 		n := f.byID[snap.Tasks[i].ID]
-		if up := owner[n.t.ParentSessionID]; up != nil && up != n && !cycles(up, n) {
+		if up := ownerAt(owners[n.t.ParentSessionID], n.t.LaunchedAt); up != n {
 			n.up = up
-			up.kids = append(up.kids, n)
+		}
+	}
+	uncycle(snap.Tasks, f.byID)
+	for i := range snap.Tasks {
+		n := f.byID[snap.Tasks[i].ID]
+		if n.up != nil {
+			n.up.kids = append(n.up.kids, n)
 		} else {
 			f.roots = append(f.roots, n)
 		}
@@ -144,15 +164,54 @@ func grow(snap bgtask.Snapshot) *forest {
 	return f
 }
 
-// cycles says whether making n a child of up would close a loop (a
-// journal from another writer could say anything).
-func cycles(up, n *node) bool {
-	for p := up; p != nil; p = p.up {
-		if p == n {
-			return true
+// claim is a task's hold on a session, from a time: a session a
+// continuation (ContinueFrom) took over has two.
+type claim struct {
+	n  *node
+	at time.Time
+}
+
+// ownerAt is the task that held the session when a task was launched
+// from it: the last claim made by then (the first, if none was).
+func ownerAt(cs []claim, at time.Time) *node {
+	if len(cs) == 0 {
+		return nil
+	}
+	best := cs[0].n
+	for _, c := range cs[1:] {
+		if c.at.After(at) {
+			break
+		}
+		best = c.n
+	}
+	return best
+}
+
+// uncycle cuts any loop of parent links (a journal from another writer
+// could say anything) in one pass: each walk up stops at a task already
+// placed, and a walk that meets itself makes the task that closes the
+// loop a root.
+func uncycle(tasks []bgtask.Task, byID map[string]*node) {
+	const (
+		unseen = iota
+		onPath
+		placed
+	)
+	state := make(map[*node]uint8, len(tasks))
+	var path []*node
+	for i := range tasks {
+		path = path[:0]
+		for n := byID[tasks[i].ID]; n != nil && state[n] == unseen; n = n.up {
+			state[n] = onPath
+			path = append(path, n)
+			if n.up != nil && state[n.up] == onPath {
+				n.up = nil // n closes a loop: it becomes a root
+			}
+		}
+		for _, n := range path {
+			state[n] = placed
 		}
 	}
-	return false
 }
 
 // settle counts n's subtree, marks it live if anything in it is, and
@@ -354,7 +413,7 @@ func (p paint) rowOf(n *node, depth int) row {
 func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	f, err := readFilter(r)
 	if err != nil {
-		v.fail(w, r, http.StatusBadRequest, err)
+		v.fail(w, http.StatusBadRequest, err)
 		return
 	}
 	tree := grow(v.m.Snapshot())
@@ -400,6 +459,10 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	}
 	from := min(f.Page*per, len(list))
 	to := min(from+per, len(list))
+	if f.Page > 0 && from == len(list) {
+		v.fail(w, http.StatusNotFound, fmt.Errorf("%w: there is no page %d (%d on it)", bgtask.ErrInvalidArgument, f.Page, len(list)))
+		return
+	}
 	for _, n := range list[from:to] {
 		var rw row
 		if f.active() {
@@ -427,15 +490,15 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	if to < len(list) {
 		d.Next = f.query(f.Page + 1)
 	}
-	v.render(w, r, "page", d)
+	v.render(w, http.StatusOK, "page", d)
 }
 
 // children serves the rows below a collapsed task, as a fragment.
 func (v *view) children(w http.ResponseWriter, r *http.Request) {
 	tree := grow(v.m.Snapshot())
-	n := tree.byID[r.PathValue("id")]
+	n := tree.byID[r.URL.Query().Get("id")]
 	if n == nil {
-		v.fail(w, r, http.StatusNotFound, fmt.Errorf("%w: %s", bgtask.ErrUnknownTask, r.PathValue("id")))
+		v.fail(w, http.StatusNotFound, fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, r.URL.Query().Get("id")))
 		return
 	}
 	pt := paint{now: time.Now(), acts: !v.o.ReadOnly}
@@ -448,12 +511,13 @@ func (v *view) children(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Rows = append(d.Rows, pt.rowOf(k, openLevels-1)) // collapsed below: opened one level at a time
 	}
-	v.render(w, r, "kids", d)
+	v.render(w, http.StatusOK, "kids", d)
 }
 
 // detailData is a task's detail page.
 type detailData struct {
 	Row        row
+	Sessions   string // the task's sessions, space-separated: what its children name
 	Kids       []row
 	More       int
 	Path       []*bgtask.Task
@@ -470,15 +534,15 @@ type detailData struct {
 // recordRow is a ledger record on the detail page.
 type recordRow struct {
 	bgtask.RecordView
-	Mark string // "restart", "closure" or ""
+	Mark string // "restart", "compaction", "closure" or ""
 }
 
 func (v *view) detail(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id := r.URL.Query().Get("id")
 	tree := grow(v.m.Snapshot())
 	n := tree.byID[id]
 	if n == nil {
-		v.fail(w, r, http.StatusNotFound, fmt.Errorf("%w: %s", bgtask.ErrUnknownTask, id))
+		v.gone(w, r, tree, id)
 		return
 	}
 	t := n.t
@@ -497,8 +561,9 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 	}
 	sessions := map[string]bool{}
 	for _, a := range t.Attempts {
-		if a.SessionID != "" {
+		if a.SessionID != "" && !sessions[a.SessionID] {
 			sessions[a.SessionID] = true
+			dd.Sessions = strings.TrimSpace(dd.Sessions + " " + a.SessionID)
 		}
 	}
 	for _, c := range v.m.ClosureRecords() {
@@ -506,20 +571,43 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 			dd.Closures = append(dd.Closures, c)
 		}
 	}
-	if v.o.Records != nil {
-		dd.HasJournal = true
-		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-		recs, err := v.o.Records(ctx, t.ID)
-		cancel()
-		if err != nil {
-			dd.RecordErr = err.Error()
-		}
-		for _, rec := range recs {
-			dd.Records = append(dd.Records, recordRow{RecordView: rec, Mark: markOf(rec.Kind)})
-		}
-	}
+	v.records(r.Context(), dd, t.ID)
 	d.Detail = dd
-	v.render(w, r, "detail", d)
+	v.render(w, http.StatusOK, "detail", d)
+}
+
+// records fills dd's ledger records from Options.Records, if set.
+func (v *view) records(ctx context.Context, dd *detailData, id string) {
+	if v.o.Records == nil {
+		return
+	}
+	dd.HasJournal = true
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	recs, err := v.o.Records(ctx, id)
+	if err != nil {
+		dd.RecordErr = strings.TrimPrefix(err.Error(), "bgtask: ")
+	}
+	for _, rec := range recs {
+		dd.Records = append(dd.Records, recordRow{RecordView: rec, Mark: markOf(rec)})
+	}
+}
+
+// gone answers the detail page of a task the snapshot lacks: unknown, or
+// forgotten (retention) — whose records the journal may still hold.
+func (v *view) gone(w http.ResponseWriter, r *http.Request, tree *forest, id string) {
+	_, err := v.m.Task(id)
+	if err == nil { // launched since the snapshot: the next load shows it
+		err = fmt.Errorf("%w: %s", bgtask.ErrUnknownTask, id)
+	}
+	d := v.header(tree, "bgtask · "+id)
+	d.Error = strings.TrimPrefix(err.Error(), "bgtask: ")
+	if errors.Is(err, bgtask.ErrForgotten) && v.o.Records != nil {
+		dd := &detailData{}
+		v.records(r.Context(), dd, id)
+		d.Detail = dd
+	}
+	v.render(w, http.StatusNotFound, "page", d)
 }
 
 // path is n's ancestors, root first.
@@ -552,36 +640,40 @@ func touches(c bgtask.ClosureRecord, id string) bool {
 	return false
 }
 
-// markOf marks the records an operator looks for: a restart (an epoch)
-// and a closure.
-func markOf(kind string) string {
-	switch {
-	case strings.Contains(kind, "epoch"):
+// markOf marks the records an operator looks for: a restart (an epoch
+// that began a process life; one a compaction wrote is marked so) and a
+// closure's records.
+func markOf(rec bgtask.RecordView) string {
+	switch rec.Kind {
+	case "epoch":
+		if strings.Contains(rec.Change, "compacted") {
+			return "compaction"
+		}
 		return "restart"
-	case strings.Contains(kind, "closure"):
+	case "closure_opened", "branch_closed", "closure_dropped":
 		return "closure"
 	}
 	return ""
 }
 
-// fail renders an error page (or fragment) with status.
-func (v *view) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+// fail renders an error page with status.
+func (v *view) fail(w http.ResponseWriter, status int, err error) {
 	d := pageData{Title: "bgtask", Error: strings.TrimPrefix(err.Error(), "bgtask: "), ReadOnly: v.o.ReadOnly}
-	w.WriteHeader(status)
-	v.render(w, r, "page", d)
+	v.render(w, status, "page", d)
 }
 
-// render writes template name with d.
-func (v *view) render(w http.ResponseWriter, r *http.Request, name string, d pageData) {
-	h := w.Header()
-	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Content-Security-Policy", viewCSP)
+// render writes template name with d, under the page's headers.
+func (v *view) render(w http.ResponseWriter, status int, name string, d pageData) {
 	var b strings.Builder
 	if err := viewTemplates.ExecuteTemplate(&b, name, d); err != nil {
 		http.Error(w, "bgtaskhttp: the view failed to render: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Content-Security-Policy", viewCSP)
+	w.WriteHeader(status)
 	_, _ = w.Write([]byte(b.String()))
 }
 

@@ -34,15 +34,35 @@ async function refresh() {
   if (again) { again = false; schedule(); }
 }
 
+// concerns says whether a change may show on this page: any change on
+// the tree; on a task's detail page, only the task's own changes and
+// those of the tasks its sessions launched (a detail page may read the
+// whole journal: it is not refreshed for others).
+function concerns(e) {
+  const main = $("#main");
+  if (!main || !main.dataset.task) return true;
+  try {
+    const t = JSON.parse(e.data).task || {};
+    return t.id === main.dataset.task || (main.dataset.sessions || "").split(" ").includes(t.parentSessionID);
+  } catch (err) { return true; }
+}
+
 function follow() {
   const main = $("#main");
   if (!main || !window.EventSource) return;
   const conn = $("#conn");
-  const es = new EventSource(`/events?lastEventId=${main.dataset.epoch}:${main.dataset.seq}`);
+  const es = new EventSource(`/events?lastEventId=${encodeURIComponent(main.dataset.epoch + ":" + main.dataset.seq)}`);
   es.addEventListener("open", () => { conn.textContent = "live"; conn.className = "live"; });
-  es.addEventListener("error", () => { conn.textContent = "reconnecting…"; conn.className = "down"; });
+  es.addEventListener("error", () => {
+    if (es.readyState === EventSource.CLOSED) { // refused (too many streams, shut down, not authorised): try again later
+      conn.textContent = "disconnected"; conn.className = "down";
+      setTimeout(follow, 5000);
+      return;
+    }
+    conn.textContent = "reconnecting…"; conn.className = "down";
+  });
   es.addEventListener("snapshot", schedule);
-  es.addEventListener("change", schedule);
+  es.addEventListener("change", (e) => { if (concerns(e)) schedule(); });
 }
 
 // A collapsed subtree is loaded when it is opened.
@@ -51,7 +71,7 @@ document.addEventListener("toggle", async (e) => {
   if (!(d instanceof HTMLDetailsElement) || !d.open || !d.dataset.lazy || d.dataset.loaded) return;
   d.dataset.loaded = "1";
   try {
-    const r = await fetch(`/view/children/${encodeURIComponent(d.dataset.lazy)}`);
+    const r = await fetch(`/view/children?id=${encodeURIComponent(d.dataset.lazy)}`);
     if (r.ok) { $("ul.kids", d).innerHTML = await r.text(); }
     else { delete d.dataset.loaded; }
   } catch (err) { delete d.dataset.loaded; }

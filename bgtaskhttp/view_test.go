@@ -170,15 +170,15 @@ func TestThePageIsATreeRenderedOnTheServer(t *testing.T) {
 	assert.True(t, k.Lazy, "past the second level, collapsed")
 	assert.Contains(t, body, "2 tasks below")
 
-	code, body, _ = s.get(t, "/view/children/"+kid.ID)
+	code, body, _ = s.get(t, "/view/children?id="+url.QueryEscape(kid.ID))
 	require.Equal(t, http.StatusOK, code)
 	rows = rowsOf(t, body)
 	require.Equal(t, []string{grandkid.ID}, ids(rows))
 	assert.True(t, rows[0].Lazy, "opened one level at a time")
-	_, body, _ = s.get(t, "/view/children/"+grandkid.ID)
+	_, body, _ = s.get(t, "/view/children?id="+url.QueryEscape(grandkid.ID))
 	assert.Equal(t, []string{deep.ID}, ids(rowsOf(t, body)))
 
-	code, _, _ = s.get(t, "/view/children/nope")
+	code, _, _ = s.get(t, "/view/children?id=nope")
 	assert.Equal(t, http.StatusNotFound, code)
 }
 
@@ -259,7 +259,7 @@ func TestASearchResultShowsItsPath(t *testing.T) {
 	c := s.launchUnder(t, b.SessionID, "needle", nil)
 	_, body, _ := s.get(t, "/?q=needle")
 	require.Equal(t, []string{c.ID}, ids(rowsOf(t, body)))
-	assert.Regexp(t, `in <a href="/view/tasks/`+a.ID+`">`+a.ID+`</a> › <a href="/view/tasks/`+b.ID+`">`, body)
+	assert.Regexp(t, `in <a href="/view/task\?id=`+a.ID+`">`+a.ID+`</a> › <a href="/view/task\?id=`+b.ID+`">`, body)
 }
 
 // Roots are paged: a page costs the same at 10,000 tasks as at 10.
@@ -296,7 +296,8 @@ func TestTheDetailPage(t *testing.T) {
 		return []bgtask.RecordView{
 			{Seq: 1, Kind: "task_launched", TaskID: id, At: at, Change: "launched"},
 			{Seq: 2, Kind: "epoch", At: at.Add(time.Second), Change: "the journal was opened again (epoch 2)"},
-			{Seq: 3, Kind: "closure_begun", At: at.Add(2 * time.Second), Change: "closure of chat-1"},
+			{Seq: 3, Kind: "branch_closed", At: at.Add(2 * time.Second), Change: "closure of chat-1 recorded"},
+			{Seq: 4, Kind: "epoch", At: at.Add(3 * time.Second), Change: "the journal was compacted here; process life 2 goes on"},
 		}, nil
 	}})
 	task := s.launchUnder(t, "chat-1", "flaky <b>bold</b>", map[string]string{"ticket": "T-1"})
@@ -309,7 +310,7 @@ func TestTheDetailPage(t *testing.T) {
 	ended, err := s.m.Task(task.ID)
 	require.NoError(t, err)
 
-	code, body, h := s.get(t, "/view/tasks/"+task.ID)
+	code, body, h := s.get(t, "/view/task?id="+url.QueryEscape(task.ID))
 	require.Equal(t, http.StatusOK, code)
 	assert.Equal(t, task.ID, asked)
 	assert.Contains(t, h.Get("Content-Security-Policy"), "script-src 'self'")
@@ -323,14 +324,15 @@ func TestTheDetailPage(t *testing.T) {
 		assert.Contains(t, strings.ReplaceAll(body, "&#39;", "'"), strings.ReplaceAll(strings.ReplaceAll(esc.String(), "&#39;", "'"), "&#xA;", "\n"))
 	}
 	assert.Regexp(t, `<tr class="record restart" data-kind="epoch">`, body)
-	assert.Regexp(t, `<tr class="record closure" data-kind="closure_begun">`, body)
+	assert.Regexp(t, `<tr class="record closure" data-kind="branch_closed">`, body)
+	assert.Regexp(t, `<tr class="record compaction" data-kind="epoch">`, body)
 	assert.Contains(t, body, `id="outcome"`)
 	rows := rowsOf(t, body)
 	require.Len(t, rows, 2, "the task, and what it launched")
 	assert.Equal(t, task.ID, rows[0].ID)
 	assert.Equal(t, kid.ID, rows[1].ID)
 
-	code, _, _ = s.get(t, "/view/tasks/unknown")
+	code, _, _ = s.get(t, "/view/task?id=unknown")
 	assert.Equal(t, http.StatusNotFound, code)
 }
 
@@ -339,14 +341,14 @@ func TestTheDetailPage(t *testing.T) {
 func TestTheDetailPageWithoutRecords(t *testing.T) {
 	s := newSvc(t, bgtaskhttp.Options{})
 	task := s.launchUnder(t, "chat-1", "x", nil)
-	_, body, _ := s.get(t, "/view/tasks/"+task.ID)
+	_, body, _ := s.get(t, "/view/task?id="+url.QueryEscape(task.ID))
 	assert.Contains(t, body, "Options.Records")
 
 	s2 := newSvc(t, bgtaskhttp.Options{Records: func(context.Context, string) ([]bgtask.RecordView, error) {
 		return nil, errors.New("journal unreadable")
 	}})
 	task = s2.launchUnder(t, "chat-1", "x", nil)
-	code, body, _ := s2.get(t, "/view/tasks/"+task.ID)
+	code, body, _ := s2.get(t, "/view/task?id="+url.QueryEscape(task.ID))
 	assert.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, "journal unreadable")
 }
@@ -465,7 +467,7 @@ func TestTheDetailPageShowsTheJournalsRecordsAcrossARestart(t *testing.T) {
 	require.NoError(t, err)
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Records: bgtaskhttp.FileJournalRecords(dir)}))
 	defer srv.Close()
-	res, err := srv.Client().Get(srv.URL + "/view/tasks/" + task.ID)
+	res, err := srv.Client().Get(srv.URL + "/view/task?id=" + url.QueryEscape(task.ID))
 	require.NoError(t, err)
 	b, err := io.ReadAll(res.Body)
 	require.NoError(t, err)
@@ -483,4 +485,95 @@ func TestTheDetailPageShowsTheJournalsRecordsAcrossARestart(t *testing.T) {
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
 	_, err = bgtaskhttp.FileJournalRecords(t.TempDir())(ctx, task.ID)
 	assert.Error(t, err, "not a journal")
+}
+
+// Ids are the caller's: one that looks like a path, a query or a script
+// stays one path segment of its own detail link, and the page escapes it.
+func TestIdsAreEscapedInLinks(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	for _, id := range []string{"x/../../snapshot", "a?b#c", "..", "javascript:alert(1)", `"><script>alert(1)</script>`} {
+		task, err := s.m.Launch(s.ctx, bgtask.Spec{ID: id, ParentSessionID: "chat", Prompt: "p", Models: []bgtask.Model{{ID: "m"}}})
+		require.NoError(t, err, id)
+		_, body, _ := s.get(t, "/")
+		link := `href="/view/task?id=` + strings.ReplaceAll(url.QueryEscape(id), "+", "%20") + `"`
+		assert.True(t, strings.Contains(strings.ToLower(body), strings.ToLower(link)), "%s: %s", id, link)
+		assert.NotContains(t, body, "<script>alert", id)
+		code, body, _ := s.get(t, "/view/task?id="+url.QueryEscape(id))
+		assert.Equal(t, http.StatusOK, code, id)
+		assert.Equal(t, []string{task.ID}, ids(rowsOf(t, body))[:1], id)
+	}
+}
+
+// An error page is served under the page's own policy too.
+func TestErrorPagesKeepThePagesPolicy(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	for path, code := range map[string]int{"/view/task?id=nope": 404, "/?status=nope": 400, "/?page=3": 404, "/view/children?id=nope": 404} {
+		got, body, h := s.get(t, path)
+		assert.Equal(t, code, got, path)
+		assert.Contains(t, h.Get("Content-Security-Policy"), "script-src 'self'", path)
+		assert.Equal(t, "no-cache", h.Get("Cache-Control"), path)
+		assert.Contains(t, body, `class="error"`, path)
+	}
+}
+
+// View alone is guarded as Handler is.
+func TestViewAloneIsGuarded(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	s.launchUnder(t, "chat", "secret work", nil)
+	for _, o := range []bgtaskhttp.Options{{}, {Authorize: func(*http.Request) error { return errors.New("no") }}} {
+		h := bgtaskhttp.View(s.m, o)
+		req := httptest.NewRequest(http.MethodGet, "http://evil.example/", nil)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		assert.Equal(t, http.StatusForbidden, w.Code, "a rebinding host")
+		assert.NotContains(t, w.Body.String(), "secret work")
+		req = httptest.NewRequest(http.MethodGet, "http://127.0.0.1/", nil)
+		w = httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if o.Authorize != nil {
+			assert.Equal(t, http.StatusUnauthorized, w.Code)
+			assert.NotContains(t, w.Body.String(), "secret work")
+		} else {
+			assert.Equal(t, http.StatusOK, w.Code)
+			assert.Contains(t, w.Body.String(), "secret work")
+		}
+	}
+}
+
+// A forgotten task's detail page says so, and shows what the journal
+// still holds of it.
+func TestTheDetailPageOfAForgottenTask(t *testing.T) {
+	host := bgtasktest.NewHost()
+	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithRetention(bgtask.Retention{MaxEnded: 1}))
+	host.Attach(m)
+	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var first bgtask.Task
+	for i := range 3 {
+		task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: fmt.Sprint("chat-", i), Prompt: "p", Models: []bgtask.Model{{ID: "m"}}})
+		require.NoError(t, err)
+		task, err = bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
+		require.NoError(t, err)
+		require.NoError(t, host.Idle(task.SessionID, "ok"))
+		_, err = m.Wait(ctx, task.ID)
+		require.NoError(t, err)
+		if i == 0 {
+			first = task
+		}
+	}
+	_, err := m.Task(first.ID)
+	require.ErrorIs(t, err, bgtask.ErrForgotten)
+	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Records: func(_ context.Context, id string) ([]bgtask.RecordView, error) {
+		return []bgtask.RecordView{{Seq: 7, Kind: "task_launched", TaskID: id, Change: "launched, long ago"}}, nil
+	}}))
+	defer srv.Close()
+	res, err := srv.Client().Get(srv.URL + "/view/task?id=" + url.QueryEscape(first.ID))
+	require.NoError(t, err)
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	require.NoError(t, res.Body.Close())
+	assert.Equal(t, http.StatusNotFound, res.StatusCode)
+	assert.Contains(t, string(b), "forgotten")
+	assert.Contains(t, string(b), "launched, long ago")
 }

@@ -157,7 +157,7 @@ var commands = map[string]*command{
 	},
 	"follow": {
 		args:    "URL",
-		about:   "Follows a live bgtaskhttp service: prints its tasks, then a line for each task\nthat changes (the timeline once it ends), until interrupted. An address that\ncannot be reached, or that is no bgtask service, is an error at once; once\nfollowing, a dropped connection is said on stderr and retried with backoff.\nWith -json, one JSON task per line.",
+		about:   "Follows a live bgtaskhttp service: prints its tasks, then a line for each task\nthat changes (the timeline once it ends), until interrupted. An address that\ncannot be reached or is no bgtask service is an error at once; one that does\nnot answer within 5s, an error then. Once following, a dropped connection is\nsaid on stderr and retried with backoff. With -json, one JSON task per line.",
 		example: "bgtask follow http://127.0.0.1:8080",
 		min:     1, max: 1,
 		run: followCmd,
@@ -301,17 +301,19 @@ func tasksCmd(_ context.Context, c *call) error {
 		}
 	}
 	if c.json {
-		return c.printJSON(tasks)
+		err = c.printJSON(tasks)
+	} else {
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TASK\tSTATUS\tPARENT\tATTEMPTS\tMODEL\tDESCRIPTION")
+		for _, t := range tasks {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.ID, t.Status, t.ParentSessionID, len(t.Attempts), t.Model, t.Description)
+		}
+		err = tw.Flush()
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TASK\tSTATUS\tPARENT\tATTEMPTS\tMODEL\tDESCRIPTION")
-	for _, t := range tasks {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.ID, t.Status, t.ParentSessionID, len(t.Attempts), t.Model, t.Description)
-	}
-	if err := tw.Flush(); err != nil {
+	if err != nil {
 		return err
 	}
-	if len(tasks) < len(v.Tasks) {
+	if len(tasks) < len(v.Tasks) { // on stderr, whatever the format: a typo in -parent is no silent []
 		fmt.Fprintf(c.stderr, "%d of %d tasks shown\n", len(tasks), len(v.Tasks))
 	}
 	return nil
@@ -472,13 +474,15 @@ func closuresCmd(_ context.Context, c *call) error {
 	return nil
 }
 
-// Following a service: how long a connection may take to open, and how
-// long the stream may say nothing before it is taken for dead (the service
-// sends a keepalive every 15s by default).
-const (
-	dialTimeout   = 5 * time.Second
-	streamTimeout = 45 * time.Second
-)
+// Following a service: how long a connection may take to open, and the
+// service to answer once it is open (an address that accepts connections
+// but never answers is reported as promptly as one that refuses them);
+// and how long the stream may say nothing before it is taken for dead
+// (the service sends a keepalive every 15s by default). A variable, for
+// the tests.
+var dialTimeout = 5 * time.Second
+
+const streamTimeout = 45 * time.Second
 
 // followCmd prints a live service's tasks as they change, until ctx ends.
 func followCmd(ctx context.Context, c *call) error {
@@ -486,6 +490,7 @@ func followCmd(ctx context.Context, c *call) error {
 	ready := make(chan struct{})
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	tr.ResponseHeaderTimeout = dialTimeout // else a silent address would fail only at streamTimeout
 	defer tr.CloseIdleConnections()
 	client := &bgtaskhttp.Client{Base: url, HTTP: &http.Client{Transport: tr}, IdleTimeout: streamTimeout,
 		Reconnect: func(err error, wait time.Duration) error {

@@ -524,8 +524,10 @@ func TestFollowPrintsTasksAndReconnectsWhenTheConnectionDrops(t *testing.T) {
 
 	srv.Listener.Close() // the service is gone: it retries, waiting longer each time
 	srv.CloseClientConnections()
-	f.stderr.await(t, ctx, `connection refused; reconnecting in 200ms\n`)
+	// 200ms, or 100ms if the second connection lasted longer than the
+	// 200ms Follow was at (it starts again from 100ms then), before these.
 	f.stderr.await(t, ctx, `connection refused; reconnecting in 400ms\n`)
+	f.stderr.await(t, ctx, `connection refused; reconnecting in 800ms\n`)
 	assert.Equal(t, 0, f.interrupt(t), f.stderr.String())
 }
 
@@ -569,4 +571,59 @@ func TestFollowOfADeadOrWrongAddressFailsAtOnce(t *testing.T) {
 		assert.Contains(t, r.stderr, want)
 		assert.Empty(t, r.stdout)
 	}
+}
+
+func TestTasksSaysHowManyItShowsInJSONToo(t *testing.T) {
+	dir := t.TempDir()
+	m, _ := journaled(t, dir)
+	defer m.Shutdown(context.Background())
+	r := cli(t, "tasks", dir, "-parent", "chta", "-json") // a typo
+	require.Equal(t, 0, r.code, r.stderr)
+	var none []bgtask.Task
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &none), "stdout is the JSON alone")
+	assert.Empty(t, none)
+	assert.Equal(t, "0 of 3 tasks shown\n", r.stderr, "the note says the filter hid every task")
+	r = cli(t, "tasks", dir, "-parent", "chat", "-json")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &none))
+	assert.Len(t, none, 1)
+	assert.Equal(t, "1 of 3 tasks shown\n", r.stderr)
+}
+
+func TestFollowOfAnAddressThatNeverAnswersFailsPromptly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	held := make(chan struct{})
+	go func() { // accepts connections, and never writes a byte
+		defer close(held)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	defer func() {
+		ln.Close()
+		<-held
+	}()
+	defer func(d time.Duration) { dialTimeout = d }(dialTimeout)
+	dialTimeout = 200 * time.Millisecond // the test's: 5s in use
+	// Far below the 45s the stream may be silent: a timeout there would be
+	// no answer to a silent address.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	url := "http://" + ln.Addr().String()
+	var stdout, stderr bytes.Buffer
+	err = run(ctx, []string{"follow", url}, &stdout, &stderr)
+	require.NoError(t, ctx.Err(), "it waited out the test: %v", err)
+	assert.ErrorContains(t, err, "cannot follow "+url+": ")
+	assert.ErrorContains(t, err, "timeout awaiting response headers")
+	assert.Empty(t, stdout.String())
 }

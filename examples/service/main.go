@@ -252,7 +252,7 @@ func serve(ctx context.Context, addr, journal string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer m.Shutdown(context.Background())
+	defer m.Shutdown(context.Background()) // on an early return; else done below, before the server's
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -279,8 +279,12 @@ func serve(ctx context.Context, addr, journal string, w io.Writer) error {
 		}
 		return err
 	}
+	// The Manager first: its shutdown ends the /events streams, which
+	// would otherwise hold srv.Shutdown for its whole timeout (a stream
+	// lasts as long as the Manager or its client).
 	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	_ = m.Shutdown(shut)
 	_ = srv.Shutdown(shut)
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -276,4 +277,44 @@ type syncBuffer struct{ lines chan string }
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.lines <- string(p)
 	return len(p), nil
+}
+
+func TestServeStopsPromptlyWhileAStreamIsOpen(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{lines: make(chan string, 4)}
+	var serr error
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		serr = serve(ctx, "127.0.0.1:0", "", out)
+	}()
+	defer func() {
+		cancel()
+		<-served
+	}()
+	line := <-out.lines
+	require.Contains(t, line, "serving on http://")
+	base := strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(line, "serving on "), " (Ctrl-C to stop)\n"))
+
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Get(base + "/events")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	for line := ""; line != "event: snapshot\n"; {
+		line, err = rd.ReadString('\n')
+		require.NoError(t, err, "the stream is open: its snapshot comes")
+	}
+
+	cancel() // Ctrl-C
+	// Far below the 5s the server's own shutdown may wait.
+	bound, stop := context.WithTimeout(context.Background(), 3*time.Second)
+	defer stop()
+	select {
+	case <-served:
+		require.NoError(t, serr)
+	case <-bound.Done():
+		t.Fatal("serve did not return within 3s of its interruption while a stream was open")
+	}
 }
