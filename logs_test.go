@@ -68,18 +68,24 @@ func (s *attrSink) all() []line {
 func (s *attrSink) find(msg string, want map[string]string) []line {
 	var out []line
 	for _, l := range s.all() {
-		if l.msg != msg {
-			continue
-		}
-		ok := true
-		for k, v := range want {
-			ok = ok && l.get(k) == v
-		}
-		if ok {
+		if l.is(msg, want) {
 			out = append(out, l)
 		}
 	}
 	return out
+}
+
+// is says whether l is a msg line with the attributes of want.
+func (l line) is(msg string, want map[string]string) bool {
+	if l.msg != msg {
+		return false
+	}
+	for k, v := range want {
+		if l.get(k) != v {
+			return false
+		}
+	}
+	return true
 }
 
 // one returns the one line with msg and want, failing the test otherwise.
@@ -93,14 +99,7 @@ func (s *attrSink) one(t *testing.T, msg string, want map[string]string) line {
 // index is the position of the first line with msg and want, or -1.
 func (s *attrSink) index(msg string, want map[string]string) int {
 	for i, l := range s.all() {
-		if l.msg != msg {
-			continue
-		}
-		ok := true
-		for k, v := range want {
-			ok = ok && l.get(k) == v
-		}
-		if ok {
+		if l.is(msg, want) {
 			return i
 		}
 	}

@@ -101,9 +101,23 @@ func rowsOf(t *testing.T, page string) []shownTask {
 // get fetches a page of s and returns its status and body.
 func (s *svc) get(t *testing.T, path string) (int, string, http.Header) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(s.ctx, http.MethodGet, s.srv.URL+path, nil)
+	return fetchFrom(t, s.ctx, s.srv, path)
+}
+
+// fetch gets path of srv: its status and body.
+func fetch(t *testing.T, srv *httptest.Server, path string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, body, _ := fetchFrom(t, ctx, srv, path)
+	return code, body
+}
+
+func fetchFrom(t *testing.T, ctx context.Context, srv *httptest.Server, path string) (int, string, http.Header) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+path, nil)
 	require.NoError(t, err)
-	res, err := s.srv.Client().Do(req)
+	res, err := srv.Client().Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
@@ -467,13 +481,8 @@ func TestTheDetailPageShowsTheJournalsRecordsAcrossARestart(t *testing.T) {
 	require.NoError(t, err)
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Records: bgtaskhttp.FileJournalRecords(dir)}))
 	defer srv.Close()
-	res, err := srv.Client().Get(srv.URL + "/view/task?id=" + url.QueryEscape(task.ID))
-	require.NoError(t, err)
-	b, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	require.NoError(t, res.Body.Close())
-	require.Equal(t, http.StatusOK, res.StatusCode)
-	body := string(b)
+	code, body := fetch(t, srv, "/view/task?id="+url.QueryEscape(task.ID))
+	require.Equal(t, http.StatusOK, code)
 	launched := strings.Index(body, `data-kind="task_launched"`)
 	restart := strings.Index(body, `<tr class="record restart" data-kind="epoch">`)
 	finalized := strings.LastIndex(body, `data-kind="attempt_finalized"`)
@@ -568,12 +577,8 @@ func TestTheDetailPageOfAForgottenTask(t *testing.T) {
 		return []bgtask.RecordView{{Seq: 7, Kind: "task_launched", TaskID: id, Change: "launched, long ago"}}, nil
 	}}))
 	defer srv.Close()
-	res, err := srv.Client().Get(srv.URL + "/view/task?id=" + url.QueryEscape(first.ID))
-	require.NoError(t, err)
-	b, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	require.NoError(t, res.Body.Close())
-	assert.Equal(t, http.StatusNotFound, res.StatusCode)
-	assert.Contains(t, string(b), "forgotten")
-	assert.Contains(t, string(b), "launched, long ago")
+	code, body := fetch(t, srv, "/view/task?id="+url.QueryEscape(first.ID))
+	assert.Equal(t, http.StatusNotFound, code)
+	assert.Contains(t, body, "forgotten")
+	assert.Contains(t, body, "launched, long ago")
 }
