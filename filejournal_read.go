@@ -2,7 +2,10 @@ package bgtask
 
 import (
 	"fmt"
+	"io/fs"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/bgtask/bgtask/internal/codec"
@@ -17,7 +20,10 @@ type JournalView struct {
 	// Tasks are the tasks its records describe, in launch order, as a
 	// replay projects them (process-local fields empty).
 	Tasks []Task
-	// Records are its records, in sequence order, each with what it changed.
+	// Records are its records, in sequence order, each with what it
+	// changed: a task's, and the manager-wide ones (TaskID "") — each
+	// process life's epoch, which marks a restart, and a parent's
+	// notifications (all_complete), closures.
 	Records []RecordView
 	// ClosureRecords are the branch closures it recorded, in order.
 	ClosureRecords []ClosureRecord
@@ -32,9 +38,13 @@ type RecordView struct {
 	Seq  uint64 `json:"seq"`
 	Kind string `json:"kind"`
 	// TaskID and AttemptID name what it is about ("" for a manager-wide
-	// record).
+	// record: an epoch, a parent's all_complete, a closure of a session).
 	TaskID    string `json:"taskID,omitempty"`
 	AttemptID string `json:"attemptID,omitempty"`
+	// ParentSessionID is the parent session the record names, when it
+	// names one: a launch's parent, a notification's, a closure's root
+	// session.
+	ParentSessionID string `json:"parentSessionID,omitempty"`
 	// At is when it was committed.
 	At time.Time `json:"at"`
 	// Change says, in a line, what the record changed.
@@ -46,8 +56,13 @@ type RecordView struct {
 // writer is still running (it sees what was written so far) and on one a
 // crash left (a torn tail is reported in Torn, not cut off). A corrupt
 // record before the tail, or one that cannot be read or replayed, is an
-// error naming the file and offset (and the record's kind).
+// error naming the file and offset (and the record's kind). A dir that
+// does not exist, or holds no journal segment (seg-<n>.log), is an error
+// that matches fs.ErrNotExist: it is no journal, not an empty one.
 func ReadFileJournal(dir string) (v JournalView, err error) {
+	if err := isJournal(dir); err != nil {
+		return JournalView{}, err
+	}
 	defer func() { // a journal bgtask did not write must not crash the reader
 		if r := recover(); r != nil {
 			v, err = JournalView{}, fmt.Errorf("bgtask: journal %s cannot be read: %s", dir, panicText(r))
@@ -74,7 +89,8 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 				return err
 			}
 			recs = append(recs, rec)
-			v.Records = append(v.Records, RecordView{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: rec.attempt.ID, At: rec.at, Change: describe(&rec)})
+			v.Records = append(v.Records, RecordView{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: rec.attempt.ID,
+				ParentSessionID: parentOf(&rec), At: rec.at, Change: describe(&rec)})
 			if _, err := l.replayOne(rec); err != nil {
 				return &recordError{seq: rec.seq, kind: rec.kind, err: err}
 			}
@@ -98,6 +114,80 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 		v.ClosureRecords = append(v.ClosureRecords, c.closure.clone())
 	}
 	return v, nil
+}
+
+// RecordsOf are t's records, and the epochs and parent-level records of
+// its parent session from its first record to its last (to the journal's
+// end while it is live): what happened to it, restarts included. t is one
+// of v.Tasks (or a task of the same id).
+func (v JournalView) RecordsOf(t Task) []RecordView {
+	recs := v.Records
+	first, last := -1, -1
+	for i, r := range recs {
+		if r.TaskID == t.ID {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	if first < 0 {
+		return nil
+	}
+	if !t.Status.Terminal() {
+		last = len(recs) - 1
+	}
+	var out []RecordView
+	for _, r := range recs[first : last+1] {
+		if r.TaskID == t.ID || (r.TaskID == "" && (r.Kind == "epoch" || (r.ParentSessionID != "" && r.ParentSessionID == t.ParentSessionID))) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// isJournal says why dir is not a file journal, if it is not: it does not
+// exist, is not a directory, or holds no segment. A journal, even an empty
+// one, has a segment from its first open on.
+func isJournal(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("bgtask: %s is not a journal: %w", dir, err)
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if num, ok := strings.CutPrefix(n, "seg-"); ok && strings.HasSuffix(num, ".log") {
+			if _, err := strconv.Atoi(strings.TrimSuffix(num, ".log")); err == nil {
+				return nil
+			}
+		}
+	}
+	return notJournal("bgtask: " + dir + " is not a journal: it holds no journal segment (seg-<n>.log)")
+}
+
+// notJournal is a directory with no journal in it: it matches
+// fs.ErrNotExist, as a directory that does not exist does.
+type notJournal string
+
+func (e notJournal) Error() string        { return string(e) }
+func (e notJournal) Is(target error) bool { return target == fs.ErrNotExist }
+
+// parentOf is the parent session rec names ("" if none).
+func parentOf(rec *record) string {
+	x := rec.recordExt
+	switch {
+	case x == nil:
+		return ""
+	case rec.kind == recTaskLaunched && x.spec != nil:
+		return x.spec.parent
+	case (rec.kind == recNotifyProduced || rec.kind == recNotifyDelivered) && x.notice != nil:
+		return x.notice.parent
+	case rec.kind == recBranchClosed && x.closure != nil:
+		return x.closure.SessionID
+	case rec.kind == recClosureOpened:
+		return x.session
+	}
+	return ""
 }
 
 // describe says in a line what rec changed. A record that lacks what its
@@ -155,11 +245,22 @@ func describe(rec *record) string {
 		c := x.closure
 		return fmt.Sprintf("closure of %q recorded: %d stopped, %d failed", c.SessionID, len(c.Stopped), len(c.Failed))
 	case recClosureOpened:
+		if x.session != "" {
+			return fmt.Sprintf("closure of %q opened: its fence is up", x.session)
+		}
 		return "closure opened: its fence is up"
 	case recClosureDropped:
 		return "closure ended with nothing to record"
 	case recEpoch:
-		return "process life " + strconv.FormatUint(x.epoch, 10) + " began"
+		life := "process life " + strconv.FormatUint(x.epoch, 10)
+		s := life + " began: the process started (or restarted) here"
+		if strings.Contains(x.note, epochCompacted) {
+			s = "the journal was compacted here; " + life + " goes on"
+		}
+		if strings.Contains(x.note, epochSilent) {
+			s += " (" + epochSilent + ")"
+		}
+		return s
 	case recInvocationAdmitted:
 		return fmt.Sprintf("invocation %d admitted: %s", rec.inv.N, textbound.OneLine(rec.inv.Prompt, 80))
 	case recAnswerFiled:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -67,18 +68,24 @@ func (s *attrSink) all() []line {
 func (s *attrSink) find(msg string, want map[string]string) []line {
 	var out []line
 	for _, l := range s.all() {
-		if l.msg != msg {
-			continue
-		}
-		ok := true
-		for k, v := range want {
-			ok = ok && l.get(k) == v
-		}
-		if ok {
+		if l.is(msg, want) {
 			out = append(out, l)
 		}
 	}
 	return out
+}
+
+// is says whether l is a msg line with the attributes of want.
+func (l line) is(msg string, want map[string]string) bool {
+	if l.msg != msg {
+		return false
+	}
+	for k, v := range want {
+		if l.get(k) != v {
+			return false
+		}
+	}
+	return true
 }
 
 // one returns the one line with msg and want, failing the test otherwise.
@@ -92,14 +99,7 @@ func (s *attrSink) one(t *testing.T, msg string, want map[string]string) line {
 // index is the position of the first line with msg and want, or -1.
 func (s *attrSink) index(msg string, want map[string]string) int {
 	for i, l := range s.all() {
-		if l.msg != msg {
-			continue
-		}
-		ok := true
-		for k, v := range want {
-			ok = ok && l.get(k) == v
-		}
-		if ok {
+		if l.is(msg, want) {
 			return i
 		}
 	}
@@ -593,6 +593,9 @@ func TestNoLogLineHasAnEmptyAttribute(t *testing.T) {
 // "ended" line and one ClosureEnded for its "begun", saying Shutdown cut
 // it short.
 func TestADeletedSessionsClosureAfterShutdownEndsAsItBegan(t *testing.T) {
+	if os.Getenv("BGTASK_TEST_JOURNAL") != "" {
+		t.Skip("Shutdown closed the remote journal: the deleted session after it cannot be recorded, and is refused")
+	}
 	sink, mt := &attrSink{}, newStoryMetrics()
 	host := &testHost{abort: func(context.Context, string) error { return errors.New("the session service is down") }}
 	h := newHarness(t, host, WithLogger(slog.New(sink)), WithMetrics(mt))

@@ -10,33 +10,63 @@
 //	POST /sessions/{id}/close     CloseBranch below a session (a ClosureReport)
 //	POST /tasks/{id}/extend       Extend, with {"prompt": "..."} ({"invocation": n})
 //	GET  /                        the live view (View)
+//	GET  /view/...                the live view's detail pages and assets
+//
+// # Who may call it
+//
+// Without Options.Authorize, anyone who can reach the address may read
+// every task — prompts, results, errors, metadata and envelopes, through
+// /snapshot, /tasks, /events and the page — and cancel, close and extend
+// tasks. Every request is checked before its route runs: its Host must be
+// one of Options.Hosts (by default only loopback names: "localhost",
+// 127.0.0.0/8 and ::1, so a DNS-rebinding page, whose own name resolves to
+// 127.0.0.1, is refused: 403 host_not_allowed), then Options.Authorize, if
+// set, must return nil (401 unauthorized). Options.ReadOnly turns the
+// actions off (403 read_only). An action from a browser page of another
+// origin (Sec-Fetch-Site, or Origin with another scheme or host) is
+// refused (403 cross_origin). Every answer forbids framing
+// (Content-Security-Policy frame-ancestors 'none', X-Frame-Options DENY)
+// and sniffing, and sends no Referer. Each action runs under
+// Options.ActionTimeout (504 deadline_exceeded: it may still take effect).
+//
+// # The event stream
 //
 // The event stream first sends an "event: snapshot" (a bgtask.Snapshot),
 // taken after the subscription began, then an "event: change" for every
-// change (a bgtask.Change), each with the id "epoch:seq". A client that
-// reconnects with that id in Last-Event-ID gets no snapshot when it missed
-// nothing, and a new one when it did (a different process, or changes it
-// missed). ": keepalive" comments keep idle connections open. A client that
-// falls behind gets "event: lagged" and the stream ends: it reconnects.
+// change (a bgtask.Change) after it, in order, each with the id
+// "epoch:seq". A client that reconnects with that id in Last-Event-ID (or
+// in ?lastEventId=, which a page that rendered a snapshot can name on its
+// first connection) gets ": resumed" and no snapshot when it missed
+// nothing the server still holds, and a snapshot when it did (a
+// different process, or more changes than Options.StreamBuffer).
+// ": keepalive" comments keep idle connections open. A client that falls
+// more than Options.StreamBuffer bytes behind gets "event: lagged" and the
+// stream ends: it reconnects. Every write is under
+// Options.StreamWriteTimeout, which replaces the server's WriteTimeout (a
+// server's WriteTimeout and ReadTimeout do not end a stream): a client
+// that does not read is dropped once the kernel's buffers are full, having
+// cost the server about 35 KB (and the socket's buffers in the kernel).
+// One Manager subscription serves every stream, and each snapshot and
+// change is encoded once, for all; at most Options.MaxStreams streams are
+// open at once (503 too_many_streams).
 //
 // Errors are JSON, {"error": "...", "code": "..."}, with the code naming the
-// bgtask sentinel and the status saying what kind: 404 unknown_task and
-// forgotten, 409 branch_closing, not_running and key_held, 400
-// invalid_argument and invalid_spec, 503 shutdown and journal, 500
-// otherwise. The Client turns them back into errors that match the
-// sentinels with errors.Is.
+// bgtask sentinel or the refusal, and the status saying what kind: 404
+// unknown_task, unknown_session and forgotten, 409 branch_closing,
+// not_running and key_held, 400 invalid_argument and invalid_spec, 401
+// unauthorized, 403 host_not_allowed, cross_origin and read_only, 413
+// too_large, 504 deadline_exceeded, 503 shutdown, journal and
+// too_many_streams, 500 otherwise. The Client turns the sentinels' codes
+// back into errors that match them with errors.Is.
 package bgtaskhttp
 
 import (
 	"context"
-	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/bgtask/bgtask"
@@ -44,32 +74,49 @@ import (
 
 // Options configure a Handler.
 type Options struct {
-	// Buffer is each event stream's subscription buffer (0: bgtask's
-	// default); a client further behind is told it lagged.
+	// Authorize, if set, is asked about every request (page, reads,
+	// stream, actions) once its Host passed: non-nil refuses it, 401
+	// unauthorized (the error is not sent). nil: every request is
+	// allowed — see the package doc for what that exposes.
+	Authorize func(r *http.Request) error
+	// ReadOnly turns the actions (cancel, close, extend) off: they answer
+	// 403 read_only, and the page offers none.
+	ReadOnly bool
+	// Hosts are the host names (a port is ignored, case too) requests may
+	// name in Host; "*" allows any. nil or empty: the loopback names only
+	// ("localhost", 127.x.y.z, ::1). Others get 403 host_not_allowed:
+	// list the names the service is reached by.
+	Hosts []string
+	// ActionTimeout bounds each action (0: 30s), and the reading of its
+	// body; past it the action answers 504 deadline_exceeded.
+	ActionTimeout time.Duration
+	// MaxStreams caps the event streams open at once (0: 100); more get
+	// 503 too_many_streams.
+	MaxStreams int
+	// StreamBuffer is how many bytes of changes are kept for the event
+	// streams (0: 4 MiB), once for them all: a stream further behind is
+	// told it lagged, and a new stream that would need older ones gets a
+	// new snapshot.
+	StreamBuffer int
+	// StreamWriteTimeout bounds each write of an event stream, keepalives
+	// too (0: 30s): a client that does not take the bytes within it is
+	// dropped.
+	StreamWriteTimeout time.Duration
+	// Buffer is the buffer of the one Manager subscription the event
+	// streams share (0: 4 × bgtask.DefaultSubscriptionBuffer); should the
+	// Manager get that far ahead of it, every stream is told it lagged.
 	Buffer int
 	// Keepalive is how often an idle event stream sends a comment
 	// (0: 15s).
 	Keepalive time.Duration
 	// Page is served at "GET /"; nil: the live view (View).
 	Page http.Handler
-}
+	// Records, when set, gives the live view's detail page the ledger
+	// records of a task, with their times (FileJournalRecords reads them
+	// from a file journal); nil: the page shows what the Manager holds.
+	Records func(ctx context.Context, taskID string) ([]bgtask.RecordView, error)
 
-//go:embed view.html
-var viewHTML []byte
-
-// View serves the live view: one page (HTML, CSS and a little JavaScript,
-// no build step, nothing fetched from elsewhere) that shows the tasks
-// grouped by parent session, each with its attempt timeline (model,
-// status, session, error), activity, progress, outcome and envelope, kept
-// up to date from /events, with cancel and close-branch buttons. It
-// renders only the tasks that changed, so it stays usable with thousands.
-// Handler serves it at "/".
-func View() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Cache-Control", "no-cache")
-		_, _ = w.Write(viewHTML)
-	})
+	streamNote func(event string) // tests: what the event streams do
 }
 
 // codes maps the sentinels to their wire names and statuses, most
@@ -83,6 +130,10 @@ var codes = []struct {
 	{bgtask.ErrUnknownSession, "unknown_session", http.StatusNotFound},
 	{errTooLarge, "too_large", http.StatusRequestEntityTooLarge},
 	{errCrossOrigin, "cross_origin", http.StatusForbidden},
+	{errUnauthorized, "unauthorized", http.StatusUnauthorized},
+	{errHostNotAllowed, "host_not_allowed", http.StatusForbidden},
+	{errReadOnly, "read_only", http.StatusForbidden},
+	{errTooManyStreams, "too_many_streams", http.StatusServiceUnavailable},
 	{bgtask.ErrForgotten, "forgotten", http.StatusNotFound},
 	{bgtask.ErrBranchClosing, "branch_closing", http.StatusConflict},
 	{bgtask.ErrNotRunning, "not_running", http.StatusConflict},
@@ -98,36 +149,6 @@ var codes = []struct {
 	{bgtask.ErrJournal, "journal", http.StatusServiceUnavailable},
 	{context.DeadlineExceeded, "deadline_exceeded", http.StatusGatewayTimeout},
 	{context.Canceled, "canceled", http.StatusRequestTimeout},
-}
-
-// errTooLarge and errCrossOrigin are a request refused before it reached
-// the Manager.
-var (
-	errTooLarge    = errors.New("bgtaskhttp: request body too large")
-	errCrossOrigin = errors.New("bgtaskhttp: cross-origin request refused")
-)
-
-// sameOrigin refuses a state-changing request a browser sent from another
-// site: one whose Sec-Fetch-Site is not same-origin (or none: typed, not
-// scripted), or whose Origin is not this host. Clients that are not
-// browsers send neither header, and pass.
-func sameOrigin(next http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
-			writeError(w, errCrossOrigin)
-			return
-		}
-		if origin := r.Header.Get("Origin"); origin != "" && origin != "null" {
-			if u, err := url.Parse(origin); err != nil || u.Host != r.Host {
-				writeError(w, errCrossOrigin)
-				return
-			}
-		} else if origin == "null" {
-			writeError(w, errCrossOrigin)
-			return
-		}
-		next(w, r)
-	}
 }
 
 // errorBody is an error on the wire.
@@ -155,9 +176,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// Handler serves m; see the package doc for what. State-changing requests
-// from a browser page of another origin are refused (403 cross_origin),
-// and extend takes only a JSON body.
+// Handler serves m; see the package doc for what, and for who may call
+// it. Extend takes only a JSON body.
 func Handler(m *bgtask.Manager, o Options) http.Handler {
 	if m == nil {
 		panic("bgtaskhttp: Handler of a nil Manager")
@@ -165,11 +185,29 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 	if o.Keepalive <= 0 {
 		o.Keepalive = 15 * time.Second
 	}
-	mux := http.NewServeMux()
-	if o.Page == nil {
-		o.Page = View()
+	if o.ActionTimeout <= 0 {
+		o.ActionTimeout = 30 * time.Second
 	}
-	mux.Handle("GET /{$}", o.Page)
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = 100
+	}
+	if o.StreamBuffer <= 0 {
+		o.StreamBuffer = 4 << 20
+	}
+	if o.Buffer <= 0 {
+		o.Buffer = 4 * bgtask.DefaultSubscriptionBuffer
+	}
+	if o.StreamWriteTimeout <= 0 {
+		o.StreamWriteTimeout = 30 * time.Second
+	}
+	mux := http.NewServeMux()
+	page := viewMux(m, o) // guarded with the rest, below
+	if o.Page != nil {
+		mux.Handle("GET /{$}", o.Page)
+	} else {
+		mux.Handle("GET /{$}", page)
+	}
+	mux.Handle("GET /view/", page)
 	mux.HandleFunc("GET /snapshot", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, m.Snapshot())
 	})
@@ -180,6 +218,9 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 			return
 		}
 		p, err := m.Tasks(q)
+		if errors.Is(err, bgtask.ErrInvalidArgument) {
+			err = fmt.Errorf("%w: %v", bgtask.ErrInvalidArgument, err) // a cursor of an unknown task is a bad argument, not a missing task
+		}
 		if err != nil {
 			writeError(w, err)
 			return
@@ -197,15 +238,15 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, t)
 	})
-	mux.HandleFunc("POST /tasks/{id}/cancel", sameOrigin(func(w http.ResponseWriter, r *http.Request) {
-		if err := m.Cancel(r.Context(), r.PathValue("id")); err != nil {
-			writeError(w, err)
+	mux.HandleFunc("POST /tasks/{id}/cancel", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+		if err := m.Cancel(ctx, r.PathValue("id")); err != nil {
+			writeError(w, late(ctx, err))
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
 	}))
-	closed := func(w http.ResponseWriter, rep bgtask.ClosureReport, err error) {
-		switch {
+	closed := func(ctx context.Context, w http.ResponseWriter, rep bgtask.ClosureReport, err error) {
+		switch err = late(ctx, err); {
 		case errors.Is(err, bgtask.ErrBranchNotStopped): // some run did not stop: the report names it
 			writeJSON(w, http.StatusConflict, errorBody{Error: err.Error(), Code: "branch_not_stopped", Report: &rep})
 		case err != nil:
@@ -214,40 +255,31 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 			writeJSON(w, http.StatusOK, rep)
 		}
 	}
-	mux.HandleFunc("POST /tasks/{id}/close", sameOrigin(func(w http.ResponseWriter, r *http.Request) {
-		rep, err := m.CloseTask(r.Context(), r.PathValue("id"))
-		closed(w, rep, err)
+	mux.HandleFunc("POST /tasks/{id}/close", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+		rep, err := m.CloseTask(ctx, r.PathValue("id"))
+		closed(ctx, w, rep, err)
 	}))
-	mux.HandleFunc("POST /sessions/{id}/close", sameOrigin(func(w http.ResponseWriter, r *http.Request) {
-		rep, err := m.CloseBranch(r.Context(), r.PathValue("id"))
-		closed(w, rep, err)
+	mux.HandleFunc("POST /sessions/{id}/close", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+		rep, err := m.CloseBranch(ctx, r.PathValue("id"))
+		closed(ctx, w, rep, err)
 	}))
-	mux.HandleFunc("POST /tasks/{id}/extend", sameOrigin(func(w http.ResponseWriter, r *http.Request) {
-		if ct, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";"); strings.TrimSpace(ct) != "application/json" {
-			writeError(w, fmt.Errorf("%w: extend takes an application/json body", bgtask.ErrInvalidArgument))
-			return
-		}
+	mux.HandleFunc("POST /tasks/{id}/extend", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 		var body struct {
 			Prompt string `json:"prompt"`
 		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&body); err != nil {
-			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				writeError(w, errTooLarge)
-				return
-			}
-			writeError(w, fmt.Errorf("%w: body: %v", bgtask.ErrInvalidArgument, err))
+		if err := readJSON(ctx, w, r, &body); err != nil {
+			writeError(w, err)
 			return
 		}
-		n, err := m.Extend(r.Context(), r.PathValue("id"), body.Prompt)
+		n, err := m.Extend(ctx, r.PathValue("id"), body.Prompt)
 		if err != nil {
-			writeError(w, err)
+			writeError(w, late(ctx, err))
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]int{"invocation": n})
 	}))
-	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { stream(w, r, m, o) })
-	return mux
+	mux.HandleFunc("GET /events", newHub(m, o).serve)
+	return newGuard(mux, o)
 }
 
 // pageJSON is a Page on the wire.
@@ -271,91 +303,4 @@ func queryOf(r *http.Request) (bgtask.Query, error) {
 		q.Limit = n
 	}
 	return q, nil
-}
-
-// writeTimeout bounds one write of the event stream.
-const writeTimeout = 30 * time.Second
-
-// eventID is the SSE id of a change: its epoch and sequence.
-func eventID(epoch, seq uint64) string {
-	return strconv.FormatUint(epoch, 10) + ":" + strconv.FormatUint(seq, 10)
-}
-
-// parseEventID reads what eventID wrote.
-func parseEventID(s string) (epoch, seq uint64, ok bool) {
-	a, b, found := strings.Cut(s, ":")
-	if !found {
-		return 0, 0, false
-	}
-	e, err1 := strconv.ParseUint(a, 10, 64)
-	q, err2 := strconv.ParseUint(b, 10, 64)
-	return e, q, err1 == nil && err2 == nil
-}
-
-// stream serves the change stream of m to one client.
-func stream(w http.ResponseWriter, r *http.Request, m *bgtask.Manager, o Options) {
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		writeError(w, errors.New("bgtaskhttp: the connection cannot stream"))
-		return
-	}
-	sub, err := m.Subscribe(r.Context(), o.Buffer)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	defer sub.Close()
-	snap := m.Snapshot() // after subscribing: every later change is on the stream
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(writeTimeout)) } // a client that stops reading is let go
-	deadline()
-	last := snap.Seq
-	if epoch, seq, ok := parseEventID(r.Header.Get("Last-Event-ID")); !ok || epoch != snap.Epoch || seq != snap.Seq {
-		b, err := json.Marshal(snap)
-		if err != nil {
-			return
-		}
-		fmt.Fprintf(w, "id: %s\nevent: snapshot\ndata: %s\n\n", eventID(snap.Epoch, snap.Seq), b)
-	} else {
-		last = seq // it has everything up to seq: only later changes are news
-		fmt.Fprint(w, ": resumed\n\n")
-	}
-	flusher.Flush()
-	tick := time.NewTicker(o.Keepalive)
-	defer tick.Stop()
-	for {
-		select {
-		case c, open := <-sub.C:
-			if !open {
-				if errors.Is(sub.Err(), bgtask.ErrLagged) {
-					fmt.Fprint(w, "event: lagged\ndata: {}\n\n")
-					flusher.Flush()
-				}
-				return
-			}
-			if c.Seq <= last {
-				continue // the snapshot (or the client) has it
-			}
-			b, err := json.Marshal(c)
-			if err != nil {
-				return
-			}
-			deadline()
-			if _, err := fmt.Fprintf(w, "id: %s\nevent: change\ndata: %s\n\n", eventID(c.Epoch, c.Seq), b); err != nil {
-				return
-			}
-			flusher.Flush()
-		case <-tick.C:
-			deadline()
-			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
-				return
-			}
-			flusher.Flush()
-		case <-r.Context().Done():
-			return
-		}
-	}
 }

@@ -200,7 +200,6 @@ func TestTheLiveViewIsServedAtTheRoot(t *testing.T) {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	page := string(b)
-	assert.Contains(t, page, `new EventSource("events")`)
 	assert.NotContains(t, page, "http://", "nothing is fetched from elsewhere")
 	assert.NotContains(t, page, "https://")
 	missing, err := s.srv.Client().Get(s.srv.URL + "/nope")

@@ -23,7 +23,26 @@ import (
 type Client struct {
 	Base string
 	HTTP *http.Client
+	// Reconnect, if set, is called by Follow each time the stream ends or
+	// cannot be had, before Follow waits wait and reconnects: err says why
+	// (never nil). An error it returns ends Follow with that error; nil
+	// lets it reconnect. It is called on Follow's goroutine, so it should
+	// return soon. A tool that must report a dead address at once returns
+	// err when the first snapshot never came (ready not closed yet).
+	Reconnect func(err error, wait time.Duration) error
+	// IdleTimeout, if not 0, is how long Follow lets the stream send
+	// nothing — not even the keepalive the service sends while no change
+	// flows (Options.Keepalive) — before it takes the connection for dead
+	// and reconnects: a network that silently dropped it. 0: no limit.
+	IdleTimeout time.Duration
 }
+
+// Why Follow reconnects, besides a transport error.
+var (
+	errLagged     = errors.New("bgtaskhttp: the stream lagged behind the service; resyncing from a new snapshot")
+	errIdle       = errors.New("bgtaskhttp: the stream sent nothing for longer than Client.IdleTimeout")
+	errNotAStream = errors.New("bgtaskhttp: the answer to GET /events is not an event stream")
+)
 
 // Error is an error the service answered with. It matches the bgtask
 // sentinel its Code names (errors.Is(err, bgtask.ErrUnknownTask)).
@@ -172,26 +191,41 @@ func (c *Client) Extend(ctx context.Context, id, prompt string) (int, error) {
 // Follow keeps mir in sync with the service until ctx ends: it applies
 // the stream's snapshot, then every change, and reconnects — with the last
 // event's id, so a gap is filled by a new snapshot — when the stream ends,
-// lags, or the service is unreachable or unavailable (5xx), waiting longer
-// each time (up to 5s). ready, if not nil, is closed once the first
-// snapshot is applied. It returns ctx's error, an error the service
-// answered with that retrying cannot help (4xx), or a Base that is not an
-// http(s) URL.
+// lags, goes silent for IdleTimeout, or the service is unreachable or
+// unavailable (5xx), waiting longer each time (from 100ms, doubling up to
+// 5s), after asking Reconnect if set. The wait starts again from 100ms
+// only once a connection has lasted — from the service's answer to its
+// end — longer than the wait Follow is at: what a stream sends is no proof
+// it works (a keepalive, a snapshot then a lag, a proxy that closes after
+// the first line), so a stream that keeps ending soon after it began is
+// retried less and less often rather than pulling a new snapshot every
+// 100ms. ready, if not nil, is closed once the first snapshot is applied.
+// It returns ctx's error, an error the service answered with that
+// retrying cannot help (4xx), the error Reconnect returned, or a Base that
+// is not an http(s) URL.
 func (c *Client) Follow(ctx context.Context, mir *mirror.Mirror, ready chan<- struct{}) error {
 	if u, err := url.Parse(c.Base); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("bgtaskhttp: Client.Base %q is not an http(s) URL", c.Base)
 	}
 	last, wait := "", 100*time.Millisecond
 	for {
-		got, err := c.follow(ctx, mir, &last, &ready)
+		lasted, err := c.follow(ctx, mir, &last, &ready)
 		var he *Error
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.As(err, &he) && he.Status/100 == 4:
 			return err // the service refused: retrying will not help
-		case got:
+		case lasted > wait:
 			wait = 100 * time.Millisecond // it worked for a while: start again from a short wait
+		}
+		if c.Reconnect != nil {
+			if err == nil {
+				err = errors.New("bgtaskhttp: the stream ended")
+			}
+			if rerr := c.Reconnect(err, wait); rerr != nil {
+				return rerr
+			}
 		}
 		t := time.NewTimer(wait)
 		wait = min(2*wait, 5*time.Second)
@@ -204,32 +238,51 @@ func (c *Client) Follow(ctx context.Context, mir *mirror.Mirror, ready chan<- st
 	}
 }
 
-// follow reads one connection of the stream; got says it received
-// something.
-func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, ready *chan<- struct{}) (got bool, _ error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(c.Base, "/")+"/events", nil)
+// follow reads one connection of the stream; lasted is how long it was
+// read, from the service's answer to its end (0: there was no stream).
+func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, ready *chan<- struct{}) (lasted time.Duration, err error) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	alive := func() {} // the stream said something: the idle clock starts again
+	if d := c.IdleTimeout; d > 0 {
+		idle := time.AfterFunc(d, func() { cancel(errIdle) })
+		defer idle.Stop()
+		alive = func() { idle.Reset(d) }
+	}
+	defer func() {
+		if cause := context.Cause(cctx); err != nil && ctx.Err() == nil && errors.Is(cause, errIdle) {
+			err = cause // the read failed because the idle clock ran out
+		} else if errors.Is(err, io.EOF) {
+			err = fmt.Errorf("bgtaskhttp: the service ended the stream: %w", err)
+		}
+	}()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, strings.TrimRight(c.Base, "/")+"/events", nil)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	if *last != "" {
 		req.Header.Set("Last-Event-ID", *last)
 	}
 	resp, err := c.http().Do(req)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return false, errorOf(resp)
+		return 0, errorOf(resp)
 	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+		return 0, fmt.Errorf("%w (Content-Type %q): is %s a bgtaskhttp service?", errNotAStream, ct, c.Base)
+	}
+	began := time.Now()
 	rd := bufio.NewReader(resp.Body)
 	event, data, id := "", "", ""
 	for {
 		line, err := rd.ReadString('\n')
 		if err != nil {
-			return got, err
+			return time.Since(began), err
 		}
-		got = true
+		alive()
 		line = strings.TrimRight(line, "\r\n")
 		switch {
 		case strings.HasPrefix(line, "event: "):
@@ -239,11 +292,11 @@ func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, r
 		case strings.HasPrefix(line, "id: "):
 			id = strings.TrimPrefix(line, "id: ")
 		case line == "" && event == "lagged":
-			return got, nil // reconnect: the service sends a new snapshot
+			return time.Since(began), errLagged // reconnect: the service sends a new snapshot
 		case line == "" && event == "snapshot":
 			var s bgtask.Snapshot
 			if err := json.Unmarshal([]byte(data), &s); err != nil {
-				return got, err
+				return time.Since(began), err
 			}
 			mir.ApplySnapshot(s)
 			*last = id
@@ -255,7 +308,7 @@ func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, r
 		case line == "" && event == "change":
 			var ch bgtask.Change
 			if err := json.Unmarshal([]byte(data), &ch); err != nil {
-				return got, err
+				return time.Since(began), err
 			}
 			mir.ApplyChange(ch)
 			*last = id

@@ -10,9 +10,10 @@ import (
 	"github.com/bgtask/bgtask/bgtaskhttp"
 )
 
-// Serve a Manager over HTTP (behind your own authentication: the handler
-// has none) and call it with the Client: errors come back as bgtask's
-// sentinels.
+// Serve a Manager over HTTP and call it with the Client: errors come back
+// as bgtask's sentinels. Without Options.Authorize anyone who reaches the
+// address may read and act; by default only loopback host names are
+// served (Options.Hosts).
 func Example() {
 	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		return "found 3 issues", nil

@@ -1,10 +1,15 @@
 // Command bgtask looks inside bgtask: a journal directory, read-only, or a
 // live bgtaskhttp service.
 //
-//	bgtask tasks DIR [-parent SESSION] [-status STATUS]   list the tasks
-//	bgtask task DIR ID                                   one task: timeline, records, outcome, envelope
-//	bgtask closures DIR                                  the branch closures recorded
-//	bgtask follow URL                                    print a live service's tasks as they change
+//	bgtask tasks DIR [-status S,...] [-parent SESSION] [-json]   list the tasks
+//	bgtask task DIR ID [-json]        one task: timeline, records (restarts included), outcome, envelope
+//	bgtask records DIR [ID] [-json]   every record in order, or one task's with the restarts and its parent's records
+//	bgtask closures DIR [-json]       the branch closures recorded
+//	bgtask follow URL [-json]         print a live service's tasks as they change (JSON: a task per line)
+//
+// Flags may come before or after the arguments; an ID may be any prefix of
+// a task's id that names one task. Errors go to stderr with exit status 1,
+// usage errors with 2.
 //
 // A journal is read without its lock and without changing a byte, so it
 // may belong to a running harness, or to one a crash left (a torn tail is
@@ -13,15 +18,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
@@ -31,99 +41,331 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "bgtask:", err)
-		if errors.Is(err, errUsage) {
-			os.Exit(2)
-		}
-		os.Exit(1)
-	}
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(report(os.Stderr, err))
 }
 
-var errUsage = errors.New(`usage:
-  bgtask tasks DIR [-parent SESSION] [-status STATUS]
-  bgtask task DIR ID
-  bgtask closures DIR
-  bgtask follow URL`)
-
-func run(ctx context.Context, args []string, w io.Writer) error {
-	if len(args) < 2 {
-		return errUsage
+// report prints err, if any, with one "bgtask:" prefix, and returns the
+// exit status: 0, 1 for an error, 2 for a usage error.
+func report(w io.Writer, err error) int {
+	if err == nil {
+		return 0
 	}
-	cmd, target, rest := args[0], args[1], args[2:]
-	switch cmd {
-	case "tasks":
-		fs := flag.NewFlagSet("tasks", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		parent := fs.String("parent", "", "only tasks launched from this session")
-		status := fs.String("status", "", "only tasks in this status")
-		if err := fs.Parse(rest); err != nil {
-			return fmt.Errorf("%w\n%v", errUsage, err)
+	msg := err.Error()
+	for strings.HasPrefix(msg, "bgtask: ") { // the library's errors carry it too
+		msg = strings.TrimPrefix(msg, "bgtask: ")
+	}
+	fmt.Fprintln(w, "bgtask:", msg)
+	var u *usageError
+	if errors.As(err, &u) {
+		fmt.Fprintf(w, "run '%s -h' for usage\n", u.cmd)
+		return 2
+	}
+	return 1
+}
+
+// usageError is a command line that cannot be run as written.
+type usageError struct {
+	cmd string // "bgtask" or "bgtask tasks": where -h helps
+	err error
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(cmd, format string, args ...any) error {
+	return &usageError{cmd: cmd, err: fmt.Errorf(format, args...)}
+}
+
+const usage = `bgtask looks inside bgtask: a journal directory, read without its lock and
+without changing a byte (a running harness's, or one a crash left), or a
+live bgtaskhttp service.
+
+Usage:
+  bgtask tasks DIR [-status S,...] [-parent SESSION] [-json]   list the tasks
+  bgtask task DIR ID [-json]        one task: timeline, records, outcome, envelope
+  bgtask records DIR [ID] [-json]   every record in order (restarts, parents' and
+                                    closures' records included), or one task's
+  bgtask closures DIR [-json]       the branch closures recorded
+  bgtask follow URL [-json]         a live service's tasks as they change
+
+Flags may come before or after the arguments. An ID may be a prefix of a
+task's id that names one task. Exit status: 0 done, 1 error, 2 usage error.
+Run 'bgtask COMMAND -h' for a command's flags and an example.
+
+Examples:
+  bgtask tasks ./journal -status running
+  bgtask records ./journal 7f3c       (a prefix of a task's id)
+  bgtask follow http://127.0.0.1:8080
+`
+
+// command is a subcommand: its synopsis, what it does, an example, and
+// how it runs once its flags are parsed.
+type command struct {
+	args    string // the positional arguments, for the synopsis
+	about   string
+	example string
+	min     int // positional arguments: at least min, at most max
+	max     int
+	flags   func(fs *flag.FlagSet) // its flags beyond -json
+	run     func(ctx context.Context, c *call) error
+}
+
+// call is one run of a command: its arguments, flags and outputs.
+type call struct {
+	name   string
+	args   []string
+	json   bool
+	flags  *flag.FlagSet
+	stdout io.Writer
+	stderr io.Writer
+}
+
+var commands = map[string]*command{
+	"tasks": {
+		args:    "DIR",
+		about:   "Lists the tasks of the journal in DIR, in launch order: id, status, parent session,\nattempts, current model, description.",
+		example: "bgtask tasks ./journal -status running,pending -parent chat-1",
+		min:     1, max: 1,
+		flags: func(fs *flag.FlagSet) {
+			fs.String("status", "", "only tasks in these statuses, comma-separated: "+statusList)
+			fs.String("parent", "", "only tasks launched from this parent session")
+		},
+		run: tasksCmd,
+	},
+	"task": {
+		args:    "DIR ID",
+		about:   "Shows one task: its state, its timeline, its records in order with the restarts\n(epochs) and its parent's records between them, its outcome and envelope.\nID may be a prefix of the task's id that names one task.",
+		example: "bgtask task ./journal task-7",
+		min:     2, max: 2,
+		run: taskCmd,
+	},
+	"records": {
+		args:    "DIR [ID]",
+		about:   "Prints every record of the journal in order: sequence, time, kind, task,\nattempt and what it changed — the restarts (epoch), the parent-level records\n(all_complete) and the closures included. With ID, the task's records and the\nepochs and records of its parent session from its first record to its last\n(to the end, for a live task): a restart between a run's start and its end shows.",
+		example: "bgtask records ./journal task-7",
+		min:     1, max: 2,
+		run: recordsCmd,
+	},
+	"closures": {
+		args:    "DIR",
+		about:   "Lists the branch closures the journal recorded: each with what it stopped and\nwhat it could not.",
+		example: "bgtask closures ./journal",
+		min:     1, max: 1,
+		run: closuresCmd,
+	},
+	"follow": {
+		args:    "URL",
+		about:   "Follows a live bgtaskhttp service: prints its tasks, then a line for each task\nthat changes (the timeline once it ends), until interrupted. An address that\ncannot be reached or is no bgtask service is an error at once; one that does\nnot answer within 5s, an error then. Once following, a dropped connection is\nsaid on stderr and retried with backoff. With -json, one JSON task per line.",
+		example: "bgtask follow http://127.0.0.1:8080",
+		min:     1, max: 1,
+		run: followCmd,
+	},
+}
+
+// run runs the command line args.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return usagef("bgtask", "no command given: tasks, task, records, closures or follow")
+	}
+	name, args := args[0], args[1:]
+	switch name {
+	case "-h", "-help", "--help", "help":
+		if len(args) > 0 && commands[args[0]] != nil {
+			fmt.Fprint(stdout, commandUsage(args[0], commands[args[0]]))
+			return nil
 		}
-		v, err := read(target, w)
-		if err != nil {
-			return err
-		}
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TASK\tSTATUS\tPARENT\tATTEMPTS\tMODEL\tDESCRIPTION")
-		for _, t := range v.Tasks {
-			if (*parent != "" && t.ParentSessionID != *parent) || (*status != "" && string(t.Status) != *status) {
-				continue
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.ID, t.Status, t.ParentSessionID, len(t.Attempts), t.Model, t.Description)
-		}
-		return tw.Flush()
-	case "task":
-		if len(rest) != 1 {
-			return errUsage
-		}
-		v, err := read(target, w)
-		if err != nil {
-			return err
-		}
-		for _, t := range v.Tasks {
-			if t.ID == rest[0] {
-				showTask(w, t, v.Records)
-				return nil
-			}
-		}
-		return fmt.Errorf("%w: %q is in no record of %s", bgtask.ErrUnknownTask, rest[0], target)
-	case "closures":
-		v, err := read(target, w)
-		if err != nil {
-			return err
-		}
-		for _, c := range v.ClosureRecords {
-			root := c.SessionID
-			if root == "" {
-				root = "task " + c.TaskID
-			}
-			fmt.Fprintf(w, "%s closed at %s: %d stopped, %d failed, %d passes\n", root, c.At.Format("2006-01-02 15:04:05"), len(c.Stopped), len(c.Failed), c.Passes)
-			for _, s := range c.Stopped {
-				fmt.Fprintf(w, "  stopped %s %s (session %s) %s\n", s.TaskID, s.AttemptID, s.SessionID, s.Status)
-			}
-			for _, f := range c.Failed {
-				fmt.Fprintf(w, "  FAILED  %s %s (session %s): %s\n", f.TaskID, f.AttemptID, f.SessionID, f.Err)
-			}
-		}
+		fmt.Fprint(stdout, usage)
 		return nil
-	case "follow":
-		return follow(ctx, target, w)
 	}
-	return errUsage
+	cmd := commands[name]
+	if cmd == nil {
+		return usagef("bgtask", "unknown command %q: tasks, task, records, closures or follow", name)
+	}
+	c := &call{name: name, stdout: stdout, stderr: stderr, flags: flag.NewFlagSet(name, flag.ContinueOnError)}
+	c.flags.SetOutput(io.Discard)
+	c.flags.BoolVar(&c.json, "json", false, "print JSON instead of text")
+	if cmd.flags != nil {
+		cmd.flags(c.flags)
+	}
+	var err error
+	c.args, err = parse(c.flags, args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, commandUsage(name, cmd))
+		return nil
+	case err != nil:
+		return usagef("bgtask "+name, "%s: %v", name, err)
+	case len(c.args) < cmd.min:
+		return usagef("bgtask "+name, "%s: missing %s (usage: bgtask %s %s)", name, strings.Fields(cmd.args)[len(c.args)], name, cmd.args)
+	case len(c.args) > cmd.max:
+		return usagef("bgtask "+name, "%s: unexpected argument %q (usage: bgtask %s %s)", name, c.args[cmd.max], name, cmd.args)
+	}
+	return cmd.run(ctx, c)
 }
 
-// read reads a journal, saying if its tail was torn.
-func read(dir string, w io.Writer) (bgtask.JournalView, error) {
-	v, err := bgtask.ReadFileJournal(dir)
+// parse parses args with fs, flags and positional arguments interleaved
+// ("DIR -status running" as "-status running DIR"); after "--" all is
+// positional.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// commandUsage is name's -h.
+func commandUsage(name string, cmd *command) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Usage: bgtask %s %s [flags]\n\n%s\n\nFlags (before or after the arguments):\n", name, cmd.args, cmd.about)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Bool("json", false, "print JSON instead of text")
+	if cmd.flags != nil {
+		cmd.flags(fs)
+	}
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fmt.Fprintf(&b, "\nExample:\n  %s\n", cmd.example)
+	return b.String()
+}
+
+// statuses are the task statuses -status takes.
+var statuses = []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning, bgtask.StatusCompleted, bgtask.StatusError, bgtask.StatusCancelled, bgtask.StatusInterrupt}
+
+var statusList = func() string {
+	var s []string
+	for _, st := range statuses {
+		s = append(s, string(st))
+	}
+	return strings.Join(s, ", ")
+}()
+
+// parseStatuses reads -status's comma-separated list.
+func parseStatuses(s string) ([]bgtask.Status, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []bgtask.Status
+	for _, f := range strings.Split(s, ",") {
+		st := bgtask.Status(strings.TrimSpace(f))
+		if !slices.Contains(statuses, st) {
+			return nil, usagef("bgtask tasks", "tasks: unknown status %q in -status: the statuses are %s", f, statusList)
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// read reads the journal in c's first argument, saying on stderr if its
+// tail was torn.
+func (c *call) read() (bgtask.JournalView, error) {
+	v, err := bgtask.ReadFileJournal(c.args[0])
 	if err == nil && v.Torn != "" {
-		fmt.Fprintf(w, "note: the last record is torn (a crash mid-write, or a write in progress): %s; left as it is\n", v.Torn)
+		fmt.Fprintf(c.stderr, "bgtask: note: the last record is torn (a crash mid-write, or a write in progress): %s; left as it is\n", v.Torn)
 	}
 	return v, err
 }
 
-// showTask prints t: its state, timeline, records and outcome.
-func showTask(w io.Writer, t bgtask.Task, recs []bgtask.RecordView) {
+// printJSON prints v as one indented JSON document.
+func (c *call) printJSON(v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func tasksCmd(_ context.Context, c *call) error {
+	want, err := parseStatuses(c.flags.Lookup("status").Value.String())
+	if err != nil {
+		return err
+	}
+	parent := c.flags.Lookup("parent").Value.String()
+	v, err := c.read()
+	if err != nil {
+		return err
+	}
+	tasks := []bgtask.Task{}
+	for _, t := range v.Tasks {
+		if (parent == "" || t.ParentSessionID == parent) && (want == nil || slices.Contains(want, t.Status)) {
+			tasks = append(tasks, t)
+		}
+	}
+	if c.json {
+		err = c.printJSON(tasks)
+	} else {
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TASK\tSTATUS\tPARENT\tATTEMPTS\tMODEL\tDESCRIPTION")
+		for _, t := range tasks {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.ID, t.Status, t.ParentSessionID, len(t.Attempts), t.Model, t.Description)
+		}
+		err = tw.Flush()
+	}
+	if err != nil {
+		return err
+	}
+	if len(tasks) < len(v.Tasks) { // on stderr, whatever the format: a typo in -parent is no silent []
+		fmt.Fprintf(c.stderr, "%d of %d tasks shown\n", len(tasks), len(v.Tasks))
+	}
+	return nil
+}
+
+// find finds the task id names in v: the task with that id, or else the
+// one task whose id begins with it.
+func find(v bgtask.JournalView, id, dir string) (bgtask.Task, error) {
+	var matches []bgtask.Task
+	for _, t := range v.Tasks {
+		if t.ID == id {
+			return t, nil
+		}
+		if strings.HasPrefix(t.ID, id) {
+			matches = append(matches, t)
+		}
+	}
+	switch {
+	case len(matches) == 1:
+		return matches[0], nil
+	case len(matches) == 0:
+		return bgtask.Task{}, fmt.Errorf("%w: no task of %s has an id that is or begins with %q (%d tasks: 'bgtask tasks %s' lists them)", bgtask.ErrUnknownTask, dir, id, len(v.Tasks), dir)
+	}
+	const shown = 5
+	var ids []string
+	for _, t := range matches[:min(shown, len(matches))] {
+		ids = append(ids, t.ID)
+	}
+	more := ""
+	if len(matches) > shown {
+		more = fmt.Sprintf(" and %d more", len(matches)-shown)
+	}
+	return bgtask.Task{}, fmt.Errorf("task id prefix %q is ambiguous: %d tasks match: %s%s", id, len(matches), strings.Join(ids, ", "), more)
+}
+
+func taskCmd(_ context.Context, c *call) error {
+	v, err := c.read()
+	if err != nil {
+		return err
+	}
+	t, err := find(v, c.args[1], c.args[0])
+	if err != nil {
+		return err
+	}
+	recs := v.RecordsOf(t)
+	if c.json {
+		return c.printJSON(struct {
+			Task    bgtask.Task         `json:"task"`
+			Records []bgtask.RecordView `json:"records"`
+		}{t, recs})
+	}
+	w := c.stdout
 	fmt.Fprintf(w, "%s  %s  parent %s", t.ID, t.Status, t.ParentSessionID)
 	if t.Description != "" {
 		fmt.Fprintf(w, "  %q", t.Description)
@@ -131,10 +373,12 @@ func showTask(w io.Writer, t bgtask.Task, recs []bgtask.RecordView) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, bgtask.Timeline(t))
 	fmt.Fprintln(w, "\nRecords:")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, r := range recs {
-		if r.TaskID == t.ID {
-			fmt.Fprintf(w, "  %6d  %s  %-18s %s\n", r.Seq, r.At.Format("15:04:05.000"), r.Kind, r.Change)
-		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", r.Seq, at(r.At, "15:04:05.000"), r.Kind, change(r))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
 	}
 	if o := t.Outcome; o != nil {
 		fmt.Fprintf(w, "\nOutcome: %s", o.State)
@@ -143,45 +387,171 @@ func showTask(w io.Writer, t bgtask.Task, recs []bgtask.RecordView) {
 		}
 		fmt.Fprintf(w, "\n\n%s\n", o.Envelope)
 	}
+	return nil
 }
 
-// follow prints a live service's tasks as they change, until ctx ends.
-func follow(ctx context.Context, url string, w io.Writer) error {
-	c := &bgtaskhttp.Client{Base: url}
-	var mir mirror.Mirror
+// change is r's change as a line says it: a record not about the task
+// says whose it is.
+func change(r bgtask.RecordView) string {
+	switch {
+	case r.TaskID == "" && r.ParentSessionID != "":
+		return "[parent " + r.ParentSessionID + "] " + r.Change
+	}
+	return r.Change
+}
+
+func recordsCmd(_ context.Context, c *call) error {
+	v, err := c.read()
+	if err != nil {
+		return err
+	}
+	recs := v.Records
+	if len(c.args) == 2 {
+		t, err := find(v, c.args[1], c.args[0])
+		if err != nil {
+			return err
+		}
+		recs = v.RecordsOf(t)
+	}
+	if c.json {
+		if recs == nil {
+			recs = []bgtask.RecordView{}
+		}
+		return c.printJSON(recs)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tTIME\tKIND\tTASK\tATTEMPT\tCHANGE")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", r.Seq, at(r.At, "2006-01-02 15:04:05.000"), r.Kind, orDash(r.TaskID), orDash(r.AttemptID), change(r))
+	}
+	return tw.Flush()
+}
+
+// at formats t in layout; a record a compaction wrote has no time.
+func at(t time.Time, layout string) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format(layout)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func closuresCmd(_ context.Context, c *call) error {
+	v, err := c.read()
+	if err != nil {
+		return err
+	}
+	if c.json {
+		cl := v.ClosureRecords
+		if cl == nil {
+			cl = []bgtask.ClosureRecord{}
+		}
+		return c.printJSON(cl)
+	}
+	w := c.stdout
+	if len(v.ClosureRecords) == 0 {
+		fmt.Fprintln(c.stderr, "no closure recorded")
+	}
+	for _, cl := range v.ClosureRecords {
+		root := cl.SessionID
+		if root == "" {
+			root = "task " + cl.TaskID
+		}
+		fmt.Fprintf(w, "%s closed at %s: %d stopped, %d failed, %d passes\n", root, cl.At.Format("2006-01-02 15:04:05"), len(cl.Stopped), len(cl.Failed), cl.Passes)
+		for _, s := range cl.Stopped {
+			fmt.Fprintf(w, "  stopped %s %s (session %s) %s\n", s.TaskID, s.AttemptID, s.SessionID, s.Status)
+		}
+		for _, f := range cl.Failed {
+			fmt.Fprintf(w, "  FAILED  %s %s (session %s): %s\n", f.TaskID, f.AttemptID, f.SessionID, f.Err)
+		}
+	}
+	return nil
+}
+
+// Following a service: how long a connection may take to open, and the
+// service to answer once it is open (an address that accepts connections
+// but never answers is reported as promptly as one that refuses them);
+// and how long the stream may say nothing before it is taken for dead
+// (the service sends a keepalive every 15s by default). A variable, for
+// the tests.
+var dialTimeout = 5 * time.Second
+
+const streamTimeout = 45 * time.Second
+
+// followCmd prints a live service's tasks as they change, until ctx ends.
+func followCmd(ctx context.Context, c *call) error {
+	url := c.args[0]
 	ready := make(chan struct{})
-	done := make(chan error, 1)
-	fctx, followEnded := context.WithCancel(ctx) // ends the waits below when Follow returns
-	defer followEnded()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	tr.ResponseHeaderTimeout = dialTimeout // else a silent address would fail only at streamTimeout
+	defer tr.CloseIdleConnections()
+	client := &bgtaskhttp.Client{Base: url, HTTP: &http.Client{Transport: tr}, IdleTimeout: streamTimeout,
+		Reconnect: func(err error, wait time.Duration) error {
+			select {
+			case <-ready:
+			default: // never followed: a dead, refusing or wrong address
+				return err
+			}
+			fmt.Fprintf(c.stderr, "bgtask: connection lost: %v; reconnecting in %s\n", err, wait.Round(time.Millisecond))
+			return nil
+		}}
+	var mir mirror.Mirror
+	var ferr error // Follow's, once joined is closed
+	joined := make(chan struct{})
+	fctx, stopFollow := context.WithCancel(ctx)
 	go func() {
-		done <- c.Follow(ctx, &mir, ready)
-		followEnded()
+		defer close(joined)
+		ferr = client.Follow(fctx, &mir, ready)
+		stopFollow() // ends the wait below
+	}()
+	defer func() {
+		stopFollow()
+		<-joined
 	}()
 	select {
 	case <-ready:
-	case err := <-done:
-		return err
+	case <-joined:
+		return fmt.Errorf("cannot follow %s: %w", url, ferr)
 	}
 	shown := map[string]string{} // task id → what was printed last
 	for {
 		now := mir.Tasks() // what is printed is what the next wait compares against
 		for _, t := range now {
-			line := fmt.Sprintf("%s %s attempts=%d %s %s", t.ID, t.Status, len(t.Attempts), t.Model, t.Progress)
-			if shown[t.ID] == line {
+			line := strings.TrimSpace(fmt.Sprintf("%s %s attempts=%d %s %s", t.ID, t.Status, len(t.Attempts), t.Model, t.Progress))
+			key := line
+			if c.json { // every change of the task, not only of its line
+				key = fmt.Sprintf("%d %s %s", t.Revision, t.Activity, t.Progress)
+			}
+			if shown[t.ID] == key {
 				continue
 			}
-			shown[t.ID] = line
-			fmt.Fprintln(w, strings.TrimSpace(line))
+			shown[t.ID] = key
+			if c.json {
+				b, err := json.Marshal(t)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.stdout, "%s\n", b)
+				continue
+			}
+			fmt.Fprintln(c.stdout, line)
 			if t.Status.Terminal() {
-				fmt.Fprintln(w, indent(bgtask.Timeline(t)))
+				fmt.Fprintln(c.stdout, indent(bgtask.Timeline(t)))
 			}
 		}
 		if err := mir.Wait(fctx, func(tasks []bgtask.Task) bool { return changed(now, tasks) }); err != nil {
-			ferr := <-done
+			<-joined
 			if ctx.Err() != nil {
 				return nil // interrupted: done
 			}
-			return ferr
+			return fmt.Errorf("following %s: %w", url, ferr)
 		}
 	}
 }

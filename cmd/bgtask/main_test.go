@@ -4,10 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -22,13 +28,66 @@ import (
 	"github.com/bgtask/bgtask/bgtasktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// bin is the command, built once for the tests: they run it as a user
+// would.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "bgtask-cmd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "bgtask")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building the command: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}))
+}
+
+// result is what a run of the command left.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// cli runs the command with args and returns what it printed and its
+// exit status.
+func cli(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	c := exec.CommandContext(ctx, bin, args...)
+	c.Stdout, c.Stderr = &stdout, &stderr
+	err := c.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("bgtask %v: %v", args, err)
+	}
+	r := result{stdout: stdout.String(), stderr: stderr.String(), code: c.ProcessState.ExitCode()}
+	assert.NotContains(t, r.stderr, "bgtask: bgtask:", "one prefix")
+	return r
+}
+
+// ok runs the command, which must succeed, and returns its stdout.
+func ok(t *testing.T, args ...string) string {
+	t.Helper()
+	r := cli(t, args...)
+	require.Equal(t, 0, r.code, "bgtask %v: %s", args, r.stderr)
+	return r.stdout
+}
 
 var models = []bgtask.Model{{Provider: "openai", ID: "gpt-5"}, {Provider: "google", ID: "gemini"}}
 
 // journaled starts a Manager on a file journal in dir with two tasks: one
 // that failed over and completed, one still running; and a closed branch.
-func journaled(t *testing.T, dir string) (*bgtask.Manager, *bgtasktest.Host, []bgtask.Task) {
+func journaled(t *testing.T, dir string) (*bgtask.Manager, []bgtask.Task) {
 	t.Helper()
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
@@ -56,34 +115,94 @@ func journaled(t *testing.T, dir string) (*bgtask.Manager, *bgtasktest.Host, []b
 	require.NoError(t, err)
 	_, err = m.CloseBranch(ctx, "doomed")
 	require.NoError(t, err)
-	return m, host, []bgtask.Task{a, b, c}
+	return m, []bgtask.Task{a, b, c}
 }
 
-func cmd(t *testing.T, args ...string) string {
+// restarted leaves in dir the journal of two process lives: in the first,
+// task-1 and task-2 run under "chat", task-2 completes, and the process
+// goes down with task-1 still running (its abort fails, as if it was
+// killed); the second finds task-1's run lost and ends it, and chat gets
+// its all_complete.
+func restarted(t *testing.T, dir string) {
 	t.Helper()
-	var out bytes.Buffer
-	require.NoError(t, run(context.Background(), args, &out))
-	return out.String()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	life := func() (*bgtask.Manager, *bgtasktest.Host) {
+		j, err := bgtask.OpenFileJournal(dir)
+		require.NoError(t, err)
+		host := bgtasktest.NewHost()
+		m, err := bgtask.Open(ctx, host, bgtask.WithJournal(j), bgtask.WithNotifier(&bgtasktest.Recorder{}), bgtask.WithIDs(bgtask.SequentialIDs()))
+		require.NoError(t, err)
+		host.Attach(m)
+		return m, host
+	}
+	m, host := life()
+	a, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Description: "survives", Models: models})
+	require.NoError(t, err)
+	_, err = bgtasktest.WaitStatus(ctx, m, a.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	b, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Description: "done before", Models: models})
+	require.NoError(t, err)
+	run, err := bgtasktest.WaitStatus(ctx, m, b.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, host.Idle(run.SessionID, "ok"))
+	_, err = m.Wait(ctx, b.ID)
+	require.NoError(t, err)
+	host.FailAborts(1, errors.New("the process died"))
+	require.Error(t, m.Shutdown(ctx), "task-1's run is left running")
+
+	m, _ = life()
+	_, err = m.Wait(ctx, a.ID)
+	require.NoError(t, err)
+	_, err = m.WaitParent(ctx, "chat")
+	require.NoError(t, err)
+	require.NoError(t, m.Shutdown(ctx))
 }
 
-func TestItReadsAJournalWhoseWriterIsRunning(t *testing.T) {
+func TestTasksListsAJournalWhoseWriterIsRunning(t *testing.T) {
 	dir := t.TempDir()
-	m, _, tasks := journaled(t, dir)
+	m, tasks := journaled(t, dir)
 	defer m.Shutdown(context.Background())
 
-	list := cmd(t, "tasks", dir)
+	list := ok(t, "tasks", dir)
 	assert.Contains(t, list, "TASK")
 	for _, task := range tasks {
 		assert.Contains(t, list, task.ID)
 	}
 	assert.Regexp(t, `task-1\s+completed\s+chat\s+2\s+google/gemini\s+look it up`, list)
 	assert.Regexp(t, `task-2\s+running\s+other`, list, "the writer's live task, as written so far")
-	running := cmd(t, "tasks", dir, "-status", "running")
-	assert.Contains(t, running, "task-2")
-	assert.NotContains(t, running, "task-1")
-	assert.NotContains(t, cmd(t, "tasks", dir, "-parent", "chat"), "task-2")
 
-	one := cmd(t, "task", dir, tasks[0].ID)
+	for _, args := range [][]string{{"tasks", dir, "-status", "running"}, {"tasks", "-status", "running", dir}, {"tasks", "-status=running", dir, "-json=false"}} {
+		r := cli(t, args...)
+		require.Equal(t, 0, r.code, "%v: %s", args, r.stderr)
+		assert.Contains(t, r.stdout, "task-2", "%v: flags before or after the directory", args)
+		assert.NotContains(t, r.stdout, "task-1", args)
+		assert.Contains(t, r.stderr, "1 of 3 tasks shown", args)
+	}
+	both := ok(t, "tasks", dir, "-status", "running,completed")
+	assert.Contains(t, both, "task-1")
+	assert.Contains(t, both, "task-2")
+	assert.NotContains(t, both, "task-3", "cancelled")
+	assert.NotContains(t, ok(t, "tasks", dir, "-parent", "chat"), "task-2")
+
+	var got []bgtask.Task
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "tasks", dir, "-json")), &got))
+	require.Len(t, got, 3)
+	assert.Equal(t, "task-1", got[0].ID)
+	assert.Equal(t, bgtask.StatusCompleted, got[0].Status)
+	require.Len(t, got[0].Attempts, 2)
+	var none []bgtask.Task
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "tasks", dir, "-json", "-parent", "nobody")), &none))
+	assert.NotNil(t, none, "an empty list is [], not null")
+	assert.Empty(t, none)
+}
+
+func TestTaskShowsTimelineRecordsAndOutcome(t *testing.T) {
+	dir := t.TempDir()
+	m, tasks := journaled(t, dir)
+	defer m.Shutdown(context.Background())
+
+	one := ok(t, "task", dir, tasks[0].ID)
 	assert.Contains(t, one, "Attempt 1 — ERROR — openai/gpt-5")
 	assert.Contains(t, one, "Attempt 2 — COMPLETED — google/gemini")
 	for _, want := range []string{"launched under chat", "attempt 1 running in session ses-1", "attempt 1 error: 429 Too Many Requests",
@@ -92,20 +211,166 @@ func TestItReadsAJournalWhoseWriterIsRunning(t *testing.T) {
 	}
 	assert.Less(t, strings.Index(one, "attempt 1 error"), strings.Index(one, "attempt 2 completed"), "records in order")
 
-	closures := cmd(t, "closures", dir)
+	var doc struct {
+		Task    bgtask.Task         `json:"task"`
+		Records []bgtask.RecordView `json:"records"`
+	}
+	js := ok(t, "task", dir, "-json", tasks[0].ID)
+	assert.Equal(t, js, ok(t, "task", "-json", dir, tasks[0].ID))
+	assert.Equal(t, js, ok(t, "task", dir, tasks[0].ID, "-json"))
+	require.NoError(t, json.Unmarshal([]byte(js), &doc))
+	assert.Equal(t, "task-1", doc.Task.ID)
+	require.NotEmpty(t, doc.Records)
+	assert.Equal(t, "task_launched", doc.Records[0].Kind)
+	for _, r := range doc.Records {
+		assert.Equal(t, "task-1", r.TaskID, "task-1's records, and no other task's")
+	}
+
+	closures := ok(t, "closures", dir)
 	assert.Contains(t, closures, "doomed closed at")
 	assert.Contains(t, closures, "stopped task-3")
-
-	var out bytes.Buffer
-	err := run(context.Background(), []string{"task", dir, "nope"}, &out)
-	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
-	assert.ErrorIs(t, run(context.Background(), []string{"tasks"}, &out), errUsage)
-	assert.ErrorIs(t, run(context.Background(), []string{"frobnicate", dir}, &out), errUsage)
+	var cl []bgtask.ClosureRecord
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "closures", dir, "-json")), &cl))
+	require.Len(t, cl, 1)
+	assert.Equal(t, "doomed", cl[0].SessionID)
+	require.Len(t, cl[0].Stopped, 1)
+	assert.Equal(t, "task-3", cl[0].Stopped[0].TaskID)
 }
 
-func TestItReadsAJournalACrashLeftWithoutChangingIt(t *testing.T) {
+// lineOf returns the line of out that contains sub, or fails.
+func lineOf(t *testing.T, out, sub string) (int, string) {
+	t.Helper()
+	for i, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, sub) {
+			return i, l
+		}
+	}
+	t.Fatalf("no line with %q in:\n%s", sub, out)
+	return 0, ""
+}
+
+func TestRecordsShowTheRestartAndTheParentsRecords(t *testing.T) {
 	dir := t.TempDir()
-	m, _, tasks := journaled(t, dir)
+	restarted(t, dir)
+	v, err := bgtask.ReadFileJournal(dir)
+	require.NoError(t, err)
+
+	all := ok(t, "records", dir)
+	assert.Regexp(t, `^SEQ\s+TIME\s+KIND\s+TASK\s+ATTEMPT\s+CHANGE`, all)
+	assert.Equal(t, len(v.Records)+2, len(strings.Split(all, "\n")), "a header, a line per record, and the final newline")
+	assert.Equal(t, 2, strings.Count(all, " epoch "), "both process lives")
+	assert.Regexp(t, `notification_produced\s+-\s+-\s+\[parent chat\] notification \d+ \(all_complete\) for chat produced`, all)
+	var recs []bgtask.RecordView
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "records", "-json", dir)), &recs))
+	assert.Equal(t, v.Records, recs)
+
+	// task-1's records: the restart between its run's start and its end.
+	for _, out := range []string{ok(t, "records", dir, "task-1"), ok(t, "task", dir, "task-1")} {
+		bound, _ := lineOf(t, out, "session_bound")
+		restart, line := lineOf(t, out, "process life")
+		final, _ := lineOf(t, out, "attempt_finalized")
+		assert.Contains(t, line, "epoch")
+		assert.Less(t, bound, restart, out)
+		assert.Less(t, restart, final, out)
+		assert.Contains(t, out, "lost across restart")
+		assert.NotContains(t, out, "task-2", "another task's records are not task-1's")
+	}
+	_, line := lineOf(t, ok(t, "task", dir, "task-1"), "all_complete")
+	assert.Contains(t, line, "[parent chat]", "its parent's records while it lived")
+	first := ok(t, "records", dir, "task-2")
+	assert.NotContains(t, first, "process life", "task-2 ended before the restart")
+}
+
+func TestAnIDPrefixNamesATask(t *testing.T) {
+	dir := t.TempDir()
+	j, err := bgtask.OpenFileJournal(dir)
+	require.NoError(t, err)
+	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, _ bgtask.Run) (string, error) { return "ok", nil }), bgtask.WithJournal(j))
+	ctx := context.Background()
+	ids := []string{"01HAAA", "01HAAB", "01HBBB", "t", "tx"}
+	for i := range 7 {
+		ids = append(ids, fmt.Sprintf("many-%d", i))
+	}
+	for _, id := range ids {
+		_, err := m.Launch(ctx, bgtask.Spec{ID: id, ParentSessionID: "chat", Models: models})
+		require.NoError(t, err)
+		_, err = m.Wait(ctx, id)
+		require.NoError(t, err)
+	}
+	require.NoError(t, m.Shutdown(ctx))
+
+	assert.True(t, strings.HasPrefix(ok(t, "task", dir, "01HB"), "01HBBB "), "a unique prefix")
+	assert.True(t, strings.HasPrefix(ok(t, "task", dir, "t"), "t "), "an exact id wins over the ids it begins")
+	assert.Contains(t, ok(t, "records", dir, "tx"), "tx")
+
+	r := cli(t, "task", dir, "01HA")
+	assert.Equal(t, 1, r.code)
+	assert.Empty(t, r.stdout)
+	assert.Equal(t, "bgtask: task id prefix \"01HA\" is ambiguous: 2 tasks match: 01HAAA, 01HAAB\n", r.stderr)
+	r = cli(t, "records", dir, "many")
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, "7 tasks match: many-0, many-1, many-2, many-3, many-4 and 2 more", "the list is bounded")
+}
+
+func TestEveryMistakeIsAnErrorSaidOnce(t *testing.T) {
+	dir := t.TempDir()
+	m, _ := journaled(t, dir)
+	defer m.Shutdown(context.Background())
+	empty := t.TempDir()
+	tests := []struct {
+		args []string
+		code int
+		want string // in stderr
+	}{
+		{[]string{"tasks", filepath.Join(empty, "nope")}, 1, "is not a journal: open " + filepath.Join(empty, "nope") + ": no such file or directory"},
+		{[]string{"tasks", empty}, 1, empty + " is not a journal: it holds no journal segment"},
+		{[]string{"records", empty}, 1, "is not a journal"},
+		{[]string{"tasks", dir, "-status", "runing"}, 2, `unknown status "runing" in -status: the statuses are pending, running, completed, error, cancelled, interrupt`},
+		{[]string{"tasks", dir, "-status", "running,"}, 2, `unknown status ""`},
+		{[]string{"tasks", dir, "-statuss", "running"}, 2, "tasks: flag provided but not defined: -statuss"},
+		{[]string{"task", "-json=maybe", dir, "task-1"}, 2, `invalid boolean value "maybe" for -json`},
+		{[]string{"tasks"}, 2, "tasks: missing DIR (usage: bgtask tasks DIR)"},
+		{[]string{"task", dir}, 2, "task: missing ID (usage: bgtask task DIR ID)"},
+		{[]string{"closures", dir, "x"}, 2, `closures: unexpected argument "x"`},
+		{[]string{"follow"}, 2, "follow: missing URL"},
+		{[]string{"task", dir, "nope"}, 1, `unknown task: no task of ` + dir + ` has an id that is or begins with "nope" (3 tasks`},
+		{[]string{"frobnicate", dir}, 2, `unknown command "frobnicate"`},
+		{nil, 2, "no command given"},
+		{[]string{"follow", "not a url"}, 1, `Client.Base "not a url" is not an http(s) URL`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			r := cli(t, tt.args...)
+			assert.Equal(t, tt.code, r.code, r.stderr)
+			assert.Contains(t, r.stderr, tt.want)
+			assert.True(t, strings.HasPrefix(r.stderr, "bgtask: "), r.stderr)
+			assert.Empty(t, r.stdout, "nothing that could pass for an answer")
+			if tt.code == 2 {
+				assert.Regexp(t, `run 'bgtask( \w+)? -h' for usage\n$`, r.stderr)
+			}
+		})
+	}
+}
+
+func TestHelpSaysHowToUseEachCommand(t *testing.T) {
+	top := ok(t, "-h")
+	for _, want := range []string{"Usage:", "bgtask tasks DIR", "bgtask task DIR ID", "bgtask records DIR [ID]", "bgtask closures DIR", "bgtask follow URL", "Examples:"} {
+		assert.Contains(t, top, want)
+	}
+	assert.Equal(t, top, ok(t, "help"))
+	for _, c := range []struct{ name, flag string }{{"tasks", "-status"}, {"task", "-json"}, {"records", "-json"}, {"closures", "-json"}, {"follow", "-json"}} {
+		h := ok(t, c.name, "-h")
+		assert.True(t, strings.HasPrefix(h, "Usage: bgtask "+c.name+" "), h)
+		assert.Contains(t, h, c.flag)
+		assert.Contains(t, h, "Example:\n  bgtask "+c.name+" ")
+		assert.Equal(t, h, ok(t, "help", c.name))
+		assert.Equal(t, h, ok(t, c.name, "somewhere", "--help"), "-h anywhere")
+	}
+}
+
+func TestTasksReadsAJournalACrashLeftWithoutChangingIt(t *testing.T) {
+	dir := t.TempDir()
+	m, tasks := journaled(t, dir)
 	require.NoError(t, m.Shutdown(context.Background()))
 	segs, err := filepath.Glob(filepath.Join(dir, "seg-*.log"))
 	require.NoError(t, err)
@@ -120,9 +385,12 @@ func TestItReadsAJournalACrashLeftWithoutChangingIt(t *testing.T) {
 	before, err := os.ReadFile(last)
 	require.NoError(t, err)
 
-	list := cmd(t, "tasks", dir)
-	assert.Contains(t, list, "note: the last record is torn")
-	assert.Contains(t, list, tasks[0].ID)
+	r := cli(t, "tasks", dir)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "bgtask: note: the last record is torn")
+	assert.Contains(t, r.stdout, tasks[0].ID)
+	var got []bgtask.Task
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "tasks", dir, "-json")), &got), "the note is not in the JSON")
 	after, err := os.ReadFile(last)
 	require.NoError(t, err)
 	assert.Equal(t, before, after, "not a byte changed")
@@ -131,10 +399,10 @@ func TestItReadsAJournalACrashLeftWithoutChangingIt(t *testing.T) {
 	require.NoError(t, os.MkdirAll(bad, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(bad, filepath.Base(segs[0])), append(bytes.Repeat([]byte{7}, 40), before...), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(bad, "seg-9999999999999999.log"), []byte{}, 0o644))
-	var out bytes.Buffer
-	err = run(context.Background(), []string{"tasks", bad}, &out)
-	require.Error(t, err, "corruption before the tail is an error")
-	assert.Contains(t, err.Error(), "offset")
+	r = cli(t, "tasks", bad)
+	assert.Equal(t, 1, r.code, "corruption before the tail is an error")
+	assert.Contains(t, r.stderr, "offset")
+	assert.Empty(t, r.stdout)
 }
 
 // recordsEnd walks a journal segment's record headers (a 4-byte
@@ -159,6 +427,8 @@ type lines struct {
 	ch  chan struct{}
 }
 
+func newLines() *lines { return &lines{ch: make(chan struct{}, 1)} }
+
 func (l *lines) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -170,54 +440,190 @@ func (l *lines) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (l *lines) await(t *testing.T, ctx context.Context, sub string) {
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// await waits until what was written matches re.
+func (l *lines) await(t *testing.T, ctx context.Context, re string) {
 	t.Helper()
+	rx := regexp.MustCompile(re)
 	for {
-		l.mu.Lock()
-		got := l.buf.String()
-		l.mu.Unlock()
-		if strings.Contains(got, sub) {
+		got := l.String()
+		if rx.MatchString(got) {
 			return
 		}
 		select {
 		case <-l.ch:
 		case <-ctx.Done():
-			t.Fatalf("no %q in:\n%s", sub, got)
+			t.Fatalf("no %q in:\n%s", re, got)
 		}
 	}
 }
 
-func TestFollowPrintsALiveServicesTasksAsTheyChange(t *testing.T) {
+// following is the command following a service, as a process.
+type following struct {
+	cmd            *exec.Cmd
+	stdout, stderr *lines
+}
+
+func follow(t *testing.T, ctx context.Context, args ...string) *following {
+	t.Helper()
+	f := &following{cmd: exec.CommandContext(ctx, bin, append([]string{"follow"}, args...)...), stdout: newLines(), stderr: newLines()}
+	f.cmd.Stdout, f.cmd.Stderr = f.stdout, f.stderr
+	require.NoError(t, f.cmd.Start())
+	return f
+}
+
+// interrupt stops it as Ctrl-C does and returns its exit status.
+func (f *following) interrupt(t *testing.T) int {
+	t.Helper()
+	require.NoError(t, f.cmd.Process.Signal(os.Interrupt))
+	err := f.cmd.Wait()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatal(err)
+	}
+	return f.cmd.ProcessState.ExitCode()
+}
+
+// service serves a Manager on a test host over HTTP.
+func service(t *testing.T) (*bgtask.Manager, *bgtasktest.Host, *httptest.Server) {
+	t.Helper()
 	host := bgtasktest.NewHost()
 	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{}))
-	defer func() {
+	t.Cleanup(func() {
 		srv.CloseClientConnections()
 		srv.Close()
 		_ = m.Shutdown(context.Background())
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	})
+	return m, host, srv
+}
+
+func TestFollowPrintsTasksAndReconnectsWhenTheConnectionDrops(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	out := &lines{ch: make(chan struct{}, 1)}
-	fctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(fctx, []string{"follow", srv.URL}, out) }()
+	m, host, srv := service(t)
+	f := follow(t, ctx, srv.URL)
 
 	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: models})
 	require.NoError(t, err)
 	running, err := bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
 	require.NoError(t, err)
-	out.await(t, ctx, "task-1 running attempts=1 openai/gpt-5")
+	f.stdout.await(t, ctx, "task-1 running attempts=1 openai/gpt-5")
+
+	srv.CloseClientConnections() // the connection drops mid-stream
+	f.stderr.await(t, ctx, `bgtask: connection lost: .+; reconnecting in 100ms\n`)
 	require.NoError(t, host.Idle(running.SessionID, "ok"))
-	out.await(t, ctx, "task-1 completed attempts=1")
-	out.await(t, ctx, "Attempt 1 — COMPLETED — openai/gpt-5 — ses-1")
-	stop()
-	assert.NoError(t, <-done)
+	f.stdout.await(t, ctx, "task-1 completed attempts=1")
+	f.stdout.await(t, ctx, "Attempt 1 — COMPLETED — openai/gpt-5 — ses-1")
+
+	srv.Listener.Close() // the service is gone: it retries, waiting longer each time
+	srv.CloseClientConnections()
+	// 200ms, or 100ms if the second connection lasted longer than the
+	// 200ms Follow was at (it starts again from 100ms then), before these.
+	f.stderr.await(t, ctx, `connection refused; reconnecting in 400ms\n`)
+	f.stderr.await(t, ctx, `connection refused; reconnecting in 800ms\n`)
+	assert.Equal(t, 0, f.interrupt(t), f.stderr.String())
 }
 
-func TestFollowOfABadURLReturnsAtOnce(t *testing.T) {
-	var out bytes.Buffer
-	err := run(context.Background(), []string{"follow", "not a url"}, &out)
-	assert.ErrorContains(t, err, "not an http(s) URL")
+func TestFollowPrintsJSONLines(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, _, srv := service(t)
+	f := follow(t, ctx, "-json", srv.URL)
+	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: models})
+	require.NoError(t, err)
+	_, err = bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	f.stdout.await(t, ctx, `"status":"running"`)
+	assert.Equal(t, 0, f.interrupt(t))
+	for _, l := range strings.Split(strings.TrimSpace(f.stdout.String()), "\n") {
+		var got bgtask.Task
+		require.NoError(t, json.Unmarshal([]byte(l), &got), "one JSON object per line: %s", l)
+		assert.Equal(t, "task-1", got.ID)
+	}
+}
+
+func TestFollowOfADeadOrWrongAddressFailsAtOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := "http://" + ln.Addr().String()
+	require.NoError(t, ln.Close())
+	notFound := httptest.NewServer(http.NotFoundHandler())
+	defer notFound.Close()
+	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		_, _ = w.Write([]byte("<p>some other service</p>"))
+	}))
+	defer page.Close()
+	for url, want := range map[string]string{
+		refused:      "bgtask: cannot follow " + refused + ": Get \"" + refused + "/events\": dial tcp " + refused[len("http://"):] + ": connect: connection refused\n",
+		notFound.URL: "bgtask: cannot follow " + notFound.URL + ": bgtaskhttp: 404 http: 404 page not found\n",
+		page.URL:     `not an event stream (Content-Type "text/html")`,
+	} {
+		r := cli(t, "follow", url)
+		assert.Equal(t, 1, r.code, url)
+		assert.Contains(t, r.stderr, want)
+		assert.Empty(t, r.stdout)
+	}
+}
+
+func TestTasksSaysHowManyItShowsInJSONToo(t *testing.T) {
+	dir := t.TempDir()
+	m, _ := journaled(t, dir)
+	defer m.Shutdown(context.Background())
+	r := cli(t, "tasks", dir, "-parent", "chta", "-json") // a typo
+	require.Equal(t, 0, r.code, r.stderr)
+	var none []bgtask.Task
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &none), "stdout is the JSON alone")
+	assert.Empty(t, none)
+	assert.Equal(t, "0 of 3 tasks shown\n", r.stderr, "the note says the filter hid every task")
+	r = cli(t, "tasks", dir, "-parent", "chat", "-json")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &none))
+	assert.Len(t, none, 1)
+	assert.Equal(t, "1 of 3 tasks shown\n", r.stderr)
+}
+
+func TestFollowOfAnAddressThatNeverAnswersFailsPromptly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	held := make(chan struct{})
+	go func() { // accepts connections, and never writes a byte
+		defer close(held)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	defer func() {
+		ln.Close()
+		<-held
+	}()
+	defer func(d time.Duration) { dialTimeout = d }(dialTimeout)
+	dialTimeout = 200 * time.Millisecond // the test's: 5s in use
+	// Far below the 45s the stream may be silent: a timeout there would be
+	// no answer to a silent address.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	url := "http://" + ln.Addr().String()
+	var stdout, stderr bytes.Buffer
+	err = run(ctx, []string{"follow", url}, &stdout, &stderr)
+	require.NoError(t, ctx.Err(), "it waited out the test: %v", err)
+	assert.ErrorContains(t, err, "cannot follow "+url+": ")
+	assert.ErrorContains(t, err, "timeout awaiting response headers")
+	assert.Empty(t, stdout.String())
 }

@@ -10,6 +10,13 @@
 // through. Every parent gets its final summary exactly once.
 //
 //	go run ./examples/restart
+//
+// The journal lives in a temporary directory, deleted at the end; with
+// -keep DIR (a new or empty directory) it is kept there, for cmd/bgtask to
+// read: the restart shows in its records.
+//
+//	go run ./examples/restart -keep /tmp/bgtask-demo
+//	go run ./cmd/bgtask tasks /tmp/bgtask-demo
 package main
 
 import (
@@ -17,6 +24,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -36,13 +44,15 @@ import (
 const role = "BGTASK_RESTART_ROLE"
 
 func main() {
-	if err := dispatch(); err != nil {
+	keep := flag.String("keep", "", "keep the journal in this directory (new or empty) instead of deleting it, for cmd/bgtask to read")
+	flag.Parse()
+	if err := dispatch(*keep); err != nil {
 		fmt.Fprintln(os.Stderr, "restart:", err)
 		os.Exit(1)
 	}
 }
 
-func dispatch() error {
+func dispatch(keep string) error {
 	switch os.Getenv(role) {
 	case "service":
 		return serve(os.Stdin, os.Stdout)
@@ -51,22 +61,42 @@ func dispatch() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return run(ctx, os.Stdout)
+	return run(ctx, os.Stdout, keep)
+}
+
+// journalDir is the directory the demo's journal goes in: keep, which must
+// be new or empty, or a temporary one; done removes a temporary one.
+func journalDir(keep string) (dir string, done func(), err error) {
+	if keep == "" {
+		dir, err := os.MkdirTemp("", "bgtask-restart-")
+		return dir, func() { os.RemoveAll(dir) }, err
+	}
+	if err := os.MkdirAll(keep, 0o755); err != nil {
+		return "", nil, err
+	}
+	ents, err := os.ReadDir(keep)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(ents) > 0 {
+		return "", nil, fmt.Errorf("-keep %s: the directory is not empty (the demo starts from no journal): give a new or empty one", keep)
+	}
+	return keep, func() {}, nil
 }
 
 // run is the demo: it starts the service, runs the harness, kills it,
 // finishes a child meanwhile, runs the harness again, and checks that every
-// task ended once.
-func run(ctx context.Context, w io.Writer) error {
+// task ended once. The journal is kept in keep if it is not "".
+func run(ctx context.Context, w io.Writer, keep string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "bgtask-restart-")
+	dir, done, err := journalDir(keep)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer done()
 
 	svc := exec.CommandContext(ctx, self)
 	svc.Env = append(os.Environ(), role+"=service")
@@ -137,6 +167,9 @@ func run(ctx context.Context, w io.Writer) error {
 		}
 	}
 	fmt.Fprintln(w, "every parent got its final summary exactly once")
+	if keep != "" {
+		fmt.Fprintf(w, "the journal is kept in %s; look inside:\n  go run ./cmd/bgtask tasks %s\n  go run ./cmd/bgtask records %s %s\n", dir, dir, dir, ids[0][:min(8, len(ids[0]))])
+	}
 	return nil
 }
 
@@ -193,7 +226,7 @@ func harness(addr, dir, phase string, w io.Writer) error {
 	host.m = m
 	if phase == "1" {
 		for i := range 3 {
-			task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: fmt.Sprintf("chat-%d", i+1), Prompt: "work",
+			task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: fmt.Sprintf("chat-%d", i+1), Prompt: "work", Description: fmt.Sprintf("the work of chat-%d", i+1),
 				Models: []bgtask.Model{{Provider: "svc", ID: "model"}}})
 			if err != nil {
 				return err

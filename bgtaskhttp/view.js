@@ -1,0 +1,133 @@
+// The live view's script. The page is rendered on the server and works
+// without it; this adds live refresh (from /events), loading a collapsed
+// subtree when it is opened, and a confirmation before every action.
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const $$ = (sel, root = document) => [...root.querySelectorAll(sel)];
+
+// Live refresh: any change on the stream re-renders the page as the
+// server sees it, at most once a second, keeping opened subtrees open.
+let timer = 0, inflight = false, again = false;
+function schedule() {
+  if (timer || inflight) { again = true; return; }
+  timer = setTimeout(refresh, 1000);
+}
+async function refresh() {
+  timer = 0;
+  if ($("#confirm").open) { schedule(); return; }
+  inflight = true; again = false;
+  try {
+    const r = await fetch(location.href, { headers: { "Accept": "text/html" } });
+    if (r.ok) {
+      const doc = new DOMParser().parseFromString(await r.text(), "text/html");
+      const open = $$("details.sub[open]").map(d => d.dataset.lazy);
+      $("#counts").replaceWith($("#counts", doc));
+      $("#main").replaceWith($("#main", doc));
+      for (const id of open) {
+        const d = $(`details.sub[data-lazy="${CSS.escape(id)}"]`);
+        if (d) { d.open = true; }
+      }
+    }
+  } catch (e) { /* the next change tries again */ }
+  inflight = false;
+  if (again) { again = false; schedule(); }
+}
+
+// concerns says whether a change may show on this page: any change on
+// the tree; on a task's detail page, only the task's own changes and
+// those of the tasks its sessions launched (a detail page may read the
+// whole journal: it is not refreshed for others).
+function concerns(e) {
+  const main = $("#main");
+  if (!main || !main.dataset.task) return true;
+  try {
+    const t = JSON.parse(e.data).task || {};
+    return t.id === main.dataset.task || (main.dataset.sessions || "").split(" ").includes(t.parentSessionID);
+  } catch (err) { return true; }
+}
+
+function follow() {
+  const main = $("#main");
+  if (!main || !window.EventSource) return;
+  const conn = $("#conn");
+  const es = new EventSource(`/events?lastEventId=${encodeURIComponent(main.dataset.epoch + ":" + main.dataset.seq)}`);
+  es.addEventListener("open", () => { conn.textContent = "live"; conn.className = "live"; });
+  es.addEventListener("error", () => {
+    if (es.readyState === EventSource.CLOSED) { // refused (too many streams, shut down, not authorised): try again later
+      conn.textContent = "disconnected"; conn.className = "down";
+      setTimeout(follow, 5000);
+      return;
+    }
+    conn.textContent = "reconnecting…"; conn.className = "down";
+  });
+  es.addEventListener("snapshot", schedule);
+  es.addEventListener("change", (e) => { if (concerns(e)) schedule(); });
+}
+
+// A collapsed subtree is loaded when it is opened.
+document.addEventListener("toggle", async (e) => {
+  const d = e.target;
+  if (!(d instanceof HTMLDetailsElement) || !d.open || !d.dataset.lazy || d.dataset.loaded) return;
+  d.dataset.loaded = "1";
+  try {
+    const r = await fetch(`/view/children?id=${encodeURIComponent(d.dataset.lazy)}`);
+    if (r.ok) { $("ul.kids", d).innerHTML = await r.text(); }
+    else { delete d.dataset.loaded; }
+  } catch (err) { delete d.dataset.loaded; }
+}, true);
+
+// Actions ask first, in the page's own dialog, and say what failed.
+const asks = {
+  cancel: id => `Cancel task ${id}? Its child session is aborted; the task shows cancelled once the child has stopped.`,
+  close: id => `Close the branch of task ${id}? The task and every task it launched, at any depth, are stopped, and no new task may start in it while it closes.`,
+  extend: id => `Send task ${id} another prompt? Its answer is delivered once, in order.`,
+};
+const paths = { cancel: "cancel", close: "close", extend: "extend" };
+let pending = null;
+
+document.addEventListener("click", (e) => {
+  const b = e.target.closest("button[data-action]");
+  if (!b) return;
+  pending = { action: b.dataset.action, id: b.dataset.id };
+  const dlg = $("#confirm");
+  $(".ask", dlg).textContent = asks[pending.action](pending.id);
+  $(".answer", dlg).textContent = "";
+  const prompt = $("textarea", dlg);
+  prompt.value = "";
+  prompt.hidden = pending.action !== "extend";
+  dlg.dataset.action = pending.action;
+  dlg.showModal();
+});
+
+document.addEventListener("DOMContentLoaded", () => {
+  const dlg = $("#confirm");
+  if (!dlg) return;
+  $(".yes", dlg).addEventListener("click", async (e) => {
+    e.preventDefault();
+    if (!pending) { dlg.close(); return; }
+    const { action, id } = pending;
+    const init = { method: "POST", headers: {} };
+    if (action === "extend") {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify({ prompt: $("textarea", dlg).value });
+    }
+    $(".answer", dlg).textContent = "working…";
+    try {
+      const r = await fetch(`/tasks/${encodeURIComponent(id)}/${paths[action]}`, init);
+      if (r.ok) {
+        pending = null;
+        dlg.close();
+        schedule();
+        return;
+      }
+      let msg = `${r.status}`;
+      try { const body = await r.json(); msg = body.error || msg; } catch (err) { /* not JSON */ }
+      $(".answer", dlg).textContent = `refused: ${msg}`;
+    } catch (err) {
+      $(".answer", dlg).textContent = `failed: ${err}`;
+    }
+  });
+  $(".no", dlg).addEventListener("click", () => { pending = null; });
+  follow();
+});
