@@ -288,7 +288,7 @@ func (m *Manager) healthChanged(x *healthOf) {
 }
 
 // healthTake lets run token of e through on md: a model or provider whose
-// cooldown is over is probed by it. m.mu is held.
+// cooldown is over is probed by it (told to Metrics: probing). m.mu is held.
 func (m *Manager) healthTake(e *entry, md Model, token string, now time.Time) {
 	h := m.calls.health
 	e.rt.admitted = h.gen
@@ -299,11 +299,12 @@ func (m *Manager) healthTake(e *entry, md Model, token string, now time.Time) {
 		if ok, _, _ := h.blocks(x, now); ok {
 			continue
 		}
+		// Each probe let through is told, also one after a probe that
+		// ended saying nothing (cancelled, a failure of no health class):
+		// attempts wait for it from now.
 		x.probe, x.probeAt = token, now
-		if x.pub.State != HealthProbing {
-			x.pub.State = HealthProbing
-			m.healthChanged(x)
-		}
+		x.pub.State = HealthProbing
+		m.healthChanged(x)
 	}
 }
 
