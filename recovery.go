@@ -661,15 +661,34 @@ func (m *Manager) readopt(in *recoveredIn, now time.Time) {
 	}
 }
 
+// toldNotice is a notification a replay met, and the text of a retry
+// rendered as its record was met.
+type toldNotice struct {
+	*notice
+	then string
+}
+
 // replayLedger rebuilds a ledger from committed records, in sequence
 // order, with no host and no Manager: what a restart from a journal does.
 // It returns the notifications the records say were produced.
-func replayLedger(recs []record) (*ledger, []*notice, error) {
+
+func replayLedger(recs []record) (*ledger, []toldNotice, error) {
 	l := newLedger(nil)
-	var notes []*notice
+	var notes []toldNotice
 	for _, rec := range recs {
 		if rec.kind == recNotifyProduced {
-			notes = append(notes, rec.notice)
+			notes = append(notes, toldNotice{notice: rec.notice})
+			if n := rec.notice; n.kind == NotifyRetryScheduled {
+				// A retry is told as it was scheduled: the model its
+				// attempt had then (a later skip, after a wait for a
+				// cooldown or a slot, moves it; the session-ready
+				// notification names the model it runs on).
+				text, err := l.render(n)
+				if err != nil {
+					return nil, nil, err
+				}
+				notes[len(notes)-1].then = text
+			}
 		}
 		if _, err := l.replayOne(rec); err != nil {
 			return nil, nil, fmt.Errorf("bgtask: replay: record %d (%s): %w", rec.seq, rec.kind, err)
@@ -734,8 +753,12 @@ func checkReplay(l *ledger) error {
 			return err
 		}
 	}
-	for _, n := range notes {
+	for _, tn := range notes {
+		n := tn.notice
 		text, err := r.render(n)
+		if tn.then != "" {
+			text = tn.then
+		}
 		if err != nil {
 			return err
 		}
