@@ -57,6 +57,42 @@ type HealthPolicy struct {
 	// cooldown began end that cooldown. Default false: only a request
 	// sent after the failure (the probe) says the model recovered.
 	EarlySuccess bool
+	// Shared is how old a Manager's view of the fleet's cooldowns may be
+	// when its journal is a HealthStore: a Launch reads the store again
+	// (one query) only when its last read is older, and a cooldown begun
+	// here is written to it (one statement, off the Manager's lock).
+	// Default 1s.
+	Shared time.Duration
+}
+
+// HealthStore is a Journal that keeps cooldowns shared by every Manager
+// on its storage (a fleet of processes on one ledger). With WithHealth,
+// a cooldown one Manager begins is told to CoolDown, and a Launch reads
+// Cooldowns (at most once per HealthPolicy.Shared) so that a model a
+// 429 cooled in one process is skipped by the others too. A success
+// costs the store nothing. The Manager calls both without its lock, on
+// goroutines it owns (CoolDown) or the Launch's (Cooldowns); an error is
+// logged and otherwise ignored: health is then this Manager's own.
+//
+// pgledger's Journal implements it.
+type HealthStore interface {
+	// CoolDown sets the cooldown of c.Key to c (a later one replaces it;
+	// an Until in the past ends it: ResetHealth).
+	CoolDown(ctx context.Context, c Cooldown) error
+	// Cooldowns returns the cooldowns whose Until is not yet past.
+	Cooldowns(ctx context.Context) ([]Cooldown, error)
+}
+
+// Cooldown is a model's or provider's cooldown as a HealthStore keeps it.
+type Cooldown struct {
+	// Key is Health.Key: "provider/id" for a model, "provider" for a
+	// provider.
+	Key string `json:"key"`
+	// Since is when it began, Until when it ends; Why is the class of the
+	// failure (Health.Why).
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
+	Why   string    `json:"why"`
 }
 
 // Health defaults (HealthPolicy's zero fields).
@@ -67,6 +103,7 @@ const (
 	DefaultHealthMaxWait      = 2 * time.Minute
 	DefaultHealthOutageAfter  = 3
 	DefaultHealthProbeTimeout = 5 * time.Minute
+	DefaultHealthShared       = time.Second
 )
 
 // WithHealth keeps model and provider health, shared by every task of the
@@ -88,6 +125,7 @@ func WithHealth(p HealthPolicy) Option {
 		def(&p.Unavailable, DefaultHealthUnavailable)
 		def(&p.MaxCooldown, DefaultHealthMaxCooldown)
 		def(&p.ProbeTimeout, DefaultHealthProbeTimeout)
+		def(&p.Shared, DefaultHealthShared)
 		switch {
 		case p.MaxWait == 0:
 			p.MaxWait = DefaultHealthMaxWait
@@ -214,6 +252,7 @@ type healthOf struct {
 	probeAt time.Time
 	servers int    // server errors in a row
 	gen     uint64 // the book's count of cooldowns begun, as this one began
+	shared  bool   // the cooldown is the fleet's (HealthStore), not one begun here
 }
 
 // healthBook is the Manager's health: guarded by m.mu.
@@ -222,6 +261,10 @@ type healthBook struct {
 	of   map[string]*healthOf // "m:provider/id" or "p:provider"
 	wake chan struct{}        // closed (and made anew) when a cooldown may have ended early
 	gen  uint64               // cooldowns begun
+
+	store    HealthStore // the journal, when it shares cooldowns (nil: none)
+	syncedAt time.Time   // when the store was last read
+	syncing  bool        // a read of the store is in flight
 }
 
 func newHealthBook(p *HealthPolicy) *healthBook {
@@ -334,6 +377,7 @@ func (m *Manager) healthFailed(e *entry, a Attempt, f failure, now time.Time) {
 		if f.after > 0 && now.Add(min(f.after, h.pol.MaxCooldown)).After(x.pub.Until) {
 			x.pub.Until = now.Add(min(f.after, h.pol.MaxCooldown))
 			m.healthChanged(x)
+			m.healthShare(x)
 		}
 		return
 	}
@@ -354,10 +398,11 @@ func (m *Manager) healthFailed(e *entry, a Attempt, f failure, now time.Time) {
 	}
 	d = min(d, h.pol.MaxCooldown)
 	h.gen++
-	x.window, x.probe, x.gen = d, "", h.gen
+	x.window, x.probe, x.gen, x.shared = d, "", h.gen, false
 	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthCooling, now, now.Add(d), f.health.String()
 	x.pub.Cooldowns++
 	m.healthChanged(x)
+	m.healthShare(x)
 	if m.cfg.logInfo {
 		m.logLocked(slog.LevelInfo, "bgtask: cooldown began", slog.String("key", x.pub.Key()), slog.String("why", x.pub.Why),
 			slog.String("until", x.pub.Until.Format(time.RFC3339)), slog.String("task", e.id))
@@ -394,7 +439,7 @@ func (m *Manager) healthEnded(e *entry, a Attempt) {
 // healthy ends x's cooldown. m.mu is held.
 func (m *Manager) healthy(x *healthOf) {
 	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthHealthy, time.Time{}, time.Time{}, ""
-	x.probe, x.window = "", 0
+	x.probe, x.window, x.shared = "", 0, false
 	m.healthChanged(x)
 	h := m.calls.health
 	close(h.wake)
@@ -456,6 +501,14 @@ func (m *Manager) skipCounted(md Model, why string) {
 // m.mu is held.
 func (m *Manager) healthAdmit(e *entry, a Attempt) (Attempt, bool) {
 	h, now := m.calls.health, m.now()
+	if h.store != nil && !h.syncing && now.Sub(h.syncedAt) >= h.pol.Shared {
+		// A retry's admit reads the fleet's cooldowns for later ones, off
+		// the lock (a Launch reads them before it decides).
+		h.syncing = true
+		if !m.goLater(func() { m.healthRead(m.life.ctx) }) {
+			h.syncing = false
+		}
+	}
 	if len(h.of) == 0 {
 		e.rt.admitted = h.gen
 		return a, true
@@ -609,9 +662,116 @@ func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 	}
 	m.led.emit(record{kind: recHealthReset, at: m.now(), recordExt: &recordExt{note: target}})
 	x.pub.InARow, x.servers = 0, 0
+	if h.store != nil {
+		m.healthPut(Cooldown{Key: target, Since: x.pub.Since, Until: m.now(), Why: "reset"})
+	}
 	m.healthy(x)
 	if m.cfg.logInfo {
 		m.logLocked(slog.LevelInfo, "bgtask: health reset", slog.String("key", target))
 	}
 	return m.unlockCtx(ctx)
+}
+
+// healthShare tells the HealthStore (if any) of x's cooldown. m.mu is held.
+func (m *Manager) healthShare(x *healthOf) {
+	if m.calls.health.store != nil {
+		m.healthPut(Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: x.pub.Until, Why: x.pub.Why})
+	}
+}
+
+// healthPut writes c to the HealthStore on a goroutine of the Manager,
+// once m.mu is released. m.mu is held.
+func (m *Manager) healthPut(c Cooldown) {
+	store := m.calls.health.store
+	m.goLater(func() {
+		ctx, cancel := context.WithTimeout(m.life.ctx, 10*time.Second)
+		defer cancel()
+		if err := guardJournal("CoolDown", func() error { return store.CoolDown(ctx, c) }); err != nil {
+			m.mu.Lock()
+			m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store refused a cooldown", slog.String("key", c.Key), slog.String("error", err.Error()))
+			_ = m.unlock()
+		}
+	})
+}
+
+// healthReadTimeout bounds a read of the HealthStore, so that a store
+// that is away holds a Launch this long at most (once per Shared).
+const healthReadTimeout = 2 * time.Second
+
+// healthSync reads the fleet's cooldowns from the HealthStore when the
+// last read is older than the policy's Shared (and none is in flight),
+// and takes those that end later than what this Manager knows. It runs
+// without m.mu (a Launch's goroutine).
+func (m *Manager) healthSync(ctx context.Context) {
+	h := m.calls.health
+	if h == nil || h.store == nil {
+		return
+	}
+	m.mu.Lock()
+	if h.syncing || m.now().Sub(h.syncedAt) < h.pol.Shared {
+		m.mu.Unlock()
+		return
+	}
+	h.syncing = true
+	m.mu.Unlock()
+	m.healthRead(ctx)
+}
+
+// healthRead reads the HealthStore for healthSync, which set syncing.
+// It runs without m.mu.
+func (m *Manager) healthRead(ctx context.Context) {
+	h := m.calls.health
+	var cs []Cooldown
+	ctx, cancel := context.WithTimeout(ctx, healthReadTimeout)
+	err := guardJournal("Cooldowns", func() (err error) { cs, err = h.store.Cooldowns(ctx); return err })
+	cancel()
+	m.mu.Lock()
+	h.syncing = false
+	now := m.now()
+	if err != nil {
+		h.syncedAt = now // not again at once: the store is away
+		m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store could not be read", slog.String("error", err.Error()))
+	} else {
+		h.syncedAt = now
+		seen := make(map[string]bool, len(cs))
+		for _, c := range cs {
+			seen[c.Key] = true
+			m.healthTakeShared(c, now)
+		}
+		// A cooldown of the fleet's that the store no longer holds was
+		// reset (ResetHealth) or is over: it ends here too.
+		for _, x := range h.of {
+			if x.shared && x.pub.State != HealthHealthy && !seen[x.pub.Key()] {
+				m.healthy(x)
+			}
+		}
+	}
+	_ = m.unlock()
+}
+
+// healthTakeShared has a cooldown of the fleet cool its model or provider
+// here, unless this Manager began one itself that ends no sooner (one of
+// the fleet's it took before is replaced). m.mu is held.
+func (m *Manager) healthTakeShared(c Cooldown, now time.Time) {
+	h := m.calls.health
+	if !now.Before(c.Until) || c.Key == "" {
+		return
+	}
+	var x *healthOf
+	if provider, id, ok := strings.Cut(c.Key, "/"); ok {
+		x = h.get("m:"+c.Key, Model{Provider: provider, ID: id}, false)
+	} else {
+		x = h.get(providerKey(c.Key), Model{Provider: c.Key}, true)
+	}
+	switch {
+	case x.pub.State != HealthHealthy && !x.shared && !x.pub.Until.Before(c.Until):
+		return
+	case x.shared && x.pub.State != HealthHealthy && x.pub.Until.Equal(c.Until) && x.pub.Why == c.Why:
+		return // known
+	}
+	h.gen++
+	x.window, x.gen, x.shared = c.Until.Sub(c.Since), h.gen, true
+	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthCooling, c.Since, c.Until, c.Why
+	x.pub.Cooldowns++
+	m.healthChanged(x)
 }

@@ -366,6 +366,9 @@ func newManager(host Host, opts []Option) *Manager {
 	m.notes.lanes.SetLimit(cfg.queueLimit, lessNeeded)
 	if cfg.health != nil {
 		m.calls.health = newHealthBook(cfg.health)
+		if hs, ok := cfg.journal.(HealthStore); ok {
+			m.calls.health.store = hs
+		}
 	}
 	if cfg.limits != nil {
 		m.calls.pool = slots.New[queued]()
