@@ -475,22 +475,8 @@ func mustTask(t *testing.T, m *Manager, id string) Task {
 func TestAClosureFinishedAtRestartSaysSo(t *testing.T) {
 	dir := t.TempDir()
 	svc := newSessionService()
-	hung := make(chan struct{})
-	j1 := openJournal(t, dir)
-	m1, err := Open(context.Background(), &svcHost{svc: svc, aborted: hung}, WithJournal(j1))
-	require.NoError(t, err)
+	crashMidClosure(t, dir, svc)
 	ctx := context.Background()
-	task, err := m1.Launch(ctx, Spec{ParentSessionID: "root", Models: []Model{{Provider: "a", ID: "1"}}})
-	require.NoError(t, err)
-	waitStatus(t, m1, task.ID, StatusRunning)
-	closed := make(chan error, 1)
-	go func() {
-		_, err := m1.CloseBranch(ctx, "root")
-		closed <- err
-	}()
-	<-hung
-	crash(t, m1, j1)
-	<-closed
 
 	sink := &attrSink{}
 	j2 := openJournal(t, dir)

@@ -362,23 +362,8 @@ func TestCompactionKeepsExactlyWhatRetentionKeeps(t *testing.T) {
 func TestAClosureInProgressAtACrashIsFinishedAtRestart(t *testing.T) {
 	dir := t.TempDir()
 	svc := newSessionService()
-	hung := make(chan struct{})
-	host1 := &svcHost{svc: svc, aborted: hung}
-	j1 := openJournal(t, dir)
-	m1, err := Open(context.Background(), host1, WithJournal(j1))
-	require.NoError(t, err)
+	task := crashMidClosure(t, dir, svc)
 	ctx := context.Background()
-	task, err := m1.Launch(ctx, Spec{ParentSessionID: "root", Models: []Model{{Provider: "a", ID: "1"}}})
-	require.NoError(t, err)
-	waitStatus(t, m1, task.ID, StatusRunning)
-	closed := make(chan error, 1)
-	go func() {
-		_, err := m1.CloseBranch(ctx, "root")
-		closed <- err
-	}()
-	<-hung // the closure's abort is in flight when the process dies
-	crash(t, m1, j1)
-	<-closed
 
 	host2 := &svcHost{svc: svc, abortOK: true}
 	j2 := openJournal(t, dir)
@@ -395,6 +380,30 @@ func TestAClosureInProgressAtACrashIsFinishedAtRestart(t *testing.T) {
 	_, alive := svc.sessions["s-"+task.CurrentAttemptID]
 	svc.mu.Unlock()
 	assert.False(t, alive, "the child session is gone")
+}
+
+// crashMidClosure launches a task under "root" on a journal in dir, closes
+// the branch of "root", and crashes the process while the closure's abort
+// of the task's session (a session of svc) is in flight.
+func crashMidClosure(t *testing.T, dir string, svc *sessionService) Task {
+	t.Helper()
+	hung := make(chan struct{})
+	j1 := openJournal(t, dir)
+	m1, err := Open(context.Background(), &svcHost{svc: svc, aborted: hung}, WithJournal(j1))
+	require.NoError(t, err)
+	ctx := context.Background()
+	task, err := m1.Launch(ctx, Spec{ParentSessionID: "root", Models: []Model{{Provider: "a", ID: "1"}}})
+	require.NoError(t, err)
+	waitStatus(t, m1, task.ID, StatusRunning)
+	closed := make(chan error, 1)
+	go func() {
+		_, err := m1.CloseBranch(ctx, "root")
+		closed <- err
+	}()
+	<-hung // the closure's abort is in flight when the process dies
+	crash(t, m1, j1)
+	<-closed
+	return task
 }
 
 // panicJournal is user code that panics in every method.

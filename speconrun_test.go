@@ -124,7 +124,12 @@ func TestATasksOwnFunctionAfterARestart(t *testing.T) {
 	again, err := m.Wait(context.Background(), task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, StatusInterrupt, again.Status)
-	assert.Contains(t, again.Error, LostAcrossRestart)
+	// Running is shown once the run is bound; the crash may come before
+	// that bind reached the journal (the restart then finds a start whose
+	// outcome it cannot know) or after (a run lost across the restart).
+	// Either way the host was not asked: the function died with the process.
+	assert.True(t, strings.Contains(again.Error, LostAcrossRestart) || strings.Contains(again.Error, StartOutcomeUnknown),
+		"interrupt for the restart: %q", again.Error)
 }
 
 // New(nil) is an in-process Manager: every task brings its own function.

@@ -440,22 +440,11 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	per := rootsPerPage
 	if f.active() { // a flat list of what matches, each with its path
 		per = matchesShown
-		var hits []*node
-		var walk func([]*node)
-		walk = func(ns []*node) {
-			for _, n := range ns {
-				if f.matches(n.t) {
-					hits = append(hits, n)
-				}
-				walk(n.kids)
-			}
-		}
+		from := list
 		if f.Parent == "" {
-			walk(tree.roots)
-		} else {
-			walk(list)
+			from = tree.roots
 		}
-		list = hits
+		list = matching(from, f)
 	}
 	from := min(f.Page*per, len(list))
 	to := min(from+per, len(list))
@@ -491,6 +480,25 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 		d.Next = f.query(f.Page + 1)
 	}
 	v.render(w, http.StatusOK, "page", d)
+}
+
+// matching are the tasks at and below ns that f matches, in the tree's
+// order (a walk with a stack: a tree may be deep).
+func matching(ns []*node, f filter) []*node {
+	var hits []*node
+	stack := slices.Clone(ns)
+	slices.Reverse(stack)
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if f.matches(n.t) {
+			hits = append(hits, n)
+		}
+		for i := len(n.kids) - 1; i >= 0; i-- {
+			stack = append(stack, n.kids[i])
+		}
+	}
+	return hits
 }
 
 // children serves the rows below a collapsed task, as a fragment.

@@ -582,3 +582,15 @@ func TestTheDetailPageOfAForgottenTask(t *testing.T) {
 	assert.Contains(t, body, "forgotten")
 	assert.Contains(t, body, "launched, long ago")
 }
+
+// Matches are listed in the tree's order: each parent before its
+// children, the trees as the page orders them (the newest live first).
+func TestMatchesComeInTheTreesOrder(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	older := s.launchUnder(t, "chat-1", "older", nil)
+	olderKid := s.launchUnder(t, older.SessionID, "older's kid", nil)
+	newer := s.launchUnder(t, "chat-2", "newer", nil)
+	newerKid := s.launchUnder(t, newer.SessionID, "newer's kid", nil)
+	_, body, _ := s.get(t, "/?status=running")
+	assert.Equal(t, []string{newer.ID, newerKid.ID, older.ID, olderKid.ID}, ids(rowsOf(t, body)))
+}

@@ -22,11 +22,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestAManagersMeasurementsBecomeInstruments(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
-	mt, err := otelmetrics.New(provider.Meter("bgtask"))
-	require.NoError(t, err)
+	reader, mt := newMetrics(t)
 
 	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if run.Attempt == 1 {
@@ -86,11 +82,7 @@ func collect(t *testing.T, reader *sdkmetric.ManualReader) (sums map[string]map[
 // Who stopped what, what a closure did and what a restart recovered are
 // counters with those facts as attributes.
 func TestStopsClosuresAndRecoveriesBecomeInstruments(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
-	mt, err := otelmetrics.New(provider.Meter("bgtask"))
-	require.NoError(t, err)
+	reader, mt := newMetrics(t)
 	ctx := context.Background()
 	running := make(chan string, 4)
 	fn := func(ctx context.Context, run bgtask.Run) (string, error) {
@@ -152,11 +144,7 @@ func TestANilMeterIsAnError(t *testing.T) {
 // A closure cut short — its caller's context ended, Shutdown — is an
 // outcome of its own, never "stopped".
 func TestAClosureCutShortIsAnOutcomeOfItsOwn(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
-	mt, err := otelmetrics.New(provider.Meter("bgtask"))
-	require.NoError(t, err)
+	reader, mt := newMetrics(t)
 	ctx := context.Background()
 	running, release := make(chan struct{}, 1), make(chan struct{})
 	fn := func(ctx context.Context, run bgtask.Run) (string, error) {
@@ -184,4 +172,16 @@ func TestAClosureCutShortIsAnOutcomeOfItsOwn(t *testing.T) {
 		"by=session_deleted,outcome=shutdown,stop.kind=closure": 1}, sums["bgtask.closures.ended"])
 	assert.Equal(t, map[string]uint64{"by=CloseBranch,outcome=cancelled": 1, "by=session_deleted,outcome=shutdown": 1}, hists["bgtask.closure.duration"])
 	assert.Equal(t, map[string]int64{"by=CloseBranch,result=stopping": 1}, sums["bgtask.closure.runs"], "asked to stop, not stopped when it returned")
+}
+
+// newMetrics is an otelmetrics.Metrics on a meter whose measurements the
+// returned reader collects.
+func newMetrics(t *testing.T) (*sdkmetric.ManualReader, *otelmetrics.Metrics) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	mt, err := otelmetrics.New(provider.Meter("bgtask"))
+	require.NoError(t, err)
+	return reader, mt
 }

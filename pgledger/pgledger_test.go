@@ -299,7 +299,10 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 	svc.forget(svc.sessionOf(tasks[ids[2]].Attempts[0].ID))
 
 	// Another process waits for the lease and takes over.
-	j2 := f.open("w1", Options{Lease: lease, Wait: 10 * lease, Holder: "heir"})
+	// The heir's own lease is longer: under load (-race, two cores) a
+	// 400 ms lease of its own can lapse while it replays, which is not
+	// what this test is about. It waits for the dead holder's 400 ms.
+	j2 := f.open("w1", Options{Lease: 5 * lease, Wait: 10 * lease, Holder: "heir"})
 	assert.Greater(t, j2.Fence(), j.Fence(), "the heir holds a newer fence")
 	heir := f.manager(svc, j2)
 	alive, err := heir.Task(ids[0])
