@@ -638,18 +638,26 @@ func (m *Manager) Health() []Health {
 // healthy (or was never seen to fail).
 var ErrNotCooling = errors.New("bgtask: not cooling")
 
+// ErrNoHealth is ResetHealth's answer on a Manager that keeps no health
+// (no WithHealth, or HealthPolicy.Off).
+var ErrNoHealth = errors.New("bgtask: the Manager keeps no health (WithHealth)")
+
 // ResetHealth ends the cooldown of a model ("provider/id") or a provider
 // ("provider") by hand: the failures in a row are forgotten and tasks
 // waiting for it look again. The reset is recorded (a journal keeps it)
 // before ResetHealth returns. It returns ErrNotCooling when target does
-// not cool, and an error without WithHealth.
+// not cool, ErrNoHealth without WithHealth, and ErrInvalidArgument for a
+// blank target.
 func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 	ctx = orBackground(ctx)
+	if strings.TrimSpace(target) == "" {
+		return fmt.Errorf("%w: ResetHealth of a blank model or provider", ErrInvalidArgument)
+	}
 	m.mu.Lock()
 	h := m.calls.health
 	if h == nil {
 		m.mu.Unlock()
-		return errors.New("bgtask: ResetHealth: the Manager keeps no health (WithHealth)")
+		return ErrNoHealth
 	}
 	key := providerKey(target)
 	if strings.Contains(target, "/") {

@@ -22,33 +22,79 @@ func (e throttledErr) RetryAfter() time.Duration { return e.after }
 // Retry-After 30s for its first 60 s; "missing": 404 model not found —
 // and go on to one that answers. It reports the attempts spent on the
 // first model per 1,000 tasks, with health (WithHealth, defaults) and
-// without, side by side:
+// without, side by side, and with health the bound the issue sets: the
+// attempts in flight (admitted) when its first cooldown began, plus the
+// probes let through. It fails when an attempt on the first model was
+// admitted after its first cooldown began and was no probe.
 //
 //	go test -run '^$' -bench 'HealthChain|HealthOverhead|Lifecycle3' -benchtime 3x .
 func BenchmarkHealthChain(b *testing.B) {
 	for _, kind := range []string{"throttled", "missing"} {
 		b.Run(kind, func(b *testing.B) {
-			var with, without float64
+			var with, without, inflight, probes float64
 			for b.Loop() {
-				with += float64(healthChainRun(b, kind, true))
-				without += float64(healthChainRun(b, kind, false))
+				r := healthChainRun(b, kind, true)
+				with += float64(r.first)
+				inflight += float64(r.inflight)
+				probes += float64(r.probes)
+				without += float64(healthChainRun(b, kind, false).first)
 			}
-			b.ReportMetric(with/float64(b.N), "first-model-attempts-health")
-			b.ReportMetric(without/float64(b.N), "first-model-attempts-nohealth")
+			n := float64(b.N)
+			b.ReportMetric(with/n, "first-model-attempts-health")
+			b.ReportMetric(inflight/n, "in-flight-at-first-cooldown")
+			b.ReportMetric(probes/n, "probes")
+			b.ReportMetric(without/n, "first-model-attempts-nohealth")
 		})
 	}
 }
 
-// healthChainRun runs the 1,000 tasks once and returns the attempts made
-// on the first model.
-func healthChainRun(b *testing.B, kind string, health bool) int64 {
+// chainRun is what one healthChainRun saw on the first model.
+type chainRun struct {
+	first    int64 // attempts started on it
+	inflight int64 // of those, admitted before its first cooldown began
+	probes   int64 // probes let through (Metrics: probing)
+}
+
+// probeCount counts the probes let through on provider "a"'s models.
+type probeCount struct {
+	NopMetrics
+	n atomic.Int64
+}
+
+func (p *probeCount) HealthChanged(h Health) {
+	if h.State == HealthProbing && h.Model.Provider == "a" {
+		p.n.Add(1)
+	}
+}
+
+// healthChainRun runs the 1,000 tasks once.
+func healthChainRun(b *testing.B, kind string, health bool) chainRun {
 	start := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	clk := clock.NewFake(start)
-	var first atomic.Int64
+	var first, inflight atomic.Int64
+	var late atomic.Int64 // admitted after the first cooldown began and no probe
+	probes := &probeCount{}
 	host := &benchHost{onStart: func(m *Manager, req SessionRequest, sid string) {
 		ev := Event{AttemptID: req.AttemptID, Kind: SessionIdle, Text: "ok"}
 		if req.Model.Provider == "a" {
 			first.Add(1)
+			if health {
+				// The run's admission stamp: the count of cooldowns begun
+				// when it was let through (0: before the first).
+				m.mu.Lock()
+				e := m.led.tasks[req.TaskID]
+				admitted, probe := e.rt.admitted, false
+				for _, x := range m.calls.health.of {
+					probe = probe || x.probe == e.cur().Token
+				}
+				m.mu.Unlock()
+				switch {
+				case admitted == 0:
+					inflight.Add(1)
+				case !probe:
+					late.Add(1)
+				}
+			}
 			switch {
 			case kind == "missing":
 				ev = Event{AttemptID: req.AttemptID, Kind: SessionError, Err: errors.New("404 model not found")}
@@ -60,7 +106,7 @@ func healthChainRun(b *testing.B, kind string, health bool) int64 {
 			panic(err)
 		}
 	}}
-	opts := []Option{WithClock(clk)}
+	opts := []Option{WithClock(clk), WithMetrics(probes)}
 	if health {
 		opts = append(opts, WithHealth(HealthPolicy{}))
 	}
@@ -86,7 +132,14 @@ func healthChainRun(b *testing.B, kind string, health bool) int64 {
 			b.Fatalf("%v %+v", err, got)
 		}
 	}
-	return first.Load()
+	r := chainRun{first: first.Load(), inflight: inflight.Load(), probes: probes.n.Load()}
+	if n := late.Load(); n > 0 {
+		b.Fatalf("%s: %d attempts on the first model were admitted during its cooldown and were no probe (%+v)", kind, n, r)
+	}
+	if health && r.first > r.inflight+r.probes {
+		b.Fatalf("%s: %d attempts on the first model > %d in flight at its first cooldown + %d probes", kind, r.first, r.inflight, r.probes)
+	}
+	return r
 }
 
 // BenchmarkHealthOverhead is one task on a healthy model, launched and
