@@ -1,5 +1,10 @@
 package bgtask
 
+import (
+	"maps"
+	"slices"
+)
+
 // presize makes the ledger's indexes as big as the records about to be
 // replayed need (a count of their kinds), so that a replay does not grow
 // them step by step. m.mu is held.
@@ -22,7 +27,7 @@ func (m *Manager) presize(payloads [][]byte) {
 // snapshotRecords is the ledger as records, for a compacted journal: the
 // records that rebuild exactly the tasks in memory (their spec, each
 // attempt's versions as far as a replay needs them, sessions, stops),
-// the closure records kept, and the epoch. Nothing forgotten is in them.
+// the closure records kept, the cooldowns not over, and the epoch. Nothing forgotten is in them.
 // Notifications are left out: compaction waits until none is out.
 // m.mu is held.
 func (m *Manager) snapshotRecords() []record {
@@ -94,6 +99,14 @@ func (m *Manager) snapshotRecords() []record {
 	}
 	for _, c := range m.led.closures {
 		add(c)
+	}
+	now := m.now()
+	for _, key := range slices.Sorted(maps.Keys(m.led.cools)) { // the cooldowns not over
+		if c := m.led.cools[key]; now.Before(c.Until) {
+			add(record{kind: recCooldownBegan, at: c.Since, recordExt: &recordExt{cool: &c}})
+		} else {
+			delete(m.led.cools, key)
+		}
 	}
 	if m.notes.seq > 0 {
 		// No notification is out, so none is kept; the numbering goes on

@@ -204,7 +204,8 @@ func describe(rec *record) string {
 		rec.kind == recBranchClosed && x.closure == nil,
 		(rec.kind == recInvocationAdmitted || rec.kind == recAnswerFiled) && rec.inv == nil,
 		rec.kind == recAnswerFiled && rec.inv.Answer == nil,
-		rec.kind == recModelSkipped && x.skip == nil:
+		rec.kind == recModelSkipped && x.skip == nil,
+		rec.kind == recCooldownBegan && x.cool == nil:
 		return rec.kind.String() + " (incomplete)"
 	}
 	n := "attempt " + strconv.Itoa(a.Number)
@@ -275,6 +276,9 @@ func describe(rec *record) string {
 		return s + "): it runs on " + a.Model.String()
 	case recHealthReset:
 		return "health of " + textbound.OneLine(x.note, 80) + " reset by hand: its cooldown ended"
+	case recCooldownBegan:
+		c := x.cool
+		return fmt.Sprintf("%s cooling (%s, %d in a row) until %s", textbound.OneLine(c.Key, 80), textbound.OneLine(c.Why, 40), c.inARow, c.Until.UTC().Format(time.RFC3339))
 	}
 	return rec.kind.String()
 }

@@ -200,6 +200,48 @@ type Skip struct {
 	At    time.Time `json:"at,omitzero"`
 }
 
+// coolRec is a cooldown as the ledger records it (recCooldownBegan):
+// with the failures in a row that made it, for the backoff after a
+// restart.
+type coolRec struct {
+	Cooldown
+	inARow int
+}
+
+// healthRecord records x's cooldown in the ledger (a journal keeps it, so
+// a restart takes it back). m.mu is held.
+func (m *Manager) healthRecord(x *healthOf, now time.Time) {
+	if m.led.recording() {
+		m.led.recordCool(record{kind: recCooldownBegan, at: now, recordExt: &recordExt{cool: &coolRec{
+			Cooldown: Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: x.pub.Until, Why: x.pub.Why}, inARow: x.pub.InARow}}})
+	}
+}
+
+// healthRestore takes back the cooldowns a previous life recorded that
+// are not over (after a replay); those over are forgotten. m.mu is held.
+func (m *Manager) healthRestore(now time.Time) {
+	h := m.calls.health
+	for key, c := range m.led.cools {
+		if !now.Before(c.Until) {
+			delete(m.led.cools, key)
+			continue
+		}
+		if h == nil {
+			continue
+		}
+		var x *healthOf
+		if provider, id, ok := strings.Cut(key, "/"); ok {
+			x = h.get("m:"+key, Model{Provider: provider, ID: id}, false)
+		} else {
+			x = h.get(providerKey(key), Model{Provider: key}, true)
+		}
+		h.gen++
+		x.window, x.gen, x.shared = c.Until.Sub(c.Since), h.gen, false
+		x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why, x.pub.InARow = HealthCooling, c.Since, c.Until, c.Why, c.inARow
+		m.healthChanged(x)
+	}
+}
+
 // healthClass is what a failure means for health.
 type healthClass uint8
 
@@ -378,6 +420,7 @@ func (m *Manager) healthFailed(e *entry, a Attempt, f failure, now time.Time) {
 			x.pub.Until = now.Add(min(f.after, h.pol.MaxCooldown))
 			m.healthChanged(x)
 			m.healthShare(x)
+			m.healthRecord(x, now)
 		}
 		return
 	}
@@ -403,6 +446,7 @@ func (m *Manager) healthFailed(e *entry, a Attempt, f failure, now time.Time) {
 	x.pub.Cooldowns++
 	m.healthChanged(x)
 	m.healthShare(x)
+	m.healthRecord(x, now)
 	if m.cfg.logInfo {
 		m.logLocked(slog.LevelInfo, "bgtask: cooldown began", slog.String("key", x.pub.Key()), slog.String("why", x.pub.Why),
 			slog.String("until", x.pub.Until.Format(time.RFC3339)), slog.String("task", e.id))
@@ -668,7 +712,9 @@ func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 		m.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrNotCooling, target)
 	}
-	m.led.emit(record{kind: recHealthReset, at: m.now(), recordExt: &recordExt{note: target}})
+	if m.led.recording() {
+		m.led.recordCool(record{kind: recHealthReset, at: m.now(), recordExt: &recordExt{note: x.pub.Key()}})
+	}
 	x.pub.InARow, x.servers = 0, 0
 	if h.store != nil {
 		m.healthPut(Cooldown{Key: target, Since: x.pub.Since, Until: m.now(), Why: "reset"})

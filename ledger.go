@@ -29,6 +29,10 @@ type ledger struct {
 	byRoot    map[string][]*entry   // root session → the tasks of its tree, in launch order
 	byMeta    map[string][]*entry   // metaKey(k, v) → the tasks with that metadata, in launch order
 	closures  []record              // recBranchClosed records, in order
+	// cools are the cooldowns this ledger recorded (recCooldownBegan),
+	// by key, less those reset (recHealthReset): a restart takes back
+	// those not over, and a compaction keeps them.
+	cools map[string]coolRec
 	// tap, when set, sees every record as it is committed, in sequence
 	// order (the Manager's journal batch). It is called with the Manager's
 	// lock held.
@@ -143,8 +147,14 @@ func metaKey(k, v string) string { return k + "\x00" + v }
 // anything: a record is refused unless it carries what its kind needs.
 func (l *ledger) replayOne(rec record) (*entry, error) {
 	switch rec.kind {
-	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch, recClosureOpened, recClosureDropped, recHealthReset:
+	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch, recClosureOpened, recClosureDropped:
 		l.stamp(&rec)
+		return nil, nil
+	case recHealthReset, recCooldownBegan:
+		if rec.recordExt == nil || (rec.kind == recCooldownBegan && (rec.cool == nil || rec.cool.Key == "")) {
+			return nil, fmt.Errorf("bgtask: ledger: a %s record must carry its cooldown", rec.kind)
+		}
+		l.recordCool(rec)
 		return nil, nil
 	case recBranchClosed:
 		if rec.recordExt == nil || rec.closure == nil {
@@ -230,6 +240,20 @@ func (l *ledger) recordClosure(cr ClosureRecord, task string, opened uint64) {
 	rec := record{kind: recBranchClosed, task: task, at: cr.At, recordExt: &recordExt{closure: &cr, opened: opened}}
 	l.stamp(&rec)
 	l.closures = append(l.closures, rec)
+}
+
+// recordCool commits a cooldown begun, or a reset (its key is the note),
+// and keeps what it says in cools.
+func (l *ledger) recordCool(rec record) {
+	if l.cools == nil {
+		l.cools = make(map[string]coolRec)
+	}
+	if rec.kind == recCooldownBegan {
+		l.cools[rec.cool.Key] = *rec.cool
+	} else {
+		delete(l.cools, rec.note)
+	}
+	l.stamp(&rec)
 }
 
 // emit commits a record that changes no projection (a notification

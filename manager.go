@@ -259,6 +259,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	m.out.durable.advance(m.led.seq) // what was replayed is durable
 	rv.restart = m.led.seq > 0       // a previous life left records: this is a restart
 	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
+	m.healthRestore(m.now()) // before any run is admitted: the previous life's cooldowns
 	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch, note: m.epochNote("")}})
 	m.reconcile(rv)
 	for before := -1; before != len(m.led.ended); { // what the journal still held past retention

@@ -36,6 +36,7 @@ const (
 	recAnswerFiled                              // a turn end answered an invocation, released in invocation order
 	recModelSkipped                             // the pending attempt's model was cooling: it moves to the chain's next (WithHealth)
 	recHealthReset                              // a harness reset a model's or provider's health by hand (manager-wide)
+	recCooldownBegan                            // a model's or provider's cooldown began here, or its end moved (manager-wide, WithHealth)
 )
 
 var recordKindNames = [...]string{
@@ -60,6 +61,7 @@ var recordKindNames = [...]string{
 	recAnswerFiled:        "answer_filed",
 	recModelSkipped:       "model_skipped",
 	recHealthReset:        "health_reset",
+	recCooldownBegan:      "cooldown_began",
 }
 
 func (k recordKind) String() string {
@@ -106,6 +108,7 @@ type recordExt struct {
 	epoch   uint64         // recEpoch: the process life's number
 	opened  uint64         // recBranchClosed, recClosureDropped: the sequence of the closure's opening record
 	skip    *Skip          // recModelSkipped: the model skipped, why, until when (format 5)
+	cool    *coolRec       // recCooldownBegan: the cooldown (format 5)
 }
 
 // noExt is the extension of a record that has none, for encoding one whose
@@ -230,7 +233,8 @@ func (ti *taskInfo) modelFor(n int) Model {
 // still read. A record is written in format 3 unless it needs 4 (only the
 // launch of a task with its own function does), so a journal without such
 // tasks is read by the releases before format 4. Format 5 adds a skipped
-// model (recModelSkipped), and only such a record is written in it.
+// model (recModelSkipped) and a cooldown (recCooldownBegan), and only
+// such records are written in it.
 const recordFormat = 5
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
@@ -250,7 +254,7 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	if rec.recordExt != nil && rec.spec != nil && rec.spec.inProcess {
 		format = 4
 	}
-	if rec.recordExt != nil && rec.skip != nil {
+	if rec.recordExt != nil && (rec.skip != nil || rec.cool != nil) {
 		format = 5
 	}
 	w.B = append(w.B, format)
@@ -389,6 +393,14 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, format byte) erro
 			w.String(sk.Model.Variant)
 			w.String(sk.Why)
 			w.Time(sk.Until)
+		}
+		w.Bool(x.cool != nil)
+		if c := x.cool; c != nil {
+			w.String(c.Key)
+			w.Time(c.Since)
+			w.Time(c.Until)
+			w.String(c.Why)
+			w.Uint(uint64(c.inARow))
 		}
 	case x.spec != nil && x.spec.inProcess: // format 4 (encodeInto marks it)
 		w.Bool(true)
@@ -579,8 +591,13 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 			x.spec.inProcess = own
 		}
 	}
-	if format >= 5 && d.Bool() {
-		x.skip = &Skip{Attempt: int(d.Uint()), Model: Model{Provider: d.Word(), ID: d.Word(), Variant: d.Word()}, Why: d.String(), Until: d.Time()}
+	if format >= 5 {
+		if d.Bool() {
+			x.skip = &Skip{Attempt: int(d.Uint()), Model: Model{Provider: d.Word(), ID: d.Word(), Variant: d.Word()}, Why: d.String(), Until: d.Time()}
+		}
+		if d.Bool() {
+			x.cool = &coolRec{Cooldown: Cooldown{Key: d.String(), Since: d.Time(), Until: d.Time(), Why: d.String()}, inARow: int(d.Uint())}
+		}
 	}
 	return x, inv, nil
 }
