@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -59,8 +60,9 @@ func TestA429CoolsTheModelForTheFleet(t *testing.T) {
 		})
 	}
 	policy := bgtask.WithHealth(bgtask.HealthPolicy{Shared: 300 * time.Millisecond})
+	clk := bgtasktest.NewClock(time.Now()) // b's: it moves past Shared when told
 	a := f.manager(host("w0", true), f.open("w0", Options{}), policy)
-	b := f.manager(host("w1", false), f.open("w1", Options{}), policy)
+	b := f.manager(host("w1", false), f.open("w1", Options{}), policy, bgtask.WithClock(clk))
 	chain := bgtask.Spec{ParentSessionID: "ses", Prompt: "go", Models: []bgtask.Model{{Provider: "p", ID: "one"}, {Provider: "p", ID: "two"}}}
 	run := func(m *bgtask.Manager) bgtask.Task {
 		task, err := m.Launch(ctx(t), chain)
@@ -86,7 +88,7 @@ func TestA429CoolsTheModelForTheFleet(t *testing.T) {
 
 	// b's next launch, once its view is older than Shared, reads the
 	// fleet's cooldowns and skips p/one.
-	time.Sleep(350 * time.Millisecond)
+	clk.Advance(350 * time.Millisecond)
 	skipped := run(b)
 	require.Len(t, skipped.Skips, 1, "the fleet's 429 is skipped")
 	assert.Equal(t, "p/one", skipped.Skips[0].Model.String())
@@ -106,4 +108,60 @@ func TestA429CoolsTheModelForTheFleet(t *testing.T) {
 	}
 	assert.Equal(t, w, writes.Load())
 	assert.LessOrEqual(t, reads.Load()-r, int64(1))
+}
+
+// A fleet of nodes (Join) shares a cooldown: a 429 sent to one node for
+// another's run cools the model at its owner, the other node's next
+// launch skips it, and the heir of a dead node takes the cooldown back
+// with the member.
+func TestAFleetOfNodesSharesACooldown(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 500*time.Millisecond, bgtask.WithHealth(bgtask.HealthPolicy{Shared: time.Nanosecond}))
+	chain := bgtask.Spec{ParentSessionID: "chat", Prompt: "go", Models: []bgtask.Model{{Provider: "p", ID: "one"}, {Provider: "p", ID: "two"}}}
+
+	a, err := ns[0].Launch(ctx(t), chain)
+	require.NoError(t, err)
+	running, err := bgtasktest.WaitStatus(ctx(t), ns[0].Manager(), a.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.Equal(t, "p/one", running.Model.String())
+	// The 429 reaches w1, which routes it to w0, the run's owner.
+	require.NoError(t, ns[1].Observe(bgtask.Event{AttemptID: running.Attempts[0].ID, Kind: bgtask.SessionError, Err: errors.New("429 Too Many Requests")}))
+	retried, err := bgtasktest.WaitFor(ctx(t), ns[0].Manager(), a.ID, func(task bgtask.Task) bool {
+		return len(task.Attempts) == 2 && task.Status == bgtask.StatusRunning
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "p/two", retried.Model.String())
+	require.Eventually(t, func() bool { return f.count("bgtask_health", "key = 'p/one'") == 1 }, 10*time.Second, 5*time.Millisecond)
+
+	b, err := ns[1].Launch(ctx(t), chain)
+	require.NoError(t, err)
+	b, err = bgtasktest.WaitStatus(ctx(t), ns[1].Manager(), b.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.Len(t, b.Skips, 1, "w0's 429 is skipped at w1")
+	assert.Equal(t, "p/one", b.Skips[0].Model.String())
+	assert.Equal(t, "p/two", b.Attempts[0].Model.String())
+	svc.mu.Lock()
+	started := svc.sessions[svc.byAtt[b.Attempts[0].ID]].req.Model.String()
+	svc.mu.Unlock()
+	assert.Equal(t, "p/two", started, "no session on p/one at w1")
+
+	// w0 dies; its heir owns its member, and the cooldown with it.
+	ns[0].kill()
+	heir := awaitOwner(t, f, ns, "w0")
+	require.Same(t, ns[1], heir)
+	var took *bgtask.Manager
+	for _, m := range heir.Managers() {
+		if _, err := m.Task(a.ID); err == nil {
+			took = m
+		}
+	}
+	require.NotNil(t, took, "the heir holds w0's Manager")
+	h := took.Health()
+	require.NotEmpty(t, h)
+	assert.Equal(t, "p/one", h[0].Key())
+	assert.Equal(t, bgtask.HealthCooling, h[0].State)
+	alive, err := took.Task(a.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusRunning, alive.Status, "its retry's session runs on: re-adopted")
 }
