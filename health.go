@@ -748,14 +748,21 @@ func (m *Manager) healthPut(c Cooldown) {
 	})
 }
 
-// healthReadTimeout bounds a read of the HealthStore, so that a store
-// that is away holds a Launch this long at most (once per Shared).
+// healthReadTimeout is the context deadline of a read of the HealthStore
+// (a store that honours it answers within it).
 const healthReadTimeout = 2 * time.Second
+
+// healthLaunchWait bounds how long a Launch waits for a read of the
+// HealthStore before it goes on with what this Manager knows.
+const healthLaunchWait = time.Second
 
 // healthSync reads the fleet's cooldowns from the HealthStore when the
 // last read is older than the policy's Shared (and none is in flight),
 // and takes those that end later than what this Manager knows. It runs
-// without m.mu (a Launch's goroutine).
+// without m.mu (a Launch's goroutine), and waits for the read (on a
+// goroutine of the Manager) at most healthLaunchWait, or until ctx ends:
+// a store that is slow, or hangs ignoring its context, holds no Launch
+// longer (the read goes on, for the launches after it).
 func (m *Manager) healthSync(ctx context.Context) {
 	h := m.calls.health
 	if h == nil || h.store == nil {
@@ -767,12 +774,26 @@ func (m *Manager) healthSync(ctx context.Context) {
 		return
 	}
 	h.syncing = true
-	m.mu.Unlock()
-	m.healthRead(ctx)
+	done := make(chan struct{})
+	if !m.goLater(func() { defer close(done); m.healthRead(m.life.ctx) }) {
+		h.syncing = false
+		m.mu.Unlock()
+		return
+	}
+	if m.unlock() != nil {
+		return
+	}
+	t := time.NewTimer(healthLaunchWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
-// healthRead reads the HealthStore for healthSync, which set syncing.
-// It runs without m.mu.
+// healthRead reads the HealthStore for healthSync or healthAdmit, which
+// set syncing. It runs without m.mu, on a goroutine of the Manager.
 func (m *Manager) healthRead(ctx context.Context) {
 	h := m.calls.health
 	var cs []Cooldown

@@ -147,3 +147,49 @@ func (b brokenStore) Cooldowns(context.Context) ([]bgtask.Cooldown, error) {
 	}
 	return nil, errors.New("the store is away")
 }
+
+// hangingStore is a HealthStore whose calls block, ignoring their
+// context, until release is closed.
+type hangingStore struct {
+	bgtask.Journal
+	release chan struct{}
+}
+
+func (h hangingStore) CoolDown(context.Context, bgtask.Cooldown) error {
+	<-h.release
+	return nil
+}
+
+func (h hangingStore) Cooldowns(context.Context) ([]bgtask.Cooldown, error) {
+	<-h.release
+	return nil, nil
+}
+
+// A store that hangs, ignoring its context, holds a Launch a bounded
+// while (healthLaunchWait), not for ever: the task launches and runs on
+// the Manager's own health.
+func TestHealthStoreThatHangsHoldsNoLaunch(t *testing.T) {
+	j, err := bgtask.OpenFileJournal(t.TempDir())
+	require.NoError(t, err)
+	release := make(chan struct{})
+	host := bgtask.NewFuncHost(func(context.Context, bgtask.Run) (string, error) { return "ok", nil })
+	m := bgtask.New(host, bgtask.WithJournal(hangingStore{j, release}), bgtask.WithHealth(bgtask.HealthPolicy{}))
+	launched := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "p", Models: []bgtask.Model{{Provider: "p", ID: "one"}}})
+		if err == nil {
+			_, err = m.Wait(context.Background(), task.ID)
+		}
+		launched <- err
+	}()
+	select {
+	case err := <-launched:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second): // failure detection only
+		t.Fatal("a hanging health store holds the Launch")
+	}
+	close(release)
+	require.NoError(t, m.Shutdown(context.Background()))
+}
