@@ -114,8 +114,16 @@ func TestHealthCooldownsSurviveARestartAtEveryRecord(t *testing.T) {
 	recs, clk, w := healthLife(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// A run the restart takes back waits for the shutdown: a run that failed
+	// again would begin a cooldown of its own, which is not the replay's.
+	held := func() Host {
+		return NewFuncHost(func(ctx context.Context, _ Run) (string, error) {
+			<-ctx.Done()
+			return "", ctx.Err()
+		})
+	}
 	for k := 1; k <= len(recs); k++ {
-		m, err := Open(ctx, w.host(), WithJournal(&memJournal{recs: cloneRecords(recs[:k])}), WithHealth(HealthPolicy{}),
+		m, err := Open(ctx, held(), WithJournal(&memJournal{recs: cloneRecords(recs[:k])}), WithHealth(HealthPolicy{}),
 			WithClock(clock.NewFake(clk.Now())), WithIDs(SequentialIDs()))
 		require.NoError(t, err, "after record %d", k)
 		assert.Equal(t, coolingIn(t, recs[:k], clk.Now()), cooling(m), "after record %d", k)
