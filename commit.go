@@ -61,6 +61,9 @@ func (e errNotDurable) Error() string {
 func (e errNotDurable) Unwrap() error { return e.err }
 
 func (m *Manager) unlockUntil(ctx context.Context, w *group.Worker) error {
+	if h := m.calls.health; h != nil && h.roused {
+		m.healthWake() // the attempts a cooldown's early end lets go, in this critical section
+	}
 	if len(m.led.warm) > 0 {
 		m.freezeSome(freezeBudget)
 	}

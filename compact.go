@@ -3,6 +3,7 @@ package bgtask
 import (
 	"maps"
 	"slices"
+	"time"
 )
 
 // presize makes the ledger's indexes as big as the records about to be
@@ -83,7 +84,11 @@ func (m *Manager) snapshotRecords() []record {
 				}
 				add(fin)
 			case a.Status == StatusPending && a.Pending != PendingAwaitingSession:
-				add(record{kind: recAttemptPending, task: e.id, at: ti.launchedAt, attempt: a})
+				at := ti.launchedAt
+				if a.Pending == PendingCooldown && i == e.current && e.rt.coolSince != 0 {
+					at = time.Unix(0, e.rt.coolSince) // when its wait began: MaxWait counts from there
+				}
+				add(record{kind: recAttemptPending, task: e.id, at: at, attempt: a})
 			}
 		}
 		for _, s := range e.sessionList() {

@@ -131,11 +131,12 @@ type (
 		seq uint64
 		rv  *recovery // the recovery asking: it counts the answers
 	}
-	// cooledIn: the cooldown run a of e waited for ended (or one ended
-	// early): it may be admitted now.
+	// cooledIn: the timer of run a of e's wait for a cooldown fired (the
+	// wait stop names): it may be admitted now.
 	cooledIn struct {
-		e *entry
-		a Attempt
+		e    *entry
+		a    Attempt
+		stop chan struct{}
 	}
 )
 

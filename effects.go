@@ -29,7 +29,7 @@ type effect struct {
 	stopped  bool                  // fxRecover: a stop was asked before the question
 	timer    Timer                 // fxQueueTimeout: made as the run queued; fxDeadline: made as it was armed; fxCooldown: until the earliest end
 	done     <-chan struct{}       // fxStallWatch, fxCooldown: closed when the run ends or is replaced
-	wake     <-chan struct{}       // fxCooldown: closed when a cooldown ended early
+	wake     chan struct{}         // fxCooldown: closed when the core ended the wait itself (healthWake)
 	waiter   *slots.Waiter[queued] // fxQueueTimeout: the run's place in the queue
 	fn       func()                // fxGo: a goroutine of the machinery (a lane, abort workers)
 	ctx      runCtx                // fxStart, fxRetry: the host call's context, made as it runs

@@ -76,17 +76,27 @@ type HealthPolicy struct {
 //
 // pgledger's Journal implements it.
 type HealthStore interface {
-	// CoolDown sets the cooldown of c.Key to c (a later one replaces it;
-	// an Until in the past ends it: ResetHealth).
+	// CoolDown sets the cooldown of c.Key to c when c ends later than
+	// the one kept (a shorter one never cuts a longer one short), when
+	// the one kept was reset, or when c.Why is HealthResetWhy: the
+	// cooldown ended early (ResetHealth, or a success with
+	// HealthPolicy.EarlySuccess), whatever it was.
 	CoolDown(ctx context.Context, c Cooldown) error
-	// Cooldowns returns the cooldowns whose Until is not yet past.
+	// Cooldowns returns the cooldowns whose Until is not yet past, by the
+	// store's clock, less those ended early (HealthResetWhy).
 	Cooldowns(ctx context.Context) ([]Cooldown, error)
 }
 
+// HealthResetWhy is the Cooldown.Why of a cooldown ended early: a
+// HealthStore keeps it in place of the cooldown, and Cooldowns leaves it
+// out. A Manager that began the cooldown, or took it from the store,
+// ends it at its next read of the store.
+const HealthResetWhy = "reset"
+
 // Cooldown is a model's or provider's cooldown as a HealthStore keeps it.
 type Cooldown struct {
-	// Key is Health.Key: "provider/id" for a model, "provider" for a
-	// provider.
+	// Key is Health.Key: "provider/id" for a model ("/id" for one with
+	// no provider), "provider" for a provider. Never empty.
 	Key string `json:"key"`
 	// Since is when it began, Until when it ends; Why is the class of the
 	// failure (Health.Why).
@@ -176,8 +186,8 @@ type Health struct {
 	Skips     uint64 `json:"skips"`
 }
 
-// Key is what ResetHealth takes for it: "provider/id" for a model,
-// "provider" for a provider.
+// Key is what ResetHealth takes for it: "provider/id" for a model
+// ("/id" for a model with no provider), "provider" for a provider.
 func (h Health) Key() string {
 	if h.Provider {
 		return h.Model.Provider
@@ -229,12 +239,7 @@ func (m *Manager) healthRestore(now time.Time) {
 		if h == nil {
 			continue
 		}
-		var x *healthOf
-		if provider, id, ok := strings.Cut(key, "/"); ok {
-			x = h.get("m:"+key, Model{Provider: provider, ID: id}, false)
-		} else {
-			x = h.get(providerKey(key), Model{Provider: key}, true)
-		}
+		x := h.healthAt(key)
 		h.gen++
 		x.window, x.gen, x.shared = c.Until.Sub(c.Since), h.gen, false
 		x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why, x.pub.InARow = HealthCooling, c.Since, c.Until, c.Why, c.inARow
@@ -295,22 +300,48 @@ type healthOf struct {
 	servers int    // server errors in a row
 	gen     uint64 // the book's count of cooldowns begun, as this one began
 	shared  bool   // the cooldown is the fleet's (HealthStore), not one begun here
+	// stored is, for a cooldown begun here, the number of the first read
+	// of the store begun after it was written there (0: not written yet):
+	// that read and later ones that miss it were told it ended elsewhere.
+	stored uint64
 }
 
 // healthBook is the Manager's health: guarded by m.mu.
 type healthBook struct {
-	pol  *HealthPolicy
-	of   map[string]*healthOf // "m:provider/id" or "p:provider"
-	wake chan struct{}        // closed (and made anew) when a cooldown may have ended early
-	gen  uint64               // cooldowns begun
+	pol *HealthPolicy
+	of  map[string]*healthOf // "m:provider/id" or "p:provider"
+	gen uint64               // cooldowns begun
+	// waiting are the attempts waiting for a cooldown (coolWait), in the
+	// order they began to; roused says one may have ended early (a reset,
+	// a success) or a probe ended: they look again before m.mu is
+	// released (healthWake), in the same critical section.
+	waiting []coolWaiter
+	roused  bool
 
 	store    HealthStore // the journal, when it shares cooldowns (nil: none)
 	syncedAt time.Time   // when the store was last read
 	syncing  bool        // a read of the store is in flight
+	syncFrom time.Time   // when the read in flight began
+	slowSaid bool        // a read that hangs was logged
+	reads    uint64      // reads of the store begun
+	// writes are the cooldowns to write to the store, the latest per key,
+	// in the order their keys were first put; writing says the one writer
+	// goroutine runs.
+	writes  []Cooldown
+	writing bool
+}
+
+// coolWaiter is an attempt waiting for a cooldown: its run, and the
+// timer of its wait, whose goroutine stop ends.
+type coolWaiter struct {
+	e     *entry
+	token string
+	t     Timer
+	stop  chan struct{}
 }
 
 func newHealthBook(p *HealthPolicy) *healthBook {
-	return &healthBook{pol: p, of: make(map[string]*healthOf), wake: make(chan struct{})}
+	return &healthBook{pol: p, of: make(map[string]*healthOf)}
 }
 
 func modelKey(md Model) string { return "m:" + md.Provider + "/" + md.ID }
@@ -332,36 +363,43 @@ func (h *healthBook) get(key string, md Model, provider bool) *healthOf {
 	return x
 }
 
-// blocks reports whether x keeps an attempt off now, and why.
-func (h *healthBook) blocks(x *healthOf, now time.Time) (bool, string, time.Time) {
-	switch {
-	case x == nil || x.pub.State == HealthHealthy:
-		return false, "", time.Time{}
-	case now.Before(x.pub.Until):
-		return true, x.pub.Why, x.pub.Until
-	case x.probe != "" && now.Before(x.probeAt.Add(h.pol.ProbeTimeout)):
-		return true, x.pub.Why + ", probe in flight", x.probeAt.Add(h.pol.ProbeTimeout)
-	}
-	return false, "", time.Time{}
+// block is what keeps attempts off a model or provider: why, until when,
+// and whether that is a probe's verdict (which may come at any moment)
+// rather than a cooldown's end.
+type block struct {
+	on      bool
+	why     string
+	until   time.Time
+	probing bool
 }
 
-// admits reports whether an attempt may run on md now; if not, why and
-// until when (the later of the model's and the provider's).
-func (h *healthBook) admits(md Model, now time.Time) (ok bool, why string, until time.Time) {
-	mb, mwhy, mu := h.blocks(h.of[modelKey(md)], now)
-	pb, pwhy, pu := h.blocks(h.of[providerKey(md.Provider)], now)
+// blocks says whether x keeps an attempt off now, and why.
+func (h *healthBook) blocks(x *healthOf, now time.Time) block {
 	switch {
-	case mb && pb:
-		if pu.After(mu) {
-			return false, "provider " + pwhy, pu
-		}
-		return false, mwhy, mu
-	case mb:
-		return false, mwhy, mu
-	case pb:
-		return false, "provider " + pwhy, pu
+	case x == nil || x.pub.State == HealthHealthy:
+		return block{}
+	case now.Before(x.pub.Until):
+		return block{on: true, why: x.pub.Why, until: x.pub.Until}
+	case x.probe != "" && now.Before(x.probeAt.Add(h.pol.ProbeTimeout)):
+		return block{on: true, why: x.pub.Why + ", probe in flight", until: x.probeAt.Add(h.pol.ProbeTimeout), probing: true}
 	}
-	return true, "", time.Time{}
+	return block{}
+}
+
+// admits says whether an attempt may run on md now (!b.on); if not, why
+// and until when (the later of the model's and the provider's). A model
+// with no id (a task with no chain) keeps no health.
+func (h *healthBook) admits(md Model, now time.Time) block {
+	if md.ID == "" {
+		return block{}
+	}
+	mb := h.blocks(h.of[modelKey(md)], now)
+	pb := h.blocks(h.of[providerKey(md.Provider)], now)
+	if pb.on && (!mb.on || pb.until.After(mb.until)) {
+		pb.why = "provider " + pb.why
+		return pb
+	}
+	return mb
 }
 
 // changed tells Metrics of x's new state. m.mu is held.
@@ -372,16 +410,23 @@ func (m *Manager) healthChanged(x *healthOf) {
 	}
 }
 
-// healthTake lets run token of e through on md: a model or provider whose
-// cooldown is over is probed by it (told to Metrics: probing). m.mu is held.
+// healthTake lets run token of e through on md as its session starts: a
+// model or provider whose cooldown is over is probed by it (told to
+// Metrics: probing). m.mu is held.
 func (m *Manager) healthTake(e *entry, md Model, token string, now time.Time) {
 	h := m.calls.health
-	e.rt.admitted = h.gen
+	// The wait for a cooldown (MaxWait) ends as the session starts: not
+	// when the attempt queues for a slot, as it may wait again as it
+	// gets one.
+	e.rt.admitted, e.rt.coolSince = h.gen, 0
+	if len(h.of) == 0 {
+		return
+	}
 	for _, x := range [2]*healthOf{h.of[modelKey(md)], h.of[providerKey(md.Provider)]} {
 		if x == nil || x.pub.State == HealthHealthy {
 			continue
 		}
-		if ok, _, _ := h.blocks(x, now); ok {
+		if h.blocks(x, now).on {
 			continue
 		}
 		// Each probe let through is told, also one after a probe that
@@ -397,25 +442,30 @@ func (m *Manager) healthTake(e *entry, md Model, token string, now time.Time) {
 // health of its model or provider. m.mu is held.
 func (m *Manager) healthFailed(e *entry, a Attempt, f failure, now time.Time) {
 	h := m.calls.health
-	if h == nil || f.health == hcNone {
-		return
+	if h == nil || f.health == hcNone || a.Model.ID == "" {
+		return // a run with no model keeps no health
 	}
-	x := h.get(modelKey(a.Model), a.Model, false)
-	if f.health.provider() {
+	var x *healthOf
+	if f.health.provider() && a.Model.Provider != "" {
 		x = h.get(providerKey(a.Model.Provider), a.Model, true)
+	} else { // a model with no provider cools alone
+		x = h.get(modelKey(a.Model), a.Model, false)
 	}
 	x.pub.Failures++
 	if f.health == hcServerError {
 		if x.servers++; x.servers < h.pol.OutageAfter {
 			if x.probe == a.Token { // a probe that did not fail as the cooldown's cause: let another go
 				x.probe = ""
+				h.rouse()
 			}
 			return
 		}
 	}
-	if x.pub.State == HealthCooling && now.Before(x.pub.Until) && e.rt.admitted < x.gen {
-		// Sent before this cooldown began: it finishes as it will and only
-		// a longer Retry-After moves the end.
+	if x.pub.State != HealthHealthy && e.rt.admitted < x.gen {
+		// Sent before this cooldown began (also when its verdict comes
+		// once the cooldown is over): it finishes as it will, begins no
+		// cooldown of its own, leaves the probe alone; only a longer
+		// Retry-After moves the end.
 		if f.after > 0 && now.Add(min(f.after, h.pol.MaxCooldown)).After(x.pub.Until) {
 			x.pub.Until = now.Add(min(f.after, h.pol.MaxCooldown))
 			m.healthChanged(x)
@@ -440,8 +490,11 @@ func (m *Manager) healthFailed(e *entry, a Attempt, f failure, now time.Time) {
 		d = max(d, 2*x.window)
 	}
 	d = min(d, h.pol.MaxCooldown)
+	if x.probe != "" {
+		h.rouse() // those waiting for the probe's verdict: a new cooldown
+	}
 	h.gen++
-	x.window, x.probe, x.gen, x.shared = d, "", h.gen, false
+	x.window, x.probe, x.gen, x.shared, x.stored = d, "", h.gen, false, 0
 	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthCooling, now, now.Add(d), f.health.String()
 	x.pub.Cooldowns++
 	m.healthChanged(x)
@@ -464,6 +517,9 @@ func (m *Manager) healthEnded(e *entry, a Attempt) {
 		probe := x.probe == a.Token
 		if probe {
 			x.probe = ""
+			if a.Status != StatusCompleted {
+				h.rouse() // it ended with no verdict: let the waiting look again
+			}
 		}
 		if a.Status != StatusCompleted {
 			continue
@@ -475,6 +531,10 @@ func (m *Manager) healthEnded(e *entry, a Attempt) {
 		}
 		x.pub.InARow = 0
 		if x.pub.State != HealthHealthy {
+			if h.store != nil && m.now().Before(x.pub.Until) {
+				// Ended early (EarlySuccess): the fleet's copy ends too.
+				m.healthPut(Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: m.now(), Why: HealthResetWhy})
+			}
 			m.healthy(x)
 		}
 	}
@@ -483,11 +543,37 @@ func (m *Manager) healthEnded(e *entry, a Attempt) {
 // healthy ends x's cooldown. m.mu is held.
 func (m *Manager) healthy(x *healthOf) {
 	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthHealthy, time.Time{}, time.Time{}, ""
-	x.probe, x.window, x.shared = "", 0, false
+	x.probe, x.window, x.shared, x.stored = "", 0, false, 0
 	m.healthChanged(x)
+	m.calls.health.rouse()
+}
+
+// rouse has the attempts waiting for a cooldown look again before m.mu
+// is released (healthWake): one ended early, or a probe ended. m.mu is
+// held.
+func (h *healthBook) rouse() {
+	if len(h.waiting) > 0 {
+		h.roused = true
+	}
+}
+
+// healthWake has every attempt waiting for a cooldown look again, after
+// a rouse: its wait's goroutine is ended (its timer stopped first) and
+// the attempt is admitted again, here, under m.mu. It runs as m.mu is
+// about to be released, not amid the change that roused it. m.mu is held.
+func (m *Manager) healthWake() {
 	h := m.calls.health
-	close(h.wake)
-	h.wake = make(chan struct{})
+	for round := 0; h.roused && round < 8; round++ { // a wake rouses none in practice; bounded anyway
+		h.roused = false
+		ws := h.waiting
+		h.waiting = nil
+		for _, w := range ws {
+			w.t.Stop()
+			close(w.stop)
+			m.cooled(w.e, w.token)
+		}
+	}
+	h.roused = false
 }
 
 // skipsFor makes the skip records that move pending attempt a of e past
@@ -501,12 +587,12 @@ func (m *Manager) skipsFor(e *entry, a Attempt, now time.Time) []record {
 	}
 	models := e.info.models
 	pos := e.chainPos(a.Number)
-	if ok, _, _ := h.admits(models[pos], now); ok {
+	if !h.admits(models[pos], now).on {
 		return nil
 	}
 	j := pos + 1
 	for ; j < len(models); j++ {
-		if ok, _, _ := h.admits(models[j], now); ok {
+		if !h.admits(models[j], now).on {
 			break
 		}
 	}
@@ -515,12 +601,12 @@ func (m *Manager) skipsFor(e *entry, a Attempt, now time.Time) []record {
 	}
 	recs := make([]record, 0, j-pos)
 	for i := pos; i < j; i++ {
-		_, why, until := h.admits(models[i], now)
-		m.skipCounted(models[i], why)
+		b := h.admits(models[i], now)
+		m.skipCounted(models[i], b.why)
 		next := a
 		next.Model = models[i+1]
 		recs = append(recs, record{kind: recModelSkipped, task: e.id, at: now, attempt: next,
-			recordExt: &recordExt{skip: &Skip{Attempt: a.Number, Model: models[i], Why: why, Until: until}}})
+			recordExt: &recordExt{skip: &Skip{Attempt: a.Number, Model: models[i], Why: b.why, Until: b.until}}})
 		a = next
 	}
 	return recs
@@ -548,13 +634,9 @@ func (m *Manager) healthAdmit(e *entry, a Attempt) (Attempt, bool) {
 	if h.store != nil && !h.syncing && now.Sub(h.syncedAt) >= h.pol.Shared {
 		// A retry's admit reads the fleet's cooldowns for later ones, off
 		// the lock (a Launch reads them before it decides).
-		h.syncing = true
-		if !m.goLater(func() { m.healthRead(m.life.ctx) }) {
-			h.syncing = false
-		}
+		m.healthReadLater(nil)
 	}
 	if len(h.of) == 0 {
-		e.rt.admitted = h.gen
 		return a, true
 	}
 	if recs := m.skipsFor(e, a, now); len(recs) > 0 {
@@ -564,15 +646,13 @@ func (m *Manager) healthAdmit(e *entry, a Attempt) (Attempt, bool) {
 		}
 		a = *e.cur()
 	}
-	if ok, _, _ := h.admits(a.Model, now); !ok {
+	if h.admits(a.Model, now).on {
 		m.coolWait(e, a, now)
 		return a, false
 	}
-	e.rt.coolSince = 0
 	if a.Pending == PendingCooldown && !m.setPending(e, a.ID, PendingAwaitingSession, now) {
 		return a, false
 	}
-	m.healthTake(e, a.Model, a.Token, now)
 	return *e.cur(), true
 }
 
@@ -584,18 +664,24 @@ func (m *Manager) coolWait(e *entry, a Attempt, now time.Time) {
 	if e.rt.coolSince == 0 {
 		e.rt.coolSince = now.UnixNano()
 	}
+	limit := time.Unix(0, e.rt.coolSince).Add(h.pol.MaxWait)
 	var end time.Time
 	var cooling []string
 	for _, md := range e.info.models[e.chainPos(a.Number):] {
-		_, why, until := h.admits(md, now)
-		if end.IsZero() || until.Before(end) {
-			end = until
+		b := h.admits(md, now)
+		wake := b.until
+		if b.probing { // its verdict may come at any moment: wait for it, not past the limit
+			if limit.Before(wake) {
+				wake = limit
+			}
 		}
-		cooling = append(cooling, md.String()+" ("+why+", until "+until.UTC().Format(time.RFC3339)+")")
+		if end.IsZero() || wake.Before(end) {
+			end = wake
+		}
+		cooling = append(cooling, md.String()+" ("+b.why+", until "+b.until.UTC().Format(time.RFC3339)+")")
 	}
 	cooling = slices.Compact(cooling)
-	limit := time.Unix(0, e.rt.coolSince).Add(h.pol.MaxWait)
-	if end.After(limit) {
+	if end.After(limit) || !now.Before(limit) {
 		e.output().reason = ReasonProviderError
 		text := fmt.Sprintf("every model left is cooling, past the %s a task waits: %s", h.pol.MaxWait, strings.Join(cooling, "; "))
 		m.finalize(e, a.ID, StatusError, text, "", now)
@@ -604,21 +690,33 @@ func (m *Manager) coolWait(e *entry, a Attempt, now time.Time) {
 	if a.Pending != PendingCooldown && !m.setPending(e, a.ID, PendingCooldown, now) {
 		return
 	}
-	t := m.cfg.clock.NewTimer(end.Sub(now))
-	if !m.effect(effect{kind: fxCooldown, e: e, run: runOfAttempt(a), timer: t, done: m.runDone(e), wake: h.wake}) {
+	t, stop := m.cfg.clock.NewTimer(end.Sub(now)), make(chan struct{})
+	if !m.effect(effect{kind: fxCooldown, e: e, run: runOfAttempt(a), timer: t, done: m.runDone(e), wake: stop}) {
 		t.Stop()
 		m.finalize(e, a.ID, StatusInterrupt, "", "", now)
+		return
 	}
+	// Those whose wait ended otherwise (their run ended), and an earlier
+	// wait of e's, leave the list.
+	h.waiting = slices.DeleteFunc(h.waiting, func(w coolWaiter) bool {
+		if cur := w.e.cur(); w.e == e || w.e.hot == nil || cur.Token != w.token || cur.Status != StatusPending {
+			w.t.Stop()
+			close(w.stop)
+			return true
+		}
+		return false
+	})
+	h.waiting = append(h.waiting, coolWaiter{e: e, token: a.Token, t: t, stop: stop})
 }
 
 // waitCooldownNow waits for the cooldown run a of e waits on to end (its
-// timer, or a cooldown ended early), then has the core look again
-// (cooledIn); nothing if the run ended meanwhile.
+// timer), then has the core look again (cooledIn); nothing if the run
+// ended meanwhile, or the core ended the wait itself (healthWake: stop).
 func (m *Manager) waitCooldownNow(fx *effect) {
 	select {
 	case <-fx.timer.C():
 	case <-fx.wake:
-		fx.timer.Stop()
+		return // the timer was stopped by the core
 	case <-fx.done:
 		fx.timer.Stop()
 		return
@@ -626,18 +724,29 @@ func (m *Manager) waitCooldownNow(fx *effect) {
 		fx.timer.Stop()
 		return
 	}
-	m.step(&cooledIn{e: fx.e, a: fx.run.attempt()})
+	m.step(&cooledIn{e: fx.e, a: fx.run.attempt(), stop: fx.wake})
 }
 
-// onCooled admits run a of e again after its wait for a cooldown, if it
-// still waits. m.mu is held.
+// onCooled admits run a of e again once the timer of its wait for a
+// cooldown fired, unless the core ended that wait first. m.mu is held.
 func (m *Manager) onCooled(in *cooledIn) {
-	e := in.e
+	h := m.calls.health
+	i := slices.IndexFunc(h.waiting, func(w coolWaiter) bool { return w.stop == in.stop })
+	if i < 0 {
+		return // healthWake took it on
+	}
+	h.waiting = slices.Delete(h.waiting, i, i+1)
+	m.cooled(in.e, in.a.Token)
+}
+
+// cooled admits run token of e again after its wait for a cooldown, if
+// it still waits. m.mu is held.
+func (m *Manager) cooled(e *entry, token string) {
 	if e.hot == nil || e.terminal() {
 		return
 	}
 	cur := *e.cur()
-	if cur.Token != in.a.Token || cur.Status != StatusPending || cur.Pending != PendingCooldown {
+	if cur.Token != token || cur.Status != StatusPending || cur.Pending != PendingCooldown {
 		return
 	}
 	if m.fenceStop(e) {
@@ -703,11 +812,7 @@ func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 		m.mu.Unlock()
 		return ErrNoHealth
 	}
-	key := providerKey(target)
-	if strings.Contains(target, "/") {
-		key = "m:" + target
-	}
-	x := h.of[key]
+	x := h.of[healthKeyOf(target)]
 	if x == nil || x.pub.State == HealthHealthy {
 		m.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrNotCooling, target)
@@ -717,7 +822,7 @@ func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 	}
 	x.pub.InARow, x.servers = 0, 0
 	if h.store != nil {
-		m.healthPut(Cooldown{Key: target, Since: x.pub.Since, Until: m.now(), Why: "reset"})
+		m.healthPut(Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: m.now(), Why: HealthResetWhy})
 	}
 	m.healthy(x)
 	if m.cfg.logInfo {
@@ -733,19 +838,53 @@ func (m *Manager) healthShare(x *healthOf) {
 	}
 }
 
-// healthPut writes c to the HealthStore on a goroutine of the Manager,
-// once m.mu is released. m.mu is held.
+// healthWriteTimeout is the context deadline of a write to the HealthStore.
+const healthWriteTimeout = 10 * time.Second
+
+// healthPut has c written to the HealthStore by the Manager's one writer
+// goroutine, in order, once m.mu is released: a write of a key still
+// waiting is replaced by c (only the latest matters), so a store that is
+// slow, or hangs, holds one goroutine and a write per key, never more.
+// m.mu is held.
 func (m *Manager) healthPut(c Cooldown) {
-	store := m.calls.health.store
-	m.goLater(func() {
-		ctx, cancel := context.WithTimeout(m.life.ctx, 10*time.Second)
-		defer cancel()
-		if err := guardJournal("CoolDown", func() error { return store.CoolDown(ctx, c) }); err != nil {
-			m.mu.Lock()
+	h := m.calls.health
+	if i := slices.IndexFunc(h.writes, func(w Cooldown) bool { return w.Key == c.Key }); i >= 0 {
+		h.writes[i] = c
+	} else {
+		h.writes = append(h.writes, c)
+	}
+	if h.writing {
+		return
+	}
+	h.writing = true
+	if !m.goLater(m.healthWriter) {
+		h.writing, h.writes = false, nil // shut down: nothing more is shared
+	}
+}
+
+// healthWriter writes the cooldowns healthPut queued until none is left.
+// It runs without m.mu, on a goroutine of the Manager.
+func (m *Manager) healthWriter() {
+	h := m.calls.health
+	m.mu.Lock()
+	for len(h.writes) > 0 {
+		c := h.writes[0]
+		h.writes = h.writes[1:]
+		m.mu.Unlock()
+		ctx, cancel := context.WithTimeout(m.life.ctx, healthWriteTimeout)
+		err := guardJournal("CoolDown", func() error { return h.store.CoolDown(ctx, c) })
+		cancel()
+		m.mu.Lock()
+		if err != nil {
 			m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store refused a cooldown", slog.String("key", c.Key), slog.String("error", err.Error()))
-			_ = m.unlock()
+			continue
 		}
-	})
+		if x := h.of[healthKeyOf(c.Key)]; x != nil && !x.shared && x.pub.State != HealthHealthy && x.pub.Since.Equal(c.Since) && c.Why != HealthResetWhy {
+			x.stored = h.reads + 1 // the reads begun from now on see it
+		}
+	}
+	h.writing = false
+	_ = m.unlock()
 }
 
 // healthReadTimeout is the context deadline of a read of the HealthStore
@@ -762,21 +901,26 @@ const healthLaunchWait = time.Second
 // without m.mu (a Launch's goroutine), and waits for the read (on a
 // goroutine of the Manager) at most healthLaunchWait, or until ctx ends:
 // a store that is slow, or hangs ignoring its context, holds no Launch
-// longer (the read goes on, for the launches after it).
+// longer (the read goes on, for the launches after it; one that hangs is
+// logged, once, and no other read begins while it does).
 func (m *Manager) healthSync(ctx context.Context) {
 	h := m.calls.health
 	if h == nil || h.store == nil {
 		return
 	}
 	m.mu.Lock()
-	if h.syncing || m.now().Sub(h.syncedAt) < h.pol.Shared {
+	now := m.now()
+	if h.syncing || now.Sub(h.syncedAt) < h.pol.Shared {
+		if h.syncing && !h.slowSaid && now.Sub(h.syncFrom) > 2*healthReadTimeout {
+			h.slowSaid = true
+			m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store does not answer a read; health is this Manager's own until it does",
+				slog.Duration("waited", now.Sub(h.syncFrom)))
+		}
 		m.mu.Unlock()
 		return
 	}
-	h.syncing = true
 	done := make(chan struct{})
-	if !m.goLater(func() { defer close(done); m.healthRead(m.life.ctx) }) {
-		h.syncing = false
+	if !m.healthReadLater(done) {
 		m.mu.Unlock()
 		return
 	}
@@ -792,36 +936,81 @@ func (m *Manager) healthSync(ctx context.Context) {
 	}
 }
 
-// healthRead reads the HealthStore for healthSync or healthAdmit, which
-// set syncing. It runs without m.mu, on a goroutine of the Manager.
-func (m *Manager) healthRead(ctx context.Context) {
+// healthReadLater begins a read of the HealthStore on a goroutine of the
+// Manager (healthRead), which closes done (if not nil) when it is over.
+// It reports whether the read began. m.mu is held.
+func (m *Manager) healthReadLater(done chan struct{}) bool {
+	h := m.calls.health
+	h.reads++
+	h.syncing, h.syncFrom = true, m.now()
+	n := h.reads
+	if !m.goLater(func() {
+		if done != nil {
+			defer close(done)
+		}
+		m.healthRead(m.life.ctx, n)
+	}) {
+		h.syncing = false
+		return false
+	}
+	return true
+}
+
+// healthRead is read number n of the HealthStore, begun by
+// healthReadLater. It runs without m.mu, on a goroutine of the Manager.
+func (m *Manager) healthRead(ctx context.Context, n uint64) {
 	h := m.calls.health
 	var cs []Cooldown
 	ctx, cancel := context.WithTimeout(ctx, healthReadTimeout)
 	err := guardJournal("Cooldowns", func() (err error) { cs, err = h.store.Cooldowns(ctx); return err })
 	cancel()
 	m.mu.Lock()
-	h.syncing = false
+	h.syncing, h.slowSaid = false, false
 	now := m.now()
+	h.syncedAt = now // after an error too: not again at once, the store is away
 	if err != nil {
-		h.syncedAt = now // not again at once: the store is away
 		m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store could not be read", slog.String("error", err.Error()))
-	} else {
-		h.syncedAt = now
-		seen := make(map[string]bool, len(cs))
-		for _, c := range cs {
-			seen[c.Key] = true
-			m.healthTakeShared(c, now)
+		_ = m.unlock()
+		return
+	}
+	seen := make(map[string]bool, len(cs))
+	for _, c := range cs {
+		if c.Why == HealthResetWhy {
+			continue // ended early; a store should not return it
 		}
-		// A cooldown of the fleet's that the store no longer holds was
-		// reset (ResetHealth) or is over: it ends here too.
-		for _, x := range h.of {
-			if x.shared && x.pub.State != HealthHealthy && !seen[x.pub.Key()] {
-				m.healthy(x)
-			}
+		seen[c.Key] = true
+		m.healthTakeShared(c, now)
+	}
+	// A cooldown not yet over that the store should hold and does not
+	// was ended elsewhere (ResetHealth, an early success): it ends here
+	// too. One that is over is left to its probe.
+	for _, x := range h.of {
+		if x.pub.State == HealthHealthy || seen[x.pub.Key()] || !now.Before(x.pub.Until) {
+			continue
+		}
+		if x.shared || (x.stored != 0 && n >= x.stored) {
+			x.pub.InARow, x.servers = 0, 0
+			m.healthy(x)
 		}
 	}
 	_ = m.unlock()
+}
+
+// healthKeyOf is the book's key of a Health.Key (a Cooldown's).
+func healthKeyOf(key string) string {
+	if strings.Contains(key, "/") {
+		return "m:" + key
+	}
+	return providerKey(key)
+}
+
+// healthAt is the health a Health.Key names, made healthy on first use.
+// m.mu is held.
+func (h *healthBook) healthAt(key string) *healthOf {
+	if provider, id, ok := strings.Cut(key, "/"); ok {
+		return h.get("m:"+key, Model{Provider: provider, ID: id}, false)
+	}
+	return h.get(providerKey(key), Model{Provider: key}, true)
 }
 
 // healthTakeShared has a cooldown of the fleet cool its model or provider
@@ -829,15 +1018,10 @@ func (m *Manager) healthRead(ctx context.Context) {
 // the fleet's it took before is replaced). m.mu is held.
 func (m *Manager) healthTakeShared(c Cooldown, now time.Time) {
 	h := m.calls.health
-	if !now.Before(c.Until) || c.Key == "" {
+	if !now.Before(c.Until) || c.Key == "" || c.Key == "/" {
 		return
 	}
-	var x *healthOf
-	if provider, id, ok := strings.Cut(c.Key, "/"); ok {
-		x = h.get("m:"+c.Key, Model{Provider: provider, ID: id}, false)
-	} else {
-		x = h.get(providerKey(c.Key), Model{Provider: c.Key}, true)
-	}
+	x := h.healthAt(c.Key)
 	switch {
 	case x.pub.State != HealthHealthy && !x.shared && !x.pub.Until.Before(c.Until):
 		return
@@ -845,7 +1029,7 @@ func (m *Manager) healthTakeShared(c Cooldown, now time.Time) {
 		return // known
 	}
 	h.gen++
-	x.window, x.gen, x.shared = c.Until.Sub(c.Since), h.gen, true
+	x.window, x.gen, x.shared, x.stored = c.Until.Sub(c.Since), h.gen, true, 0
 	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthCooling, c.Since, c.Until, c.Why
 	x.pub.Cooldowns++
 	m.healthChanged(x)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -186,4 +187,98 @@ func TestHealthACompactionKeepsTheCooldownsNotOver(t *testing.T) {
 			require.NoError(t, m.Shutdown(ctx))
 		})
 	}
+}
+
+// The notifications a life produced and did not deliver are delivered
+// again after a restart before anything the new life tells the parent:
+// here a task that waited for a cooldown in the first life ends as it is
+// taken back (the new life's MaxWait is shorter than the cooldown), and
+// its summary comes after the earlier task's, in sequence order.
+func TestARestartDeliversWhatWasOwedBeforeWhatItTells(t *testing.T) {
+	w := &cooldownWorld{runs: map[string]int{}, errs: map[string]error{"a/1": throttledErr{after: 5 * time.Minute}}}
+	start := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j := &memJournal{}
+	stuck := NotifierFunc(func(ctx context.Context, _ Notification) error { <-ctx.Done(); return ctx.Err() })
+	m, err := Open(ctx, w.host(), WithJournal(j), WithNotifier(stuck), WithHealth(HealthPolicy{MaxWait: 10 * time.Minute}),
+		WithClock(clock.NewFake(start)), WithIDs(SequentialIDs()))
+	require.NoError(t, err)
+	first, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/1")})
+	require.NoError(t, err)
+	_, err = m.Wait(ctx, first.ID)
+	require.NoError(t, err)
+	waiting, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/1")})
+	require.NoError(t, err)
+	require.Equal(t, PendingCooldown, waiting.Pending)
+	j.await(t, func(recs []Record) bool {
+		return slices.ContainsFunc(recs, func(r Record) bool { return r.TaskID == waiting.ID && r.Kind == "attempt_pending" })
+	})
+	j.mu.Lock()
+	crashed := cloneRecords(j.recs) // the process dies here: nothing was delivered
+	j.mu.Unlock()
+	shut, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer stop()
+	_ = m.Shutdown(shut)
+
+	rec := &crashRecorder{}
+	m, err = Open(ctx, w.host(), WithJournal(&memJournal{recs: crashed}), WithNotifier(rec), WithHealth(HealthPolicy{MaxWait: time.Minute}),
+		WithClock(clock.NewFake(start)), WithIDs(SequentialIDs()))
+	require.NoError(t, err)
+	done, err := m.Wait(ctx, waiting.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusError, done.Status, "the new life's wait is shorter than the cooldown")
+	require.NoError(t, m.Shutdown(ctx))
+
+	var finals []string
+	var last uint64
+	for _, n := range rec.all() {
+		assert.Greater(t, n.Seq, last, "delivered in sequence order: %s %s after %d", n.Kind, n.TaskID, last)
+		last = n.Seq
+		if n.Kind == NotifyFinalSummary {
+			finals = append(finals, n.TaskID)
+		}
+	}
+	assert.Equal(t, []string{first.ID, waiting.ID}, finals, "the owed summary first")
+}
+
+// A wait for a cooldown is bounded by MaxWait from when it began, also
+// across a restart: the new life does not start the wait over.
+func TestHealthAWaitKeepsItsStartAcrossARestart(t *testing.T) {
+	w := &cooldownWorld{runs: map[string]int{}, errs: map[string]error{"a/1": throttledErr{after: 5 * time.Minute}}}
+	clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j := &memJournal{}
+	pol := HealthPolicy{MaxWait: 4 * time.Minute}
+	m, err := Open(ctx, w.host(), WithJournal(j), WithHealth(pol), WithClock(clk), WithIDs(SequentialIDs()))
+	require.NoError(t, err)
+	first, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/1")})
+	require.NoError(t, err)
+	_, err = m.Wait(ctx, first.ID)
+	require.NoError(t, err)
+	clk.Advance(time.Minute)
+	waiting, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/1")})
+	require.NoError(t, err)
+	require.Equal(t, PendingCooldown, waiting.Pending, "4 minutes of wait cover the 4 left")
+	j.await(t, func(recs []Record) bool {
+		return slices.ContainsFunc(recs, func(r Record) bool { return r.TaskID == waiting.ID && r.Kind == "attempt_pending" })
+	})
+	j.mu.Lock()
+	crashed := cloneRecords(j.recs) // the process dies while it waits
+	j.mu.Unlock()
+	require.NoError(t, m.Shutdown(ctx))
+
+	// Three minutes later the cooldown ends in one; the new life waits
+	// at most 3m30s, counted from when the wait began (3 minutes ago),
+	// not from the restart: it would end 30 s before the cooldown.
+	clk.Advance(3 * time.Minute)
+	pol.MaxWait = 3*time.Minute + 30*time.Second
+	m, err = Open(ctx, w.host(), WithJournal(&memJournal{recs: crashed}), WithHealth(pol), WithClock(clk), WithIDs(SequentialIDs()))
+	require.NoError(t, err)
+	done, err := m.Wait(ctx, waiting.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusError, done.Status, "the wait would last past its 4 minutes")
+	assert.Contains(t, done.Error, "past the 3m30s")
+	require.NoError(t, m.Shutdown(ctx))
 }

@@ -304,6 +304,13 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 		m.calls.pool.Release(w.Key(), m.granted)
 		return
 	}
+	if h := m.calls.health; h != nil && h.admits(cur.Model, m.now()).on {
+		// Its model began to cool (or is probed) while it queued: the slot
+		// goes on to the next in line, and the attempt chooses again.
+		m.calls.pool.Release(w.Key(), m.granted)
+		m.admit(e, cur)
+		return
+	}
 	e.slot.key, e.slot.token = w.Key(), cur.Token
 	m.setPending(e, cur.ID, PendingAwaitingSession, m.now())
 	m.spawnStart(e, cur)

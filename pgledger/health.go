@@ -17,10 +17,13 @@ var _ bgtask.HealthStore = (*Journal)(nil)
 
 const coolDownSQL = `
 INSERT INTO bgtask_health (ledger, key, since, until, why) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (ledger, key) DO UPDATE SET since = excluded.since, until = excluded.until, why = excluded.why`
+ON CONFLICT (ledger, key) DO UPDATE SET since = excluded.since, until = excluded.until, why = excluded.why
+WHERE excluded.why = '` + bgtask.HealthResetWhy + `' OR bgtask_health.why = '` + bgtask.HealthResetWhy + `' OR excluded.until > bgtask_health.until`
 
 // CoolDown sets the cooldown of c.Key in the ledger to c, in one statement
-// (bgtask.HealthStore).
+// (bgtask.HealthStore): when c ends later than the row kept, ends it
+// early (bgtask.HealthResetWhy), or follows a reset; a shorter cooldown
+// never cuts a longer one short.
 func (j *Journal) CoolDown(ctx context.Context, c bgtask.Cooldown) error {
 	if _, err := j.pool.Exec(ctx, coolDownSQL, j.ledger, c.Key, c.Since, c.Until, c.Why); err != nil {
 		return fmt.Errorf("pgledger: a cooldown of %s: %w", c.Key, err)
@@ -29,7 +32,7 @@ func (j *Journal) CoolDown(ctx context.Context, c bgtask.Cooldown) error {
 }
 
 // Cooldowns returns the ledger's cooldowns not yet over by the database's
-// clock, in one query (bgtask.HealthStore).
+// clock, less those ended early, in one query (bgtask.HealthStore).
 func (j *Journal) Cooldowns(ctx context.Context) ([]bgtask.Cooldown, error) {
 	rows, err := j.pool.Query(ctx, cooldownsSQL, j.ledger)
 	if err != nil {
@@ -50,4 +53,4 @@ func (j *Journal) Cooldowns(ctx context.Context) ([]bgtask.Cooldown, error) {
 	return out, nil
 }
 
-const cooldownsSQL = `SELECT key, since, until, why FROM bgtask_health WHERE ledger = $1 AND until > now()`
+const cooldownsSQL = `SELECT key, since, until, why FROM bgtask_health WHERE ledger = $1 AND until > now() AND why <> '` + bgtask.HealthResetWhy + `'`

@@ -165,3 +165,34 @@ func TestAFleetOfNodesSharesACooldown(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, alive.Status, "its retry's session runs on: re-adopted")
 }
+
+// The table keeps the longest cooldown of a key: a shorter one, or one
+// written late, never cuts it short; a reset ends it whatever it was, and
+// the fleet's read leaves it out; any cooldown after a reset is kept.
+func TestTheHealthTableKeepsTheLongestCooldownAndEndsOnAReset(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("a", Options{})
+	c := ctx(t)
+	now := time.Now()
+	keys := func() map[string]string {
+		t.Helper()
+		cs, err := j.Cooldowns(c)
+		require.NoError(t, err)
+		out := map[string]string{}
+		for _, cd := range cs {
+			out[cd.Key] = cd.Why + " " + cd.Until.Sub(now).Round(time.Minute).String()
+		}
+		return out
+	}
+	require.NoError(t, j.CoolDown(c, bgtask.Cooldown{Key: "p/one", Since: now, Until: now.Add(10 * time.Minute), Why: "model_not_found"}))
+	require.NoError(t, j.CoolDown(c, bgtask.Cooldown{Key: "p/one", Since: now, Until: now.Add(time.Minute), Why: "rate_limited"}))
+	assert.Equal(t, map[string]string{"p/one": "model_not_found 10m0s"}, keys(), "a shorter one does not cut it short")
+
+	require.NoError(t, j.CoolDown(c, bgtask.Cooldown{Key: "p/one", Since: now, Until: now.Add(time.Hour), Why: bgtask.HealthResetWhy}))
+	assert.Empty(t, keys(), "a reset ends it, whatever its Until")
+
+	// After a reset any cooldown is kept, also one ending before the
+	// reset's Until (a node whose clock is ahead wrote it).
+	require.NoError(t, j.CoolDown(c, bgtask.Cooldown{Key: "p/one", Since: now, Until: now.Add(2 * time.Minute), Why: "overloaded"}))
+	assert.Equal(t, map[string]string{"p/one": "overloaded 2m0s"}, keys())
+}

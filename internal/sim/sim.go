@@ -245,6 +245,7 @@ func Run(opts Options) (trace []string, err error) {
 	for w.step = 1; w.step <= opts.Steps && w.fail == nil; w.step++ {
 		if w.health != nil {
 			w.weather()
+			w.quiesce() // what a reset set off has settled before the act
 		}
 		w.act()
 		w.quiesce()
