@@ -3,6 +3,7 @@ package bgtask_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,11 +90,7 @@ func (r *scriptRig) launch(t *testing.T, models ...bgtask.Model) bgtask.Task {
 
 func (r *scriptRig) wait(t *testing.T, id string) bgtask.Task {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done, err := r.m.Wait(ctx, id)
-	require.NoError(t, err)
-	return done
+	return waitEnd(t, r.m, id)
 }
 
 // started is the next run to start: "task model".
@@ -106,6 +103,13 @@ func (r *scriptRig) started(t *testing.T) string {
 		t.Fatal("no run started")
 		return ""
 	}
+}
+
+// startedTask is the task of the next run to start.
+func (r *scriptRig) startedTask(t *testing.T) string {
+	t.Helper()
+	task, _, _ := strings.Cut(r.started(t), " ")
+	return task
 }
 
 var (
@@ -129,29 +133,24 @@ func TestHealthWaitersOutlastTheProbe(t *testing.T) {
 		require.Equal(t, bgtask.PendingCooldown, w.Pending)
 	}
 	r.clock.Advance(30 * time.Second)
-	probe := r.started(t) // the first waiter to look again probes
-	probeID := probe[:len(probe)-len(" a/one")]
+	probeID := r.startedTask(t) // the first waiter to look again probes
 	h, _ := healthOf(r.m, "a/one")
 	require.Equal(t, bgtask.HealthProbing, h.State)
 
 	// The probe is cancelled: no verdict, the next waiter probes.
 	require.NoError(t, r.m.Cancel(context.Background(), probeID))
 	assert.Equal(t, bgtask.StatusCancelled, r.wait(t, probeID).Status)
-	second := r.started(t)
-	secondID := second[:len(second)-len(" a/one")]
+	secondID := r.startedTask(t)
 	assert.NotEqual(t, probeID, secondID)
 	assert.Equal(t, 3, r.s.ran("a/one"), "one probe at a time")
 
 	// It succeeds: the model is healthy and the last waiter goes.
 	r.s.end(secondID, nil)
 	assert.Equal(t, bgtask.StatusCompleted, r.wait(t, secondID).Status)
-	third := r.started(t)
-	thirdID := third[:len(third)-len(" a/one")]
+	thirdID := r.startedTask(t)
 	r.s.end(thirdID, nil)
-	for _, id := range []string{secondID, thirdID} {
-		done := r.wait(t, id)
-		assert.Equal(t, bgtask.StatusCompleted, done.Status, "%s: %s", id, done.Error)
-	}
+	done := r.wait(t, thirdID)
+	assert.Equal(t, bgtask.StatusCompleted, done.Status, "%s: %s", thirdID, done.Error)
 	h, _ = healthOf(r.m, "a/one")
 	assert.Equal(t, bgtask.HealthHealthy, h.State)
 
@@ -185,12 +184,11 @@ func TestHealthAFailedProbeEndsTheWaitPastTheMaximum(t *testing.T) {
 	r.clock.Advance(20 * time.Second)
 	probe := r.launch(t, aOne) // not yet: it waits too
 	r.clock.Advance(10 * time.Second)
-	s := r.started(t)
+	pid := r.startedTask(t)
 	other := w.ID
-	if s == w.ID+" a/one" {
+	if pid == w.ID {
 		other = probe.ID
 	}
-	pid := s[:len(s)-len(" a/one")]
 	r.s.end(pid, throttled{after: 30 * time.Second}) // the probe fails: 60 s, past the limit of both
 	done := r.wait(t, other)
 	assert.Equal(t, bgtask.StatusError, done.Status)
@@ -239,9 +237,9 @@ func TestHealthAQueuedAttemptSkipsAModelThatCooledWhileItQueued(t *testing.T) {
 
 	r.s.end(t1.ID, throttled{after: time.Minute})
 	for range 2 {
-		s := r.started(t) // t1's retry and t2, on b/two, in either order
-		assert.Contains(t, s, " b/two")
-		r.s.end(s[:len(s)-len(" b/two")], nil)
+		task, model, _ := strings.Cut(r.started(t), " ") // t1's retry and t2, in either order
+		assert.Equal(t, "b/two", model)
+		r.s.end(task, nil)
 	}
 	done := r.wait(t, t2.ID)
 	assert.Equal(t, bgtask.StatusCompleted, done.Status)

@@ -256,11 +256,7 @@ func TestHealthAFleetsCooldownOverIsProbedOnce(t *testing.T) {
 	}
 	assert.Equal(t, 1, b.ran("p/one"), "one probe")
 	close(hold)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done, err := b.m.Wait(ctx, probe.ID)
-	require.NoError(t, err)
-	assert.Equal(t, bgtask.StatusCompleted, done.Status)
+	assert.Equal(t, bgtask.StatusCompleted, waitEnd(t, b.m, probe.ID).Status)
 	h, _ := healthOf(b.m, "p/one")
 	assert.Equal(t, bgtask.HealthHealthy, h.State)
 }

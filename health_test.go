@@ -84,10 +84,15 @@ func (r *healthRig) ran(model string) int {
 // run launches a task on chain and waits for it to end.
 func (r *healthRig) run(t *testing.T, chain ...string) bgtask.Task {
 	t.Helper()
-	task := r.launch(t, chain...)
+	return waitEnd(t, r.m, r.launch(t, chain...).ID)
+}
+
+// waitEnd waits for task id of m to end (at most 10 s: failure detection).
+func waitEnd(t *testing.T, m *bgtask.Manager, id string) bgtask.Task {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	done, err := r.m.Wait(ctx, task.ID)
+	done, err := m.Wait(ctx, id)
 	require.NoError(t, err)
 	return done
 }
@@ -193,10 +198,7 @@ func TestHealthRetryAfterThenOneProbeThenALongerCooldown(t *testing.T) {
 	assert.Equal(t, 2, r.ran("a/one"), "one probe only")
 
 	close(hold) // the probe fails: a longer cooldown
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := r.m.Wait(ctx, probe.ID)
-	require.NoError(t, err)
+	waitEnd(t, r.m, probe.ID)
 	h, _ = healthOf(r.m, "a/one")
 	assert.Equal(t, bgtask.HealthCooling, h.State)
 	assert.Equal(t, r.clock.Now().Add(60*time.Second), h.Until, "a failed probe cools twice as long")
@@ -233,10 +235,7 @@ func TestHealthWaitsPendingForTheEarliestCooldown(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.PendingCooldown, now.Pending)
 	r.clock.Advance(time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done, err := r.m.Wait(ctx, task.ID)
-	require.NoError(t, err)
+	done := waitEnd(t, r.m, task.ID)
 	assert.Equal(t, bgtask.StatusCompleted, done.Status)
 	assert.Equal(t, "b/two", done.Model.String(), "the earliest to end, a/one skipped")
 	require.Len(t, done.Skips, 1)
@@ -269,10 +268,7 @@ func TestHealthResetByHandLetsAWaitingTaskGo(t *testing.T) {
 
 	require.ErrorIs(t, r.m.ResetHealth(context.Background(), "b/two"), bgtask.ErrNotCooling)
 	require.NoError(t, r.m.ResetHealth(context.Background(), "a/one"))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done, err := r.m.Wait(ctx, task.ID)
-	require.NoError(t, err)
+	done := waitEnd(t, r.m, task.ID)
 	assert.Equal(t, bgtask.StatusCompleted, done.Status)
 	h, _ := healthOf(r.m, "a/one")
 	assert.Equal(t, bgtask.HealthHealthy, h.State)
@@ -353,10 +349,7 @@ func TestHealthASuccessSentBeforeTheCooldownEndsItOnlyIfThePolicySays(t *testing
 
 		r.set("a/one", nil)
 		close(hold) // the request sent before succeeds
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		done, err := r.m.Wait(ctx, inflight.ID)
-		cancel()
-		require.NoError(t, err)
+		done := waitEnd(t, r.m, inflight.ID)
 		require.Equal(t, bgtask.StatusCompleted, done.Status, "an attempt in flight finishes as it will")
 		h, _ = healthOf(r.m, "a/one")
 		if early {
