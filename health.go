@@ -319,10 +319,8 @@ func healthKeyOf(key string) string {
 // healthAt is the health a Health.Key names, made healthy on first use.
 // m.mu is held.
 func (h *healthBook) healthAt(key string) *healthOf {
-	if provider, id, ok := strings.Cut(key, "/"); ok {
-		return h.get("m:"+key, Model{Provider: provider, ID: id}, false)
-	}
-	return h.get(providerKey(key), Model{Provider: key}, true)
+	provider, id, model := strings.Cut(key, "/")
+	return h.get(healthKeyOf(key), Model{Provider: provider, ID: id}, !model)
 }
 
 // get is key's health, made healthy on first use.
@@ -508,19 +506,18 @@ func (m *Manager) healthEnded(e *entry, a Attempt) {
 		}
 		x.pub.InARow = 0
 		if x.pub.State != HealthHealthy {
-			if h.store != nil && m.now().Before(x.pub.Until) {
-				// Ended early (EarlySuccess): the fleet's copy ends too.
-				m.healthPut(Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: m.now(), Why: HealthResetWhy})
+			if m.now().Before(x.pub.Until) {
+				m.healthShareEnd(x) // ended early (EarlySuccess): the fleet's copy ends too
 			}
 			m.healthy(x)
 		}
 	}
 }
 
-// healthy ends x's cooldown. m.mu is held.
+// healthy ends x's cooldown and the failures in a row. m.mu is held.
 func (m *Manager) healthy(x *healthOf) {
-	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why = HealthHealthy, time.Time{}, time.Time{}, ""
-	x.probe, x.window, x.shared, x.stored = "", 0, false, 0
+	x.pub.State, x.pub.Since, x.pub.Until, x.pub.Why, x.pub.InARow = HealthHealthy, time.Time{}, time.Time{}, "", 0
+	x.probe, x.window, x.shared, x.stored, x.servers = "", 0, false, 0, 0
 	m.healthChanged(x)
 	m.calls.health.rouse()
 }
@@ -676,12 +673,12 @@ func (m *Manager) coolWait(e *entry, a Attempt, now time.Time) {
 	// Those whose wait ended otherwise (their run ended), and an earlier
 	// wait of e's, leave the list.
 	h.waiting = slices.DeleteFunc(h.waiting, func(w coolWaiter) bool {
-		if cur := w.e.cur(); w.e == e || w.e.hot == nil || cur.Token != w.token || cur.Status != StatusPending {
-			w.t.Stop()
-			close(w.stop)
-			return true
+		if w.e != e && coolWaits(w.e, w.token) {
+			return false
 		}
-		return false
+		w.t.Stop()
+		close(w.stop)
+		return true
 	})
 	h.waiting = append(h.waiting, coolWaiter{e: e, token: a.Token, t: t, stop: stop})
 }
@@ -716,16 +713,23 @@ func (m *Manager) onCooled(in *cooledIn) {
 	m.cooled(in.e, in.a.Token)
 }
 
+// coolWaits reports whether run token of e still waits for a cooldown.
+// m.mu is held.
+func coolWaits(e *entry, token string) bool {
+	if e.hot == nil || e.terminal() {
+		return false
+	}
+	cur := e.cur()
+	return cur.Token == token && cur.Status == StatusPending && cur.Pending == PendingCooldown
+}
+
 // cooled admits run token of e again after its wait for a cooldown, if
 // it still waits. m.mu is held.
 func (m *Manager) cooled(e *entry, token string) {
-	if e.hot == nil || e.terminal() {
+	if !coolWaits(e, token) {
 		return
 	}
 	cur := *e.cur()
-	if cur.Token != token || cur.Status != StatusPending || cur.Pending != PendingCooldown {
-		return
-	}
 	if m.fenceStop(e) {
 		m.finalize(e, cur.ID, e.stop, "", "", m.now())
 		return
@@ -797,10 +801,7 @@ func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 	if m.led.recording() {
 		m.led.recordCool(record{kind: recHealthReset, at: m.now(), recordExt: &recordExt{note: x.pub.Key()}})
 	}
-	x.pub.InARow, x.servers = 0, 0
-	if h.store != nil {
-		m.healthPut(Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: m.now(), Why: HealthResetWhy})
-	}
+	m.healthShareEnd(x)
 	m.healthy(x)
 	if m.cfg.logInfo {
 		m.logLocked(slog.LevelInfo, "bgtask: health reset", slog.String("key", target))

@@ -57,6 +57,14 @@ func (m *Manager) healthShare(x *healthOf) {
 	}
 }
 
+// healthShareEnd tells the HealthStore (if any) that x's cooldown ended
+// early, here (a reset, an early success). m.mu is held.
+func (m *Manager) healthShareEnd(x *healthOf) {
+	if m.calls.health.store != nil {
+		m.healthPut(Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: m.now(), Why: HealthResetWhy})
+	}
+}
+
 // healthWriteTimeout is the context deadline of a write to the HealthStore.
 const healthWriteTimeout = 10 * time.Second
 
@@ -135,12 +143,12 @@ func (m *Manager) healthSync(ctx context.Context) {
 			m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store does not answer a read; health is this Manager's own until it does",
 				slog.Duration("waited", now.Sub(h.syncFrom)))
 		}
-		m.mu.Unlock()
+		_ = m.unlock() // the line, if any, is written now
 		return
 	}
 	done := make(chan struct{})
 	if !m.healthReadLater(done) {
-		m.mu.Unlock()
+		_ = m.unlock()
 		return
 	}
 	if m.unlock() != nil {
@@ -208,7 +216,6 @@ func (m *Manager) healthRead(ctx context.Context, n uint64) {
 			continue
 		}
 		if x.shared || (x.stored != 0 && n >= x.stored) {
-			x.pub.InARow, x.servers = 0, 0
 			m.healthy(x)
 		}
 	}
