@@ -170,6 +170,7 @@ func TestAFleetOfNodesSharesACooldown(t *testing.T) {
 // written late, never cuts it short; a reset ends it whatever it was, and
 // the fleet's read leaves it out; any cooldown after a reset is kept.
 func TestTheHealthTableKeepsTheLongestCooldownAndEndsOnAReset(t *testing.T) {
+	require.Equal(t, "reset", bgtask.HealthResetWhy, "coolDownSQL and cooldownsSQL say it as a literal")
 	f := newFixture(t)
 	j := f.open("a", Options{})
 	c := ctx(t)
