@@ -124,6 +124,10 @@ const (
 	// PendingRetryDelay: a retry was scheduled and waits out its delay
 	// (WithRetryDelay) before its session is created.
 	PendingRetryDelay PendingReason = "retry_delay"
+	// PendingCooldown: every model left in the task's chain is cooling
+	// (WithHealth); the attempt waits for the earliest cooldown to end,
+	// at most HealthPolicy.MaxWait.
+	PendingCooldown PendingReason = "cooldown"
 )
 
 // Attempt is one run of a task on one model in one child session. It is a
@@ -246,6 +250,10 @@ type failure struct {
 	text   string
 	reason Reason
 	retry  bool
+	// health is the failure's class as model health sees it (0: none it
+	// acts on), and after the Retry-After the provider asked for (0: none).
+	health healthClass
+	after  time.Duration
 }
 
 // errNeedsClass is observeLocked asking Observe to classify the event's
@@ -306,6 +314,12 @@ type runtime struct {
 	startSeq uint64     // the StartSession in flight for the current attempt; 0: none
 	sig      signal.Set // the waiters' channels: next change, task end, run end
 	round    *round     // the parent's round the task counts in
+	// Model health (WithHealth): the count of cooldowns begun when the
+	// current run was admitted (a cooldown begun later is one the run was
+	// sent before), and since when it waits for a cooldown (unix nanos of
+	// the Manager's clock; 0: it does not).
+	admitted  uint64
+	coolSince int64
 }
 
 // slotHold is a run's claim on a concurrency slot (WithModelLimits): its

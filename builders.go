@@ -136,7 +136,7 @@ func (l *ledger) finalRecord(e *entry, attemptID string, status Status, errText,
 // next attempt's ids are made first, so a refusal leaves nothing to write.
 func (l *ledger) retryRecords(e *entry, errText string, at time.Time) ([3]record, error) {
 	n := e.count() + 1
-	next, err := l.newAttempt(n, e.info.modelFor(n))
+	next, err := l.newAttempt(n, e.modelFor(n))
 	if err != nil {
 		return [3]record{}, err
 	}
@@ -156,7 +156,7 @@ func (l *ledger) retryRecords(e *entry, errText string, at time.Time) ([3]record
 func (l *ledger) put(e *entry, rec *record) error {
 	var ref attemptRef
 	switch rec.kind {
-	case recAttemptPending, recSessionBound, recAttemptFinal, recSessionOrphan, recStopRequested, recStopWithdrawn:
+	case recAttemptPending, recSessionBound, recAttemptFinal, recSessionOrphan, recStopRequested, recStopWithdrawn, recModelSkipped:
 		if e.current >= 0 && e.cur().ID == rec.attempt.ID {
 			ref = attemptRef{e: e, index: e.current} // the usual case: no lookup
 			break

@@ -61,6 +61,9 @@ func (e errNotDurable) Error() string {
 func (e errNotDurable) Unwrap() error { return e.err }
 
 func (m *Manager) unlockUntil(ctx context.Context, w *group.Worker) error {
+	if h := m.calls.health; h != nil && h.roused {
+		m.healthWake() // the attempts a cooldown's early end lets go, in this critical section
+	}
 	if len(m.led.warm) > 0 {
 		m.freezeSome(freezeBudget)
 	}
@@ -372,6 +375,9 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 			}
 			m.retried(e, rec.attempt)
 		case recAttemptFinal:
+			if m.calls.health != nil {
+				m.healthEnded(e, rec.attempt)
+			}
 			if m.cfg.metrics != nil && !rec.attempt.StartedAt.IsZero() {
 				t, a := e.project(), rec.attempt
 				m.measure(func(mt Metrics) { mt.AttemptEnded(t, a, a.CompletedAt.Sub(a.StartedAt)) })

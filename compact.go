@@ -1,5 +1,11 @@
 package bgtask
 
+import (
+	"maps"
+	"slices"
+	"time"
+)
+
 // presize makes the ledger's indexes as big as the records about to be
 // replayed need (a count of their kinds), so that a replay does not grow
 // them step by step. m.mu is held.
@@ -22,7 +28,7 @@ func (m *Manager) presize(payloads [][]byte) {
 // snapshotRecords is the ledger as records, for a compacted journal: the
 // records that rebuild exactly the tasks in memory (their spec, each
 // attempt's versions as far as a replay needs them, sessions, stops),
-// the closure records kept, and the epoch. Nothing forgotten is in them.
+// the closure records kept, the cooldowns not over, and the epoch. Nothing forgotten is in them.
 // Notifications are left out: compaction waits until none is out.
 // m.mu is held.
 func (m *Manager) snapshotRecords() []record {
@@ -38,9 +44,27 @@ func (m *Manager) snapshotRecords() []record {
 		add(record{kind: recTaskLaunched, task: e.id, at: ti.launchedAt, recordExt: &recordExt{spec: ti}})
 		atts := e.atts()
 		bound := make(map[string]bool, len(atts))
+		skips := e.skips
 		for i, a := range atts {
 			created := Attempt{ID: a.ID, Number: a.Number, Token: a.Token, Model: a.Model, Status: StatusPending, Pending: PendingAwaitingSession}
+			var mine []Skip // the skips that moved it: made on the first model skipped, then moved as they did
+			for len(skips) > 0 && skips[0].Attempt == a.Number {
+				mine, skips = append(mine, skips[0]), skips[1:]
+			}
+			if len(mine) > 0 {
+				created.Model = mine[0].Model
+			}
 			add(record{kind: recAttemptCreated, task: e.id, at: ti.launchedAt, attempt: created})
+			for j, sk := range mine {
+				moved := created
+				moved.Model = a.Model
+				if j+1 < len(mine) {
+					moved.Model = mine[j+1].Model
+				}
+				sk := sk
+				add(record{kind: recModelSkipped, task: e.id, at: sk.At, attempt: moved, recordExt: &recordExt{skip: &sk}})
+				created = moved
+			}
 			if a.SessionID != "" {
 				run := created
 				run.Status, run.Pending, run.SessionID, run.StartedAt = StatusRunning, "", a.SessionID, a.StartedAt
@@ -60,7 +84,11 @@ func (m *Manager) snapshotRecords() []record {
 				}
 				add(fin)
 			case a.Status == StatusPending && a.Pending != PendingAwaitingSession:
-				add(record{kind: recAttemptPending, task: e.id, at: ti.launchedAt, attempt: a})
+				at := ti.launchedAt
+				if a.Pending == PendingCooldown && i == e.current && e.rt.coolSince != 0 {
+					at = time.Unix(0, e.rt.coolSince) // when its wait began: MaxWait counts from there
+				}
+				add(record{kind: recAttemptPending, task: e.id, at: at, attempt: a})
 			}
 		}
 		for _, s := range e.sessionList() {
@@ -76,6 +104,14 @@ func (m *Manager) snapshotRecords() []record {
 	}
 	for _, c := range m.led.closures {
 		add(c)
+	}
+	now := m.now()
+	for _, key := range slices.Sorted(maps.Keys(m.led.cools)) { // the cooldowns not over
+		if c := m.led.cools[key]; now.Before(c.Until) {
+			add(record{kind: recCooldownBegan, at: c.Since, recordExt: &recordExt{cool: &c}})
+		} else {
+			delete(m.led.cools, key)
+		}
 	}
 	if m.notes.seq > 0 {
 		// No notification is out, so none is kept; the numbering goes on

@@ -131,7 +131,16 @@ type (
 		seq uint64
 		rv  *recovery // the recovery asking: it counts the answers
 	}
+	// cooledIn: the timer of run a of e's wait for a cooldown fired (the
+	// wait stop names): it may be admitted now.
+	cooledIn struct {
+		e    *entry
+		a    Attempt
+		stop chan struct{}
+	}
 )
+
+func (*cooledIn) input() {}
 
 func (*launchIn) input() {}
 
@@ -188,6 +197,8 @@ func (m *Manager) decide(in input) {
 		m.recordAborts(in.b, in.ops, m.now())
 	case *retryReadyIn:
 		in.out = m.onRetryReady(in)
+	case *cooledIn:
+		m.onCooled(in)
 	case *queueTimeoutIn:
 		m.onQueueTimeout(in)
 	case *gateCheckIn:

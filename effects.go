@@ -27,8 +27,9 @@ type effect struct {
 	closure  *closure              // fxCascade: the closure of its branch
 	rv       *recovery             // fxRecover: the restart it serves
 	stopped  bool                  // fxRecover: a stop was asked before the question
-	timer    Timer                 // fxQueueTimeout: made as the run queued; fxDeadline: made as it was armed
-	done     <-chan struct{}       // fxStallWatch: closed when the run ends or is replaced
+	timer    Timer                 // fxQueueTimeout: made as the run queued; fxDeadline: made as it was armed; fxCooldown: until the earliest end
+	done     <-chan struct{}       // fxStallWatch, fxCooldown: closed when the run ends or is replaced
+	wake     chan struct{}         // fxCooldown: closed when the core ended the wait itself (healthWake)
 	waiter   *slots.Waiter[queued] // fxQueueTimeout: the run's place in the queue
 	fn       func()                // fxGo: a goroutine of the machinery (a lane, abort workers)
 	ctx      runCtx                // fxStart, fxRetry: the host call's context, made as it runs
@@ -63,6 +64,7 @@ const (
 	fxRecover                            // ask a StatusHost what became of run a after a restart
 	fxDeadline                           // stop run a (or, with no run, the task) at its deadline: due
 	fxGo                                 // run fn
+	fxCooldown                           // wait for the cooldown pending run a waits on to end, then admit it
 )
 
 // effect queues fx to run once m.mu is released, and reports true; or,
@@ -108,5 +110,7 @@ func (fx *effect) Run(w *group.Worker) {
 		m.watchDeadlineNow(fx)
 	case fxGo:
 		fx.fn()
+	case fxCooldown:
+		m.waitCooldownNow(fx)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"sync/atomic"
 )
 
@@ -52,7 +53,20 @@ type entry struct {
 	// loc is what only this process keeps of the task (see local); nil
 	// while it keeps nothing.
 	loc *local
+	// skips are the models its chain skipped as they cooled
+	// (recModelSkipped), in order: each moves the chain on by one.
+	skips []Skip
 }
+
+// chainPos is the place in e's chain of attempt number n: its number
+// (from 0), moved on by every model skipped, the last model reused past
+// the chain's end.
+func (e *entry) chainPos(n int) int {
+	return min(n-1+len(e.skips), len(e.info.models)-1)
+}
+
+// modelFor is the model of e's attempt number n (see chainPos).
+func (e *entry) modelFor(n int) Model { return e.info.models[e.chainPos(n)] }
 
 // hot is the part of an entry that a task only needs while it may still
 // change: what its current run reported, the room for its first attempt,
@@ -297,6 +311,7 @@ func (e *entry) project() Task {
 		Result:           cur.Result,
 		CurrentAttemptID: cur.ID,
 		Attempts:         cloneAttempts(e),
+		Skips:            slices.Clone(e.skips),
 		Revision:         e.revision,
 		LaunchedAt:       e.info.launchedAt,
 		Metadata:         maps.Clone(e.info.metadata),

@@ -203,7 +203,9 @@ func describe(rec *record) string {
 		(rec.kind == recNotifyProduced || rec.kind == recNotifyDelivered) && x.notice == nil,
 		rec.kind == recBranchClosed && x.closure == nil,
 		(rec.kind == recInvocationAdmitted || rec.kind == recAnswerFiled) && rec.inv == nil,
-		rec.kind == recAnswerFiled && rec.inv.Answer == nil:
+		rec.kind == recAnswerFiled && rec.inv.Answer == nil,
+		rec.kind == recModelSkipped && x.skip == nil,
+		rec.kind == recCooldownBegan && x.cool == nil:
 		return rec.kind.String() + " (incomplete)"
 	}
 	n := "attempt " + strconv.Itoa(a.Number)
@@ -265,6 +267,18 @@ func describe(rec *record) string {
 		return fmt.Sprintf("invocation %d admitted: %s", rec.inv.N, textbound.OneLine(rec.inv.Prompt, 80))
 	case recAnswerFiled:
 		return fmt.Sprintf("invocation %d answered (%s)", rec.inv.N, rec.inv.Answer.Status)
+	case recModelSkipped:
+		sk := x.skip
+		s := n + " skipped " + sk.Model.String() + ", cooling (" + textbound.OneLine(sk.Why, 80)
+		if !sk.Until.IsZero() {
+			s += " until " + sk.Until.UTC().Format(time.RFC3339)
+		}
+		return s + "): it runs on " + a.Model.String()
+	case recHealthReset:
+		return "health of " + textbound.OneLine(x.note, 80) + " reset by hand: its cooldown ended"
+	case recCooldownBegan:
+		c := x.cool
+		return fmt.Sprintf("%s cooling (%s, %d in a row) until %s", textbound.OneLine(c.Key, 80), textbound.OneLine(c.Why, 40), c.inARow, c.Until.UTC().Format(time.RFC3339))
 	}
 	return rec.kind.String()
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgtask/bgtask/internal/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -105,4 +106,59 @@ func TestReadFileJournalShowsEpochsAndParentLevelRecords(t *testing.T) {
 			assert.Equal(t, "chat", r.ParentSessionID, "a launch names its parent")
 		}
 	}
+}
+
+// A model skipped for a cooldown and a health reset by hand each read as
+// one line that says what happened: which model, why, until when, where
+// the attempt went; which target was reset.
+func TestReadFileJournalDescribesASkipAndAHealthReset(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	j, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	t0 := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	host := NewFuncHost(func(_ context.Context, run Run) (string, error) {
+		if run.Model.Provider == "a" {
+			return "", throttledErr{after: 30 * time.Second}
+		}
+		return "ok", nil
+	})
+	m, err := Open(ctx, host, WithJournal(j), WithClock(clock.NewFake(t0)), WithIDs(SequentialIDs()), WithHealth(HealthPolicy{}))
+	require.NoError(t, err)
+	first, err := m.Launch(ctx, Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one", "b/two")})
+	require.NoError(t, err)
+	_, err = m.Wait(ctx, first.ID) // a/one answers 429: it cools for 30s
+	require.NoError(t, err)
+	second, err := m.Launch(ctx, Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one", "b/two")})
+	require.NoError(t, err)
+	done, err := m.Wait(ctx, second.ID)
+	require.NoError(t, err)
+	require.Len(t, done.Skips, 1, "the second task skips the cooling model")
+	require.NoError(t, m.ResetHealth(ctx, "a/one"))
+	require.NoError(t, m.Shutdown(ctx))
+
+	v, err := ReadFileJournal(dir)
+	require.NoError(t, err)
+	var skips, resets []RecordView
+	for _, r := range v.Records {
+		switch r.Kind {
+		case "model_skipped":
+			skips = append(skips, r)
+		case "health_reset":
+			resets = append(resets, r)
+		}
+	}
+	require.Len(t, skips, 1)
+	assert.Equal(t, second.ID, skips[0].TaskID)
+	assert.Equal(t, "attempt 1 skipped a/one, cooling (rate_limited until 2026-12-02T10:00:30Z): it runs on b/two", skips[0].Change)
+	require.Len(t, resets, 1)
+	assert.Empty(t, resets[0].TaskID, "a reset is manager-wide")
+	assert.Equal(t, "health of a/one reset by hand: its cooldown ended", resets[0].Change)
+
+	var seen []string
+	for _, r := range v.RecordsOf(done) {
+		seen = append(seen, r.Kind)
+	}
+	assert.Contains(t, seen, "model_skipped", "the task's own records list its skip")
 }

@@ -29,6 +29,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if err := m.poisoned(); err != nil {
 		return Task{}, err
 	}
+	m.healthSync(ctx) // the fleet's cooldowns, when the view is stale (HealthStore)
 	in := launchIn{info: spec.taskInfo()}
 	if spec.OnDone != nil || spec.InheritValues || spec.Run != nil {
 		in.loc = &local{run: spec.Run}

@@ -29,6 +29,10 @@ type ledger struct {
 	byRoot    map[string][]*entry   // root session → the tasks of its tree, in launch order
 	byMeta    map[string][]*entry   // metaKey(k, v) → the tasks with that metadata, in launch order
 	closures  []record              // recBranchClosed records, in order
+	// cools are the cooldowns this ledger recorded (recCooldownBegan),
+	// by key, less those reset (recHealthReset): a restart takes back
+	// those not over, and a compaction keeps them.
+	cools map[string]coolRec
 	// tap, when set, sees every record as it is committed, in sequence
 	// order (the Manager's journal batch). It is called with the Manager's
 	// lock held.
@@ -146,6 +150,12 @@ func (l *ledger) replayOne(rec record) (*entry, error) {
 	case recNotifyProduced, recNotifyDelivered, recStartRequested, recAbortRequested, recEpoch, recClosureOpened, recClosureDropped:
 		l.stamp(&rec)
 		return nil, nil
+	case recHealthReset, recCooldownBegan:
+		if rec.recordExt == nil || (rec.kind == recCooldownBegan && (rec.cool == nil || rec.cool.Key == "")) {
+			return nil, fmt.Errorf("bgtask: ledger: a %s record must carry its cooldown", rec.kind)
+		}
+		l.recordCool(rec)
+		return nil, nil
 	case recBranchClosed:
 		if rec.recordExt == nil || rec.closure == nil {
 			return nil, errors.New("bgtask: ledger: a closure record must carry its closure")
@@ -230,6 +240,20 @@ func (l *ledger) recordClosure(cr ClosureRecord, task string, opened uint64) {
 	rec := record{kind: recBranchClosed, task: task, at: cr.At, recordExt: &recordExt{closure: &cr, opened: opened}}
 	l.stamp(&rec)
 	l.closures = append(l.closures, rec)
+}
+
+// recordCool commits a cooldown begun, or a reset (its key is the note),
+// and keeps what it says in cools.
+func (l *ledger) recordCool(rec record) {
+	if l.cools == nil {
+		l.cools = make(map[string]coolRec)
+	}
+	if rec.kind == recCooldownBegan {
+		l.cools[rec.cool.Key] = *rec.cool
+	} else {
+		delete(l.cools, rec.note)
+	}
+	l.stamp(&rec)
 }
 
 // emit commits a record that changes no projection (a notification
@@ -373,6 +397,12 @@ func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 		e.revision++
 	case recSessionOrphan:
 		l.indexSession(e, ref, rec.session)
+	case recModelSkipped:
+		e.attempts[ref.index] = rec.attempt
+		sk := *rec.skip
+		sk.At = rec.at.Round(0)
+		e.skips = append(e.skips, sk)
+		e.revision++
 	case recStopRequested:
 		e.stop, e.stopBy = rec.stop, rec.note
 		e.live.Store(nil)
@@ -439,6 +469,9 @@ func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error 
 		return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
 	}
 	old := ref.attempt()
+	if rec.kind == recModelSkipped {
+		return checkSkip(e, ref, rec)
+	}
 	if rec.kind == recSessionOrphan {
 		if rec.recordExt == nil || rec.session == "" {
 			return errors.New("bgtask: ledger: an orphaned session must be named")
@@ -485,6 +518,29 @@ func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error 
 		if prev, taken := l.bySession[rec.attempt.SessionID]; taken && prev.attempt().ID != old.ID && !continues(e, prev, rec.attempt.SessionID) {
 			return fmt.Errorf("bgtask: session %q already belongs to attempt %s", rec.attempt.SessionID, prev.attempt().ID)
 		}
+	}
+	return nil
+}
+
+// checkSkip refuses a skip the chain does not allow: only the current
+// attempt, pending and never started, moves from the model its place in
+// the chain names (the one skipped) to the chain's next, keeping its
+// identity.
+func checkSkip(e *entry, ref attemptRef, rec *record) error {
+	old, a := ref.attempt(), rec.attempt
+	if rec.recordExt == nil || rec.skip == nil {
+		return errors.New("bgtask: ledger: a skip must name the model it skipped")
+	}
+	if !ref.isCurrent() || old.Status != StatusPending || old.SessionID != "" {
+		return fmt.Errorf("%w: only the current attempt, pending with no session, skips a model", errBadTransition)
+	}
+	pos := e.chainPos(old.Number)
+	if pos+1 >= len(e.info.models) || rec.skip.Model != old.Model || old.Model != e.info.models[pos] || a.Model != e.info.models[pos+1] || rec.skip.Attempt != old.Number {
+		return fmt.Errorf("bgtask: ledger: attempt %s: a skip moves it from its place in the chain to the next", old.ID)
+	}
+	a.Model = old.Model
+	if a != *old {
+		return fmt.Errorf("bgtask: ledger: attempt %s: a skip changes its model only", old.ID)
 	}
 	return nil
 }

@@ -220,6 +220,12 @@ type queued struct {
 // admit starts attempt a of e when a slot is free, or queues it. m.mu is
 // held.
 func (m *Manager) admit(e *entry, a Attempt) {
+	if m.calls.health != nil {
+		var ok bool
+		if a, ok = m.healthAdmit(e, a); !ok {
+			return
+		}
+	}
 	if m.calls.pool == nil {
 		m.spawnStart(e, a)
 		return
@@ -296,6 +302,13 @@ func (m *Manager) granted(w *slots.Waiter[queued]) {
 		// Cannot happen (a run leaves the queue as it ends), but a slot
 		// must never leak.
 		m.calls.pool.Release(w.Key(), m.granted)
+		return
+	}
+	if h := m.calls.health; h != nil && h.admits(cur.Model, m.now()).on {
+		// Its model began to cool (or is probed) while it queued: the slot
+		// goes on to the next in line, and the attempt chooses again.
+		m.calls.pool.Release(w.Key(), m.granted)
+		m.admit(e, cur)
 		return
 	}
 	e.slot.key, e.slot.token = w.Key(), cur.Token

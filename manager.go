@@ -108,6 +108,7 @@ type hostCalls struct {
 	held     *held.Set[observation]  // events waiting for a start in flight to bind their session
 	prompts  map[*entry]*promptLane  // the Extend lanes of live tasks: one host prompt call at a time
 	fanout   map[string][]*fanWaiter // Launches waiting for a live-task slot of their parent session, in arrival order
+	health   *healthBook             // what the calls' failures say of models and providers (WithHealth); nil: none kept
 }
 
 // fanWaiter is a Launch waiting for a slot of its parent session
@@ -258,6 +259,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	m.out.durable.advance(m.led.seq) // what was replayed is durable
 	rv.restart = m.led.seq > 0       // a previous life left records: this is a restart
 	m.led.tap = func(r record) { m.out.recs = append(m.out.recs, r) }
+	m.healthRestore(m.now()) // before any run is admitted: the previous life's cooldowns
 	m.led.emit(record{kind: recEpoch, at: m.now(), recordExt: &recordExt{epoch: m.changes.epoch, note: m.epochNote("")}})
 	m.reconcile(rv)
 	for before := -1; before != len(m.led.ended); { // what the journal still held past retention
@@ -363,6 +365,12 @@ func newManager(host Host, opts []Option) *Manager {
 	m.changes.epoch = uint64(time.Now().UnixNano()) // wall clock on purpose: it tells processes apart
 	m.notes.lanes = dispatch.New(m.goLater, m.deliver)
 	m.notes.lanes.SetLimit(cfg.queueLimit, lessNeeded)
+	if cfg.health != nil {
+		m.calls.health = newHealthBook(cfg.health)
+		if hs, ok := cfg.journal.(HealthStore); ok {
+			m.calls.health.store = hs
+		}
+	}
 	if cfg.limits != nil {
 		m.calls.pool = slots.New[queued]()
 		m.cfg.err = cfg.limits.validate()

@@ -52,6 +52,9 @@ type Metrics interface {
 	// life's records finished its recovery after d, as c counts (once,
 	// from New or Open).
 	Recovered(c RecoveryCounts, d time.Duration)
+	// HealthChanged: a model's or provider's health changed (WithHealth):
+	// a cooldown began or was moved, its probe was let through, it ended.
+	HealthChanged(h Health)
 }
 
 // ClosureSummary is a branch closure as Metrics.ClosureBegun and
@@ -176,6 +179,9 @@ func (NopMetrics) ClosureEnded(ClosureSummary, time.Duration) {}
 
 // Recovered records nothing.
 func (NopMetrics) Recovered(RecoveryCounts, time.Duration) {}
+
+// HealthChanged records nothing.
+func (NopMetrics) HealthChanged(Health) {}
 
 // measure queues a call of the Metrics for once m.mu is released. m.mu is
 // held; call it only with m.cfg.metrics set.

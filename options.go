@@ -56,7 +56,8 @@ type config struct {
 	startGate         func(ctx context.Context, req SessionRequest) error // WithStartGate
 	retention         Retention
 	tree              TreeLimits
-	metrics           Metrics // WithMetrics; nil: none
+	metrics           Metrics       // WithMetrics; nil: none
+	health            *HealthPolicy // WithHealth, defaults filled in; nil: no health kept
 
 	err error // an invalid option, found by New: every Launch returns it
 }

@@ -34,6 +34,9 @@ const (
 	recClosureDropped                           // a closure ended with nothing to record (its root was no one's)
 	recInvocationAdmitted                       // a supplemental prompt was handed to the task's child session (Extend)
 	recAnswerFiled                              // a turn end answered an invocation, released in invocation order
+	recModelSkipped                             // the pending attempt's model was cooling: it moves to the chain's next (WithHealth)
+	recHealthReset                              // a harness reset a model's or provider's health by hand (manager-wide)
+	recCooldownBegan                            // a model's or provider's cooldown began here, or its end moved (manager-wide, WithHealth)
 )
 
 var recordKindNames = [...]string{
@@ -56,6 +59,9 @@ var recordKindNames = [...]string{
 	recClosureDropped:     "closure_dropped",
 	recInvocationAdmitted: "invocation_admitted",
 	recAnswerFiled:        "answer_filed",
+	recModelSkipped:       "model_skipped",
+	recHealthReset:        "health_reset",
+	recCooldownBegan:      "cooldown_began",
 }
 
 func (k recordKind) String() string {
@@ -101,6 +107,8 @@ type recordExt struct {
 	notice  *notice        // recNotifyProduced, recNotifyDelivered
 	epoch   uint64         // recEpoch: the process life's number
 	opened  uint64         // recBranchClosed, recClosureDropped: the sequence of the closure's opening record
+	skip    *Skip          // recModelSkipped: the model skipped, why, until when (format 5)
+	cool    *coolRec       // recCooldownBegan: the cooldown (format 5)
 }
 
 // noExt is the extension of a record that has none, for encoding one whose
@@ -224,8 +232,10 @@ func (ti *taskInfo) modelFor(n int) Model {
 // task runs its own function (Spec.Run). Records of older formats are
 // still read. A record is written in format 3 unless it needs 4 (only the
 // launch of a task with its own function does), so a journal without such
-// tasks is read by the releases before format 4.
-const recordFormat = 4
+// tasks is read by the releases before format 4. Format 5 adds a skipped
+// model (recModelSkipped) and a cooldown (recCooldownBegan), and only
+// such records are written in it.
+const recordFormat = 5
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
 // length-prefixed strings, times with their zone offset).
@@ -240,9 +250,12 @@ func encodeRecord(rec *record) (Record, error) {
 func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	start := len(b)
 	w := codec.Writer{B: b}
-	format := byte(3) // 4 only when a record needs it (see recordFormat)
+	format := byte(3) // 4 or 5 only when a record needs it (see recordFormat)
 	if rec.recordExt != nil && rec.spec != nil && rec.spec.inProcess {
 		format = 4
+	}
+	if rec.recordExt != nil && (rec.skip != nil || rec.cool != nil) {
+		format = 5
 	}
 	w.B = append(w.B, format)
 	w.Uint(rec.seq)
@@ -273,7 +286,7 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 		if x == nil {
 			x = &noExt
 		}
-		if err := encodeExt(&w, x, rec.inv); err != nil {
+		if err := encodeExt(&w, x, rec.inv, format); err != nil {
 			return Record{}, b, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
@@ -291,7 +304,7 @@ func recordOf(rec *record, data []byte) Record {
 }
 
 // encodeExt writes the part of a record only some kinds carry.
-func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation) error {
+func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, format byte) error {
 	w.Bool(x.spec != nil)
 	if ti := x.spec; ti != nil {
 		for _, f := range [...]string{ti.id, ti.parent, ti.description, ti.agent, ti.prompt} {
@@ -369,7 +382,27 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation) error {
 	}
 	w.String(root)
 	w.Uint(uint64(depth))
-	if ti := x.spec; ti != nil && ti.inProcess { // format 4 (encodeInto marks it)
+	switch {
+	case format >= 5: // format 5: the bool of format 4 always, then the skip
+		w.Bool(x.spec != nil && x.spec.inProcess)
+		w.Bool(x.skip != nil)
+		if sk := x.skip; sk != nil {
+			w.Uint(uint64(sk.Attempt))
+			w.String(sk.Model.Provider)
+			w.String(sk.Model.ID)
+			w.String(sk.Model.Variant)
+			w.String(sk.Why)
+			w.Time(sk.Until)
+		}
+		w.Bool(x.cool != nil)
+		if c := x.cool; c != nil {
+			w.String(c.Key)
+			w.Time(c.Since)
+			w.Time(c.Until)
+			w.String(c.Why)
+			w.Uint(uint64(c.inARow))
+		}
+	case x.spec != nil && x.spec.inProcess: // format 4 (encodeInto marks it)
 		w.Bool(true)
 	}
 	return nil
@@ -556,6 +589,14 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 	if format >= 4 {
 		if own := d.Bool(); x.spec != nil {
 			x.spec.inProcess = own
+		}
+	}
+	if format >= 5 {
+		if d.Bool() {
+			x.skip = &Skip{Attempt: int(d.Uint()), Model: Model{Provider: d.Word(), ID: d.Word(), Variant: d.Word()}, Why: d.String(), Until: d.Time()}
+		}
+		if d.Bool() {
+			x.cool = &coolRec{Cooldown: Cooldown{Key: d.String(), Since: d.Time(), Until: d.Time(), Why: d.String()}, inARow: int(d.Uint())}
 		}
 	}
 	return x, inv, nil

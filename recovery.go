@@ -20,12 +20,16 @@ import (
 
 // recovery is what a replay found that a restart must act on.
 type recovery struct {
-	started map[string]bool        // attempts whose StartSession was asked for (they may have a session)
-	notes   map[uint64]*notice     // notifications produced and not delivered, by Notification.Seq
-	pending chan struct{}          // one token per recovery effect still out
-	left    int                    // recovery effects queued
-	closing map[uint64]openClosure // closures in progress at the crash, by opening record
-	lost    []*notice              // notifications given up before the restart, in that order
+	started map[string]bool // attempts whose StartSession was asked for (they may have a session)
+	// coolSince is, for each attempt that waited for a cooldown, when it
+	// began to (its first attempt_pending of reason cooldown): the wait's
+	// MaxWait counts from there across a restart.
+	coolSince map[string]time.Time
+	notes     map[uint64]*notice     // notifications produced and not delivered, by Notification.Seq
+	pending   chan struct{}          // one token per recovery effect still out
+	left      int                    // recovery effects queued
+	closing   map[uint64]openClosure // closures in progress at the crash, by opening record
+	lost      []*notice              // notifications given up before the restart, in that order
 
 	// What recovery derives is owed from the state the records left, not
 	// only from the records themselves (owed): a journal that did not keep
@@ -142,6 +146,15 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 			m.replayNotice(rv, &rec)
 		case recStartRequested:
 			rv.started[rec.attempt.ID] = true
+		case recAttemptPending:
+			if rec.attempt.Pending == PendingCooldown {
+				if rv.coolSince == nil {
+					rv.coolSince = make(map[string]time.Time)
+				}
+				if _, ok := rv.coolSince[rec.attempt.ID]; !ok {
+					rv.coolSince[rec.attempt.ID] = rec.at
+				}
+			}
 		case recClosureOpened:
 			if rec.recordExt != nil {
 				rv.closing[rec.seq] = openClosure{root: rec.session, task: rec.note}
@@ -274,10 +287,11 @@ const StartOutcomeUnknown = "start outcome unknown after restart"
 // after restore: a run that may have a child is asked about (a recovery
 // effect, with a StatusHost) or ends interrupt; a run that never asked
 // for a child is admitted again; the notifications produced and not
-// delivered are queued again, in their order. m.mu is held.
+// delivered are queued again first, in their order. m.mu is held.
 func (m *Manager) reconcile(rv *recovery) {
 	now := m.now()
 	_, asks := m.hosts.main.(StatusHost)
+	m.redeliverAll(rv)
 	m.retryOwed(rv, now)
 	m.roundsOwed(rv)
 	n := &rv.counts
@@ -334,6 +348,9 @@ func (m *Manager) reconcile(rv *recovery) {
 			m.stopRun(e, now) // no child was ever asked for: it ends now
 			n.Stopped++
 		default:
+			if at, ok := rv.coolSince[a.ID]; ok && m.calls.health != nil {
+				e.rt.coolSince = at.UnixNano() // its wait for a cooldown goes on, from when it began
+			}
 			m.admit(e, a) // it never asked for a child: ask now
 			n.Started++
 		}
@@ -342,14 +359,22 @@ func (m *Manager) reconcile(rv *recovery) {
 		}
 	}
 	rv.pending = make(chan struct{}, rv.left)
+}
+
+// redeliverAll queues again, in their order, the notifications produced
+// before the restart and not delivered, and keeps those given up for
+// Undelivered. It comes before anything this life may tell a parent (an
+// owed retry or round, a run that ends as it is taken back), whose
+// notifications are later and must be delivered after. m.mu is held.
+func (m *Manager) redeliverAll(rv *recovery) {
+	n := &rv.counts
 	for _, lost := range rv.lost {
 		if len(m.notes.lost) < m.cfg.undeliveredLimit {
 			m.notes.lost = append(m.notes.lost, m.noticeNotification(lost))
 			n.Undelivered++
 		}
 	}
-	seqs := slices.Sorted(maps.Keys(rv.notes))
-	for _, seq := range seqs {
+	for _, seq := range slices.Sorted(maps.Keys(rv.notes)) {
 		if m.redeliver(rv.notes[seq]) {
 			n.Redelivered++
 		}
@@ -369,7 +394,7 @@ func (m *Manager) retryOwed(rv *recovery, now time.Time) {
 		}
 		failed, n := *e.cur(), e.count()+1
 		if e.terminal() && failed.Status == StatusError && n <= e.info.maxAttempts {
-			next, err := l.newAttempt(n, e.info.modelFor(n))
+			next, err := l.newAttempt(n, e.modelFor(n))
 			if err == nil && m.commit(e, record{kind: recAttemptCreated, task: e.id, at: now, attempt: next}) {
 				rv.counts.Retried++
 				if m.cfg.notifier != nil {
@@ -661,15 +686,34 @@ func (m *Manager) readopt(in *recoveredIn, now time.Time) {
 	}
 }
 
+// toldNotice is a notification a replay met, and the text of a retry
+// rendered as its record was met.
+type toldNotice struct {
+	*notice
+	then string
+}
+
 // replayLedger rebuilds a ledger from committed records, in sequence
 // order, with no host and no Manager: what a restart from a journal does.
 // It returns the notifications the records say were produced.
-func replayLedger(recs []record) (*ledger, []*notice, error) {
+
+func replayLedger(recs []record) (*ledger, []toldNotice, error) {
 	l := newLedger(nil)
-	var notes []*notice
+	var notes []toldNotice
 	for _, rec := range recs {
 		if rec.kind == recNotifyProduced {
-			notes = append(notes, rec.notice)
+			notes = append(notes, toldNotice{notice: rec.notice})
+			if n := rec.notice; n.kind == NotifyRetryScheduled {
+				// A retry is told as it was scheduled: the model its
+				// attempt had then (a later skip, after a wait for a
+				// cooldown or a slot, moves it; the session-ready
+				// notification names the model it runs on).
+				text, err := l.render(n)
+				if err != nil {
+					return nil, nil, err
+				}
+				notes[len(notes)-1].then = text
+			}
 		}
 		if _, err := l.replayOne(rec); err != nil {
 			return nil, nil, fmt.Errorf("bgtask: replay: record %d (%s): %w", rec.seq, rec.kind, err)
@@ -734,8 +778,12 @@ func checkReplay(l *ledger) error {
 			return err
 		}
 	}
-	for _, n := range notes {
+	for _, tn := range notes {
+		n := tn.notice
 		text, err := r.render(n)
+		if tn.then != "" {
+			text = tn.then
+		}
 		if err != nil {
 			return err
 		}

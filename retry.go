@@ -72,6 +72,10 @@ func (m *Manager) classify(err error) (f failure) {
 	}()
 	f.reason = reasonOf(err)
 	f.retry = m.retryable(err)
+	if m.cfg.health != nil {
+		f.health = healthClassOf(err)
+		f.after, _ = errclass.RetryAfter(err)
+	}
 	return f
 }
 
@@ -295,6 +299,9 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	}
 	text := f.text
 	e.output().reason = f.reason
+	if m.calls.health != nil {
+		m.healthFailed(e, *a, f, at)
+	}
 	if !f.retry || a.Number >= e.info.maxAttempts || e.stop != "" {
 		// The child's run ended on its own failure: that is what the
 		// status says, also when a stop (Cancel, a closure, Shutdown) was
@@ -303,7 +310,11 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 		return
 	}
 	recs, lerr := m.led.retryRecords(e, text, at)
-	if lerr != nil || !m.commit(e, recs[:]...) {
+	batch := recs[:]
+	if lerr == nil && m.calls.health != nil { // the next attempt past what cools, so the retry names the model it runs on
+		batch = append(batch, m.skipsFor(e, recs[2].attempt, at)...)
+	}
+	if lerr != nil || !m.commit(e, batch...) {
 		if lerr != nil {
 			m.ledgerBug(e, lerr)
 		}
@@ -318,7 +329,7 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	}
 	e.gate = nil // a candidate of the failed run answers nothing
 	m.answerAtRetry(e, recs[1].attempt, text, at)
-	m.prepareRetry(e, recs[1].attempt, recs[2].attempt, f.err)
+	m.prepareRetry(e, recs[1].attempt, *e.cur(), f.err)
 }
 
 // prepareRetry starts next: at once, or — when the failed attempt has a

@@ -115,6 +115,9 @@ func (m *Manager) signal() {
 // spawnStart has StartSession called for attempt a of e (an effect).
 // m.mu is held.
 func (m *Manager) spawnStart(e *entry, a Attempt) {
+	if m.calls.health != nil {
+		m.healthTake(e, a.Model, a.Token, m.now())
+	}
 	m.calls.startSeq++
 	seq := m.calls.startSeq
 	if !m.effect(effect{kind: fxStart, e: e, run: runOfAttempt(a), seq: seq, ctx: runCtx{values: e.values()}}) {

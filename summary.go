@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/bgtask/bgtask/internal/errclass"
 	"github.com/bgtask/bgtask/internal/markup"
@@ -24,11 +25,25 @@ const MaxTimelineErrorRunes = 200
 //	- Attempt 2 — COMPLETED — google/gemini-2.5-flash-lite — ses_ccc
 //
 // An attempt with no session reads "no session"; a pending attempt shows
-// why it waits. The text has no trailing newline.
+// why it waits. A model the chain skipped because it was cooling
+// (WithHealth) reads, before the attempt that moved past it:
+//
+//   - Skipped openai/gpt-5.4-mini before attempt 2 — cooling (rate_limited) until 2026-12-02T10:00:30Z
+//
+// The text has no trailing newline.
 func Timeline(t Task) string {
 	var b strings.Builder
 	b.WriteString("Background task attempts:")
+	skips := t.Skips
 	for _, a := range t.Attempts {
+		for len(skips) > 0 && skips[0].Attempt <= a.Number {
+			sk := skips[0]
+			skips = skips[1:]
+			b.WriteString("\n- Skipped " + sk.Model.String() + " before attempt " + strconv.Itoa(sk.Attempt) + " — cooling (" + textbound.OneLine(sk.Why, MaxTimelineErrorRunes) + ")")
+			if !sk.Until.IsZero() {
+				b.WriteString(" until " + sk.Until.UTC().Format(time.RFC3339))
+			}
+		}
 		b.WriteString("\n- Attempt ")
 		b.WriteString(strconv.Itoa(a.Number))
 		b.WriteString(" — ")

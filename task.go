@@ -43,6 +43,9 @@ type Task struct {
 	CurrentAttemptID string `json:"currentAttemptID"`
 	// Attempts are every attempt, in order, each as it is now.
 	Attempts []Attempt `json:"attempts"`
+	// Skips are the models the chain skipped because they were cooling
+	// (WithHealth), in order; nil when none was.
+	Skips []Skip `json:"skips,omitempty"`
 	// Revision grows by one for every change applied to the task.
 	Revision uint64 `json:"revision"`
 	// LaunchedAt is when the task was launched.

@@ -9,6 +9,8 @@
 //	POST /tasks/{id}/close        CloseTask: the task and its branch (a ClosureReport)
 //	POST /sessions/{id}/close     CloseBranch below a session (a ClosureReport)
 //	POST /tasks/{id}/extend       Extend, with {"prompt": "..."} ({"invocation": n})
+//	GET  /health                  model and provider health ({"kept": bool, "health": [...]})
+//	POST /health/reset            ResetHealth, with {"key": "provider/id" or "provider"} (204)
 //	GET  /                        the live view (View)
 //	GET  /view/...                the live view's detail pages and assets
 //
@@ -145,6 +147,8 @@ var codes = []struct {
 	{bgtask.ErrInvalidSpec, "invalid_spec", http.StatusBadRequest},
 	{bgtask.ErrBranchNotStopped, "branch_not_stopped", http.StatusConflict},
 	{bgtask.ErrStopPending, "stop_pending", http.StatusConflict},
+	{bgtask.ErrNotCooling, "not_cooling", http.StatusConflict},
+	{bgtask.ErrNoHealth, "no_health", http.StatusConflict},
 	{bgtask.ErrShutdown, "shutdown", http.StatusServiceUnavailable},
 	{bgtask.ErrJournal, "journal", http.StatusServiceUnavailable},
 	{context.DeadlineExceeded, "deadline_exceeded", http.StatusGatewayTimeout},
@@ -278,8 +282,41 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]int{"invocation": n})
 	}))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, healthOf(m))
+	})
+	mux.HandleFunc("POST /health/reset", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Key string `json:"key"`
+		}
+		if err := readJSON(ctx, w, r, &body); err != nil {
+			writeError(w, err)
+			return
+		}
+		if err := m.ResetHealth(ctx, body.Key); err != nil {
+			writeError(w, late(ctx, err))
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
 	mux.HandleFunc("GET /events", newHub(m, o).serve)
 	return newGuard(mux, o)
+}
+
+// HealthView is GET /health's answer: whether the Manager keeps health
+// (bgtask.WithHealth) and, if so, Manager.Health.
+type HealthView struct {
+	Kept   bool            `json:"kept"`
+	Health []bgtask.Health `json:"health"`
+}
+
+func healthOf(m *bgtask.Manager) HealthView {
+	h := m.Health()
+	v := HealthView{Kept: h != nil, Health: h}
+	if v.Health == nil {
+		v.Health = []bgtask.Health{}
+	}
+	return v
 }
 
 // pageJSON is a Page on the wire.

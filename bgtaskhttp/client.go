@@ -117,6 +117,18 @@ func (c *Client) call(ctx context.Context, method, path string, body, out any) e
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
+// Health returns the Manager's model and provider health (GET /health).
+func (c *Client) Health(ctx context.Context) (HealthView, error) {
+	var v HealthView
+	return v, c.call(ctx, http.MethodGet, "/health", nil, &v)
+}
+
+// ResetHealth ends a cooldown by hand (POST /health/reset), as
+// Manager.ResetHealth does: key is "provider/id" or "provider".
+func (c *Client) ResetHealth(ctx context.Context, key string) error {
+	return c.call(ctx, http.MethodPost, "/health/reset", map[string]string{"key": key}, nil)
+}
+
 // Snapshot returns every task (GET /snapshot).
 func (c *Client) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 	var s bgtask.Snapshot

@@ -1,6 +1,7 @@
 package bgtaskhttp
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
@@ -362,6 +363,45 @@ type pageData struct {
 	ReadOnly bool
 	Error    string
 	Detail   *detailData
+	Health   []healthRow // model and provider health, on the first page of all tasks
+}
+
+// healthRow is one line of the page's model health.
+type healthRow struct {
+	bgtask.Health
+	Key  string
+	Left string // how long its cooldown still lasts ("" when over)
+	Acts bool   // the page offers a reset
+}
+
+// healthRows are m's model and provider health for the page: those that
+// cool or wait for their probe first, at most healthShown.
+func healthRows(m *bgtask.Manager, now time.Time, acts bool) []healthRow {
+	var rows []healthRow
+	for _, h := range m.Health() {
+		r := healthRow{Health: h, Key: h.Key(), Acts: acts && h.State != bgtask.HealthHealthy}
+		if h.State == bgtask.HealthCooling && h.Until.After(now) {
+			r.Left = h.Until.Sub(now).Round(time.Second).String()
+		}
+		rows = append(rows, r)
+	}
+	slices.SortStableFunc(rows, func(a, b healthRow) int {
+		return cmp.Compare(healthRank(a.State), healthRank(b.State))
+	})
+	return rows[:min(len(rows), healthShown)]
+}
+
+// healthShown bounds the health rows on the page (GET /health has all).
+const healthShown = 50
+
+func healthRank(s bgtask.HealthState) int {
+	switch s {
+	case bgtask.HealthCooling:
+		return 0
+	case bgtask.HealthProbing:
+		return 1
+	}
+	return 2
 }
 
 type statusCount struct {
@@ -478,6 +518,9 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	}
 	if to < len(list) {
 		d.Next = f.query(f.Page + 1)
+	}
+	if !f.active() && f.Parent == "" && f.Page == 0 {
+		d.Health = healthRows(v.m, pt.now, pt.acts)
 	}
 	v.render(w, http.StatusOK, "page", d)
 }

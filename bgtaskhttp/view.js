@@ -82,6 +82,7 @@ const asks = {
   cancel: id => `Cancel task ${id}? Its child session is aborted; the task shows cancelled once the child has stopped.`,
   close: id => `Close the branch of task ${id}? The task and every task it launched, at any depth, are stopped, and no new task may start in it while it closes.`,
   extend: id => `Send task ${id} another prompt? Its answer is delivered once, in order.`,
+  reset: key => `End the cooldown of ${key} by hand? Tasks waiting for it look again at once; the reset is recorded.`,
 };
 const paths = { cancel: "cancel", close: "close", extend: "extend" };
 let pending = null;
@@ -108,13 +109,18 @@ document.addEventListener("DOMContentLoaded", () => {
     if (!pending) { dlg.close(); return; }
     const { action, id } = pending;
     const init = { method: "POST", headers: {} };
+    let url = `/tasks/${encodeURIComponent(id)}/${paths[action]}`;
     if (action === "extend") {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify({ prompt: $("textarea", dlg).value });
+    } else if (action === "reset") {
+      url = "/health/reset";
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify({ key: id });
     }
     $(".answer", dlg).textContent = "working…";
     try {
-      const r = await fetch(`/tasks/${encodeURIComponent(id)}/${paths[action]}`, init);
+      const r = await fetch(url, init);
       if (r.ok) {
         pending = null;
         dlg.close();

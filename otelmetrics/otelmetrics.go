@@ -22,6 +22,8 @@
 //     (its caller's context ended), shutdown or journal_failed;
 //   - bgtask.closure.runs (by, result: stopped, failed, stopping): the
 //     runs closures asked to stop, by what became of them;
+//   - bgtask.health.changes (key, state, why): a model's or provider's
+//     health changed (bgtask.WithHealth);
 //   - bgtask.recoveries: restarts recovered from a journal;
 //     bgtask.recovery.runs (outcome: readopted, ended, interrupted,
 //     stopped, started): the runs live at the crash, each counted once, in
@@ -60,6 +62,7 @@ type Metrics struct {
 	stops                                                                      metric.Int64Counter
 	closuresBegun, closuresEnded, closureRuns                                  metric.Int64Counter
 	closure                                                                    metric.Float64Histogram
+	healthChanges                                                              metric.Int64Counter
 	recoveries, recoveryRuns, recoveryRetries, recoveryNotes, recoveryClosures metric.Int64Counter
 	recovery                                                                   metric.Float64Histogram
 }
@@ -103,6 +106,7 @@ func New(meter metric.Meter) (*Metrics, error) {
 	m.closureRuns = counter("bgtask.closure.runs", "runs branch closures asked to stop, by what became of them")
 	m.closure = seconds("bgtask.closure.duration", "time a branch closure's fence was up, by what began it and how it ended")
 	m.recoveries = counter("bgtask.recoveries", "restarts recovered from a journal")
+	m.healthChanges = counter("bgtask.health.changes", "a model's or provider's health changed")
 	m.recoveryRuns = counter("bgtask.recovery.runs", "runs live at a crash, by what the recovery made of them")
 	m.recoveryRetries = counter("bgtask.recovery.retries", "recorded retries whose next attempt a recovery made")
 	m.recoveryNotes = counter("bgtask.recovery.notifications", "notifications a recovery queued again, produced or kept undelivered")
@@ -182,6 +186,14 @@ func (m *Metrics) ClosureEnded(c bgtask.ClosureSummary, d time.Duration) {
 			m.closureRuns.Add(bg, int64(r.n), metric.WithAttributes(by, attribute.String("result", r.result)))
 		}
 	}
+}
+
+func (m *Metrics) HealthChanged(h bgtask.Health) {
+	attrs := []attribute.KeyValue{attribute.String("key", h.Key()), attribute.String("state", string(h.State))}
+	if h.Why != "" {
+		attrs = append(attrs, attribute.String("why", h.Why))
+	}
+	m.healthChanges.Add(bg, 1, metric.WithAttributes(attrs...))
 }
 
 func (m *Metrics) Recovered(c bgtask.RecoveryCounts, d time.Duration) {

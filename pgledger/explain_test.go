@@ -226,6 +226,8 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "claimKey", sql: claimKeySQL, args: s("'big'", "'k-500'", "'m-0'", "'t-new'", "'1 minute'")},
 		{name: "claimKey: its holder", sql: `SELECT task_id FROM bgtask_keys WHERE ledger = $1 AND key = $2`, args: s("'big'", "'k-500'")},
 		{name: "releaseKey", sql: `DELETE FROM bgtask_keys WHERE ledger = $1 AND key = $2 AND task_id = $3`, args: s("'big'", "'k-500'", "'t-new'")},
+		{name: "health: a cooldown begun", sql: coolDownSQL, args: s("'big'", "'p/one'", "now()", "now() + interval '30 seconds'", "'rate_limited'")},
+		{name: "health: the fleet's cooldowns", sql: cooldownsSQL, args: s("'big'")},
 
 		// ClosureRecords: the fence, the scope, the stops, the record.
 		{name: "admit (bgtask_admit_all)", sql: `SELECT bgtask_admit_all($1, $2, $3, $4, $5::interval)`,

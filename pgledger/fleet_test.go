@@ -15,12 +15,12 @@ import (
 
 // nodes joins n nodes (members w0, w1, …) of the fixture's ledger on one
 // session service, closed at the test's end.
-func (f *fixture) nodes(svc *service, n int, lease time.Duration) []*Node {
+func (f *fixture) nodes(svc *service, n int, lease time.Duration, opts ...bgtask.Option) []*Node {
 	f.t.Helper()
 	out := make([]*Node, n)
 	for i := range out {
 		node, err := Join(context.Background(), f.pool, NodeOptions{Ledger: f.ledger, Member: fmt.Sprintf("w%d", i),
-			Lease: lease, Host: svc, Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{f.t}, nil)), took: func(m string) { tell(f.took)(took{i, m}) }, drained: tell(f.drained), stopped: tell(f.stopped)})
+			Lease: lease, Host: svc, Poll: 50 * time.Millisecond, Options: opts, Logger: slog.New(slog.NewTextHandler(tlog{f.t}, nil)), took: func(m string) { tell(f.took)(took{i, m}) }, drained: tell(f.drained), stopped: tell(f.stopped)})
 		require.NoError(f.t, err)
 		closeAtEnd(f.t, node)
 		out[i] = node

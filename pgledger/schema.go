@@ -704,6 +704,19 @@ $$;
 	`
 ALTER TABLE bgtask_outbox ADD COLUMN ready boolean NOT NULL DEFAULT false;
 `,
+	// 7: the fleet's model and provider health (bgtask.HealthStore): each
+	// key's latest cooldown, written by the Manager that began it, read by
+	// every Manager of the ledger.
+	`
+CREATE TABLE bgtask_health (
+	ledger   text        NOT NULL,
+	key      text        NOT NULL,
+	since    timestamptz NOT NULL,
+	until    timestamptz NOT NULL,
+	why      text        NOT NULL,
+	PRIMARY KEY (ledger, key)
+);
+`,
 }
 
 // schemaLock is the advisory lock key migrations run under, so that two

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/bgtask/bgtask"
 )
@@ -25,14 +26,16 @@ type host struct {
 	blocked    map[string]chan struct{}
 	changed    chan struct{} // closed when blocked changes; nil while nobody waits
 	aborts     map[string]int
-	created    map[string]bool // sessions StartSession returned
-	confirmed  map[string]bool // sessions whose abort returned nil
-	abortsFail bool            // mode: every abort fails
-	reliable   bool            // mode: nothing fails or hangs (the final drain)
+	created    map[string]bool      // sessions StartSession returned
+	confirmed  map[string]bool      // sessions whose abort returned nil
+	abortsFail bool                 // mode: every abort fails
+	reliable   bool                 // mode: nothing fails or hangs (the final drain)
+	throttle   map[string]time.Time // provider → the end of its window of 429s (health)
+	now        func() time.Time
 }
 
 func newHost(seed int64) *host {
-	return &host{seed: seed, blocked: map[string]chan struct{}{}, aborts: map[string]int{}, created: map[string]bool{}, confirmed: map[string]bool{}}
+	return &host{seed: seed, blocked: map[string]chan struct{}{}, aborts: map[string]int{}, created: map[string]bool{}, confirmed: map[string]bool{}, throttle: map[string]time.Time{}}
 }
 
 func (h *host) decide(parts ...string) int {
@@ -119,7 +122,11 @@ func (h *host) StartSession(ctx context.Context, req bgtask.SessionRequest) (str
 	d := h.decide("start", req.AttemptID)
 	h.mu.Lock()
 	reliable := h.reliable
+	throttled := h.throttled(req.Model.Provider)
 	h.mu.Unlock()
+	if throttled != nil && !reliable {
+		return "", throttled
+	}
 	if !reliable {
 		if d%7 == 0 { // the child talks before the start returns
 			_ = h.m.Load().Observe(bgtask.Event{AttemptID: req.AttemptID, Kind: bgtask.SessionBusy})

@@ -49,6 +49,9 @@ type Options struct {
 	// once the journal of the crashed life was closed. Unset, a journal
 	// in memory is used in a third of the runs.
 	Journal func() (bgtask.Journal, error)
+	// Health turns health on (WithHealth, with throttling providers) in
+	// every run; unset, a run's own stream turns it on in half of them.
+	Health bool
 }
 
 // prompts reports whether the Host the Manager was given can prompt.
@@ -133,6 +136,15 @@ type world struct {
 	specs     map[string]bgtask.Spec // each task's spec, by id (its timeouts)
 	gate      *gate                  // the live process's connection to the world
 	journal   *memJournal            // with "restarts": what outlives a process
+	// With "health": the policy, its own random stream (a run without
+	// health draws from rng exactly as before health was simulated), this
+	// process life's HealthChanged log, the skips checked, and when each
+	// run waiting for a cooldown was first seen waiting.
+	hrng      *rand.Rand
+	health    *bgtask.HealthPolicy
+	hlog      *healthLog
+	skipsSeen map[string]bool
+	waitSince map[string]time.Time
 	restarted bool
 }
 
@@ -165,7 +177,9 @@ func Run(opts Options) (trace []string, err error) {
 		ended:    map[string]bool{},
 		closures: map[int]*closureCall{},
 		specs:    map[string]bgtask.Spec{},
+		hrng:     rand.New(rand.NewPCG(opts.Seed, 0x6a09e667f3bcc908)),
 	}
+	w.host.now = w.clock.Now
 	cfg := []bgtask.Option{
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithClock(w.clock),
@@ -210,9 +224,16 @@ func Run(opts Options) (trace []string, err error) {
 		cfg = append(cfg, bgtask.WithJournal(w.journal))
 		features = append(features, "restarts")
 	}
+	if w.hrng.IntN(2) == 0 || opts.Health {
+		p := w.healthPolicy()
+		w.health = &p
+		w.skipsSeen, w.waitSince = map[string]bool{}, map[string]time.Time{}
+		cfg = append(cfg, bgtask.WithHealth(p))
+		features = append(features, "health")
+	}
 	w.cfg = cfg
 	w.gate = &gate{h: w.host, n: w.notes}
-	m, err := bgtask.Open(context.Background(), w.hostFor(w.gate), append(cfg[:len(cfg):len(cfg)], bgtask.WithNotifier(w.gate))...)
+	m, err := bgtask.Open(context.Background(), w.hostFor(w.gate), w.lifeOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -222,6 +243,10 @@ func Run(opts Options) (trace []string, err error) {
 	w.log("start: %v", features)
 
 	for w.step = 1; w.step <= opts.Steps && w.fail == nil; w.step++ {
+		if w.health != nil {
+			w.weather()
+			w.quiesce() // what a reset set off has settled before the act
+		}
 		w.act()
 		w.quiesce()
 		w.check()
@@ -718,6 +743,9 @@ func (w *world) check() {
 	w.checkNotifications(tasks, false)
 	w.checkClosures(tasks)
 	w.checkTree(tasks)
+	if w.health != nil {
+		w.checkHealth(tasks)
+	}
 	if w.opts.Check != nil {
 		if err := w.opts.Check(w.m, tasks); err != nil {
 			w.failf("the caller's invariant: %v", err)
@@ -999,6 +1027,18 @@ func (w *world) finish() {
 	}
 }
 
+// lifeOptions are the options of a process life: the run's, its gate as
+// the notifier and, with health, a HealthChanged log of its own (a new
+// life's health starts anew).
+func (w *world) lifeOptions() []bgtask.Option {
+	opts := append(w.cfg[:len(w.cfg):len(w.cfg)], bgtask.WithNotifier(w.gate))
+	if w.health != nil {
+		w.hlog = newHealthLog(w.clock.Now, w.health.ProbeTimeout)
+		opts = append(opts, bgtask.WithMetrics(w.hlog))
+	}
+	return opts
+}
+
 // restart kills the harness process (nothing it does from now on is
 // durable or reaches the world) and starts the next one on the same
 // journal, as a crash and a restart would.
@@ -1017,7 +1057,7 @@ func (w *world) restart() {
 		return
 	}
 	w.gate = &gate{h: w.host, n: w.notes}
-	m, err := bgtask.Open(context.Background(), w.hostFor(w.gate), append(w.cfg[:len(w.cfg):len(w.cfg)], bgtask.WithNotifier(w.gate))...)
+	m, err := bgtask.Open(context.Background(), w.hostFor(w.gate), w.lifeOptions()...)
 	if err != nil {
 		w.failf("restart: %v", err)
 		return

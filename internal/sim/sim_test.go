@@ -21,7 +21,7 @@ var (
 
 func TestSim(t *testing.T) {
 	run := func(t *testing.T, s uint64) {
-		tr, err := Run(Options{Seed: s, Steps: *steps})
+		tr, err := Run(Options{Seed: s, Steps: *steps, Health: *health})
 		if *trace {
 			t.Logf("seed %d:\n%s", s, strings.Join(tr, "\n"))
 		}
@@ -43,5 +43,18 @@ func TestSim(t *testing.T) {
 				run(t, uint64(s))
 			}
 		})
+	}
+}
+
+var health = flag.Bool("sim.health", false, "turn health on (throttling providers) in every run")
+
+// TestSimHealth runs seeds with health on in each: providers throttle and
+// recover, and no skip or wait breaks the policy.
+func TestSimHealth(t *testing.T) {
+	n := *seeds / 4
+	for s := range n {
+		if _, err := Run(Options{Seed: uint64(1000 + s), Steps: *steps, Health: true}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
