@@ -169,28 +169,13 @@ func (w *world) weather() {
 	}
 }
 
-// checkHealth: every skip first seen now was of a model (or provider)
-// that kept attempts off at that moment; no attempt has waited for a
-// cooldown longer than MaxWait.
+// checkHealth: the skips first seen now (checkSkips); no attempt has
+// waited for a cooldown longer than MaxWait, across restarts too.
 func (w *world) checkHealth(tasks []bgtask.Task) {
+	w.checkSkips(tasks)
 	now := w.clock.Now()
 	waiting := map[string]bool{}
 	for _, t := range tasks {
-		for _, sk := range t.Skips {
-			id := fmt.Sprintf("%s/%d/%s/%s", t.ID, sk.Attempt, sk.Model, sk.At.Format(time.RFC3339Nano))
-			if w.skipsSeen[id] {
-				continue
-			}
-			w.skipsSeen[id] = true
-			key := sk.Model.Provider + "/" + sk.Model.ID
-			if len(sk.Why) > len("provider ") && sk.Why[:len("provider ")] == "provider " {
-				key = sk.Model.Provider
-			}
-			if !w.hlog.covers(key, sk.At) {
-				w.failf("%s attempt %d skipped %s at %s (%q), but %s was not cooling then; it kept attempts off %s",
-					t.ID, sk.Attempt, sk.Model, sk.At, sk.Why, key, w.hlog.spans(key))
-			}
-		}
 		cur := t.Current()
 		if cur.Status != bgtask.StatusPending || cur.Pending != bgtask.PendingCooldown {
 			continue
@@ -208,6 +193,29 @@ func (w *world) checkHealth(tasks []bgtask.Task) {
 	for tok := range w.waitSince {
 		if !waiting[tok] {
 			delete(w.waitSince, tok)
+		}
+	}
+}
+
+// checkSkips: every skip first seen now was of a model (or provider) that
+// kept attempts off at that moment, as this life's log says. A restart
+// checks the dying life's skips against its own log first (restart).
+func (w *world) checkSkips(tasks []bgtask.Task) {
+	for _, t := range tasks {
+		for _, sk := range t.Skips {
+			id := fmt.Sprintf("%s/%d/%s/%s", t.ID, sk.Attempt, sk.Model, sk.At.Format(time.RFC3339Nano))
+			if w.skipsSeen[id] {
+				continue
+			}
+			w.skipsSeen[id] = true
+			key := sk.Model.Provider + "/" + sk.Model.ID
+			if len(sk.Why) > len("provider ") && sk.Why[:len("provider ")] == "provider " {
+				key = sk.Model.Provider
+			}
+			if !w.hlog.covers(key, sk.At) {
+				w.failf("%s attempt %d skipped %s at %s (%q), but %s was not cooling then; it kept attempts off %s",
+					t.ID, sk.Attempt, sk.Model, sk.At, sk.Why, key, w.hlog.spans(key))
+			}
 		}
 	}
 }

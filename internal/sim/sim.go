@@ -1049,9 +1049,19 @@ func (w *world) restart() {
 	w.journal.mu.Unlock()
 	w.gate.dead.Store(true)
 	old := w.m
+	var dying []bgtask.Task
+	if w.health != nil {
+		dying = old.Snapshot().Tasks
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	_ = old.Shutdown(ctx) // the dead process's goroutines, joined (the test's, not the world's)
 	cancel()
+	if w.health != nil {
+		// Skips the dying life made since the last check (its last records
+		// may replay in the next) were made by its health, not the next's:
+		// checked against its log, once its last measures were told.
+		w.checkSkips(dying)
+	}
 	if err := w.journal.reopen(); err != nil {
 		w.failf("restart: reopening the journal: %v", err)
 		return
