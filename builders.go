@@ -126,6 +126,7 @@ func (l *ledger) finalRecord(e *entry, attemptID string, status Status, errText,
 	a.CompletedAt = at
 	rec := record{kind: recAttemptFinal, at: at, attempt: a}
 	rec.evidence, _ = e.reported(a.Token)
+	rec.evidence.budget = budgetNotice(e.budgetState()) // the figures as the run ends: its envelope's notice
 	return rec, err
 }
 

@@ -337,6 +337,9 @@ func (m *Manager) commit(e *entry, recs ...record) bool {
 		n++
 	}
 	m.follow(e, was, recs[:n], n == len(recs))
+	if len(m.led.crossings) > 0 {
+		m.budgetCrossed()
+	}
 	return n == len(recs)
 }
 

@@ -260,6 +260,9 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	if wait, err := m.treeAdmit(in); wait != nil || err != nil {
 		return reply{wait: wait, err: err}
 	}
+	if err := m.budgetAdmit(info); err != nil {
+		return reply{err: err}
+	}
 	if info.opt().continues != "" {
 		if err := m.continuation(info); err != nil {
 			return reply{err: err}

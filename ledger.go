@@ -65,6 +65,10 @@ type ledger struct {
 	// lastChain is the model chain of the latest launch: a launch with
 	// the same chain (most of a harness's) shares it (chain).
 	lastChain []Model
+	// crossings are the budget thresholds the records just written
+	// reached, for the Manager to act on (budgetCrossed); a replay's are
+	// dropped, acted on in their own life.
+	crossings []crossing
 }
 
 func newLedger(ids IDGenerator) *ledger {
@@ -342,7 +346,7 @@ func (l *ledger) apply(rec record) (*entry, error) {
 // appends it and updates the projection. It is the only writer of attempts
 // and indexes.
 func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
-	if e.cold != "" {
+	if e.cold != "" && rec.kind != recUsage { // usage reads the attempts only: a frozen task stays so
 		l.thaw(e) // rare: a record for a frozen task (it is frozen again once it settles)
 	}
 	if err := l.check(e, ref, rec); err != nil {
@@ -366,7 +370,14 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 // update applies a checked record to e's projection and the indexes.
 func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 	switch rec.kind {
+	case recTaskLaunched:
+		l.linkBudget(e)
+	case recUsage:
+		l.countUsage(e, rec)
 	case recAttemptCreated:
+		if e.current >= 0 { // a retry: the task lives again
+			defer l.budgetLive(e, true)
+		}
 		if len(e.attempts) == cap(e.attempts) && e.info.maxAttempts > len(e.attempts) {
 			// Out of first's room: make room for every attempt the task may
 			// make, once (for a few: MaxAttempts has no upper bound, and a
@@ -391,8 +402,12 @@ func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 		switch rec.kind {
 		case recSessionBound:
 			l.indexSession(e, ref, rec.attempt.SessionID)
+			l.budgetRan(e)
 		case recAttemptFinal:
 			e.evidence = rec.evidence
+			if ref.index == e.current {
+				l.budgetLive(e, false)
+			}
 		}
 		e.revision++
 	case recSessionOrphan:
@@ -457,6 +472,8 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		return nil
 	case recStopWithdrawn:
 		return nil
+	case recUsage:
+		return checkUsage(l, e, rec)
 	}
 	return l.checkAttemptWrite(e, ref, rec)
 }

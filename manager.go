@@ -293,7 +293,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		c := rv.closing[seq]
 		var err error
 		if c.task != "" {
-			_, err = m.closeTask(ctx, c.task, closedByRestart)
+			_, err = m.closeTask(ctx, c.task, m.restartedBy(c.task))
 		} else {
 			_, err = m.closeBranch(ctx, c.root, closedByRestart)
 		}
@@ -307,6 +307,9 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.logAttrs(slog.LevelWarn, "bgtask: finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", safeText(err)))
 		}
 	}
+	m.mu.Lock()
+	m.restopBudgets() // a spent budget's branch with a run that outlived its closure: stopped again
+	_ = m.unlock()
 	if rv.restart {
 		m.mu.Lock()
 		rv.counts.Closures = closures

@@ -55,6 +55,13 @@ type Metrics interface {
 	// HealthChanged: a model's or provider's health changed (WithHealth):
 	// a cooldown began or was moved, its probe was let through, it ended.
 	HealthChanged(h Health)
+	// UsageReported: an attempt of task id, on model, reported usage u
+	// (a delta: Event.Usage, Run.Usage), late reports of ended runs
+	// included.
+	UsageReported(id string, model Model, u Usage)
+	// BudgetCrossed: budget s reached its soft threshold (hard false) or
+	// a hard limit (hard, s.Exceeded names it: its branch is stopped).
+	BudgetCrossed(s BudgetState, hard bool)
 }
 
 // ClosureSummary is a branch closure as Metrics.ClosureBegun and
@@ -182,6 +189,12 @@ func (NopMetrics) Recovered(RecoveryCounts, time.Duration) {}
 
 // HealthChanged records nothing.
 func (NopMetrics) HealthChanged(Health) {}
+
+// UsageReported records nothing.
+func (NopMetrics) UsageReported(string, Model, Usage) {}
+
+// BudgetCrossed records nothing.
+func (NopMetrics) BudgetCrossed(BudgetState, bool) {}
 
 // measure queues a call of the Metrics for once m.mu is released. m.mu is
 // held; call it only with m.cfg.metrics set.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -37,6 +38,7 @@ const (
 	recModelSkipped                             // the pending attempt's model was cooling: it moves to the chain's next (WithHealth)
 	recHealthReset                              // a harness reset a model's or provider's health by hand (manager-wide)
 	recCooldownBegan                            // a model's or provider's cooldown began here, or its end moved (manager-wide, WithHealth)
+	recUsage                                    // an attempt reported usage (format 6): counted for it, its task and its budgets
 )
 
 var recordKindNames = [...]string{
@@ -62,6 +64,7 @@ var recordKindNames = [...]string{
 	recModelSkipped:       "model_skipped",
 	recHealthReset:        "health_reset",
 	recCooldownBegan:      "cooldown_began",
+	recUsage:              "usage",
 }
 
 func (k recordKind) String() string {
@@ -109,6 +112,7 @@ type recordExt struct {
 	opened  uint64         // recBranchClosed, recClosureDropped: the sequence of the closure's opening record
 	skip    *Skip          // recModelSkipped: the model skipped, why, until when (format 5)
 	cool    *coolRec       // recCooldownBegan: the cooldown (format 5)
+	usage   *usageRec      // recUsage: the attempt and what it used (format 6)
 }
 
 // noExt is the extension of a record that has none, for encoding one whose
@@ -124,6 +128,7 @@ type evidence struct {
 	noText bool
 	reason Reason
 	notice string // a fact that rides the answer (the children gate released it degraded)
+	budget string // the budget's figures when the attempt ended (format 6): the envelope's notice
 }
 
 // notice is a notification as the ledger records it: what was produced for
@@ -178,6 +183,9 @@ type taskExtra struct {
 	// and each run's wall-clock deadline (0: none).
 	timeout, attemptTimeout time.Duration
 	retryOnTimeout          bool
+	// budget is the task's own budget as granted (Spec.Budget, clamped
+	// at its launch; format 6).
+	budget *Budget
 }
 
 // noExtra is the taskExtra of a spec that set none of it. Never written.
@@ -234,8 +242,9 @@ func (ti *taskInfo) modelFor(n int) Model {
 // launch of a task with its own function does), so a journal without such
 // tasks is read by the releases before format 4. Format 5 adds a skipped
 // model (recModelSkipped) and a cooldown (recCooldownBegan), and only
-// such records are written in it.
-const recordFormat = 5
+// such records are written in it. Format 6 adds usage (recUsage), a
+// launch's budget and a final record's budget figures, likewise.
+const recordFormat = 6
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
 // length-prefixed strings, times with their zone offset).
@@ -250,12 +259,15 @@ func encodeRecord(rec *record) (Record, error) {
 func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	start := len(b)
 	w := codec.Writer{B: b}
-	format := byte(3) // 4 or 5 only when a record needs it (see recordFormat)
+	format := byte(3) // 4 to 6 only when a record needs it (see recordFormat)
 	if rec.recordExt != nil && rec.spec != nil && rec.spec.inProcess {
 		format = 4
 	}
 	if rec.recordExt != nil && (rec.skip != nil || rec.cool != nil) {
 		format = 5
+	}
+	if rec.evidence.budget != "" || (rec.recordExt != nil && (rec.usage != nil || (rec.spec != nil && rec.spec.opt().budget != nil))) {
+		format = 6
 	}
 	w.B = append(w.B, format)
 	w.Uint(rec.seq)
@@ -280,6 +292,9 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 		w.Bool(ev.noText)
 		w.String(string(ev.reason))
 		w.String(ev.notice)
+		if format >= 6 {
+			w.String(ev.budget)
+		}
 	}
 	w.Bool(rec.recordExt != nil || rec.inv != nil)
 	if x := rec.recordExt; x != nil || rec.inv != nil {
@@ -405,6 +420,67 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, format byte) erro
 	case x.spec != nil && x.spec.inProcess: // format 4 (encodeInto marks it)
 		w.Bool(true)
 	}
+	if format >= 6 {
+		encodeExt6(w, x)
+	}
+	return nil
+}
+
+// encodeExt6 writes what format 6 added: a launch's budget, a usage.
+func encodeExt6(w *codec.Writer, x *recordExt) {
+	var b *Budget
+	if x.spec != nil {
+		b = x.spec.opt().budget
+	}
+	w.Bool(b != nil)
+	if b != nil {
+		for _, n := range [...]int64{b.Tokens, int64(b.Cost), b.Requests, b.Spawns, int64(b.SoftPercent)} {
+			w.Uint(uint64(n))
+		}
+	}
+	w.Bool(x.usage != nil)
+	if u := x.usage; u != nil {
+		w.String(u.attempt)
+		for _, n := range [...]int64{u.u.InputTokens, u.u.OutputTokens, u.u.CachedTokens, u.u.Requests, int64(u.u.Cost)} {
+			w.Uint(uint64(n))
+		}
+	}
+}
+
+// decodeExt6 reads what encodeExt6 wrote into x.
+func decodeExt6(d *codec.Reader, x *recordExt) error {
+	figures := func(n int) ([]int64, error) {
+		out := make([]int64, n)
+		for i := range out {
+			v := d.Uint()
+			if v > math.MaxInt64 {
+				return nil, errors.New("a figure out of range")
+			}
+			out[i] = int64(v)
+		}
+		return out, nil
+	}
+	if d.Bool() {
+		f, err := figures(5)
+		if err != nil {
+			return fmt.Errorf("budget: %w", err)
+		}
+		if f[4] > math.MaxInt32 {
+			return errors.New("budget: a soft threshold out of range")
+		}
+		if b := (&Budget{Tokens: f[0], Cost: Cost(f[1]), Requests: f[2], Spawns: f[3], SoftPercent: int(f[4])}); x.spec != nil {
+			x.spec.extra().budget = b
+		}
+	}
+	if d.Bool() {
+		u := &usageRec{attempt: d.String()}
+		f, err := figures(5)
+		if err != nil {
+			return fmt.Errorf("usage: %w", err)
+		}
+		u.u = Usage{InputTokens: f[0], OutputTokens: f[1], CachedTokens: f[2], Requests: f[3], Cost: Cost(f[4])}
+		x.usage = u
+	}
 	return nil
 }
 
@@ -502,6 +578,9 @@ func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 		if format >= 2 {
 			rec.evidence.notice = d.String()
 		}
+		if format >= 6 {
+			rec.evidence.budget = d.String()
+		}
 	}
 	if d.Bool() {
 		x, inv, err := decodeExt(&d, format)
@@ -597,6 +676,11 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 		}
 		if d.Bool() {
 			x.cool = &coolRec{Cooldown: Cooldown{Key: d.String(), Since: d.Time(), Until: d.Time(), Why: d.String()}, inARow: int(d.Uint())}
+		}
+	}
+	if format >= 6 {
+		if err := decodeExt6(d, x); err != nil {
+			return nil, nil, err
 		}
 	}
 	return x, inv, nil

@@ -47,7 +47,7 @@ func (m *Manager) sweep() {
 		if !over && !old {
 			break
 		}
-		if l.liveBy[e.info.parent] > 0 || e.notesOut > 0 || len(m.closures.active) > 0 || l.launchedLive(e) {
+		if l.liveBy[e.info.parent] > 0 || e.notesOut > 0 || len(m.closures.active) > 0 || l.launchedLive(e) || e.pinned() {
 			l.ended[kept] = e // it must stay: looked at again next time
 			kept++
 			continue
@@ -243,6 +243,7 @@ func (l *ledger) freeze(e *entry) bool {
 	w.Bool(ev.noText)
 	w.String(string(ev.reason))
 	w.String(ev.notice)
+	w.String(ev.budget)
 	if cap(w.B) <= 4<<10 {
 		l.coldBuf = w.B // the scratch buffer, for the next
 	}
@@ -475,7 +476,7 @@ func (r *coldReader) sessions(atts []Attempt) []string {
 
 // evidence reads the evidence, after the sessions.
 func (r *coldReader) evidence() evidence {
-	return evidence{output: r.String(), finish: FinishReason(r.String()), noText: r.Bool(), reason: Reason(r.String()), notice: r.String()}
+	return evidence{output: r.String(), finish: FinishReason(r.String()), noText: r.Bool(), reason: Reason(r.String()), notice: r.String(), budget: r.String()}
 }
 
 // without is s less its first e (searched from the front: what is
