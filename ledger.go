@@ -172,7 +172,9 @@ func (l *ledger) replayOne(rec record) (*entry, error) {
 			return nil, err
 		}
 	}
-	return l.apply(rec)
+	e, err := l.apply(rec)
+	l.crossings = nil // each threshold was acted on in its own life, in the commit that reached it
+	return e, err
 }
 
 // checkTree refuses a replayed bind (or orphan) of a session to a task
@@ -208,6 +210,7 @@ func (l *ledger) checkTree(rec record) error {
 // drop takes back a task just opened whose first attempt could not be
 // written (a bug, logged): nothing may see a task without an attempt.
 func (l *ledger) drop(e *entry) {
+	l.budgetLive(e, false) // it never was: its reservation goes back
 	delete(l.tasks, e.id)
 	l.liveEnded(e)
 	l.unindex(e)

@@ -719,7 +719,6 @@ func replayLedger(recs []record) (*ledger, []toldNotice, error) {
 			return nil, nil, fmt.Errorf("bgtask: replay: record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
-	l.crossings = nil // each was acted on in its own life, in the commit that reached it
 	return l, notes, nil
 }
 
