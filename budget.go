@@ -459,33 +459,66 @@ func (m *Manager) budgetCrossed() {
 		if m.cfg.notifier != nil && m.led.tasks[holder.id] == holder {
 			m.notify(holder, NotifyBudget, budgetText(b.state(), c.hard))
 		}
-		if c.hard && b.live > 0 && m.led.tasks[holder.id] == holder {
-			m.stopBudget(holder)
+		if c.hard && b.live > 0 {
+			m.stopBudget(b)
 		}
 	}
 }
 
-// stopBudget closes the branch of holder, whose budget is spent: the
-// fence goes up at once, the passes run on a goroutine the Manager owns.
-// m.mu is held.
-func (m *Manager) stopBudget(holder *entry) {
-	root := sessionOf(holder)
-	c := m.openClosure(root, holder, closedByBudget)
-	if !m.effect(effect{kind: fxCascade, closure: c, session: root}) {
-		delete(m.closures.active, c)
-		m.signal()
-		m.closureEnded(c, ClosureReport{SessionID: root, TaskID: holder.id}, false, ErrShutdown)
+// stopBudget stops everything that spends from b, whose hard limit was
+// reached: the branch of the task that holds it, closed as a unit, and
+// any live task outside that branch that spends from it all the same (one
+// that continues a session of the branch, ContinueFrom), closed likewise.
+// The fences go up at once; the passes run on goroutines the Manager
+// owns. m.mu is held.
+func (m *Manager) stopBudget(b *budget) {
+	cs := []*closure{m.openClosure(sessionOf(b.owner), b.owner, closedByBudget)}
+	now := m.now()
+	for _, e := range m.order {
+		if e.terminal() || e.acct == nil || !spendsFrom(e.acct.bud, b) {
+			continue
+		}
+		// Its stop is asked now, in the commit that reached the limit:
+		// Fence fails for its run from here on, before any abort.
+		m.wantStop(e, budgetNote(e), now)
+		if !m.taskInBranch(e, cs[0]) {
+			c := m.openClosure(sessionOf(e), e, closedByBudget)
+			c.quiet = true
+			cs = append(cs, c)
+		}
+	}
+	for _, c := range cs {
+		if !m.effect(effect{kind: fxCascade, closure: c, session: c.root}) {
+			delete(m.closures.active, c) // after Shutdown nothing runs its passes
+			m.signal()
+			m.closureEnded(c, ClosureReport{SessionID: c.root, TaskID: c.task.id}, false, ErrShutdown)
+		}
 	}
 }
 
-// budgetNote is the stop a budget closure of holder asks: the budget and
-// the limit it reached.
-func budgetNote(holder *entry) *recordExt {
-	limit := ""
-	if holder.acct != nil && holder.acct.bud != nil && holder.acct.bud.owner == holder {
-		limit = holder.acct.bud.over
+// spendsFrom reports whether the chain of budgets from x up holds b.
+func spendsFrom(x, b *budget) bool {
+	for ; x != nil; x = x.up {
+		if x == b {
+			return true
+		}
 	}
-	return &recordExt{stop: StatusCancelled, note: noteBudget + limit + noteBudgetOf + holder.id}
+	return false
+}
+
+// budgetNote is the stop a budget closure of task e asks: the budget it
+// spends from that was spent (the innermost), and the limit reached.
+func budgetNote(e *entry) *recordExt {
+	holder, limit := e.id, ""
+	if e.acct != nil {
+		for b := e.acct.bud; b != nil; b = b.up {
+			if b.over != "" {
+				holder, limit = b.owner.id, b.over
+				break
+			}
+		}
+	}
+	return &recordExt{stop: StatusCancelled, note: noteBudget + limit + noteBudgetOf + holder}
 }
 
 // budgetText is what the parent is told of a threshold s reached.
@@ -565,7 +598,7 @@ func (m *Manager) restartedBy(id string) string {
 func (m *Manager) restopBudgets() {
 	for _, e := range m.order {
 		if a := e.acct; a != nil && a.bud != nil && a.bud.owner == e && a.bud.over != "" && a.bud.live > 0 && !m.closingTask(e) {
-			m.stopBudget(e)
+			m.stopBudget(a.bud)
 		}
 	}
 }

@@ -259,3 +259,18 @@ func usageLine(t Task) string {
 	}
 	return "\nUsage: " + t.Usage.Total.String()
 }
+
+// withoutUsage is text less its Timeline's usage line: what a check of a
+// notification made again from a later ledger compares (late reports
+// move the line).
+func withoutUsage(text string) string {
+	i := strings.Index(text, "\nUsage: ")
+	if i < 0 {
+		return text
+	}
+	j := strings.IndexByte(text[i+1:], '\n')
+	if j < 0 {
+		return text[:i]
+	}
+	return text[:i] + text[i+1+j:]
+}
