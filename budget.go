@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 )
 
 // Budget is what a tree of subagents may spend: set on a root launch
@@ -532,39 +531,60 @@ func budgetText(s BudgetState, hard bool) string {
 // budgetFigures is s in one line: what was spent of each limit, and what
 // is left.
 func budgetFigures(s BudgetState) string {
-	var spent, left []string
-	add := func(name string, used, limit, rest int64, cost bool) {
-		f := func(n int64) string {
-			if cost {
-				return Cost(n).String()
-			}
-			return strconv.FormatInt(n, 10)
-		}
-		if limit > 0 {
-			spent = append(spent, f(used)+" of "+f(limit)+" "+name)
-		} else if used > 0 {
-			spent = append(spent, f(used)+" "+name)
-		}
-		if rest >= 0 {
-			left = append(left, f(rest)+" "+name)
-		}
+	type fig struct {
+		name              string
+		used, limit, rest int64
 	}
-	add("tokens", s.Spent.Tokens(), s.Limit.Tokens, s.Left.Tokens, false)
-	add("cost", int64(s.Spent.Cost), int64(s.Limit.Cost), int64(s.Left.Cost), true)
-	add("requests", s.Spent.Requests, s.Limit.Requests, s.Left.Requests, false)
-	add("spawns", s.Spawned, s.Limit.Spawns, s.Left.Spawns, false)
-	out := "Spent: " + orNothing(spent) + "."
-	if len(left) > 0 {
-		out += " Left: " + strings.Join(left, ", ") + "."
+	figs := [...]fig{
+		{"tokens", s.Spent.Tokens(), s.Limit.Tokens, s.Left.Tokens},
+		{"cost", int64(s.Spent.Cost), int64(s.Limit.Cost), int64(s.Left.Cost)},
+		{"requests", s.Spent.Requests, s.Limit.Requests, s.Left.Requests},
+		{"spawns", s.Spawned, s.Limit.Spawns, s.Left.Spawns},
 	}
-	return out
-}
-
-func orNothing(s []string) string {
-	if len(s) == 0 {
-		return "nothing"
+	num := func(b []byte, f *fig, n int64) []byte {
+		if f.name == "cost" {
+			return appendCost(b, Cost(n))
+		}
+		return strconv.AppendInt(b, n, 10)
 	}
-	return strings.Join(s, ", ")
+	b := append(make([]byte, 0, 160), "Spent: "...)
+	n := 0
+	for i := range figs {
+		f := &figs[i]
+		if f.limit <= 0 && f.used <= 0 {
+			continue
+		}
+		if n++; n > 1 {
+			b = append(b, ", "...)
+		}
+		b = num(b, f, f.used)
+		if f.limit > 0 {
+			b = append(b, " of "...)
+			b = num(b, f, f.limit)
+		}
+		b = append(append(b, ' '), f.name...)
+	}
+	if n == 0 {
+		b = append(b, "nothing"...)
+	}
+	b = append(b, '.')
+	n = 0
+	for i := range figs {
+		f := &figs[i]
+		if f.rest < 0 {
+			continue
+		}
+		if n++; n == 1 {
+			b = append(b, " Left: "...)
+		} else {
+			b = append(b, ", "...)
+		}
+		b = append(append(num(b, f, f.rest), ' '), f.name...)
+	}
+	if n > 0 {
+		b = append(b, '.')
+	}
+	return string(b)
 }
 
 // budgetNotice is the envelope's one line on s: what the tree spent and

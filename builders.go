@@ -126,7 +126,6 @@ func (l *ledger) finalRecord(e *entry, attemptID string, status Status, errText,
 	a.CompletedAt = at
 	rec := record{kind: recAttemptFinal, at: at, attempt: a}
 	rec.evidence, _ = e.reported(a.Token)
-	rec.evidence.budget = budgetNotice(e.budgetState()) // the figures as the run ends: its envelope's notice
 	return rec, err
 }
 
@@ -141,7 +140,7 @@ func (l *ledger) retryRecords(e *entry, errText string, at time.Time) ([3]record
 	if err != nil {
 		return [3]record{}, err
 	}
-	final, err := l.finalRecord(e, e.cur().ID, StatusError, errText, "", at)
+	final, err := l.finalRecord(e, e.cur().ID, StatusError, errText, "", at) // no budget figures: a retry follows
 	if err != nil {
 		return [3]record{}, err
 	}
@@ -189,7 +188,9 @@ func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time
 }
 
 func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, result string, at time.Time) error {
-	return l.build(e)(l.finalRecord(e, attemptID, status, errText, result, at))
+	rec, err := l.finalRecord(e, attemptID, status, errText, result, at)
+	rec.evidence.budget = budgetNotice(e.budgetState())
+	return l.build(e)(rec, err)
 }
 
 // scheduleRetry writes retryRecords and returns the failed and the next

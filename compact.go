@@ -72,7 +72,7 @@ func (m *Manager) snapshotRecords() []record {
 				bound[a.SessionID] = true
 			}
 			if u := e.acct; u != nil && i < len(u.byAttempt) && !u.byAttempt[i].IsZero() { // what it used, summed
-				add(record{kind: recUsage, task: e.id, at: ti.launchedAt, recordExt: &recordExt{usage: &usageRec{attempt: a.ID, u: u.byAttempt[i]}}})
+				add(record{kind: recUsage, task: e.id, at: ti.launchedAt, usage: &usageRec{attempt: a.ID, u: u.byAttempt[i]}})
 			}
 			if i == e.current && e.inv != nil { // while the task is live, as they were made
 				for _, r := range e.inv.records(e.id) {

@@ -206,7 +206,7 @@ func describe(rec *record) string {
 		rec.kind == recAnswerFiled && rec.inv.Answer == nil,
 		rec.kind == recModelSkipped && x.skip == nil,
 		rec.kind == recCooldownBegan && x.cool == nil,
-		rec.kind == recUsage && x.usage == nil:
+		rec.kind == recUsage && rec.usage == nil:
 		return rec.kind.String() + " (incomplete)"
 	}
 	n := "attempt " + strconv.Itoa(a.Number)
@@ -218,7 +218,7 @@ func describe(rec *record) string {
 		}
 		return s
 	case recUsage:
-		return "attempt " + x.usage.attempt + " used " + x.usage.u.String()
+		return "attempt " + rec.usage.attempt + " used " + rec.usage.u.String()
 	case recAttemptCreated:
 		return n + " created on " + a.Model.String()
 	case recAttemptPending:

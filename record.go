@@ -94,6 +94,9 @@ type record struct {
 	// recAnswerFiled: with its answer) is inline: a round trip of Extend
 	// writes two such records, and they need nothing else.
 	inv *Invocation
+	// usage (recUsage: the attempt and what it used) is inline too: a
+	// usage report writes that record alone.
+	usage *usageRec
 	// *recordExt holds what only some kinds carry; attempt records, by far
 	// the most, carry none.
 	*recordExt
@@ -112,7 +115,6 @@ type recordExt struct {
 	opened  uint64         // recBranchClosed, recClosureDropped: the sequence of the closure's opening record
 	skip    *Skip          // recModelSkipped: the model skipped, why, until when (format 5)
 	cool    *coolRec       // recCooldownBegan: the cooldown (format 5)
-	usage   *usageRec      // recUsage: the attempt and what it used (format 6)
 }
 
 // noExt is the extension of a record that has none, for encoding one whose
@@ -266,7 +268,7 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	if rec.recordExt != nil && (rec.skip != nil || rec.cool != nil) {
 		format = 5
 	}
-	if rec.evidence.budget != "" || (rec.recordExt != nil && (rec.usage != nil || (rec.spec != nil && rec.spec.opt().budget != nil))) {
+	if rec.evidence.budget != "" || rec.usage != nil || (rec.recordExt != nil && rec.spec != nil && rec.spec.opt().budget != nil) {
 		format = 6
 	}
 	w.B = append(w.B, format)
@@ -296,12 +298,12 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 			w.String(ev.budget)
 		}
 	}
-	w.Bool(rec.recordExt != nil || rec.inv != nil)
-	if x := rec.recordExt; x != nil || rec.inv != nil {
+	w.Bool(rec.recordExt != nil || rec.inv != nil || rec.usage != nil)
+	if x := rec.recordExt; x != nil || rec.inv != nil || rec.usage != nil {
 		if x == nil {
 			x = &noExt
 		}
-		if err := encodeExt(&w, x, rec.inv, format); err != nil {
+		if err := encodeExt(&w, x, rec.inv, rec.usage, format); err != nil {
 			return Record{}, b, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
@@ -319,7 +321,7 @@ func recordOf(rec *record, data []byte) Record {
 }
 
 // encodeExt writes the part of a record only some kinds carry.
-func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, format byte) error {
+func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, use *usageRec, format byte) error {
 	w.Bool(x.spec != nil)
 	if ti := x.spec; ti != nil {
 		for _, f := range [...]string{ti.id, ti.parent, ti.description, ti.agent, ti.prompt} {
@@ -421,13 +423,13 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, format byte) erro
 		w.Bool(true)
 	}
 	if format >= 6 {
-		encodeExt6(w, x)
+		encodeExt6(w, x, use)
 	}
 	return nil
 }
 
 // encodeExt6 writes what format 6 added: a launch's budget, a usage.
-func encodeExt6(w *codec.Writer, x *recordExt) {
+func encodeExt6(w *codec.Writer, x *recordExt, use *usageRec) {
 	var b *Budget
 	if x.spec != nil {
 		b = x.spec.opt().budget
@@ -438,8 +440,8 @@ func encodeExt6(w *codec.Writer, x *recordExt) {
 			w.Uint(uint64(n))
 		}
 	}
-	w.Bool(x.usage != nil)
-	if u := x.usage; u != nil {
+	w.Bool(use != nil)
+	if u := use; u != nil {
 		w.String(u.attempt)
 		for _, n := range [...]int64{u.u.InputTokens, u.u.OutputTokens, u.u.CachedTokens, u.u.Requests, int64(u.u.Cost)} {
 			w.Uint(uint64(n))
@@ -447,8 +449,8 @@ func encodeExt6(w *codec.Writer, x *recordExt) {
 	}
 }
 
-// decodeExt6 reads what encodeExt6 wrote into x.
-func decodeExt6(d *codec.Reader, x *recordExt) error {
+// decodeExt6 reads what encodeExt6 wrote into x, and the usage.
+func decodeExt6(d *codec.Reader, x *recordExt) (*usageRec, error) {
 	figures := func(n int) ([]int64, error) {
 		out := make([]int64, n)
 		for i := range out {
@@ -463,10 +465,10 @@ func decodeExt6(d *codec.Reader, x *recordExt) error {
 	if d.Bool() {
 		f, err := figures(5)
 		if err != nil {
-			return fmt.Errorf("budget: %w", err)
+			return nil, fmt.Errorf("budget: %w", err)
 		}
 		if f[4] > math.MaxInt32 {
-			return errors.New("budget: a soft threshold out of range")
+			return nil, errors.New("budget: a soft threshold out of range")
 		}
 		if b := (&Budget{Tokens: f[0], Cost: Cost(f[1]), Requests: f[2], Spawns: f[3], SoftPercent: int(f[4])}); x.spec != nil {
 			x.spec.extra().budget = b
@@ -476,12 +478,12 @@ func decodeExt6(d *codec.Reader, x *recordExt) error {
 		u := &usageRec{attempt: d.String()}
 		f, err := figures(5)
 		if err != nil {
-			return fmt.Errorf("usage: %w", err)
+			return nil, fmt.Errorf("usage: %w", err)
 		}
 		u.u = Usage{InputTokens: f[0], OutputTokens: f[1], CachedTokens: f[2], Requests: f[3], Cost: Cost(f[4])}
-		x.usage = u
+		return u, nil
 	}
-	return nil
+	return nil, nil
 }
 
 // writeJSON writes whether v is present and, if it is, its JSON.
@@ -583,10 +585,11 @@ func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 		}
 	}
 	if d.Bool() {
-		x, inv, err := decodeExt(&d, format)
+		x, inv, use, err := decodeExt(&d, format)
 		if err != nil {
 			return bad(err)
 		}
+		rec.usage = use
 		if rec.inv = inv; *x != noExt {
 			rec.recordExt = x
 		}
@@ -604,7 +607,7 @@ func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 }
 
 // decodeExt reads what encodeExt wrote, in a record of format.
-func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ error) {
+func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, use *usageRec, _ error) {
 	x := &recordExt{}
 	if d.Bool() {
 		ti := &taskInfo{id: d.String(), parent: d.Word(), description: d.String(), agent: d.Word(), prompt: d.String()}
@@ -625,7 +628,7 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 	x.session, x.note, x.stop = d.String(), d.String(), Status(d.String())
 	var cr ClosureRecord
 	if ok, err := readJSON(d, &cr); err != nil {
-		return nil, nil, fmt.Errorf("closure: %w", err)
+		return nil, nil, nil, fmt.Errorf("closure: %w", err)
 	} else if ok {
 		x.closure = &cr
 	}
@@ -641,7 +644,7 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 	if format >= 2 {
 		var in Invocation
 		if ok, err := readJSON(d, &in); err != nil {
-			return nil, nil, fmt.Errorf("invocation: %w", err)
+			return nil, nil, nil, fmt.Errorf("invocation: %w", err)
 		} else if ok {
 			inv = &in
 		}
@@ -679,11 +682,12 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 		}
 	}
 	if format >= 6 {
-		if err := decodeExt6(d, x); err != nil {
-			return nil, nil, err
+		var err error
+		if use, err = decodeExt6(d, x); err != nil {
+			return nil, nil, nil, err
 		}
 	}
-	return x, inv, nil
+	return x, inv, use, nil
 }
 
 // encodeAll encodes recs, in order.

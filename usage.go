@@ -39,23 +39,29 @@ const CostUnit Cost = 1_000_000
 
 // String is c in units, with the decimals it needs (at least two):
 // "1.50", "0.000125".
-func (c Cost) String() string {
-	neg := c < 0
+func (c Cost) String() string { return string(appendCost(make([]byte, 0, 24), c)) }
+
+// appendCost appends c as String says it to b.
+func appendCost(b []byte, c Cost) []byte {
 	u := uint64(c)
-	if neg {
+	if c < 0 {
+		b = append(b, '-')
 		u = uint64(-c) // -MinInt64 wraps to itself: its uint64 is right
 	}
-	whole, frac := u/uint64(CostUnit), u%uint64(CostUnit)
-	f := fmt.Sprintf("%06d", frac)
-	f = strings.TrimRight(f, "0")
-	for len(f) < 2 {
-		f += "0"
+	b = strconv.AppendUint(b, u/uint64(CostUnit), 10)
+	b = append(b, '.')
+	frac := u % uint64(CostUnit)
+	digits := 6
+	for digits > 2 && frac%10 == 0 {
+		frac /= 10
+		digits--
 	}
-	s := strconv.FormatUint(whole, 10) + "." + f
-	if neg {
-		s = "-" + s
+	var d [6]byte
+	for i := digits - 1; i >= 0; i-- {
+		d[i] = byte('0' + frac%10)
+		frac /= 10
 	}
-	return s
+	return append(b, d[:digits]...)
 }
 
 // Tokens is what Budget.Tokens counts of u: its input and output tokens.
@@ -116,6 +122,12 @@ type TaskUsage struct {
 	ByAttempt []Usage `json:"byAttempt"`
 }
 
+// usageBox is a snapshot's TaskUsage with room for a few attempts'.
+type usageBox struct {
+	TaskUsage
+	room [3]Usage
+}
+
 // usageRec is a usage record's own part (recUsage): the attempt that did
 // the work, and what it reported.
 type usageRec struct {
@@ -123,11 +135,13 @@ type usageRec struct {
 	u       Usage
 }
 
+
 // acct is a task's accounting: its usage, and the budgets it spends
 // from. nil for a task that reported no usage and is in no budget.
 type acct struct {
 	total     Usage
-	byAttempt []Usage // by attempt index
+	byAttempt []Usage // by attempt index: on first while it fits
+	first     [3]Usage
 	// bud is the innermost budget the task spends from: its own
 	// (Spec.Budget), or the one above it (its parent's, or that of the
 	// task it continues); nil if none.
@@ -151,7 +165,14 @@ func (e *entry) usage() *TaskUsage {
 	if e.acct == nil || e.acct.byAttempt == nil {
 		return nil
 	}
-	u := &TaskUsage{Total: e.acct.total, ByAttempt: make([]Usage, e.count())}
+	n := e.count()
+	if n <= len(usageBox{}.room) { // one allocation for the snapshot's usage
+		b := &usageBox{TaskUsage: TaskUsage{Total: e.acct.total}}
+		b.ByAttempt = b.room[:n:n]
+		copy(b.ByAttempt, e.acct.byAttempt)
+		return &b.TaskUsage
+	}
+	u := &TaskUsage{Total: e.acct.total, ByAttempt: make([]Usage, n)}
 	copy(u.ByAttempt, e.acct.byAttempt)
 	return u
 }
@@ -160,14 +181,24 @@ func (e *entry) usage() *TaskUsage {
 // every budget above it. m.mu (or the replay) holds the ledger.
 func (l *ledger) countUsage(e *entry, rec *record) {
 	a := e.accountOf()
-	i := 0
-	e.eachAttempt(func(j int, at *Attempt) {
-		if at.ID == rec.usage.attempt {
-			i = j
-		}
-	})
+	i := e.current // the usual case: the current run's
+	if e.cold != "" || e.attempts[i].ID != rec.usage.attempt {
+		e.eachAttempt(func(j int, at *Attempt) {
+			if at.ID == rec.usage.attempt {
+				i = j
+			}
+		})
+	}
+	if a.byAttempt == nil {
+		a.byAttempt = a.first[:0]
+	}
 	if len(a.byAttempt) <= i {
-		a.byAttempt = append(a.byAttempt, make([]Usage, i+1-len(a.byAttempt))...)
+		if cap(a.byAttempt) <= i { // room for every attempt the task may make, once (a few)
+			grown := make([]Usage, len(a.byAttempt), max(i+1, roomFor(e.info.maxAttempts)))
+			copy(grown, a.byAttempt)
+			a.byAttempt = grown
+		}
+		a.byAttempt = a.byAttempt[:i+1]
 	}
 	u := rec.usage.u
 	a.byAttempt[i] = a.byAttempt[i].Add(u)
@@ -182,7 +213,7 @@ func (l *ledger) countUsage(e *entry, rec *record) {
 // checkUsage refuses a usage record that names no attempt of e, or
 // reports a negative figure.
 func checkUsage(l *ledger, e *entry, rec *record) error {
-	if rec.recordExt == nil || rec.usage == nil {
+	if rec.usage == nil {
 		return errors.New("bgtask: ledger: a usage record must carry its usage")
 	}
 	if owner := l.byAttempt[rec.usage.attempt]; owner != e {
@@ -199,7 +230,7 @@ func (m *Manager) spend(ref attemptRef, u Usage) {
 		return
 	}
 	e := ref.e
-	rec := record{kind: recUsage, task: e.id, at: m.now(), recordExt: &recordExt{usage: &usageRec{attempt: ref.attempt().ID, u: u}}}
+	rec := record{kind: recUsage, task: e.id, at: m.now(), usage: &usageRec{attempt: ref.attempt().ID, u: u}}
 	if !m.commit(e, rec) {
 		return
 	}
