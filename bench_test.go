@@ -354,7 +354,9 @@ func BenchmarkLifecycle3(b *testing.B) {
 	// Usage accounting's cost: the same lifecycle, each attempt's end
 	// carrying the usage it reports (a usage record each), and that in a
 	// tree with a budget it counts against (Spec.Budget, never reached).
-	b.Run("steady/usage", func(b *testing.B) { benchLifecycle3(b, 1024, &Usage{InputTokens: 1200, OutputTokens: 80, Requests: 1, Cost: 900}) })
+	b.Run("steady/usage", func(b *testing.B) {
+		benchLifecycle3(b, 1024, &Usage{InputTokens: 1200, OutputTokens: 80, Requests: 1, Cost: 900})
+	})
 	b.Run("steady/budget", func(b *testing.B) {
 		benchLifecycle3(b, 1024, &Usage{InputTokens: 1200, OutputTokens: 80, Requests: 1, Cost: 900}, func(s *Spec) {
 			s.Budget = &Budget{Tokens: math.MaxInt64, Cost: Cost(math.MaxInt64), Requests: math.MaxInt64}

@@ -135,7 +135,6 @@ type usageRec struct {
 	u       Usage
 }
 
-
 // acct is a task's accounting: its usage, and the budgets it spends
 // from. nil for a task that reported no usage and is in no budget.
 type acct struct {
