@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -453,4 +454,57 @@ func TestStopCauseBudgetRoundTrips(t *testing.T) {
 	c := StopCause{Kind: StopBudget, TaskID: "task of 7", Limit: LimitCost}
 	assert.Equal(t, c, stopCauseOf(c.note()))
 	assert.Equal(t, "the budget of task task of 7 (cost spent)", c.String())
+}
+
+// A compaction keeps what every attempt used and every grant: a restart
+// on the compacted journal has the same figures.
+func TestUsageAndBudgetsSurviveACompaction(t *testing.T) {
+	ctx := testCtx(t)
+	j := &memJournal{}
+	m, err := Open(ctx, &testHost{}, WithJournal(j), WithIDs(SequentialIDs()), WithRetryDelay(func(int, error) time.Duration { return 0 }))
+	require.NoError(t, err)
+	root, err := m.Launch(ctx, Spec{ParentSessionID: "chat", Prompt: "r", Models: mustModels(t, "a/1", "b/2"), Budget: &Budget{Tokens: 50_000, Spawns: 5}})
+	require.NoError(t, err)
+	rs := waitStatus(t, m, root.ID, StatusRunning).SessionID
+	require.NoError(t, m.Observe(Event{SessionID: rs, Kind: SessionError, Err: errors.New("429 rate limited"), Usage: u(300, 20, 1, 100)}))
+	rs = waitFor(t, m, root.ID, func(t Task) bool { return len(t.Attempts) == 2 && t.Status == StatusRunning }).SessionID
+	child, err := m.Launch(ctx, Spec{ParentSessionID: rs, Prompt: "c", Models: oneModel, Budget: &Budget{Tokens: 9000}})
+	require.NoError(t, err)
+	cs := waitStatus(t, m, child.ID, StatusRunning).SessionID
+	require.NoError(t, m.Observe(Event{SessionID: cs, Kind: SessionIdle, Text: "done", Usage: u(4000, 500, 3, 7000)}))
+	_, err = m.Wait(ctx, child.ID)
+	require.NoError(t, err)
+	require.NoError(t, m.Observe(Event{SessionID: cs, Kind: SessionUsage, Usage: u(10, 0, 0, 0)}), "late, after the end")
+	require.NoError(t, m.Observe(Event{SessionID: rs, Kind: SessionUsage, Usage: u(70, 7, 1, 0)}))
+	wantTasks := map[string]Task{}
+	wantBudgets := map[string]BudgetState{}
+	for _, id := range []string{root.ID, child.ID} {
+		wantTasks[id], err = m.Task(id)
+		require.NoError(t, err)
+		wantBudgets[id] = budgetOf(t, m, id)
+	}
+	m.mu.Lock()
+	m.led.forgotten += compactEvery
+	m.mu.Unlock()
+	m.maybeCompact()
+	j.mu.Lock()
+	compacted := len(j.recs) > 0 && j.recs[0].Kind == recTaskLaunched.String() // a snapshot, not the life's first epoch
+	recs := cloneRecords(j.recs)
+	j.crashed = true
+	j.mu.Unlock()
+	require.True(t, compacted)
+	require.NoError(t, m.Shutdown(ctx))
+
+	m2, err := Open(ctx, &testHost{}, WithJournal(&memJournal{recs: recs}), WithIDs(SequentialIDs()))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	for _, id := range []string{root.ID, child.ID} {
+		got, err := m2.Task(id)
+		require.NoError(t, err)
+		assert.Equal(t, wantTasks[id].Usage, got.Usage, "task %s: each attempt's usage", id)
+		gb := budgetOf(t, m2, id)
+		assert.Equal(t, wantBudgets[id].Limit, gb.Limit, "task %s: its grant", id)
+		assert.Equal(t, wantBudgets[id].Spent, gb.Spent, "task %s: spent", id)
+		assert.Equal(t, wantBudgets[id].Spawned, gb.Spawned, "task %s: spawned", id)
+	}
 }

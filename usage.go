@@ -294,13 +294,12 @@ func usageLine(t Task) string {
 // notification made again from a later ledger compares (late reports
 // move the line).
 func withoutUsage(text string) string {
-	i := strings.Index(text, "\nUsage: ")
-	if i < 0 {
-		return text
+	lines := strings.Split(text, "\n")
+	kept := lines[:0]
+	for _, l := range lines {
+		if !strings.HasPrefix(strings.TrimLeft(l, " "), "Usage: ") {
+			kept = append(kept, l)
+		}
 	}
-	j := strings.IndexByte(text[i+1:], '\n')
-	if j < 0 {
-		return text[:i]
-	}
-	return text[:i] + text[i+1+j:]
+	return strings.Join(kept, "\n")
 }
