@@ -143,7 +143,7 @@ func (w *crashWorld) deliver(ctx context.Context, sid string) {
 	Delivered(ctx) // the result reaches the session now, before its next turn can begin
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if s := w.sess[sid]; s != nil && s.state == SessionStateEnded && s.end.Kind == SessionIdle {
+	if s := w.sess[sid]; s != nil && s.state == SessionStateEnded && s.end.Kind == SessionIdle && !s.late { // an aborted session takes no next turn
 		s.state, s.end, s.woken = SessionStateAlive, Event{}, true
 		if w.woke != nil {
 			close(w.woke)

@@ -342,8 +342,10 @@ type row struct {
 	Live     bool
 	Stop     string
 	Now      time.Time
-	Acts     bool // the page offers actions (not ReadOnly)
-	From     bool // no task launched it: name the session that did
+	Acts     bool        // the page offers actions (not ReadOnly)
+	From     bool        // no task launched it: name the session that did
+	Usage    *usageView  // what its attempts used; nil if none reported any
+	Budget   *budgetView // the budget it spends from; nil if none
 }
 
 // pageData is what the page template renders.
@@ -429,6 +431,7 @@ func (p paint) flat(n *node) row {
 	if n.t.Stop != nil {
 		r.Stop = n.t.Stop.String()
 	}
+	r.Usage, r.Budget = usageOf(n.t), budgetOf(n.t)
 	return r
 }
 
