@@ -41,10 +41,7 @@ type Record struct {
 	// a journal shared by several processes sums into the budgets of the
 	// task's tree (another copy of Data's); nil otherwise.
 	Usage *Usage
-	// Budget is, with Kind "task_launched", the budget the task was
-	// granted (Spec.Budget, clamped), if any (another copy of Data's).
-	Budget *Budget
-	Data   []byte // the whole record; a journal stores and returns it as is
+	Data  []byte // the whole record; a journal stores and returns it as is
 }
 
 // Journal persists a Manager's ledger records (WithJournal).

@@ -315,7 +315,7 @@ func recordOf(rec *record, data []byte) Record {
 	a := &rec.attempt
 	out := Record{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: a.ID, Token: a.Token, SessionID: a.SessionID, Data: data}
 	if rec.recordExt != nil && rec.spec != nil {
-		out.ParentSessionID, out.Budget = rec.spec.parent, rec.spec.opt().budget
+		out.ParentSessionID = rec.spec.parent
 	}
 	if u := rec.usage; u != nil {
 		out.Usage, out.AttemptID = &u.u, u.attempt

@@ -48,7 +48,7 @@ func toWire(recs []Record) []jwire.Rec {
 	out := make([]jwire.Rec, len(recs))
 	for i, r := range recs {
 		out[i] = jwire.Rec{Seq: r.Seq, Kind: r.Kind, TaskID: r.TaskID, AttemptID: r.AttemptID, Token: r.Token,
-			SessionID: r.SessionID, ParentSessionID: r.ParentSessionID, Data: r.Data} // Usage and Budget: copies of Data's
+			SessionID: r.SessionID, ParentSessionID: r.ParentSessionID, Data: r.Data} // Usage: a copy of Data's
 	}
 	return out
 }
