@@ -179,8 +179,9 @@ type budget struct {
 // crossing is a threshold a budget just reached, for the live Manager
 // to act on (a replay's were acted on in their own life).
 type crossing struct {
-	b    *budget
-	hard bool
+	b     *budget
+	hard  bool
+	limit string // the soft threshold's: the figure that reached it
 }
 
 // softAt is pct percent of limit, rounded up, without overflow.
@@ -202,22 +203,34 @@ func (b *budget) exceeded() string {
 	return ""
 }
 
-// softReached reports whether a figure of b reached its soft threshold.
-func (b *budget) softReached() bool {
+// softReached names the first figure of b that reached its soft
+// threshold, or "".
+func (b *budget) softReached() string {
 	p := b.lim.soft()
 	if p == 0 {
-		return false
+		return ""
 	}
 	at := func(spent, limit int64) bool { return limit > 0 && spent >= softAt(limit, p) }
-	return at(b.spent.Tokens(), b.lim.Tokens) || at(int64(b.spent.Cost), int64(b.lim.Cost)) ||
-		at(b.spent.Requests, b.lim.Requests) || at(b.spawned, b.lim.Spawns)
+	switch {
+	case at(b.spent.Tokens(), b.lim.Tokens):
+		return LimitTokens
+	case at(int64(b.spent.Cost), int64(b.lim.Cost)):
+		return LimitCost
+	case at(b.spent.Requests, b.lim.Requests):
+		return LimitRequests
+	case at(b.spawned, b.lim.Spawns):
+		return LimitSpawns
+	}
+	return ""
 }
 
 // crossed notes a threshold b just reached, once each.
 func (l *ledger) crossed(b *budget) {
-	if !b.soft && b.softReached() {
-		b.soft = true
-		l.crossings = append(l.crossings, crossing{b: b})
+	if !b.soft {
+		if limit := b.softReached(); limit != "" {
+			b.soft = true
+			l.crossings = append(l.crossings, crossing{b: b, limit: limit})
+		}
 	}
 	if b.over == "" {
 		if b.over = b.exceeded(); b.over != "" {
@@ -456,7 +469,7 @@ func (m *Manager) budgetCrossed() {
 		m.logLocked(slog.LevelWarn, "bgtask: budget threshold reached", slog.String("task", holder.id), slog.Bool("hard", c.hard),
 			slog.String("exceeded", b.over), slog.String("spent", b.spent.String()))
 		if m.cfg.notifier != nil && m.led.tasks[holder.id] == holder {
-			m.notify(holder, NotifyBudget, budgetText(b.state(), c.hard))
+			m.notify(holder, NotifyBudget, budgetText(b.state(), c.hard, c.limit))
 		}
 		if c.hard && b.live > 0 {
 			m.stopBudget(b)
@@ -521,11 +534,11 @@ func budgetNote(e *entry) *recordExt {
 }
 
 // budgetText is what the parent is told of a threshold s reached.
-func budgetText(s BudgetState, hard bool) string {
+func budgetText(s BudgetState, hard bool, limit string) string {
 	if hard {
 		return "[Budget] Task " + s.TaskID + ": its budget is spent (" + s.Exceeded + "). Its tasks are being stopped and new ones are refused. " + budgetFigures(s)
 	}
-	return "[Budget] Task " + s.TaskID + ": its tree reached " + strconv.Itoa(s.Limit.soft()) + "% of a limit of its budget. " + budgetFigures(s)
+	return "[Budget] Task " + s.TaskID + ": its tree reached " + strconv.Itoa(s.Limit.soft()) + "% of its " + limit + " limit. " + budgetFigures(s)
 }
 
 // budgetFigures is s in one line: what was spent of each limit, and what
@@ -558,11 +571,14 @@ func budgetFigures(s BudgetState) string {
 			b = append(b, ", "...)
 		}
 		b = num(b, f, f.used)
+		name := f.name
 		if f.limit > 0 {
 			b = append(b, " of "...)
 			b = num(b, f, f.limit)
+		} else if f.used == 1 && name != "cost" {
+			name = name[:len(name)-1] // "1 request"
 		}
-		b = append(append(b, ' '), f.name...)
+		b = append(append(b, ' '), name...)
 	}
 	if n == 0 {
 		b = append(b, "nothing"...)

@@ -118,7 +118,7 @@ func TestTheSoftThresholdIsToldOnce(t *testing.T) {
 	}
 	require.Len(t, told, 1)
 	assert.Equal(t, "chat", told[0].ParentSessionID)
-	assert.Equal(t, "[Budget] Task "+root.ID+": its tree reached 80% of a limit of its budget. Spent: 800 of 1000 tokens. Left: 200 tokens.", told[0].Text)
+	assert.Equal(t, "[Budget] Task "+root.ID+": its tree reached 80% of its tokens limit. Spent: 800 of 1000 tokens. Left: 200 tokens.", told[0].Text)
 	s := budgetOf(t, h.m, root.ID)
 	assert.True(t, s.SoftReached)
 	assert.Empty(t, s.Exceeded)
