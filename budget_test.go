@@ -508,3 +508,37 @@ func TestUsageAndBudgetsSurviveACompaction(t *testing.T) {
 		assert.Equal(t, wantBudgets[id].Spawned, gb.Spawned, "task %s: spawned", id)
 	}
 }
+
+// Retention keeps a budgeted tree whole while a task of it is live (its
+// ended tasks' usage is in its figures, and a restart's replay needs
+// their records); once all of it ended, it may be forgotten.
+func TestRetentionKeepsABudgetedTreeWhileItLives(t *testing.T) {
+	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 1}))
+	root := h.running("chat", withBudget(Budget{Tokens: 100_000}))
+	child := h.running(root.SessionID)
+	grand := h.running(child.SessionID)
+	require.NoError(t, h.observe(Event{SessionID: grand.SessionID, Kind: SessionIdle, Text: "g", Usage: u(10, 0, 1, 0)}))
+	h.wait(grand.ID)
+	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
+	require.NoError(t, h.observe(Event{SessionID: child.SessionID, Kind: SessionIdle, Text: "c", Usage: u(20, 0, 1, 0)}))
+	h.wait(child.ID)
+	for i := range 3 { // others end, past MaxEnded
+		o := h.running(fmt.Sprintf("other-%d", i))
+		require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "o"}))
+		h.wait(o.ID)
+	}
+	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
+	for _, id := range []string{child.ID, grand.ID} {
+		_, err := h.m.Task(id)
+		assert.NoError(t, err, "task %s: kept while its tree lives", id)
+	}
+	require.NoError(t, h.observe(Event{SessionID: root.SessionID, Kind: SessionIdle, Text: "r"}))
+	h.wait(root.ID)
+	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
+	o := h.running("last")
+	require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "o"}))
+	h.wait(o.ID)
+	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
+	_, err := h.m.Task(grand.ID)
+	assert.ErrorIs(t, err, ErrForgotten, "the tree ended whole: it may go")
+}
