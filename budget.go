@@ -76,7 +76,7 @@ type BudgetError struct {
 
 // Error names the budget, the limit and the figures.
 func (e *BudgetError) Error() string {
-	s := "bgtask: budget of task " + e.TaskID + " exhausted: " + e.Limit + " " + figure(e.Limit, e.Spent) + " of " + figure(e.Limit, e.Max)
+	s := "bgtask: budget of task " + e.TaskID + " exhausted: " + e.Limit + " " + figureOf(e.Limit, e.Spent) + " of " + figureOf(e.Limit, e.Max)
 	if e.Reserved > 0 {
 		s += " (" + strconv.FormatInt(e.Reserved, 10) + " reserved)"
 	}
@@ -86,12 +86,10 @@ func (e *BudgetError) Error() string {
 // Is makes errors.Is(err, ErrBudget) true.
 func (e *BudgetError) Is(target error) bool { return target == ErrBudget }
 
-// figure is n as limit counts it: a Cost for LimitCost.
-func figure(limit string, n int64) string {
-	if limit == LimitCost {
-		return Cost(n).String()
-	}
-	return strconv.FormatInt(n, 10)
+// figureOf is n as limit counts it: a Cost for LimitCost.
+func figureOf(limit string, n int64) string {
+	f := figure{name: limit}
+	return string(f.append(nil, n))
 }
 
 // BudgetState is a budget as it stands (Task.Budget, Manager.Budget).
@@ -541,25 +539,68 @@ func budgetText(s BudgetState, hard bool, limit string) string {
 	return "[Budget] Task " + s.TaskID + ": its tree reached " + strconv.Itoa(s.Limit.soft()) + "% of its " + limit + " limit. " + budgetFigures(s)
 }
 
+// figure is one figure of a budget: its name (a Limit… constant), what
+// was used of it, its limit (0: none) and what is left (-1: no limit).
+type figure struct {
+	name              string
+	used, limit, rest int64
+}
+
+// append appends n as f counts it (a Cost for cost) to b.
+func (f *figure) append(b []byte, n int64) []byte {
+	if f.name == LimitCost {
+		return appendCost(b, Cost(n))
+	}
+	return strconv.AppendInt(b, n, 10)
+}
+
+// figures are s's four figures, in order.
+func (s BudgetState) figures() [4]figure {
+	return [...]figure{
+		{LimitTokens, s.Spent.Tokens(), s.Limit.Tokens, s.Left.Tokens},
+		{LimitCost, int64(s.Spent.Cost), int64(s.Limit.Cost), int64(s.Left.Cost)},
+		{LimitRequests, s.Spent.Requests, s.Limit.Requests, s.Left.Requests},
+		{LimitSpawns, s.Spawned, s.Limit.Spawns, s.Left.Spawns},
+	}
+}
+
+// Figures says what the budget's branch spent — each figure that has a
+// limit or was used, "tokens 1050 of 1000, requests 2" ("nothing" if none)
+// — and what it has left — each limited figure, the budgets above
+// counted, "tokens 0" ("" if none is) — figures named as BudgetError
+// names them: for a page or a command line.
+func (s BudgetState) Figures() (spent, left string) {
+	var sp, lf []byte
+	figs := s.figures()
+	for i := range figs {
+		f := &figs[i]
+		if f.limit > 0 || f.used > 0 {
+			if len(sp) > 0 {
+				sp = append(sp, ", "...)
+			}
+			sp = f.append(append(append(sp, f.name...), ' '), f.used)
+			if f.limit > 0 {
+				sp = f.append(append(sp, " of "...), f.limit)
+			}
+		}
+		if f.rest >= 0 {
+			if len(lf) > 0 {
+				lf = append(lf, ", "...)
+			}
+			lf = f.append(append(append(lf, f.name...), ' '), f.rest)
+		}
+	}
+	if len(sp) == 0 {
+		return "nothing", string(lf)
+	}
+	return string(sp), string(lf)
+}
+
 // budgetFigures is s in one line: what was spent of each limit, and what
 // is left.
 func budgetFigures(s BudgetState) string {
-	type fig struct {
-		name              string
-		used, limit, rest int64
-	}
-	figs := [...]fig{
-		{"tokens", s.Spent.Tokens(), s.Limit.Tokens, s.Left.Tokens},
-		{"cost", int64(s.Spent.Cost), int64(s.Limit.Cost), int64(s.Left.Cost)},
-		{"requests", s.Spent.Requests, s.Limit.Requests, s.Left.Requests},
-		{"spawns", s.Spawned, s.Limit.Spawns, s.Left.Spawns},
-	}
-	num := func(b []byte, f *fig, n int64) []byte {
-		if f.name == "cost" {
-			return appendCost(b, Cost(n))
-		}
-		return strconv.AppendInt(b, n, 10)
-	}
+	figs := s.figures()
+	num := func(b []byte, f *figure, n int64) []byte { return f.append(b, n) }
 	b := append(make([]byte, 0, 160), "Spent: "...)
 	n := 0
 	for i := range figs {
@@ -575,7 +616,7 @@ func budgetFigures(s BudgetState) string {
 		if f.limit > 0 {
 			b = append(b, " of "...)
 			b = num(b, f, f.limit)
-		} else if f.used == 1 && name != "cost" {
+		} else if f.used == 1 && name != LimitCost {
 			name = name[:len(name)-1] // "1 request"
 		}
 		b = append(append(b, ' '), name...)

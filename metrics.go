@@ -41,7 +41,7 @@ type Metrics interface {
 	// StopAsked: a stop of t was asked and recorded, by cause (t.Stop):
 	// once per task, for the first stop asked of it — by a cancel, a
 	// branch closure, the caller's context, the task's deadline, a deleted
-	// session or Shutdown. The task ends later (TaskEnded).
+	// session, a spent budget or Shutdown. The task ends later (TaskEnded).
 	StopAsked(t Task, cause StopCause)
 	// ClosureBegun: a branch closure raised its fence (c's counts are 0).
 	ClosureBegun(c ClosureSummary)
@@ -75,11 +75,12 @@ type ClosureSummary struct {
 	// By is what began it: "CloseBranch", "StopBranch" or "CloseTask"
 	// (called so), "caller" (the launch context of a task with
 	// Spec.CancelWithCaller ended), "session_deleted" (the host reported
-	// the root session deleted: its branch is closed) or "restart" (a
-	// closure a crash interrupted, finished at the restart).
+	// the root session deleted: its branch is closed), "budget" (the
+	// budget the task holds was spent: its branch is stopped) or
+	// "restart" (a closure a crash interrupted, finished at the restart).
 	By string
 	// Stop is the stop it asked of every run in its branch: kind closure
-	// (its root or task), or caller.
+	// (its root or task), caller, or budget.
 	Stop StopCause
 	// Stopped, Failed and Stopping count the runs of its ClosureReport
 	// (ended; abort failed, still live; asked to stop and not ended when

@@ -140,16 +140,22 @@ func New(meter metric.Meter) (*Metrics, error) {
 
 var bg = context.Background()
 
+// TaskLaunched counts a launch (bgtask.tasks.launched).
 func (m *Metrics) TaskLaunched(bgtask.Task) { m.launched.Add(bg, 1) }
 
+// AttemptStarted counts an attempt whose child runs, by model
+// (bgtask.attempts.started).
 func (m *Metrics) AttemptStarted(_ bgtask.Task, a bgtask.Attempt) {
 	m.started.Add(bg, 1, metric.WithAttributes(attribute.String("model", a.Model.String())))
 }
 
+// RetryScheduled counts a fail-over by its reason class (bgtask.retries).
 func (m *Metrics) RetryScheduled(_ bgtask.Task, _ bgtask.Attempt, reason bgtask.Reason) {
 	m.retries.Add(bg, 1, metric.WithAttributes(attribute.String("reason", string(reason))))
 }
 
+// AttemptEnded records how long the attempt ran, by model and status
+// (bgtask.attempt.duration).
 func (m *Metrics) AttemptEnded(_ bgtask.Task, a bgtask.Attempt, d time.Duration) {
 	m.attempt.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("model", a.Model.String()), attribute.String("status", string(a.Status))))
 }
@@ -165,24 +171,36 @@ func (m *Metrics) TaskEnded(_ bgtask.Task, state bgtask.Status, reason bgtask.Re
 	m.task.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("state", string(state))))
 }
 
+// QueueWaited records an attempt's wait for a slot of key
+// (bgtask.queue.wait).
 func (m *Metrics) QueueWaited(key string, d time.Duration) {
 	m.queueWait.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("key", key)))
 }
 
+// LiveTasks records the live tasks (bgtask.tasks.live).
 func (m *Metrics) LiveTasks(n int) { m.live.Record(bg, int64(n)) }
 
+// QueueDepth records the attempts waiting for a slot of key
+// (bgtask.queue.depth).
 func (m *Metrics) QueueDepth(key string, n int) {
 	m.depth.Record(bg, int64(n), metric.WithAttributes(attribute.String("key", key)))
 }
 
+// StopAsked counts a task's first stop, by who asked (bgtask.stops.asked).
 func (m *Metrics) StopAsked(_ bgtask.Task, c bgtask.StopCause) {
 	m.stops.Add(bg, 1, metric.WithAttributes(attribute.String("stop.kind", string(c.Kind))))
 }
 
+// ClosureBegun counts a closure, by what began it and the stop it asks
+// (bgtask.closures.begun).
 func (m *Metrics) ClosureBegun(c bgtask.ClosureSummary) {
 	m.closuresBegun.Add(bg, 1, metric.WithAttributes(attribute.String("by", c.By), attribute.String("stop.kind", string(c.Stop.Kind))))
 }
 
+// ClosureEnded counts a closure's end by how it ended, records how long
+// its fence was up, and counts the runs it asked to stop by what became
+// of them (bgtask.closures.ended, bgtask.closure.duration,
+// bgtask.closure.runs).
 func (m *Metrics) ClosureEnded(c bgtask.ClosureSummary, d time.Duration) {
 	outcome := "stopped"
 	switch {
@@ -208,6 +226,8 @@ func (m *Metrics) ClosureEnded(c bgtask.ClosureSummary, d time.Duration) {
 	}
 }
 
+// HealthChanged counts a change of a model's or provider's health
+// (bgtask.health.changes); why is left out when empty.
 func (m *Metrics) HealthChanged(h bgtask.Health) {
 	attrs := []attribute.KeyValue{attribute.String("key", h.Key()), attribute.String("state", string(h.State))}
 	if h.Why != "" {
@@ -216,6 +236,8 @@ func (m *Metrics) HealthChanged(h bgtask.Health) {
 	m.healthChanges.Add(bg, 1, metric.WithAttributes(attrs...))
 }
 
+// Recovered counts a recovery and what it found and did, and records
+// how long it took (bgtask.recoveries, bgtask.recovery.*).
 func (m *Metrics) Recovered(c bgtask.RecoveryCounts, d time.Duration) {
 	m.recoveries.Add(bg, 1)
 	m.recovery.Record(bg, d.Seconds())

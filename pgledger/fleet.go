@@ -423,20 +423,20 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 	if spec.ID == "" {
 		spec.ID = uuid.NewString()
 	}
+	// The budget first: a launch into a spent budget's branch is refused
+	// by the budget, also while the closure that stops the branch runs.
+	grant, err := n.admitBudget(ctx, spec.ID, spec.ParentSessionID, spec.Budget)
+	if err != nil {
+		return bgtask.Task{}, err
+	}
+	spec.Budget = grant
 	if spec.ParentSessionID != "" {
 		if err := n.admit(ctx, mb.name, spec.ID, spec.ParentSessionID); err != nil {
+			n.cleanUp(ctx, func(c context.Context) { n.undoBudget(c, spec.ID) })
 			return bgtask.Task{}, err
 		}
 	}
 	admitted := spec.ParentSessionID != ""
-	grant, err := n.admitBudget(ctx, spec.ID, spec.ParentSessionID, spec.Budget)
-	if err != nil {
-		if admitted {
-			n.cleanUp(ctx, func(c context.Context) { n.admitted(c, spec.ID) })
-		}
-		return bgtask.Task{}, err
-	}
-	spec.Budget = grant
 	if spec.Key != "" {
 		holder, err := n.claimKey(ctx, mb.name, spec.Key, spec.ID)
 		if err == nil && holder != spec.ID {
