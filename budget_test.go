@@ -514,6 +514,12 @@ func TestUsageAndBudgetsSurviveACompaction(t *testing.T) {
 // their records); once all of it ended, it may be forgotten.
 func TestRetentionKeepsABudgetedTreeWhileItLives(t *testing.T) {
 	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 1}))
+	ended := func(id string) { // it may be forgotten as soon as it ended
+		_, err := h.m.Wait(testCtx(t), id)
+		if !errors.Is(err, ErrForgotten) {
+			require.NoError(t, err)
+		}
+	}
 	root := h.running("chat", withBudget(Budget{Tokens: 100_000}))
 	child := h.running(root.SessionID)
 	grand := h.running(child.SessionID)
@@ -525,7 +531,7 @@ func TestRetentionKeepsABudgetedTreeWhileItLives(t *testing.T) {
 	for i := range 3 { // others end, past MaxEnded
 		o := h.running(fmt.Sprintf("other-%d", i))
 		require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "o"}))
-		h.wait(o.ID)
+		ended(o.ID)
 	}
 	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
 	for _, id := range []string{child.ID, grand.ID} {
@@ -533,11 +539,11 @@ func TestRetentionKeepsABudgetedTreeWhileItLives(t *testing.T) {
 		assert.NoError(t, err, "task %s: kept while its tree lives", id)
 	}
 	require.NoError(t, h.observe(Event{SessionID: root.SessionID, Kind: SessionIdle, Text: "r"}))
-	h.wait(root.ID)
+	ended(root.ID)
 	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
 	o := h.running("last")
 	require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "o"}))
-	h.wait(o.ID)
+	ended(o.ID)
 	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
 	_, err := h.m.Task(grand.ID)
 	assert.ErrorIs(t, err, ErrForgotten, "the tree ended whole: it may go")
