@@ -443,12 +443,21 @@ func (sc *scenario) budget(a, b *proc, rep *Report) error {
 	if err != nil {
 		return err
 	}
+	// A launch from a session is admitted to its tree's budget once the
+	// session's binding is in the database: a later launch of the same
+	// process says it is (its commits land in order).
+	if _, err := sc.launch(a, "barrier"); err != nil {
+		return err
+	}
 	kid, err := sc.launch(b, rootSes)
 	if err != nil {
 		return err
 	}
 	kidSes, _, err := sc.session(kid)
 	if err != nil {
+		return err
+	}
+	if _, err := sc.launch(b, "barrier"); err != nil {
 		return err
 	}
 	spend := func(w *proc, ses string, tokens int64) error {
