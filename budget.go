@@ -237,39 +237,47 @@ func (l *ledger) crossed(b *budget) {
 	}
 }
 
-// above is the budget a task launched with info spends from, its own
-// aside: that of the task it continues (ContinueFrom), else its parent
-// task's; nil if none.
-func (l *ledger) above(info *taskInfo) *budget {
+// above works out, for a launch with info, the budget it spends from
+// (its own aside) and the one its spawn counts in: its parent task's, or,
+// for a task that continues another's session (ContinueFrom), that
+// task's — which must then be the parent's or lie beneath it (a session
+// carries its grant into no other tree). m.mu is held.
+func (l *ledger) above(info *taskInfo) (spends, spawn *budget, err error) {
+	if ref, ok := l.bySession[info.parent]; ok && ref.e.acct != nil {
+		spawn = ref.e.acct.bud
+	}
+	spends = spawn
 	if c := info.opt().continues; c != "" {
-		if old := l.tasks[c]; old != nil && old.acct != nil {
-			return old.acct.bud
+		if old := l.tasks[c]; old != nil && old.acct != nil && old.acct.bud != nil {
+			if spawn != nil && !spendsFrom(old.acct.bud, spawn) {
+				return nil, nil, &SpecError{Field: "ContinueFrom", Reason: "names task " + c + ", which spends from the budget of task " +
+					old.acct.bud.owner.id + ", outside the budget of the parent session's task (" + spawn.owner.id + ")"}
+			}
+			spends = old.acct.bud
 		}
 	}
-	if ref, ok := l.bySession[info.parent]; ok && ref.e.acct != nil {
-		return ref.e.acct.bud
+	return spends, spawn, nil
+}
+
+// budgetOf is the budget task id holds, or nil.
+func (l *ledger) budgetOf(id string) *budget {
+	if o := l.tasks[id]; id != "" && o != nil && o.acct != nil && o.acct.bud != nil && o.acct.bud.owner == o {
+		return o.acct.bud
 	}
 	return nil
 }
 
-// spendsAbove is the budget e spends from above its own: a.bud, or the
-// one above it when e holds a.bud.
-func (a *acct) spendsAbove(e *entry) *budget {
-	if a.bud != nil && a.bud.owner == e {
-		return a.bud.up
-	}
-	return a.bud
-}
-
-// linkBudget puts new task e under the budgets it spends from, and
-// reserves its spawn in those above it. The ledger is held.
+// linkBudget puts new task e under the budgets its launch recorded (it
+// spends from, its spawn counts in), with its own if it has one, and
+// reserves its spawn. The ledger is held.
 func (l *ledger) linkBudget(e *entry) {
-	up, own := l.above(e.info), e.info.opt().budget
-	if up == nil && own == nil {
+	x := e.info.opt()
+	up, spawn, own := l.budgetOf(x.budgetUp), l.budgetOf(x.spawnUp), x.budget
+	if up == nil && spawn == nil && own == nil {
 		return
 	}
 	a := e.accountOf()
-	a.bud = up
+	a.bud, a.spawnUp = up, spawn
 	if own != nil {
 		a.bud = &budget{owner: e, lim: *own, up: up}
 	}
@@ -290,7 +298,7 @@ func (l *ledger) reserve(e *entry, a *acct, take bool) {
 	if !take {
 		d = -1
 	}
-	for b := a.spendsAbove(e); b != nil; b = b.up {
+	for b := a.spawnUp; b != nil; b = b.up {
 		b.reserved += d
 	}
 }
@@ -303,7 +311,7 @@ func (l *ledger) budgetRan(e *entry) {
 	}
 	l.reserve(e, a, false)
 	a.started = true
-	for b := a.spendsAbove(e); b != nil; b = b.up {
+	for b := a.spawnUp; b != nil; b = b.up {
 		b.spawned++
 		l.crossed(b)
 	}
@@ -391,8 +399,16 @@ func (m *Manager) Budget(id string) (BudgetState, bool, error) {
 // budget of its own (Spec.Budget, or WithBudget at a root): clamped by
 // what the budgets above it have left. m.mu is held.
 func (m *Manager) budgetAdmit(info *taskInfo) error {
-	up := m.led.above(info)
+	up, spawn, err := m.led.above(info)
+	if err != nil {
+		return err
+	}
 	for b := up; b != nil; b = b.up {
+		if b.over != "" {
+			return b.refusal(b.over)
+		}
+	}
+	for b := spawn; b != nil; b = b.up {
 		if b.over != "" {
 			return b.refusal(b.over)
 		}
@@ -406,6 +422,17 @@ func (m *Manager) budgetAdmit(info *taskInfo) error {
 			g := *m.cfg.budget
 			own = &g
 		}
+	}
+	if own == nil && up == nil && spawn == nil {
+		return nil
+	}
+	x := *info.extra() // its own copy: a launch that waits (MaxPerParent) asks again with what it asked
+	info.x = &x
+	if up != nil {
+		x.budgetUp = up.owner.id
+	}
+	if spawn != nil {
+		x.spawnUp = spawn.owner.id
 	}
 	if own == nil {
 		return nil
@@ -427,7 +454,7 @@ func (m *Manager) budgetAdmit(info *taskInfo) error {
 			clamp(&g.Spawns, left.Spawns-1) // the launch itself takes one
 		}
 	}
-	info.extra().budget = &g
+	x.budget = &g
 	return nil
 }
 

@@ -548,3 +548,88 @@ func TestRetentionKeepsABudgetedTreeWhileItLives(t *testing.T) {
 	_, err := h.m.Task(grand.ID)
 	assert.ErrorIs(t, err, ErrForgotten, "the tree ended whole: it may go")
 }
+
+// A child launched from its parent's session before the parent's start
+// returned (the session is not bound yet) is in no budget of the
+// parent's: the launch could not know the tree. What the launch resolved
+// is recorded, so a replay — after a compaction too, whose records come
+// in another order — links it as it ran: nothing moves.
+func TestALaunchFromASessionNotYetBoundReplaysAsItRan(t *testing.T) {
+	ctx := testCtx(t)
+	var m *Manager
+	var child atomic.Value
+	host := &testHost{start: func(ctx context.Context, req SessionRequest, sid string) (string, error) {
+		if req.Prompt == "root" { // the session launches a child before StartSession returns
+			c, err := m.Launch(ctx, Spec{ParentSessionID: sid, Prompt: "early", Models: oneModel})
+			if err != nil {
+				return "", err
+			}
+			child.Store(c)
+		}
+		return sid, nil
+	}}
+	j := &memJournal{}
+	var err error
+	m, err = Open(ctx, host, WithJournal(j), WithIDs(SequentialIDs()))
+	require.NoError(t, err)
+	root, err := m.Launch(ctx, Spec{ParentSessionID: "chat", Prompt: "root", Models: oneModel, Budget: &Budget{Tokens: 100}})
+	require.NoError(t, err)
+	waitStatus(t, m, root.ID, StatusRunning)
+	c := child.Load().(Task)
+	cs := waitStatus(t, m, c.ID, StatusRunning).SessionID
+	require.NoError(t, m.Observe(Event{SessionID: cs, Kind: SessionUsage, Usage: u(500, 0, 1, 0)}))
+	before := budgetOf(t, m, root.ID)
+	assert.Zero(t, before.Spent.Tokens(), "the early child is not in the root's budget")
+	_, inBudget, err := m.Budget(c.ID)
+	require.NoError(t, err)
+	assert.False(t, inBudget)
+	m.mu.Lock()
+	m.led.forgotten += compactEvery
+	m.mu.Unlock()
+	m.maybeCompact()
+	j.mu.Lock()
+	recs := cloneRecords(j.recs)
+	j.crashed = true
+	j.mu.Unlock()
+	require.NoError(t, m.Shutdown(ctx))
+	m2, err := Open(ctx, &testHost{}, WithJournal(&memJournal{recs: recs}), WithIDs(SequentialIDs()))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	after := budgetOf(t, m2, root.ID)
+	assert.Equal(t, before.Spent, after.Spent, "no budget moved by the replay's order")
+	assert.Empty(t, after.Exceeded)
+	_, inBudget, err = m2.Budget(c.ID)
+	require.NoError(t, err)
+	assert.False(t, inBudget)
+}
+
+// A task that continues a session spends from the continued task's
+// budget, but its spawn counts where it was launched: resuming a child
+// whose grant has no spawn left is no spawn of that grant. A session
+// carries its grant into no other tree.
+func TestAContinuationSpawnsUnderItsParentAndStaysInItsTree(t *testing.T) {
+	ctx := testCtx(t)
+	host := &resumeHost{testHost: &testHost{}}
+	h := harnessOn(t, host, host.testHost)
+	root := h.running("chat", withBudget(Budget{Tokens: 10_000, SoftPercent: 100}))
+	child := h.running(root.SessionID, withBudget(Budget{Tokens: 2000, Spawns: 1, SoftPercent: 100}))
+	grand := h.running(child.SessionID)
+	require.NoError(t, h.observe(Event{SessionID: grand.SessionID, Kind: SessionIdle, Text: "g"}))
+	h.wait(grand.ID)
+	require.NoError(t, h.m.notes.lanes.Wait(ctx))
+	require.NoError(t, h.observe(Event{SessionID: child.SessionID, Kind: SessionIdle, Text: "c"}))
+	h.wait(child.ID)
+	assert.Equal(t, int64(0), budgetOf(t, h.m, child.ID).Left.Spawns, "the child's grant has no spawn left")
+
+	next, err := h.m.Launch(ctx, Spec{ParentSessionID: root.SessionID, Prompt: "again", ContinueFrom: child.ID, Models: oneModel})
+	require.NoError(t, err, "a resume is no spawn of the grant it resumes")
+	assert.Equal(t, child.ID, budgetOf(t, h.m, next.ID).TaskID)
+	rs := budgetOf(t, h.m, root.ID)
+	assert.Equal(t, int64(3), rs.Spawned+rs.Reserved, "the root counts the child, the grandchild and the continuation")
+
+	other := h.running("chat-2", withBudget(Budget{Tokens: 500}))
+	_, err = h.m.Launch(ctx, Spec{ParentSessionID: other.SessionID, Prompt: "steal", ContinueFrom: grand.ID, Models: oneModel})
+	var se *SpecError
+	require.ErrorAs(t, err, &se, "another tree's session is not resumed under this one's budget")
+	assert.Equal(t, "ContinueFrom", se.Field)
+}

@@ -186,8 +186,12 @@ type taskExtra struct {
 	timeout, attemptTimeout time.Duration
 	retryOnTimeout          bool
 	// budget is the task's own budget as granted (Spec.Budget, clamped
-	// at its launch; format 6).
-	budget *Budget
+	// at its launch); budgetUp the task holding the budget it spends from
+	// (its own aside), spawnUp the one its spawn counts in, as its launch
+	// resolved them ("": none). Recorded (format 6), so that a replay
+	// links it as the launch did, whatever order the records come in.
+	budget            *Budget
+	budgetUp, spawnUp string
 }
 
 // noExtra is the taskExtra of a spec that set none of it. Never written.
@@ -268,7 +272,7 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	if rec.recordExt != nil && (rec.skip != nil || rec.cool != nil) {
 		format = 5
 	}
-	if rec.evidence.budget != "" || rec.usage != nil || (rec.recordExt != nil && rec.spec != nil && rec.spec.opt().budget != nil) {
+	if rec.evidence.budget != "" || rec.usage != nil || (rec.recordExt != nil && rec.spec != nil && rec.spec.opt().inBudget()) {
 		format = 6
 	}
 	w.B = append(w.B, format)
@@ -443,6 +447,12 @@ func encodeExt6(w *codec.Writer, x *recordExt, use *usageRec) {
 			w.Uint(uint64(n))
 		}
 	}
+	var up, spawn string
+	if x.spec != nil {
+		up, spawn = x.spec.opt().budgetUp, x.spec.opt().spawnUp
+	}
+	w.String(up)
+	w.String(spawn)
 	w.Bool(use != nil)
 	if u := use; u != nil {
 		w.String(u.attempt)
@@ -476,6 +486,9 @@ func decodeExt6(d *codec.Reader, x *recordExt) (*usageRec, error) {
 		if b := (&Budget{Tokens: f[0], Cost: Cost(f[1]), Requests: f[2], Spawns: f[3], SoftPercent: int(f[4])}); x.spec != nil {
 			x.spec.extra().budget = b
 		}
+	}
+	if up, spawn := d.String(), d.String(); x.spec != nil && up+spawn != "" {
+		x.spec.extra().budgetUp, x.spec.extra().spawnUp = up, spawn
 	}
 	if d.Bool() {
 		u := &usageRec{attempt: d.String()}
@@ -710,3 +723,9 @@ func encodeAll(recs []record) ([]Record, error) {
 // recordGuess is about what an encoded record takes (most are attempt
 // records): what a batch's buffer is sized for.
 const recordGuess = 192
+
+// inBudget reports whether the spec's launch resolved a budget: its own,
+// or one above it.
+func (x *taskExtra) inBudget() bool {
+	return x.budget != nil || x.budgetUp != "" || x.spawnUp != ""
+}

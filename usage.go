@@ -145,9 +145,11 @@ type acct struct {
 	// (Spec.Budget), or the one above it (its parent's, or that of the
 	// task it continues); nil if none.
 	bud *budget
-	// reserved: the task holds a spawn reservation in the budgets above
-	// its own (it is live, and no session of it has run yet); started:
-	// a session of it has run (it counts as spawned).
+	// spawnUp is the budget its spawn counts in (with those above it):
+	// its parent task's. reserved: it holds its reservation there (it is
+	// live, and no session of it has run yet); started: a session of it
+	// has run (it counts as spawned).
+	spawnUp           *budget
 	reserved, started bool
 }
 
