@@ -168,10 +168,17 @@ type budget struct {
 	spent Usage
 	// spawned: tasks beneath it whose sessions ran; reserved: those
 	// launched and not yet started. live: the live tasks it covers, its
-	// own included (retention keeps a tree whole while one is live).
-	spawned, reserved, live int64
-	over                    string // the hard limit reached, once
-	soft                    bool   // the soft threshold was reached, once
+	// own included. refs: the tasks in memory whose launch names it (the
+	// budget they spend from, or their spawn counts in): while either is
+	// above 0, retention keeps the task that holds it.
+	spawned, reserved, live, refs int64
+	// forgot and forgotSpawned are what tasks retention forgot had added
+	// to spent and spawned: a compaction carries them (a usage record of
+	// the holder with no attempt), so a restart refunds nothing.
+	forgot        Usage
+	forgotSpawned int64
+	over          string // the hard limit reached, once
+	soft          bool   // the soft threshold was reached, once
 }
 
 // crossing is a threshold a budget just reached, for the live Manager
@@ -278,6 +285,12 @@ func (l *ledger) linkBudget(e *entry) {
 	}
 	a := e.accountOf()
 	a.bud, a.spawnUp = up, spawn
+	if up != nil {
+		up.refs++
+	}
+	if spawn != nil {
+		spawn.refs++
+	}
 	if own != nil {
 		a.bud = &budget{owner: e, lim: *own, up: up}
 	}
@@ -336,14 +349,45 @@ func (l *ledger) budgetLive(e *entry, live bool) {
 // pinned reports whether retention must keep ended task e: a task of its
 // tree (the outermost budget it spends from) is still live.
 func (e *entry) pinned() bool {
-	if e.acct == nil || e.acct.bud == nil {
+	if e.acct == nil || e.acct.bud == nil || e.acct.bud.owner != e {
 		return false
 	}
-	b := e.acct.bud
-	for b.up != nil {
-		b = b.up
+	return e.acct.bud.live > 0 || e.acct.bud.refs > 0
+}
+
+// budgetForgot moves what task e, forgotten by retention, added to its
+// budgets into what they carry. m.mu is held.
+func (l *ledger) budgetForgot(e *entry) {
+	a := e.acct
+	if a == nil {
+		return
 	}
-	return b.live > 0
+	for b := a.bud; b != nil; b = b.up {
+		if b.owner != e {
+			b.forgot = b.forgot.Add(a.total)
+		}
+	}
+	if a.started {
+		for b := a.spawnUp; b != nil; b = b.up {
+			b.forgotSpawned++
+		}
+	}
+	x := e.info.opt()
+	for _, id := range [...]string{x.budgetUp, x.spawnUp} {
+		if b := l.budgetOf(id); b != nil {
+			b.refs--
+		}
+	}
+}
+
+// carry applies a usage record of no attempt to e, which holds a budget:
+// what forgotten tasks had added to it (a compaction's).
+func (l *ledger) carry(e *entry, u *usageRec) {
+	b := e.acct.bud
+	b.spent, b.forgot = b.spent.Add(u.u), b.forgot.Add(u.u)
+	b.spawned += u.spawned
+	b.forgotSpawned += u.spawned
+	l.crossed(b)
 }
 
 // state is b as BudgetState shows it.

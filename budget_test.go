@@ -509,44 +509,60 @@ func TestUsageAndBudgetsSurviveACompaction(t *testing.T) {
 	}
 }
 
-// Retention keeps a budgeted tree whole while a task of it is live (its
-// ended tasks' usage is in its figures, and a restart's replay needs
-// their records); once all of it ended, it may be forgotten.
-func TestRetentionKeepsABudgetedTreeWhileItLives(t *testing.T) {
-	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 1}))
-	ended := func(id string) { // it may be forgotten as soon as it ended
-		_, err := h.m.Wait(testCtx(t), id)
-		if !errors.Is(err, ErrForgotten) {
+// Retention forgets the ended tasks of a budgeted tree as it forgets any
+// (the task holding the budget stays while its tree lives, or a task in
+// memory names it); what they spent stays in the budget, and a
+// compaction carries it, so a restart refunds nothing.
+func TestRetentionForgetsABudgetedTreesTasksAndTheBudgetKeepsTheirSpend(t *testing.T) {
+	ctx := testCtx(t)
+	j := &memJournal{}
+	m, err := Open(ctx, &testHost{}, WithJournal(j), WithIDs(SequentialIDs()), WithRetention(Retention{MaxEnded: 1}))
+	require.NoError(t, err)
+	run := func(parent string, b *Budget) Task {
+		t.Helper()
+		task, err := m.Launch(ctx, Spec{ParentSessionID: parent, Prompt: "p", Models: oneModel, Budget: b})
+		require.NoError(t, err)
+		return waitStatus(t, m, task.ID, StatusRunning)
+	}
+	end := func(task Task, tokens int64) {
+		t.Helper()
+		require.NoError(t, m.Observe(Event{SessionID: task.SessionID, Kind: SessionIdle, Text: "done", Usage: u(tokens, 0, 1, 0)}))
+		if _, err := m.Wait(ctx, task.ID); !errors.Is(err, ErrForgotten) {
 			require.NoError(t, err)
 		}
+		require.NoError(t, m.notes.lanes.Wait(ctx))
 	}
-	root := h.running("chat", withBudget(Budget{Tokens: 100_000}))
-	child := h.running(root.SessionID)
-	grand := h.running(child.SessionID)
-	require.NoError(t, h.observe(Event{SessionID: grand.SessionID, Kind: SessionIdle, Text: "g", Usage: u(10, 0, 1, 0)}))
-	h.wait(grand.ID)
-	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
-	require.NoError(t, h.observe(Event{SessionID: child.SessionID, Kind: SessionIdle, Text: "c", Usage: u(20, 0, 1, 0)}))
-	h.wait(child.ID)
-	for i := range 3 { // others end, past MaxEnded
-		o := h.running(fmt.Sprintf("other-%d", i))
-		require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "o"}))
-		ended(o.ID)
+	root := run("chat", &Budget{Tokens: 100_000, Spawns: 10})
+	for range 3 {
+		kid := run(root.SessionID, nil)
+		end(kid, 300)
 	}
-	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
-	for _, id := range []string{child.ID, grand.ID} {
-		_, err := h.m.Task(id)
-		assert.NoError(t, err, "task %s: kept while its tree lives", id)
+	for i := range 3 {
+		end(run(fmt.Sprintf("other-%d", i), nil), 1)
 	}
-	require.NoError(t, h.observe(Event{SessionID: root.SessionID, Kind: SessionIdle, Text: "r"}))
-	ended(root.ID)
-	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
-	o := h.running("last")
-	require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "o"}))
-	ended(o.ID)
-	require.NoError(t, h.m.notes.lanes.Wait(testCtx(t)))
-	_, err := h.m.Task(grand.ID)
-	assert.ErrorIs(t, err, ErrForgotten, "the tree ended whole: it may go")
+	page, err := m.Tasks(Query{Parent: root.SessionID})
+	require.NoError(t, err)
+	require.Less(t, len(page.Tasks), 3, "retention forgot some of the root's children")
+	_, err = m.Task(root.ID)
+	require.NoError(t, err, "the task holding the budget stays while its tree lives")
+	s := budgetOf(t, m, root.ID)
+	assert.Equal(t, int64(900), s.Spent.Tokens())
+	assert.Equal(t, int64(3), s.Spawned)
+	m.mu.Lock()
+	m.led.forgotten += compactEvery
+	m.mu.Unlock()
+	m.maybeCompact()
+	j.mu.Lock()
+	recs := cloneRecords(j.recs)
+	j.crashed = true
+	j.mu.Unlock()
+	require.NoError(t, m.Shutdown(ctx))
+	m2, err := Open(ctx, &testHost{}, WithJournal(&memJournal{recs: recs}), WithIDs(SequentialIDs()), WithRetention(Retention{MaxEnded: 1}))
+	require.NoError(t, err)
+	shutdownAtCleanup(t, m2)
+	s2 := budgetOf(t, m2, root.ID)
+	assert.Equal(t, s.Spent, s2.Spent, "no refund: the compaction carried what the forgotten spent")
+	assert.Equal(t, s.Spawned, s2.Spawned)
 }
 
 // A child launched from its parent's session before the parent's start

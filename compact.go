@@ -42,6 +42,10 @@ func (m *Manager) snapshotRecords() []record {
 	for _, e := range m.order {
 		ti := e.info
 		add(record{kind: recTaskLaunched, task: e.id, at: ti.launchedAt, recordExt: &recordExt{spec: ti}})
+		if a := e.acct; a != nil && a.bud != nil && a.bud.owner == e && (!a.bud.forgot.IsZero() || a.bud.forgotSpawned > 0) {
+			// What the tasks retention forgot had added to its budget.
+			add(record{kind: recUsage, task: e.id, at: ti.launchedAt, usage: &usageRec{u: a.bud.forgot, spawned: a.bud.forgotSpawned}})
+		}
 		atts := e.atts()
 		bound := make(map[string]bool, len(atts))
 		skips := e.skips

@@ -218,6 +218,9 @@ func describe(rec *record) string {
 		}
 		return s
 	case recUsage:
+		if rec.usage.attempt == "" {
+			return fmt.Sprintf("its budget carries what forgotten tasks used: %s, %d spawned", rec.usage.u, rec.usage.spawned)
+		}
 		return "attempt " + rec.usage.attempt + " used " + rec.usage.u.String()
 	case recAttemptCreated:
 		return n + " created on " + a.Model.String()

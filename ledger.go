@@ -211,6 +211,7 @@ func (l *ledger) checkTree(rec record) error {
 // written (a bug, logged): nothing may see a task without an attempt.
 func (l *ledger) drop(e *entry) {
 	l.budgetLive(e, false) // it never was: its reservation goes back
+	l.budgetForgot(e)
 	delete(l.tasks, e.id)
 	l.liveEnded(e)
 	l.unindex(e)

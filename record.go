@@ -456,7 +456,7 @@ func encodeExt6(w *codec.Writer, x *recordExt, use *usageRec) {
 	w.Bool(use != nil)
 	if u := use; u != nil {
 		w.String(u.attempt)
-		for _, n := range [...]int64{u.u.InputTokens, u.u.OutputTokens, u.u.CachedTokens, u.u.Requests, int64(u.u.Cost)} {
+		for _, n := range [...]int64{u.u.InputTokens, u.u.OutputTokens, u.u.CachedTokens, u.u.Requests, int64(u.u.Cost), u.spawned} {
 			w.Uint(uint64(n))
 		}
 	}
@@ -492,11 +492,11 @@ func decodeExt6(d *codec.Reader, x *recordExt) (*usageRec, error) {
 	}
 	if d.Bool() {
 		u := &usageRec{attempt: d.String()}
-		f, err := figures(5)
+		f, err := figures(6)
 		if err != nil {
 			return nil, fmt.Errorf("usage: %w", err)
 		}
-		u.u = Usage{InputTokens: f[0], OutputTokens: f[1], CachedTokens: f[2], Requests: f[3], Cost: Cost(f[4])}
+		u.u, u.spawned = Usage{InputTokens: f[0], OutputTokens: f[1], CachedTokens: f[2], Requests: f[3], Cost: Cost(f[4])}, f[5]
 		return u, nil
 	}
 	return nil, nil

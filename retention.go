@@ -68,6 +68,7 @@ func (m *Manager) sweep() {
 // id is kept as a tombstone. m.mu is held.
 func (m *Manager) forget(e *entry) {
 	l := m.led
+	l.budgetForgot(e)
 	delete(l.tasks, e.id)
 	e.eachAttempt(func(_ int, a *Attempt) { delete(l.byAttempt, a.ID) })
 	e.eachSession(func(s string) bool {

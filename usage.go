@@ -133,6 +133,9 @@ type usageBox struct {
 type usageRec struct {
 	attempt string
 	u       Usage
+	// spawned is, in a record of no attempt (a compaction's carry of a
+	// budget), the spawns of forgotten tasks.
+	spawned int64
 }
 
 // acct is a task's accounting: its usage, and the budgets it spends
@@ -181,6 +184,10 @@ func (e *entry) usage() *TaskUsage {
 // countUsage applies a usage record to e: the attempt's, the task's and
 // every budget above it. m.mu (or the replay) holds the ledger.
 func (l *ledger) countUsage(e *entry, rec *record) {
+	if rec.usage.attempt == "" {
+		l.carry(e, rec.usage)
+		return
+	}
 	a := e.accountOf()
 	i := e.current // the usual case: the current run's
 	if e.cold != "" || e.attempts[i].ID != rec.usage.attempt {
@@ -216,6 +223,12 @@ func (l *ledger) countUsage(e *entry, rec *record) {
 func checkUsage(l *ledger, e *entry, rec *record) error {
 	if rec.usage == nil {
 		return errors.New("bgtask: ledger: a usage record must carry its usage")
+	}
+	if rec.usage.attempt == "" { // a budget's carry: its task holds one
+		if e.acct == nil || e.acct.bud == nil || e.acct.bud.owner != e || rec.usage.spawned < 0 {
+			return fmt.Errorf("bgtask: ledger: a budget's carry for task %s, which holds none", e.id)
+		}
+		return rec.usage.u.validate()
 	}
 	if owner := l.byAttempt[rec.usage.attempt]; owner != e {
 		return fmt.Errorf("bgtask: ledger: usage for attempt %q, which is not task %s's", rec.usage.attempt, e.id)
