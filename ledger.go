@@ -361,7 +361,7 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	a := &rec.attempt
 	a.StartedAt, a.CompletedAt = a.StartedAt.Round(0), a.CompletedAt.Round(0)
 	rec.task = e.id
-	l.stamp(rec) // handed to the tap (a journal, a test): memory keeps only the projection
+	l.stamp(rec)              // handed to the tap (a journal, a test): memory keeps only the projection
 	if rec.kind != recUsage { // usage changes no state: an ended task's end stays its final record (recovery's rounds read it)
 		e.seq = rec.seq
 	}
