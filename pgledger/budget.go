@@ -93,6 +93,24 @@ BEGIN
 END
 $$;
 
+-- bgtask_budget_lock locks the budgets of the chains from p_holders up,
+-- in holder order: every transaction that moves budgets takes their
+-- locks in the one order, so two never wait on each other crosswise.
+CREATE FUNCTION bgtask_budget_lock(p_ledger text, p_holders text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM 1 FROM bgtask_budgets b
+	 WHERE b.ledger = p_ledger AND b.holder IN (
+		WITH RECURSIVE c(holder, n) AS (
+			SELECT h, 0 FROM unnest(p_holders) AS h WHERE h <> ''
+			UNION
+			SELECT x.up, c.n + 1 FROM bgtask_budgets x JOIN c ON x.ledger = p_ledger AND x.holder = c.holder
+			 WHERE x.up <> '' AND c.n < 1000)
+		SELECT holder FROM c)
+	 ORDER BY b.holder FOR UPDATE;
+END
+$$;
+
 -- bgtask_budget_above is the budget a task spends from above its own.
 CREATE FUNCTION bgtask_budget_above(p_ledger text, p_task text, p_holder text) RETURNS text
 LANGUAGE sql STABLE AS $$
@@ -123,6 +141,7 @@ BEGIN
 	SELECT sp.holder INTO up FROM bgtask_sessions s JOIN bgtask_spends sp ON sp.ledger = s.ledger AND sp.task_id = s.task_id
 	 WHERE s.ledger = p_ledger AND s.session_id = p_parent;
 	up := coalesce(up, '');
+	PERFORM bgtask_budget_lock(p_ledger, ARRAY[up]);
 	h := up;
 	WHILE h <> '' AND cardinality(chain) < 1000 LOOP
 		SELECT * INTO b FROM bgtask_budgets WHERE ledger = p_ledger AND holder = h FOR UPDATE;
@@ -213,6 +232,7 @@ DECLARE
 	h text;
 	n int;
 	crossed boolean := false;
+	x boolean;
 	landed boolean;
 BEGIN
 	landed := coalesce(array_length(p_seq, 1), 0) > 0 AND EXISTS (
@@ -222,6 +242,8 @@ BEGIN
 	IF landed THEN
 		RETURN;
 	END IF;
+	PERFORM bgtask_budget_lock(p_ledger, ARRAY(
+		SELECT sp.holder FROM bgtask_spends sp WHERE sp.ledger = p_ledger AND sp.task_id = ANY(p_task)));
 	FOR i IN 1 .. coalesce(array_length(p_seq, 1), 0) LOOP
 		CONTINUE WHEN p_kind[i] <> 'usage' AND p_kind[i] <> 'session_bound';
 		SELECT * INTO s FROM bgtask_spends WHERE ledger = p_ledger AND task_id = p_task[i] FOR UPDATE;
@@ -238,8 +260,9 @@ BEGIN
 				                   WHEN lim_cost > 0 AND spent_cost + p_cost[i] >= lim_cost THEN 'cost'
 				                   WHEN lim_requests > 0 AND spent_requests + p_requests[i] >= lim_requests THEN 'requests'
 				                   ELSE '' END
-				 WHERE ledger = p_ledger AND holder = h RETURNING up, crossed OR (over <> '' AND NOT closed) INTO h, crossed;
+				 WHERE ledger = p_ledger AND holder = h RETURNING up, over <> '' AND NOT closed AND closing_at IS NULL INTO h, x;
 				EXIT WHEN NOT FOUND;
+				crossed := crossed OR coalesce(x, false); -- over and nobody closing it yet: tell the nodes
 				n := n + 1;
 			END LOOP;
 		ELSIF NOT s.started THEN
