@@ -89,6 +89,9 @@ type Event struct {
 	// counts for the attempt that did the work, never moving its task
 	// (Observe returns ErrStaleEvent all the same, but for SessionUsage);
 	// one whose token or session contradicts its attempt counts nowhere.
+	// An event held until its session is bound carries its usage with it:
+	// one given up (WithHoldLimit, or no start claimed its session) counts
+	// nowhere either.
 	Usage Usage
 
 	last bool // SessionIdle from a FuncHost function's return: no turn follows

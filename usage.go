@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -305,6 +306,10 @@ func usageLine(t Task) string {
 	return "\nUsage: " + t.Usage.Total.String()
 }
 
+// usageLineRE matches a Timeline's usage line (Usage.String), indented
+// or not: not a line of a child's output that happens to begin so.
+var usageLineRE = regexp.MustCompile(`^ *Usage: \d+ tokens \(\d+ in, (\d+ cached, )?\d+ out\), \d+ requests?, cost -?\d+\.\d+$`)
+
 // withoutUsage is text less its Timeline's usage line: what a check of a
 // notification made again from a later ledger compares (late reports
 // move the line).
@@ -312,7 +317,7 @@ func withoutUsage(text string) string {
 	lines := strings.Split(text, "\n")
 	kept := lines[:0]
 	for _, l := range lines {
-		if !strings.HasPrefix(strings.TrimLeft(l, " "), "Usage: ") {
+		if !usageLineRE.MatchString(l) {
 			kept = append(kept, l)
 		}
 	}
