@@ -51,9 +51,7 @@ func TestUsageIsCountedPerAttemptTaskAndTree(t *testing.T) {
 	assert.NotContains(t, Timeline(h.wait(plain.ID)), "Usage", "a task that reported none: the seed's timeline, unchanged")
 	assert.Nil(t, h.task(plain.ID).Usage)
 
-	h.m.mu.Lock()
-	defer h.m.mu.Unlock()
-	require.NoError(t, checkReplay(h.m.led), "the usage records replay to the same tasks")
+	replaysAlike(t, h.m)
 }
 
 // A stale event's usage counts for the attempt that did the work and
