@@ -369,6 +369,12 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 	if !visible {
 		return
 	}
+	if len(recs) == 1 && recs[0].kind == recUsage { // no run changed: its watchers and subscribers hear, nothing else follows
+		e.rt.sig.Change()
+		m.signal()
+		m.publish(e)
+		return
+	}
 	m.touched(e)
 	for i := range recs {
 		switch rec := &recs[i]; rec.kind {

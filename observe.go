@@ -93,7 +93,7 @@ func (m *Manager) observeLocked(o *observation) (resolved, error) {
 	if stale || ev.Kind == SessionUsage {
 		// The work was done: its usage counts for the attempt that did
 		// it, and nothing else of the event applies.
-		m.spend(ref, ev.Usage)
+		m.spend(ref, ev.Usage, ev.At)
 		if ev.Kind == SessionUsage {
 			return resolved{}, nil
 		}
@@ -105,7 +105,7 @@ func (m *Manager) observeLocked(o *observation) (resolved, error) {
 	if e.state == StatusPending {
 		a := ref.attempt()
 		if !e.rt.starting() {
-			m.spend(ref, ev.Usage)
+			m.spend(ref, ev.Usage, ev.At)
 			return m.who(ref), ErrStaleEvent // no child can be running for it
 		}
 		if !m.hold(o, a.ID) {
@@ -113,7 +113,7 @@ func (m *Manager) observeLocked(o *observation) (resolved, error) {
 		}
 		return resolved{}, nil
 	}
-	m.spend(ref, ev.Usage)
+	m.spend(ref, ev.Usage, ev.At)
 	m.apply(ref.e, o)
 	return resolved{}, nil
 }

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Usage is what a child's model calls used: reported by the host with an
@@ -237,15 +238,18 @@ func checkUsage(l *ledger, e *entry, rec *record) error {
 	return rec.usage.u.validate()
 }
 
-// spend records usage u reported for the attempt ref names, whatever
+// spend records usage u reported (at, or now) for the attempt ref names, whatever
 // became of it (superseded, ended, stopped: the work was done). m.mu is
 // held.
-func (m *Manager) spend(ref attemptRef, u Usage) {
+func (m *Manager) spend(ref attemptRef, u Usage, at time.Time) {
 	if u.IsZero() {
 		return
 	}
 	e := ref.e
-	rec := record{kind: recUsage, task: e.id, at: m.now(), usage: &usageRec{attempt: ref.attempt().ID, u: u}}
+	if at.IsZero() && m.led.recording() { // a record no journal keeps needs no time (the clock is slow)
+		at = m.now()
+	}
+	rec := record{kind: recUsage, task: e.id, at: at, usage: &usageRec{attempt: ref.attempt().ID, u: u}}
 	if !m.commit(e, rec) {
 		return
 	}
