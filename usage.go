@@ -249,7 +249,14 @@ func (m *Manager) spend(ref attemptRef, u Usage, at time.Time) {
 	if at.IsZero() && m.led.recording() { // a record no journal keeps needs no time (the clock is slow)
 		at = m.now()
 	}
-	rec := record{kind: recUsage, task: e.id, at: at, usage: &usageRec{attempt: ref.attempt().ID, u: u}}
+	var use *usageRec
+	if m.led.recording() {
+		use = &usageRec{attempt: ref.attempt().ID, u: u}
+	} else { // applied and dropped in this locked section: no allocation
+		use = &m.calls.usage
+		*use = usageRec{attempt: ref.attempt().ID, u: u}
+	}
+	rec := record{kind: recUsage, task: e.id, at: at, usage: use}
 	if !m.commit(e, rec) {
 		return
 	}
