@@ -3,6 +3,7 @@ package bgtask
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -348,15 +349,29 @@ func BenchmarkLifecycle3(b *testing.B) {
 		name  string
 		every int
 	}{{"steady", 1024}, {"accumulating", 0}} {
-		b.Run(mode.name, func(b *testing.B) { benchLifecycle3(b, mode.every) })
+		b.Run(mode.name, func(b *testing.B) { benchLifecycle3(b, mode.every, nil) })
 	}
+	// Usage accounting's cost: the same lifecycle, each attempt's end
+	// carrying the usage it reports (a usage record each), and that in a
+	// tree with a budget it counts against (Spec.Budget, never reached).
+	b.Run("steady/usage", func(b *testing.B) {
+		benchLifecycle3(b, 1024, &Usage{InputTokens: 1200, OutputTokens: 80, Requests: 1, Cost: 900})
+	})
+	b.Run("steady/budget", func(b *testing.B) {
+		benchLifecycle3(b, 1024, &Usage{InputTokens: 1200, OutputTokens: 80, Requests: 1, Cost: 900}, func(s *Spec) {
+			s.Budget = &Budget{Tokens: math.MaxInt64, Cost: Cost(math.MaxInt64), Requests: math.MaxInt64}
+		})
+	})
 }
 
-func benchLifecycle3(b *testing.B, every int) {
+func benchLifecycle3(b *testing.B, every int, usage *Usage, opts ...func(*Spec)) {
 	host := &benchHost{onStart: func(m *Manager, req SessionRequest, sid string) {
 		ev := Event{AttemptID: req.AttemptID, Kind: SessionIdle, Text: "ok"}
 		if req.AttemptNumber < 3 {
 			ev = Event{AttemptID: req.AttemptID, Kind: SessionError, Err: errRateLimited}
+		}
+		if usage != nil {
+			ev.Usage = *usage
 		}
 		if err := m.Observe(ev); err != nil {
 			panic(err)
@@ -371,6 +386,9 @@ func benchLifecycle3(b *testing.B, every int) {
 	m := fresh()
 	b.Cleanup(func() { _ = m.Shutdown(ctx) })
 	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}, {Provider: "c", ID: "3"}}}
+	for _, o := range opts {
+		o(&spec)
+	}
 	b.ReportAllocs()
 	n := 0
 	for b.Loop() {

@@ -140,7 +140,7 @@ func (l *ledger) retryRecords(e *entry, errText string, at time.Time) ([3]record
 	if err != nil {
 		return [3]record{}, err
 	}
-	final, err := l.finalRecord(e, e.cur().ID, StatusError, errText, "", at)
+	final, err := l.finalRecord(e, e.cur().ID, StatusError, errText, "", at) // no budget figures: a retry follows
 	if err != nil {
 		return [3]record{}, err
 	}
@@ -188,7 +188,9 @@ func (l *ledger) bindSession(e *entry, attemptID, sessionID string, at time.Time
 }
 
 func (l *ledger) finalize(e *entry, attemptID string, status Status, errText, result string, at time.Time) error {
-	return l.build(e)(l.finalRecord(e, attemptID, status, errText, result, at))
+	rec, err := l.finalRecord(e, attemptID, status, errText, result, at)
+	rec.evidence.budget = budgetNotice(e.budgetState())
+	return l.build(e)(rec, err)
 }
 
 // scheduleRetry writes retryRecords and returns the failed and the next

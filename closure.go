@@ -498,14 +498,21 @@ func (m *Manager) closeTask(ctx context.Context, id, by string) (ClosureReport, 
 		m.unlock()
 		return ClosureReport{}, fmt.Errorf("%w: %q", ErrUnknownTask, id)
 	}
-	root := e.cur().SessionID
-	if ss := e.sessionList(); root == "" && len(ss) > 0 {
-		root = ss[len(ss)-1]
-	}
+	root := sessionOf(e)
 	c := m.openClosure(root, e, by)
 	c.ctx = ctx
 	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
 	return m.closeFrom(ctx, c)
+}
+
+// sessionOf is the session a closure of task e as a unit names: its
+// current one, else its latest ("" if it never had one).
+func sessionOf(e *entry) string {
+	root := e.cur().SessionID
+	if ss := e.sessionList(); root == "" && len(ss) > 0 {
+		root = ss[len(ss)-1]
+	}
+	return root
 }
 
 // closeFrom runs closure c for a caller with ctx: a caller that is a
@@ -534,14 +541,18 @@ const (
 	closedByCaller         = "caller"
 	closedBySessionDeleted = "session_deleted"
 	closedByRestart        = "restart"
+	closedByBudget         = "budget"
 )
 
 // openClosure raises the fence of a closure of root (and, for CloseTask, of
 // task as a unit), begun by by. m.mu is held.
 func (m *Manager) openClosure(root string, task *entry, by string) *closure {
 	stop := stopBy(root, task)
-	if by == closedByCaller {
+	switch by {
+	case closedByCaller:
 		stop = &recordExt{stop: StatusCancelled, note: noteCallerOf + task.id}
+	case closedByBudget:
+		stop = budgetNote(task)
 	}
 	c := &closure{root: root, task: task, stop: stop, by: by, began: m.now(), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.calls.startSeq, ctx: m.life.ctx}
 	taskID := ""

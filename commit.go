@@ -337,6 +337,9 @@ func (m *Manager) commit(e *entry, recs ...record) bool {
 		n++
 	}
 	m.follow(e, was, recs[:n], n == len(recs))
+	if len(m.led.crossings) > 0 {
+		m.budgetCrossed()
+	}
 	return n == len(recs)
 }
 
@@ -364,6 +367,12 @@ func (m *Manager) follow(e *entry, wasTerminal bool, recs []record, whole bool) 
 		}
 	}
 	if !visible {
+		return
+	}
+	if len(recs) == 1 && recs[0].kind == recUsage { // no run changed: its watchers and subscribers hear, nothing else follows
+		e.rt.sig.Change()
+		m.signal()
+		m.publish(e)
 		return
 	}
 	m.touched(e)

@@ -42,6 +42,10 @@ func (m *Manager) snapshotRecords() []record {
 	for _, e := range m.order {
 		ti := e.info
 		add(record{kind: recTaskLaunched, task: e.id, at: ti.launchedAt, recordExt: &recordExt{spec: ti}})
+		if a := e.acct; a != nil && a.bud != nil && a.bud.owner == e && (!a.bud.forgot.IsZero() || a.bud.forgotSpawned > 0) {
+			// What the tasks retention forgot had added to its budget.
+			add(record{kind: recUsage, task: e.id, at: ti.launchedAt, usage: &usageRec{u: a.bud.forgot, spawned: a.bud.forgotSpawned}})
+		}
 		atts := e.atts()
 		bound := make(map[string]bool, len(atts))
 		skips := e.skips
@@ -70,6 +74,9 @@ func (m *Manager) snapshotRecords() []record {
 				run.Status, run.Pending, run.SessionID, run.StartedAt = StatusRunning, "", a.SessionID, a.StartedAt
 				add(record{kind: recSessionBound, task: e.id, at: a.StartedAt, attempt: run})
 				bound[a.SessionID] = true
+			}
+			if u := e.acct; u != nil && i < len(u.byAttempt) && !u.byAttempt[i].IsZero() { // what it used, summed
+				add(record{kind: recUsage, task: e.id, at: ti.launchedAt, usage: &usageRec{attempt: a.ID, u: u.byAttempt[i]}})
 			}
 			if i == e.current && e.inv != nil { // while the task is live, as they were made
 				for _, r := range e.inv.records(e.id) {

@@ -143,7 +143,7 @@ func (w *crashWorld) deliver(ctx context.Context, sid string) {
 	Delivered(ctx) // the result reaches the session now, before its next turn can begin
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if s := w.sess[sid]; s != nil && s.state == SessionStateEnded && s.end.Kind == SessionIdle {
+	if s := w.sess[sid]; s != nil && s.state == SessionStateEnded && s.end.Kind == SessionIdle && !s.late { // an aborted session takes no next turn
 		s.state, s.end, s.woken = SessionStateAlive, Event{}, true
 		if w.woke != nil {
 			close(w.woke)
@@ -321,6 +321,20 @@ func crashScenario(t *testing.T, m *Manager, w *crashWorld) {
 	running(t5.ID)
 	require.NoError(t, m.Cancel(ctx, t5.ID))
 
+	// A budget spent: t10's tree (t10, and c10 with a narrower grant)
+	// reaches its tokens; the budget's closure stops both; a late report
+	// of the stopped child still counts.
+	t10 := launch(Spec{ParentSessionID: "p10", Description: "budgeted", Prompt: "b", Models: abc, Budget: &Budget{Tokens: 1000, Spawns: 3}})
+	s10 := running(t10.ID).SessionID
+	c10 := launch(Spec{ParentSessionID: s10, Description: "granted", Prompt: "g", Models: abc, Budget: &Budget{Tokens: 600}})
+	sc10 := running(c10.ID).SessionID
+	require.NoError(t, m.Observe(Event{SessionID: s10, Kind: SessionUsage, Usage: Usage{InputTokens: 200, OutputTokens: 100, Requests: 1}}))
+	require.NoError(t, m.Observe(Event{SessionID: sc10, Kind: SessionBusy, Usage: Usage{InputTokens: 400, OutputTokens: 100, Requests: 2, Cost: 5000}}))
+	require.NoError(t, m.Observe(Event{SessionID: s10, Kind: SessionUsage, Usage: Usage{OutputTokens: 250, Requests: 1}}))
+	waitStatus(t, m, t10.ID, StatusCancelled)
+	waitStatus(t, m, c10.ID, StatusCancelled)
+	require.NoError(t, m.Observe(Event{SessionID: sc10, Kind: SessionUsage, Usage: Usage{OutputTokens: 40, Requests: 1}}))
+
 	// More ended tasks than retention keeps, then a compaction.
 	for i := range 4 {
 		ti := launch(Spec{ParentSessionID: "p6", Description: fmt.Sprintf("filler %d", i), Prompt: "f", Models: abc[2:]})
@@ -343,6 +357,12 @@ func crashScenario(t *testing.T, m *Manager, w *crashWorld) {
 	s8 := running(t8.ID).SessionID
 	c8 := launch(Spec{ParentSessionID: s8, Description: "child at the crash", Prompt: "n", Models: abc[2:]})
 	running(c8.ID)
+	// A budgeted tree live at the crash: its figures come back exactly.
+	t11 := launch(Spec{ParentSessionID: "p11", Description: "budgeted, live", Prompt: "q", Models: abc, Budget: &Budget{Tokens: 100_000, Spawns: 4}})
+	s11 := running(t11.ID).SessionID
+	c11 := launch(Spec{ParentSessionID: s11, Description: "child, live", Prompt: "r", Models: abc[1:]})
+	require.NoError(t, m.Observe(Event{SessionID: running(c11.ID).SessionID, Kind: SessionUsage, Usage: Usage{InputTokens: 1200, OutputTokens: 300, CachedTokens: 1000, Requests: 3, Cost: 12_500}}))
+	require.NoError(t, m.Observe(Event{SessionID: s11, Kind: SessionBusy, Usage: Usage{InputTokens: 70, Requests: 1}}))
 	t9 := launch(Spec{ParentSessionID: "p7", Description: "sibling of t7", Prompt: "o", Models: abc[:1], AttemptTimeout: time.Hour})
 	finish(t9.ID, Event{Kind: SessionIdle, Text: "t9 answer"})
 	waitStatus(t, m, t9.ID, StatusCompleted)
@@ -706,6 +726,8 @@ func drive(t *testing.T, m *Manager, w *crashWorld) {
 			for _, task := range m.Snapshot().Tasks {
 				if !task.Status.Terminal() {
 					t.Logf("live: %s %s pending=%q activity=%q session %s alive=%v invocations=%d", task.ID, task.Status, task.Pending, task.Activity, task.SessionID, w.alive(task.SessionID), len(task.Invocations))
+				} else {
+					t.Logf("ended: %s %s stop=%v session %s notes", task.ID, task.Status, task.Stop, task.SessionID)
 				}
 			}
 			t.Fatalf("the restarted manager did not end its tasks: %d live", live)
@@ -754,6 +776,7 @@ func checkRestart(t *testing.T, j Journal, recs, history []record, start time.Ti
 			tasks[id] = task
 		}
 	}
+	checkBudgets(t, m, recs)
 	require.NoError(t, m.Shutdown(ctx))
 	after := rec.all()
 	t.Cleanup(func() {

@@ -24,6 +24,9 @@
 //     each answer, in order.
 //   - OpenFileJournal (or pgledger, for a fleet sharing PostgreSQL) makes
 //     it survive a restart.
+//   - Event.Usage (Run.Usage in-process) reports what a run spent;
+//     Spec.Budget (or WithBudget) limits what a tree may spend, and stops
+//     it when it has (ErrBudget, StopBudget).
 //   - bgtasktest drives it from your tests without sleeping; bgtaskhttp
 //     serves it over HTTP.
 //

@@ -56,6 +56,9 @@ type entry struct {
 	// skips are the models its chain skipped as they cooled
 	// (recModelSkipped), in order: each moves the chain on by one.
 	skips []Skip
+	// acct is what it used and the budgets it spends from (usage.go);
+	// nil while it reported no usage and is in no budget.
+	acct *acct
 }
 
 // chainPos is the place in e's chain of attempt number n: its number
@@ -332,6 +335,9 @@ func (e *entry) project() Task {
 	}
 	if e.inv != nil {
 		t.Invocations = e.inv.clone()
+	}
+	if e.acct != nil {
+		t.Usage, t.Budget = e.usage(), e.budgetState()
 	}
 	e.projectStop(&t)
 	if e.terminal() {

@@ -24,6 +24,11 @@ const (
 	// SessionWaiting: the child waits on a tool, a permission or input.
 	// Liveness only; it sets Activity.
 	SessionWaiting EventKind = "waiting"
+	// SessionUsage: the child reports usage (Event.Usage) and nothing
+	// else. It is counted for the attempt it resolves to even when that
+	// run was replaced or ended (Observe then returns nil): the work was
+	// done.
+	SessionUsage EventKind = "usage"
 )
 
 // ends reports whether an event of kind k ends the run it reports on.
@@ -37,7 +42,7 @@ func (k EventKind) ends() bool {
 
 func (k EventKind) valid() bool {
 	switch k {
-	case SessionBusy, SessionIdle, SessionError, SessionInterrupted, SessionDeleted, SessionCompacted, SessionWaiting:
+	case SessionBusy, SessionIdle, SessionError, SessionInterrupted, SessionDeleted, SessionCompacted, SessionWaiting, SessionUsage:
 		return true
 	}
 	return false
@@ -78,6 +83,16 @@ type Event struct {
 	// people watching: Task.Progress shows it while the run goes on, and
 	// every change of it is a Change. It is bounded to MaxProgressRunes.
 	Progress string
+	// Usage is what the child used since its previous report (a delta),
+	// on an event of any kind: counted for the attempt the event resolves
+	// to, and kept in the ledger (see Usage). A stale event's usage still
+	// counts for the attempt that did the work, never moving its task
+	// (Observe returns ErrStaleEvent all the same, but for SessionUsage);
+	// one whose token or session contradicts its attempt counts nowhere.
+	// An event held until its session is bound carries its usage with it:
+	// one given up (WithHoldLimit, or no start claimed its session) counts
+	// nowhere either.
+	Usage Usage
 
 	last bool // SessionIdle from a FuncHost function's return: no turn follows
 }

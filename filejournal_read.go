@@ -205,13 +205,23 @@ func describe(rec *record) string {
 		(rec.kind == recInvocationAdmitted || rec.kind == recAnswerFiled) && rec.inv == nil,
 		rec.kind == recAnswerFiled && rec.inv.Answer == nil,
 		rec.kind == recModelSkipped && x.skip == nil,
-		rec.kind == recCooldownBegan && x.cool == nil:
+		rec.kind == recCooldownBegan && x.cool == nil,
+		rec.kind == recUsage && rec.usage == nil:
 		return rec.kind.String() + " (incomplete)"
 	}
 	n := "attempt " + strconv.Itoa(a.Number)
 	switch rec.kind {
 	case recTaskLaunched:
-		return fmt.Sprintf("launched under %s on %v", x.spec.parent, x.spec.models)
+		s := fmt.Sprintf("launched under %s on %v", x.spec.parent, x.spec.models)
+		if b := x.spec.opt().budget; b != nil {
+			s += fmt.Sprintf(", granted a budget of %d tokens, cost %s, %d requests, %d spawns (0: no limit)", b.Tokens, b.Cost, b.Requests, b.Spawns)
+		}
+		return s
+	case recUsage:
+		if rec.usage.attempt == "" {
+			return fmt.Sprintf("its budget carries what forgotten tasks used: %s, %d spawned", rec.usage.u, rec.usage.spawned)
+		}
+		return "attempt " + rec.usage.attempt + " used " + rec.usage.u.String()
 	case recAttemptCreated:
 		return n + " created on " + a.Model.String()
 	case recAttemptPending:

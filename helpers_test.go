@@ -286,7 +286,7 @@ func checkInvariants(t testing.TB, m *Manager) {
 		}
 		for _, r := range recordsOf(m.led, e.id) {
 			switch r.kind {
-			case recAttemptCreated, recAttemptPending, recSessionBound, recAttemptFinal:
+			case recAttemptCreated, recAttemptPending, recSessionBound, recAttemptFinal, recUsage:
 				changes++
 			}
 		}

@@ -37,7 +37,11 @@ type Record struct {
 	// launched the task: what a journal shared by several processes needs
 	// to find a branch's tasks and fence it (another copy of Data's).
 	ParentSessionID string
-	Data            []byte // the whole record; a journal stores and returns it as is
+	// Usage is, with Kind "usage", what the attempt (AttemptID) used: what
+	// a journal shared by several processes sums into the budgets of the
+	// task's tree (another copy of Data's); nil otherwise.
+	Usage *Usage
+	Data  []byte // the whole record; a journal stores and returns it as is
 }
 
 // Journal persists a Manager's ledger records (WithJournal).

@@ -248,6 +248,9 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 	if m.life.closing {
 		return reply{err: ErrShutdown}
 	}
+	if err := m.budgetAdmit(info); err != nil { // before the fence: a budget spent says so while its closure runs
+		return reply{err: err}
+	}
 	if m.closingParent(info.parent) {
 		return reply{err: fmt.Errorf("%w: parent session %s is inside a branch being closed", ErrBranchClosing, info.parent)}
 	}

@@ -65,6 +65,10 @@ type ledger struct {
 	// lastChain is the model chain of the latest launch: a launch with
 	// the same chain (most of a harness's) shares it (chain).
 	lastChain []Model
+	// crossings are the budget thresholds the records just written
+	// reached, for the Manager to act on (budgetCrossed); a replay's are
+	// dropped, acted on in their own life.
+	crossings []crossing
 }
 
 func newLedger(ids IDGenerator) *ledger {
@@ -168,7 +172,9 @@ func (l *ledger) replayOne(rec record) (*entry, error) {
 			return nil, err
 		}
 	}
-	return l.apply(rec)
+	e, err := l.apply(rec)
+	l.crossings = nil // each threshold was acted on in its own life, in the commit that reached it
+	return e, err
 }
 
 // checkTree refuses a replayed bind (or orphan) of a session to a task
@@ -204,6 +210,8 @@ func (l *ledger) checkTree(rec record) error {
 // drop takes back a task just opened whose first attempt could not be
 // written (a bug, logged): nothing may see a task without an attempt.
 func (l *ledger) drop(e *entry) {
+	l.budgetLive(e, false) // it never was: its reservation goes back
+	l.budgetForgot(e)
 	delete(l.tasks, e.id)
 	l.liveEnded(e)
 	l.unindex(e)
@@ -342,7 +350,7 @@ func (l *ledger) apply(rec record) (*entry, error) {
 // appends it and updates the projection. It is the only writer of attempts
 // and indexes.
 func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
-	if e.cold != "" {
+	if e.cold != "" && rec.kind != recUsage { // usage reads the attempts only: a frozen task stays so
 		l.thaw(e) // rare: a record for a frozen task (it is frozen again once it settles)
 	}
 	if err := l.check(e, ref, rec); err != nil {
@@ -353,8 +361,10 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 	a := &rec.attempt
 	a.StartedAt, a.CompletedAt = a.StartedAt.Round(0), a.CompletedAt.Round(0)
 	rec.task = e.id
-	l.stamp(rec) // handed to the tap (a journal, a test): memory keeps only the projection
-	e.seq = rec.seq
+	l.stamp(rec)              // handed to the tap (a journal, a test): memory keeps only the projection
+	if rec.kind != recUsage { // usage changes no state: an ended task's end stays its final record (recovery's rounds read it)
+		e.seq = rec.seq
+	}
 	switch rec.kind {
 	case recTaskLaunched, recAttemptCreated, recSessionBound, recSessionOrphan:
 		l.widened++
@@ -366,7 +376,14 @@ func (l *ledger) write(e *entry, ref attemptRef, rec *record) error {
 // update applies a checked record to e's projection and the indexes.
 func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 	switch rec.kind {
+	case recTaskLaunched:
+		l.linkBudget(e)
+	case recUsage:
+		l.countUsage(e, rec)
 	case recAttemptCreated:
+		if e.current >= 0 { // a retry: the task lives again
+			defer l.budgetLive(e, true)
+		}
 		if len(e.attempts) == cap(e.attempts) && e.info.maxAttempts > len(e.attempts) {
 			// Out of first's room: make room for every attempt the task may
 			// make, once (for a few: MaxAttempts has no upper bound, and a
@@ -391,8 +408,12 @@ func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 		switch rec.kind {
 		case recSessionBound:
 			l.indexSession(e, ref, rec.attempt.SessionID)
+			l.budgetRan(e)
 		case recAttemptFinal:
 			e.evidence = rec.evidence
+			if ref.index == e.current {
+				l.budgetLive(e, false)
+			}
 		}
 		e.revision++
 	case recSessionOrphan:
@@ -457,6 +478,8 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 		return nil
 	case recStopWithdrawn:
 		return nil
+	case recUsage:
+		return checkUsage(l, e, rec)
 	}
 	return l.checkAttemptWrite(e, ref, rec)
 }

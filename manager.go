@@ -101,14 +101,17 @@ type lifetime struct {
 // (Shutdown waits for both), and the events held until a start in flight
 // binds the session or attempt they name.
 type hostCalls struct {
-	pool     *slots.Pool[queued]     // concurrency slots; nil without WithModelLimits
-	startSeq uint64                  // last session start issued
-	inflight map[uint64]struct{}     // session starts in flight, by seq
-	abortsN  int                     // aborts in flight
-	held     *held.Set[observation]  // events waiting for a start in flight to bind their session
-	prompts  map[*entry]*promptLane  // the Extend lanes of live tasks: one host prompt call at a time
-	fanout   map[string][]*fanWaiter // Launches waiting for a live-task slot of their parent session, in arrival order
-	health   *healthBook             // what the calls' failures say of models and providers (WithHealth); nil: none kept
+	pool     *slots.Pool[queued]    // concurrency slots; nil without WithModelLimits
+	startSeq uint64                 // last session start issued
+	inflight map[uint64]struct{}    // session starts in flight, by seq
+	abortsN  int                    // aborts in flight
+	held     *held.Set[observation] // events waiting for a start in flight to bind their session
+	// usage is the usage record's part a report reuses when no journal
+	// keeps its records (they are applied and dropped under m.mu).
+	usage   usageRec
+	prompts map[*entry]*promptLane  // the Extend lanes of live tasks: one host prompt call at a time
+	fanout  map[string][]*fanWaiter // Launches waiting for a live-task slot of their parent session, in arrival order
+	health  *healthBook             // what the calls' failures say of models and providers (WithHealth); nil: none kept
 }
 
 // fanWaiter is a Launch waiting for a slot of its parent session
@@ -293,7 +296,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		c := rv.closing[seq]
 		var err error
 		if c.task != "" {
-			_, err = m.closeTask(ctx, c.task, closedByRestart)
+			_, err = m.closeTask(ctx, c.task, m.restartedBy(c.task))
 		} else {
 			_, err = m.closeBranch(ctx, c.root, closedByRestart)
 		}
@@ -307,6 +310,9 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.logAttrs(slog.LevelWarn, "bgtask: finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", safeText(err)))
 		}
 	}
+	m.mu.Lock()
+	m.restopBudgets() // a spent budget's branch with a run that outlived its closure: stopped again
+	_ = m.unlock()
 	if rv.restart {
 		m.mu.Lock()
 		rv.counts.Closures = closures

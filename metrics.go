@@ -41,7 +41,7 @@ type Metrics interface {
 	// StopAsked: a stop of t was asked and recorded, by cause (t.Stop):
 	// once per task, for the first stop asked of it — by a cancel, a
 	// branch closure, the caller's context, the task's deadline, a deleted
-	// session or Shutdown. The task ends later (TaskEnded).
+	// session, a spent budget or Shutdown. The task ends later (TaskEnded).
 	StopAsked(t Task, cause StopCause)
 	// ClosureBegun: a branch closure raised its fence (c's counts are 0).
 	ClosureBegun(c ClosureSummary)
@@ -55,6 +55,13 @@ type Metrics interface {
 	// HealthChanged: a model's or provider's health changed (WithHealth):
 	// a cooldown began or was moved, its probe was let through, it ended.
 	HealthChanged(h Health)
+	// UsageReported: an attempt of task id, on model, reported usage u
+	// (a delta: Event.Usage, Run.Usage), late reports of ended runs
+	// included.
+	UsageReported(id string, model Model, u Usage)
+	// BudgetCrossed: budget s reached its soft threshold (hard false) or
+	// a hard limit (hard, s.Exceeded names it: its branch is stopped).
+	BudgetCrossed(s BudgetState, hard bool)
 }
 
 // ClosureSummary is a branch closure as Metrics.ClosureBegun and
@@ -68,11 +75,12 @@ type ClosureSummary struct {
 	// By is what began it: "CloseBranch", "StopBranch" or "CloseTask"
 	// (called so), "caller" (the launch context of a task with
 	// Spec.CancelWithCaller ended), "session_deleted" (the host reported
-	// the root session deleted: its branch is closed) or "restart" (a
-	// closure a crash interrupted, finished at the restart).
+	// the root session deleted: its branch is closed), "budget" (the
+	// budget the task holds was spent: its branch is stopped) or
+	// "restart" (a closure a crash interrupted, finished at the restart).
 	By string
 	// Stop is the stop it asked of every run in its branch: kind closure
-	// (its root or task), or caller.
+	// (its root or task), caller, or budget.
 	Stop StopCause
 	// Stopped, Failed and Stopping count the runs of its ClosureReport
 	// (ended; abort failed, still live; asked to stop and not ended when
@@ -182,6 +190,12 @@ func (NopMetrics) Recovered(RecoveryCounts, time.Duration) {}
 
 // HealthChanged records nothing.
 func (NopMetrics) HealthChanged(Health) {}
+
+// UsageReported records nothing.
+func (NopMetrics) UsageReported(string, Model, Usage) {}
+
+// BudgetCrossed records nothing.
+func (NopMetrics) BudgetCrossed(BudgetState, bool) {}
 
 // measure queues a call of the Metrics for once m.mu is released. m.mu is
 // held; call it only with m.cfg.metrics set.

@@ -26,6 +26,9 @@ func (m *Manager) Observe(ev Event) error {
 	if ev.SessionID == "" && ev.AttemptID == "" {
 		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidEvent)
 	}
+	if err := ev.Usage.validate(); err != nil {
+		return err
+	}
 	in := eventIn{obs: observation{ev: ev, classified: ev.Kind != SessionError}}
 	durable := m.step(&in)
 	if in.err == errNeedsClass {
@@ -76,15 +79,25 @@ func (m *Manager) observeLocked(o *observation) (resolved, error) {
 	// for a token to compare, or a session when the event was resolved by
 	// its attempt (bySession names the session's attempt by construction).
 	e := ref.e
-	if !ref.isCurrent() || e.state.Terminal() {
+	stale := !ref.isCurrent() || e.state.Terminal()
+	if stale && ev.Usage.IsZero() {
 		return m.who(ref), ErrStaleEvent
 	}
 	if ev.Token != "" || ev.AttemptID != "" {
 		a := ref.attempt()
 		if (ev.Token != "" && ev.Token != a.Token) ||
 			(ev.SessionID != "" && a.SessionID != "" && ev.SessionID != a.SessionID) {
-			return m.who(ref), ErrStaleEvent
+			return m.who(ref), ErrStaleEvent // it contradicts its attempt: its usage counts nowhere
 		}
+	}
+	if stale || ev.Kind == SessionUsage {
+		// The work was done: its usage counts for the attempt that did
+		// it, and nothing else of the event applies.
+		m.spend(ref, ev.Usage, ev.At)
+		if ev.Kind == SessionUsage {
+			return resolved{}, nil
+		}
+		return m.who(ref), ErrStaleEvent
 	}
 	if !o.classified && (e.state == StatusRunning || e.rt.starting()) {
 		return resolved{}, errNeedsClass
@@ -92,6 +105,7 @@ func (m *Manager) observeLocked(o *observation) (resolved, error) {
 	if e.state == StatusPending {
 		a := ref.attempt()
 		if !e.rt.starting() {
+			m.spend(ref, ev.Usage, ev.At)
 			return m.who(ref), ErrStaleEvent // no child can be running for it
 		}
 		if !m.hold(o, a.ID) {
@@ -99,6 +113,7 @@ func (m *Manager) observeLocked(o *observation) (resolved, error) {
 		}
 		return resolved{}, nil
 	}
+	m.spend(ref, ev.Usage, ev.At)
 	m.apply(ref.e, o)
 	return resolved{}, nil
 }

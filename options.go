@@ -56,6 +56,7 @@ type config struct {
 	startGate         func(ctx context.Context, req SessionRequest) error // WithStartGate
 	retention         Retention
 	tree              TreeLimits
+	budget            *Budget       // WithBudget: every root launch's that sets none; nil: none
 	metrics           Metrics       // WithMetrics; nil: none
 	health            *HealthPolicy // WithHealth, defaults filled in; nil: no health kept
 

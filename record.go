@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -37,6 +38,7 @@ const (
 	recModelSkipped                             // the pending attempt's model was cooling: it moves to the chain's next (WithHealth)
 	recHealthReset                              // a harness reset a model's or provider's health by hand (manager-wide)
 	recCooldownBegan                            // a model's or provider's cooldown began here, or its end moved (manager-wide, WithHealth)
+	recUsage                                    // an attempt reported usage (format 6): counted for it, its task and its budgets
 )
 
 var recordKindNames = [...]string{
@@ -62,6 +64,7 @@ var recordKindNames = [...]string{
 	recModelSkipped:       "model_skipped",
 	recHealthReset:        "health_reset",
 	recCooldownBegan:      "cooldown_began",
+	recUsage:              "usage",
 }
 
 func (k recordKind) String() string {
@@ -91,6 +94,9 @@ type record struct {
 	// recAnswerFiled: with its answer) is inline: a round trip of Extend
 	// writes two such records, and they need nothing else.
 	inv *Invocation
+	// usage (recUsage: the attempt and what it used) is inline too: a
+	// usage report writes that record alone.
+	usage *usageRec
 	// *recordExt holds what only some kinds carry; attempt records, by far
 	// the most, carry none.
 	*recordExt
@@ -124,6 +130,7 @@ type evidence struct {
 	noText bool
 	reason Reason
 	notice string // a fact that rides the answer (the children gate released it degraded)
+	budget string // the budget's figures when the attempt ended (format 6): the envelope's notice
 }
 
 // notice is a notification as the ledger records it: what was produced for
@@ -178,6 +185,13 @@ type taskExtra struct {
 	// and each run's wall-clock deadline (0: none).
 	timeout, attemptTimeout time.Duration
 	retryOnTimeout          bool
+	// budget is the task's own budget as granted (Spec.Budget, clamped
+	// at its launch); budgetUp the task holding the budget it spends from
+	// (its own aside), spawnUp the one its spawn counts in, as its launch
+	// resolved them ("": none). Recorded (format 6), so that a replay
+	// links it as the launch did, whatever order the records come in.
+	budget            *Budget
+	budgetUp, spawnUp string
 }
 
 // noExtra is the taskExtra of a spec that set none of it. Never written.
@@ -234,8 +248,9 @@ func (ti *taskInfo) modelFor(n int) Model {
 // launch of a task with its own function does), so a journal without such
 // tasks is read by the releases before format 4. Format 5 adds a skipped
 // model (recModelSkipped) and a cooldown (recCooldownBegan), and only
-// such records are written in it.
-const recordFormat = 5
+// such records are written in it. Format 6 adds usage (recUsage), a
+// launch's budget and a final record's budget figures, likewise.
+const recordFormat = 6
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
 // length-prefixed strings, times with their zone offset).
@@ -250,12 +265,15 @@ func encodeRecord(rec *record) (Record, error) {
 func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	start := len(b)
 	w := codec.Writer{B: b}
-	format := byte(3) // 4 or 5 only when a record needs it (see recordFormat)
+	format := byte(3) // 4 to 6 only when a record needs it (see recordFormat)
 	if rec.recordExt != nil && rec.spec != nil && rec.spec.inProcess {
 		format = 4
 	}
 	if rec.recordExt != nil && (rec.skip != nil || rec.cool != nil) {
 		format = 5
+	}
+	if rec.evidence.budget != "" || rec.usage != nil || (rec.recordExt != nil && rec.spec != nil && rec.spec.opt().inBudget()) {
+		format = 6
 	}
 	w.B = append(w.B, format)
 	w.Uint(rec.seq)
@@ -280,13 +298,16 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 		w.Bool(ev.noText)
 		w.String(string(ev.reason))
 		w.String(ev.notice)
+		if format >= 6 {
+			w.String(ev.budget)
+		}
 	}
-	w.Bool(rec.recordExt != nil || rec.inv != nil)
-	if x := rec.recordExt; x != nil || rec.inv != nil {
+	w.Bool(rec.recordExt != nil || rec.inv != nil || rec.usage != nil)
+	if x := rec.recordExt; x != nil || rec.inv != nil || rec.usage != nil {
 		if x == nil {
 			x = &noExt
 		}
-		if err := encodeExt(&w, x, rec.inv, format); err != nil {
+		if err := encodeExt(&w, x, rec.inv, rec.usage, format); err != nil {
 			return Record{}, b, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
@@ -300,11 +321,14 @@ func recordOf(rec *record, data []byte) Record {
 	if rec.recordExt != nil && rec.spec != nil {
 		out.ParentSessionID = rec.spec.parent
 	}
+	if u := rec.usage; u != nil {
+		out.Usage, out.AttemptID = &u.u, u.attempt
+	}
 	return out
 }
 
 // encodeExt writes the part of a record only some kinds carry.
-func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, format byte) error {
+func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, use *usageRec, format byte) error {
 	w.Bool(x.spec != nil)
 	if ti := x.spec; ti != nil {
 		for _, f := range [...]string{ti.id, ti.parent, ti.description, ti.agent, ti.prompt} {
@@ -405,7 +429,77 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, format byte) erro
 	case x.spec != nil && x.spec.inProcess: // format 4 (encodeInto marks it)
 		w.Bool(true)
 	}
+	if format >= 6 {
+		encodeExt6(w, x, use)
+	}
 	return nil
+}
+
+// encodeExt6 writes what format 6 added: a launch's budget, a usage.
+func encodeExt6(w *codec.Writer, x *recordExt, use *usageRec) {
+	var b *Budget
+	if x.spec != nil {
+		b = x.spec.opt().budget
+	}
+	w.Bool(b != nil)
+	if b != nil {
+		for _, n := range [...]int64{b.Tokens, int64(b.Cost), b.Requests, b.Spawns, int64(b.SoftPercent)} {
+			w.Uint(uint64(n))
+		}
+	}
+	var up, spawn string
+	if x.spec != nil {
+		up, spawn = x.spec.opt().budgetUp, x.spec.opt().spawnUp
+	}
+	w.String(up)
+	w.String(spawn)
+	w.Bool(use != nil)
+	if u := use; u != nil {
+		w.String(u.attempt)
+		for _, n := range [...]int64{u.u.InputTokens, u.u.OutputTokens, u.u.CachedTokens, u.u.Requests, int64(u.u.Cost), u.spawned} {
+			w.Uint(uint64(n))
+		}
+	}
+}
+
+// decodeExt6 reads what encodeExt6 wrote into x, and the usage.
+func decodeExt6(d *codec.Reader, x *recordExt) (*usageRec, error) {
+	figures := func(n int) ([]int64, error) {
+		out := make([]int64, n)
+		for i := range out {
+			v := d.Uint()
+			if v > math.MaxInt64 {
+				return nil, errors.New("a figure out of range")
+			}
+			out[i] = int64(v)
+		}
+		return out, nil
+	}
+	if d.Bool() {
+		f, err := figures(5)
+		if err != nil {
+			return nil, fmt.Errorf("budget: %w", err)
+		}
+		if f[4] > math.MaxInt32 {
+			return nil, errors.New("budget: a soft threshold out of range")
+		}
+		if b := (&Budget{Tokens: f[0], Cost: Cost(f[1]), Requests: f[2], Spawns: f[3], SoftPercent: int(f[4])}); x.spec != nil {
+			x.spec.extra().budget = b
+		}
+	}
+	if up, spawn := d.String(), d.String(); x.spec != nil && up+spawn != "" {
+		x.spec.extra().budgetUp, x.spec.extra().spawnUp = up, spawn
+	}
+	if d.Bool() {
+		u := &usageRec{attempt: d.String()}
+		f, err := figures(6)
+		if err != nil {
+			return nil, fmt.Errorf("usage: %w", err)
+		}
+		u.u, u.spawned = Usage{InputTokens: f[0], OutputTokens: f[1], CachedTokens: f[2], Requests: f[3], Cost: Cost(f[4])}, f[5]
+		return u, nil
+	}
+	return nil, nil
 }
 
 // writeJSON writes whether v is present and, if it is, its JSON.
@@ -502,12 +596,16 @@ func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 		if format >= 2 {
 			rec.evidence.notice = d.String()
 		}
+		if format >= 6 {
+			rec.evidence.budget = d.String()
+		}
 	}
 	if d.Bool() {
-		x, inv, err := decodeExt(&d, format)
+		x, inv, use, err := decodeExt(&d, format)
 		if err != nil {
 			return bad(err)
 		}
+		rec.usage = use
 		if rec.inv = inv; *x != noExt {
 			rec.recordExt = x
 		}
@@ -525,7 +623,7 @@ func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 }
 
 // decodeExt reads what encodeExt wrote, in a record of format.
-func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ error) {
+func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, use *usageRec, _ error) {
 	x := &recordExt{}
 	if d.Bool() {
 		ti := &taskInfo{id: d.String(), parent: d.Word(), description: d.String(), agent: d.Word(), prompt: d.String()}
@@ -546,7 +644,7 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 	x.session, x.note, x.stop = d.String(), d.String(), Status(d.String())
 	var cr ClosureRecord
 	if ok, err := readJSON(d, &cr); err != nil {
-		return nil, nil, fmt.Errorf("closure: %w", err)
+		return nil, nil, nil, fmt.Errorf("closure: %w", err)
 	} else if ok {
 		x.closure = &cr
 	}
@@ -562,7 +660,7 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 	if format >= 2 {
 		var in Invocation
 		if ok, err := readJSON(d, &in); err != nil {
-			return nil, nil, fmt.Errorf("invocation: %w", err)
+			return nil, nil, nil, fmt.Errorf("invocation: %w", err)
 		} else if ok {
 			inv = &in
 		}
@@ -599,7 +697,13 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, _ e
 			x.cool = &coolRec{Cooldown: Cooldown{Key: d.String(), Since: d.Time(), Until: d.Time(), Why: d.String()}, inARow: int(d.Uint())}
 		}
 	}
-	return x, inv, nil
+	if format >= 6 {
+		var err error
+		if use, err = decodeExt6(d, x); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return x, inv, use, nil
 }
 
 // encodeAll encodes recs, in order.
@@ -619,3 +723,9 @@ func encodeAll(recs []record) ([]Record, error) {
 // recordGuess is about what an encoded record takes (most are attempt
 // records): what a batch's buffer is sized for.
 const recordGuess = 192
+
+// inBudget reports whether the spec's launch resolved a budget: its own,
+// or one above it.
+func (x *taskExtra) inBudget() bool {
+	return x.budget != nil || x.budgetUp != "" || x.spawnUp != ""
+}

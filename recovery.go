@@ -787,7 +787,7 @@ func checkReplay(l *ledger) error {
 		if err != nil {
 			return err
 		}
-		if text != n.text {
+		if withoutUsage(text) != withoutUsage(n.text) { // the usage line is what was reported by then: late reports move it
 			return fmt.Errorf("bgtask: replay: notification %d (%s): text differs:\n%s\nwant:\n%s", n.seq, n.kind, text, n.text)
 		}
 	}
@@ -829,6 +829,13 @@ func (l *ledger) render(n *notice) (string, error) {
 		return retrySessionReadyText(*ref.attempt()), nil
 	case NotifyFinalSummary:
 		return finalSummaryText(ref.e.project()), nil
+	case NotifyBudget:
+		// Its figures are those of the moment it was made: what can be
+		// checked again is whose budget it was.
+		if s := ref.e.budgetState(); s == nil || !strings.HasPrefix(n.text, "[Budget] Task "+s.TaskID+": ") {
+			return "", fmt.Errorf("bgtask: replay: budget notification %d names no budget of task %s", n.seq, ref.e.id)
+		}
+		return n.text, nil
 	case NotifyAnswer:
 		if iv := ref.e.inv; iv != nil && n.invocation >= 1 && n.invocation <= len(iv.list) && iv.list[n.invocation-1].Answer != nil {
 			return answerText(ref.e.id, ref.e.info.description, *iv.list[n.invocation-1].Answer), nil

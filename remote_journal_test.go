@@ -47,7 +47,8 @@ func (w wireCommit) Wait() error { return w.err() }
 func toWire(recs []Record) []jwire.Rec {
 	out := make([]jwire.Rec, len(recs))
 	for i, r := range recs {
-		out[i] = jwire.Rec(r)
+		out[i] = jwire.Rec{Seq: r.Seq, Kind: r.Kind, TaskID: r.TaskID, AttemptID: r.AttemptID, Token: r.Token,
+			SessionID: r.SessionID, ParentSessionID: r.ParentSessionID, Data: r.Data} // Usage: a copy of Data's
 	}
 	return out
 }
@@ -63,7 +64,8 @@ func (j wireJournal) Replay(fn func(Record) error) error {
 		return err
 	}
 	for _, r := range recs {
-		if err := fn(Record(r)); err != nil {
+		if err := fn(Record{Seq: r.Seq, Kind: r.Kind, TaskID: r.TaskID, AttemptID: r.AttemptID, Token: r.Token,
+			SessionID: r.SessionID, ParentSessionID: r.ParentSessionID, Data: r.Data}); err != nil {
 			return err
 		}
 	}

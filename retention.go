@@ -47,7 +47,7 @@ func (m *Manager) sweep() {
 		if !over && !old {
 			break
 		}
-		if l.liveBy[e.info.parent] > 0 || e.notesOut > 0 || len(m.closures.active) > 0 || l.launchedLive(e) {
+		if l.liveBy[e.info.parent] > 0 || e.notesOut > 0 || len(m.closures.active) > 0 || l.launchedLive(e) || e.pinned() {
 			l.ended[kept] = e // it must stay: looked at again next time
 			kept++
 			continue
@@ -68,6 +68,7 @@ func (m *Manager) sweep() {
 // id is kept as a tombstone. m.mu is held.
 func (m *Manager) forget(e *entry) {
 	l := m.led
+	l.budgetForgot(e)
 	delete(l.tasks, e.id)
 	e.eachAttempt(func(_ int, a *Attempt) { delete(l.byAttempt, a.ID) })
 	e.eachSession(func(s string) bool {
@@ -243,6 +244,7 @@ func (l *ledger) freeze(e *entry) bool {
 	w.Bool(ev.noText)
 	w.String(string(ev.reason))
 	w.String(ev.notice)
+	w.String(ev.budget)
 	if cap(w.B) <= 4<<10 {
 		l.coldBuf = w.B // the scratch buffer, for the next
 	}
@@ -475,7 +477,7 @@ func (r *coldReader) sessions(atts []Attempt) []string {
 
 // evidence reads the evidence, after the sessions.
 func (r *coldReader) evidence() evidence {
-	return evidence{output: r.String(), finish: FinishReason(r.String()), noText: r.Bool(), reason: Reason(r.String()), notice: r.String()}
+	return evidence{output: r.String(), finish: FinishReason(r.String()), noText: r.Bool(), reason: Reason(r.String()), notice: r.String(), budget: r.String()}
 }
 
 // without is s less its first e (searched from the front: what is

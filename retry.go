@@ -293,6 +293,14 @@ func Backoff(base, max time.Duration, jitter float64) func(attempt int, cause er
 func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	m.fence(e)
 	a := e.cur()
+	if e.stop != "" && errors.Is(f.err, ErrSuperseded) {
+		// The run heard the stop from Fence and ended for it: the stop
+		// is what ended it (a budget's stops are asked before any abort),
+		// and Task.Cause says so (a *StopError).
+		e.output().reason = f.reason
+		m.finalize(e, a.ID, e.stop, f.text, "", at)
+		return
+	}
 	if f.err != nil { // the value itself, for Task.Cause
 		l := e.keep()
 		l.err, l.errTok = f.err, a.Token

@@ -90,6 +90,12 @@ type Spec struct {
 	AttemptTimeout time.Duration
 	RetryOnTimeout bool
 
+	// Budget, when set, is what this task and every task beneath it may
+	// spend (see Budget): on a root launch, the tree's; on a child's, a
+	// narrower grant, clamped by what the budgets above it have left.
+	// Journaled with the launch, as granted.
+	Budget *Budget
+
 	// The fields below are process-local: they hold what only this
 	// process can keep (a function, a context), are not journaled, and
 	// are gone after a restart.
@@ -147,6 +153,11 @@ func (s Spec) validate() error {
 	if s.ID != "" {
 		if reason := badID(s.ID); reason != "" {
 			return &SpecError{Field: "ID", Reason: reason}
+		}
+	}
+	if s.Budget != nil {
+		if err := s.Budget.validate("Budget"); err != nil {
+			return err
 		}
 	}
 	if s.ExtendLive && (s.InheritValues || s.CancelWithCaller) {
@@ -213,9 +224,13 @@ func (s *Spec) taskInfo() taskInfo {
 		metadata:    maps.Clone(s.Metadata),
 		inProcess:   s.Run != nil,
 	}
-	if s.Key != "" || s.ContinueFrom != "" || s.Timeout != 0 || s.AttemptTimeout != 0 || s.RetryOnTimeout {
+	if s.Key != "" || s.ContinueFrom != "" || s.Timeout != 0 || s.AttemptTimeout != 0 || s.RetryOnTimeout || s.Budget != nil {
 		info.x = &taskExtra{key: s.Key, continues: s.ContinueFrom,
 			timeout: s.Timeout, attemptTimeout: s.AttemptTimeout, retryOnTimeout: s.RetryOnTimeout}
+		if s.Budget != nil {
+			b := *s.Budget
+			info.x.budget = &b
+		}
 	}
 	return info
 }

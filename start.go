@@ -259,6 +259,7 @@ func (m *Manager) finalize(e *entry, id string, status Status, errText, result s
 // finalizeRef ends the attempt ref names with status. m.mu is held.
 func (m *Manager) finalizeRef(ref attemptRef, status Status, errText, result string, at time.Time) {
 	rec, err := m.led.finalRecord(ref.e, ref.attempt().ID, status, errText, result, at)
+	rec.evidence.budget = budgetNotice(ref.e.budgetState()) // the figures as the task ends: its envelope's notice
 	m.commitBuilt(ref.e, rec, err)
 }
 

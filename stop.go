@@ -404,10 +404,11 @@ func (m *Manager) cascadeDelete(sessionID string) {
 	}
 }
 
-// cascadeNow runs the passes of closure c of a deleted session's branch.
+// cascadeNow runs the passes of closure c, which its opener does not wait
+// for: a deleted session's branch, a spent budget's.
 func (m *Manager) cascadeNow(c *closure, sessionID string) {
 	if _, err := m.runClosure(m.life.ctx, c); err != nil && !errors.Is(err, context.Canceled) {
-		m.logAttrs(slog.LevelWarn, "bgtask: closing the branch of a deleted session failed",
+		m.logAttrs(slog.LevelWarn, "bgtask: closing a branch failed", slog.String("by", c.by),
 			slog.String("session", sessionID), slog.String("err", safeText(err)))
 	}
 }

@@ -27,6 +27,10 @@ const (
 	StopSessionDeleted StopKind = "session_deleted"
 	// StopShutdown: Shutdown; the task ends interrupt.
 	StopShutdown StopKind = "shutdown"
+	// StopBudget: the budget the task spends from was spent (Budget): its
+	// branch was closed. StopCause.TaskID names the task that holds the
+	// budget, Limit the limit reached.
+	StopBudget StopKind = "budget"
 	// StopOther: a stop a journal recorded that this release does not
 	// know (StopCause.Note says what it said).
 	StopOther StopKind = "other"
@@ -46,6 +50,9 @@ type StopCause struct {
 	// TaskID is the task a closure closed as a unit (StopClosure, by
 	// CloseTask) or whose caller's context ended (StopCaller).
 	TaskID string `json:"taskID,omitempty"`
+	// Limit is the budget's limit reached (StopBudget): LimitTokens,
+	// LimitCost or LimitRequests.
+	Limit string `json:"limit,omitempty"`
 	// Note is what the journal said, for StopOther.
 	Note string `json:"note,omitempty"`
 }
@@ -68,6 +75,8 @@ func (c StopCause) String() string {
 		return "the deletion of its session"
 	case StopShutdown:
 		return "the shutdown of its manager"
+	case StopBudget:
+		return "the budget of task " + c.TaskID + " (" + c.Limit + " spent)"
 	}
 	return "a stop (" + c.Note + ")"
 }
@@ -81,6 +90,8 @@ const (
 	noteCallerOf       = "caller of task "
 	noteClosureOfTask  = "closure of task "
 	noteClosureOf      = "closure of "
+	noteBudget         = "budget "   // then the limit, noteBudgetOf and the task
+	noteBudgetOf       = " of task " // see noteBudget
 )
 
 // stopCauseOf reads who asked from a stop record's note.
@@ -100,6 +111,10 @@ func stopCauseOf(note string) StopCause {
 		return StopCause{Kind: StopClosure, TaskID: strings.TrimPrefix(note, noteClosureOfTask)}
 	case strings.HasPrefix(note, noteClosureOf):
 		return StopCause{Kind: StopClosure, Root: strings.TrimPrefix(note, noteClosureOf)}
+	case strings.HasPrefix(note, noteBudget):
+		if limit, task, ok := strings.Cut(strings.TrimPrefix(note, noteBudget), noteBudgetOf); ok {
+			return StopCause{Kind: StopBudget, TaskID: task, Limit: limit}
+		}
 	}
 	return StopCause{Kind: StopOther, Note: note}
 }
@@ -168,6 +183,8 @@ func (c StopCause) note() string {
 			return noteClosureOfTask + c.TaskID
 		}
 		return noteClosureOf + c.Root
+	case StopBudget:
+		return noteBudget + c.Limit + noteBudgetOf + c.TaskID
 	}
 	return c.Note
 }

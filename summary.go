@@ -72,6 +72,7 @@ func Timeline(t Task) string {
 		b.WriteString("\nStop asked by ")
 		b.WriteString(textbound.OneLine(t.Stop.String(), MaxTimelineErrorRunes))
 	}
+	b.WriteString(usageLine(t))
 	return b.String()
 }
 
@@ -338,6 +339,9 @@ func outcomeFacts(t Task, ev *evidence, sessions sessionKind) *Outcome {
 	if last.notice != "" {
 		o.Notices = append(o.Notices, last.notice)
 	}
+	if last.budget != "" {
+		o.Notices = append(o.Notices, last.budget)
+	}
 	return o
 }
 
@@ -419,7 +423,11 @@ func Envelope(t Task) string {
 	openElement(&b, "task_status")
 	b.WriteString(markup.Text(status))
 	closeElement(&b, "task_status")
-	closeTask(&b, []string{deliveryPromise}) // the receipt's share of TaskProtocol
+	receipt := []string{deliveryPromise} // the receipt's share of TaskProtocol
+	if n := budgetNotice(t.Budget); n != "" {
+		receipt = append(receipt, n)
+	}
+	closeTask(&b, receipt)
 	return b.String()
 }
 
@@ -536,7 +544,8 @@ func AnswerFromEnvelope(env string) (string, bool) {
 // running work (Envelope's <task_status>) rely on it.
 const TaskProtocol = "Background tasks report back on their own: " + deliveryPromise + ".\n" +
 	"While async tasks you started are still running, ending your turn does not return your result: your answer is held until they have all finished and their results have reached you.\n" +
-	"The first turn you end after they have all finished is the one returned, so it must be a complete, self-contained answer."
+	"The first turn you end after they have all finished is the one returned, so it must be a complete, self-contained answer.\n" +
+	"A task_notice that starts with \"budget:\" tells what the task's tree has spent and has left: pace the work you start by it. Once a limit is reached, new tasks in that tree are refused and its running tasks are stopped."
 
 // deliveryPromise is the part of TaskProtocol a running task's receipt
 // repeats.

@@ -80,6 +80,11 @@ type Task struct {
 	Root string `json:"root,omitempty"`
 	// Depth: see Root.
 	Depth int `json:"depth,omitempty"`
+	// Usage is what its attempts used (Event.Usage, Run.Usage); nil while
+	// none reported any. Budget is the budget it spends from (its own,
+	// Spec.Budget, or the innermost above it), as it stands; nil if none.
+	Usage  *TaskUsage   `json:"usage,omitempty"`
+	Budget *BudgetState `json:"budget,omitempty"`
 
 	// Value is the structured result of the current attempt's run
 	// (Event.Value, or what a Returning function returned); Cause is the

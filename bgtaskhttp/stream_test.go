@@ -419,9 +419,15 @@ func TestAStreamFurtherBehindThanTheWindowIsToldItLagged(t *testing.T) {
 	c := s.openStream(t, "/events", nil)
 	defer c.close()
 	<-held
+	n.mu.Lock()
+	before := n.counts["changed"]
+	n.mu.Unlock()
 	for i := range 20 {
 		require.NoError(t, s.host.Emit(bgtask.Event{Kind: bgtask.SessionBusy, SessionID: a.SessionID, Progress: fmt.Sprint(i, strings.Repeat(".", 500))}))
 	}
+	// The feed took all twenty into its window (and so past it) before
+	// the client reads on: else it could read the first ones in time.
+	require.NoError(t, n.await(s.ctx, "changed", before+20))
 	close(release)
 	assert.Equal(t, "snapshot", c.mustNext(t).kind)
 	assert.Equal(t, "lagged", c.mustNext(t).kind)

@@ -60,9 +60,10 @@ var allStatuses = []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning, bg
 // View serves the live view of m at "/", with the task detail pages under
 // "/view/": the tasks as a tree (each nested under the task whose session
 // launched it), running first, with filters by status and parent, a
-// search by id, id prefix, description and metadata, and a detail page per
-// task (attempts, timeline, ledger records when o.Records is set, outcome,
-// envelope). The page is rendered on the server and refreshed from
+// search by id, id prefix, description and metadata, each task's usage
+// and the budget it spends from (a spent budget as a warning), and a
+// detail page per task (attempts, usage per attempt, budget, timeline,
+// ledger records when o.Records is set, outcome, envelope). The page is rendered on the server and refreshed from
 // /events; its actions (unless o.ReadOnly) ask for confirmation and post
 // to the Handler's action routes. Handler serves it unless Options.Page is
 // set; View alone serves no API, so its page's live refresh and actions
@@ -342,8 +343,10 @@ type row struct {
 	Live     bool
 	Stop     string
 	Now      time.Time
-	Acts     bool // the page offers actions (not ReadOnly)
-	From     bool // no task launched it: name the session that did
+	Acts     bool        // the page offers actions (not ReadOnly)
+	From     bool        // no task launched it: name the session that did
+	Usage    *usageView  // what its attempts used; nil if none reported any
+	Budget   *budgetView // the budget it spends from; nil if none
 }
 
 // pageData is what the page template renders.
@@ -429,6 +432,7 @@ func (p paint) flat(n *node) row {
 	if n.t.Stop != nil {
 		r.Stop = n.t.Stop.String()
 	}
+	r.Usage, r.Budget = usageOf(n.t), budgetOf(n.t)
 	return r
 }
 

@@ -77,3 +77,45 @@ func BenchmarkGrowADeepChain(b *testing.B) {
 		require.Len(b, f.roots, 1)
 	}
 }
+
+// A budget's figures: each limit with what was spent of it, a figure no
+// limit covers only once something was spent of it, and what is left of
+// each limited one (the budgets above counted: -1 is no limit).
+func TestBudgetFiguresNameEachLimit(t *testing.T) {
+	s := bgtask.BudgetState{TaskID: "root",
+		Limit:   bgtask.Budget{Tokens: 1000, Spawns: 3},
+		Spent:   bgtask.Usage{InputTokens: 900, OutputTokens: 150, Requests: 2, Cost: 1_250_000},
+		Spawned: 1, Reserved: 1,
+		Left: bgtask.Remaining{Tokens: 0, Cost: 500_000, Requests: -1, Spawns: 1},
+	}
+	spent, left := s.Figures()
+	assert.Equal(t, "tokens 1050 of 1000, cost 1.25, requests 2, spawns 1 of 3", spent)
+	assert.Equal(t, "tokens 0, cost 0.50, spawns 1", left, "cost is limited above")
+
+	spent, left = (bgtask.BudgetState{Left: bgtask.Remaining{Tokens: -1, Cost: -1, Requests: -1, Spawns: -1}}).Figures()
+	assert.Equal(t, "nothing", spent)
+	assert.Equal(t, "", left, "a budget of zeros limits nothing")
+}
+
+// A task's usage on its row is short; its detail lists each attempt that
+// reported any, when several attempts did. A budget names its holder, unless it is the task's own.
+func TestUsageAndBudgetOfATask(t *testing.T) {
+	tk := bgtask.Task{ID: "kid", Usage: &bgtask.TaskUsage{
+		Total:     bgtask.Usage{InputTokens: 1000, CachedTokens: 200, OutputTokens: 1, Requests: 1, Cost: 4200},
+		ByAttempt: []bgtask.Usage{{}, {InputTokens: 1000, CachedTokens: 200, OutputTokens: 1, Requests: 1, Cost: 4200}},
+	}, Budget: &bgtask.BudgetState{TaskID: "root", Exceeded: bgtask.LimitTokens, Left: bgtask.Remaining{Tokens: 0, Cost: -1, Requests: -1, Spawns: -1}}}
+	u := usageOf(&tk)
+	require.NotNil(t, u)
+	assert.Equal(t, "1001 tokens · 1 request · cost 0.0042", u.Short)
+	assert.Equal(t, tk.Usage.Total.String(), u.Full)
+	assert.Equal(t, []string{"attempt 2: " + tk.Usage.ByAttempt[1].String()}, u.ByAttempt, "attempt 1 reported nothing")
+	tk.Usage.ByAttempt = tk.Usage.ByAttempt[1:]
+	assert.Empty(t, usageOf(&tk).ByAttempt, "one attempt's usage is the total: not repeated")
+	b := budgetOf(&tk)
+	require.NotNil(t, b)
+	assert.Equal(t, budgetView{Holder: "root", Spent: "nothing", Left: "tokens 0", Exceeded: bgtask.LimitTokens}, *b)
+	tk.Budget.TaskID = "kid"
+	assert.True(t, budgetOf(&tk).Own)
+	assert.Nil(t, usageOf(&bgtask.Task{}))
+	assert.Nil(t, budgetOf(&bgtask.Task{}))
+}

@@ -27,10 +27,13 @@ type shownTask struct {
 	Under      string // the row it is nested in ("" for a top row)
 	Lazy       bool   // its subtree is collapsed, loaded when opened
 	Buttons    []string
+	Spend      string // the text of its usage and budget line, spaces collapsed
+	Warn       bool   // that line warns: its budget is exceeded
 }
 
 // rowsOf reads the task rows of a served page: each li.task, the row it
-// is nested in, whether its subtree is collapsed, and its buttons. It
+// is nested in, whether its subtree is collapsed, its buttons, and its
+// usage and budget line. It
 // parses the HTML as a browser would nest it (encoding/xml in its HTML
 // mode), so a row outside its parent's list is seen as such.
 func rowsOf(t *testing.T, page string) []shownTask {
@@ -38,8 +41,9 @@ func rowsOf(t *testing.T, page string) []shownTask {
 	d := xml.NewDecoder(strings.NewReader(page))
 	d.Strict, d.AutoClose, d.Entity = false, xml.HTMLAutoClose, xml.HTMLEntity
 	type open struct {
-		name string
-		row  int // index into rows, or -1
+		name  string
+		row   int  // index into rows, or -1
+		spend bool // a row's div.spend
 	}
 	var stack []open
 	var rows []shownTask
@@ -50,6 +54,14 @@ func rowsOf(t *testing.T, page string) []shownTask {
 			}
 		}
 		return -1
+	}
+	inSpend := func() bool {
+		for i := len(stack) - 1; i >= 0 && stack[i].row < 0; i-- {
+			if stack[i].spend {
+				return true
+			}
+		}
+		return false
 	}
 	for {
 		tok, err := d.Token()
@@ -84,8 +96,18 @@ func rowsOf(t *testing.T, page string) []shownTask {
 				if up := current(); up >= 0 {
 					rows[up].Buttons = append(rows[up].Buttons, attr("data-action"))
 				}
+			case e.Name.Local == "div" && attr("class") == "spend":
+				o.spend = true
+			case e.Name.Local == "span" && strings.Contains(attr("class"), "budget") && strings.Contains(attr("class"), "exceeded"):
+				if up := current(); up >= 0 && inSpend() {
+					rows[up].Warn = true
+				}
 			}
 			stack = append(stack, o)
+		case xml.CharData:
+			if up := current(); up >= 0 && inSpend() {
+				rows[up].Spend += string(e)
+			}
 		case xml.EndElement:
 			for i := len(stack) - 1; i >= 0; i-- { // close up to its start, as HTML does
 				if stack[i].name == e.Name.Local {
@@ -94,6 +116,9 @@ func rowsOf(t *testing.T, page string) []shownTask {
 				}
 			}
 		}
+	}
+	for i := range rows {
+		rows[i].Spend = strings.Join(strings.Fields(rows[i].Spend), " ")
 	}
 	return rows
 }
@@ -593,4 +618,63 @@ func TestMatchesComeInTheTreesOrder(t *testing.T) {
 	newerKid := s.launchUnder(t, newer.SessionID, "newer's kid", nil)
 	_, body, _ := s.get(t, "/?status=running")
 	assert.Equal(t, []string{newer.ID, newerKid.ID, older.ID, olderKid.ID}, ids(rowsOf(t, body)))
+}
+
+// Each task's row shows its usage (tokens, requests, cost) and the budget
+// it spends from (what was spent of each limit, what is left); a budget
+// whose hard limit was reached warns, on the rows of every task that
+// spends from it. The detail page has each attempt's usage, the budget's
+// holder, and the API's task has both (usage, budget).
+func TestThePageShowsUsageAndBudgets(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	root, err := s.m.Launch(s.ctx, bgtask.Spec{ParentSessionID: "chat-1", Description: "root", Prompt: "p", Models: []bgtask.Model{{ID: "m"}},
+		Budget: &bgtask.Budget{Tokens: 1000, Spawns: 5, SoftPercent: 100}})
+	require.NoError(t, err)
+	root, err = bgtasktest.WaitStatus(s.ctx, s.m, root.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	kid := s.launchUnder(t, root.SessionID, "kid", nil)
+	other := s.launchUnder(t, "chat-2", "no budget", nil)
+	require.NoError(t, s.host.Emit(bgtask.Event{SessionID: kid.SessionID, Kind: bgtask.SessionUsage,
+		Usage: bgtask.Usage{InputTokens: 400, CachedTokens: 100, OutputTokens: 100, Requests: 1, Cost: 250_000}}))
+
+	_, body, _ := s.get(t, "/")
+	r, _ := find(rowsOf(t, body), root.ID)
+	assert.Equal(t, "budget: spent tokens 500 of 1000, cost 0.25, requests 1, spawns 1 of 5 · left tokens 500, spawns 4", r.Spend,
+		"the branch's spending, on the row of the task that holds the budget (which used nothing itself)")
+	assert.False(t, r.Warn)
+	k, _ := find(rowsOf(t, body), kid.ID)
+	assert.Equal(t, "500 tokens · 1 request · cost 0.25 budget of "+root.ID+": spent tokens 500 of 1000, cost 0.25, requests 1, spawns 1 of 5 · left tokens 500, spawns 4", k.Spend)
+	o, _ := find(rowsOf(t, body), other.ID)
+	assert.Empty(t, o.Spend, "no usage, no budget: no line")
+
+	// The root's report brings the tokens to their limit: the branch stops.
+	require.NoError(t, s.host.Emit(bgtask.Event{SessionID: root.SessionID, Kind: bgtask.SessionBusy,
+		Usage: bgtask.Usage{InputTokens: 500, OutputTokens: 100, Requests: 2, Cost: bgtask.CostUnit}}))
+	for _, id := range []string{root.ID, kid.ID} {
+		_, err := bgtasktest.WaitStatus(s.ctx, s.m, id, bgtask.StatusCancelled)
+		require.NoError(t, err)
+	}
+	_, body, _ = s.get(t, "/")
+	rows := rowsOf(t, body)
+	r, _ = find(rows, root.ID)
+	assert.Equal(t, "600 tokens · 2 requests · cost 1.00 budget: spent tokens 1100 of 1000, cost 1.25, requests 3, spawns 1 of 5 · left tokens 0, spawns 4 · exceeded: tokens (branch stopped, launches refused)", r.Spend)
+	assert.True(t, r.Warn, "an exceeded budget warns")
+	k, _ = find(rows, kid.ID)
+	assert.True(t, k.Warn, "on every row that spends from it")
+	assert.Contains(t, k.Spend, "budget of "+root.ID+": spent tokens 1100 of 1000")
+	assert.Contains(t, body, `<span class="budget exceeded" data-holder="`+root.ID+`">`)
+	assert.Contains(t, body, "stop asked by the budget of task "+root.ID+" (tokens spent)", "the stop cause says why")
+
+	_, body, _ = s.get(t, "/view/task?id="+url.QueryEscape(kid.ID))
+	assert.Contains(t, body, `<dt>usage</dt><dd class="usage">500 tokens (400 in, 100 cached, 100 out), 1 request, cost 0.25</dd>`,
+		"in full; a single attempt's is the total, not repeated")
+	assert.Contains(t, body, `budget of <a href="/view/task?id=`+root.ID+`">`+root.ID+`</a>`)
+	assert.Contains(t, body, "Usage: 500 tokens", "the timeline's usage line")
+
+	got, err := s.c.Task(s.ctx, kid.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.Usage, "the API's task has its usage")
+	assert.Equal(t, int64(500), got.Usage.Total.Tokens())
+	require.NotNil(t, got.Budget)
+	assert.Equal(t, bgtask.LimitTokens, got.Budget.Exceeded)
 }

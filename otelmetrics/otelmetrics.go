@@ -12,18 +12,33 @@
 //   - bgtask.tasks.ended (state, reason): reason is left out when the
 //     outcome has none (a clean answer, a task a stop ended), never "";
 //   - bgtask.stops.asked (stop.kind: cancel, closure, caller, deadline,
-//     session_deleted, shutdown, other): the first stop asked of a task;
+//     session_deleted, shutdown, budget, other): the first stop asked of a
+//     task;
 //   - bgtask.closures.begun (by, stop.kind) and bgtask.closures.ended (by,
 //     stop.kind, outcome): by is what began the closure (CloseBranch,
-//     StopBranch, CloseTask, caller, session_deleted, restart), outcome
-//     stopped (every run it asked to stop ended), failed (an abort failed),
-//     stopping (it returned before every stop landed), unknown_session,
-//     or, for a closure cut short (bgtask.ClosureSummary.Ended), cancelled
-//     (its caller's context ended), shutdown or journal_failed;
+//     StopBranch, CloseTask, caller, session_deleted, restart, or budget: a
+//     hard limit reached), outcome stopped (every run it asked to stop
+//     ended), failed (an abort failed), stopping (it returned before every
+//     stop landed), unknown_session, or, for a closure cut short
+//     (bgtask.ClosureSummary.Ended), cancelled (its caller's context
+//     ended), shutdown or journal_failed;
 //   - bgtask.closure.runs (by, result: stopped, failed, stopping): the
 //     runs closures asked to stop, by what became of them;
 //   - bgtask.health.changes (key, state, why): a model's or provider's
 //     health changed (bgtask.WithHealth);
+//   - bgtask.usage.tokens (direction: input, output, cached; provider,
+//     model), unit {token}: the tokens attempts reported using
+//     (bgtask.Usage); cached tokens are part of input, counted again
+//     under their own direction, so input plus output is what a
+//     bgtask.Budget counts;
+//   - bgtask.usage.requests (provider, model), unit {request}: the model
+//     requests attempts reported;
+//   - bgtask.usage.cost (provider, model), unit {millionth}: what they
+//     cost, in millionths of the harness's currency unit (bgtask.Cost:
+//     divide by 1e6 for units; bgtask never converts currencies);
+//   - bgtask.budget.crossings (level: soft, hard; limit: tokens, cost,
+//     requests): a budget reached its soft threshold or a hard limit;
+//     limit, the hard limit reached, is left out of a soft crossing;
 //   - bgtask.recoveries: restarts recovered from a journal;
 //     bgtask.recovery.runs (outcome: readopted, ended, interrupted,
 //     stopped, started): the runs live at the crash, each counted once, in
@@ -63,6 +78,7 @@ type Metrics struct {
 	closuresBegun, closuresEnded, closureRuns                                  metric.Int64Counter
 	closure                                                                    metric.Float64Histogram
 	healthChanges                                                              metric.Int64Counter
+	tokens, requests, cost, crossings                                          metric.Int64Counter
 	recoveries, recoveryRuns, recoveryRetries, recoveryNotes, recoveryClosures metric.Int64Counter
 	recovery                                                                   metric.Float64Histogram
 }
@@ -76,8 +92,8 @@ func New(meter metric.Meter) (*Metrics, error) {
 	}
 	var m Metrics
 	var errs []error
-	counter := func(name, desc string) metric.Int64Counter {
-		c, err := meter.Int64Counter(name, metric.WithDescription(desc))
+	counter := func(name, desc string, opts ...metric.Int64CounterOption) metric.Int64Counter {
+		c, err := meter.Int64Counter(name, append([]metric.Int64CounterOption{metric.WithDescription(desc)}, opts...)...)
 		errs = append(errs, err)
 		return c
 	}
@@ -107,6 +123,10 @@ func New(meter metric.Meter) (*Metrics, error) {
 	m.closure = seconds("bgtask.closure.duration", "time a branch closure's fence was up, by what began it and how it ended")
 	m.recoveries = counter("bgtask.recoveries", "restarts recovered from a journal")
 	m.healthChanges = counter("bgtask.health.changes", "a model's or provider's health changed")
+	m.tokens = counter("bgtask.usage.tokens", "tokens attempts reported using, by direction (input, output, cached: cached tokens are part of input), provider and model", metric.WithUnit("{token}"))
+	m.requests = counter("bgtask.usage.requests", "model requests attempts reported, by provider and model", metric.WithUnit("{request}"))
+	m.cost = counter("bgtask.usage.cost", "cost attempts reported, in millionths of the harness's currency unit (bgtask.Cost), by provider and model", metric.WithUnit("{millionth}"))
+	m.crossings = counter("bgtask.budget.crossings", "budgets that reached their soft threshold or a hard limit, by level (soft, hard) and the hard limit reached")
 	m.recoveryRuns = counter("bgtask.recovery.runs", "runs live at a crash, by what the recovery made of them")
 	m.recoveryRetries = counter("bgtask.recovery.retries", "recorded retries whose next attempt a recovery made")
 	m.recoveryNotes = counter("bgtask.recovery.notifications", "notifications a recovery queued again, produced or kept undelivered")
@@ -120,16 +140,22 @@ func New(meter metric.Meter) (*Metrics, error) {
 
 var bg = context.Background()
 
+// TaskLaunched counts a launch (bgtask.tasks.launched).
 func (m *Metrics) TaskLaunched(bgtask.Task) { m.launched.Add(bg, 1) }
 
+// AttemptStarted counts an attempt whose child runs, by model
+// (bgtask.attempts.started).
 func (m *Metrics) AttemptStarted(_ bgtask.Task, a bgtask.Attempt) {
 	m.started.Add(bg, 1, metric.WithAttributes(attribute.String("model", a.Model.String())))
 }
 
+// RetryScheduled counts a fail-over by its reason class (bgtask.retries).
 func (m *Metrics) RetryScheduled(_ bgtask.Task, _ bgtask.Attempt, reason bgtask.Reason) {
 	m.retries.Add(bg, 1, metric.WithAttributes(attribute.String("reason", string(reason))))
 }
 
+// AttemptEnded records how long the attempt ran, by model and status
+// (bgtask.attempt.duration).
 func (m *Metrics) AttemptEnded(_ bgtask.Task, a bgtask.Attempt, d time.Duration) {
 	m.attempt.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("model", a.Model.String()), attribute.String("status", string(a.Status))))
 }
@@ -145,24 +171,36 @@ func (m *Metrics) TaskEnded(_ bgtask.Task, state bgtask.Status, reason bgtask.Re
 	m.task.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("state", string(state))))
 }
 
+// QueueWaited records an attempt's wait for a slot of key
+// (bgtask.queue.wait).
 func (m *Metrics) QueueWaited(key string, d time.Duration) {
 	m.queueWait.Record(bg, d.Seconds(), metric.WithAttributes(attribute.String("key", key)))
 }
 
+// LiveTasks records the live tasks (bgtask.tasks.live).
 func (m *Metrics) LiveTasks(n int) { m.live.Record(bg, int64(n)) }
 
+// QueueDepth records the attempts waiting for a slot of key
+// (bgtask.queue.depth).
 func (m *Metrics) QueueDepth(key string, n int) {
 	m.depth.Record(bg, int64(n), metric.WithAttributes(attribute.String("key", key)))
 }
 
+// StopAsked counts a task's first stop, by who asked (bgtask.stops.asked).
 func (m *Metrics) StopAsked(_ bgtask.Task, c bgtask.StopCause) {
 	m.stops.Add(bg, 1, metric.WithAttributes(attribute.String("stop.kind", string(c.Kind))))
 }
 
+// ClosureBegun counts a closure, by what began it and the stop it asks
+// (bgtask.closures.begun).
 func (m *Metrics) ClosureBegun(c bgtask.ClosureSummary) {
 	m.closuresBegun.Add(bg, 1, metric.WithAttributes(attribute.String("by", c.By), attribute.String("stop.kind", string(c.Stop.Kind))))
 }
 
+// ClosureEnded counts a closure's end by how it ended, records how long
+// its fence was up, and counts the runs it asked to stop by what became
+// of them (bgtask.closures.ended, bgtask.closure.duration,
+// bgtask.closure.runs).
 func (m *Metrics) ClosureEnded(c bgtask.ClosureSummary, d time.Duration) {
 	outcome := "stopped"
 	switch {
@@ -188,6 +226,8 @@ func (m *Metrics) ClosureEnded(c bgtask.ClosureSummary, d time.Duration) {
 	}
 }
 
+// HealthChanged counts a change of a model's or provider's health
+// (bgtask.health.changes); why is left out when empty.
 func (m *Metrics) HealthChanged(h bgtask.Health) {
 	attrs := []attribute.KeyValue{attribute.String("key", h.Key()), attribute.String("state", string(h.State))}
 	if h.Why != "" {
@@ -196,6 +236,8 @@ func (m *Metrics) HealthChanged(h bgtask.Health) {
 	m.healthChanges.Add(bg, 1, metric.WithAttributes(attrs...))
 }
 
+// Recovered counts a recovery and what it found and did, and records
+// how long it took (bgtask.recoveries, bgtask.recovery.*).
 func (m *Metrics) Recovered(c bgtask.RecoveryCounts, d time.Duration) {
 	m.recoveries.Add(bg, 1)
 	m.recovery.Record(bg, d.Seconds())
@@ -219,4 +261,47 @@ func (m *Metrics) Recovered(c bgtask.RecoveryCounts, d time.Duration) {
 	add(m.recoveryNotes, c.Owed, "owed")
 	add(m.recoveryNotes, c.Undelivered, "undelivered")
 	add(m.recoveryClosures, c.Closures, "")
+}
+
+// UsageReported counts u's tokens by direction (input, output, cached),
+// its requests and its cost (in millionths, as bgtask.Cost), each with
+// the model as bgtask.attempts.started names it (model: "provider/id")
+// and its provider (left out for a model with none). A zero figure adds
+// nothing.
+func (m *Metrics) UsageReported(_ string, model bgtask.Model, u bgtask.Usage) {
+	attrs := make([]attribute.KeyValue, 0, 3)
+	if model.Provider != "" {
+		attrs = append(attrs, attribute.String("provider", model.Provider))
+	}
+	attrs = append(attrs, attribute.String("model", model.String()))
+	for _, d := range [...]struct {
+		direction string
+		n         int64
+	}{{"input", u.InputTokens}, {"output", u.OutputTokens}, {"cached", u.CachedTokens}} {
+		if d.n > 0 {
+			m.tokens.Add(bg, d.n, metric.WithAttributes(append(attrs, attribute.String("direction", d.direction))...))
+		}
+	}
+	if u.Requests > 0 {
+		m.requests.Add(bg, u.Requests, metric.WithAttributes(attrs...))
+	}
+	if u.Cost > 0 {
+		m.cost.Add(bg, int64(u.Cost), metric.WithAttributes(attrs...))
+	}
+}
+
+// BudgetCrossed counts a budget's crossing by level (soft or hard) and,
+// for a hard one, the limit reached (s.Exceeded: tokens, cost, requests).
+// A soft crossing carries no limit: which figure reached the threshold is
+// not in s, and s.Exceeded may name a hard limit the same report reached.
+func (m *Metrics) BudgetCrossed(s bgtask.BudgetState, hard bool) {
+	if !hard {
+		m.crossings.Add(bg, 1, metric.WithAttributes(attribute.String("level", "soft")))
+		return
+	}
+	attrs := []attribute.KeyValue{attribute.String("level", "hard")}
+	if s.Exceeded != "" {
+		attrs = append(attrs, attribute.String("limit", s.Exceeded))
+	}
+	m.crossings.Add(bg, 1, metric.WithAttributes(attrs...))
 }

@@ -136,6 +136,85 @@ func TestStopsClosuresAndRecoveriesBecomeInstruments(t *testing.T) {
 	assert.Equal(t, map[string]int64{"outcome=interrupted": 1}, sums["bgtask.recovery.runs"], "the function running at the crash died with it")
 }
 
+// Usage becomes token, request and cost counters by model (and provider,
+// when the model has one), each zero figure adding nothing; a budget's
+// soft threshold and hard limit become crossings, the hard one naming the
+// limit it reached.
+func TestUsageAndBudgetCrossingsBecomeInstruments(t *testing.T) {
+	reader, mt := newMetrics(t)
+	ctx := context.Background()
+	fn := func(ctx context.Context, run bgtask.Run) (string, error) {
+		if run.Model.Provider == "" { // the task without a budget
+			if err := run.Usage(bgtask.Usage{InputTokens: 10, OutputTokens: 5, Requests: 1}); err != nil {
+				return "", err
+			}
+			return "ok", nil
+		}
+		// 1.25 of a 2.00 budget: past its soft threshold (50%).
+		if err := run.Usage(bgtask.Usage{InputTokens: 1000, CachedTokens: 200, OutputTokens: 300, Requests: 2, Cost: 1_250_000}); err != nil {
+			return "", err
+		}
+		// 2.25: the hard limit, cost; the budget stops the run.
+		if err := run.Usage(bgtask.Usage{InputTokens: 100, OutputTokens: 50, Requests: 1, Cost: bgtask.CostUnit}); err != nil {
+			return "", err
+		}
+		<-ctx.Done()
+		return "", ctx.Err()
+	}
+	m := bgtask.New(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
+	spent, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5"}},
+		Budget: &bgtask.Budget{Cost: 2 * bgtask.CostUnit, SoftPercent: 50}})
+	require.NoError(t, err)
+	free, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: []bgtask.Model{{ID: "router"}}})
+	require.NoError(t, err)
+	end, err := m.Wait(ctx, spent.ID)
+	require.NoError(t, err)
+	require.NotNil(t, end.Stop)
+	require.Equal(t, bgtask.StopBudget, end.Stop.Kind, "the hard limit stopped it")
+	_, err = m.Wait(ctx, free.ID)
+	require.NoError(t, err)
+	require.NoError(t, m.Shutdown(ctx))
+
+	sums, _, _ := collect(t, reader)
+	const gpt, router = "model=openai/gpt-5,provider=openai", "model=router"
+	assert.Equal(t, map[string]int64{
+		"direction=input," + gpt: 1100, "direction=output," + gpt: 350, "direction=cached," + gpt: 200,
+		"direction=input," + router: 10, "direction=output," + router: 5,
+	}, sums["bgtask.usage.tokens"], "no cached point for the router: it reported none")
+	assert.Equal(t, map[string]int64{gpt: 3, router: 1}, sums["bgtask.usage.requests"])
+	assert.Equal(t, map[string]int64{gpt: 2_250_000}, sums["bgtask.usage.cost"], "millionths; the router reported no cost")
+	assert.Equal(t, map[string]int64{"level=soft": 1, "level=hard,limit=cost": 1}, sums["bgtask.budget.crossings"])
+	assert.Equal(t, map[string]int64{"stop.kind=budget": 1}, sums["bgtask.stops.asked"])
+	assert.Equal(t, map[string]int64{"by=budget,stop.kind=budget": 1}, sums["bgtask.closures.begun"], "the budget closed its branch")
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	units := map[string]string{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mm := range sm.Metrics {
+			units[mm.Name] = mm.Unit
+			if mm.Name == "bgtask.usage.cost" {
+				assert.Contains(t, mm.Description, "millionths")
+			}
+		}
+	}
+	assert.Equal(t, "{token}", units["bgtask.usage.tokens"])
+	assert.Equal(t, "{request}", units["bgtask.usage.requests"])
+	assert.Equal(t, "{millionth}", units["bgtask.usage.cost"])
+}
+
+// A hard crossing whose state names no limit leaves the attribute out
+// rather than export "".
+func TestACrossingWithoutALimitHasNoLimitAttribute(t *testing.T) {
+	reader, mt := newMetrics(t)
+	mt.BudgetCrossed(bgtask.BudgetState{TaskID: "t"}, true)
+	mt.BudgetCrossed(bgtask.BudgetState{TaskID: "t", Exceeded: bgtask.LimitTokens}, false)
+	mt.UsageReported("t", bgtask.Model{ID: "m"}, bgtask.Usage{})
+	sums, _, _ := collect(t, reader)
+	assert.Equal(t, map[string]int64{"level=hard": 1, "level=soft": 1}, sums["bgtask.budget.crossings"], "a soft crossing names no limit")
+	assert.Empty(t, sums["bgtask.usage.tokens"], "an empty report adds nothing")
+}
+
 func TestANilMeterIsAnError(t *testing.T) {
 	_, err := otelmetrics.New(nil)
 	assert.Error(t, err)

@@ -575,6 +575,7 @@ func (n *Node) ClosureRecords(ctx context.Context) ([]bgtask.ClosureRecord, erro
 type stopper struct {
 	mu      sync.Mutex
 	asked   map[int64]map[string]bool // closure → tokens this node has stopped or is stopping
+	over    map[int64]string          // closure → the limit its task's spent budget reached ("": none)
 	results chan stopResult           // stops done, for the writer
 }
 
@@ -602,6 +603,11 @@ func (n *Node) serveAll(ctx context.Context) {
 	for id := range n.stops.asked {
 		if !ids[id] {
 			delete(n.stops.asked, id) // it ended
+		}
+	}
+	for id := range n.stops.over {
+		if !ids[id] {
+			delete(n.stops.over, id)
 		}
 	}
 	n.stops.mu.Unlock()
@@ -672,11 +678,8 @@ func (n *Node) serve(ctx context.Context, k openClosure) {
 		n.stops.mu.Unlock()
 		return
 	}
+	by := n.stopCauseOf(ctx, k)
 	for _, t := range todo {
-		by := bgtask.StopCause{Kind: bgtask.StopClosure, Root: k.root, TaskID: k.task}
-		if k.task == "" || k.root != "" {
-			by.TaskID = "" // a closure of a session, or of a task by its session: the session names it
-		}
 		if !n.goOwned(func() { n.stopRun(bgtask.WithStopCause(n.loopCtx, by), k.id, t.mb, t.r) }) {
 			return
 		}

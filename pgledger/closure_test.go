@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
-	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -19,13 +18,7 @@ import (
 // member is: commits land in order).
 func running(t *testing.T, n *Node, parent string) bgtask.Task {
 	t.Helper()
-	task, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: parent, Prompt: "do it", Models: spec.Models})
-	require.NoError(t, err)
-	got, err := bgtasktest.WaitStatus(ctx(t), n.Manager(), task.ID, bgtask.StatusRunning)
-	require.NoError(t, err)
-	_, err = n.Launch(ctx(t), bgtask.Spec{ParentSessionID: "barrier", Prompt: "barrier", Models: spec.Models})
-	require.NoError(t, err)
-	return got
+	return runningSpec(t, n, bgtask.Spec{ParentSessionID: parent})
 }
 
 // chain joins n nodes and launches a branch of depth running tasks from

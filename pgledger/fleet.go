@@ -417,14 +417,22 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 		return bgtask.Task{}, err
 	}
 	m := mb.m
-	if spec.Key == "" && spec.ParentSessionID == "" {
+	if spec.Key == "" && spec.ParentSessionID == "" && spec.Budget == nil {
 		return m.Launch(ctx, spec)
 	}
 	if spec.ID == "" {
 		spec.ID = uuid.NewString()
 	}
+	// The budget first: a launch into a spent budget's branch is refused
+	// by the budget, also while the closure that stops the branch runs.
+	grant, err := n.admitBudget(ctx, spec.ID, spec.ParentSessionID, spec.Budget)
+	if err != nil {
+		return bgtask.Task{}, err
+	}
+	spec.Budget = grant
 	if spec.ParentSessionID != "" {
 		if err := n.admit(ctx, mb.name, spec.ID, spec.ParentSessionID); err != nil {
+			n.cleanUp(ctx, func(c context.Context) { n.undoBudget(c, spec.ID) })
 			return bgtask.Task{}, err
 		}
 	}
@@ -435,9 +443,12 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 			err = &bgtask.KeyHeldError{Key: spec.Key, TaskID: holder}
 		}
 		if err != nil {
-			if admitted {
-				n.cleanUp(ctx, func(c context.Context) { n.admitted(c, spec.ID) })
-			}
+			n.cleanUp(ctx, func(c context.Context) {
+				n.undoBudget(c, spec.ID)
+				if admitted {
+					n.admitted(c, spec.ID)
+				}
+			})
 			return bgtask.Task{}, err
 		}
 	}
@@ -445,6 +456,7 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 	if err != nil {
 		var held *bgtask.KeyHeldError
 		n.cleanUp(ctx, func(c context.Context) {
+			n.undoBudget(c, spec.ID) // unless the task landed (an error past its commit)
 			if spec.Key != "" && (!errors.As(err, &held) || held.TaskID != spec.ID) {
 				n.releaseKey(c, spec.Key, spec.ID)
 			}
@@ -538,9 +550,11 @@ func (n *Node) Observe(ev bgtask.Event) error {
 			return n.observeHere(ev) // a start in flight here may still bind it
 		}
 		return fmt.Errorf("%w: no member of ledger %s knows attempt %s", bgtask.ErrUnknownSession, n.o.Ledger, ev.AttemptID)
-	case !current:
+	case !current && ev.Usage.IsZero():
 		return fmt.Errorf("%w: attempt %s is not its task's current one", bgtask.ErrStaleEvent, ev.AttemptID)
 	}
+	// A stale event that carries usage goes to its owner all the same: the
+	// usage counts for the attempt that did the work.
 	if mb := n.live(owner); mb != nil {
 		return mb.m.Observe(ev)
 	}
@@ -597,11 +611,12 @@ type wireEvent struct {
 	At          time.Time           `json:"at"`
 	Invocation  int                 `json:"invocation,omitempty"`
 	Progress    string              `json:"progress,omitempty"`
+	Usage       bgtask.Usage        `json:"usage,omitzero"`
 }
 
 func toWire(ev bgtask.Event) (w wireEvent, err error) {
 	w = wireEvent{SessionID: ev.SessionID, AttemptID: ev.AttemptID, Token: ev.Token, Kind: ev.Kind, Text: ev.Text,
-		NoFinalText: ev.NoFinalText, Finish: ev.Finish, At: ev.At, Invocation: ev.Invocation, Progress: ev.Progress}
+		NoFinalText: ev.NoFinalText, Finish: ev.Finish, At: ev.At, Invocation: ev.Invocation, Progress: ev.Progress, Usage: ev.Usage}
 	if w.At.IsZero() {
 		w.At = time.Now()
 	}
@@ -619,7 +634,7 @@ func toWire(ev bgtask.Event) (w wireEvent, err error) {
 
 func (w wireEvent) event() bgtask.Event {
 	ev := bgtask.Event{SessionID: w.SessionID, AttemptID: w.AttemptID, Token: w.Token, Kind: w.Kind, Text: w.Text,
-		NoFinalText: w.NoFinalText, Finish: w.Finish, At: w.At, Invocation: w.Invocation, Progress: w.Progress}
+		NoFinalText: w.NoFinalText, Finish: w.Finish, At: w.At, Invocation: w.Invocation, Progress: w.Progress, Usage: w.Usage}
 	if w.Err != nil {
 		ev.Err = errors.New(*w.Err)
 	}
@@ -675,6 +690,7 @@ func (n *Node) run(ctx context.Context) {
 			n.drainAll(ctx)
 			n.takeOverAside(ctx)
 			n.serveAll(ctx)
+			n.closeSpent(ctx)
 			next = time.Now().Add(n.o.Poll)
 			if n.o.pass != nil {
 				n.o.pass()
@@ -691,6 +707,8 @@ func (n *Node) run(ctx context.Context) {
 		switch {
 		case err == nil && note.Channel == closureChannel:
 			n.serveFor(ctx, note.Payload)
+		case err == nil && n.isBudgetChannel(note.Channel, note.Payload):
+			n.closeSpent(ctx)
 		case err == nil && note.Channel == changeChannel:
 			if note.Payload == n.o.Ledger {
 				n.tellChanged()
@@ -719,7 +737,7 @@ func (n *Node) listen(ctx context.Context) *pgx.Conn {
 	if err != nil {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel+"; LISTEN "+closureChannel+"; LISTEN "+outboxChannel+"; LISTEN "+changeChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+inboxChannel+"; LISTEN "+closureChannel+"; LISTEN "+outboxChannel+"; LISTEN "+changeChannel+"; LISTEN "+budgetChannel); err != nil {
 		_ = conn.Close(context.Background())
 		return nil
 	}

@@ -53,6 +53,8 @@ func TestFleetOfProcesses(t *testing.T) {
 	assert.Equal(t, 9, rep.Completed, "6 answered through another process, 3 of the killed one's")
 	assert.Equal(t, 3, rep.TakenOver)
 	assert.Equal(t, 3, rep.Cancelled, "the branch across the three")
+	assert.Equal(t, 2, rep.BudgetStopped, "a tree spent by two processes: both runs stopped by its budget")
+	assert.Equal(t, 1, rep.BudgetRefused)
 }
 
 var chaosRun = flag.Bool("pg.chaos", false, "run TestChaosOfAFleet: three worker processes, several hundred tasks, a kill -9, a server restart, a 10 s stop and a lock (about 2 minutes)")

@@ -405,7 +405,7 @@ func TestAnAppendCutOffMidwayIsTriedAgain(t *testing.T) {
 	var pid int
 	for pid == 0 {
 		err := conn.QueryRow(ctx(t), `SELECT coalesce((SELECT pid FROM pg_stat_activity
- WHERE query LIKE 'SELECT bgtask_append(%' AND wait_event_type = 'Lock' LIMIT 1), 0)`).Scan(&pid)
+ WHERE query LIKE 'SELECT bgtask_append%(%' AND wait_event_type = 'Lock' LIMIT 1), 0)`).Scan(&pid)
 		require.NoError(t, err)
 	}
 	var cut bool

@@ -523,9 +523,18 @@ func (j *Journal) appendGroup(ctx context.Context, group []*commit) (err error) 
 	session := make([]string, 0, n)
 	parent := make([]string, 0, n)
 	data := make([][]byte, 0, n)
+	var use [5][]int64 // each record's usage: input, output, cached, requests, cost (0 but for a usage record)
+	for i := range use {
+		use[i] = make([]int64, n)
+	}
+	k := 0
 	for _, c := range group {
 		for i := range c.recs {
 			r := &c.recs[i]
+			if u := r.Usage; u != nil {
+				use[0][k], use[1][k], use[2][k], use[3][k], use[4][k] = u.InputTokens, u.OutputTokens, u.CachedTokens, u.Requests, int64(u.Cost)
+			}
+			k++
 			seq = append(seq, int64(r.Seq))
 			kind = append(kind, r.Kind)
 			task = append(task, r.TaskID)
@@ -542,8 +551,8 @@ func (j *Journal) appendGroup(ctx context.Context, group []*commit) (err error) 
 			j.renewed(asked)
 		}
 	}()
-	_, err = j.pool.Exec(ctx, `SELECT bgtask_append($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-		j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, parent, data, j.rounds)
+	_, err = j.pool.Exec(ctx, appendSQL, j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, parent, data, j.rounds,
+		use[0], use[1], use[2], use[3], use[4])
 	return err
 }
 

@@ -29,7 +29,8 @@ type backend struct{ j *Journal }
 func records(recs []jwire.Rec) []bgtask.Record {
 	out := make([]bgtask.Record, len(recs))
 	for i, r := range recs {
-		out[i] = bgtask.Record(r)
+		out[i] = bgtask.Record{Seq: r.Seq, Kind: r.Kind, TaskID: r.TaskID, AttemptID: r.AttemptID, Token: r.Token,
+			SessionID: r.SessionID, ParentSessionID: r.ParentSessionID, Data: r.Data} // no Usage: the root's scenarios keep no fleet budget
 	}
 	return out
 }
@@ -37,7 +38,10 @@ func records(recs []jwire.Rec) []bgtask.Record {
 func (b backend) Append(recs []jwire.Rec) func() error { return b.j.Append(records(recs)).Wait }
 
 func (b backend) Replay(fn func(jwire.Rec) error) error {
-	return b.j.Replay(func(r bgtask.Record) error { return fn(jwire.Rec(r)) })
+	return b.j.Replay(func(r bgtask.Record) error {
+		return fn(jwire.Rec{Seq: r.Seq, Kind: r.Kind, TaskID: r.TaskID, AttemptID: r.AttemptID, Token: r.Token,
+			SessionID: r.SessionID, ParentSessionID: r.ParentSessionID, Data: r.Data})
+	})
 }
 
 func (b backend) Compact(keep []jwire.Rec) error { return b.j.Compact(records(keep)) }

@@ -717,6 +717,10 @@ CREATE TABLE bgtask_health (
 	PRIMARY KEY (ledger, key)
 );
 `,
+	// 8: budgets shared by a fleet (budget.go): each budget's limits and
+	// what its tree spent, each task's place under them, and the append
+	// that moves them with the records.
+	budgetSchema,
 }
 
 // schemaLock is the advisory lock key migrations run under, so that two

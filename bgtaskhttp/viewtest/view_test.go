@@ -164,6 +164,34 @@ func TestTheLiveViewInABrowser(t *testing.T) {
 	assert.Equal(t, "running", shown.Value, "not cancelled before the host confirmed")
 	host.Release()
 	run(t, tab, chromedp.WaitVisible(row(other.ID)+`[data-status="cancelled"]`))
+
+	// Usage and budgets, live: a report shows on its task's row, with the
+	// budget it spends from; the report that spends the budget turns the
+	// budget's line into a warning.
+	spender, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat-3", Description: "on a budget", Prompt: "spend", Models: models,
+		Budget: &bgtask.Budget{Tokens: 1000, SoftPercent: 100}})
+	require.NoError(t, err)
+	spender, err = bgtasktest.WaitStatus(ctx, m, spender.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	run(t, tab, chromedp.WaitVisible(row(spender.ID)))
+	require.NoError(t, host.Emit(bgtask.Event{SessionID: spender.SessionID, Kind: bgtask.SessionUsage,
+		Usage: bgtask.Usage{InputTokens: 400, CachedTokens: 100, OutputTokens: 100, Requests: 1, Cost: 250_000}}))
+	run(t, tab, chromedp.WaitVisible(row(spender.ID)+` > .spend .usage`))
+	assert.Equal(t, "500 tokens · 1 request · cost 0.25", run(t, tab, chromedp.Text(row(spender.ID)+` > .spend .usage`)))
+	budget := run(t, tab, chromedp.Text(row(spender.ID)+` > .spend .budget`))
+	assert.Equal(t, "budget: spent tokens 500 of 1000, cost 0.25, requests 1 · left tokens 500", budget)
+	require.NoError(t, host.Emit(bgtask.Event{SessionID: spender.SessionID, Kind: bgtask.SessionBusy,
+		Usage: bgtask.Usage{InputTokens: 600, OutputTokens: 20, Requests: 1}}))
+	run(t, tab, chromedp.WaitVisible(row(spender.ID)+` > .spend .budget.exceeded`))
+	budget = run(t, tab, chromedp.Text(row(spender.ID)+` > .spend .budget.exceeded`))
+	assert.Contains(t, budget, "spent tokens 1120 of 1000")
+	assert.Contains(t, budget, "EXCEEDED: TOKENS", "the hard limit reached, as the page shows it (in capitals)")
+	warn := run(t, tab, chromedp.Evaluate[map[string]string](`(() => { const s = getComputedStyle(document.querySelector('`+row(spender.ID)+` > .spend .budget.exceeded'));
+		return {color: s.color, background: s.backgroundColor}; })()`))
+	assert.Equal(t, map[string]string{"color": "rgb(159, 18, 57)", "background": "rgb(254, 226, 226)"}, warn, "a visible warning, not the muted line")
+	run(t, tab, chromedp.WaitVisible(row(spender.ID)+`[data-status="cancelled"]`))
+	stop := run(t, tab, chromedp.Text(row(spender.ID)+` > .state .stop`))
+	assert.Equal(t, "stop asked by the budget of task "+spender.ID+" (tokens spent)", stop)
 	shot(t, tab, "live-view.png")
 }
 

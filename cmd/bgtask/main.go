@@ -2,7 +2,7 @@
 // live bgtaskhttp service.
 //
 //	bgtask tasks DIR [-status S,...] [-parent SESSION] [-json]   list the tasks
-//	bgtask task DIR ID [-json]        one task: timeline, records (restarts included), outcome, envelope
+//	bgtask task DIR ID [-json]        one task: timeline, usage and budget, records (restarts included), outcome, envelope
 //	bgtask records DIR [ID] [-json]   every record in order, or one task's with the restarts and its parent's records
 //	bgtask closures DIR [-json]       the branch closures recorded
 //	bgtask follow URL [-json]         print a live service's tasks as they change (JSON: a task per line)
@@ -84,7 +84,8 @@ live bgtaskhttp service.
 
 Usage:
   bgtask tasks DIR [-status S,...] [-parent SESSION] [-json]   list the tasks
-  bgtask task DIR ID [-json]        one task: timeline, records, outcome, envelope
+  bgtask task DIR ID [-json]        one task: timeline, usage and budget, records,
+                                    outcome, envelope
   bgtask records DIR [ID] [-json]   every record in order (restarts, parents' and
                                     closures' records included), or one task's
   bgtask closures DIR [-json]       the branch closures recorded
@@ -136,7 +137,7 @@ var commands = map[string]*command{
 	},
 	"task": {
 		args:    "DIR ID",
-		about:   "Shows one task: its state, its timeline, its records in order with the restarts\n(epochs) and its parent's records between them, its outcome and envelope.\nID may be a prefix of the task's id that names one task.",
+		about:   "Shows one task: its state, its timeline (with its usage), the budget it spends\nfrom (spent, left, a limit reached), its records in order with the restarts\n(epochs) and its parent's records between them, its outcome and envelope.\nID may be a prefix of the task's id that names one task.",
 		example: "bgtask task ./journal task-7",
 		min:     2, max: 2,
 		run: taskCmd,
@@ -157,7 +158,7 @@ var commands = map[string]*command{
 	},
 	"follow": {
 		args:    "URL",
-		about:   "Follows a live bgtaskhttp service: prints its tasks, then a line for each task\nthat changes (the timeline once it ends), until interrupted. An address that\ncannot be reached or is no bgtask service is an error at once; one that does\nnot answer within 5s, an error then. Once following, a dropped connection is\nsaid on stderr and retried with backoff. With -json, one JSON task per line.",
+		about:   "Follows a live bgtaskhttp service: prints its tasks, then a line for each task\nthat changes (with its usage, and its budget once spent; the timeline and the\nbudget once it ends), until interrupted. An address that\ncannot be reached or is no bgtask service is an error at once; one that does\nnot answer within 5s, an error then. Once following, a dropped connection is\nsaid on stderr and retried with backoff. With -json, one JSON task per line.",
 		example: "bgtask follow http://127.0.0.1:8080",
 		min:     1, max: 1,
 		run: followCmd,
@@ -372,6 +373,9 @@ func taskCmd(_ context.Context, c *call) error {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, bgtask.Timeline(t))
+	if s := spending(t); s != "" {
+		fmt.Fprintln(w, s)
+	}
 	fmt.Fprintln(w, "\nRecords:")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, r := range recs {
@@ -388,6 +392,44 @@ func taskCmd(_ context.Context, c *call) error {
 		fmt.Fprintf(w, "\n\n%s\n", o.Envelope)
 	}
 	return nil
+}
+
+// spending is what the Timeline leaves out of t's spending: each
+// attempt's usage when several reported any (the Timeline's "Usage:" line
+// is the total), and the budget t spends from, if any — what its branch
+// spent of each limit, what it has left, and whether a limit was reached.
+// "" if there is neither.
+func spending(t bgtask.Task) string {
+	var lines []string
+	if u := t.Usage; u != nil && len(u.ByAttempt) > 1 {
+		for i, a := range u.ByAttempt {
+			if !a.IsZero() {
+				lines = append(lines, fmt.Sprintf("  attempt %d: %s", i+1, a))
+			}
+		}
+	}
+	if b := t.Budget; b != nil {
+		whose := "its own"
+		if b.TaskID != t.ID {
+			whose = "task " + b.TaskID + "'s"
+		}
+		spent, left := b.Figures()
+		line := "Budget (" + whose + "): spent " + spent
+		if left != "" {
+			line += "; left " + left
+		}
+		lines = append(lines, line)
+		if b.Reserved > 0 {
+			lines = append(lines, fmt.Sprintf("  %d launched, not yet started (a spawn each reserved)", b.Reserved))
+		}
+		switch {
+		case b.Exceeded != "":
+			lines = append(lines, "  EXCEEDED: its "+b.Exceeded+" limit was reached: the branch was stopped and launches in it are refused")
+		case b.SoftReached:
+			lines = append(lines, "  soft threshold reached (the parent was told)")
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 // change is r's change as a line says it: a record not about the task
@@ -524,7 +566,7 @@ func followCmd(ctx context.Context, c *call) error {
 	for {
 		now := mir.Tasks() // what is printed is what the next wait compares against
 		for _, t := range now {
-			line := strings.TrimSpace(fmt.Sprintf("%s %s attempts=%d %s %s", t.ID, t.Status, len(t.Attempts), t.Model, t.Progress))
+			line := strings.TrimSpace(fmt.Sprintf("%s %s attempts=%d %s%s %s", t.ID, t.Status, len(t.Attempts), t.Model, spent(t), t.Progress))
 			key := line
 			if c.json { // every change of the task, not only of its line
 				key = fmt.Sprintf("%d %s %s", t.Revision, t.Activity, t.Progress)
@@ -544,6 +586,9 @@ func followCmd(ctx context.Context, c *call) error {
 			fmt.Fprintln(c.stdout, line)
 			if t.Status.Terminal() {
 				fmt.Fprintln(c.stdout, indent(bgtask.Timeline(t)))
+				if s := spending(t); s != "" {
+					fmt.Fprintln(c.stdout, indent(s))
+				}
 			}
 		}
 		if err := mir.Wait(fctx, func(tasks []bgtask.Task) bool { return changed(now, tasks) }); err != nil {
@@ -554,6 +599,19 @@ func followCmd(ctx context.Context, c *call) error {
 			return fmt.Errorf("following %s: %w", url, ferr)
 		}
 	}
+}
+
+// spent is t's usage and budget as a followed task's line says them
+// (" tokens=600 requests=2 cost=1.10 budget=exceeded:tokens"), or "".
+func spent(t bgtask.Task) string {
+	var s string
+	if u := t.Usage; u != nil {
+		s = fmt.Sprintf(" tokens=%d requests=%d cost=%s", u.Total.Tokens(), u.Total.Requests, u.Total.Cost)
+	}
+	if b := t.Budget; b != nil && b.Exceeded != "" {
+		s += " budget=exceeded:" + b.Exceeded
+	}
+	return s
 }
 
 func changed(a, b []bgtask.Task) bool {

@@ -627,3 +627,101 @@ func TestFollowOfAnAddressThatNeverAnswersFailsPromptly(t *testing.T) {
 	assert.ErrorContains(t, err, "timeout awaiting response headers")
 	assert.Empty(t, stdout.String())
 }
+
+// budgeted leaves in dir the journal of a tree on a budget: task-1 holds
+// it (1000 tokens, 5 spawns) and launched task-2, whose first attempt
+// failed over; both report usage, and task-1's report reaches the token
+// limit: the budget stops the branch.
+func budgeted(t *testing.T, dir string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j, err := bgtask.OpenFileJournal(dir)
+	require.NoError(t, err)
+	host := bgtasktest.NewHost()
+	m := bgtask.New(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
+	host.Attach(m)
+	root, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Description: "on a budget", Models: models,
+		Budget: &bgtask.Budget{Tokens: 1000, Spawns: 5, SoftPercent: 100}})
+	require.NoError(t, err)
+	root, err = bgtasktest.WaitStatus(ctx, m, root.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	kid, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: root.SessionID, Description: "spends", Models: models})
+	require.NoError(t, err)
+	kid, err = bgtasktest.WaitStatus(ctx, m, kid.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	usage := func(session string, u bgtask.Usage) {
+		require.NoError(t, host.Emit(bgtask.Event{SessionID: session, Kind: bgtask.SessionUsage, Usage: u}))
+	}
+	usage(kid.SessionID, bgtask.Usage{InputTokens: 200, Requests: 1, Cost: 100_000})
+	require.NoError(t, host.Fail(kid.SessionID, errors.New("429 Too Many Requests")))
+	kid, err = bgtasktest.WaitFor(ctx, m, kid.ID, func(t bgtask.Task) bool { return len(t.Attempts) == 2 && t.Status == bgtask.StatusRunning })
+	require.NoError(t, err)
+	usage(kid.SessionID, bgtask.Usage{InputTokens: 200, CachedTokens: 100, OutputTokens: 100, Requests: 1, Cost: 150_000})
+	usage(root.SessionID, bgtask.Usage{InputTokens: 500, OutputTokens: 100, Requests: 2, Cost: bgtask.CostUnit}) // 1100 tokens: the limit
+	for _, id := range []string{root.ID, kid.ID} {
+		_, err := bgtasktest.WaitStatus(ctx, m, id, bgtask.StatusCancelled)
+		require.NoError(t, err)
+	}
+	require.NoError(t, m.Shutdown(ctx))
+}
+
+// A task's usage (the timeline's total, and each attempt's when several
+// reported) and the budget it spends from — what its branch spent of each
+// limit, what is left, the limit reached — as the journal has them.
+func TestTaskShowsUsageAndBudget(t *testing.T) {
+	dir := t.TempDir()
+	budgeted(t, dir)
+
+	root := ok(t, "task", dir, "task-1")
+	assert.Contains(t, root, "\nUsage: 600 tokens (500 in, 100 out), 2 requests, cost 1.00\n", "the timeline's usage line")
+	assert.Contains(t, root, "\nBudget (its own): spent tokens 1100 of 1000, cost 1.25, requests 4, spawns 1 of 5; left tokens 0, spawns 4\n")
+	assert.Contains(t, root, "\n  EXCEEDED: its tokens limit was reached: the branch was stopped and launches in it are refused\n")
+	assert.Contains(t, root, "Stop asked by the budget of task task-1 (tokens spent)")
+	assert.NotContains(t, root, "  attempt 1: ", "one attempt: its usage is the total")
+	assert.Less(t, strings.Index(root, "Budget (its own)"), strings.Index(root, "\nRecords:"), "with the timeline, before the records")
+
+	kid := ok(t, "task", dir, "task-2")
+	assert.Contains(t, kid, "\nUsage: 500 tokens (400 in, 100 cached, 100 out), 2 requests, cost 0.25\n")
+	assert.Contains(t, kid, "\n  attempt 1: 200 tokens (200 in, 0 out), 1 request, cost 0.10\n  attempt 2: 300 tokens (200 in, 100 cached, 100 out), 1 request, cost 0.15\n")
+	assert.Contains(t, kid, "\nBudget (task task-1's): spent tokens 1100 of 1000")
+	assert.Contains(t, kid, "EXCEEDED: its tokens limit was reached")
+	_, line := lineOf(t, kid, " usage ")
+	assert.Contains(t, line, "used 200 tokens (200 in, 0 out), 1 request, cost 0.10", "the usage records")
+
+	var doc struct {
+		Task bgtask.Task `json:"task"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "task", dir, "task-2", "-json")), &doc))
+	require.NotNil(t, doc.Task.Usage)
+	assert.Equal(t, int64(500), doc.Task.Usage.Total.Tokens())
+	require.NotNil(t, doc.Task.Budget)
+	assert.Equal(t, "task-1", doc.Task.Budget.TaskID)
+	assert.Equal(t, bgtask.LimitTokens, doc.Task.Budget.Exceeded)
+
+	plain := t.TempDir() // a task with neither prints neither
+	m, tasks := journaled(t, plain)
+	require.NoError(t, m.Shutdown(context.Background()))
+	one := ok(t, "task", plain, tasks[0].ID)
+	assert.NotContains(t, one, "Usage:")
+	assert.NotContains(t, one, "Budget")
+}
+
+// Following, a task's line carries its usage, and its budget once spent;
+// the budget follows the timeline of an ended task.
+func TestFollowShowsUsageAndASpentBudget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, host, srv := service(t)
+	f := follow(t, ctx, srv.URL)
+	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: models, Budget: &bgtask.Budget{Tokens: 400}})
+	require.NoError(t, err)
+	running, err := bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	f.stdout.await(t, ctx, "task-1 running attempts=1 openai/gpt-5\n")
+	require.NoError(t, host.Emit(bgtask.Event{SessionID: running.SessionID, Kind: bgtask.SessionUsage,
+		Usage: bgtask.Usage{InputTokens: 400, OutputTokens: 100, Requests: 1, Cost: 250_000}}))
+	f.stdout.await(t, ctx, `task-1 cancelled attempts=1 openai/gpt-5 tokens=500 requests=1 cost=0\.25 budget=exceeded:tokens\n`)
+	f.stdout.await(t, ctx, `\n  Usage: 500 tokens \(400 in, 100 out\), 1 request, cost 0\.25\n  Budget \(its own\): spent tokens 500 of 400, cost 0\.25, requests 1; left tokens 0\n  +EXCEEDED: its tokens limit`)
+	assert.Equal(t, 0, f.interrupt(t), f.stderr.String())
+}

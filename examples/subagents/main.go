@@ -179,6 +179,9 @@ func (h *Harness) collect(ctx context.Context, me string, waits []<-chan bgtask.
 		case t := <-w:
 			kid, ok := bgtask.ValueOf[Result](t)
 			if !ok {
+				if err := bgtask.Fence(ctx); err != nil {
+					return Result{}, err // this run is being stopped: that is why its subagent ended (the stop ends it cancelled)
+				}
 				return Result{}, fmt.Errorf("subagent %s ended %s without a result: %s", t.ID, t.Status, t.Error)
 			}
 			r.ForUser = append(r.ForUser, kid.ForUser...)

@@ -52,6 +52,9 @@ type Options struct {
 	// Health turns health on (WithHealth, with throttling providers) in
 	// every run; unset, a run's own stream turns it on in half of them.
 	Health bool
+	// Budget turns budgets and usage-reporting runs on in every run;
+	// unset, a run's own stream turns them on in half of them.
+	Budget bool
 }
 
 // prompts reports whether the Host the Manager was given can prompt.
@@ -146,6 +149,11 @@ type world struct {
 	skipsSeen map[string]bool
 	waitSince map[string]time.Time
 	restarted bool
+	// With "budget": its own random stream, the world's account of usage,
+	// and the tasks as they were before the step (budget.go).
+	brng   *rand.Rand
+	bud    *budgetState
+	before []bgtask.Task
 }
 
 type closureCall struct {
@@ -178,6 +186,7 @@ func Run(opts Options) (trace []string, err error) {
 		closures: map[int]*closureCall{},
 		specs:    map[string]bgtask.Spec{},
 		hrng:     rand.New(rand.NewPCG(opts.Seed, 0x6a09e667f3bcc908)),
+		brng:     rand.New(rand.NewPCG(opts.Seed, 0xbb67ae8584caa73b)),
 	}
 	w.host.now = w.clock.Now
 	cfg := []bgtask.Option{
@@ -231,6 +240,10 @@ func Run(opts Options) (trace []string, err error) {
 		cfg = append(cfg, bgtask.WithHealth(p))
 		features = append(features, "health")
 	}
+	if w.brng.IntN(2) == 0 || opts.Budget {
+		w.bud = newBudgetState()
+		features = append(features, "budget")
+	}
 	w.cfg = cfg
 	w.gate = &gate{h: w.host, n: w.notes}
 	m, err := bgtask.Open(context.Background(), w.hostFor(w.gate), w.lifeOptions()...)
@@ -283,6 +296,7 @@ func (w *world) sessions(tasks []bgtask.Task) []string {
 
 func (w *world) act() {
 	tasks := w.m.Snapshot().Tasks
+	w.before = tasks
 	switch op := w.rng.IntN(100); {
 	case op < 22 || len(tasks) == 0:
 		w.launch(tasks)
@@ -332,7 +346,7 @@ func (w *world) launch(tasks []bgtask.Task) {
 	for i := range n {
 		chain = append(chain, models[(start+i)%len(models)])
 	}
-	spec := bgtask.Spec{ParentSessionID: parent, Prompt: "work", Models: chain, MaxAttempts: w.rng.IntN(4)}
+	spec := bgtask.Spec{ParentSessionID: parent, Prompt: "work", Models: chain, MaxAttempts: w.rng.IntN(4), Budget: w.budgetFor(parent)}
 	if w.rng.IntN(4) == 0 {
 		spec.Key = fmt.Sprintf("key-%d", w.rng.IntN(3))
 	}
@@ -344,6 +358,7 @@ func (w *world) launch(tasks []bgtask.Task) {
 		spec.RetryOnTimeout = w.rng.IntN(2) == 0
 	}
 	limited := w.treeRefusal(tasks, parent)
+	spent := w.bud != nil && budgetRefusal(tasks, parent)
 	closing := w.activeClosureCovers(tasks, parent)
 	holder := ""
 	for _, t := range tasks {
@@ -355,6 +370,13 @@ func (w *world) launch(tasks []bgtask.Task) {
 	var held *bgtask.KeyHeldError
 	var limit *bgtask.LimitError
 	switch {
+	case errors.Is(err, bgtask.ErrBudget):
+		if !spent {
+			w.failf("launch under %s refused by %v, which its tree does not say", parent, err)
+		}
+		w.log("launch under %s refused: %v", parent, err)
+	case spent:
+		w.failf("launch under %s not refused by its spent budget: %v", parent, err)
 	case errors.As(err, &limit):
 		if limited == nil || !errors.Is(err, limited) {
 			w.failf("launch under %s refused by %v; the tasks say %v", parent, err, limited)
@@ -491,6 +513,9 @@ func (w *world) event(tasks []bgtask.Task) {
 	if ev.SessionID == "" && ev.AttemptID == "" {
 		ev.AttemptID = a.ID
 	}
+	if ev.SessionID == a.SessionID || ev.AttemptID == a.ID { // an unknown session's event may be held, and dropped
+		ev.Usage = w.usageFor(tasks, t, a)
+	}
 	if ev.Kind == bgtask.SessionIdle && w.rng.IntN(2) == 0 {
 		ev.Invocation = w.rng.IntN(len(t.Invocations) + 2) // 0 (the latest), one admitted, or one past them
 	}
@@ -503,7 +528,8 @@ func (w *world) event(tasks []bgtask.Task) {
 	}
 	for i := range times {
 		if i > 0 {
-			w.quiesce() // what the first copy set off has settled
+			w.quiesce()               // what the first copy set off has settled
+			ev.Usage = bgtask.Usage{} // a host reports usage once: a report twice counts twice
 		}
 		before, _ := w.m.Task(t.ID)
 		err := w.m.Observe(ev)
@@ -511,10 +537,15 @@ func (w *world) event(tasks []bgtask.Task) {
 		if err != nil && !errors.Is(err, bgtask.ErrStaleEvent) && !errors.Is(err, bgtask.ErrUnknownSession) {
 			w.failf("observe %+v: %v", ev, err)
 		}
-		if (errors.Is(err, bgtask.ErrStaleEvent) || errors.Is(err, bgtask.ErrUnknownSession)) && after.Revision != before.Revision {
+		w.counted(ev, a, err)
+		rejected := errors.Is(err, bgtask.ErrStaleEvent) || errors.Is(err, bgtask.ErrUnknownSession)
+		if rejected && ev.Usage.IsZero() && after.Revision != before.Revision {
 			w.failf("a rejected event changed %s: revision %d → %d", t.ID, before.Revision, after.Revision)
 		}
-		w.log("event %s session=%q attempt=%q token=%q on %s/%d: %v", ev.Kind, ev.SessionID, ev.AttemptID, ev.Token, t.ID, a.Number, err)
+		if rejected && (after.Status != before.Status || after.CurrentAttemptID != before.CurrentAttemptID || after.Result != before.Result) {
+			w.failf("a rejected event carrying usage moved %s: %s %s → %s %s", t.ID, before.Status, before.CurrentAttemptID, after.Status, after.CurrentAttemptID)
+		}
+		w.log("event %s session=%q attempt=%q token=%q usage=%d on %s/%d: %v", ev.Kind, ev.SessionID, ev.AttemptID, ev.Token, ev.Usage.Tokens(), t.ID, a.Number, err)
 	}
 }
 
@@ -745,6 +776,9 @@ func (w *world) check() {
 	w.checkTree(tasks)
 	if w.health != nil {
 		w.checkHealth(tasks)
+	}
+	if w.bud != nil {
+		w.checkBudgets(tasks, w.before)
 	}
 	if w.opts.Check != nil {
 		if err := w.opts.Check(w.m, tasks); err != nil {

@@ -21,7 +21,7 @@ var (
 
 func TestSim(t *testing.T) {
 	run := func(t *testing.T, s uint64) {
-		tr, err := Run(Options{Seed: s, Steps: *steps, Health: *health})
+		tr, err := Run(Options{Seed: s, Steps: *steps, Health: *health, Budget: *budget})
 		if *trace {
 			t.Logf("seed %d:\n%s", s, strings.Join(tr, "\n"))
 		}
@@ -46,7 +46,21 @@ func TestSim(t *testing.T) {
 	}
 }
 
-var health = flag.Bool("sim.health", false, "turn health on (throttling providers) in every run")
+var (
+	health = flag.Bool("sim.health", false, "turn health on (throttling providers) in every run")
+	budget = flag.Bool("sim.budget", false, "turn budgets and usage-reporting runs on in every run")
+)
+
+// TestSimBudget runs seeds with budgets on in each: runs report usage,
+// trees spend their budgets, and spent ≤ limit + what was in flight.
+func TestSimBudget(t *testing.T) {
+	n := *seeds / 4
+	for s := range n {
+		if _, err := Run(Options{Seed: uint64(2000 + s), Steps: *steps, Budget: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
 
 // TestSimHealth runs seeds with health on in each: providers throttle and
 // recover, and no skip or wait breaks the policy.

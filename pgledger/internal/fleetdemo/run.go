@@ -32,12 +32,15 @@ type Config struct {
 
 // Report is what a run saw.
 type Report struct {
-	Tasks      int           // tasks launched
-	Completed  int           // ended completed, each with the answer its session gave
-	Cancelled  int           // stopped by the closure
-	TakenOver  int           // runs of the killed worker another process finished
-	Duplicates int           // final summaries delivered again after the crash (same ID)
-	Took       time.Duration // the whole scenario
+	Tasks      int // tasks launched
+	Completed  int // ended completed, each with the answer its session gave
+	Cancelled  int // stopped by the closure
+	TakenOver  int // runs of the killed worker another process finished
+	Duplicates int // final summaries delivered again after the crash (same ID)
+	// BudgetStopped counts the runs of the tree whose budget two processes
+	// spent, stopped by it; BudgetRefused the launches in it refused after.
+	BudgetStopped, BudgetRefused int
+	Took                         time.Duration // the whole scenario
 }
 
 // proc is one worker process.
@@ -182,6 +185,15 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	say("w1's member taken over; its runs reconciled through the session service")
 	answered = append(answered, doomed...)
+
+	// 5. One tree's budget, spent by two processes: a root in w0 and a
+	// child in w2 report usage; the report that reaches the limit refuses
+	// the next launch in the tree and stops both runs, each in its own
+	// process.
+	if err := sc.budget(ws[0], ws[2], &rep); err != nil {
+		return rep, err
+	}
+	say("a tree in w0 and w2 spent its budget: %d runs stopped by it, %d launch refused after", rep.BudgetStopped, rep.BudgetRefused)
 
 	// 4. Every task ended with its evidence; every final summary once.
 	all := append(slices.Clone(answered), root, kid, leaf)
@@ -414,6 +426,64 @@ func (sc *scenario) observe(w *proc, ev bgtask.Event) error {
 			return sc.ctx.Err()
 		}
 	}
+}
+
+// budget runs step 5 of Run: a tree rooted at a, with a child at b,
+// spends a budget of 1,000 tokens.
+func (sc *scenario) budget(a, b *proc, rep *Report) error {
+	ans, err := sc.call(a, "/launch", launchArg{Parent: "chat-d", Prompt: "research", Budget: &bgtask.Budget{Tokens: 1000}})
+	if err == nil && ans.Err != "" {
+		err = errors.New(ans.Err)
+	}
+	if err != nil {
+		return fmt.Errorf("launching the budgeted root: %w", err)
+	}
+	root := ans.Task.ID
+	rootSes, _, err := sc.session(root)
+	if err != nil {
+		return err
+	}
+	// A launch from a session is admitted to its tree's budget once the
+	// session's binding is in the database: a later launch of the same
+	// process says it is (its commits land in order).
+	if _, err := sc.launch(a, "barrier"); err != nil {
+		return err
+	}
+	kid, err := sc.launch(b, rootSes)
+	if err != nil {
+		return err
+	}
+	kidSes, _, err := sc.session(kid)
+	if err != nil {
+		return err
+	}
+	if _, err := sc.launch(b, "barrier"); err != nil {
+		return err
+	}
+	spend := func(w *proc, ses string, tokens int64) error {
+		return sc.observe(w, bgtask.Event{SessionID: ses, Kind: bgtask.SessionUsage, Usage: bgtask.Usage{InputTokens: tokens, Requests: 1}})
+	}
+	if err := spend(b, kidSes, 600); err != nil {
+		return err
+	}
+	if err := spend(a, rootSes, 450); err != nil { // 1,050: the limit is reached
+		return err
+	}
+	refused, err := sc.call(b, "/launch", launchArg{Parent: kidSes, Prompt: "more"})
+	if err != nil {
+		return err
+	}
+	if refused.Kind != "budget" {
+		return fmt.Errorf("a launch in the spent tree at %s: %+v, want refused by the budget", b.member, refused)
+	}
+	rep.BudgetRefused++
+	if err := sc.svc.await(sc.ctx, "the budget's stops", func() bool {
+		return sc.svc.sessions[rootSes].aborted && sc.svc.sessions[kidSes].aborted
+	}); err != nil {
+		return err
+	}
+	rep.BudgetStopped += 2
+	return nil
 }
 
 // close closes the branch of session at w.

@@ -165,6 +165,8 @@ type launchArg struct {
 	Prompt string `json:"prompt"`
 	// Within, if set, is the launch's deadline (the caller's context).
 	Within time.Duration `json:"within,omitempty"`
+	// Budget, if set, is the task's (Spec.Budget).
+	Budget *bgtask.Budget `json:"budget,omitempty"`
 }
 
 type closeArg struct {
@@ -175,7 +177,7 @@ type answer struct {
 	Task   *bgtask.Task          `json:"task,omitempty"`
 	Report *bgtask.ClosureReport `json:"report,omitempty"`
 	Err    string                `json:"error,omitempty"`
-	Kind   string                `json:"kind,omitempty"` // "unknown", "stale", "closing", "unavailable", "undecided" for errors the caller may act on
+	Kind   string                `json:"kind,omitempty"` // "unknown", "stale", "closing", "unavailable", "undecided", "budget" for errors the caller may act on
 	Took   time.Duration         `json:"took,omitempty"` // how long the call took in the worker
 }
 
@@ -192,6 +194,8 @@ func errAnswer(err error) answer {
 		a.Kind = "unavailable"
 	case errors.Is(err, bgtask.ErrDurabilityUnknown):
 		a.Kind = "undecided"
+	case errors.Is(err, bgtask.ErrBudget):
+		a.Kind = "budget"
 	}
 	return a
 }
@@ -213,7 +217,7 @@ func api(node *pgledger.Node) http.Handler {
 			defer cancel()
 		}
 		began := time.Now()
-		t, err := node.Launch(ctx, bgtask.Spec{ParentSessionID: a.Parent, Prompt: a.Prompt, Models: models})
+		t, err := node.Launch(ctx, bgtask.Spec{ParentSessionID: a.Parent, Prompt: a.Prompt, Models: models, Budget: a.Budget})
 		if err != nil {
 			out := errAnswer(err)
 			out.Took = time.Since(began)

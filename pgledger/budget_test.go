@@ -1,0 +1,124 @@
+package pgledger
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// runningSpec launches spec at node n and returns the task once it runs
+// and its binding is durable (as running does).
+func runningSpec(t *testing.T, n *Node, s bgtask.Spec) bgtask.Task {
+	t.Helper()
+	if s.Models == nil {
+		s.Models, s.Prompt = spec.Models, "do it"
+	}
+	task, err := n.Launch(ctx(t), s)
+	require.NoError(t, err)
+	got, err := bgtasktest.WaitStatus(ctx(t), n.Manager(), task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	_, err = n.Launch(ctx(t), bgtask.Spec{ParentSessionID: "barrier", Prompt: "barrier", Models: spec.Models})
+	require.NoError(t, err)
+	return got
+}
+
+// usage is an event reporting tokens for session sid.
+func usage(sid string, tokens int64) bgtask.Event {
+	return bgtask.Event{SessionID: sid, Kind: bgtask.SessionUsage, Usage: bgtask.Usage{InputTokens: tokens, Requests: 1}}
+}
+
+// Two processes spend one tree's budget: the root and a child in one, a
+// child in the other. The report that reaches the limit, in whichever
+// process, refuses the next launch in the tree in every process at once,
+// and stops every run of the tree, whichever process owns it, with the
+// budget as the stop cause; a report after the stop still counts; the
+// figures are the fleet's, read from any process.
+func TestAFleetSpendsOneTreesBudget(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	a, b := ns[0], ns[1]
+	root := runningSpec(t, a, bgtask.Spec{ParentSessionID: "chat", Budget: &bgtask.Budget{Tokens: 1000, Spawns: 4, SoftPercent: 100}})
+	c1 := runningSpec(t, b, bgtask.Spec{ParentSessionID: root.SessionID, Budget: &bgtask.Budget{Tokens: 5000}})
+	c2 := runningSpec(t, a, bgtask.Spec{ParentSessionID: root.SessionID})
+
+	s, ok, err := b.Budget(ctx(t), c1.ID)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, int64(1000), s.Limit.Tokens, "the child's grant, clamped by the fleet's root in the other process")
+	assert.Equal(t, int64(1000), mustTask(t, b, c1.ID).Budget.Limit.Tokens, "and its Manager launched it with that grant")
+
+	require.NoError(t, b.Observe(usage(c1.SessionID, 600)))
+	require.NoError(t, a.Observe(usage(c2.SessionID, 300)))
+	s, _, err = a.Budget(ctx(t), root.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(900), s.Spent.Tokens(), "both processes' usage, in one account")
+	assert.Equal(t, int64(2), s.Spawned)
+	assert.Empty(t, s.Exceeded)
+
+	require.NoError(t, a.Observe(usage(root.SessionID, 150))) // 1050 ≥ 1000
+	_, err = b.Launch(ctx(t), bgtask.Spec{ParentSessionID: c1.SessionID, Prompt: "more", Models: spec.Models})
+	var be *bgtask.BudgetError
+	require.ErrorAs(t, err, &be, "refused in the other process, from the commit that spent it")
+	assert.Equal(t, root.ID, be.TaskID)
+	assert.Equal(t, bgtask.LimitTokens, be.Limit)
+	assert.Equal(t, int64(1050), be.Spent)
+
+	want := bgtask.StopCause{Kind: bgtask.StopBudget, TaskID: root.ID, Limit: bgtask.LimitTokens}
+	for _, x := range []struct {
+		n    *Node
+		task bgtask.Task
+	}{{a, root}, {b, c1}, {a, c2}} {
+		end, err := bgtasktest.WaitStatus(ctx(t), x.n.Manager(), x.task.ID, bgtask.StatusCancelled)
+		require.NoError(t, err, "task %s", x.task.ID)
+		require.NotNil(t, end.Stop)
+		assert.Equal(t, want, *end.Stop, "task %s: stopped by the budget, in the process that owns it", x.task.ID)
+		assert.True(t, svc.aborted(x.task.SessionID), "task %s: its child really stopped", x.task.ID)
+	}
+	require.NoError(t, b.Observe(usage(c1.SessionID, 25)), "a usage report of a stopped run is no error")
+	s, _, err = b.Budget(ctx(t), root.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1075), s.Spent.Tokens(), "a report after the stop counts")
+	assert.Equal(t, bgtask.LimitTokens, s.Exceeded)
+	assert.Zero(t, s.Reserved)
+	t.Logf("overrun: %d tokens past %d (the report that reached it, and one after the stop)", s.Spent.Tokens()-s.Limit.Tokens, s.Limit.Tokens)
+}
+
+// Launches from two processes race the last spawns of one budget: exactly
+// as many as it has are admitted; a launch whose start never ran gives its
+// spawn back.
+func TestTwoProcessesRaceTheLastSpawns(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	root := runningSpec(t, ns[0], bgtask.Spec{ParentSessionID: "chat", Budget: &bgtask.Budget{Spawns: 3}})
+	var admitted, refused atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := ns[i%2].Launch(ctx(t), bgtask.Spec{ParentSessionID: root.SessionID, Prompt: "p", Models: spec.Models})
+			switch {
+			case err == nil:
+				admitted.Add(1)
+			case errors.Is(err, bgtask.ErrBudget):
+				refused.Add(1)
+			default:
+				t.Errorf("launch %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, int32(3), admitted.Load())
+	assert.Equal(t, int32(9), refused.Load())
+	s, _, err := ns[1].Budget(ctx(t), root.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), s.Spawned+s.Reserved)
+}
