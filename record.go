@@ -407,25 +407,8 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, use *usageRec, fo
 	w.String(root)
 	w.Uint(uint64(depth))
 	switch {
-	case format >= 5: // format 5: the bool of format 4 always, then the skip
-		w.Bool(x.spec != nil && x.spec.inProcess)
-		w.Bool(x.skip != nil)
-		if sk := x.skip; sk != nil {
-			w.Uint(uint64(sk.Attempt))
-			w.String(sk.Model.Provider)
-			w.String(sk.Model.ID)
-			w.String(sk.Model.Variant)
-			w.String(sk.Why)
-			w.Time(sk.Until)
-		}
-		w.Bool(x.cool != nil)
-		if c := x.cool; c != nil {
-			w.String(c.Key)
-			w.Time(c.Since)
-			w.Time(c.Until)
-			w.String(c.Why)
-			w.Uint(uint64(c.inARow))
-		}
+	case format >= 5:
+		encodeExt5(w, x)
 	case x.spec != nil && x.spec.inProcess: // format 4 (encodeInto marks it)
 		w.Bool(true)
 	}
@@ -433,6 +416,29 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, use *usageRec, fo
 		encodeExt6(w, x, use)
 	}
 	return nil
+}
+
+// encodeExt5 writes what format 5 has after format 3's part: the bool of
+// format 4 always, then the skip and the cooldown.
+func encodeExt5(w *codec.Writer, x *recordExt) {
+	w.Bool(x.spec != nil && x.spec.inProcess)
+	w.Bool(x.skip != nil)
+	if sk := x.skip; sk != nil {
+		w.Uint(uint64(sk.Attempt))
+		w.String(sk.Model.Provider)
+		w.String(sk.Model.ID)
+		w.String(sk.Model.Variant)
+		w.String(sk.Why)
+		w.Time(sk.Until)
+	}
+	w.Bool(x.cool != nil)
+	if c := x.cool; c != nil {
+		w.String(c.Key)
+		w.Time(c.Since)
+		w.Time(c.Until)
+		w.String(c.Why)
+		w.Uint(uint64(c.inARow))
+	}
 }
 
 // encodeExt6 writes what format 6 added: a launch's budget, a usage.
