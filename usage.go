@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -317,9 +316,55 @@ func usageLine(t Task) string {
 	return "\nUsage: " + t.Usage.Total.String()
 }
 
-// usageLineRE matches a Timeline's usage line (Usage.String), indented
-// or not: not a line of a child's output that happens to begin so.
-var usageLineRE = regexp.MustCompile(`^ *Usage: \d+ tokens \(\d+ in, (\d+ cached, )?\d+ out\), \d+ requests?, cost -?\d+\.\d+$`)
+// isUsageLine reports whether l is a Timeline's usage line (Usage.String),
+// indented or not: not a line of a child's output that happens to begin
+// so. It matches what the regexp
+//
+//	^ *Usage: \d+ tokens \(\d+ in, (\d+ cached, )?\d+ out\), \d+ requests?, cost -?\d+\.\d+$
+//
+// matches, in plain string code: the package compiles no regexp (and
+// links no regexp package) for it.
+func isUsageLine(l string) bool {
+	s, ok := strings.TrimLeft(l, " "), true
+	lit := func(p string) {
+		if ok {
+			s, ok = strings.CutPrefix(s, p)
+		}
+	}
+	num := func() {
+		if ok {
+			n := 0
+			for n < len(s) && s[n] >= '0' && s[n] <= '9' {
+				n++
+			}
+			s, ok = s[n:], n > 0
+		}
+	}
+	lit("Usage: ")
+	num()
+	lit(" tokens (")
+	num()
+	lit(" in, ")
+	num()
+	if ok && strings.HasPrefix(s, " cached, ") {
+		lit(" cached, ")
+		num()
+	}
+	lit(" out), ")
+	num()
+	lit(" request")
+	if ok {
+		s = strings.TrimPrefix(s, "s")
+	}
+	lit(", cost ")
+	if ok {
+		s = strings.TrimPrefix(s, "-")
+	}
+	num()
+	lit(".")
+	num()
+	return ok && s == ""
+}
 
 // withoutUsage is text less its Timeline's usage line: what a check of a
 // notification made again from a later ledger compares (late reports
@@ -328,7 +373,7 @@ func withoutUsage(text string) string {
 	lines := strings.Split(text, "\n")
 	kept := lines[:0]
 	for _, l := range lines {
-		if !usageLineRE.MatchString(l) {
+		if !isUsageLine(l) {
 			kept = append(kept, l)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"net/http"
 	"reflect"
 	"strconv"
 	"strings"
@@ -88,12 +87,13 @@ type retryAfterer interface{ RetryAfter() time.Duration }
 // status wins over the message: the first error in the chain (outermost
 // first, errors.Join trees depth first) with a StatusCode() int or
 // HTTPStatus() int method, or an exported int field named StatusCode,
-// HTTPStatusCode, HTTPStatus, Status or Code, or a Response *http.Response
-// field, holding a value in 100–599. A 400 or 422 is refined by the message
-// (err's and the status carrier's) to ContextOverflow, ContentFilter,
-// Unauthorized or ModelNotFound when it names one of those precisely (a bad
-// API key, a provider code such as model_not_found, a context-length
-// message); otherwise it is Validation.
+// HTTPStatusCode, HTTPStatus, Status or Code, or a Response, HTTPResponse
+// or RawResponse field that points to an http.Response or a struct shaped
+// like one (see responseFields), holding a value in 100–599. A 400 or 422
+// is refined by the message (err's and the status carrier's) to
+// ContextOverflow, ContentFilter, Unauthorized or ModelNotFound when it
+// names one of those precisely (a bad API key, a provider code such as
+// model_not_found, a context-length message); otherwise it is Validation.
 // Without a status, context errors are recognised by identity, net.Error
 // timeouts by their method, and the rest by FromMessage. Looking for a
 // status skips typed nil pointers, unexported fields and non-struct errors
@@ -355,7 +355,7 @@ var statusWords = []string{"http", "http/1.0", "http/1.1", "http/2", "http/2.0",
 // statedAsStatus reports whether the number code, between before and
 // after, is stated as an HTTP status.
 func statedAsStatus(before, after string, code int) bool {
-	if text := http.StatusText(code); text != "" {
+	if text := statusText(code); text != "" {
 		rest := strings.TrimLeft(after, " ")
 		if len(rest) < len(after) && len(rest) >= len(text) && strings.EqualFold(rest[:len(text)], text) {
 			return true
@@ -435,9 +435,9 @@ func isDigits(s string) bool {
 //   - a retry-after-ms header (milliseconds, decimals allowed) or else a
 //     Retry-After header (seconds, decimals allowed, or an HTTP-date read
 //     relative to time.Now; a date in the past gives 0), found on an
-//     exported Header field of type http.Header (or map[string][]string),
-//     or on the Header of an exported Response, HTTPResponse or
-//     RawResponse *http.Response field (the shape openai-go and
+//     exported Header field of type http.Header (or any map[string][]string
+//     type), or on the Header of an exported Response, HTTPResponse or
+//     RawResponse field shaped like *http.Response (the shape openai-go and
 //     anthropic-sdk-go errors have).
 //
 // ok is false when no hint is found; a header that does not parse, is
@@ -478,10 +478,12 @@ func nodeRetryAfter(e error, now time.Time) (time.Duration, bool) {
 			}
 		}
 	}
-	for _, idx := range p.responses {
-		if r := responseAt(v, idx); r != nil {
-			if d, ok := retryAfterHeader(r.Header, now); ok {
-				return d, true
+	for _, rf := range p.responses {
+		if r, ok := responseAt(v, rf); ok {
+			if h, ok := headerAt(r, rf.header); ok {
+				if d, ok := retryAfterHeader(h, now); ok {
+					return d, true
+				}
 			}
 		}
 	}
@@ -502,7 +504,7 @@ func retryAfterHeader(h map[string][]string, now time.Time) (time.Duration, bool
 	if d, ok := parseDelay(v, float64(time.Second)); ok {
 		return d, true
 	}
-	if t, err := http.ParseTime(v); err == nil {
+	if t, err := parseHTTPTime(v); err == nil {
 		return max(t.Sub(now), 0), true
 	}
 	return 0, false
@@ -624,9 +626,13 @@ func nodeStatus(e error) int {
 			}
 		}
 	}
-	for _, idx := range p.responses {
-		if r := responseAt(v, idx); r != nil && validStatus(r.StatusCode) {
-			return r.StatusCode
+	for _, rf := range p.responses {
+		if r, ok := responseAt(v, rf); ok {
+			if f, ok := fieldAt(r, rf.status); ok {
+				if c := int(f.Int()); validStatus(c) {
+					return c
+				}
+			}
 		}
 	}
 	return 0
@@ -637,17 +643,28 @@ func validStatus(c int) bool { return c >= 100 && c <= 599 }
 // plan says which fields of a struct type carry a status, a retry delay or
 // headers: index paths for reflect.Value.FieldByIndexErr, nil when absent.
 type plan struct {
-	status     [][]int // int fields, in statusFields order
-	responses  [][]int // *http.Response fields, in responseFields order
-	header     []int   // http.Header field
-	retryAfter []int   // time.Duration field
+	status     [][]int         // int fields, in statusFields order
+	responses  []responseField // *http.Response-like fields, in responseFields order
+	header     []int           // http.Header (map[string][]string) field
+	retryAfter []int           // time.Duration field
+}
+
+// responseField is a field that points to an http.Response, or to any
+// struct shaped like one: idx is the field's path in the error, status and
+// header the paths of the pointee's StatusCode and Header fields. Reading
+// it by shape rather than by type keeps net/http (and crypto/tls with it)
+// out of every program that imports the package.
+type responseField struct {
+	idx, status, header []int
 }
 
 // statusFields are the exported int fields read as a status, in order.
 var statusFields = []string{"StatusCode", "HTTPStatusCode", "HTTPStatus", "Status", "Code"}
 
-// responseFields are the exported *http.Response fields read for a status
-// and headers, in order.
+// responseFields are the exported fields read for a status and headers, in
+// order, when they are pointers to a struct shaped like http.Response: an
+// exported StatusCode int field and an exported Header field of type
+// map[string][]string or one defined on it (http.Header).
 var responseFields = []string{"Response", "HTTPResponse", "RawResponse"}
 
 // plain are the struct types of the standard library's errors (errors.New,
@@ -663,9 +680,9 @@ var plain = [4]reflect.Type{
 var (
 	plans        sync.Map // reflect.Type (a struct type) → *plan
 	noPlan       = &plan{}
-	responseType = reflect.TypeFor[*http.Response]()
-	headerType   = reflect.TypeFor[http.Header]()
 	rawHeader    = reflect.TypeFor[map[string][]string]()
+	stringType   = reflect.TypeFor[string]()
+	stringsType  = reflect.TypeFor[[]string]()
 	durationType = reflect.TypeFor[time.Duration]()
 )
 
@@ -701,11 +718,13 @@ func planFor(t reflect.Type) *plan {
 		}
 	}
 	for _, name := range responseFields {
-		if f, ok := t.FieldByName(name); ok && f.IsExported() && f.Type == responseType {
-			p.responses = append(p.responses, f.Index)
+		if f, ok := t.FieldByName(name); ok && f.IsExported() {
+			if rf, ok := responseShape(f); ok {
+				p.responses = append(p.responses, rf)
+			}
 		}
 	}
-	if f, ok := t.FieldByName("Header"); ok && f.IsExported() && (f.Type == headerType || f.Type == rawHeader) {
+	if f, ok := t.FieldByName("Header"); ok && f.IsExported() && isHeaderType(f.Type) {
 		p.header = f.Index
 	}
 	if f, ok := t.FieldByName("RetryAfter"); ok && f.IsExported() && f.Type == durationType {
@@ -745,15 +764,39 @@ func intOf(f reflect.Value) (int, bool) {
 	return 0, false
 }
 
-// responseAt returns the *http.Response at idx, or nil when it is nil or
-// cannot be read (reached through an unexported embedded field).
-func responseAt(v reflect.Value, idx []int) *http.Response {
-	f, ok := fieldAt(v, idx)
-	if !ok || f.IsNil() || !f.CanInterface() {
-		return nil
+// responseShape reports whether the field f is a pointer to a struct shaped
+// like http.Response, and where its StatusCode and Header are.
+func responseShape(f reflect.StructField) (responseField, bool) {
+	if f.Type.Kind() != reflect.Pointer || f.Type.Elem().Kind() != reflect.Struct {
+		return responseField{}, false
 	}
-	r, _ := f.Interface().(*http.Response)
-	return r
+	r := f.Type.Elem()
+	sc, ok := r.FieldByName("StatusCode")
+	if !ok || !sc.IsExported() || sc.Type.Kind() != reflect.Int {
+		return responseField{}, false
+	}
+	h, ok := r.FieldByName("Header")
+	if !ok || !h.IsExported() || !isHeaderType(h.Type) {
+		return responseField{}, false
+	}
+	return responseField{idx: f.Index, status: sc.Index, header: h.Index}, true
+}
+
+// isHeaderType reports whether t is map[string][]string or a type defined
+// on it, such as http.Header.
+func isHeaderType(t reflect.Type) bool {
+	return t.Kind() == reflect.Map && t.Key() == stringType && t.Elem() == stringsType
+}
+
+// responseAt returns the struct the response field rf points to, or false
+// when the pointer is nil or cannot be read (reached through an unexported
+// embedded field).
+func responseAt(v reflect.Value, rf responseField) (reflect.Value, bool) {
+	f, ok := fieldAt(v, rf.idx)
+	if !ok || f.IsNil() || !f.CanInterface() {
+		return reflect.Value{}, false
+	}
+	return f.Elem(), true
 }
 
 // headerAt returns the header map at idx, if it can be read.
@@ -762,11 +805,70 @@ func headerAt(v reflect.Value, idx []int) (map[string][]string, bool) {
 	if !ok || f.IsNil() || !f.CanInterface() {
 		return nil, false
 	}
-	switch h := f.Interface().(type) {
-	case http.Header:
-		return h, true
-	case map[string][]string:
-		return h, true
+	h, ok := f.Convert(rawHeader).Interface().(map[string][]string)
+	return h, ok
+}
+
+// httpTimeFormats are the HTTP-date layouts net/http's ParseTime tries, in
+// its order (RFC 9110 §5.6.7): IMF-fixdate (http.TimeFormat), the obsolete
+// RFC 850 form and ANSI C's asctime form.
+var httpTimeFormats = [...]string{"Mon, 02 Jan 2006 15:04:05 GMT", time.RFC850, time.ANSIC}
+
+// parseHTTPTime parses an HTTP-date as http.ParseTime does: with the first
+// of httpTimeFormats that parses it, or the last one's error.
+func parseHTTPTime(text string) (t time.Time, err error) {
+	for _, layout := range httpTimeFormats {
+		t, err = time.Parse(layout, text)
+		if err == nil {
+			return t, nil
+		}
 	}
-	return nil, false
+	return t, err
+}
+
+// statusText is http.StatusText for the statuses FromStatus maps (the only
+// ones statedAsStatus asks about), "" for any other: a table of its own, so
+// the package need not import net/http. 529 has no standard text.
+func statusText(code int) string {
+	switch code {
+	case 400:
+		return "Bad Request"
+	case 401:
+		return "Unauthorized"
+	case 403:
+		return "Forbidden"
+	case 404:
+		return "Not Found"
+	case 408:
+		return "Request Timeout"
+	case 413:
+		return "Request Entity Too Large"
+	case 422:
+		return "Unprocessable Entity"
+	case 429:
+		return "Too Many Requests"
+	case 500:
+		return "Internal Server Error"
+	case 501:
+		return "Not Implemented"
+	case 502:
+		return "Bad Gateway"
+	case 503:
+		return "Service Unavailable"
+	case 504:
+		return "Gateway Timeout"
+	case 505:
+		return "HTTP Version Not Supported"
+	case 506:
+		return "Variant Also Negotiates"
+	case 507:
+		return "Insufficient Storage"
+	case 508:
+		return "Loop Detected"
+	case 510:
+		return "Not Extended"
+	case 511:
+		return "Network Authentication Required"
+	}
+	return ""
 }
