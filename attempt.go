@@ -46,12 +46,12 @@ func ParseModel(s string) (Model, error) {
 	provider, id, ok := strings.Cut(s, "/")
 	if !ok {
 		if blank(s) {
-			return Model{}, fmt.Errorf("bgtask: model %q is empty", s)
+			return Model{}, fmt.Errorf("model %q is empty", s)
 		}
 		return Model{ID: s}, nil
 	}
 	if provider == "" || id == "" {
-		return Model{}, fmt.Errorf("bgtask: model %q has an empty provider or ID", s)
+		return Model{}, fmt.Errorf("model %q has an empty provider or ID", s)
 	}
 	return Model{Provider: provider, ID: id}, nil
 }
@@ -258,7 +258,7 @@ type failure struct {
 
 // errNeedsClass is observeLocked asking Observe to classify the event's
 // error outside the lock and come back.
-var errNeedsClass = errors.New("bgtask: classify first")
+var errNeedsClass = errors.New("classify first")
 
 // output returns what e's current run reported, started afresh when the
 // run is new. m.mu is held.
@@ -290,7 +290,7 @@ func (m *Manager) setProgress(e *entry, p string) {
 	if p == "" {
 		return
 	}
-	if p = textbound.OneLine(p, MaxProgressRunes); e.output().progress != p {
+	if p = textbound.OneLine(p, maxProgressRunes); e.output().progress != p {
 		e.output().progress = p
 		m.publish(e)
 	}

@@ -38,7 +38,7 @@ func (h *benchHost) AbortSession(ctx context.Context, sid string) error { return
 func runningTasks(b *testing.B, n int, superseded bool) (m *Manager, current, old []string) {
 	b.Helper()
 	host := &benchHost{}
-	m = New(host, WithIDs(SequentialIDs()))
+	m = mustOpen(host, WithIDs(SequentialIDs()))
 	host.m = m
 	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
 	ids := make([]string, n)
@@ -158,7 +158,7 @@ func BenchmarkLifecycle(b *testing.B) {
 			panic(err)
 		}
 	}}
-	m := New(host)
+	m := mustOpen(host)
 	host.m = m
 	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
 	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}}}
@@ -285,7 +285,7 @@ func BenchmarkFanOut(b *testing.B) {
 // own goroutine and is not waited for).
 func BenchmarkLaunch(b *testing.B) {
 	host := &benchHost{}
-	m := New(host)
+	m := mustOpen(host)
 	host.m = m
 	b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
 	spec := Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}}
@@ -310,7 +310,7 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	b.ReportAllocs()
 	var total time.Duration
 	for i := 0; i < b.N; i++ {
-		m := New(host, WithModelLimits(ModelLimits{Default: 4}))
+		m := mustOpen(host, WithModelLimits(ModelLimits{Default: 4}))
 		host.m = m
 		start := time.Now()
 		ids := make([]string, n)
@@ -379,7 +379,7 @@ func benchLifecycle3(b *testing.B, every int, usage *Usage, opts ...func(*Spec))
 	}}
 	ctx := context.Background()
 	fresh := func() *Manager {
-		m := New(host)
+		m := mustOpen(host)
 		host.m = m
 		return m
 	}
@@ -431,7 +431,7 @@ func floorHandOffs(b *testing.B, n int) {
 // WaitAnswer(n-1) returns. Compare it with BenchmarkFloorHandOff2.
 func BenchmarkExtendRoundTrip(b *testing.B) {
 	running := make(chan struct{})
-	m := New(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
+	m := mustOpen(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
 		close(running)
 		for {
 			select {

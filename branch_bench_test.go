@@ -14,7 +14,7 @@ import (
 func liveTree(b *testing.B, n, branching int) *Manager {
 	b.Helper()
 	host := &benchHost{}
-	m := New(host, WithIDs(SequentialIDs()))
+	m := mustOpen(host, WithIDs(SequentialIDs()))
 	host.m = m
 	spec := func(parent string) Spec {
 		return Spec{ParentSessionID: parent, Models: []Model{{Provider: "a", ID: "1"}}}
@@ -65,7 +65,7 @@ func BenchmarkCloseBranch(b *testing.B) {
 				goruntime.GC() // the setup's garbage is not the closure's
 				b.StartTimer()
 				start := time.Now()
-				rep, err := m.CloseBranch(context.Background(), "root")
+				rep, err := m.Stop(context.Background(), Target{Session: "root"})
 				closing += time.Since(start)
 				b.StopTimer()
 				if err != nil || len(rep.Stopped) != n {

@@ -43,7 +43,7 @@ func TestCloseBranchStopsGrandchildrenBehindAFinishedIntermediate(t *testing.T) 
 	// children gate); its descendants run on.
 	require.NoError(t, h.observe(Event{SessionID: midSes, Kind: SessionError, Err: Permanent(errors.New("done early"))}))
 
-	rep, err := h.m.CloseBranch(context.Background(), "root")
+	rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.NoError(t, err)
 	assert.Equal(t, StatusError, h.task(mid.ID).Status, "a finished task keeps its outcome")
 	assert.Equal(t, []Status{StatusCancelled, StatusCancelled}, statuses(h, grand.ID, great.ID))
@@ -69,7 +69,7 @@ func TestCloseBranchFollowsSupersededAttemptSessions(t *testing.T) {
 	h.settle()
 	require.NotEqual(t, firstSes, h.task(task.ID).SessionID)
 
-	_, err := h.m.CloseBranch(context.Background(), "root")
+	_, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.NoError(t, err)
 	assert.Equal(t, []Status{StatusCancelled, StatusCancelled}, statuses(h, task.ID, orphan.ID))
 }
@@ -82,7 +82,7 @@ func TestCloseBranchLeavesSiblingsAndAncestorsAlone(t *testing.T) {
 	leftKid, _ := h.child(leftSes)
 	rightKid, _ := h.child(rightSes)
 
-	_, err := h.m.CloseBranch(context.Background(), leftSes)
+	_, err := h.m.Stop(context.Background(), Target{Session: leftSes})
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, h.task(left.ID).Status, "the root session's own live run is in scope")
 	assert.Equal(t, StatusCancelled, h.task(leftKid.ID).Status)
@@ -97,7 +97,7 @@ func TestCloseBranchOfASupersededSessionClosesTheWholeTask(t *testing.T) {
 	kid, _ := h.child(firstSes)
 	require.NoError(t, h.observe(Event{SessionID: firstSes, Kind: SessionError, Err: errRateLimited}))
 	h.settle()
-	_, err := h.m.CloseBranch(context.Background(), firstSes)
+	_, err := h.m.Stop(context.Background(), Target{Session: firstSes})
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, h.task(kid.ID).Status)
 	assert.Equal(t, StatusCancelled, h.task(task.ID).Status, "the replacement run belongs to the same task")
@@ -129,7 +129,7 @@ func TestCloseBranchFenceRefusesNewWorkInScopeOnly(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := h.m.CloseBranch(context.Background(), "root")
+		rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 		done <- result{rep, err}
 	}()
 	<-entered // the closure is mid-flight, its fence up
@@ -158,7 +158,7 @@ func TestRetryableErrorInsideAClosingBranchStartsNothing(t *testing.T) {
 	}})
 	task, ses := h.child("root")
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	<-entered
 	// The child fails with a retryable error while its abort is in flight.
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionError, Err: errRateLimited}))
@@ -184,7 +184,7 @@ func TestCloseBranchAbortsAnInFlightStartOnArrival(t *testing.T) {
 	task := h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
 	<-entered
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	// The closure must wait for the start; release it once the fence is up.
 	for {
 		h.m.mu.Lock()
@@ -214,7 +214,7 @@ func TestCloseBranchReportsAFailedStopByName(t *testing.T) {
 	b, bSes := h.child("root")
 	require.Equal(t, "ses-2", bSes)
 
-	rep, err := h.m.CloseBranch(context.Background(), "root")
+	rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrBranchNotStopped)
 	var ce *ClosureError
@@ -250,10 +250,10 @@ func TestOverlappingAndNestedClosuresBothReturn(t *testing.T) {
 	deep, _ := h.child(midSes)
 
 	errs := make(chan error, 3)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); errs <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); errs <- err }()
 	<-entered
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); errs <- err }() // overlapping
-	go func() { _, err := h.m.CloseBranch(context.Background(), midSes); errs <- err }() // nested
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); errs <- err }() // overlapping
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: midSes}); errs <- err }() // nested
 	close(release)
 	for range 3 {
 		assert.NoError(t, <-errs)
@@ -262,7 +262,7 @@ func TestOverlappingAndNestedClosuresBothReturn(t *testing.T) {
 	n := 0
 	calls.Range(func(_, _ any) bool { n++; return true })
 	assert.Equal(t, 2, n, "each run was aborted once: the closures shared the work")
-	assert.Len(t, h.m.ClosureRecords(), 3)
+	assert.Len(t, h.m.Snapshot().Closures, 3)
 }
 
 func TestDeletedSessionCancelsTaskAndClosesItsBranch(t *testing.T) {
@@ -275,7 +275,7 @@ func TestDeletedSessionCancelsTaskAndClosesItsBranch(t *testing.T) {
 	assert.Equal(t, StatusCancelled, h.wait(kid.ID).Status)
 	assert.Equal(t, StatusCancelled, h.wait(grand.ID).Status)
 	h.settle()
-	recs := h.m.ClosureRecords()
+	recs := h.m.Snapshot().Closures
 	require.Len(t, recs, 1)
 	assert.Equal(t, ses, recs[0].SessionID)
 }
@@ -289,13 +289,13 @@ func TestStaleTokenCancelDoesNotTouchTheReplacementRun(t *testing.T) {
 	replacement := h.task(task.ID)
 	require.Equal(t, StatusRunning, replacement.Status)
 
-	require.NoError(t, h.m.CancelRun(context.Background(), RunRef{TaskID: task.ID, AttemptID: first.ID, Token: first.Token}))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Run: RunRef{TaskID: task.ID, AttemptID: first.ID, Token: first.Token}})))
 	got := h.task(task.ID)
 	assert.Equal(t, replacement, got, "the replacement run is untouched")
 	assert.Equal(t, []string{ses}, h.host.Aborts(), "only the failed session's retry abort")
 
 	cur := got.Current()
-	require.NoError(t, h.m.CancelRun(context.Background(), RunRef{TaskID: task.ID, AttemptID: cur.ID, Token: cur.Token}))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Run: RunRef{TaskID: task.ID, AttemptID: cur.ID, Token: cur.Token}})))
 	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
 }
 
@@ -303,10 +303,10 @@ func TestClosureRecordAndNotification(t *testing.T) {
 	h := newHarness(t, nil)
 	top, topSes := h.child("chat")
 	kid, _ := h.child(topSes)
-	rep, err := h.m.CloseBranch(context.Background(), topSes)
+	rep, err := h.m.Stop(context.Background(), Target{Session: topSes})
 	require.NoError(t, err)
 	h.settle()
-	recs := h.m.ClosureRecords()
+	recs := h.m.Snapshot().Closures
 	require.Len(t, recs, 1)
 	assert.Equal(t, topSes, recs[0].SessionID)
 	assert.Equal(t, rep.Stopped, recs[0].Stopped)
@@ -328,7 +328,7 @@ func TestClosureRecordAndNotification(t *testing.T) {
 	plain := h.launchSpec(Spec{ParentSessionID: "plain-session", Models: mustModels(t, "a/one")})
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: h.task(plain.ID).SessionID, Kind: SessionIdle, Text: "done"}))
-	_, err = h.m.CloseBranch(context.Background(), "plain-session")
+	_, err = h.m.Stop(context.Background(), Target{Session: "plain-session"})
 	require.NoError(t, err)
 	h.settle()
 	last := h.rec.All()[len(h.rec.All())-1]
@@ -347,7 +347,7 @@ func TestCloseBranchFromInsideACallbackDoesNotWaitOnItself(t *testing.T) {
 	var kidID string
 	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
 		if ref, ok := RunFromContext(ctx); ok && ref.TaskID == kidID {
-			rep, err := m.CloseBranch(ctx, "root")
+			rep, err := m.Stop(ctx, Target{Session: "root"})
 			inner <- result{rep, err}
 		}
 		return nil
@@ -356,19 +356,19 @@ func TestCloseBranchFromInsideACallbackDoesNotWaitOnItself(t *testing.T) {
 	_, ses := h.child("root")
 	kid, _ := h.child(ses)
 	kidID = kid.ID
-	require.NoError(t, m.Cancel(context.Background(), kid.ID))
+	require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: kid.ID})))
 	r := <-inner
 	assert.ErrorIs(t, r.err, ErrStopPending)
 	assert.Equal(t, 1, r.rep.Passes)
 	h.settle()
-	_, err := m.CloseBranch(context.Background(), "root")
+	_, err := m.Stop(context.Background(), Target{Session: "root"})
 	require.NoError(t, err)
 }
 
 func TestMetadataReservedPrefixIsRefused(t *testing.T) {
 	h := newHarness(t, nil)
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/b"), Metadata: map[string]string{"bgtask.closure": "x"}})
-	require.ErrorIs(t, err, ErrInvalidSpec)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "bgtask.closure")
 	meta := map[string]string{"ticket": "T-1"}
 	task, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/b"), Metadata: meta})
@@ -390,7 +390,7 @@ func TestARescanIsProvenWithoutAWalkWhenNothingWidened(t *testing.T) {
 	h.child(midSes)
 	h.child("root")
 	before := h.walks()
-	rep, err := h.m.CloseBranch(context.Background(), "root")
+	rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.NoError(t, err)
 	assert.Len(t, rep.Stopped, 3)
 	assert.Equal(t, 2, rep.Passes, "the rescan still counts as a pass")
@@ -402,7 +402,7 @@ func TestARescanWalksAgainWhenTheLedgerWidened(t *testing.T) {
 	task, _ := h.child("root")
 	before := h.walks()
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	<-entered
 	// A launch anywhere is a record that could add a run to some branch.
 	outside := h.launchSpec(Spec{ParentSessionID: "elsewhere", Models: mustModels(t, "a/one")})
@@ -436,7 +436,7 @@ func TestALongClosureWalkLetsOthersIn(t *testing.T) {
 		outside, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "elsewhere", Models: mustModels(t, "a/one")})
 		assert.NoError(t, err)
 	}
-	rep, err := h.m.CloseBranch(context.Background(), "root")
+	rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.NoError(t, err)
 	assert.Equal(t, 2, yields, "the launch outside widened the ledger: the rescan walked again, and yielded too")
 	assert.Len(t, rep.Stopped, len(ids)-1, "the task that ended during the yield was not stopped")
@@ -486,7 +486,7 @@ func TestAStartThatEndsWhileAWalkYieldsDoesNotHangTheClosure(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	rep, err := h.m.CloseBranch(ctx, "root")
+	rep, err := h.m.Stop(ctx, Target{Session: "root"})
 	require.NoError(t, err, "the closure waited for a change that had already happened")
 	assert.GreaterOrEqual(t, yields, 1)
 	assert.Equal(t, StatusCancelled, h.task(slow).Status, "a start that fails inside a closing branch ends the task cancelled")

@@ -31,7 +31,7 @@ import (
 //     Launch past it is refused; nothing is stopped.
 //   - SoftPercent is the soft threshold: when a figure first reaches that
 //     share of its limit, the parent of the budget's task hears it once
-//     (NotifyBudget). 0 means DefaultSoftPercent; 100 or more, none (the
+//     (NotifyBudget). 0 means defaultSoftPercent; 100 or more, none (the
 //     hard limit is told all the same).
 type Budget struct {
 	// Tokens limits input and output tokens (Usage.Tokens).
@@ -46,8 +46,8 @@ type Budget struct {
 	SoftPercent int `json:"softPercent,omitempty"`
 }
 
-// DefaultSoftPercent is the soft threshold of a Budget that sets none.
-const DefaultSoftPercent = 80
+// defaultSoftPercent is the soft threshold of a Budget that sets none.
+const defaultSoftPercent = 80
 
 // The limits a Budget has, as BudgetError.Limit and StopCause.Limit name
 // them.
@@ -60,7 +60,7 @@ const (
 
 // ErrBudget: Launch was refused because a budget of the tree it would
 // join is spent (or has no spawn left); the error is a *BudgetError.
-var ErrBudget = errors.New("bgtask: budget exhausted")
+var ErrBudget = errors.New("budget exhausted")
 
 // BudgetError is ErrBudget with the budget, the limit and the figures.
 type BudgetError struct {
@@ -76,7 +76,7 @@ type BudgetError struct {
 
 // Error names the budget, the limit and the figures.
 func (e *BudgetError) Error() string {
-	s := "bgtask: budget of task " + e.TaskID + " exhausted: " + e.Limit + " " + figureOf(e.Limit, e.Spent) + " of " + figureOf(e.Limit, e.Max)
+	s := "budget of task " + e.TaskID + " exhausted: " + e.Limit + " " + figureOf(e.Limit, e.Spent) + " of " + figureOf(e.Limit, e.Max)
 	if e.Reserved > 0 {
 		s += " (" + strconv.FormatInt(e.Reserved, 10) + " reserved)"
 	}
@@ -141,7 +141,7 @@ func (b Budget) validate(field string) error {
 func (b Budget) soft() int {
 	switch {
 	case b.SoftPercent == 0:
-		return DefaultSoftPercent
+		return defaultSoftPercent
 	case b.SoftPercent >= 100:
 		return 0
 	}
@@ -535,7 +535,7 @@ func (m *Manager) budgetCrossed() {
 			s, hard := b.state(), c.hard
 			m.measure(func(mt Metrics) { mt.BudgetCrossed(s, hard) })
 		}
-		m.logLocked(slog.LevelWarn, "bgtask: budget threshold reached", slog.String("task", holder.id), slog.Bool("hard", c.hard),
+		m.logLocked(slog.LevelWarn, "budget threshold reached", slog.String("task", holder.id), slog.Bool("hard", c.hard),
 			slog.String("exceeded", b.over), slog.String("spent", b.spent.String()))
 		if m.cfg.notifier != nil && m.led.tasks[holder.id] == holder {
 			m.notify(holder, NotifyBudget, budgetText(b.state(), c.hard, c.limit))

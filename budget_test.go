@@ -70,7 +70,7 @@ func TestAHardLimitStopsTheTreeHonestlyAndRefusesLaunches(t *testing.T) {
 		var se *StopError
 		require.ErrorAs(t, end.Cause, &se)
 		assert.Equal(t, StopBudget, se.Stop.Kind)
-		assert.Contains(t, end.Outcome.Envelope, "stopped: asked by the budget of task "+root.ID+" (tokens spent)")
+		assert.Contains(t, end.Outcome.Envelope, "stopped: the budget of task "+root.ID+" ran out of tokens")
 		assert.Contains(t, end.Outcome.Envelope, "<task_notice>budget: Spent: ")
 	}
 	require.ErrorIs(t, h.observe(Event{SessionID: child.SessionID, Kind: SessionIdle, Text: "late", Usage: u(5, 0, 0, 0)}), ErrStaleEvent)
@@ -425,8 +425,9 @@ func TestWithBudgetGivesEveryRootItsBudget(t *testing.T) {
 	assert.Equal(t, a.ID, budgetOf(t, h.m, a.ID).TaskID)
 	assert.Equal(t, b.ID, budgetOf(t, h.m, b.ID).TaskID, "each root its own")
 	assert.Equal(t, a.ID, budgetOf(t, h.m, kid.ID).TaskID, "a child spends from its root's")
-	_, err := New(&testHost{}, WithBudget(Budget{Tokens: -1})).Launch(context.Background(), Spec{Models: oneModel})
-	require.ErrorIs(t, err, ErrInvalidSpec)
+	m, err := Open(context.Background(), &testHost{}, WithBudget(Budget{Tokens: -1}))
+	require.ErrorIs(t, err, ErrInvalidArgument, "Open refuses a bad option at once")
+	require.Nil(t, m)
 }
 
 func TestABudgetWithANegativeLimitIsRefused(t *testing.T) {
@@ -453,7 +454,7 @@ func TestTheEnvelopeCarriesTheBudgetNotice(t *testing.T) {
 	assert.Contains(t, end.Outcome.Envelope, "<task_notice>budget: Spent: 120 of 1000 tokens")
 	assert.Contains(t, TaskProtocol, `"budget:"`)
 	for _, n := range end.Outcome.Notices {
-		assert.LessOrEqual(t, len([]rune(n)), MaxNoticeRunes+40, "one bounded line")
+		assert.LessOrEqual(t, len([]rune(n)), maxNoticeRunes+40, "one bounded line")
 	}
 	plain := h.running("chat2")
 	assert.NotContains(t, Envelope(h.task(plain.ID)), "budget", "no budget: the seed's receipt")
@@ -463,7 +464,7 @@ func TestTheEnvelopeCarriesTheBudgetNotice(t *testing.T) {
 func TestStopCauseBudgetRoundTrips(t *testing.T) {
 	c := StopCause{Kind: StopBudget, TaskID: "task of 7", Limit: LimitCost}
 	assert.Equal(t, c, stopCauseOf(c.note()))
-	assert.Equal(t, "the budget of task task of 7 (cost spent)", c.String())
+	assert.Equal(t, "the budget of task task of 7 ran out of cost", c.String())
 }
 
 // A compaction keeps what every attempt used and every grant: a restart

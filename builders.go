@@ -18,7 +18,7 @@ import (
 // the first attempt's record cannot be refused.
 func (l *ledger) open(info *taskInfo) (*entry, record, error) {
 	if _, dup := l.tasks[info.id]; dup || info.id == "" {
-		return nil, record{}, fmt.Errorf("bgtask: IDGenerator returned task id %q, which is empty or in use", info.id)
+		return nil, record{}, fmt.Errorf("IDGenerator returned task id %q, which is empty or in use", info.id)
 	}
 	first, err := l.newAttempt(1, info.modelFor(1))
 	if err != nil {
@@ -56,10 +56,10 @@ func (l *ledger) newAttempt(n int, model Model) (Attempt, error) {
 		Pending: PendingAwaitingSession,
 	}
 	if _, dup := l.byAttempt[a.ID]; dup || a.ID == "" {
-		return Attempt{}, fmt.Errorf("bgtask: IDGenerator returned attempt id %q, which is empty or in use", a.ID)
+		return Attempt{}, fmt.Errorf("IDGenerator returned attempt id %q, which is empty or in use", a.ID)
 	}
 	if a.Token == "" {
-		return Attempt{}, errors.New("bgtask: IDGenerator returned an empty run token")
+		return Attempt{}, errors.New("IDGenerator returned an empty run token")
 	}
 	return a, nil
 }
@@ -80,7 +80,7 @@ func attemptIDs(g IDGenerator) (id, token string, err error) {
 func newID(g IDGenerator, kind IDKind) (id string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			id, err = "", fmt.Errorf("bgtask: IDGenerator panicked making a %s id: %s", kind, panicText(r))
+			id, err = "", fmt.Errorf("IDGenerator panicked making a %s id: %s", kind, panicText(r))
 		}
 	}()
 	return g.NewID(kind), nil
@@ -163,7 +163,7 @@ func (l *ledger) put(e *entry, rec *record) error {
 		}
 		var ok bool
 		if ref, ok = l.attemptOf(rec.attempt.ID); !ok || ref.e != e {
-			return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
+			return fmt.Errorf("ledger: unknown attempt %q", rec.attempt.ID)
 		}
 	}
 	return l.write(e, ref, rec)
@@ -213,7 +213,7 @@ func (l *ledger) scheduleRetry(e *entry, errText string, at time.Time) (failed, 
 func (l *ledger) version(e *entry, attemptID string) (attemptRef, Attempt, error) {
 	ref, ok := l.attemptOf(attemptID)
 	if !ok || ref.e != e {
-		return attemptRef{}, Attempt{}, fmt.Errorf("bgtask: ledger: unknown attempt %q", attemptID)
+		return attemptRef{}, Attempt{}, fmt.Errorf("ledger: unknown attempt %q", attemptID)
 	}
 	return ref, *ref.attempt(), nil
 }

@@ -32,10 +32,16 @@ type Snapshot struct {
 	Seq uint64 `json:"seq"`
 	// Tasks are the tasks in memory, in launch order.
 	Tasks []Task `json:"tasks"`
+	// Closures are the records of every closure that has ended, in order.
+	Closures []ClosureRecord `json:"closures,omitempty"`
+	// Queues are the concurrency keys with attempts running or queued, by
+	// key: none without WithModelLimits.
+	Queues []QueueStat `json:"queues,omitempty"`
 }
 
-// Snapshot returns every task, in launch order, and the change sequence it
-// was taken at.
+// Snapshot returns everything the Manager holds in memory: every task, in
+// launch order, the closures that ended and the queues, and the change
+// sequence it was taken at. Task reads one task, Tasks a page.
 func (m *Manager) Snapshot() Snapshot {
 	m.mu.Lock()
 	defer m.unlock()
@@ -43,12 +49,23 @@ func (m *Manager) Snapshot() Snapshot {
 	for i, e := range m.order {
 		out.Tasks[i] = e.project()
 	}
+	if n := len(m.led.closures); n > 0 {
+		out.Closures = make([]ClosureRecord, n)
+		for i, r := range m.led.closures {
+			out.Closures[i] = r.closure.clone()
+		}
+	}
+	if m.calls.pool != nil {
+		for _, s := range m.calls.pool.Stats() {
+			out.Queues = append(out.Queues, QueueStat{Key: s.Key, Running: s.Running, Queued: s.Queued, Limit: s.Limit})
+		}
+	}
 	return out
 }
 
 // ErrLagged ends a Subscription whose buffer overflowed: its consumer must
 // resync from a Snapshot (and subscribe again).
-var ErrLagged = errors.New("bgtask: subscriber lagged behind; resync from a snapshot")
+var ErrLagged = errors.New("subscriber lagged behind; resync from a snapshot")
 
 // Subscription is a stream of Changes. Receive from C until it is closed,
 // then Err says why.
@@ -62,19 +79,19 @@ type Subscription struct {
 	m   *Manager
 }
 
-// DefaultSubscriptionBuffer is the buffer of Subscribe(ctx, 0).
-const DefaultSubscriptionBuffer = 1024
+// defaultSubscriptionBuffer is the buffer of Subscribe(ctx, 0).
+const defaultSubscriptionBuffer = 1024
 
 // Subscribe delivers every applied mutation from now on, with the task's
 // full snapshot and a manager-wide sequence number. A slow subscriber never
-// blocks the Manager: when its buffer (default DefaultSubscriptionBuffer) is
+// blocks the Manager: when its buffer (default defaultSubscriptionBuffer) is
 // full, the subscription ends with ErrLagged and the consumer resyncs from a
 // Snapshot. Subscribe before taking the Snapshot you start from; Mirror
 // orders the two by sequence within an epoch.
 func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, error) {
 	ctx = orBackground(ctx)
 	if buffer <= 0 {
-		buffer = DefaultSubscriptionBuffer
+		buffer = defaultSubscriptionBuffer
 	}
 	m.mu.Lock()
 	defer m.unlock()

@@ -93,7 +93,7 @@ func (r *ClosureRecord) clone() ClosureRecord {
 }
 
 // ErrBranchNotStopped matches a *ClosureError.
-var ErrBranchNotStopped = errors.New("bgtask: branch did not stop")
+var ErrBranchNotStopped = errors.New("branch did not stop")
 
 // ClosureError names every run a closure could not stop. It matches
 // ErrBranchNotStopped; errors.As gives the list.
@@ -107,7 +107,7 @@ type ClosureError struct {
 // Error names the runs that did not stop and why.
 func (e *ClosureError) Error() string {
 	var b strings.Builder
-	b.WriteString("bgtask: branch ")
+	b.WriteString("branch ")
 	b.WriteString(e.SessionID)
 	b.WriteString(" did not stop: ")
 	for i, f := range e.Failed {
@@ -342,7 +342,7 @@ var (
 // stopBy is the stop a closure of root (or, for CloseTask, of task) asks.
 func stopBy(root string, task *entry) *recordExt {
 	by := noteClosureOf + root
-	if root == "" {
+	if task != nil { // a task closed as a unit: the cause names the task
 		by = noteClosureOfTask + task.id
 	}
 	return &recordExt{stop: StatusCancelled, note: by}
@@ -381,128 +381,50 @@ func (m *Manager) walk(c *closure, visit func(*entry)) {
 	m.closures.walkQueue = queue[:0]
 }
 
-// CloseBranch stops every run in the branch below sessionID and returns
-// once all of them have stopped.
-//
-// The scope is sessionID itself plus every task whose parent session is in
-// scope, recursively through all attempt sessions of those tasks,
-// historical ones included. A task is the unit: if sessionID is any session
-// of a task (its current one or a superseded one), the scope is that whole
-// task — its live run, and what each of its sessions launched. From the
-// first instant a fence holds: Launch with a parent in scope returns
-// ErrBranchClosing, no retry is scheduled in scope (a child that fails on
-// its own meanwhile ends in error with its failure; nothing new starts),
-// and a session start in flight for a run in scope is bound when it returns
-// (the session exists) and aborted at once.
-// Every live run in scope is stopped through the host, exactly by its
-// token; then the branch is scanned again, until a scan finds nothing
-// runnable. Aborts are shared with Cancel, Shutdown and overlapping
-// closures.
-//
-// A blank sessionID is refused with ErrInvalidArgument, and a session the
-// Manager has never seen — no task's session, no task's parent, and no
-// session start in flight that could create it — with ErrUnknownSession;
-// neither keeps a record or sends a notification. A nil ctx is
-// context.Background().
-//
-// CloseBranch returns a nil error only when every run in scope has stopped.
-// If some abort failed, it returns a *ClosureError naming each run that did
-// not stop (those keep their live state). If ctx ends first it returns ctx's
-// error; runs asked to stop whose stop was not confirmed yet are listed in
-// the report's Stopping, and the stops go on. Either way the fence comes
-// down when it returns, a ClosureRecord is appended to the ledger, and
-// NotifyBranchClosed goes to the root's parent (the root task's parent
-// session, or the root itself).
-//
-// Called with the context of a Host call (or a FuncHost function) whose run
-// is in scope and still live, CloseBranch would wait on its own caller: it
-// raises the fence, asks every run in scope to stop, and returns at once
-// with the report of that first pass and ErrStopPending; the closure goes on
-// in the background — fence, rescans, record and notification — until the
-// branch has stopped. A Notifier's context is no such case: notifications
-// are not waited for. To close a branch without waiting, use StopBranch.
-func (m *Manager) CloseBranch(ctx context.Context, sessionID string) (ClosureReport, error) {
-	return m.closeBranch(ctx, sessionID, closedByCloseBranch)
-}
-
-// closeBranch is CloseBranch, begun by by (closedBy...).
-func (m *Manager) closeBranch(ctx context.Context, sessionID, by string) (ClosureReport, error) {
-	ctx = orBackground(ctx)
-	if blank(sessionID) {
-		return ClosureReport{}, fmt.Errorf("%w: CloseBranch needs a session id", ErrInvalidArgument)
-	}
+// closeBranch closes the branch beneath sessionID (Stop with
+// Target.Session), begun by by (closedBy...); with noWait its caller does
+// not wait past the fence and the first pass.
+func (m *Manager) closeBranch(ctx context.Context, sessionID, by string, noWait bool) (ClosureReport, error) {
 	m.mu.Lock()
 	if !m.sessionKnown(sessionID) && len(m.calls.inflight) == 0 {
 		m.unlock()
 		return ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
 	}
-	c := m.openClosure(sessionID, nil, by)
-	c.ctx = ctx
-	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
-	return m.closeFrom(ctx, c)
+	return m.closeOpened(ctx, m.openClosure(sessionID, nil, by), noWait)
 }
 
-// StopBranch is CloseBranch that does not wait for the branch to stop: it
-// raises the fence (no new work starts in the branch from then on), asks
-// every run in scope to stop, and returns; the closure goes on in the
-// background — rescans, aborts, its record and NotifyBranchClosed — until
-// everything in it has stopped. Each task ends cancelled when its child
-// really stopped, as with CloseBranch; Wait or Subscribe to see it. It
-// returns nil once the fence is recorded (durably, with a journal: a
-// restart finishes the closure), or the errors CloseBranch returns before
-// that: ErrInvalidArgument, ErrUnknownSession, ErrShutdown, or ctx's
-// error while the fence was made durable.
-func (m *Manager) StopBranch(ctx context.Context, sessionID string) error {
-	ctx = orBackground(ctx)
-	if blank(sessionID) {
-		return fmt.Errorf("%w: StopBranch needs a session id", ErrInvalidArgument)
-	}
-	m.mu.Lock()
-	if !m.sessionKnown(sessionID) && len(m.calls.inflight) == 0 {
-		m.unlock()
-		return fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
-	}
-	c := m.openClosure(sessionID, nil, closedByStopBranch)
-	c.ctx, c.detached = ctx, true
-	if err := m.unlockFor(c); err != nil {
-		c.ctx = m.life.ctx // the closure goes on; only the wait for durability ended
-		_, _ = m.closeFrom(ctx, c)
-		return durabilityUnknown(err, "StopBranch", "")
-	}
-	_, err := m.closeFrom(ctx, c)
-	if errors.Is(err, ErrStopPending) {
-		return nil
-	}
-	return err
-}
-
-// CloseTask closes the branch of the task with id as a unit: its own live
-// run, and everything launched from any of its sessions (current and
-// superseded), recursively — CloseBranch for harnesses that think in tasks
-// rather than sessions. A task that has ended is no obstacle: what it
-// launched is still stopped. It returns ErrUnknownTask for an unknown id;
-// otherwise it behaves as CloseBranch, and the report and record name the
-// task (TaskID) and its current session.
-func (m *Manager) CloseTask(ctx context.Context, id string) (ClosureReport, error) {
-	return m.closeTask(ctx, id, closedByCloseTask)
-}
-
-// closeTask is CloseTask, begun by by (closedBy...): closedByCaller asks
-// its stops as the caller of task id (Spec.CancelWithCaller), not as a
-// closure.
-func (m *Manager) closeTask(ctx context.Context, id, by string) (ClosureReport, error) {
-	ctx = orBackground(ctx)
+// closeTask closes the branch of the task with id as a unit (Stop with
+// Target.Tree): its own live run, and everything launched from any of
+// its sessions, recursively. by is who began it (closedBy...):
+// closedByCaller asks its stops as the caller of task id
+// (Spec.CancelWithCaller), not as a closure.
+func (m *Manager) closeTask(ctx context.Context, id, by string, noWait bool) (ClosureReport, error) {
 	m.mu.Lock()
 	e := m.led.tasks[id]
 	if e == nil {
+		err := m.missing(id)
 		m.unlock()
-		return ClosureReport{}, fmt.Errorf("%w: %q", ErrUnknownTask, id)
+		return ClosureReport{}, err
 	}
-	root := sessionOf(e)
-	c := m.openClosure(root, e, by)
-	c.ctx = ctx
-	_ = m.unlockFor(c) // its fence is up: the closure goes on (and ends) with or without the caller
-	return m.closeFrom(ctx, c)
+	return m.closeOpened(ctx, m.openClosure(sessionOf(e), e, by), noWait)
+}
+
+// closeOpened runs closure c, just opened with m.mu held, which it
+// releases, for a caller with ctx.
+func (m *Manager) closeOpened(ctx context.Context, c *closure, noWait bool) (ClosureReport, error) {
+	c.ctx, c.detached = ctx, noWait
+	if err := m.unlockFor(c); err != nil && noWait {
+		c.ctx = m.life.ctx // the closure goes on; only the wait for durability ended
+		rep, _ := m.closeFrom(ctx, c)
+		return rep, durabilityUnknown(err, "Stop", "")
+	}
+	// Without noWait its fence is up: the closure goes on (and ends) with
+	// or without the caller.
+	rep, err := m.closeFrom(ctx, c)
+	if noWait && errors.Is(err, ErrStopPending) {
+		return rep, nil
+	}
+	return rep, err
 }
 
 // sessionOf is the session a closure of task e as a unit names: its
@@ -535,9 +457,8 @@ func (m *Manager) sessionKnown(session string) bool {
 
 // What begins a closure (ClosureSummary.By).
 const (
-	closedByCloseBranch    = "CloseBranch"
-	closedByStopBranch     = "StopBranch"
-	closedByCloseTask      = "CloseTask"
+	closedByCloseBranch    = "stop_session"
+	closedByCloseTask      = "stop_tree"
 	closedByCaller         = "caller"
 	closedBySessionDeleted = "session_deleted"
 	closedByRestart        = "restart"
@@ -837,14 +758,11 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 	m.mu.Lock()
 	defer func() {
 		if uerr := m.unlockFor(c); uerr != nil && err == nil {
-			op, task := "CloseBranch", ""
-			switch {
-			case c.task != nil:
-				op, task = "CloseTask", c.task.id
-			case c.detached:
-				op = "StopBranch"
+			task := ""
+			if c.task != nil {
+				task = c.task.id
 			}
-			err = durabilityUnknown(uerr, op, task)
+			err = durabilityUnknown(uerr, "Stop", task)
 		}
 	}()
 	delete(m.closures.active, c)
@@ -886,18 +804,6 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 // processes (pgledger) uses it for a closure that spanned them.
 func BranchClosed(parent, taskID string, snap Task, rec ClosureRecord) Notification {
 	return Notification{Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}
-}
-
-// ClosureRecords returns the records of every closure that has ended, in
-// order.
-func (m *Manager) ClosureRecords() []ClosureRecord {
-	m.mu.Lock()
-	defer m.unlock()
-	out := make([]ClosureRecord, len(m.led.closures))
-	for i, r := range m.led.closures {
-		out[i] = r.closure.clone()
-	}
-	return out
 }
 
 func init() {

@@ -28,7 +28,7 @@ func TestConfirmedAbortIsRecordedWhileOtherAbortsHang(t *testing.T) {
 		h.child("root")
 	}
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	for range maxAbortWorkers + 1 {
 		<-entered // ses-1's abort returned; every worker now hangs in one
 	}
@@ -62,7 +62,7 @@ func TestAnAbortThatWaitsOnAnotherStoppedTaskDoesNotDeadlock(t *testing.T) {
 	for range maxAbortWorkers {
 		h.child("root")
 	}
-	_, err := h.m.CloseBranch(context.Background(), "root")
+	_, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.NoError(t, err)
 	assert.Zero(t, timeouts.Load())
 }
@@ -99,7 +99,7 @@ func TestFenceCoversTasksUnderASessionBoundDuringTheClosure(t *testing.T) {
 	tt := h.launchSpec(Spec{ParentSessionID: "root", Prompt: "T", Models: mustModels(t, "a/one")})
 
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	<-abortO // the first pass is waiting
 
 	close(releaseStart) // T binds x-session and is aborted on arrival
@@ -125,11 +125,11 @@ func TestFenceCoversTasksUnderASessionBoundDuringTheClosure(t *testing.T) {
 func TestClosureRecordIsNotAliasedWithTheReport(t *testing.T) {
 	h := newHarness(t, nil)
 	h.child("root")
-	rep, err := h.m.CloseBranch(context.Background(), "root")
+	rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.NoError(t, err)
 	require.Len(t, rep.Stopped, 1)
 	rep.Stopped[0].Status = "tampered"
-	assert.Equal(t, StatusCancelled, h.m.ClosureRecords()[0].Stopped[0].Status)
+	assert.Equal(t, StatusCancelled, h.m.Snapshot().Closures[0].Stopped[0].Status)
 }
 
 func TestClosureWaitsForTheSessionOfAFailedStart(t *testing.T) {
@@ -150,7 +150,7 @@ func TestClosureWaitsForTheSessionOfAFailedStart(t *testing.T) {
 	task := h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
 	<-entered
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
@@ -177,7 +177,7 @@ func TestClosureRootBoundDuringTheClosureIsStopped(t *testing.T) {
 	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
 	<-entered
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "the-root"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "the-root"}); done <- err }()
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
@@ -199,7 +199,7 @@ func TestClosureFromACallbackFinishesInTheBackground(t *testing.T) {
 	var kidID atomic.Value
 	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
 		if ref, ok := RunFromContext(ctx); ok && ref.TaskID == kidID.Load() {
-			_, err := m.CloseBranch(ctx, "root")
+			_, err := m.Stop(ctx, Target{Session: "root"})
 			inner <- err
 		}
 		return nil
@@ -209,10 +209,10 @@ func TestClosureFromACallbackFinishesInTheBackground(t *testing.T) {
 	kid, kidSes := h.child(ses)
 	grand, _ := h.child(kidSes)
 	kidID.Store(kid.ID)
-	require.NoError(t, m.Cancel(context.Background(), kid.ID))
+	require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: kid.ID})))
 	assert.ErrorIs(t, <-inner, ErrStopPending)
 	assert.Equal(t, StatusCancelled, h.wait(grand.ID).Status, "the closure went on without its caller")
-	h.until(func() bool { return len(m.ClosureRecords()) == 1 })
+	h.until(func() bool { return len(m.Snapshot().Closures) == 1 })
 	_, err := m.Launch(context.Background(), Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
 	assert.NoError(t, err, "its fence came down when it finished")
 }
@@ -236,7 +236,7 @@ func TestOverlappingClosuresWaitingOnAStartDoNotWakeEachOther(t *testing.T) {
 	reports := make(chan ClosureReport, 2)
 	for range 2 {
 		go func() {
-			rep, err := h.m.CloseBranch(context.Background(), "root")
+			rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 			assert.NoError(t, err)
 			reports <- rep
 		}()
@@ -282,7 +282,7 @@ func TestAClosureListsTheRunsItsFenceStopped(t *testing.T) {
 		kid := h.running(p.SessionID)
 		late, err := h.m.Launch(context.Background(), Spec{ParentSessionID: p.SessionID, Models: mustModels(t, "a/one")})
 		require.NoError(t, err) // its start is on its way
-		rep, err := h.m.CloseBranch(context.Background(), "chat")
+		rep, err := h.m.Stop(context.Background(), Target{Session: "chat"})
 		require.NoError(t, err)
 		var ids []string
 		for _, r := range rep.Stopped {

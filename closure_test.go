@@ -14,7 +14,7 @@ func TestCancelStopsRunningChild(t *testing.T) {
 	h := newHarness(t, nil)
 	task := h.launch("a/one", "b/two")
 	h.settle()
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status, "Cancel returns only after the abort was confirmed")
 	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
@@ -34,7 +34,7 @@ func TestFailedAbortKeepsTaskRunning(t *testing.T) {
 	task := h.launch("a/one", "b/two")
 	h.settle()
 
-	err := h.m.Cancel(context.Background(), task.ID)
+	_, err := h.m.Stop(context.Background(), Target{Task: task.ID})
 	require.ErrorIs(t, err, abortErr)
 	got := h.task(task.ID)
 	assert.Equal(t, StatusRunning, got.Status, "a failed abort is no evidence the child stopped")
@@ -48,7 +48,7 @@ func TestFailedAbortKeepsTaskRunning(t *testing.T) {
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
 
 	fail.Store(false)
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
 }
 
@@ -63,7 +63,7 @@ func TestCompletionBeatsInFlightAbort(t *testing.T) {
 	task := h.launch("a/one")
 	h.settle()
 	cancelled := make(chan error, 1)
-	go func() { cancelled <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	<-entered
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle, Text: "finished first"}))
 	close(release)
@@ -102,7 +102,7 @@ func TestCancelDuringSessionCreation(t *testing.T) {
 			task := h.launch("a/one", "b/two")
 			<-entered
 			cancelled := make(chan error, 1)
-			go func() { cancelled <- h.m.Cancel(context.Background(), task.ID) }()
+			go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 			<-waiting // Cancel recorded the stop and waits for the start
 			close(release)
 			require.NoError(t, <-cancelled)
@@ -132,7 +132,7 @@ func TestCancelDuringSessionCreationWhoseAbortFailsBindsTheLiveSession(t *testin
 	task := h.launch("a/one")
 	<-entered
 	cancelled := make(chan error, 1)
-	go func() { cancelled <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	<-waiting
 	close(release)
 	err := <-cancelled
@@ -144,12 +144,12 @@ func TestCancelDuringSessionCreationWhoseAbortFailsBindsTheLiveSession(t *testin
 
 func TestCancelEdgeCases(t *testing.T) {
 	h := newHarness(t, nil)
-	assert.ErrorIs(t, h.m.Cancel(context.Background(), "missing"), ErrUnknownTask)
+	assert.ErrorIs(t, stopErr(h.m.Stop(context.Background(), Target{Task: "missing"})), ErrUnknownTask)
 	task := h.launch("a/one")
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}))
 	done := h.wait(task.ID)
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID), "terminal: nil, nothing changes")
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})), "terminal: nil, nothing changes")
 	assert.Equal(t, done, h.task(task.ID))
 	assert.Empty(t, h.host.Aborts())
 }
@@ -166,7 +166,7 @@ func TestCancelContextEndsBeforeAbortLands(t *testing.T) {
 	h.settle()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- h.m.Cancel(ctx, task.ID) }()
+	go func() { errc <- stopErr(h.m.Stop(ctx, Target{Task: task.ID})) }()
 	<-entered
 	cancel()
 	assert.ErrorIs(t, <-errc, context.Canceled)
@@ -188,10 +188,10 @@ func TestConcurrentCancelsShareOneAbort(t *testing.T) {
 	waiting := make(chan string, 2)
 	h.m.hooks.waiting = func(id string) { waiting <- id }
 	errc := make(chan error, 2)
-	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	<-entered
 	<-waiting
-	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	<-waiting // the second Cancel joined the abort in flight
 	close(release)
 	require.NoError(t, <-errc)
@@ -207,7 +207,7 @@ func TestCancelFromInsideStartSessionDoesNotWaitOnItself(t *testing.T) {
 		if !ok || ref.AttemptID != req.AttemptID {
 			return "", errors.New("start context does not carry its run")
 		}
-		cancelErr <- m.Cancel(ctx, req.TaskID)
+		cancelErr <- stopErr(m.Stop(ctx, Target{Task: req.TaskID}))
 		return sid, nil
 	}})
 	m = h.m
@@ -224,14 +224,14 @@ func TestCancelFromInsideAbortSessionDoesNotWaitOnItself(t *testing.T) {
 	inner := make(chan error, 1)
 	var taskID string
 	h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
-		inner <- m.Cancel(ctx, taskID)
+		inner <- stopErr(m.Stop(ctx, Target{Task: taskID}))
 		return nil
 	}})
 	m = h.m
 	task := h.launch("a/one")
 	taskID = task.ID
 	h.settle()
-	require.NoError(t, m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: task.ID})))
 	assert.ErrorIs(t, <-inner, ErrStopPending)
 	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
 }
@@ -256,7 +256,7 @@ func TestReentrantNotifierAndHostCallbacks(t *testing.T) {
 			// its callback.
 			child, childErr = m.Launch(ctx, Spec{ParentSessionID: n.Task.SessionID + "-child-parent", Models: mustModels(t, "c/three")})
 			if childErr == nil {
-				childErr = m.Cancel(ctx, child.ID)
+				_, childErr = m.Stop(ctx, Target{Task: child.ID})
 			}
 		}
 		return nil

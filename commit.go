@@ -243,7 +243,7 @@ func (m *Manager) appendBatch(recs []record) (c Commit) {
 	})
 	if err != nil || c == nil {
 		if err == nil {
-			err = errors.New("bgtask: Journal.Append returned no Commit")
+			err = errors.New("Journal.Append returned no Commit")
 		}
 		return failedCommit{err}
 	}
@@ -271,7 +271,7 @@ func (m *Manager) poison(err error) error {
 	err = fmt.Errorf("%w: %w", ErrJournal, err)
 	if m.life.jerr.CompareAndSwap(nil, &err) {
 		close(m.life.dead) // whoever waits for what can no longer be recorded (await)
-		m.logAttrs(slog.LevelError, "bgtask: the journal failed; the manager stops acting on the world", slog.String("err", safeText(err)))
+		m.logAttrs(slog.LevelError, "the journal failed; the manager stops acting on the world", slog.String("err", safeText(err)))
 	}
 	return m.poisoned()
 }
@@ -459,7 +459,7 @@ func (m *Manager) ended(e *entry) {
 // launched tells of new task e. m.mu is held.
 func (m *Manager) launched(e *entry) {
 	if m.cfg.logInfo {
-		m.logLocked(slog.LevelInfo, "bgtask: task launched", slog.String("task", e.id), slog.String("attempt", e.cur().ID), slog.String("parent", e.info.parent),
+		m.logLocked(slog.LevelInfo, "task launched", slog.String("task", e.id), slog.String("attempt", e.cur().ID), slog.String("parent", e.info.parent),
 			slog.String("models", fmt.Sprint(e.info.models)), slog.Int("depth", e.info.depth))
 	}
 	if m.cfg.metrics != nil {
@@ -471,7 +471,7 @@ func (m *Manager) launched(e *entry) {
 // started tells of attempt a of e, whose session now runs. m.mu is held.
 func (m *Manager) started(e *entry, a Attempt) {
 	if m.cfg.logInfo {
-		m.logLocked(slog.LevelInfo, "bgtask: attempt started", slog.String("task", e.id), slog.String("attempt", a.ID),
+		m.logLocked(slog.LevelInfo, "attempt started", slog.String("task", e.id), slog.String("attempt", a.ID),
 			slog.String("session", a.SessionID), slog.Int("number", a.Number), slog.String("model", a.Model.String()))
 	}
 	if m.cfg.metrics != nil {
@@ -490,7 +490,7 @@ func (m *Manager) retried(e *entry, a Attempt) {
 		reason = out.reason
 	}
 	if m.cfg.logInfo {
-		m.logLocked(slog.LevelInfo, "bgtask: retry scheduled", slog.String("task", e.id), slog.String("attempt", a.ID),
+		m.logLocked(slog.LevelInfo, "retry scheduled", slog.String("task", e.id), slog.String("attempt", a.ID),
 			slog.String("session", a.SessionID), slog.String("model", a.Model.String()), slog.String("next_model", e.cur().Model.String()),
 			slog.String("reason", string(reason)), slog.String("err", a.Error))
 	}
@@ -511,7 +511,7 @@ func (m *Manager) endedLine(e *entry) {
 		attrs := []slog.Attr{slog.String("task", e.id), slog.String("attempt", cur.ID),
 			slog.String("session", cur.SessionID), slog.String("status", string(t.Status)), slog.String("outcome", string(o.State)),
 			slog.String("reason", string(o.Reason)), slog.Int("attempts", len(t.Attempts))}
-		m.logLocked(slog.LevelInfo, "bgtask: task ended", append(attrs, stopAttrs(t.Stop)...)...)
+		m.logLocked(slog.LevelInfo, "task ended", append(attrs, stopAttrs(t.Stop)...)...)
 	}
 	if m.cfg.metrics != nil {
 		live := m.liveTasks() - 1 // e counts as ended from here on
@@ -548,7 +548,7 @@ func (m *Manager) stopAsked(e *entry, stop *recordExt) {
 		a := e.cur()
 		attrs := []slog.Attr{slog.String("task", e.id), slog.String("attempt", a.ID), slog.String("session", a.SessionID),
 			slog.String("status", string(a.Status)), slog.String("stop.status", string(stop.stop))}
-		m.logLocked(slog.LevelInfo, "bgtask: stop asked", append(attrs, stopAttrs(&c)...)...)
+		m.logLocked(slog.LevelInfo, "stop asked", append(attrs, stopAttrs(&c)...)...)
 	}
 	if m.cfg.metrics != nil {
 		t := e.project()
@@ -590,7 +590,7 @@ func (m *Manager) closureBegun(c *closure) {
 	}
 	s := m.closureSummary(c)
 	if m.cfg.logInfo {
-		m.logLocked(slog.LevelInfo, "bgtask: branch closure begun", closureAttrs(&s)...)
+		m.logLocked(slog.LevelInfo, "branch closure begun", closureAttrs(&s)...)
 	}
 	if m.cfg.metrics != nil {
 		m.measure(func(mt Metrics) { mt.ClosureBegun(s) })
@@ -620,7 +620,7 @@ func (m *Manager) closureEnded(c *closure, rep ClosureReport, dropped bool, caus
 		if cause != nil {
 			attrs = append(attrs, slog.String("err", safeText(cause)))
 		}
-		m.logLocked(slog.LevelInfo, "bgtask: branch closure ended", attrs...)
+		m.logLocked(slog.LevelInfo, "branch closure ended", attrs...)
 	}
 	if m.cfg.metrics != nil {
 		m.measure(func(mt Metrics) { mt.ClosureEnded(s, d) })
@@ -652,7 +652,7 @@ func (m *Manager) closureEndedEarly(cause error) string {
 func (m *Manager) recovered(rv *recovery, d time.Duration) {
 	n := rv.counts
 	if m.cfg.logInfo {
-		m.logLocked(slog.LevelInfo, "bgtask: recovered from the journal", slog.Int("tasks", n.Tasks), slog.Int("live", n.Live),
+		m.logLocked(slog.LevelInfo, "recovered from the journal", slog.Int("tasks", n.Tasks), slog.Int("live", n.Live),
 			slog.Int("readopted", n.Readopted), slog.Int("ended", n.Ended), slog.Int("interrupted", n.Interrupted),
 			slog.Int("stopped", n.Stopped), slog.Int("started", n.Started), slog.Int("retried", n.Retried),
 			slog.Int("redelivered", n.Redelivered), slog.Int("owed", n.Owed), slog.Int("undelivered", n.Undelivered),

@@ -313,13 +313,13 @@ func crashScenario(t *testing.T, m *Manager, w *crashWorld) {
 	s4 := running(t4.ID).SessionID
 	c4 := launch(Spec{ParentSessionID: s4, Description: "child of t4", Prompt: "y", Models: abc})
 	running(c4.ID)
-	_, err = m.CloseBranch(ctx, "p4")
+	_, err = m.Stop(ctx, Target{Session: "p4"})
 	require.NoError(t, err)
 
 	// A stop.
 	t5 := launch(Spec{ParentSessionID: "p5", Description: "stopped", Prompt: "z", Models: abc})
 	running(t5.ID)
-	require.NoError(t, m.Cancel(ctx, t5.ID))
+	require.NoError(t, stopErr(m.Stop(ctx, Target{Task: t5.ID})))
 
 	// A budget spent: t10's tree (t10, and c10 with a narrower grant)
 	// reaches its tokens; the budget's closure stops both; a late report

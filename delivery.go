@@ -100,7 +100,7 @@ func (m *Manager) queueNote(n Notification) {
 	}
 	if !ok {
 		m.notes.failures.Add(1)
-		m.logLocked(slog.LevelError, "bgtask: notification not delivered: the manager is shut down",
+		m.logLocked(slog.LevelError, "notification not delivered: the manager is shut down",
 			slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
 	}
 }
@@ -141,11 +141,11 @@ func (m *Manager) keepLost(n Notification, why string) {
 	if m.led.recording() {
 		m.led.emit(record{kind: recNotifyDelivered, task: n.TaskID, at: m.now(), recordExt: &recordExt{note: "given up: " + why, notice: &notice{seq: n.Seq, kind: n.Kind, parent: n.ParentSessionID}}})
 	}
-	m.logLocked(slog.LevelError, "bgtask: notification not delivered", slog.String("reason", why),
+	m.logLocked(slog.LevelError, "notification not delivered", slog.String("reason", why),
 		slog.String("task", n.TaskID), slog.String("parent", n.ParentSessionID), slog.String("kind", string(n.Kind)))
 	if len(m.notes.lost) >= m.cfg.undeliveredLimit {
 		m.notes.dropped.Add(1)
-		m.logLocked(slog.LevelError, "bgtask: undelivered notification dropped: Undelivered is full (WithNotifyLimits)",
+		m.logLocked(slog.LevelError, "undelivered notification dropped: Undelivered is full (WithNotifyLimits)",
 			slog.String("task", m.notes.lost[0].TaskID), slog.String("parent", m.notes.lost[0].ParentSessionID), slog.String("kind", string(m.notes.lost[0].Kind)))
 		m.notes.lost[0] = Notification{}
 		m.notes.lost = m.notes.lost[1:]
@@ -180,7 +180,7 @@ func (m *Manager) deliver(_ string, n Notification) {
 		err = func() (err error) {
 			defer func() {
 				if r := recover(); r != nil {
-					err = fmt.Errorf("bgtask: Notifier panicked: %s", panicText(r))
+					err = fmt.Errorf("Notifier panicked: %s", panicText(r))
 				}
 			}()
 			return m.cfg.notifier.Notify(ctx, n)
@@ -231,34 +231,52 @@ func (m *Manager) notifyBackoff(n int, cause error) (d time.Duration, ok bool) {
 	return m.cfg.notifyBackoff(n, cause), true
 }
 
-// Undelivered returns the notifications the Notifier never accepted (after
-// every retry) or that a full queue gave up, in the order they were given
-// up: at most the WithNotifyLimits bound, the oldest dropped first.
-func (m *Manager) Undelivered() []Notification {
+// Drops is what a Manager dropped or could not deliver, as counted since
+// it was opened (Manager.Dropped). Nothing here is lost silently: each is
+// also logged as it happens.
+type Drops struct {
+	// NotifyFailures counts the notifications not delivered: refused by
+	// the Notifier after every retry, pushed out of a full queue, or
+	// produced after Shutdown.
+	NotifyFailures uint64 `json:"notifyFailures"`
+	// NotifyDropped counts the undelivered notifications given up because
+	// Undelivered was full (WithNotifyLimits): they are gone.
+	NotifyDropped uint64 `json:"notifyDropped"`
+	// LoggerPanics counts the calls into the logger (WithLogger) that
+	// panicked. Such a panic is swallowed: the line is lost, the Manager
+	// goes on.
+	LoggerPanics uint64 `json:"loggerPanics"`
+	// Undelivered are the notifications the Notifier never accepted
+	// (after every retry) or that a full queue gave up, in the order they
+	// were given up: at most the WithNotifyLimits bound, the oldest
+	// dropped first. A copy.
+	Undelivered []Notification `json:"undelivered,omitempty"`
+}
+
+// Dropped reports what the Manager dropped or could not deliver (Drops).
+func (m *Manager) Dropped() Drops {
 	m.mu.Lock()
-	defer m.unlock()
-	return slices.Clone(m.notes.lost)
+	lost := slices.Clone(m.notes.lost)
+	m.unlock()
+	return Drops{
+		NotifyFailures: m.notes.failures.Load(),
+		NotifyDropped:  m.notes.dropped.Load(),
+		LoggerPanics:   m.out.panics.Load(),
+		Undelivered:    lost,
+	}
 }
 
 // WithNotifyRetry makes a refused Notify be tried up to attempts times in
 // all, waiting backoff(n, cause) before try n (n ≥ 2; cause is the error
 // the Notifier returned; nil backoff: no wait). Default: 3 tries with
 // Backoff(200ms, 5s, 0.2). A notification refused every time is
-// logged at error level, counted (NotifyFailures) and kept (Undelivered).
+// logged at error level, counted and kept (Dropped).
 func WithNotifyRetry(attempts int, backoff func(attempt int, cause error) time.Duration) Option {
 	return optionFunc(func(c *config) {
 		c.notifyAttempts = attempts
 		c.notifyBackoff = backoff
 	})
 }
-
-// NotifyFailures reports how many notifications were not delivered: refused
-// by the Notifier, pushed out of a full queue, or produced after Shutdown.
-func (m *Manager) NotifyFailures() uint64 { return m.notes.failures.Load() }
-
-// NotifyDropped reports how many undelivered notifications were given up
-// because Undelivered was full (WithNotifyLimits): they are gone.
-func (m *Manager) NotifyDropped() uint64 { return m.notes.dropped.Load() }
 
 // lessNeeded picks the notification a full queue gives up: the oldest retry
 // notification (the final summary repeats what it said), else the oldest.
@@ -273,13 +291,13 @@ func lessNeeded(waiting []Notification) int {
 
 // Default bounds of WithNotifyLimits.
 const (
-	// DefaultNotifyQueueLimit is how many notifications may wait for one
+	// defaultNotifyQueueLimit is how many notifications may wait for one
 	// parent session while its Notifier is busy: room for a burst of
 	// 10,000 tasks of one parent ending at once.
-	DefaultNotifyQueueLimit = 10_000
-	// DefaultUndeliveredLimit is how many undelivered notifications
+	defaultNotifyQueueLimit = 10_000
+	// defaultUndeliveredLimit is how many undelivered notifications
 	// Undelivered keeps.
-	DefaultUndeliveredLimit = 1000
+	defaultUndeliveredLimit = 1000
 )
 
 // WithNotifyLimits bounds the memory notifications may hold when a
@@ -288,7 +306,7 @@ const (
 // notification, or else its oldest, which is then undelivered), and
 // Undelivered keeps at most undelivered (the oldest is dropped first,
 // counted by NotifyDropped). Each is logged at error level. A value ≤ 0
-// keeps the default: DefaultNotifyQueueLimit and DefaultUndeliveredLimit.
+// keeps the default: defaultNotifyQueueLimit and defaultUndeliveredLimit.
 func WithNotifyLimits(queue, undelivered int) Option {
 	return optionFunc(func(c *config) {
 		if queue > 0 {

@@ -90,8 +90,8 @@ func TestRefusedNotificationIsRetriedWithBackoff(t *testing.T) {
 	h.clock.Advance(3 * time.Second) // before try 3
 	h.settle()
 	assert.Equal(t, int32(3), calls.Load())
-	assert.Zero(t, h.m.NotifyFailures())
-	assert.Empty(t, h.m.Undelivered())
+	assert.Zero(t, h.m.Dropped().NotifyFailures)
+	assert.Empty(t, h.m.Dropped().Undelivered)
 	mu.Lock()
 	assert.Equal(t, []string{"2 parent session busy", "3 parent session busy"}, causes, "the backoff sees each try's number and the Notifier's error")
 	mu.Unlock()
@@ -113,15 +113,15 @@ func TestNotificationRefusedEveryTimeIsKeptAndLaterOnesGoOn(t *testing.T) {
 	require.NoError(t, h.observe(Event{SessionID: "ses-2", Kind: SessionIdle}))
 	h.wait(task.ID)
 	h.settle()
-	assert.Equal(t, uint64(1), h.m.NotifyFailures())
-	lost := h.m.Undelivered()
+	assert.Equal(t, uint64(1), h.m.Dropped().NotifyFailures)
+	lost := h.m.Dropped().Undelivered
 	require.Len(t, lost, 1)
 	assert.Equal(t, NotifyRetryScheduled, lost[0].Kind)
 	kinds := h.rec.Kinds(task.ID)
 	assert.Equal(t, NotifyFinalSummary, kinds[len(kinds)-1], "later deliveries went on")
 	var logged bool
 	for _, r := range h.logs.Records() {
-		if r["level"] == "ERROR" && r["msg"] == "bgtask: notification not delivered" {
+		if r["level"] == "ERROR" && r["msg"] == "notification not delivered" {
 			logged = true
 		}
 	}

@@ -176,7 +176,7 @@
 // guarded: a panic fails the attempt it served with a non-retryable error
 // that names it (a logger's panic is swallowed and counted, LoggerPanics),
 // and the Manager goes on. Shutdown returns when its context ends (after a
-// short grace, ShutdownGrace) and names what a Host or Notifier that
+// short grace, shutdownGrace) and names what a Host or Notifier that
 // ignores its context left running.
 //
 // # How it is built: a core and a shell

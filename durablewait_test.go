@@ -121,8 +121,8 @@ func TestDurableWaitsKeepToTheirContext(t *testing.T) {
 
 	// Cancel: the abort is not asked for before the stop is durable.
 	j.hold()
-	cancelErr := within(t, j, "Cancel", func() error { return m.Cancel(shortCtx(t), task.ID) })
-	du = requireDurabilityUnknown(t, cancelErr, "Cancel")
+	cancelErr := within(t, j, "Cancel", func() error { return stopErr(m.Stop(shortCtx(t), Target{Task: task.ID})) })
+	du = requireDurabilityUnknown(t, cancelErr, "Stop")
 	assert.Equal(t, task.ID, du.TaskID)
 	s, _ := w.session(task.SessionID)
 	assert.Equal(t, SessionStateAlive, s.state, "no abort before the stop was durable")
@@ -135,14 +135,14 @@ func TestDurableWaitsKeepToTheirContext(t *testing.T) {
 		tk, err := m.Launch(context.Background(), Spec{ParentSessionID: "q-" + op, Prompt: "go", Models: mustModels(t, "a/1")})
 		require.NoError(t, err)
 		waitStatus(t, m, tk.ID, StatusRunning)
-		before := len(m.ClosureRecords())
+		before := len(m.Snapshot().Closures)
 		j.hold()
 		closeErr := within(t, j, op, func() error {
 			if op == "CloseTask" {
-				_, err := m.CloseTask(shortCtx(t), tk.ID)
+				_, err := m.Stop(shortCtx(t), Target{Task: tk.ID, Tree: true})
 				return err
 			}
-			_, err := m.CloseBranch(shortCtx(t), "q-"+op)
+			_, err := m.Stop(shortCtx(t), Target{Session: "q-" + op})
 			return err
 		})
 		require.Error(t, closeErr)

@@ -276,9 +276,9 @@ func (r attemptRef) isCurrent() bool { return r.e.current == r.index }
 // Errors the ledger returns for refused writes. They mean a caller bug, not
 // an input the user gave, and are logged at error level by the Manager.
 var (
-	errTerminalAttempt = errors.New("bgtask: ledger: write to a terminal attempt refused")
-	errNotCurrent      = errors.New("bgtask: ledger: write to an attempt that is not current refused")
-	errBadTransition   = errors.New("bgtask: ledger: transition not allowed")
+	errTerminalAttempt = errors.New("ledger: write to a terminal attempt refused")
+	errNotCurrent      = errors.New("ledger: write to an attempt that is not current refused")
+	errBadTransition   = errors.New("ledger: transition not allowed")
 )
 
 // reported is what the run with token reported that decides its outcome,

@@ -37,12 +37,12 @@ func TestTheEnvelopeOffersOnlyWhatTheHostCanDo(t *testing.T) {
 		}, "", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			m := New(tt.host(), WithIDs(SequentialIDs()))
+			m := mustOpen(tt.host(), WithIDs(SequentialIDs()))
 			shutdownAtCleanup(t, m)
 			task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: []Model{{ID: "m"}}})
 			require.NoError(t, err)
 			running := waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
-			require.NoError(t, m.Cancel(context.Background(), task.ID))
+			require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: task.ID})))
 			done, err := m.Wait(context.Background(), task.ID)
 			require.NoError(t, err)
 			require.Equal(t, StatusCancelled, done.Status)
@@ -76,7 +76,7 @@ func TestAfterARestartTheNoticeFollowsTheNewHost(t *testing.T) {
 	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: []Model{{ID: "m"}}})
 	require.NoError(t, err)
 	waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
-	require.NoError(t, m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: task.ID})))
 	done, err := m.Wait(context.Background(), task.ID)
 	require.NoError(t, err)
 	assert.Contains(t, Envelope(done), "can be inspected or resumed by task id")

@@ -11,65 +11,62 @@ import (
 // detail.
 var (
 	// ErrUnknownTask: no task has that id.
-	ErrUnknownTask = errors.New("bgtask: unknown task")
+	ErrUnknownTask = errors.New("unknown task")
 	// ErrForgotten: the task existed, ended, and was forgotten under the
 	// retention rule (WithRetention). It is not ErrUnknownTask.
-	ErrForgotten = errors.New("bgtask: task was forgotten (retention)")
+	ErrForgotten = errors.New("task was forgotten (retention)")
 	// ErrUnknownSession: an event named a session (or attempt) that no task
 	// knows and no session start in flight may be creating.
-	ErrUnknownSession = errors.New("bgtask: unknown session")
+	ErrUnknownSession = errors.New("unknown session")
 	// ErrStaleEvent: an event resolved to an attempt that is superseded or
 	// terminal, or carried a token that is not the current run's. It
 	// changed nothing.
-	ErrStaleEvent = errors.New("bgtask: stale event")
+	ErrStaleEvent = errors.New("stale event")
 	// ErrBranchClosing: new work was refused because its parent session is
 	// inside a branch being closed.
-	ErrBranchClosing = errors.New("bgtask: branch is closing")
+	ErrBranchClosing = errors.New("branch is closing")
 	// ErrShutdown: the Manager is shutting down or shut down.
-	ErrShutdown = errors.New("bgtask: manager is shut down")
-	// ErrInvalidSpec: Launch was given a bad Spec; the error is a
-	// *SpecError naming the field.
-	ErrInvalidSpec = errors.New("bgtask: invalid spec")
-	// ErrInvalidEvent: Observe was given an event with no session or
-	// attempt, or an unknown kind.
-	ErrInvalidEvent = errors.New("bgtask: invalid event")
-	// ErrInvalidArgument: a call was given a blank id where one is
-	// required (CloseBranch with no session). Nothing changed.
-	ErrInvalidArgument = errors.New("bgtask: invalid argument")
+	ErrShutdown = errors.New("manager is shut down")
+	// ErrInvalidArgument: a call was given something it cannot take, and
+	// nothing changed: Launch a bad Spec (the error is a *SpecError
+	// naming the field), Observe an event with no session or attempt or
+	// an unknown kind, Open options that do not fit, Stop a Target that
+	// names nothing, a blank id where one is required.
+	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrJournal: the journal (WithJournal) failed to make records
 	// durable. The Manager then stops: every input is refused with it, and
 	// no host call or notification is made. Restart from the journal.
-	ErrJournal = errors.New("bgtask: journal failed")
+	ErrJournal = errors.New("journal failed")
 	// ErrNotRunning: Extend was given a task whose run is not running
 	// (pending, ended, or being stopped). Nothing changed.
-	ErrNotRunning = errors.New("bgtask: task is not running")
+	ErrNotRunning = errors.New("task is not running")
 	// ErrNoPrompter: Extend needs a Host that implements Prompter.
-	ErrNoPrompter = errors.New("bgtask: the host cannot prompt a running session (no Prompter)")
+	ErrNoPrompter = errors.New("the host cannot prompt a running session (no Prompter)")
 	// ErrPromptRefused: the Host's PromptSession refused a supplemental
 	// prompt; the error wraps the host's. Nothing changed.
-	ErrPromptRefused = errors.New("bgtask: the host refused the prompt")
+	ErrPromptRefused = errors.New("the host refused the prompt")
 	// ErrNoResumer: Spec.ContinueFrom needs a Host that implements Resumer.
-	ErrNoResumer = errors.New("bgtask: the host cannot resume a session (no Resumer)")
+	ErrNoResumer = errors.New("the host cannot resume a session (no Resumer)")
 	// ErrNoInvocation: WaitAnswer named an invocation the task never
 	// admitted.
-	ErrNoInvocation = errors.New("bgtask: no such invocation")
+	ErrNoInvocation = errors.New("no such invocation")
 	// ErrKeyHeld: Launch was given a Spec.Key a live task holds; the error
 	// is a *KeyHeldError naming it.
-	ErrKeyHeld = errors.New("bgtask: key is held by a live task")
+	ErrKeyHeld = errors.New("key is held by a live task")
 	// ErrSuperseded: Fence found that the run its context carries is no
 	// longer its task's current live run (replaced by a retry, stopped, or
 	// ended): a side effect it was about to make must not happen.
-	ErrSuperseded = errors.New("bgtask: run superseded")
+	ErrSuperseded = errors.New("run superseded")
 	// ErrIDTaken: Launch was given a Spec.ID that a task this Manager
 	// knows has (live, ended, or forgotten lately). Nothing changed.
-	ErrIDTaken = errors.New("bgtask: task id is taken")
+	ErrIDTaken = errors.New("task id is taken")
 	// ErrDepthLimit, ErrFanOutLimit, ErrTreeLimit: Launch was refused by
 	// a limit of WithTreeLimits (spawn depth, live tasks per parent
 	// session, live tasks per root session); the error is a *LimitError.
 	// Nothing changed.
-	ErrDepthLimit  = errors.New("bgtask: spawn depth limit reached")
-	ErrFanOutLimit = errors.New("bgtask: live tasks per parent session limit reached")
-	ErrTreeLimit   = errors.New("bgtask: live tasks per root session limit reached")
+	ErrDepthLimit  = errors.New("spawn depth limit reached")
+	ErrFanOutLimit = errors.New("live tasks per parent session limit reached")
+	ErrTreeLimit   = errors.New("live tasks per root session limit reached")
 	// ErrDeadline is in the chain of Task.Cause when a run was stopped at its
 	// wall-clock deadline (Spec.Timeout, Spec.AttemptTimeout); the
 	// outcome's reason is ReasonDeadline.
@@ -78,7 +75,7 @@ var (
 	// records to be durable (WithJournal), so what it did may or may not
 	// have been recorded; the error is a *DurabilityUnknownError naming the
 	// task, and it also matches the context's error (errors.Is).
-	ErrDurabilityUnknown = errors.New("bgtask: the context ended before the records were durable")
+	ErrDurabilityUnknown = errors.New("the context ended before the records were durable")
 )
 
 // DurabilityUnknownError is a call (Launch, Extend, Cancel, CloseBranch,
@@ -90,14 +87,14 @@ var (
 // Launch means it never happened). It matches ErrDurabilityUnknown and
 // unwraps to the context's error.
 type DurabilityUnknownError struct {
-	Op     string // the call: "Launch", "Extend", "Cancel", "Stop", "CloseBranch", "CloseTask", "StopBranch"
-	TaskID string // the task it was about ("" for a CloseBranch of a session no task owns)
+	Op     string // the call: "Launch", "Extend" or "Stop"
+	TaskID string // the task it was about ("" for a Stop of a session no task owns)
 	Err    error  // the context's error
 }
 
 // Error says what was being made durable and the context's error.
 func (e *DurabilityUnknownError) Error() string {
-	s := "bgtask: " + e.Op
+	s := "" + e.Op
 	if e.TaskID != "" {
 		s += " of task " + e.TaskID
 	}
@@ -154,13 +151,13 @@ type KeyHeldError struct {
 
 // Error names the key and the task that holds it.
 func (e *KeyHeldError) Error() string {
-	return "bgtask: key " + strconv.Quote(e.Key) + " is held by live task " + e.TaskID
+	return "key " + strconv.Quote(e.Key) + " is held by live task " + e.TaskID
 }
 
 // Is makes errors.Is(err, ErrKeyHeld) true.
 func (e *KeyHeldError) Is(target error) bool { return target == ErrKeyHeld }
 
-// SpecError says which field of a Spec is wrong. It matches ErrInvalidSpec.
+// SpecError says which field of a Spec is wrong. It matches ErrInvalidArgument.
 type SpecError struct {
 	Field string // e.g. "Models[1].ID"
 	// Reason says what is wrong with it.
@@ -169,15 +166,15 @@ type SpecError struct {
 
 // Error names the field and what is wrong with it.
 func (e *SpecError) Error() string {
-	return "bgtask: invalid spec: " + e.Field + ": " + e.Reason
+	return "invalid spec: " + e.Field + ": " + e.Reason
 }
 
-// Is reports whether target is ErrInvalidSpec.
-func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec }
+// Is reports whether target is ErrInvalidArgument.
+func (e *SpecError) Is(target error) bool { return target == ErrInvalidArgument }
 
 // ErrNilResult ends an attempt whose Returning function returned a nil
 // result and a nil error: there is no answer to give the parent.
-var ErrNilResult = errors.New("bgtask: the subagent function returned a nil result and no error")
+var ErrNilResult = errors.New("the subagent function returned a nil result and no error")
 
 // PanicError is a panic in user code the Manager ran for a run (a FuncHost
 // function, Returning's text): the attempt ends in error with it as its
@@ -194,7 +191,7 @@ type PanicError struct {
 }
 
 // Error says where the panic was and its value (without the stack).
-func (e *PanicError) Error() string { return "bgtask: " + e.Where + " panicked: " + panicText(e.Value) }
+func (e *PanicError) Error() string { return "" + e.Where + " panicked: " + panicText(e.Value) }
 
 // Unwrap returns the panic's value when it is an error, so that
 // errors.Is and errors.As see it.

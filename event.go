@@ -81,7 +81,7 @@ type Event struct {
 	Value any
 	// Progress (SessionBusy, SessionWaiting) is a line of progress for the
 	// people watching: Task.Progress shows it while the run goes on, and
-	// every change of it is a Change. It is bounded to MaxProgressRunes.
+	// every change of it is a Change. It is bounded to maxProgressRunes.
 	Progress string
 	// Usage is what the child used since its previous report (a delta),
 	// on an event of any kind: counted for the attempt the event resolves

@@ -42,11 +42,15 @@ func runningOn(m *bgtask.Manager, id string, n int) bgtask.Task {
 // New takes the Host and the options; Shutdown stops everything it
 // started.
 func ExampleNew() {
-	m := bgtask.New(&quietHost{},
+	m, err := bgtask.Open(context.Background(), &quietHost{},
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithModelLimits(bgtask.ModelLimits{Default: 2}),
 		bgtask.WithRetryDelay(bgtask.Backoff(0, 0, 0)),
 	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	fmt.Println(len(m.Snapshot().Tasks))
 	// Output: 0
@@ -55,22 +59,30 @@ func ExampleNew() {
 // Launch records the task and its first attempt, and starts the child
 // session in the background.
 func ExampleManager_Launch() {
-	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m, err := bgtask.Open(context.Background(), &quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	task, err := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "summarise the logs",
 		Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5.4-mini"}}})
 	fmt.Println(task.ID, task.Status, task.Current().Number, err)
 	_, err = m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", MaxAttempts: -1})
-	fmt.Println(errors.Is(err, bgtask.ErrInvalidSpec), err)
+	fmt.Println(errors.Is(err, bgtask.ErrInvalidArgument), err)
 	// Output:
 	// task-1 pending 1 <nil>
-	// true bgtask: invalid spec: MaxAttempts: is negative (-1)
+	// true invalid spec: MaxAttempts: is negative (-1)
 }
 
 // Observe is how the harness reports what a child session did; an event
 // of an attempt that is no longer current changes nothing.
 func ExampleManager_Observe() {
-	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m, err := bgtask.Open(context.Background(), &quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	t := running(m, "chat")
 	first := t.SessionID
@@ -80,32 +92,41 @@ func ExampleManager_Observe() {
 	fmt.Println(m.Observe(bgtask.Event{SessionID: "ses_nobody", Kind: bgtask.SessionBusy}))
 	// Output:
 	// <nil>
-	// bgtask: stale event
-	// bgtask: unknown session
+	// stale event
+	// unknown session
 }
 
-// Cancel returns once the host confirmed the child stopped.
-func ExampleManager_Cancel() {
-	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+// Stop returns once the host confirmed the child stopped.
+func ExampleManager_Stop() {
+	m, err := bgtask.Open(context.Background(), &quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	t := running(m, "chat")
-	fmt.Println(m.Cancel(context.Background(), t.ID))
+	rep, err := m.Stop(context.Background(), bgtask.Target{Task: t.ID})
+	fmt.Println(err, len(rep.Stopped))
 	done, _ := m.Wait(context.Background(), t.ID)
 	fmt.Println(done.Status, done.Outcome.State)
 	// Output:
-	// <nil>
+	// <nil> 1
 	// cancelled cancelled
 }
 
-// CloseBranch stops a session's whole branch of work, exactly by run
-// token, and says what it stopped.
-func ExampleManager_CloseBranch() {
-	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+// Stop with Target.Session stops a session's whole branch of work,
+// exactly by run token, and says what it stopped.
+func ExampleManager_Stop_session() {
+	m, err := bgtask.Open(context.Background(), &quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	lead := running(m, "chat")
 	running(m, lead.SessionID) // launched by the lead's session: in its branch
 	running(m, "another chat")
-	rep, err := m.CloseBranch(context.Background(), "chat")
+	rep, err := m.Stop(context.Background(), bgtask.Target{Session: "chat"})
 	fmt.Println(len(rep.Stopped), err)
 	for _, s := range rep.Stopped {
 		fmt.Println(s.TaskID, s.Status)
@@ -118,7 +139,11 @@ func ExampleManager_CloseBranch() {
 
 // Subscribe streams every change, in sequence order.
 func ExampleManager_Subscribe() {
-	m := bgtask.New(&quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m, err := bgtask.Open(context.Background(), &quietHost{}, bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	sub, _ := m.Subscribe(context.Background(), 64)
 	defer sub.Close()
@@ -140,12 +165,16 @@ func ExampleManager_Subscribe() {
 
 // A subagent written as a Go function: its return is the evidence.
 func ExampleNewFuncHost() {
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if run.Model.ID == "flaky" {
 			return "", errors.New("503 Service Unavailable")
 		}
 		return "answered by " + run.Model.String() + " on attempt " + fmt.Sprint(run.Attempt), nil
 	}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "q",
 		Models: []bgtask.Model{{ID: "flaky"}, {ID: "steady"}}})

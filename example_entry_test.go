@@ -16,7 +16,7 @@ import (
 // first turn is still going, answers the launch prompt with Run.Answer,
 // and its return answers the prompt it took.
 func ExampleManager_Extend() {
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		select {
 		case p := <-run.Prompts():
 			run.Answer(1, "read "+run.Prompt)
@@ -25,6 +25,10 @@ func ExampleManager_Extend() {
 			return "", ctx.Err()
 		}
 	}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	ctx := context.Background()
 	sub, _ := m.Subscribe(ctx, 64)
@@ -51,7 +55,7 @@ func ExampleManager_Extend() {
 // (Run.Launch makes its session their parent) and waits for them all with
 // WaitParent; closing the root's branch would stop every level.
 func ExampleRun_Launch() {
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if !strings.HasPrefix(run.Prompt, "plan:") {
 			return "did " + run.Prompt, nil
 		}
@@ -70,6 +74,10 @@ func ExampleRun_Launch() {
 		}
 		return strings.Join(done, "; "), nil
 	}), bgtask.WithTreeLimits(bgtask.TreeLimits{MaxDepth: 2}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	lead, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "plan:fetch,parse",
 		Models: []bgtask.Model{{ID: "lead"}}})
@@ -108,7 +116,11 @@ func ExampleOpenFileJournal() {
 // own function (Spec.Run), so the spawn tool needs no side map and no
 // context values; New(nil) means there is no session service at all.
 func ExampleSpec_run() {
-	m := bgtask.New(nil, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m, err := bgtask.Open(context.Background(), nil, bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 
 	kinds := map[string]func(topic string) bgtask.RunFunc{

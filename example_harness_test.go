@@ -13,13 +13,17 @@ import (
 // that launched it hears of its end once, after the final summary.
 func ExampleReturning() {
 	type Result struct{ ForModel, ForUser string }
-	m := bgtask.New(bgtask.NewFuncHost(bgtask.Returning(func(ctx context.Context, run bgtask.Run) (Result, error) {
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(bgtask.Returning(func(ctx context.Context, run bgtask.Run) (Result, error) {
 		return Result{ForModel: "3 files changed", ForUser: "see the diff of " + run.Description}, nil
 	}, func(r Result) string { return r.ForModel })))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 
 	done := make(chan bgtask.Task, 1)
-	_, err := m.Launch(context.Background(), bgtask.Spec{
+	_, err = m.Launch(context.Background(), bgtask.Spec{
 		ParentSessionID: "chat", Description: "the refactor", Prompt: "refactor it",
 		Models: []bgtask.Model{{ID: "gpt-primary"}},
 		OnDone: func(t bgtask.Task) { done <- t },
@@ -37,7 +41,7 @@ func ExampleReturning() {
 // A subagent spawns beneath its own session; the tree's limits are the
 // core's to enforce.
 func ExampleWithTreeLimits() {
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if run.Depth == 2 {
 			_, err := run.Launch(ctx, bgtask.Spec{Prompt: "deeper", Models: []bgtask.Model{{ID: "m"}}})
 			return fmt.Sprintf("depth %d, spawning: %v", run.Depth, err), nil
@@ -49,18 +53,22 @@ func ExampleWithTreeLimits() {
 		done, err := run.Manager().Wait(ctx, kid.ID)
 		return done.Result, err
 	}), bgtask.WithTreeLimits(bgtask.TreeLimits{MaxDepth: 2}), bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 
 	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "research", Models: []bgtask.Model{{ID: "m"}}})
 	done, _ := m.Wait(context.Background(), task.ID)
 	fmt.Println(done.Result)
-	// Output: depth 2, spawning: bgtask: spawn depth limit reached (2) under session fn_attempt-2
+	// Output: depth 2, spawning: spawn depth limit reached (2) under session fn_attempt-2
 }
 
 // A chatty child stuck in a loop never stalls; its wall-clock deadline
 // ends it.
 func ExampleSpec_timeout() {
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		for {
 			run.Busy()
 			select {
@@ -70,6 +78,10 @@ func ExampleSpec_timeout() {
 			}
 		}
 	}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 
 	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "loop",
@@ -85,7 +97,7 @@ func (quotaErr) Error() string { return "400 quota exceeded for this key" }
 
 // A harness adds a rule of its own to the default classifier.
 func ExampleWithRetryable() {
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if run.Attempt == 1 {
 			return "", quotaErr{}
 		}
@@ -93,6 +105,10 @@ func ExampleWithRetryable() {
 	}), bgtask.WithRetryable(func(err error, retryable bool) bool {
 		return retryable || errors.As(err, new(quotaErr))
 	}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 
 	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "q",

@@ -27,7 +27,11 @@ func ExampleWithHealth() {
 		}
 		return "done on " + run.Model.String(), nil
 	})
-	m := bgtask.New(host, bgtask.WithClock(clk), bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithHealth(bgtask.HealthPolicy{}))
+	m, err := bgtask.Open(context.Background(), host, bgtask.WithClock(clk), bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithHealth(bgtask.HealthPolicy{}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(ctx)
 	chain := []bgtask.Model{{Provider: "openai", ID: "gpt-5.4-mini"}, {Provider: "google", ID: "gemini-2.5-flash"}}
 	run := func() bgtask.Task {

@@ -32,13 +32,17 @@ func (h *scriptedHost) AbortSession(ctx context.Context, sessionID string) error
 func ExampleManager() {
 	ctx := context.Background()
 	host := &scriptedHost{}
-	m := bgtask.New(host,
+	m, err := bgtask.Open(context.Background(), host,
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithNotifier(bgtask.NotifierFunc(func(ctx context.Context, n bgtask.Notification) error {
 			fmt.Println("parent:", n.Kind)
 			return nil
 		})),
 	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	host.m = m
 
 	task, err := m.Launch(ctx, bgtask.Spec{

@@ -127,7 +127,7 @@ func TestASessionBoundAfterAFailedArrivalAbortIsWatchedForStalls(t *testing.T) {
 	task := h.launchOn("a/1")
 	var once sync.Once
 	h.m.hooks.waiting = func(string) { once.Do(func() { close(release) }) }
-	require.Error(t, h.m.Cancel(context.Background(), task.ID))
+	require.Error(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	require.Equal(t, StatusRunning, h.task(task.ID).Status, "bound: the truth wins")
 	h.waitTimers(1) // its stall watcher
 }

@@ -65,7 +65,7 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 	}
 	defer func() { // a journal bgtask did not write must not crash the reader
 		if r := recover(); r != nil {
-			v, err = JournalView{}, fmt.Errorf("bgtask: journal %s cannot be read: %s", dir, panicText(r))
+			v, err = JournalView{}, fmt.Errorf("journal %s cannot be read: %s", dir, panicText(r))
 		}
 	}()
 	payloads, torn, err := wal.ReadOnly(dir, wal.Options{})
@@ -152,7 +152,7 @@ func (v JournalView) RecordsOf(t Task) []RecordView {
 func isJournal(dir string) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return fmt.Errorf("bgtask: %s is not a journal: %w", dir, err)
+		return fmt.Errorf("%s is not a journal: %w", dir, err)
 	}
 	for _, e := range ents {
 		n := e.Name()
@@ -162,7 +162,7 @@ func isJournal(dir string) error {
 			}
 		}
 	}
-	return notJournal("bgtask: " + dir + " is not a journal: it holds no journal segment (seg-<n>.log)")
+	return notJournal("" + dir + " is not a journal: it holds no journal segment (seg-<n>.log)")
 }
 
 // notJournal is a directory with no journal in it: it matches

@@ -149,8 +149,8 @@ func readsOf(t *testing.T, m *Manager, ids []string, local bool) string {
 		snap.Epoch = 0 // a Manager's own: two Managers never share one
 		add("Snapshot", snap, nil)
 		add("Tasks", m.Snapshot().Tasks, nil)
-		add("Undelivered", m.Undelivered(), nil)
-		add("ClosureRecords", m.ClosureRecords(), nil)
+		add("Undelivered", m.Dropped().Undelivered, nil)
+		add("ClosureRecords", m.Snapshot().Closures, nil)
 	}
 	return b.String()
 }
@@ -194,7 +194,7 @@ func richTasks(t *testing.T, h *harness) []string {
 	require.NoError(t, h.observe(Event{SessionID: e.SessionID, Kind: SessionIdle, Text: "cut", Finish: FinishLength}))
 	// Cancelled while it ran; interrupted; its start failed.
 	f := h.running("chat")
-	require.NoError(t, h.m.Cancel(ctx, f.ID))
+	require.NoError(t, stopErr(h.m.Stop(ctx, Target{Task: f.ID})))
 	g := h.running("chat", one)
 	require.NoError(t, h.observe(Event{SessionID: g.SessionID, Kind: SessionInterrupted}))
 	n := h.launchSpec(Spec{ParentSessionID: "chat", Prompt: "no start", Models: mustModels(t, "a/one")})
@@ -272,7 +272,7 @@ func observeAll(t *testing.T, m *Manager, logs *logSink, evs []Event) []string {
 		require.Error(t, err, "%+v", ev)
 		recs := logs.Records()
 		last := recs[len(recs)-1]
-		require.Equal(t, "bgtask: event ignored", last["msg"])
+		require.Equal(t, "event ignored", last["msg"])
 		out = append(out, fmt.Sprintf("%v stale=%v unknown=%v task=%s attempt=%s",
 			err, errors.Is(err, ErrStaleEvent), errors.Is(err, ErrUnknownSession), last["task"], last["attempt"]))
 	}
@@ -323,17 +323,17 @@ func branchRun(t *testing.T, freeze bool, how string) string {
 	var err error
 	switch how {
 	case "CloseBranch":
-		rep, err = h.m.CloseBranch(ctx, "chat")
+		rep, err = h.m.Stop(ctx, Target{Session: "chat"})
 	case "CloseBranch of a's session":
-		rep, err = h.m.CloseBranch(ctx, a.SessionID)
+		rep, err = h.m.Stop(ctx, Target{Session: a.SessionID})
 	case "CloseTask":
-		rep, err = h.m.CloseTask(ctx, a.ID)
+		rep, err = h.m.Stop(ctx, Target{Task: a.ID, Tree: true})
 	case "Cancel":
-		require.NoError(t, h.m.Cancel(ctx, a.ID), "an ended task: nothing to do")
+		require.NoError(t, stopErr(h.m.Stop(ctx, Target{Task: a.ID})), "an ended task: nothing to do")
 		run := a.Attempts[0]
-		require.NoError(t, h.m.CancelRun(ctx, RunRef{TaskID: a.ID, AttemptID: run.ID, Token: run.Token}))
+		require.NoError(t, stopErr(h.m.Stop(ctx, Target{Run: RunRef{TaskID: a.ID, AttemptID: run.ID, Token: run.Token}})))
 		for _, id := range []string{c.ID, d.ID} {
-			require.NoError(t, h.m.Cancel(ctx, id))
+			require.NoError(t, stopErr(h.m.Stop(ctx, Target{Task: id})))
 		}
 	}
 	require.NoError(t, err)
@@ -352,7 +352,7 @@ func branchRun(t *testing.T, freeze bool, how string) string {
 	}
 	aborts := slices.Clone(h.host.Aborts())
 	slices.Sort(aborts) // a closure stops its runs side by side: in no order between them
-	j, err := json.Marshal([]any{rep, h.m.Snapshot().Tasks, h.m.ClosureRecords(), aborts, kinds})
+	j, err := json.Marshal([]any{rep, h.m.Snapshot().Tasks, h.m.Snapshot().Closures, aborts, kinds})
 	require.NoError(t, err)
 	return string(j)
 }
@@ -373,7 +373,7 @@ func TestClosingABranchOfFrozenTasksIsClosingItWarm(t *testing.T) {
 func continueRun(t *testing.T, freeze bool) string {
 	ctx := testCtx(t)
 	host := &resumeHost{testHost: &testHost{}}
-	m := New(host, WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0)), WithNotifier(&recorder{}))
+	m := mustOpen(host, WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0)), WithNotifier(&recorder{}))
 	shutdownAtCleanup(t, m)
 	first, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "draft it", Models: oneModel})
 	require.NoError(t, err)
@@ -390,7 +390,7 @@ func continueRun(t *testing.T, freeze bool) string {
 	require.NoError(t, err)
 	assert.Equal(t, ses, waitStatus(t, m, next.ID, StatusRunning).SessionID, "the same session")
 	_, again := m.Launch(ctx, Spec{ParentSessionID: "p", ContinueFrom: first.ID, Models: oneModel})
-	require.ErrorIs(t, again, ErrInvalidSpec, "its session is the live task's now")
+	require.ErrorIs(t, again, ErrInvalidArgument, "its session is the live task's now")
 	require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "polished"}))
 	done, err := m.Wait(ctx, next.ID)
 	require.NoError(t, err)
@@ -421,7 +421,7 @@ func TestContinueFromAFrozenTask(t *testing.T) {
 func TestContinueFromATaskWhoseContinuationWasForgotten(t *testing.T) {
 	ctx := testCtx(t)
 	host := &resumeHost{testHost: &testHost{}}
-	m := New(host, WithIDs(SequentialIDs()), WithRetention(Retention{MaxEnded: 1}))
+	m := mustOpen(host, WithIDs(SequentialIDs()), WithRetention(Retention{MaxEnded: 1}))
 	shutdownAtCleanup(t, m)
 	_, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel}) // live: p's ended tasks stay
 	require.NoError(t, err)
@@ -521,7 +521,7 @@ func TestRetentionForgetsFrozenTasks(t *testing.T) {
 		assert.ErrorIs(t, err, ErrForgotten)
 		_, err = h.m.Wait(ctx, old.ID)
 		assert.ErrorIs(t, err, ErrForgotten)
-		assert.ErrorIs(t, h.m.Cancel(ctx, old.ID), ErrForgotten)
+		assert.ErrorIs(t, stopErr(h.m.Stop(ctx, Target{Task: old.ID})), ErrForgotten)
 		assert.ErrorIs(t, h.m.Observe(Event{SessionID: old.SessionID, Kind: SessionBusy}), ErrUnknownSession)
 		assert.ErrorIs(t, h.m.Observe(Event{AttemptID: old.CurrentAttemptID, Kind: SessionBusy}), ErrUnknownSession)
 	}
@@ -576,14 +576,14 @@ func TestARetryThatReturnsAfterItsTaskFrozeOrWasForgotten(t *testing.T) {
 			if forget {
 				keep = Retention{MaxEnded: 1}
 			}
-			m := New(host, WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0)), WithRetention(keep)) // no notifier: settled as it ends
+			m := mustOpen(host, WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0)), WithRetention(keep)) // no notifier: settled as it ends
 			shutdownAtCleanup(t, m)
 			t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the Shutdown: a failing test never holds the abort
 			h := &harness{t: t, m: m, host: host}
 			task := h.running("p")
 			require.NoError(t, m.Observe(Event{SessionID: task.SessionID, Kind: SessionError, Err: errRateLimited}))
 			assert.Equal(t, task.SessionID, <-entered, "the retry aborts the failed session")
-			require.NoError(t, m.Cancel(ctx, task.ID), "the next attempt has no child: it ends at once")
+			require.NoError(t, stopErr(m.Stop(ctx, Target{Task: task.ID})), "the next attempt has no child: it ends at once")
 			ended := h.task(task.ID)
 			require.Equal(t, StatusCancelled, ended.Status)
 			if forget {
@@ -625,11 +625,11 @@ func TestTimersDueAfterTheirTaskFrozeChangeNothing(t *testing.T) {
 	})
 	queued := h.running("p2", func(s *Spec) { s.Models = mustModels(t, "a/one") })
 	require.Equal(t, PendingQueued, queued.Pending)
-	require.NoError(t, h.m.Cancel(ctx, queued.ID))
+	require.NoError(t, stopErr(h.m.Stop(ctx, Target{Task: queued.ID})))
 	delayed := h.running("p3", func(s *Spec) { s.Models = mustModels(t, "b/two", "c/three") })
 	require.NoError(t, h.observe(Event{SessionID: delayed.SessionID, Kind: SessionError, Err: errRateLimited}))
 	waitFor(t, h.m, delayed.ID, func(x Task) bool { return x.Pending == PendingRetryDelay })
-	require.NoError(t, h.m.Cancel(ctx, delayed.ID))
+	require.NoError(t, stopErr(h.m.Stop(ctx, Target{Task: delayed.ID})))
 	require.NoError(t, h.observe(Event{SessionID: holder.SessionID, Kind: SessionIdle, Text: "done"}))
 	ids := []string{holder.ID, queued.ID, delayed.ID}
 	for _, id := range ids {
@@ -654,13 +654,13 @@ func TestAnAbortThatReturnsAfterTheRunEndedFreezesItsTaskAfter(t *testing.T) {
 	ctx := testCtx(t)
 	host, release, entered := abortGate()
 	var once sync.Once
-	m := New(host, WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0))) // no notifier: settled as it ends
+	m := mustOpen(host, WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0))) // no notifier: settled as it ends
 	shutdownAtCleanup(t, m)
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 	h := &harness{t: t, m: m, host: host}
 	task := h.running("p")
 	cancelled := make(chan error, 1)
-	go func() { cancelled <- m.Cancel(ctx, task.ID) }()
+	go func() { cancelled <- stopErr(m.Stop(ctx, Target{Task: task.ID})) }()
 	assert.Equal(t, task.SessionID, <-entered)
 	require.NoError(t, m.Observe(Event{SessionID: task.SessionID, Kind: SessionIdle, Text: "first"}), "the child answered before the abort landed")
 	done := h.wait(task.ID)
@@ -812,8 +812,8 @@ func TestFenceAndStopsOfAFrozenTasksRun(t *testing.T) {
 	ref, ok := RunFromContext(ctx)
 	require.True(t, ok)
 	stop := testCtx(t)
-	assert.NoError(t, h.m.CancelRun(stop, ref))
-	assert.NoError(t, h.m.Cancel(stop, task.ID))
+	assert.NoError(t, stopErr(h.m.Stop(stop, Target{Run: ref})))
+	assert.NoError(t, stopErr(h.m.Stop(stop, Target{Task: task.ID})))
 	assert.Equal(t, done, h.task(task.ID))
 	assert.Empty(t, h.host.Aborts(), "nothing to abort")
 	requireFrozen(t, h.m, task.ID)

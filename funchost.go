@@ -31,7 +31,7 @@ type RunFunc func(ctx context.Context, run Run) (answer string, err error)
 // text is the run's panic (a *PanicError).
 func Returning[T any](fn func(ctx context.Context, run Run) (T, error), text func(T) string) RunFunc {
 	if fn == nil {
-		panic("bgtask: Returning with a nil function")
+		panic("Returning with a nil function")
 	}
 	return func(ctx context.Context, run Run) (string, error) {
 		v, err := fn(ctx, run)
@@ -104,7 +104,7 @@ func (r Run) Manager() *Manager { return r.m }
 // context ends.
 func (r Run) Launch(ctx context.Context, spec Spec) (Task, error) {
 	if r.m == nil {
-		return Task{}, errors.New("bgtask: Run.Launch on a Run no FuncHost made")
+		return Task{}, errors.New("Run.Launch on a Run no FuncHost made")
 	}
 	if spec.ParentSessionID == "" {
 		spec.ParentSessionID = r.SessionID
@@ -164,7 +164,7 @@ func (r Run) Busy() { r.report(SessionBusy, "") }
 func (r Run) Waiting() { r.report(SessionWaiting, "") }
 
 // Progress reports a line of progress: Task.Progress shows it (bounded to
-// MaxProgressRunes, one line), and it is the evidence a later failure
+// maxProgressRunes, one line), and it is the evidence a later failure
 // reports, as a child's latest output is.
 func (r Run) Progress(text string) { r.report(SessionBusy, text) }
 
@@ -208,7 +208,7 @@ type FuncHost struct {
 func (h *FuncHost) PromptSession(ctx context.Context, req PromptRequest) error {
 	v, ok := h.inboxes.Load(req.SessionID)
 	if !ok {
-		return errors.New("bgtask: no function runs session " + req.SessionID)
+		return errors.New("no function runs session " + req.SessionID)
 	}
 	ib := v.(*inbox)
 	ib.mu.Lock()
@@ -218,7 +218,7 @@ func (h *FuncHost) PromptSession(ctx context.Context, req PromptRequest) error {
 		ib.seen = req.Invocation
 		return nil
 	case <-ib.done:
-		return errors.New("bgtask: the function returned before it took the prompt")
+		return errors.New("the function returned before it took the prompt")
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -227,7 +227,7 @@ func (h *FuncHost) PromptSession(ctx context.Context, req PromptRequest) error {
 // NewFuncHost returns a Host that runs fn for every attempt.
 func NewFuncHost(fn RunFunc) *FuncHost {
 	if fn == nil {
-		panic("bgtask: NewFuncHost with a nil RunFunc")
+		panic("NewFuncHost with a nil RunFunc")
 	}
 	return &FuncHost{fn: fn, h: funchost.New()}
 }
@@ -235,7 +235,7 @@ func NewFuncHost(fn RunFunc) *FuncHost {
 // attach is called by New.
 func (h *FuncHost) attach(m *Manager) {
 	if err := h.h.Attach(funcEnv{m: m, h: h}); err != nil {
-		panic("bgtask: a FuncHost serves one Manager")
+		panic("a FuncHost serves one Manager")
 	}
 }
 
@@ -290,7 +290,7 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	}
 	switch {
 	case errors.Is(err, funchost.ErrNotAttached):
-		return "", Permanent(errors.New("bgtask: FuncHost used without New"))
+		return "", Permanent(errors.New("FuncHost used without New"))
 	case err != nil:
 		return "", ErrShutdown
 	}
@@ -310,7 +310,7 @@ func (m *Manager) runFuncOf(id string) RunFunc {
 // noRunFunc is the function of the in-process host a Manager makes for
 // tasks with their own (Spec.Run): only those tasks reach it.
 func noRunFunc(context.Context, Run) (string, error) {
-	return "", Permanent(errors.New("bgtask: the task has no function of its own"))
+	return "", Permanent(errors.New("the task has no function of its own"))
 }
 
 // treeOf returns task id's root session and depth (Task.Root, Task.Depth).
@@ -407,7 +407,7 @@ func callRunFunc(fn RunFunc, ctx context.Context, run Run) (answer string, err e
 		if r := recover(); r != nil {
 			p := &PanicError{Where: "subagent function", Value: r, Stack: debug.Stack()}
 			if run.m != nil {
-				run.m.logAttrs(slog.LevelError, "bgtask: subagent function panicked", slog.String("task", run.TaskID),
+				run.m.logAttrs(slog.LevelError, "subagent function panicked", slog.String("task", run.TaskID),
 					slog.String("attempt", run.AttemptID), slog.String("session", run.SessionID),
 					slog.String("panic", panicText(r)), slog.String("stack", string(p.Stack)))
 			}
@@ -422,7 +422,7 @@ func callRunFunc(fn RunFunc, ctx context.Context, run Run) (answer string, err e
 // finished session is already stopped: nil.
 func (h *FuncHost) AbortSession(ctx context.Context, sessionID string) error {
 	if err := h.h.Abort(ctx, sessionID); err != nil {
-		return fmt.Errorf("bgtask: subagent %s %w: %w", sessionID, err, ctx.Err())
+		return fmt.Errorf("subagent %s %w: %w", sessionID, err, ctx.Err())
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ func newFuncHarness(t *testing.T, fn RunFunc, opts ...Option) *harness {
 	h := &harness{t: t, rec: &recorder{}}
 	host := NewFuncHost(fn)
 	all := append([]Option{WithIDs(SequentialIDs()), WithNotifier(h.rec)}, opts...)
-	h.m = New(host, all...)
+	h.m = mustOpen(host, all...)
 	shutdownAtCleanup(t, h.m)
 	return h
 }
@@ -89,7 +89,7 @@ func TestFuncHostCancelOfCooperativeFunction(t *testing.T) {
 	})
 	task := h.launch("a/one", "b/two")
 	<-started
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status, "the function returned: it stopped")
 	assert.Len(t, got.Attempts, 1)
@@ -108,7 +108,7 @@ func TestFuncHostCancelOfFunctionThatIgnoresItsContext(t *testing.T) {
 	<-started
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	err := h.m.Cancel(ctx, task.ID)
+	_, err := h.m.Stop(ctx, Target{Task: task.ID})
 	require.ErrorIs(t, err, context.DeadlineExceeded, "Cancel times out")
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "never reported stopped while it runs")
 
@@ -131,7 +131,7 @@ func TestFuncHostAnswerAfterAbortIsStillTheTruth(t *testing.T) {
 	errc := make(chan error, 1)
 	waiting := make(chan string, 1)
 	h.m.hooks.waiting = func(id string) { waiting <- id }
-	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	<-waiting
 	close(release)
 	require.NoError(t, <-errc)
@@ -165,7 +165,7 @@ func TestFuncHostLateReturnNeverCompletesALaterAttempt(t *testing.T) {
 	assert.ErrorIs(t, err, ErrStaleEvent)
 	assert.Equal(t, before, h.task(task.ID))
 	close(firstRelease)
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 }
 
 func TestFuncHostCompactionReportsKeepTheTaskRunning(t *testing.T) {
@@ -191,7 +191,7 @@ func TestFuncHostCancelFromInsideItsOwnFunction(t *testing.T) {
 	var m *Manager
 	inner := make(chan error, 1)
 	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
-		inner <- m.Cancel(ctx, run.TaskID)
+		inner <- stopErr(m.Stop(ctx, Target{Task: run.TaskID}))
 		<-ctx.Done()
 		return "", ctx.Err()
 	})
@@ -256,9 +256,9 @@ func TestFuncHostManyConcurrentTasks(t *testing.T) {
 
 func TestFuncHostServesOneManager(t *testing.T) {
 	host := NewFuncHost(func(ctx context.Context, run Run) (string, error) { return "", nil })
-	m := New(host)
+	m := mustOpen(host)
 	defer func() { require.NoError(t, m.Shutdown(context.Background())) }()
-	assert.Panics(t, func() { New(host) })
+	assert.Panics(t, func() { mustOpen(host) })
 }
 
 func TestFuncHostProgressAndWaitingShowOnTheTaskAndInTheStream(t *testing.T) {
@@ -294,7 +294,7 @@ func TestFuncHostProgressAndWaitingShowOnTheTaskAndInTheStream(t *testing.T) {
 	assert.Equal(t, "reading 3 files and more", got.Progress, "kept while it waits")
 	step <- struct{}{}
 	got = next(func(t Task) bool { return t.Progress != "reading 3 files and more" })
-	assert.LessOrEqual(t, len([]rune(got.Progress)), MaxProgressRunes)
+	assert.LessOrEqual(t, len([]rune(got.Progress)), maxProgressRunes)
 	step <- struct{}{}
 	done := h.wait(task.ID)
 	assert.Empty(t, done.Progress, "only while it runs")

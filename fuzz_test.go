@@ -83,7 +83,7 @@ func runScript(t *testing.T, script []byte) {
 				root = sessions[int(next())%len(sessions)]
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err := m.CloseBranch(ctx, root)
+			_, err := m.Stop(ctx, Target{Session: root})
 			cancel()
 			if errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("CloseBranch hung")
@@ -123,7 +123,7 @@ func runScript(t *testing.T, script []byte) {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := m.Cancel(ctx, ids[int(next())%len(ids)]); errors.Is(err, context.DeadlineExceeded) {
+			if _, err := m.Stop(ctx, Target{Task: ids[int(next())%len(ids)]}); errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("Cancel hung: %v", err)
 			}
 			cancel()
@@ -217,7 +217,7 @@ func assertBranchStopped(t *testing.T, m *Manager, root string) {
 
 // settleThroughGates waits until no goroutine of the Manager runs. A turn
 // end the children gate holds once the children settled waits
-// DefaultGateTimeout on the test's clock for a further turn (kidSettled),
+// defaultGateTimeout on the test's clock for a further turn (kidSettled),
 // which in a script never comes: the clock is moved past it, and the gate
 // releases the turn as it does when none comes. (Found by FuzzEventSequences:
 // an idle of a session whose child was then cancelled.)
@@ -230,7 +230,7 @@ func settleThroughGates(h *harness) {
 	for {
 		_, made := h.clock.Created()
 		if h.clock.Pending() > 0 {
-			h.clock.Advance(DefaultGateTimeout)
+			h.clock.Advance(defaultGateTimeout)
 			continue
 		}
 		select {

@@ -60,7 +60,7 @@ func TestChildFailureWhileCancelAbortIsInFlightEndsError(t *testing.T) {
 	h.settle()
 	sid := h.task(task.ID).SessionID
 	errc := make(chan error, 1)
-	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	<-held.entered
 	require.NoError(t, h.observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
 	got := h.wait(task.ID)
@@ -77,7 +77,7 @@ func TestChildFailureAfterAFailedCancelEndsErrorWithoutRetry(t *testing.T) {
 	task := h.launch("a/one", "b/two")
 	h.settle()
 	sid := h.task(task.ID).SessionID
-	require.Error(t, h.m.Cancel(context.Background(), task.ID))
+	require.Error(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	require.Equal(t, StatusRunning, h.task(task.ID).Status)
 	require.NoError(t, h.observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
 	got := h.wait(task.ID)
@@ -91,7 +91,7 @@ func TestChildFailureInsideAClosingBranchEndsError(t *testing.T) {
 	h := newHarness(t, &testHost{abort: held.pass})
 	task, sid := h.child("root")
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "root"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	<-held.entered
 	require.NoError(t, h.observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
 	got := h.wait(task.ID)
@@ -149,7 +149,7 @@ func TestFuncHostRunIsBoundBeforeTheFunctionRuns(t *testing.T) {
 		}
 	}}
 	h := &harness{t: t, rec: &recorder{}}
-	h.m = New(host, WithIDs(SequentialIDs()))
+	h.m = mustOpen(host, WithIDs(SequentialIDs()))
 	m = h.m
 	fh.attach(h.m)
 	shutdownAtCleanup(t, h.m)
@@ -190,7 +190,7 @@ func TestFuncHostCancelBeforeBindEndsCancelledWithItsSession(t *testing.T) {
 	})
 	host := &gatedStart{Host: fh, in: startIn, proceed: proceed}
 	h := &harness{t: t, rec: &recorder{}}
-	h.m = New(host, WithIDs(SequentialIDs()), WithNotifier(h.rec))
+	h.m = mustOpen(host, WithIDs(SequentialIDs()), WithNotifier(h.rec))
 	fh.attach(h.m)
 	shutdownAtCleanup(t, h.m)
 	task := h.launch("a/one", "b/two")
@@ -198,7 +198,7 @@ func TestFuncHostCancelBeforeBindEndsCancelledWithItsSession(t *testing.T) {
 	errc := make(chan error, 1)
 	waiting := make(chan string, 1)
 	h.m.hooks.waiting = func(id string) { waiting <- id }
-	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	<-waiting
 	close(proceed)
 	require.NoError(t, <-errc)
@@ -233,7 +233,7 @@ func TestCloseBranchOfATaskSessionCoversItsEarlierAttemptsChildren(t *testing.T)
 	cur := h.task(task.ID)
 	require.Equal(t, 2, len(cur.Attempts))
 	require.Equal(t, StatusRunning, cur.Status)
-	_, err := h.m.CloseBranch(context.Background(), cur.SessionID)
+	_, err := h.m.Stop(context.Background(), Target{Session: cur.SessionID})
 	require.NoError(t, err)
 	assert.Equal(t, []Status{StatusCancelled, StatusCancelled}, statuses(h, task.ID, child.ID))
 }
@@ -249,12 +249,12 @@ func TestCloseTaskStopsTheTaskAndEverythingBelowIt(t *testing.T) {
 	require.NoError(t, h.observe(Event{SessionID: first, Kind: SessionError, Err: errRateLimited}))
 	h.settle()
 	require.Equal(t, 2, len(h.task(task.ID).Attempts))
-	rep, err := h.m.CloseTask(context.Background(), task.ID)
+	rep, err := h.m.Stop(context.Background(), Target{Task: task.ID, Tree: true})
 	require.NoError(t, err)
 	assert.Equal(t, task.ID, rep.TaskID)
 	assert.Equal(t, []Status{StatusCancelled, StatusCancelled, StatusCancelled, StatusRunning},
 		statuses(h, task.ID, child.ID, grand.ID, outside.ID))
-	assert.Equal(t, task.ID, h.m.ClosureRecords()[0].TaskID)
+	assert.Equal(t, task.ID, h.m.Snapshot().Closures[0].TaskID)
 
 	// An ended task is no obstacle: what it launched is stopped.
 	done := h.launch("a/one")
@@ -262,11 +262,11 @@ func TestCloseTaskStopsTheTaskAndEverythingBelowIt(t *testing.T) {
 	doneSes := h.task(done.ID).SessionID
 	require.NoError(t, h.observe(Event{SessionID: doneSes, Kind: SessionIdle, Text: "ok"}))
 	kid, _ := h.child(doneSes) // launched after it ended (the children gate holds a turn end while its kids run)
-	_, err = h.m.CloseTask(context.Background(), done.ID)
+	_, err = h.m.Stop(context.Background(), Target{Task: done.ID, Tree: true})
 	require.NoError(t, err)
 	assert.Equal(t, []Status{StatusCompleted, StatusCancelled}, statuses(h, done.ID, kid.ID))
 
-	_, err = h.m.CloseTask(context.Background(), "nope")
+	_, err = h.m.Stop(context.Background(), Target{Task: "nope", Tree: true})
 	assert.ErrorIs(t, err, ErrUnknownTask)
 }
 
@@ -337,7 +337,7 @@ func TestFuncHostErrorAfterAbortIsKeptAsTheError(t *testing.T) {
 	})
 	task := h.launch("a/one", "b/two")
 	<-started
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status, "the stop gives the status")
 	assert.Equal(t, "502 bad gateway while stopping", got.Error, "the error it returned is kept")
@@ -353,7 +353,7 @@ func TestNilContextsAreBackground(t *testing.T) {
 	require.NoError(t, err)
 	h.settle()
 	//lint:ignore SA1012 a nil context is what is under test
-	require.NoError(t, h.m.Cancel(nil, task.ID)) //nolint:staticcheck
+	require.NoError(t, stopErr(h.m.Stop(nil, Target{Task: task.ID}))) //nolint:staticcheck
 	//lint:ignore SA1012 a nil context is what is under test
 	got, err := h.m.Wait(nil, task.ID) //nolint:staticcheck
 	require.NoError(t, err)
@@ -361,7 +361,7 @@ func TestNilContextsAreBackground(t *testing.T) {
 	other := h.launch("a/one")
 	h.settle()
 	//lint:ignore SA1012 a nil context is what is under test
-	_, err = h.m.CloseBranch(nil, "parent") //nolint:staticcheck
+	_, err = h.m.Stop(nil, Target{Session: "parent"}) //nolint:staticcheck
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, h.task(other.ID).Status)
 	h.launch("a/one") // the fence is down
@@ -370,9 +370,9 @@ func TestNilContextsAreBackground(t *testing.T) {
 	require.NoError(t, err)
 	sub.Close()
 	//lint:ignore SA1012 a nil context is what is under test
-	require.NoError(t, h.m.CancelRun(nil, RunRef{TaskID: other.ID})) //nolint:staticcheck
+	require.NoError(t, stopErr(h.m.Stop(nil, Target{Run: RunRef{TaskID: other.ID, Token: "a run that ended"}}))) //nolint:staticcheck
 	//lint:ignore SA1012 a nil context is what is under test
-	_, err = h.m.CloseTask(nil, other.ID) //nolint:staticcheck
+	_, err = h.m.Stop(nil, Target{Task: other.ID, Tree: true}) //nolint:staticcheck
 	require.NoError(t, err)
 	//lint:ignore SA1012 a nil context is what is under test
 	require.NoError(t, h.m.Shutdown(nil)) //nolint:staticcheck
@@ -382,18 +382,18 @@ func TestCloseBranchRefusesBlankAndUnknownSessions(t *testing.T) {
 	h := newHarness(t, nil)
 	h.launch("a/one")
 	h.settle()
-	_, err := h.m.CloseBranch(context.Background(), "")
+	_, err := h.m.Stop(context.Background(), Target{Session: ""})
 	assert.ErrorIs(t, err, ErrInvalidArgument)
-	_, err = h.m.CloseBranch(context.Background(), "  ")
+	_, err = h.m.Stop(context.Background(), Target{Session: "  "})
 	assert.ErrorIs(t, err, ErrInvalidArgument)
-	_, err = h.m.CloseBranch(context.Background(), "never-seen")
+	_, err = h.m.Stop(context.Background(), Target{Session: "never-seen"})
 	assert.ErrorIs(t, err, ErrUnknownSession)
 	h.settle()
-	assert.Empty(t, h.m.ClosureRecords(), "no record for a refused closure")
+	assert.Empty(t, h.m.Snapshot().Closures, "no record for a refused closure")
 	for _, n := range h.rec.All() {
 		assert.NotEqual(t, NotifyBranchClosed, n.Kind, "no notification for a refused closure")
 	}
-	_, err = h.m.CloseBranch(context.Background(), "parent") // a parent is known
+	_, err = h.m.Stop(context.Background(), Target{Session: "parent"}) // a parent is known
 	require.NoError(t, err)
 }
 
@@ -484,12 +484,12 @@ func TestALoggerThatPanicsIsSwallowedAndCounted(t *testing.T) {
 	h.settle()
 	// A failed abort logs from the recorder goroutine; a rejected event
 	// logs from Observe.
-	require.Error(t, h.m.Cancel(context.Background(), task.ID))
+	require.Error(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	assert.ErrorIs(t, h.m.Observe(Event{SessionID: "nobody", Kind: SessionBusy}), ErrUnknownSession)
 	require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
 	assert.Equal(t, StatusCompleted, h.wait(task.ID).Status, "the Manager went on")
 	h.settle() // the recorder goroutine writes its line as it releases the lock
-	assert.GreaterOrEqual(t, h.m.LoggerPanics(), uint64(2))
+	assert.GreaterOrEqual(t, h.m.Dropped().LoggerPanics, uint64(2))
 }
 
 func TestRetryDelayFuncSeesTheFailureAndItsRetryAfter(t *testing.T) {
@@ -554,7 +554,7 @@ func TestShutdownReturnsAtItsDeadlineWhenAHostIgnoresItsContext(t *testing.T) {
 
 func TestShutdownReturnsAtItsDeadlineWhenANotifierIgnoresItsContext(t *testing.T) {
 	stuck := make(chan struct{})
-	m := New(&testHost{}, WithIDs(SequentialIDs()), WithNotifier(NotifierFunc(func(ctx context.Context, n Notification) error {
+	m := mustOpen(&testHost{}, WithIDs(SequentialIDs()), WithNotifier(NotifierFunc(func(ctx context.Context, n Notification) error {
 		<-stuck
 		return nil
 	})))
@@ -595,12 +595,12 @@ func TestAStuckNotifierKeepsItsQueuesBounded(t *testing.T) {
 	pending := h.m.notes.lanes.Pending()
 	h.m.unlock()
 	assert.LessOrEqual(t, pending, 3, "a parent's queue is bounded")
-	lost := h.m.Undelivered()
+	lost := h.m.Dropped().Undelivered
 	assert.LessOrEqual(t, len(lost), 4, "Undelivered is bounded")
-	assert.NotZero(t, h.m.NotifyDropped(), "what no bound could keep is counted")
+	assert.NotZero(t, h.m.Dropped().NotifyDropped, "what no bound could keep is counted")
 	var logged bool
 	for _, r := range h.logs.Records() {
-		if r["level"] == "ERROR" && r["msg"] == "bgtask: undelivered notification dropped: Undelivered is full (WithNotifyLimits)" {
+		if r["level"] == "ERROR" && r["msg"] == "undelivered notification dropped: Undelivered is full (WithNotifyLimits)" {
 			logged = true
 		}
 	}
@@ -621,7 +621,7 @@ func TestAllCompleteSaysCancelledNotFailed(t *testing.T) {
 	b := h.launch("a/one")
 	c := h.launch("a/one")
 	h.settle()
-	require.NoError(t, h.m.Cancel(context.Background(), a.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: a.ID})))
 	require.NoError(t, h.observe(Event{SessionID: h.task(b.ID).SessionID, Kind: SessionError, Err: Permanent(errors.New("boom"))}))
 	require.NoError(t, h.observe(Event{SessionID: h.task(c.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
 	h.settle()
@@ -642,7 +642,7 @@ func TestAllCompleteSaysCancelledNotFailed(t *testing.T) {
 func TestFuncHostReturnAfterItsAbortGaveUpEndsTheTask(t *testing.T) {
 	started := make(chan struct{})
 	release := make(chan struct{})
-	m := New(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
+	m := mustOpen(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
 		close(started)
 		<-release // ignores ctx for a while
 		return "", ctx.Err()
@@ -677,7 +677,7 @@ func TestStartFailureWhileACancelWaitsKeepsItsError(t *testing.T) {
 	waiting := make(chan string, 1)
 	h.m.hooks.waiting = func(id string) { waiting <- id }
 	errc := make(chan error, 1)
-	go func() { errc <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	<-waiting
 	close(release)
 	require.NoError(t, <-errc)
@@ -729,7 +729,7 @@ func TestCloseTaskOfATaskWithNoSession(t *testing.T) {
 	var rep ClosureReport
 	go func() {
 		var err error
-		rep, err = h.m.CloseTask(context.Background(), task.ID)
+		rep, err = h.m.Stop(context.Background(), Target{Task: task.ID, Tree: true})
 		done <- err
 	}()
 	h.until(func() bool {
@@ -758,7 +758,7 @@ func TestCloseBranchOfASessionAStartInFlightCreatesStopsIt(t *testing.T) {
 	h := newHarness(t, startsAfter(release, "made-later"))
 	task := h.launch("a/one")
 	done := make(chan error, 1)
-	go func() { _, err := h.m.CloseBranch(context.Background(), "made-later"); done <- err }()
+	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "made-later"}); done <- err }()
 	h.until(func() bool {
 		h.m.mu.Lock()
 		defer h.m.unlock()
@@ -820,7 +820,7 @@ func TestAFullNotificationQueueGivesUpRetryNoticesBeforeFinalSummaries(t *testin
 // which must end first.
 func shutdownRunningTask(t *testing.T, abort func(ctx context.Context, sid string) error) (*Manager, Task, error) {
 	t.Helper()
-	m := New(&testHost{abort: abort}, WithIDs(SequentialIDs()))
+	m := mustOpen(&testHost{abort: abort}, WithIDs(SequentialIDs()))
 	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
 	require.NoError(t, err)
 	require.NoError(t, m.life.group.Wait(context.Background()))

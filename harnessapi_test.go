@@ -164,18 +164,18 @@ func TestOnDoneFollowsAFinalSummaryTheNotifierRefused(t *testing.T) {
 	h.rec.hook = func(context.Context, Notification) error { return errors.New("chat is gone") }
 	task := h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), OnDone: log.onDone})
 	h.settle()
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got := <-log.done
 	assert.Equal(t, StatusCancelled, got.Status)
 	var kinds []NotificationKind
-	for _, n := range h.m.Undelivered() {
+	for _, n := range h.m.Dropped().Undelivered {
 		kinds = append(kinds, n.Kind)
 	}
 	assert.Contains(t, kinds, NotifyFinalSummary, "the summary was given up before OnDone")
 }
 
 func TestOnDoneWithoutANotifierForATaskThatEndsBeforeLaunchReturns(t *testing.T) {
-	m := New(NewFuncHost(func(context.Context, Run) (string, error) { return "at once", nil }))
+	m := mustOpen(NewFuncHost(func(context.Context, Run) (string, error) { return "at once", nil }))
 	shutdownAtCleanup(t, m)
 	log := &doneLog{done: make(chan Task, 4)}
 	for range 3 {
@@ -196,7 +196,7 @@ func TestAPanickingOnDoneCrashesNothing(t *testing.T) {
 		panic("harness bug")
 	}})
 	h.settle()
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	<-called
 	h.settle()
 	assert.True(t, hasLog(h.logs, "OnDone panicked"), "%v", h.logs.Records())
@@ -429,7 +429,7 @@ func TestAModelWithNoProviderIsItsIDAlone(t *testing.T) {
 	assert.Equal(t, Model{ID: "gpt-primary"}, alias)
 	assert.Equal(t, "gpt-primary", alias.String())
 	assert.Equal(t, "gpt-primary (fast)", Model{ID: "gpt-primary", Variant: "fast"}.String())
-	plain := New(&testHost{})
+	plain := mustOpen(&testHost{})
 	shutdownAtCleanup(t, plain)
 	opaque, err := plain.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{ID: "openai/plain-model"}}})
 	require.NoError(t, err, "a model name is an opaque string: a slash in it is no provider")
@@ -441,7 +441,7 @@ func TestAModelWithNoProviderIsItsIDAlone(t *testing.T) {
 	second := h.running("chat", spec)
 	assert.Equal(t, StatusRunning, first.Status)
 	assert.Equal(t, PendingQueued, second.Pending, "keyed by its ID under ModelLimits.Models, never under a provider")
-	assert.Contains(t, fmt.Sprint(h.m.Stats()), "model:gpt-primary")
+	assert.Contains(t, fmt.Sprint(h.m.Snapshot().Queues), "model:gpt-primary")
 	require.NoError(t, h.observe(Event{SessionID: first.SessionID, Kind: SessionError, Err: errors.New("HTTP 503 overloaded")}))
 	h.settle()
 	line := Timeline(h.task(first.ID))
@@ -476,7 +476,7 @@ func TestAForgottenTasksIDIsStillTaken(t *testing.T) {
 	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 1}))
 	for _, id := range []string{"first", "second"} {
 		task := h.running("chat", func(s *Spec) { s.ID = id })
-		require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+		require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	}
 	h.settle()
 	_, err := h.m.Task("first")
@@ -720,7 +720,7 @@ func TestARestartThatForgetsAsItReconcilesCrashesNothing(t *testing.T) {
 	j := &memJournal{}
 	opts := []Option{WithJournal(j), WithIDs(SequentialIDs()), WithRetention(Retention{MaxEnded: 50})}
 	host := &testHost{}
-	m := New(host, opts...)
+	m := mustOpen(host, opts...)
 	var live Task
 	for i := range 1100 {
 		task, err := m.Launch(context.Background(), Spec{ParentSessionID: fmt.Sprintf("chat-%d", i%7), Models: mustModels(t, "a/one")})

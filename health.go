@@ -67,13 +67,13 @@ type HealthPolicy struct {
 
 // Health defaults (HealthPolicy's zero fields).
 const (
-	DefaultHealthCooldown     = 30 * time.Second
-	DefaultHealthUnavailable  = 5 * time.Minute
-	DefaultHealthMaxCooldown  = 10 * time.Minute
-	DefaultHealthMaxWait      = 2 * time.Minute
-	DefaultHealthOutageAfter  = 3
-	DefaultHealthProbeTimeout = 5 * time.Minute
-	DefaultHealthShared       = time.Second
+	defaultHealthCooldown     = 30 * time.Second
+	defaultHealthUnavailable  = 5 * time.Minute
+	defaultHealthMaxCooldown  = 10 * time.Minute
+	defaultHealthMaxWait      = 2 * time.Minute
+	defaultHealthOutageAfter  = 3
+	defaultHealthProbeTimeout = 5 * time.Minute
+	defaultHealthShared       = time.Second
 )
 
 // WithHealth keeps model and provider health, shared by every task of the
@@ -91,19 +91,19 @@ func WithHealth(p HealthPolicy) Option {
 				*d = v
 			}
 		}
-		def(&p.Cooldown, DefaultHealthCooldown)
-		def(&p.Unavailable, DefaultHealthUnavailable)
-		def(&p.MaxCooldown, DefaultHealthMaxCooldown)
-		def(&p.ProbeTimeout, DefaultHealthProbeTimeout)
-		def(&p.Shared, DefaultHealthShared)
+		def(&p.Cooldown, defaultHealthCooldown)
+		def(&p.Unavailable, defaultHealthUnavailable)
+		def(&p.MaxCooldown, defaultHealthMaxCooldown)
+		def(&p.ProbeTimeout, defaultHealthProbeTimeout)
+		def(&p.Shared, defaultHealthShared)
 		switch {
 		case p.MaxWait == 0:
-			p.MaxWait = DefaultHealthMaxWait
+			p.MaxWait = defaultHealthMaxWait
 		case p.MaxWait < 0:
 			p.MaxWait = 0
 		}
 		if p.OutageAfter <= 0 {
-			p.OutageAfter = DefaultHealthOutageAfter
+			p.OutageAfter = defaultHealthOutageAfter
 		}
 		c.health = &p
 	})
@@ -476,7 +476,7 @@ func (m *Manager) healthFailed(e *entry, a Attempt, f failure, now time.Time) {
 	m.healthShare(x)
 	m.healthRecord(x, now)
 	if m.cfg.logInfo {
-		m.logLocked(slog.LevelInfo, "bgtask: cooldown began", slog.String("key", x.pub.Key()), slog.String("why", x.pub.Why),
+		m.logLocked(slog.LevelInfo, "cooldown began", slog.String("key", x.pub.Key()), slog.String("why", x.pub.Why),
 			slog.String("until", x.pub.Until.Format(time.RFC3339)), slog.String("task", e.id))
 	}
 }
@@ -615,7 +615,7 @@ func (m *Manager) healthAdmit(e *entry, a Attempt) (Attempt, bool) {
 	}
 	if recs := m.skipsFor(e, a, now); len(recs) > 0 {
 		if !m.commit(e, recs...) {
-			m.finalize(e, a.ID, StatusError, "bgtask: the ledger refused a model skip", "", now)
+			m.finalize(e, a.ID, StatusError, "the ledger refused a model skip", "", now)
 			return a, false
 		}
 		a = *e.cur()
@@ -770,11 +770,11 @@ func (m *Manager) Health() []Health {
 
 // ErrNotCooling is ResetHealth's answer for a model or provider that is
 // healthy (or was never seen to fail).
-var ErrNotCooling = errors.New("bgtask: not cooling")
+var ErrNotCooling = errors.New("not cooling")
 
 // ErrNoHealth is ResetHealth's answer on a Manager that keeps no health
 // (no WithHealth, or HealthPolicy.Off).
-var ErrNoHealth = errors.New("bgtask: the Manager keeps no health (WithHealth)")
+var ErrNoHealth = errors.New("the Manager keeps no health (WithHealth)")
 
 // ResetHealth ends the cooldown of a model ("provider/id") or a provider
 // ("provider") by hand: the failures in a row are forgotten and tasks
@@ -804,7 +804,7 @@ func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 	m.healthShareEnd(x)
 	m.healthy(x)
 	if m.cfg.logInfo {
-		m.logLocked(slog.LevelInfo, "bgtask: health reset", slog.String("key", target))
+		m.logLocked(slog.LevelInfo, "health reset", slog.String("key", target))
 	}
 	return m.unlockCtx(ctx)
 }

@@ -110,7 +110,7 @@ func healthChainRun(b *testing.B, kind string, health bool) chainRun {
 	if health {
 		opts = append(opts, WithHealth(HealthPolicy{}))
 	}
-	m := New(host, opts...)
+	m := mustOpen(host, opts...)
 	host.m = m
 	defer func() { _ = m.Shutdown(context.Background()) }()
 	ctx := context.Background()
@@ -162,7 +162,7 @@ func BenchmarkHealthOverhead(b *testing.B) {
 			if health {
 				opts = append(opts, WithHealth(HealthPolicy{}))
 			}
-			m := New(host, opts...)
+			m := mustOpen(host, opts...)
 			host.m = m
 			b.Cleanup(func() { _ = m.Shutdown(context.Background()) })
 			if health { // a model elsewhere in the book cools: the check looks, not skips

@@ -76,7 +76,7 @@ func newScriptRig(t *testing.T, p bgtask.HealthPolicy, opts ...bgtask.Option) *s
 	t.Helper()
 	r := &scriptRig{clock: bgtasktest.NewClock(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)), s: newScripted()}
 	opts = append([]bgtask.Option{bgtask.WithClock(r.clock), bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithHealth(p)}, opts...)
-	r.m = bgtask.New(r.s.host(), opts...)
+	r.m = mustOpen(r.s.host(), opts...)
 	t.Cleanup(func() { _ = r.m.Shutdown(context.Background()) })
 	return r
 }
@@ -138,7 +138,7 @@ func TestHealthWaitersOutlastTheProbe(t *testing.T) {
 	require.Equal(t, bgtask.HealthProbing, h.State)
 
 	// The probe is cancelled: no verdict, the next waiter probes.
-	require.NoError(t, r.m.Cancel(context.Background(), probeID))
+	require.NoError(t, stopErr(r.m.Stop(context.Background(), bgtask.Target{Task: probeID})))
 	assert.Equal(t, bgtask.StatusCancelled, r.wait(t, probeID).Status)
 	secondID := r.startedTask(t)
 	assert.NotEqual(t, probeID, secondID)
@@ -296,4 +296,17 @@ func TestHealthAModelWithNoProviderCoolsAlone(t *testing.T) {
 	require.NoError(t, m.ResetHealth(ctx, "/solo"))
 	assert.Equal(t, bgtask.HealthHealthy, m.Health()[0].State)
 	require.NoError(t, m.Shutdown(ctx))
+}
+
+// stopErr is the error of a Stop, for a check that wants only that.
+func stopErr(_ bgtask.ClosureReport, err error) error { return err }
+
+// mustOpen is bgtask.Open for a test whose options are fine: it panics on
+// an error, which fails the test at once.
+func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
+	m, err := bgtask.Open(context.Background(), host, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return m
 }

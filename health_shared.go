@@ -23,20 +23,20 @@ import (
 type HealthStore interface {
 	// CoolDown sets the cooldown of c.Key to c when c ends later than
 	// the one kept (a shorter one never cuts a longer one short), when
-	// the one kept was reset, or when c.Why is HealthResetWhy: the
+	// the one kept was reset, or when c.Why is "reset": the
 	// cooldown ended early (ResetHealth, or a success with
 	// HealthPolicy.EarlySuccess), whatever it was.
 	CoolDown(ctx context.Context, c Cooldown) error
 	// Cooldowns returns the cooldowns whose Until is not yet past, by the
-	// store's clock, less those ended early (HealthResetWhy).
+	// store's clock, less those ended early (Why "reset").
 	Cooldowns(ctx context.Context) ([]Cooldown, error)
 }
 
-// HealthResetWhy is the Cooldown.Why of a cooldown ended early: a
+// healthResetWhy is the Cooldown.Why of a cooldown ended early: a
 // HealthStore keeps it in place of the cooldown, and Cooldowns leaves it
 // out. A Manager that began the cooldown, or took it from the store,
 // ends it at its next read of the store.
-const HealthResetWhy = "reset"
+const healthResetWhy = "reset"
 
 // Cooldown is a model's or provider's cooldown as a HealthStore keeps it.
 type Cooldown struct {
@@ -61,7 +61,7 @@ func (m *Manager) healthShare(x *healthOf) {
 // early, here (a reset, an early success). m.mu is held.
 func (m *Manager) healthShareEnd(x *healthOf) {
 	if m.calls.health.store != nil {
-		m.healthPut(Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: m.now(), Why: HealthResetWhy})
+		m.healthPut(Cooldown{Key: x.pub.Key(), Since: x.pub.Since, Until: m.now(), Why: healthResetWhy})
 	}
 }
 
@@ -103,10 +103,10 @@ func (m *Manager) healthWriter() {
 		cancel()
 		m.mu.Lock()
 		if err != nil {
-			m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store refused a cooldown", slog.String("key", c.Key), slog.String("error", err.Error()))
+			m.logLocked(slog.LevelWarn, "the fleet's health store refused a cooldown", slog.String("key", c.Key), slog.String("error", err.Error()))
 			continue
 		}
-		if x := h.of[healthKeyOf(c.Key)]; x != nil && !x.shared && x.pub.State != HealthHealthy && x.pub.Since.Equal(c.Since) && c.Why != HealthResetWhy {
+		if x := h.of[healthKeyOf(c.Key)]; x != nil && !x.shared && x.pub.State != HealthHealthy && x.pub.Since.Equal(c.Since) && c.Why != healthResetWhy {
 			x.stored = h.reads + 1 // the reads begun from now on see it
 		}
 	}
@@ -140,7 +140,7 @@ func (m *Manager) healthSync(ctx context.Context) {
 	if h.syncing || now.Sub(h.syncedAt) < h.pol.Shared {
 		if h.syncing && !h.slowSaid && now.Sub(h.syncFrom) > 2*healthReadTimeout {
 			h.slowSaid = true
-			m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store does not answer a read; health is this Manager's own until it does",
+			m.logLocked(slog.LevelWarn, "the fleet's health store does not answer a read; health is this Manager's own until it does",
 				slog.Duration("waited", now.Sub(h.syncFrom)))
 		}
 		_ = m.unlock() // the line, if any, is written now
@@ -196,13 +196,13 @@ func (m *Manager) healthRead(ctx context.Context, n uint64) {
 	now := m.now()
 	h.syncedAt = now // after an error too: not again at once, the store is away
 	if err != nil {
-		m.logLocked(slog.LevelWarn, "bgtask: the fleet's health store could not be read", slog.String("error", err.Error()))
+		m.logLocked(slog.LevelWarn, "the fleet's health store could not be read", slog.String("error", err.Error()))
 		_ = m.unlock()
 		return
 	}
 	seen := make(map[string]bool, len(cs))
 	for _, c := range cs {
-		if c.Why == HealthResetWhy {
+		if c.Why == healthResetWhy {
 			continue // ended early; a store should not return it
 		}
 		seen[c.Key] = true

@@ -28,7 +28,7 @@ func (f *fleetHealth) CoolDown(_ context.Context, c bgtask.Cooldown) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.writes++
-	if old, ok := f.of[c.Key]; !ok || c.Why == bgtask.HealthResetWhy || old.Why == bgtask.HealthResetWhy || c.Until.After(old.Until) {
+	if old, ok := f.of[c.Key]; !ok || c.Why == "reset" || old.Why == "reset" || c.Until.After(old.Until) {
 		f.of[c.Key] = c
 	}
 	if f.written != nil {
@@ -43,7 +43,7 @@ func (f *fleetHealth) Cooldowns(context.Context) ([]bgtask.Cooldown, error) {
 	f.reads++
 	var out []bgtask.Cooldown
 	for _, c := range f.of {
-		if f.now().Before(c.Until) && c.Why != bgtask.HealthResetWhy {
+		if f.now().Before(c.Until) && c.Why != "reset" {
 			out = append(out, c)
 		}
 	}
@@ -180,7 +180,7 @@ func TestHealthStoreThatHangsHoldsNoLaunch(t *testing.T) {
 	require.NoError(t, err)
 	release := make(chan struct{})
 	host := bgtask.NewFuncHost(func(context.Context, bgtask.Run) (string, error) { return "ok", nil })
-	m := bgtask.New(host, bgtask.WithJournal(hangingStore{j, release}), bgtask.WithHealth(bgtask.HealthPolicy{}))
+	m := mustOpen(host, bgtask.WithJournal(hangingStore{j, release}), bgtask.WithHealth(bgtask.HealthPolicy{}))
 	launched := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -274,7 +274,7 @@ func TestHealthAResetElsewhereEndsTheCooldownWhereItBegan(t *testing.T) {
 	require.Len(t, a.run(t, "p/one", "p/two").Skips, 1, "a read the store since its write: its own cooldown is there")
 
 	require.NoError(t, b.m.ResetHealth(context.Background(), "p/one"))
-	assert.Equal(t, bgtask.HealthResetWhy, store.wrote(t).Why)
+	assert.Equal(t, "reset", store.wrote(t).Why)
 	advance(2 * time.Second)
 	ran := a.run(t, "p/one", "p/two")
 	assert.Empty(t, ran.Skips, "b's reset ended a's own cooldown at a's next read")

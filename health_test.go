@@ -64,7 +64,7 @@ func newHealthRig(t *testing.T, p *bgtask.HealthPolicy, opts ...bgtask.Option) *
 	if p != nil {
 		opts = append(opts, bgtask.WithHealth(*p))
 	}
-	r.m = bgtask.New(host, opts...)
+	r.m = mustOpen(host, opts...)
 	t.Cleanup(func() { _ = r.m.Shutdown(context.Background()) })
 	return r
 }

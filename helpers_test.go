@@ -158,7 +158,7 @@ func harnessOn(t *testing.T, host Host, th *testHost, opts ...Option) *harness {
 		WithNotifier(h.rec),
 		WithLogger(slog.New(h.logs)),
 	}, append(remoteJournal(t, opts), opts...)...)
-	h.m = New(host, all...)
+	h.m = mustOpen(host, all...)
 	shutdownAtCleanup(t, h.m)
 	return h
 }
@@ -335,4 +335,17 @@ func recordsOf(l *ledger, task string) []record {
 		}
 	}
 	return out
+}
+
+// stopErr is the error of a Stop, for a check that wants only that.
+func stopErr(_ ClosureReport, err error) error { return err }
+
+// mustOpen is Open for a test whose options are fine: it panics on an
+// error, which fails the test at once.
+func mustOpen(host Host, opts ...Option) *Manager {
+	m, err := Open(context.Background(), host, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return m
 }

@@ -43,7 +43,7 @@ type uuidIDs struct {
 func newUUIDs() *uuidIDs {
 	var seed [32]byte
 	if _, err := crand.Read(seed[:]); err != nil {
-		panic("bgtask: crypto/rand: " + err.Error())
+		panic("crypto/rand: " + err.Error())
 	}
 	return &uuidIDs{src: rand.NewChaCha8(seed)}
 }

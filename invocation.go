@@ -165,7 +165,7 @@ func (m *Manager) leaveLane(e *entry, lane *promptLane) {
 func (m *Manager) callPrompt(ctx context.Context, p Prompter, req PromptRequest) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("bgtask: Host.PromptSession panicked: %s", panicText(r))
+			err = fmt.Errorf("Host.PromptSession panicked: %s", panicText(r))
 		}
 	}()
 	return guardError(p.PromptSession(ctx, req))
@@ -502,7 +502,7 @@ func (m *Manager) callOnDone(hooks []*func(Task), t Task) {
 		m.out.later = append(m.out.later, func() {
 			defer func() {
 				if r := recover(); r != nil {
-					m.logAttrs(slog.LevelError, "bgtask: Spec.OnDone panicked", slog.String("task", t.ID), slog.String("panic", panicText(r)))
+					m.logAttrs(slog.LevelError, "Spec.OnDone panicked", slog.String("task", t.ID), slog.String("panic", panicText(r)))
 				}
 			}()
 			done(t)
@@ -554,13 +554,13 @@ func (m *Manager) gateTimeout() time.Duration {
 	case m.cfg.stallTimeout > 0:
 		return m.cfg.stallTimeout
 	}
-	return DefaultGateTimeout
+	return defaultGateTimeout
 }
 
-// DefaultGateTimeout is how long the children gate waits, by default, for
+// defaultGateTimeout is how long the children gate waits, by default, for
 // a turn after the tasks a child launched settled, before it releases the
 // turn it held, degraded.
-const DefaultGateTimeout = 10 * time.Minute
+const defaultGateTimeout = 10 * time.Minute
 
 // onGateCheck releases the candidate g of e, degraded, if no turn came
 // since the children settled. m.mu is held.

@@ -18,7 +18,7 @@ import (
 func funcManager(t *testing.T, fn RunFunc, opts ...Option) (*Manager, *recorder) {
 	t.Helper()
 	rec := &recorder{}
-	m := New(NewFuncHost(fn), append([]Option{WithIDs(SequentialIDs()), WithNotifier(rec)}, opts...)...)
+	m := mustOpen(NewFuncHost(fn), append([]Option{WithIDs(SequentialIDs()), WithNotifier(rec)}, opts...)...)
 	shutdownAtCleanup(t, m)
 	return m, rec
 }
@@ -179,7 +179,7 @@ func TestTurnEndWhileAPromptIsInFlight(t *testing.T) {
 		t.Run(fmt.Sprintf("refused=%v", refuse), func(t *testing.T) {
 			ctx := testCtx(t)
 			host := &promptHost{testHost: &testHost{}, callGate: newCallGate[PromptRequest]()}
-			m := New(host, WithIDs(SequentialIDs()))
+			m := mustOpen(host, WithIDs(SequentialIDs()))
 			shutdownAtCleanup(t, m)
 			task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "start", Models: oneModel})
 			require.NoError(t, err)
@@ -241,7 +241,7 @@ func TestCancelAnswersEveryOpenInvocation(t *testing.T) {
 	<-running
 	_, err = m.Extend(ctx, task.ID, "more")
 	require.NoError(t, err)
-	err = m.Cancel(ctx, task.ID)
+	_, err = m.Stop(ctx, Target{Task: task.ID})
 	require.NoError(t, err)
 	for n := 1; n <= 2; n++ {
 		a, err := m.WaitAnswer(ctx, task.ID, n)
@@ -263,7 +263,7 @@ func TestFenceRefusesASupersededRun(t *testing.T) {
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
 	require.NoError(t, err)
 	require.NoError(t, <-before)
-	err = m.Cancel(ctx, task.ID)
+	_, err = m.Stop(ctx, Target{Task: task.ID})
 	require.NoError(t, err)
 	assert.ErrorIs(t, <-after, ErrSuperseded)
 	assert.ErrorIs(t, Fence(context.Background()), ErrInvalidArgument)
@@ -518,7 +518,7 @@ func TestChildrenGateWaitsForAChildLaunchedWhileItsWatchRuns(t *testing.T) {
 // as well as the caller's.
 func TestAHangingPromptCallEndsAtShutdown(t *testing.T) {
 	host := &promptHost{testHost: &testHost{}, callGate: newCallGate[PromptRequest]()}
-	m := New(host, WithIDs(SequentialIDs()))
+	m := mustOpen(host, WithIDs(SequentialIDs()))
 	ctx := context.Background() // the caller never gives up
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
 	require.NoError(t, err)
@@ -592,7 +592,7 @@ func TestDeliveredInsideNotifyLetsAParentAnswerAtOnce(t *testing.T) {
 			return "", ctx.Err()
 		}
 	}
-	m = New(NewFuncHost(fn), WithIDs(SequentialIDs()), WithNotifier(NotifierFunc(func(ctx context.Context, n Notification) error {
+	m = mustOpen(NewFuncHost(fn), WithIDs(SequentialIDs()), WithNotifier(NotifierFunc(func(ctx context.Context, n Notification) error {
 		if n.Kind == NotifyFinalSummary && n.ParentSessionID != "p" {
 			Delivered(ctx)
 			Delivered(ctx) // once is what counts
@@ -617,7 +617,7 @@ func TestDeliveredInsideNotifyLetsAParentAnswerAtOnce(t *testing.T) {
 	var noCtx context.Context
 	Delivered(noCtx)
 	require.NoError(t, m.Shutdown(ctx))
-	assert.Empty(t, m.Undelivered())
+	assert.Empty(t, m.Dropped().Undelivered)
 }
 
 // A prompt sent to a run that fails over is answered with that failure (the
@@ -683,7 +683,7 @@ func (h *resumeHost) ResumeSession(ctx context.Context, sid string, req SessionR
 func TestContinueFromResumesTheEndedTasksSession(t *testing.T) {
 	ctx := testCtx(t)
 	host := &resumeHost{testHost: &testHost{}}
-	m := New(host, WithIDs(SequentialIDs()))
+	m := mustOpen(host, WithIDs(SequentialIDs()))
 	shutdownAtCleanup(t, m)
 	first, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "draft", Models: oneModel})
 	require.NoError(t, err)
@@ -727,7 +727,7 @@ func TestContinueFromRefusals(t *testing.T) {
 
 	ctx := testCtx(t)
 	host := &resumeHost{testHost: &testHost{}}
-	m := New(host, WithIDs(SequentialIDs()))
+	m := mustOpen(host, WithIDs(SequentialIDs()))
 	shutdownAtCleanup(t, m)
 	live, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
 	require.NoError(t, err)
@@ -801,7 +801,7 @@ func (panickingHost) ResumeSession(context.Context, string, SessionRequest) erro
 // Extend is refused, the resumed attempt fails.
 func TestPanickingPromptAndResumeCrashNothing(t *testing.T) {
 	ctx := testCtx(t)
-	m := New(panickingHost{&testHost{}}, WithIDs(SequentialIDs()))
+	m := mustOpen(panickingHost{&testHost{}}, WithIDs(SequentialIDs()))
 	shutdownAtCleanup(t, m)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
 	require.NoError(t, err)
@@ -824,7 +824,7 @@ func TestPanickingPromptAndResumeCrashNothing(t *testing.T) {
 // A prompt call hanging in the host ends when the run it prompts ends.
 func TestAHangingPromptCallEndsWithItsRun(t *testing.T) {
 	host := &promptHost{testHost: &testHost{}, callGate: newCallGate[PromptRequest]()}
-	m := New(host, WithIDs(SequentialIDs()))
+	m := mustOpen(host, WithIDs(SequentialIDs()))
 	shutdownAtCleanup(t, m)
 	ctx := testCtx(t)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})

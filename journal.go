@@ -96,7 +96,7 @@ type Commit interface {
 func guardJournal(what string, f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("bgtask: Journal.%s panicked: %s", what, panicText(r))
+			err = fmt.Errorf("Journal.%s panicked: %s", what, panicText(r))
 		}
 	}()
 	return f()

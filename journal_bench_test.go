@@ -228,7 +228,7 @@ func BenchmarkHeapFlat(b *testing.B) {
 	}
 	for range b.N {
 		host := answeringHost()
-		m := New(host)
+		m := mustOpen(host)
 		host.m = m
 		done := 0
 		for _, at := range []int{100_000, 500_000, 1_000_000} {
@@ -268,7 +268,7 @@ func BenchmarkRetained3(b *testing.B) {
 		for range b.N {
 			host.m = nil // the last run's Manager goes before the heap is measured
 			before := heap()
-			m := New(host, keep)
+			m := mustOpen(host, keep)
 			host.m = m
 			retained3(m, n)
 			settled(m)

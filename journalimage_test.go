@@ -98,8 +98,8 @@ func TestAReplayErrorNamesTheFileTheOffsetAndTheKind(t *testing.T) {
 		bad  func(t *testing.T, seq uint64) []byte
 		want string // what the error says after the record's kind
 	}{
-		{name: "refused", tasks: 2, bad: bound, want: `(session_bound): bgtask: ledger: unknown attempt "x"`},
-		{name: "refused far in", tasks: replayChunk, bad: bound, want: `(session_bound): bgtask: ledger: unknown attempt "x"`},
+		{name: "refused", tasks: 2, bad: bound, want: `(session_bound): ledger: unknown attempt "x"`},
+		{name: "refused far in", tasks: replayChunk, bad: bound, want: `(session_bound): ledger: unknown attempt "x"`},
 		{name: "cut short", tasks: 2, bad: func(t *testing.T, seq uint64) []byte {
 			p := bound(t, seq)
 			return p[:len(p)-3]
@@ -118,7 +118,7 @@ func TestAReplayErrorNamesTheFileTheOffsetAndTheKind(t *testing.T) {
 			dir := t.TempDir()
 			seg, offs := writePayloads(t, dir, payloads)
 			at := offs[len(recs)]
-			want := fmt.Sprintf("bgtask: journal %s at offset %d: ", seg, at)
+			want := fmt.Sprintf("journal %s at offset %d: ", seg, at)
 			if tt.name == "cut short" || tt.name == "cut short far in" {
 				want += "decoding "
 			}
@@ -137,7 +137,7 @@ func TestAReplayErrorNamesTheFileTheOffsetAndTheKind(t *testing.T) {
 
 			_, err = ReadFileJournal(dir)
 			require.Error(t, err)
-			assert.Contains(t, err.Error(), fmt.Sprintf("bgtask: journal %s at offset %d: ", seg, at), "ReadFileJournal")
+			assert.Contains(t, err.Error(), fmt.Sprintf("journal %s at offset %d: ", seg, at), "ReadFileJournal")
 			assert.Contains(t, err.Error(), "(session_bound)", "ReadFileJournal")
 		})
 	}
@@ -162,7 +162,7 @@ func TestAnUnreadableRecordIsNamedByItsPlace(t *testing.T) {
 			seg, offs := writePayloads(t, dir, append(encoded(t, recs), tt.give))
 			err := openImage(t, dir)
 			require.Error(t, err)
-			assert.Equal(t, fmt.Sprintf("bgtask: journal %s at offset %d: %s", seg, offs[len(recs)], tt.want), err.Error())
+			assert.Equal(t, fmt.Sprintf("journal %s at offset %d: %s", seg, offs[len(recs)], tt.want), err.Error())
 		})
 	}
 }
@@ -199,18 +199,18 @@ func TestOpenRefusesARecordWithoutWhatItsKindCarries(t *testing.T) {
 		{"a notification", record{seq: seq, kind: recNotifyDelivered, at: t0}, "(notification_delivered): it has no notification"},
 		{"a produced one", record{seq: seq, kind: recNotifyProduced, task: "t0", at: t0}, "(notification_produced): it has no notification"},
 		{"an orphaned session", record{seq: seq, kind: recSessionOrphan, task: "t0", at: t0, attempt: recs[len(recs)-1].attempt},
-			"(session_orphaned): bgtask: ledger: an orphaned session must be named"},
-		{"a closure", record{seq: seq, kind: recBranchClosed, at: t0, recordExt: &recordExt{note: "x"}}, "(branch_closed): bgtask: ledger: a closure record must carry its closure"},
-		{"a closure, nothing else", record{seq: seq, kind: recBranchClosed, at: t0}, "(branch_closed): bgtask: ledger: a closure record must carry its closure"},
+			"(session_orphaned): ledger: an orphaned session must be named"},
+		{"a closure", record{seq: seq, kind: recBranchClosed, at: t0, recordExt: &recordExt{note: "x"}}, "(branch_closed): ledger: a closure record must carry its closure"},
+		{"a closure, nothing else", record{seq: seq, kind: recBranchClosed, at: t0}, "(branch_closed): ledger: a closure record must carry its closure"},
 		{"an orphaned session named empty", record{seq: seq, kind: recSessionOrphan, task: "t0", at: t0, attempt: recs[len(recs)-1].attempt, recordExt: &recordExt{note: "x"}},
-			"(session_orphaned): bgtask: ledger: an orphaned session must be named"},
+			"(session_orphaned): ledger: an orphaned session must be named"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			seg, offs := writePayloads(t, dir, encoded(t, append(recs, tt.give)))
 			err := openImage(t, dir)
 			require.Error(t, err)
-			assert.Equal(t, fmt.Sprintf("bgtask: journal %s at offset %d: record %d %s", seg, offs[len(recs)], seq, tt.want), err.Error())
+			assert.Equal(t, fmt.Sprintf("journal %s at offset %d: record %d %s", seg, offs[len(recs)], seq, tt.want), err.Error())
 			_, err = ReadFileJournal(dir)
 			if tt.give.kind == recSessionOrphan || tt.give.kind == recBranchClosed {
 				require.Error(t, err)
@@ -242,7 +242,7 @@ func TestOpenRefusesALaunchNoSpecMakes(t *testing.T) {
 			seg, _ := writePayloads(t, dir, encoded(t, []record{{seq: 1, kind: recTaskLaunched, task: "t", at: t0, recordExt: &recordExt{spec: ti}}}))
 			err := openImage(t, dir)
 			require.Error(t, err)
-			assert.Equal(t, fmt.Sprintf("bgtask: journal %s at offset 0: record 1 (task_launched): bgtask: ledger: %s", seg, tt.want), err.Error())
+			assert.Equal(t, fmt.Sprintf("journal %s at offset 0: record 1 (task_launched): ledger: %s", seg, tt.want), err.Error())
 		})
 	}
 }
@@ -314,7 +314,7 @@ func TestOpenRefusesASessionBoundToATaskItLaunched(t *testing.T) {
 			seg, offs := writePayloads(t, dir, encoded(t, append(slices.Clone(recs), bind)))
 			err := openImage(t, dir)
 			require.Error(t, err)
-			assert.Equal(t, fmt.Sprintf("bgtask: journal %s at offset %d: record %d (session_bound): bgtask: ledger: session %q launched task %s, an ancestor of the task it would run (or itself)",
+			assert.Equal(t, fmt.Sprintf("journal %s at offset %d: record %d (session_bound): ledger: session %q launched task %s, an ancestor of the task it would run (or itself)",
 				seg, offs[len(recs)], bind.seq, tt.session, tt.ancestor), err.Error())
 		})
 	}
@@ -408,12 +408,12 @@ func TestOnlyABindGivesAnAttemptItsSession(t *testing.T) {
 			recs := slices.Clone(launched)
 			recs[len(recs)-1].attempt.SessionID = "s-x"
 			return recs
-		}(), "(attempt_created): bgtask: ledger: transition not allowed: a new attempt must be pending, with no session, and number 1"},
+		}(), "(attempt_created): ledger: transition not allowed: a new attempt must be pending, with no session, and number 1"},
 		{"pending with a session", func() []record {
 			p := pending
 			p.attempt.SessionID = "s-x"
 			return append(slices.Clone(launched), p)
-		}(), "(attempt_pending): bgtask: ledger: attempt attempt-1: only a bind gives it a session"},
+		}(), "(attempt_pending): ledger: attempt attempt-1: only a bind gives it a session"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -421,7 +421,7 @@ func TestOnlyABindGivesAnAttemptItsSession(t *testing.T) {
 			last := tt.recs[len(tt.recs)-1]
 			err := openImage(t, dir)
 			require.Error(t, err)
-			assert.Equal(t, fmt.Sprintf("bgtask: journal %s at offset %d: record %d %s", seg, offs[len(offs)-1], last.seq, tt.want), err.Error())
+			assert.Equal(t, fmt.Sprintf("journal %s at offset %d: record %d %s", seg, offs[len(offs)-1], last.seq, tt.want), err.Error())
 		})
 	}
 	// And the live ledger refuses them too.

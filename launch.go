@@ -198,8 +198,8 @@ func (m *Manager) callerDone(id string) {
 		if !live {
 			return
 		}
-		if _, err := m.closeTask(m.life.ctx, id, closedByCaller); err != nil && !errors.Is(err, ErrShutdown) {
-			m.logAttrs(slog.LevelWarn, "bgtask: stopping a task whose caller's context ended failed",
+		if _, err := m.closeTask(m.life.ctx, id, closedByCaller, false); err != nil && !errors.Is(err, ErrShutdown) {
+			m.logAttrs(slog.LevelWarn, "stopping a task whose caller's context ended failed",
 				slog.String("task", id), slog.String("err", safeText(err)))
 		}
 	})
@@ -234,7 +234,7 @@ func (m *Manager) continuation(info *taskInfo) error {
 		prior = o.Answer
 	}
 	info.extra().resume = sid
-	info.extra().prior, _ = textbound.Middle(prior, MaxEvidenceRunes)
+	info.extra().prior, _ = textbound.Middle(prior, maxEvidenceRunes)
 	return nil
 }
 
@@ -290,7 +290,7 @@ func (m *Manager) onLaunch(in *launchIn) reply {
 			r.live--
 			r.tasks = r.tasks[:len(r.tasks)-1]
 		}
-		return reply{err: errors.New("bgtask: the ledger refused a task's first attempt")}
+		return reply{err: errors.New("the ledger refused a task's first attempt")}
 	}
 	m.admit(e, *e.cur())
 	m.launched(e)
@@ -338,7 +338,7 @@ func (m *Manager) taskID() (string, error) {
 			return id, err
 		}
 	}
-	return "", errors.New("bgtask: the IDGenerator keeps returning task ids in use")
+	return "", errors.New("the IDGenerator keeps returning task ids in use")
 }
 
 // treeAdmit applies WithTreeLimits to launch in: an error refuses it; a

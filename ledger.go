@@ -156,13 +156,13 @@ func (l *ledger) replayOne(rec record) (*entry, error) {
 		return nil, nil
 	case recHealthReset, recCooldownBegan:
 		if rec.recordExt == nil || (rec.kind == recCooldownBegan && (rec.cool == nil || rec.cool.Key == "")) {
-			return nil, fmt.Errorf("bgtask: ledger: a %s record must carry its cooldown", rec.kind)
+			return nil, fmt.Errorf("ledger: a %s record must carry its cooldown", rec.kind)
 		}
 		l.recordCool(rec)
 		return nil, nil
 	case recBranchClosed:
 		if rec.recordExt == nil || rec.closure == nil {
-			return nil, errors.New("bgtask: ledger: a closure record must carry its closure")
+			return nil, errors.New("ledger: a closure record must carry its closure")
 		}
 		l.stamp(&rec)
 		l.closures = append(l.closures, rec)
@@ -196,7 +196,7 @@ func (l *ledger) checkTree(rec record) error {
 			return nil
 		}
 		if x.info.parent == sid {
-			return fmt.Errorf("bgtask: ledger: session %q launched task %s, an ancestor of the task it would run (or itself)", sid, x.id)
+			return fmt.Errorf("ledger: session %q launched task %s, an ancestor of the task it would run (or itself)", sid, x.id)
 		}
 		ref, ok := l.bySession[x.info.parent]
 		if !ok {
@@ -301,18 +301,18 @@ func (l *ledger) stamp(rec *record) {
 // launch, a replayed journal). The helpers resolve once and call write.
 func (l *ledger) apply(rec record) (*entry, error) {
 	if rec.task == "" {
-		return nil, errors.New("bgtask: ledger: a record to resolve must name its task")
+		return nil, errors.New("ledger: a record to resolve must name its task")
 	}
 	var e *entry
 	if rec.kind == recTaskLaunched {
 		if rec.recordExt == nil || rec.spec == nil || rec.spec.id != rec.task {
-			return nil, errors.New("bgtask: ledger: a launch record must carry its task's spec")
+			return nil, errors.New("ledger: a launch record must carry its task's spec")
 		}
 		if err := rec.spec.check(); err != nil {
 			return nil, err
 		}
 		if _, dup := l.tasks[rec.task]; dup {
-			return nil, fmt.Errorf("bgtask: task id %q is already in use", rec.task)
+			return nil, fmt.Errorf("task id %q is already in use", rec.task)
 		}
 		if o := l.live(rec.spec.opt().key); o != nil { // the invariant, for a replay too
 			return nil, &KeyHeldError{Key: rec.spec.opt().key, TaskID: o.id}
@@ -461,7 +461,7 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 			return fmt.Errorf("%w: attempt %s is still %s", errBadTransition, e.cur().ID, e.cur().Status)
 		}
 		if _, dup := l.byAttempt[rec.attempt.ID]; dup {
-			return fmt.Errorf("bgtask: attempt id %q is already in use", rec.attempt.ID)
+			return fmt.Errorf("attempt id %q is already in use", rec.attempt.ID)
 		}
 		if rec.attempt.Status != StatusPending || rec.attempt.Number != e.count()+1 || rec.attempt.SessionID != "" {
 			return fmt.Errorf("%w: a new attempt must be pending, with no session, and number %d", errBadTransition, e.count()+1)
@@ -489,7 +489,7 @@ func (l *ledger) check(e *entry, ref attemptRef, rec *record) error {
 // an allowed transition, keeping its identity and its session.
 func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error {
 	if ref.e != e || ref.attempt().ID != rec.attempt.ID {
-		return fmt.Errorf("bgtask: ledger: unknown attempt %q", rec.attempt.ID)
+		return fmt.Errorf("ledger: unknown attempt %q", rec.attempt.ID)
 	}
 	old := ref.attempt()
 	if rec.kind == recModelSkipped {
@@ -497,10 +497,10 @@ func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error 
 	}
 	if rec.kind == recSessionOrphan {
 		if rec.recordExt == nil || rec.session == "" {
-			return errors.New("bgtask: ledger: an orphaned session must be named")
+			return errors.New("ledger: an orphaned session must be named")
 		}
 		if _, taken := l.bySession[rec.session]; taken {
-			return fmt.Errorf("bgtask: session %q is already indexed", rec.session)
+			return fmt.Errorf("session %q is already indexed", rec.session)
 		}
 		return nil
 	}
@@ -514,13 +514,13 @@ func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error 
 		return fmt.Errorf("%w: %s → %s", errBadTransition, old.Status, rec.attempt.Status)
 	}
 	if rec.attempt.Number != old.Number || rec.attempt.Token != old.Token || rec.attempt.Model != old.Model {
-		return fmt.Errorf("bgtask: ledger: attempt %s identity changed", old.ID)
+		return fmt.Errorf("ledger: attempt %s identity changed", old.ID)
 	}
 	if old.SessionID != "" && rec.attempt.SessionID != old.SessionID {
-		return fmt.Errorf("bgtask: ledger: attempt %s is bound to session %s", old.ID, old.SessionID)
+		return fmt.Errorf("ledger: attempt %s is bound to session %s", old.ID, old.SessionID)
 	}
 	if rec.kind != recSessionBound && rec.attempt.SessionID != old.SessionID {
-		return fmt.Errorf("bgtask: ledger: attempt %s: only a bind gives it a session", old.ID)
+		return fmt.Errorf("ledger: attempt %s: only a bind gives it a session", old.ID)
 	}
 	switch rec.kind {
 	case recAttemptPending:
@@ -536,10 +536,10 @@ func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error 
 			return fmt.Errorf("%w: a bind must move an unbound attempt to running", errBadTransition)
 		}
 		if rec.attempt.SessionID == "" {
-			return errors.New("bgtask: ledger: bind with an empty session id")
+			return errors.New("ledger: bind with an empty session id")
 		}
 		if prev, taken := l.bySession[rec.attempt.SessionID]; taken && prev.attempt().ID != old.ID && !continues(e, prev, rec.attempt.SessionID) {
-			return fmt.Errorf("bgtask: session %q already belongs to attempt %s", rec.attempt.SessionID, prev.attempt().ID)
+			return fmt.Errorf("session %q already belongs to attempt %s", rec.attempt.SessionID, prev.attempt().ID)
 		}
 	}
 	return nil
@@ -552,18 +552,18 @@ func (l *ledger) checkAttemptWrite(e *entry, ref attemptRef, rec *record) error 
 func checkSkip(e *entry, ref attemptRef, rec *record) error {
 	old, a := ref.attempt(), rec.attempt
 	if rec.recordExt == nil || rec.skip == nil {
-		return errors.New("bgtask: ledger: a skip must name the model it skipped")
+		return errors.New("ledger: a skip must name the model it skipped")
 	}
 	if !ref.isCurrent() || old.Status != StatusPending || old.SessionID != "" {
 		return fmt.Errorf("%w: only the current attempt, pending with no session, skips a model", errBadTransition)
 	}
 	pos := e.chainPos(old.Number)
 	if pos+1 >= len(e.info.models) || rec.skip.Model != old.Model || old.Model != e.info.models[pos] || a.Model != e.info.models[pos+1] || rec.skip.Attempt != old.Number {
-		return fmt.Errorf("bgtask: ledger: attempt %s: a skip moves it from its place in the chain to the next", old.ID)
+		return fmt.Errorf("ledger: attempt %s: a skip moves it from its place in the chain to the next", old.ID)
 	}
 	a.Model = old.Model
 	if a != *old {
-		return fmt.Errorf("bgtask: ledger: attempt %s: a skip changes its model only", old.ID)
+		return fmt.Errorf("ledger: attempt %s: a skip changes its model only", old.ID)
 	}
 	return nil
 }

@@ -32,7 +32,7 @@ type TreeLimits struct {
 
 func (t *TreeLimits) validate() error {
 	if t.MaxDepth < 0 || t.MaxPerParent < 0 || t.MaxPerRoot < 0 || t.ParentWait < 0 {
-		return fmt.Errorf("bgtask: invalid TreeLimits %+v: every limit is ≥ 0", *t)
+		return fmt.Errorf("%w: TreeLimits %+v: every limit is ≥ 0", ErrInvalidArgument, *t)
 	}
 	return nil
 }
@@ -68,16 +68,16 @@ type ModelLimits struct {
 func (l *ModelLimits) validate() error {
 	for k, n := range l.Models {
 		if n < 0 {
-			return fmt.Errorf("bgtask: invalid ModelLimits: Models[%q] is negative (%d)", k, n)
+			return fmt.Errorf("%w: ModelLimits: Models[%q] is negative (%d)", ErrInvalidArgument, k, n)
 		}
 	}
 	for k, n := range l.Providers {
 		if n < 0 {
-			return fmt.Errorf("bgtask: invalid ModelLimits: Providers[%q] is negative (%d)", k, n)
+			return fmt.Errorf("%w: ModelLimits: Providers[%q] is negative (%d)", ErrInvalidArgument, k, n)
 		}
 	}
 	if l.Default < 0 {
-		return fmt.Errorf("bgtask: invalid ModelLimits: Default is negative (%d)", l.Default)
+		return fmt.Errorf("%w: ModelLimits: Default is negative (%d)", ErrInvalidArgument, l.Default)
 	}
 	return nil
 }
@@ -116,7 +116,7 @@ func WithQueueTimeout(d time.Duration) Option {
 // end once the tasks its session launched have all settled: if no further
 // turn comes within d, the held turn is released as the answer, marked
 // degraded with a notice. d <= 0, the default: the stall timeout if set,
-// else DefaultGateTimeout.
+// else defaultGateTimeout.
 func WithGateTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.gateTimeout = d })
 }
@@ -192,21 +192,6 @@ type QueueStat struct {
 	// Queued counts those waiting for one.
 	Queued int `json:"queued"`
 	Limit  int `json:"limit"` // 0: no limit
-}
-
-// Stats reports every concurrency key with attempts running or queued, by
-// key. It is empty without WithModelLimits.
-func (m *Manager) Stats() []QueueStat {
-	m.mu.Lock()
-	defer m.unlock()
-	if m.calls.pool == nil {
-		return nil
-	}
-	var out []QueueStat
-	for _, s := range m.calls.pool.Stats() {
-		out = append(out, QueueStat{Key: s.Key, Running: s.Running, Queued: s.Queued, Limit: s.Limit})
-	}
-	return out
 }
 
 // queued is a run waiting for a slot.

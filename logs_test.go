@@ -116,26 +116,28 @@ func TestAStopAskedIsLoggedWithWhoAsked(t *testing.T) {
 		stop func(h *harness, task Task, cancelCaller func())
 		want func(task Task) map[string]string
 	}{
-		{name: "Cancel", stop: func(h *harness, task Task, _ func()) { require.NoError(t, h.m.Cancel(bg, task.ID)) },
+		{name: "Cancel", stop: func(h *harness, task Task, _ func()) {
+			require.NoError(t, stopErr(h.m.Stop(bg, Target{Task: task.ID})))
+		},
 			want: func(Task) map[string]string {
-				return map[string]string{"stop.kind": "cancel", "stop": "a cancel", "stop.status": "cancelled"}
+				return map[string]string{"stop.kind": "cancel", "stop": "the caller cancelled", "stop.status": "cancelled"}
 			}},
 		{name: "Stop on another's behalf", stop: func(h *harness, task Task, _ func()) {
-			require.NoError(t, h.m.Stop(WithStopCause(bg, StopCause{Kind: StopClosure, Root: "elsewhere"}), task.ID))
+			require.NoError(t, stopErr(h.m.Stop(WithStopCause(bg, StopCause{Kind: StopClosure, Root: "elsewhere"}), Target{Task: task.ID, NoWait: true})))
 		}, want: func(Task) map[string]string {
 			return map[string]string{"stop.kind": "closure", "stop.root": "elsewhere"}
 		}},
 		{name: "CloseBranch", stop: func(h *harness, task Task, _ func()) {
-			_, err := h.m.CloseBranch(bg, "chat")
+			_, err := h.m.Stop(bg, Target{Session: "chat"})
 			require.NoError(t, err)
 		}, want: func(Task) map[string]string {
-			return map[string]string{"stop.kind": "closure", "stop.root": "chat", "stop": "the closure of session chat"}
+			return map[string]string{"stop.kind": "closure", "stop.root": "chat", "stop": "everything session chat started was stopped"}
 		}},
 		{name: "CloseTask", stop: func(h *harness, task Task, _ func()) {
-			_, err := h.m.CloseTask(bg, task.ID)
+			_, err := h.m.Stop(bg, Target{Task: task.ID, Tree: true})
 			require.NoError(t, err)
 		}, want: func(task Task) map[string]string {
-			return map[string]string{"stop.kind": "closure", "stop.root": task.SessionID}
+			return map[string]string{"stop.kind": "closure", "stop.task": task.ID, "stop": "task " + task.ID + " was stopped with everything beneath it"}
 		}},
 		{name: "deadline", opts: []func(*Spec){func(s *Spec) { s.Timeout = time.Minute }},
 			stop: func(h *harness, task Task, _ func()) { h.clock.Advance(time.Minute) },
@@ -154,7 +156,7 @@ func TestAStopAskedIsLoggedWithWhoAsked(t *testing.T) {
 		{name: "a deleted session", stop: func(h *harness, task Task, _ func()) {
 			require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionDeleted}))
 		}, want: func(Task) map[string]string {
-			return map[string]string{"stop.kind": "session_deleted", "stop": "the deletion of its session"}
+			return map[string]string{"stop.kind": "session_deleted", "stop": "its session was deleted"}
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -174,7 +176,7 @@ func TestAStopAskedIsLoggedWithWhoAsked(t *testing.T) {
 			h.settle() // the lines are written as the lock is let go, maybe after Wait returned
 
 			want := tt.want(task)
-			asked := sink.one(t, "bgtask: stop asked", map[string]string{"task": task.ID})
+			asked := sink.one(t, "stop asked", map[string]string{"task": task.ID})
 			assert.Equal(t, slog.LevelInfo, asked.level)
 			assert.Equal(t, task.CurrentAttemptID, asked.get("attempt"))
 			assert.Equal(t, task.SessionID, asked.get("session"))
@@ -187,10 +189,10 @@ func TestAStopAskedIsLoggedWithWhoAsked(t *testing.T) {
 					assert.False(t, asked.has(k), "a kind that does not name %s leaves it out: %v", k, asked.attrs)
 				}
 			}
-			ended := sink.one(t, "bgtask: task ended", map[string]string{"task": task.ID})
+			ended := sink.one(t, "task ended", map[string]string{"task": task.ID})
 			assert.Equal(t, want["stop.kind"], ended.get("stop.kind"), "the end says who asked too")
-			assert.Less(t, sink.index("bgtask: stop asked", map[string]string{"task": task.ID}),
-				sink.index("bgtask: task ended", map[string]string{"task": task.ID}), "asked, then ended")
+			assert.Less(t, sink.index("stop asked", map[string]string{"task": task.ID}),
+				sink.index("task ended", map[string]string{"task": task.ID}), "asked, then ended")
 		})
 	}
 }
@@ -217,24 +219,24 @@ func TestABranchClosureLogsItsBeginningAndEndWithCounts(t *testing.T) {
 	}
 	host.mu.Unlock()
 
-	rep, err := h.m.CloseBranch(context.Background(), "root")
+	rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.ErrorIs(t, err, ErrBranchNotStopped)
 	h.settle()
 
-	begun := sink.one(t, "bgtask: branch closure begun", map[string]string{"session": "root"})
+	begun := sink.one(t, "branch closure begun", map[string]string{"session": "root"})
 	assert.Equal(t, slog.LevelInfo, begun.level)
-	assert.Equal(t, "CloseBranch", begun.get("by"))
+	assert.Equal(t, "stop_session", begun.get("by"))
 	assert.Equal(t, "closure", begun.get("stop.kind"))
 	assert.Equal(t, "root", begun.get("stop.root"))
 	assert.False(t, begun.has("task"), "the root is no task's session: no task, and no empty one")
 	for _, id := range []string{mid.ID, grand.ID, stuck.ID} {
-		asked := sink.one(t, "bgtask: stop asked", map[string]string{"task": id})
+		asked := sink.one(t, "stop asked", map[string]string{"task": id})
 		assert.Equal(t, "root", asked.get("stop.root"), "task %s: its stop names the closure's root", id)
-		assert.Less(t, sink.index("bgtask: branch closure begun", nil), sink.index("bgtask: stop asked", map[string]string{"task": id}))
+		assert.Less(t, sink.index("branch closure begun", nil), sink.index("stop asked", map[string]string{"task": id}))
 	}
-	assert.Empty(t, sink.find("bgtask: stop asked", map[string]string{"task": done.ID}), "an ended task is not asked")
-	ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"session": "root"})
-	assert.Equal(t, "CloseBranch", ended.get("by"))
+	assert.Empty(t, sink.find("stop asked", map[string]string{"task": done.ID}), "an ended task is not asked")
+	ended := sink.one(t, "branch closure ended", map[string]string{"session": "root"})
+	assert.Equal(t, "stop_session", ended.get("by"))
 	assert.Equal(t, "2", ended.get("stopped"))
 	assert.Equal(t, "1", ended.get("failed"))
 	assert.Equal(t, "0", ended.get("stopping"))
@@ -248,21 +250,21 @@ func TestABranchClosureLogsItsBeginningAndEndWithCounts(t *testing.T) {
 	host.mu.Lock()
 	host.abort = nil
 	host.mu.Unlock()
-	_, err = h.m.CloseTask(context.Background(), stuck.ID)
+	_, err = h.m.Stop(context.Background(), Target{Task: stuck.ID, Tree: true})
 	require.NoError(t, err)
 	h.settle()
-	begun = sink.one(t, "bgtask: branch closure begun", map[string]string{"by": "CloseTask"})
+	begun = sink.one(t, "branch closure begun", map[string]string{"by": "stop_tree"})
 	assert.Equal(t, stuck.ID, begun.get("task"))
 	assert.Equal(t, stuckSes, begun.get("session"))
-	ended = sink.one(t, "bgtask: branch closure ended", map[string]string{"by": "CloseTask"})
+	ended = sink.one(t, "branch closure ended", map[string]string{"by": "stop_tree"})
 	assert.Equal(t, "1", ended.get("stopped"))
 
 	other, _ := h.child("second")
-	require.NoError(t, h.m.StopBranch(context.Background(), "second"))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Session: "second", NoWait: true})))
 	h.wait(other.ID)
 	h.settle()
-	sink.one(t, "bgtask: branch closure begun", map[string]string{"by": "StopBranch", "session": "second"})
-	ended = sink.one(t, "bgtask: branch closure ended", map[string]string{"by": "StopBranch"})
+	sink.one(t, "branch closure begun", map[string]string{"by": "stop_session", "session": "second"})
+	ended = sink.one(t, "branch closure ended", map[string]string{"by": "stop_session", "session": "second"})
 	assert.Equal(t, "1", ended.get("stopped"))
 }
 
@@ -281,13 +283,13 @@ func TestAClosureNoCallerAskedForSaysWhatBeganIt(t *testing.T) {
 		h.wait(task.ID)
 		h.wait(kid.ID)
 		h.settle()
-		begun := sink.one(t, "bgtask: branch closure begun", map[string]string{"by": "caller"})
+		begun := sink.one(t, "branch closure begun", map[string]string{"by": "caller"})
 		assert.Equal(t, task.ID, begun.get("task"))
 		assert.Equal(t, "caller", begun.get("stop.kind"))
 		assert.Equal(t, task.ID, begun.get("stop.task"))
-		ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"by": "caller"})
+		ended := sink.one(t, "branch closure ended", map[string]string{"by": "caller"})
 		assert.Equal(t, "2", ended.get("stopped"))
-		asked := sink.one(t, "bgtask: stop asked", map[string]string{"task": kid.ID})
+		asked := sink.one(t, "stop asked", map[string]string{"task": kid.ID})
 		assert.Equal(t, "caller", asked.get("stop.kind"), "the kid's stop: the caller of its ancestor")
 		assert.Equal(t, task.ID, asked.get("stop.task"))
 	})
@@ -300,13 +302,13 @@ func TestAClosureNoCallerAskedForSaysWhatBeganIt(t *testing.T) {
 		h.wait(task.ID)
 		h.wait(kid.ID)
 		h.settle()
-		assert.Equal(t, "session_deleted", sink.one(t, "bgtask: stop asked", map[string]string{"task": task.ID}).get("stop.kind"))
-		begun := sink.one(t, "bgtask: branch closure begun", map[string]string{"by": "session_deleted"})
+		assert.Equal(t, "session_deleted", sink.one(t, "stop asked", map[string]string{"task": task.ID}).get("stop.kind"))
+		begun := sink.one(t, "branch closure begun", map[string]string{"by": "session_deleted"})
 		assert.Equal(t, ses, begun.get("session"))
 		assert.Equal(t, task.ID, begun.get("task"))
-		ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"by": "session_deleted"})
+		ended := sink.one(t, "branch closure ended", map[string]string{"by": "session_deleted"})
 		assert.Equal(t, "1", ended.get("stopped"), "the kid; its root had ended already")
-		asked := sink.one(t, "bgtask: stop asked", map[string]string{"task": kid.ID})
+		asked := sink.one(t, "stop asked", map[string]string{"task": kid.ID})
 		assert.Equal(t, "closure", asked.get("stop.kind"))
 		assert.Equal(t, ses, asked.get("stop.root"))
 	})
@@ -365,13 +367,13 @@ func TestMetricsTellWhoStoppedWhatAndWhatAClosureDid(t *testing.T) {
 	clean := h.running("chat")
 	require.NoError(t, h.observe(Event{SessionID: clean.SessionID, Kind: SessionIdle, Text: "ok"}))
 	cancelled := h.running("chat")
-	require.NoError(t, h.m.Cancel(bg, cancelled.ID))
+	require.NoError(t, stopErr(h.m.Stop(bg, Target{Task: cancelled.ID})))
 	late := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
 	h.clock.Advance(time.Minute)
 	h.wait(late.ID)
 	top, topSes := h.child("tree")
 	kid, _ := h.child(topSes)
-	rep, err := h.m.CloseBranch(bg, "tree")
+	rep, err := h.m.Stop(bg, Target{Session: "tree"})
 	require.NoError(t, err)
 	h.wait(clean.ID)
 	h.settle()
@@ -384,8 +386,8 @@ func TestMetricsTellWhoStoppedWhatAndWhatAClosureDid(t *testing.T) {
 		top.ID:       {{Kind: StopClosure, Root: "tree"}},
 		kid.ID:       {{Kind: StopClosure, Root: "tree"}},
 	}, mt.stops, "one measurement per task stopped, with who asked")
-	assert.Equal(t, []ClosureSummary{{SessionID: "tree", By: "CloseBranch", Stop: StopCause{Kind: StopClosure, Root: "tree"}}}, mt.begun)
-	assert.Equal(t, []ClosureSummary{{SessionID: "tree", By: "CloseBranch", Stop: StopCause{Kind: StopClosure, Root: "tree"},
+	assert.Equal(t, []ClosureSummary{{SessionID: "tree", By: "stop_session", Stop: StopCause{Kind: StopClosure, Root: "tree"}}}, mt.begun)
+	assert.Equal(t, []ClosureSummary{{SessionID: "tree", By: "stop_session", Stop: StopCause{Kind: StopClosure, Root: "tree"},
 		Stopped: 2, Passes: rep.Passes}}, mt.ended)
 	assert.Equal(t, Reason(""), mt.reasons[clean.ID], "a clean answer has no reason: an adapter leaves it out")
 	assert.Equal(t, ReasonDeadline, mt.reasons[late.ID])
@@ -422,7 +424,7 @@ func TestARestartLogsAndMeasuresWhatItsRecoveryDid(t *testing.T) {
 	}
 	alive, ended, gone := ids[0], ids[1], ids[2]
 	crash(t, m1, j1)
-	assert.Empty(t, sink1.find("bgtask: recovered from the journal", nil), "a fresh journal: no restart")
+	assert.Empty(t, sink1.find("recovered from the journal", nil), "a fresh journal: no restart")
 
 	svc.set("s-"+mustTask(t, m1, ended).CurrentAttemptID, SessionStateEnded, Event{Kind: SessionIdle, Text: "done while you were away"})
 	svc.mu.Lock()
@@ -443,7 +445,7 @@ func TestARestartLogsAndMeasuresWhatItsRecoveryDid(t *testing.T) {
 	require.NoError(t, m2.Shutdown(ctx))
 
 	want := RecoveryCounts{Tasks: 4, Live: 3, Readopted: 1, Ended: 1, Interrupted: 1, Redelivered: 2}
-	got := sink.one(t, "bgtask: recovered from the journal", nil)
+	got := sink.one(t, "recovered from the journal", nil)
 	assert.Equal(t, slog.LevelInfo, got.level)
 	for k, v := range map[string]int{"tasks": want.Tasks, "live": want.Live, "readopted": want.Readopted, "ended": want.Ended,
 		"interrupted": want.Interrupted, "stopped": 0, "started": 0, "retried": 0, "redelivered": want.Redelivered,
@@ -483,10 +485,10 @@ func TestAClosureFinishedAtRestartSaysSo(t *testing.T) {
 	m2, err := Open(ctx, &svcHost{svc: svc, abortOK: true}, WithJournal(j2), WithLogger(slog.New(sink)))
 	require.NoError(t, err)
 	require.NoError(t, m2.Shutdown(ctx))
-	begun := sink.one(t, "bgtask: branch closure begun", map[string]string{"by": "restart"})
+	begun := sink.one(t, "branch closure begun", map[string]string{"by": "restart"})
 	assert.Equal(t, "root", begun.get("session"))
-	ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"by": "restart"})
-	recs := m2.ClosureRecords()
+	ended := sink.one(t, "branch closure ended", map[string]string{"by": "restart"})
+	recs := m2.Snapshot().Closures
 	require.NotEmpty(t, recs)
 	rec := recs[len(recs)-1] // the restart's closure
 	require.Equal(t, "root", rec.SessionID)
@@ -497,10 +499,10 @@ func TestAClosureFinishedAtRestartSaysSo(t *testing.T) {
 	assert.Equal(t, "0", ended.get("stopping"))
 	assert.Equal(t, strconv.Itoa(rec.Passes), ended.get("passes"))
 	assert.False(t, ended.has("ended"), "it ran to its end")
-	got := sink.one(t, "bgtask: recovered from the journal", nil)
+	got := sink.one(t, "recovered from the journal", nil)
 	assert.Equal(t, "1", got.get("closures"))
 	assert.Equal(t, "1", got.get("readopted"), "the run was alive: taken back, then stopped by the closure")
-	assert.Less(t, sink.index("bgtask: branch closure ended", nil), sink.index("bgtask: recovered from the journal", nil),
+	assert.Less(t, sink.index("branch closure ended", nil), sink.index("recovered from the journal", nil),
 		"the recovery is over once the closure is")
 }
 
@@ -520,13 +522,13 @@ func TestNoLogLineHasAnEmptyAttribute(t *testing.T) {
 	retried = waitFor(t, h.m, retried.ID, func(t Task) bool { return t.Status == StatusRunning && t.SessionID != retried.SessionID })
 	require.NoError(t, h.observe(Event{SessionID: retried.SessionID, Kind: SessionInterrupted}))
 	cancelled := h.running("chat")
-	require.NoError(t, h.m.Cancel(bg, cancelled.ID))
+	require.NoError(t, stopErr(h.m.Stop(bg, Target{Task: cancelled.ID})))
 	late := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
 	h.clock.Advance(time.Minute)
 	h.wait(late.ID)
 	_, topSes := h.child("tree")
 	h.child(topSes)
-	_, err := h.m.CloseBranch(bg, "tree")
+	_, err := h.m.Stop(bg, Target{Session: "tree"})
 	require.NoError(t, err)
 	deleted, _ := h.child("chat")
 	require.NoError(t, h.observe(Event{SessionID: deleted.SessionID, Kind: SessionDeleted}))
@@ -546,7 +548,7 @@ func TestNoLogLineHasAnEmptyAttribute(t *testing.T) {
 	require.NoError(t, h.m.Observe(Event{SessionID: <-asked, Kind: SessionBusy}), "held: its start is in flight")
 	close(release)
 	held = waitFor(t, h.m, held.ID, func(t Task) bool { return t.Status == StatusRunning })
-	assert.Error(t, h.m.Cancel(bg, held.ID))
+	assert.Error(t, stopErr(h.m.Stop(bg, Target{Task: held.ID})))
 	host.mu.Lock()
 	host.abort = nil
 	host.mu.Unlock()
@@ -563,13 +565,13 @@ func TestNoLogLineHasAnEmptyAttribute(t *testing.T) {
 		}
 	}
 	assert.True(t, levels[slog.LevelDebug] && levels[slog.LevelInfo] && levels[slog.LevelWarn], "a varied run: %v", levels)
-	ended := sink.one(t, "bgtask: task ended", map[string]string{"task": clean.ID})
+	ended := sink.one(t, "task ended", map[string]string{"task": clean.ID})
 	assert.Equal(t, "completed", ended.get("status"))
 	assert.False(t, ended.has("reason"), "a clean answer has no reason: %v", ended.attrs)
 	assert.False(t, ended.has("stop"), "nor a stop")
-	for _, msg := range []string{"bgtask: task launched", "bgtask: attempt started", "bgtask: retry scheduled", "bgtask: task ended",
-		"bgtask: stop asked", "bgtask: branch closure begun", "bgtask: branch closure ended", "bgtask: event ignored",
-		"bgtask: event held until its session is bound", "bgtask: abort failed; the child is still running"} {
+	for _, msg := range []string{"task launched", "attempt started", "retry scheduled", "task ended",
+		"stop asked", "branch closure begun", "branch closure ended", "event ignored",
+		"event held until its session is bound", "abort failed; the child is still running"} {
 		assert.NotEmpty(t, sink.find(msg, nil), "the run logged %q", msg)
 	}
 }
@@ -591,14 +593,14 @@ func TestADeletedSessionsClosureAfterShutdownEndsAsItBegan(t *testing.T) {
 	require.NoError(t, h.m.Observe(Event{SessionID: ses, Kind: SessionDeleted}))
 	h.wait(task.ID)
 
-	begun := sink.find("bgtask: branch closure begun", map[string]string{"by": "session_deleted"})
+	begun := sink.find("branch closure begun", map[string]string{"by": "session_deleted"})
 	require.Len(t, begun, 1, "%v", sink.all())
 	assert.Equal(t, ses, begun[0].get("session"))
-	ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"by": "session_deleted"})
+	ended := sink.one(t, "branch closure ended", map[string]string{"by": "session_deleted"})
 	assert.Equal(t, ses, ended.get("session"))
 	assert.Equal(t, "shutdown", ended.get("ended"))
 	assert.Equal(t, "0", ended.get("stopped"))
-	assert.Less(t, sink.index("bgtask: branch closure begun", nil), sink.index("bgtask: branch closure ended", nil))
+	assert.Less(t, sink.index("branch closure begun", nil), sink.index("branch closure ended", nil))
 	mt.mu.Lock()
 	defer mt.mu.Unlock()
 	require.Len(t, mt.begun, 1)
@@ -616,7 +618,7 @@ func TestAClosureCutShortByItsCallerSaysWhy(t *testing.T) {
 	host := &testHost{}
 	h := newHarness(t, host, WithLogger(slog.New(sink)), WithMetrics(mt))
 	done, _ := h.child("whole")
-	_, err := h.m.CloseBranch(context.Background(), "whole")
+	_, err := h.m.Stop(context.Background(), Target{Session: "whole"})
 	require.NoError(t, err)
 	h.wait(done.ID)
 	task, _ := h.child("root")
@@ -638,7 +640,7 @@ func TestAClosureCutShortByItsCallerSaysWhy(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	closed := make(chan error, 1)
 	go func() {
-		_, err := h.m.CloseBranch(ctx, "root")
+		_, err := h.m.Stop(ctx, Target{Session: "root"})
 		closed <- err
 	}()
 	<-held // the abort is out; the closure waits for it
@@ -648,9 +650,9 @@ func TestAClosureCutShortByItsCallerSaysWhy(t *testing.T) {
 	h.wait(task.ID)
 	h.settle()
 
-	whole := sink.one(t, "bgtask: branch closure ended", map[string]string{"session": "whole"})
+	whole := sink.one(t, "branch closure ended", map[string]string{"session": "whole"})
 	assert.False(t, whole.has("ended"), "it ran to its end: %v", whole.attrs)
-	ended := sink.one(t, "bgtask: branch closure ended", map[string]string{"session": "root"})
+	ended := sink.one(t, "branch closure ended", map[string]string{"session": "root"})
 	assert.Equal(t, "cancelled", ended.get("ended"))
 	assert.Equal(t, "1", ended.get("stopping"), "asked to stop, not stopped when it returned")
 	mt.mu.Lock()
@@ -679,14 +681,14 @@ func TestASecondStopOfAStoppingTaskLogsNoSecondLine(t *testing.T) {
 	h.clock.Advance(time.Minute)
 	<-held // the deadline's abort, held
 	cancelled := make(chan error, 1)
-	go func() { cancelled <- h.m.Cancel(context.Background(), task.ID) }()
+	go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
 	require.Equal(t, task.ID, <-waiting, "the Cancel was decided: it waits for the abort in flight")
 	close(release)
 	require.NoError(t, <-cancelled)
 	h.wait(task.ID)
 	h.settle()
 
-	asked := sink.find("bgtask: stop asked", nil)
+	asked := sink.find("stop asked", nil)
 	require.Len(t, asked, 1, "%v", asked)
 	assert.Equal(t, "deadline", asked[0].get("stop.kind"))
 	mt.mu.Lock()
@@ -700,10 +702,10 @@ func TestCancelRunLogsOneStopAsked(t *testing.T) {
 	h := newHarness(t, nil, WithLogger(slog.New(sink)))
 	task := h.running("chat")
 	cur := task.Current()
-	require.NoError(t, h.m.CancelRun(context.Background(), RunRef{TaskID: task.ID, AttemptID: cur.ID, Token: cur.Token}))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Run: RunRef{TaskID: task.ID, AttemptID: cur.ID, Token: cur.Token}})))
 	h.wait(task.ID)
 	h.settle()
-	asked := sink.find("bgtask: stop asked", nil)
+	asked := sink.find("stop asked", nil)
 	require.Len(t, asked, 1, "%v", asked)
 	assert.Equal(t, task.ID, asked[0].get("task"))
 	assert.Equal(t, "cancel", asked[0].get("stop.kind"))
@@ -794,7 +796,7 @@ func TestARestartCountsEachLiveRunInExactlyOneOutcome(t *testing.T) {
 	lost, err := m1.Launch(ctx, Spec{ParentSessionID: "p-lost", Models: mustModels(t, "a/1")})
 	require.NoError(t, err)
 	require.Equal(t, lost.CurrentAttemptID, <-svc.gated)
-	require.NoError(t, m1.StopBranch(ctx, "ghost"), "a start in flight may create it: its closure is recorded")
+	require.NoError(t, stopErr(m1.Stop(ctx, Target{Session: "ghost", NoWait: true})), "a start in flight may create it: its closure is recorded")
 	crash(t, m1, j1)
 	r := mustTask(t, m1, retried.ID)
 	require.Len(t, r.Attempts, 2)
@@ -825,7 +827,7 @@ func TestARestartCountsEachLiveRunInExactlyOneOutcome(t *testing.T) {
 	assert.Equal(t, ReasonDeadline, lt.Outcome.Reason)
 	rt := mustTask(t, m2, retried.ID)
 	assert.Equal(t, StatusInterrupt, rt.Status, "the session found is its failed attempt's: never taken back, never left pending")
-	assert.Equal(t, StartOutcomeUnknown, rt.Error)
+	assert.Equal(t, startOutcomeUnknown, rt.Error)
 	_ = queued
 
 	want := RecoveryCounts{Tasks: 7, Live: 7, Readopted: 2, Ended: 1, Interrupted: 2, Stopped: 1, Started: 1}
@@ -836,7 +838,7 @@ func TestARestartCountsEachLiveRunInExactlyOneOutcome(t *testing.T) {
 	n := got[0]
 	assert.Equal(t, n.Live, n.Readopted+n.Ended+n.Interrupted+n.Stopped+n.Started, "each live run in exactly one outcome: %+v", n)
 	assert.Equal(t, want, n)
-	line := sink.one(t, "bgtask: recovered from the journal", nil)
+	line := sink.one(t, "recovered from the journal", nil)
 	assert.Equal(t, "7", line.get("live"))
 	assert.Equal(t, "1", line.get("stopped"))
 	assert.Equal(t, "0", line.get("closures"), "the ghost's closure was dropped, not finished")

@@ -183,29 +183,18 @@ func (m *Manager) settle(ctx context.Context, seq uint64) error {
 	}
 }
 
-// New returns a Manager that runs child sessions through host. With
-// WithJournal it recovers from the journal as Open does, with no deadline
-// (a StatusHost that never answers holds New); a journal that cannot be
-// read makes every Launch fail with the error. Use Open to bound the
-// recovery and see its error at once.
+// Open returns a Manager that runs child sessions through host: the one
+// way to make a Manager, in memory or durable. It returns an error, and no
+// Manager, for options that do not fit together (each named).
 //
 // A nil host makes an in-process Manager: every task brings its own
 // function (Spec.Run), and a Launch without one is refused (a *SpecError
-// naming Run).
-func New(host Host, opts ...Option) *Manager {
-	m := newManager(host, opts)
-	if m.cfg.journal != nil {
-		if err := m.recover(context.Background()); err != nil {
-			m.cfg.err = err
-			m.logAttrs(slog.LevelError, "bgtask: recovering from the journal failed", slog.String("err", safeText(err)))
-		}
-	}
-	return m
-}
-
-// Open returns a Manager that runs child sessions through host, durable
-// when opts has WithJournal: it replays the journal and recovers what was
-// live before it returns. Every task comes back as committed. A run that
+// naming Run). An in-process Manager owes Shutdown like any other: it
+// stops what still runs and joins the goroutines it owns (one waits on
+// its life until then, even once every task has ended).
+//
+// With WithJournal it is durable: it replays the journal and recovers what
+// was live before it returns. Every task comes back as committed. A run that
 // may have had a child is asked about through the host (StatusHost):
 // alive, it is re-adopted; ended, it ends with that evidence; gone, or with
 // a host that cannot say, it ends interrupt ("lost across restart") —
@@ -219,21 +208,23 @@ func New(host Host, opts ...Option) *Manager {
 // through the host (found by FindSession if need be) and ends only when
 // the host confirms. ctx bounds the host calls of the recovery. A journal
 // Open cannot make sense of is an error (naming, for the file journal, the
-// file, the offset and the record kind); Open never panics on one.
-// Without a journal, Open is New.
+// file, the offset and the record kind); Open never panics on one. The
+// Manager owns the journal from the call on: when Open fails, it has
+// closed it.
 func Open(ctx context.Context, host Host, opts ...Option) (*Manager, error) {
 	m := newManager(host, opts)
-	if m.cfg.journal == nil {
-		return m, m.cfg.err
+	err := m.cfg.err
+	if err == nil && m.cfg.journal != nil {
+		err = m.recover(orBackground(ctx))
 	}
-	if err := m.recover(orBackground(ctx)); err != nil {
+	if err != nil {
 		m.life.cancel()
-		stop, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+		stop, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 		defer cancel()
 		_ = m.Shutdown(stop)
 		return nil, err
 	}
-	return m, m.cfg.err
+	return m, nil
 }
 
 // recover replays the journal, records the new process life's epoch, and
@@ -246,7 +237,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			return err
 		}
 		if torn != "" {
-			m.logAttrs(slog.LevelWarn, "bgtask: the journal's last record was torn (a crash mid-write) and was cut off", slog.String("where", torn))
+			m.logAttrs(slog.LevelWarn, "the journal's last record was torn (a crash mid-write) and was cut off", slog.String("where", torn))
 		}
 	}
 	m.mu.Lock()
@@ -284,7 +275,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		select {
 		case <-rv.pending:
 		case <-ctx.Done():
-			return fmt.Errorf("bgtask: recovering from the journal: %w", ctx.Err())
+			return fmt.Errorf("recovering from the journal: %w", ctx.Err())
 		}
 	}
 	// A closure the crash interrupted is finished: its fence up again, its
@@ -296,9 +287,9 @@ func (m *Manager) recover(ctx context.Context) error {
 		c := rv.closing[seq]
 		var err error
 		if c.task != "" {
-			_, err = m.closeTask(ctx, c.task, m.restartedBy(c.task))
+			_, err = m.closeTask(ctx, c.task, m.restartedBy(c.task), false)
 		} else {
-			_, err = m.closeBranch(ctx, c.root, closedByRestart)
+			_, err = m.closeBranch(ctx, c.root, closedByRestart, false)
 		}
 		if errors.Is(err, ErrUnknownSession) || errors.Is(err, ErrUnknownTask) {
 			continue
@@ -307,7 +298,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			closures++
 		}
 		if err != nil {
-			m.logAttrs(slog.LevelWarn, "bgtask: finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", safeText(err)))
+			m.logAttrs(slog.LevelWarn, "finishing a closure the restart interrupted", slog.String("session", c.root), slog.String("task", c.task), slog.String("err", safeText(err)))
 		}
 	}
 	m.mu.Lock()
@@ -330,8 +321,8 @@ func newManager(host Host, opts []Option) *Manager {
 		host = &FuncHost{fn: noRunFunc, h: funchost.New()}
 	}
 	cfg := config{holdLimit: 1024, notifyAttempts: 3, notifyBackoff: Backoff(200*time.Millisecond, 5*time.Second, 0.2),
-		queueLimit: DefaultNotifyQueueLimit, undeliveredLimit: DefaultUndeliveredLimit,
-		retention: Retention{MaxEnded: DefaultMaxEnded}}
+		queueLimit: defaultNotifyQueueLimit, undeliveredLimit: defaultUndeliveredLimit,
+		retention: Retention{MaxEnded: defaultMaxEnded}}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -357,6 +348,11 @@ func newManager(host Host, opts []Option) *Manager {
 	if cfg.notifyBackoff == nil {
 		cfg.notifyBackoff = func(int, error) time.Duration { return 0 }
 	}
+	var badJournal error
+	if cfg.journalSet && isNil(cfg.journal) {
+		cfg.journal = nil // nothing to close
+		badJournal = fmt.Errorf("%w: WithJournal was given no journal (nil): did opening it fail?", ErrInvalidArgument)
+	}
 	m := &Manager{
 		hosts:    hosts{main: host, sessions: sessionKindOf(host)},
 		cfg:      cfg,
@@ -377,16 +373,16 @@ func newManager(host Host, opts []Option) *Manager {
 			m.calls.health.store = hs
 		}
 	}
+	errs := []error{cfg.err, badJournal}
 	if cfg.limits != nil {
 		m.calls.pool = slots.New[queued]()
-		m.cfg.err = cfg.limits.validate()
+		errs = append(errs, cfg.limits.validate())
 	}
 	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
-		m.cfg.err = errors.New("bgtask: WithQueueTimeout and WithStallTimeout take a duration ≥ 0")
+		errs = append(errs, fmt.Errorf("%w: WithQueueTimeout and WithStallTimeout take a duration ≥ 0", ErrInvalidArgument))
 	}
-	if err := cfg.tree.validate(); err != nil {
-		m.cfg.err = err
-	}
+	errs = append(errs, cfg.tree.validate())
+	m.cfg.err = errors.Join(errs...)
 	m.attachHosts(ownOnly)
 	return m
 }
@@ -479,11 +475,6 @@ func dropEmpty(attrs []slog.Attr) []slog.Attr {
 	return out
 }
 
-// LoggerPanics reports how many calls into the logger (WithLogger)
-// panicked. Such a panic is swallowed: the line is lost, the Manager goes
-// on.
-func (m *Manager) LoggerPanics() uint64 { return m.out.panics.Load() }
-
 // logLocked queues a log line; m.mu is held and released with unlock.
 func (m *Manager) logLocked(level slog.Level, msg string, attrs ...slog.Attr) {
 	m.out.lines = append(m.out.lines, logRec{level: level, msg: msg, attrs: attrs})
@@ -494,12 +485,12 @@ func (m *Manager) now() time.Time { return m.cfg.clock.Now() }
 // ledgerBug queues a log line for a write the ledger refused: a bug in the
 // Manager, never trusted away. m.mu is held.
 func (m *Manager) ledgerBug(e *entry, err error) {
-	m.logLocked(slog.LevelError, "bgtask: ledger refused a write", slog.String("task", e.info.id), slog.String("err", safeText(err)))
+	m.logLocked(slog.LevelError, "ledger refused a write", slog.String("task", e.info.id), slog.String("err", safeText(err)))
 }
 
 // rejectedLocked queues the debug line of an event that was not applied.
 func (m *Manager) rejectedLocked(ev Event, who resolved, err error) {
-	m.logLocked(slog.LevelDebug, "bgtask: event ignored", rejectedAttrs(ev, who, err)...)
+	m.logLocked(slog.LevelDebug, "event ignored", rejectedAttrs(ev, who, err)...)
 }
 
 func rejectedAttrs(ev Event, who resolved, err error) []slog.Attr {
@@ -525,7 +516,7 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 	if !m.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
-	m.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "bgtask: event ignored", dropEmpty(rejectedAttrs(ev, who, err))...)
+	m.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "event ignored", dropEmpty(rejectedAttrs(ev, who, err))...)
 }
 
 // Shutdown refuses new work (ErrShutdown), aborts every running child
@@ -535,7 +526,7 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 // goroutine of the Manager is left.
 //
 // ctx bounds the graceful part: when it ends, Shutdown cancels the
-// outstanding contexts at once and waits at most ShutdownGrace more for the
+// outstanding contexts at once and waits at most shutdownGrace more for the
 // calls to return. Like http.Server's Shutdown, it then returns an error
 // that wraps ctx's error and names what is still running: the goroutines
 // still inside a Host, Notifier or FuncHost function that ignores its
@@ -562,10 +553,10 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if err := m.poisoned(); err != nil {
-		errs = append(errs, fmt.Errorf("bgtask: shutdown: nothing was recorded since: %w", err))
+		errs = append(errs, fmt.Errorf("shutdown: nothing was recorded since: %w", err))
 	}
 	if err := m.notes.lanes.Wait(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("bgtask: shutdown: waiting for deliveries: %w", err))
+		errs = append(errs, fmt.Errorf("shutdown: waiting for deliveries: %w", err))
 	}
 	m.life.cancel()
 	m.closeSubscriptions(ErrShutdown)
@@ -578,7 +569,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	if j := m.cfg.journal; j != nil && m.life.group.Running() == 0 {
 		m.life.journalClosed.Do(func() {
 			if err := guardJournal("Close", j.Close); err != nil {
-				errs = append(errs, fmt.Errorf("bgtask: shutdown: closing the journal: %w", err))
+				errs = append(errs, fmt.Errorf("shutdown: closing the journal: %w", err))
 			}
 		})
 	}
@@ -599,10 +590,10 @@ func (m *Manager) leftBehind() []error {
 	}
 	m.unlock()
 	if len(live) > 0 {
-		errs = append(errs, fmt.Errorf("bgtask: shutdown: children did not stop (their abort failed or never returned): %v", live))
+		errs = append(errs, fmt.Errorf("shutdown: children did not stop (their abort failed or never returned): %v", live))
 	}
 	if n := m.notes.lanes.Pending() + lost; n > 0 {
-		errs = append(errs, fmt.Errorf("bgtask: shutdown: %d notifications not delivered (see Undelivered)", n))
+		errs = append(errs, fmt.Errorf("shutdown: %d notifications not delivered (see Undelivered)", n))
 	}
 	return errs
 }
@@ -632,14 +623,14 @@ func (m *Manager) onShutdown() {
 	}
 }
 
-// ShutdownGrace is how long Shutdown, once its context has ended and the
+// shutdownGrace is how long Shutdown, once its context has ended and the
 // contexts of outstanding host and notifier calls are cancelled, still
 // waits for those calls to return before it gives up on them.
-const ShutdownGrace = time.Second
+const shutdownGrace = time.Second
 
 // join waits until no goroutine of the Manager runs and closes the group so
 // none starts again. Every goroutine is reserved under m.mu (or started
-// by one already counted), so the check and the close are one step. When ctx ends, the goroutines get ShutdownGrace to
+// by one already counted), so the check and the close are one step. When ctx ends, the goroutines get shutdownGrace to
 // honour their cancelled contexts; then the group is closed anyway and the
 // error names what is left.
 func (m *Manager) join(ctx context.Context) error {
@@ -648,7 +639,7 @@ func (m *Manager) join(ctx context.Context) error {
 		err := m.life.group.Wait(ctx)
 		if err != nil && ended == nil {
 			ended = err
-			grace, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+			grace, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 			defer cancel()
 			ctx = grace
 			continue
@@ -660,7 +651,7 @@ func (m *Manager) join(ctx context.Context) error {
 			if n == 0 {
 				return nil
 			}
-			return fmt.Errorf("bgtask: shutdown: %w: %d goroutines are still in Host, Notifier or FuncHost calls that ignore their cancelled context", ended, n)
+			return fmt.Errorf("shutdown: %w: %d goroutines are still in Host, Notifier or FuncHost calls that ignore their cancelled context", ended, n)
 		}
 		m.unlock()
 	}
@@ -679,7 +670,7 @@ func (m *Manager) awaitStops(ctx context.Context) error {
 			return nil
 		}
 		if err := m.await(ctx, ch); err != nil && ctx.Err() != nil {
-			return fmt.Errorf("bgtask: shutdown: %w", ctx.Err())
+			return fmt.Errorf("shutdown: %w", ctx.Err())
 		} // a journal failure: busy is false from now on
 	}
 }

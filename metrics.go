@@ -72,8 +72,8 @@ type ClosureSummary struct {
 	// unit (CloseTask, or the task the root session belongs to), empty
 	// while the root is no task's session.
 	SessionID, TaskID string
-	// By is what began it: "CloseBranch", "StopBranch" or "CloseTask"
-	// (called so), "caller" (the launch context of a task with
+	// By is what began it: "stop_session" or "stop_tree" (Stop with
+	// Target.Session, or Target.Task and Tree), "caller" (the launch context of a task with
 	// Spec.CancelWithCaller ended), "session_deleted" (the host reported
 	// the root session deleted: its branch is closed), "budget" (the
 	// budget the task holds was spent: its branch is stopped) or
@@ -107,7 +107,7 @@ const (
 )
 
 // RecoveryCounts is what a restart's recovery found in the journal and
-// did (Metrics.Recovered, and the info line "bgtask: recovered from the
+// did (Metrics.Recovered, and the info line "recovered from the
 // journal"). Each run live at the crash is counted once, in exactly one
 // of Readopted, Ended, Interrupted, Stopped and Started: Live is their
 // sum. A task between attempts at the crash (its retry recorded, its next
@@ -124,8 +124,8 @@ type RecoveryCounts struct {
 	// evidence (or ended by themselves while the host was asked).
 	Ended int
 	// Interrupted: runs ended interrupt — their session gone, or no host
-	// that could say (LostAcrossRestart), or a start whose outcome was lost
-	// or whose session could not be taken back (StartOutcomeUnknown).
+	// that could say (lostAcrossRestart), or a start whose outcome was lost
+	// or whose session could not be taken back (startOutcomeUnknown).
 	Interrupted int
 	// Stopped: runs a stop ended — a stop asked before the restart, or a
 	// deadline that passed meanwhile: at once when no child was ever

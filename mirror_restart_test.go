@@ -33,7 +33,7 @@ func (h *restartHost) AbortSession(ctx context.Context, sessionID string) error 
 func newProcess(t *testing.T, epoch uint64) *bgtask.Manager {
 	t.Helper()
 	h := &restartHost{}
-	m := bgtask.New(h, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := mustOpen(h, bgtask.WithIDs(bgtask.SequentialIDs()))
 	h.m = m
 	bgtask.SetEpochForTest(m, epoch)
 	t.Cleanup(func() { _ = m.Shutdown(context.Background()) })

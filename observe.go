@@ -14,17 +14,17 @@ import (
 // bound; ErrStaleEvent when it belongs to a superseded or terminal attempt,
 // names an old run token, or names an attempt no child can be running for;
 // ErrUnknownSession when no task knows the session (or too many events are
-// held already); ErrInvalidEvent for an event with neither session nor
+// held already); ErrInvalidArgument for an event with neither session nor
 // attempt, or an unknown kind. Rejected events change nothing and are logged
 // at debug level with the task, attempt and session ids. With a journal,
 // Observe returns once what the event decided is durable, or ErrJournal if
 // it could not be made so (the Manager then stops acting on the world).
 func (m *Manager) Observe(ev Event) error {
 	if !ev.Kind.valid() {
-		return fmt.Errorf("%w: unknown kind %q", ErrInvalidEvent, ev.Kind)
+		return fmt.Errorf("%w: unknown kind %q", ErrInvalidArgument, ev.Kind)
 	}
 	if ev.SessionID == "" && ev.AttemptID == "" {
-		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidEvent)
+		return fmt.Errorf("%w: no SessionID or AttemptID", ErrInvalidArgument)
 	}
 	if err := ev.Usage.validate(); err != nil {
 		return err
@@ -127,7 +127,7 @@ func (m *Manager) hold(o *observation, attemptID string) bool {
 		V: *o, Attempt: attemptID, Session: o.ev.SessionID, Ends: o.ev.Kind.ends(), Horizon: m.calls.startSeq,
 	})
 	if ok && m.cfg.logDebug {
-		m.logLocked(slog.LevelDebug, "bgtask: event held until its session is bound", slog.String("kind", string(o.ev.Kind)),
+		m.logLocked(slog.LevelDebug, "event held until its session is bound", slog.String("kind", string(o.ev.Kind)),
 			slog.String("session", o.ev.SessionID), slog.String("attempt", attemptID))
 	}
 	if gaveUp {

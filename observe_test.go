@@ -44,7 +44,7 @@ func infoLines(t *testing.T, opts ...Option) {
 		require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionError, Err: errors.New("429 Too Many Requests")}))
 		task = waitFor(t, h.m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
 	}
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	done := h.wait(task.ID)
 	// With a journal the last line is logged once the end is durable, a
 	// moment after Wait may return: Shutdown joins whatever logs it.
@@ -55,24 +55,24 @@ func infoLines(t *testing.T, opts ...Option) {
 		msgs = append(msgs, r["msg"])
 		assert.NotEmpty(t, r["task"], "every line names its task: %v", r)
 		assert.NotEmpty(t, r["attempt"], "and its attempt: %v", r)
-		if r["msg"] != "bgtask: task launched" { // no session yet
+		if r["msg"] != "task launched" { // no session yet
 			assert.NotEmpty(t, r["session"], "and its session: %v", r)
 		}
 		switch r["msg"] {
-		case "bgtask: retry scheduled":
+		case "retry scheduled":
 			assert.Equal(t, string(ReasonProviderError), r["reason"], "with the reason class")
-		case "bgtask: task ended":
+		case "task ended":
 			assert.Equal(t, "cancelled", r["outcome"])
 			assert.Equal(t, "3", r["attempts"])
 		}
 	}
 	assert.Equal(t, []string{
-		"bgtask: task launched",
-		"bgtask: attempt started", "bgtask: retry scheduled",
-		"bgtask: attempt started", "bgtask: retry scheduled",
-		"bgtask: attempt started",
-		"bgtask: stop asked",
-		"bgtask: task ended",
+		"task launched",
+		"attempt started", "retry scheduled",
+		"attempt started", "retry scheduled",
+		"attempt started",
+		"stop asked",
+		"task ended",
 	}, msgs)
 	assert.Equal(t, StatusCancelled, done.Status)
 }
@@ -96,8 +96,8 @@ func TestDebugLinesTellWhatWasHeldAndRejected(t *testing.T) {
 			msgs = append(msgs, r["msg"])
 		}
 	}
-	assert.Contains(t, msgs, "bgtask: event held until its session is bound")
-	assert.Contains(t, msgs, "bgtask: event ignored")
+	assert.Contains(t, msgs, "event held until its session is bound")
+	assert.Contains(t, msgs, "event ignored")
 }
 
 // recMetrics records what a Manager measured.
@@ -184,5 +184,5 @@ func TestAPanickingMetricsCrashesNothing(t *testing.T) {
 	task := h.running("chat")
 	require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionIdle, Text: "ok"}))
 	assert.Equal(t, StatusCompleted, h.wait(task.ID).Status)
-	assert.Equal(t, uint64(1), h.m.LoggerPanics(), "counted")
+	assert.Equal(t, uint64(1), h.m.Dropped().LoggerPanics, "counted")
 }

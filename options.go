@@ -53,6 +53,7 @@ type config struct {
 	queueLimit        int // notifications waiting per parent
 	undeliveredLimit  int // notifications kept for Undelivered
 	journal           Journal
+	journalSet        bool                                                // WithJournal was given, maybe with nil
 	startGate         func(ctx context.Context, req SessionRequest) error // WithStartGate
 	retention         Retention
 	tree              TreeLimits
@@ -67,7 +68,7 @@ type config struct {
 // (WithRetention). Live tasks are always kept.
 type Retention struct {
 	// MaxEnded is how many ended tasks are kept; the oldest ended that
-	// may go (see WithRetention) is forgotten first. 0: DefaultMaxEnded;
+	// may go (see WithRetention) is forgotten first. 0: defaultMaxEnded;
 	// < 0: no bound.
 	MaxEnded int
 	// MaxAge forgets a task that ended longer ago than this. 0: no age
@@ -81,11 +82,11 @@ type Retention struct {
 // (they may still be reported together) and until its notifications are
 // delivered. A forgotten task's id answers ErrForgotten (Task, Wait,
 // Cancel) for the last 100,000 forgotten; with a journal, compaction drops
-// it from disk too. Default: the last DefaultMaxEnded ended tasks.
+// it from disk too. Default: the last defaultMaxEnded ended tasks.
 func WithRetention(r Retention) Option {
 	return optionFunc(func(c *config) {
 		if r.MaxEnded == 0 {
-			r.MaxEnded = DefaultMaxEnded
+			r.MaxEnded = defaultMaxEnded
 		}
 		c.retention = r
 	})
@@ -97,7 +98,9 @@ func WithRetention(r Retention) Option {
 // was live. The Manager owns j from then on and closes it at the end of
 // Shutdown. Default: none — the Manager is memory-only, and a restart
 // forgets every task (its children keep running, unknown).
-func WithJournal(j Journal) Option { return optionFunc(func(c *config) { c.journal = j }) }
+func WithJournal(j Journal) Option {
+	return optionFunc(func(c *config) { c.journal, c.journalSet = j, true })
+}
 
 // WithStartGate makes every session start (StartSession, and
 // ResumeSession for Spec.ContinueFrom) ask gate first: outside the lock,

@@ -125,7 +125,7 @@ func TestCancelledChildIsAnOutcomeNotAToolFailure(t *testing.T) {
 	task := h.launch("a/1")
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionBusy, Text: "step 3 of 9"}))
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	o := h.wait(task.ID).Outcome
 	require.NotNil(t, o)
 	assert.Equal(t, StatusCancelled, o.State)
@@ -137,7 +137,7 @@ func TestCancelledChildIsAnOutcomeNotAToolFailure(t *testing.T) {
 }
 
 func TestEvidenceIsBoundedAtTheBoundaries(t *testing.T) {
-	for _, n := range []int{MaxEvidenceRunes - 1, MaxEvidenceRunes, MaxEvidenceRunes + 1, 10 * MaxEvidenceRunes} {
+	for _, n := range []int{maxEvidenceRunes - 1, maxEvidenceRunes, maxEvidenceRunes + 1, 10 * maxEvidenceRunes} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			h := newHarness(t, nil)
 			task := h.launch("a/1")
@@ -145,14 +145,14 @@ func TestEvidenceIsBoundedAtTheBoundaries(t *testing.T) {
 			out := "B" + strings.Repeat("é", n-2) + "E"
 			require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errors.New("odd"), Text: out}))
 			o := h.wait(task.ID).Outcome
-			wantDropped := max(0, n-MaxEvidenceRunes)
+			wantDropped := max(0, n-maxEvidenceRunes)
 			assert.Equal(t, wantDropped, o.EvidenceDropped)
 			assert.True(t, strings.HasPrefix(o.Evidence, "B"))
 			assert.True(t, strings.HasSuffix(o.Evidence, "E"))
 			if wantDropped == 0 {
 				assert.Equal(t, out, o.Evidence)
 			} else {
-				assert.Less(t, utf8.RuneCountInString(o.Evidence), MaxEvidenceRunes+60)
+				assert.Less(t, utf8.RuneCountInString(o.Evidence), maxEvidenceRunes+60)
 				assert.Contains(t, o.Envelope, fmt.Sprintf("last output (%d characters dropped from the middle):", wantDropped))
 			}
 		})
@@ -287,7 +287,7 @@ func checkWellFormed(t *testing.T, env string, o *Outcome) {
 			if !strings.HasSuffix(line, "</task_notice>") || strings.Contains(inner, "<") {
 				t.Fatalf("a notice nests a tag or breaks its line: %q", line)
 			}
-			if utf8.RuneCountInString(inner) > MaxNoticeRunes*6 { // entities widen it
+			if utf8.RuneCountInString(inner) > maxNoticeRunes*6 { // entities widen it
 				t.Fatalf("notice too long: %d", len(inner))
 			}
 		}

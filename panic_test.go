@@ -17,7 +17,7 @@ import (
 func TestAPanicKeepsItsValueAndStack(t *testing.T) {
 	boom := errors.New("boom")
 	sink := &logSink{}
-	m := New(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
+	m := mustOpen(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
 		panicsDeepInside(boom)
 		return "unreachable", nil
 	}), WithLogger(slog.New(sink)))
@@ -25,7 +25,7 @@ func TestAPanicKeepsItsValueAndStack(t *testing.T) {
 
 	assert.Equal(t, StatusError, done.Status)
 	assert.Len(t, done.Attempts, 1, "a panic is never retried")
-	assert.Equal(t, "bgtask: subagent function panicked: boom", done.Error)
+	assert.Equal(t, "subagent function panicked: boom", done.Error)
 	var p *PanicError
 	require.ErrorAs(t, done.Cause, &p)
 	assert.Equal(t, boom, p.Value)
@@ -33,7 +33,7 @@ func TestAPanicKeepsItsValueAndStack(t *testing.T) {
 	assert.Contains(t, string(p.Stack), "panicsDeepInside", "the stack of the panic, not of the recovery's caller")
 	logged := false
 	for _, r := range sink.Records() {
-		if r["msg"] == "bgtask: subagent function panicked" {
+		if r["msg"] == "subagent function panicked" {
 			logged = true
 			assert.Equal(t, "ERROR", r["level"])
 			assert.Equal(t, task.ID, r["task"])
@@ -52,7 +52,7 @@ type report2 struct{ findings []string }
 // it is not reported as a panic.
 func TestANilResultIsReportedAsOne(t *testing.T) {
 	texts := 0
-	m := New(NewFuncHost(Returning(func(ctx context.Context, run Run) (*report2, error) {
+	m := mustOpen(NewFuncHost(Returning(func(ctx context.Context, run Run) (*report2, error) {
 		return nil, nil
 	}, func(r *report2) string {
 		texts++
@@ -71,7 +71,7 @@ func TestANilResultIsReportedAsOne(t *testing.T) {
 
 // A value that is not nil, even an empty one, is a result.
 func TestAZeroValueResultIsAResult(t *testing.T) {
-	m := New(NewFuncHost(Returning(func(ctx context.Context, run Run) (report2, error) {
+	m := mustOpen(NewFuncHost(Returning(func(ctx context.Context, run Run) (report2, error) {
 		return report2{}, nil
 	}, func(r report2) string { return "no findings" })))
 	_, done := runOnce(t, m, Model{ID: "a"})

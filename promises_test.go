@@ -168,7 +168,7 @@ func TestADegradedNoticeRidesOnlyTheAnswersItMarks(t *testing.T) {
 	assert.True(t, a1.Degraded)
 	assert.True(t, slicesContain(a1.Notices, "degraded"), "%v", a1.Notices)
 
-	require.NoError(t, h.m.Cancel(ctx, task.ID))
+	require.NoError(t, stopErr(h.m.Stop(ctx, Target{Task: task.ID})))
 	a2, err := h.m.WaitAnswer(ctx, task.ID, 2)
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, a2.Status)
@@ -264,7 +264,7 @@ func TestHostCallsAreMadeOnlyOnceTheirIntentIsDurable(t *testing.T) {
 		h.settle()
 
 		j.armed.Store(true)
-		require.NoError(t, h.m.Cancel(testCtx(t), task.ID))
+		require.NoError(t, stopErr(h.m.Stop(testCtx(t), Target{Task: task.ID})))
 		require.False(t, j.armed.Load(), "the cancel announced its abort")
 		assert.Equal(t, StatusCancelled, h.wait(task.ID).Status)
 		h.settle()

@@ -74,7 +74,7 @@ func TestQueueIsFIFOPerKey(t *testing.T) {
 	assert.Equal(t, []QueueStat{
 		{Key: "model:m/x", Running: 1, Queued: 2, Limit: 1},
 		{Key: "model:m/y", Running: 1, Queued: 0, Limit: 1},
-	}, h.m.Stats())
+	}, h.m.Snapshot().Queues)
 
 	h.finish(a.ID)
 	assert.Equal(t, StatusRunning, h.task(b.ID).Status, "first queued, first served")
@@ -83,7 +83,7 @@ func TestQueueIsFIFOPerKey(t *testing.T) {
 	assert.Equal(t, StatusRunning, h.task(c.ID).Status)
 	h.finish(c.ID)
 	h.finish(other.ID)
-	assert.Empty(t, h.m.Stats())
+	assert.Empty(t, h.m.Snapshot().Queues)
 
 	// A queued attempt went queued → awaiting session → running.
 	h.m.mu.Lock()
@@ -118,7 +118,7 @@ func TestLimitPrecedenceModelThenProviderThenDefault(t *testing.T) {
 		{Key: "model:a/x", Running: 1, Queued: 1, Limit: 1},
 		{Key: "model:b/w", Running: 3, Queued: 1, Limit: 3},
 		{Key: "provider:a", Running: 2, Queued: 2, Limit: 2},
-	}, h.m.Stats())
+	}, h.m.Snapshot().Queues)
 }
 
 func TestZeroLimitMeansUnlimitedAndNegativeIsAnError(t *testing.T) {
@@ -127,11 +127,11 @@ func TestZeroLimitMeansUnlimitedAndNegativeIsAnError(t *testing.T) {
 		h.launchOn("a/x")
 	}
 	h.settle()
-	assert.Equal(t, []QueueStat{{Key: "model:a/x", Running: 5, Limit: 0}}, h.m.Stats())
+	assert.Equal(t, []QueueStat{{Key: "model:a/x", Running: 5, Limit: 0}}, h.m.Snapshot().Queues)
 
-	bad := newHarness(t, nil, WithModelLimits(ModelLimits{Providers: map[string]int{"a": -1}}))
-	_, err := bad.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/x")})
-	require.Error(t, err)
+	bad, err := Open(context.Background(), &testHost{}, WithModelLimits(ModelLimits{Providers: map[string]int{"a": -1}}))
+	require.ErrorIs(t, err, ErrInvalidArgument, "Open refuses it at once")
+	require.Nil(t, bad)
 	assert.Contains(t, err.Error(), `Providers["a"]`)
 }
 
@@ -152,7 +152,7 @@ func TestRetryReleasesItsSlotAndQueuesUnderTheNewKey(t *testing.T) {
 	assert.Equal(t, []QueueStat{
 		{Key: "model:a/1", Running: 1, Queued: 0, Limit: 1},
 		{Key: "model:b/2", Running: 1, Queued: 1, Limit: 1},
-	}, h.m.Stats())
+	}, h.m.Snapshot().Queues)
 
 	h.finish(t2.ID)
 	assert.Equal(t, StatusRunning, h.task(t1.ID).Status)
@@ -169,9 +169,9 @@ func TestCancelOfQueuedWorkLeavesTheQueueAtOnce(t *testing.T) {
 				queuedIDs = append(queuedIDs, h.launchOn("m/x").ID)
 			}
 			h.settle()
-			require.NoError(t, h.m.Cancel(context.Background(), queuedIDs[victim]))
+			require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: queuedIDs[victim]})))
 			assert.Equal(t, StatusCancelled, h.task(queuedIDs[victim]).Status)
-			assert.Equal(t, []QueueStat{{Key: "model:m/x", Running: 1, Queued: 2, Limit: 1}}, h.m.Stats())
+			assert.Equal(t, []QueueStat{{Key: "model:m/x", Running: 1, Queued: 2, Limit: 1}}, h.m.Snapshot().Queues)
 
 			h.finish(running.ID)
 			for i, id := range queuedIDs {
@@ -181,7 +181,7 @@ func TestCancelOfQueuedWorkLeavesTheQueueAtOnce(t *testing.T) {
 				assert.Equal(t, StatusRunning, h.task(id).Status, "tasks behind it still start")
 				h.finish(id)
 			}
-			assert.Empty(t, h.m.Stats())
+			assert.Empty(t, h.m.Snapshot().Queues)
 			assert.Len(t, h.host.Starts(), 3, "the cancelled task never started")
 		})
 	}
@@ -193,7 +193,7 @@ func TestClosureTakesQueuedWorkOutOfTheQueue(t *testing.T) {
 	inside := h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "m/x")})
 	after := h.launchSpec(Spec{ParentSessionID: "elsewhere", Models: mustModels(t, "m/x")})
 	h.settle()
-	_, err := h.m.CloseBranch(context.Background(), "root")
+	_, err := h.m.Stop(context.Background(), Target{Session: "root"})
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, h.task(inside.ID).Status)
 	h.finish(outside.ID)
@@ -219,7 +219,7 @@ func TestQueueTimeoutFreesTheWaiterAndTheNextTaskStarts(t *testing.T) {
 	assert.Contains(t, got.Error, "model:m/x")
 	assert.Len(t, got.Attempts, 1, "not retried")
 	assert.Equal(t, PendingQueued, h.task(c.ID).Pending)
-	assert.Equal(t, []QueueStat{{Key: "model:m/x", Running: 1, Queued: 1, Limit: 1}}, h.m.Stats())
+	assert.Equal(t, []QueueStat{{Key: "model:m/x", Running: 1, Queued: 1, Limit: 1}}, h.m.Snapshot().Queues)
 
 	h.finish(a.ID)
 	assert.Equal(t, StatusRunning, h.task(c.ID).Status)
@@ -344,5 +344,5 @@ func TestThousandTasksThroughALimitOfThree(t *testing.T) {
 		// slower than a lifecycle, and the limit need not be reached.
 		assert.Equal(t, 3, peak["a/1"], "the limit was reached, not avoided")
 	}
-	assert.Empty(t, h.m.Stats())
+	assert.Empty(t, h.m.Snapshot().Queues)
 }

@@ -223,13 +223,13 @@ func roomFor(n int) int { return min(n, 8) }
 func (ti *taskInfo) check() error {
 	switch {
 	case len(ti.models) == 0:
-		return errors.New("bgtask: ledger: a task launched with no model")
+		return errors.New("ledger: a task launched with no model")
 	case ti.maxAttempts < 1:
-		return fmt.Errorf("bgtask: ledger: a task launched with %d attempts at most", ti.maxAttempts)
+		return fmt.Errorf("ledger: a task launched with %d attempts at most", ti.maxAttempts)
 	case ti.depth < 0:
-		return fmt.Errorf("bgtask: ledger: a task launched at depth %d", ti.depth)
+		return fmt.Errorf("ledger: a task launched at depth %d", ti.depth)
 	case ti.opt().timeout < 0 || ti.opt().attemptTimeout < 0:
-		return errors.New("bgtask: ledger: a task launched with a negative timeout")
+		return errors.New("ledger: a task launched with a negative timeout")
 	}
 	return nil
 }
@@ -308,7 +308,7 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 			x = &noExt
 		}
 		if err := encodeExt(&w, x, rec.inv, rec.usage, format); err != nil {
-			return Record{}, b, fmt.Errorf("bgtask: encoding record %d (%s): %w", rec.seq, rec.kind, err)
+			return Record{}, b, fmt.Errorf("encoding record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
 	return recordOf(rec, w.B[start:len(w.B):len(w.B)]), w.B, nil
@@ -548,7 +548,7 @@ type recordError struct {
 
 func (e *recordError) Error() string {
 	var b strings.Builder
-	b.WriteString("bgtask: journal")
+	b.WriteString("journal")
 	if e.at != (wal.Location{}) {
 		b.WriteString(" " + e.at.String())
 	}

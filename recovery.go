@@ -243,7 +243,7 @@ func (m *Manager) afterReplay(rv *recovery) error {
 			if l.byKey[e.info.opt().key] == e {
 				delete(l.byKey, e.info.opt().key)
 			}
-			m.logLocked(slog.LevelWarn, "bgtask: the journal holds a launch without its first attempt (its commit was not kept whole): the task is dropped", slog.String("task", e.id))
+			m.logLocked(slog.LevelWarn, "the journal holds a launch without its first attempt (its commit was not kept whole): the task is dropped", slog.String("task", e.id))
 			continue
 		}
 		kept = append(kept, e)
@@ -275,13 +275,13 @@ func (s *seqIDs) skipPast(rec *record) {
 	}
 }
 
-// LostAcrossRestart is the error of a run the host reported gone after a
+// lostAcrossRestart is the error of a run the host reported gone after a
 // restart, or that no host could report on (StatusHost missing, FuncHost).
-const LostAcrossRestart = "lost across restart"
+const lostAcrossRestart = "lost across restart"
 
-// StartOutcomeUnknown is the error of a run whose StartSession was asked
+// startOutcomeUnknown is the error of a run whose StartSession was asked
 // for before a restart and whose session no host could find.
-const StartOutcomeUnknown = "start outcome unknown after restart"
+const startOutcomeUnknown = "start outcome unknown after restart"
 
 // reconcile decides what each task that was live at the crash becomes,
 // after restore: a run that may have a child is asked about (a recovery
@@ -306,9 +306,9 @@ func (m *Manager) reconcile(rv *recovery) {
 		case e.info.inProcess && (e.stop == "" || a.Status == StatusRunning || rv.started[a.ID]):
 			// Its own function (Spec.Run) died with the process, and no
 			// host knows its session: never asked about, never started again.
-			why := LostAcrossRestart
+			why := lostAcrossRestart
 			if a.Status != StatusRunning && rv.started[a.ID] {
-				why = StartOutcomeUnknown
+				why = startOutcomeUnknown
 			}
 			m.finalize(e, a.ID, StatusInterrupt, why, "", now)
 			n.Interrupted++
@@ -316,9 +316,9 @@ func (m *Manager) reconcile(rv *recovery) {
 		case a.Status == StatusRunning || rv.started[a.ID]:
 			// It may have a child: only the host can say.
 			if !asks {
-				why := LostAcrossRestart
+				why := lostAcrossRestart
 				if a.Status != StatusRunning {
-					why = StartOutcomeUnknown
+					why = startOutcomeUnknown
 				}
 				m.finalize(e, a.ID, StatusInterrupt, why, "", now)
 				n.Interrupted++
@@ -341,7 +341,7 @@ func (m *Manager) reconcile(rv *recovery) {
 					e.rt.startSeq = fx.seq
 				}
 			} else {
-				m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
+				m.finalize(e, a.ID, StatusInterrupt, lostAcrossRestart, "", now)
 				n.Interrupted++
 			}
 		case e.stop != "":
@@ -520,7 +520,7 @@ func (m *Manager) recoverRun(fx *effect) {
 	func() {
 		defer func() {
 			if r := recover(); r != nil {
-				in.err = fmt.Errorf("bgtask: StatusHost panicked: %s", panicText(r))
+				in.err = fmt.Errorf("StatusHost panicked: %s", panicText(r))
 			}
 		}()
 		if in.sid == "" {
@@ -576,7 +576,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 	n := in.counts()
 	switch {
 	case in.err != nil:
-		why := LostAcrossRestart + ": the host could not say what became of it: " + in.text
+		why := lostAcrossRestart + ": the host could not say what became of it: " + in.text
 		m.finalize(e, a.ID, StatusInterrupt, why, "", now)
 		n.Interrupted++
 		return
@@ -585,7 +585,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 		n.Stopped++
 		return
 	case in.sid == "":
-		m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+		m.finalize(e, a.ID, StatusInterrupt, startOutcomeUnknown, "", now)
 		n.Interrupted++
 		return
 	case in.report.State == SessionStateGone && e.stop != "" && !in.stopAsked:
@@ -599,7 +599,7 @@ func (m *Manager) onRecovered(in *recoveredIn) {
 		n.Stopped++
 		return
 	case in.report.State == SessionStateGone || (in.report.State != SessionStateAlive && in.report.State != SessionStateEnded):
-		m.finalize(e, a.ID, StatusInterrupt, LostAcrossRestart, "", now)
+		m.finalize(e, a.ID, StatusInterrupt, lostAcrossRestart, "", now)
 		n.Interrupted++
 		return
 	}
@@ -646,7 +646,7 @@ func (m *Manager) readopt(in *recoveredIn, now time.Time) {
 	n := in.counts()
 	if e.cur().Status == StatusPending {
 		if owner, taken := m.led.bySession[in.sid]; taken && owner.e != e {
-			m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+			m.finalize(e, a.ID, StatusInterrupt, startOutcomeUnknown, "", now)
 			n.Interrupted++
 			return
 		}
@@ -654,7 +654,7 @@ func (m *Manager) readopt(in *recoveredIn, now time.Time) {
 			// The ledger refused the session the host found (logged: one
 			// of another run of the task, say): it cannot be taken back,
 			// and the run is not left pending for a start that never answers.
-			m.finalize(e, a.ID, StatusInterrupt, StartOutcomeUnknown, "", now)
+			m.finalize(e, a.ID, StatusInterrupt, startOutcomeUnknown, "", now)
 			n.Interrupted++
 			return
 		}
@@ -716,7 +716,7 @@ func replayLedger(recs []record) (*ledger, []toldNotice, error) {
 			}
 		}
 		if _, err := l.replayOne(rec); err != nil {
-			return nil, nil, fmt.Errorf("bgtask: replay: record %d (%s): %w", rec.seq, rec.kind, err)
+			return nil, nil, fmt.Errorf("replay: record %d (%s): %w", rec.seq, rec.kind, err)
 		}
 	}
 	return l, notes, nil
@@ -735,7 +735,7 @@ func (l *ledger) recordAll() {
 // rendered again from the replayed ledger. The caller holds what guards l.
 func checkReplay(l *ledger) error {
 	if !l.keepLog {
-		return errors.New("bgtask: replay: the ledger kept no records (recordAll)")
+		return errors.New("replay: the ledger kept no records (recordAll)")
 	}
 	// Through the journal's encoding and back: what a restart replays.
 	recs := make([]record, len(l.log))
@@ -753,12 +753,12 @@ func checkReplay(l *ledger) error {
 		return err
 	}
 	if len(r.tasks) != len(l.tasks) {
-		return fmt.Errorf("bgtask: replay: %d tasks, want %d", len(r.tasks), len(l.tasks))
+		return fmt.Errorf("replay: %d tasks, want %d", len(r.tasks), len(l.tasks))
 	}
 	for id, e := range l.tasks {
 		re := r.tasks[id]
 		if re == nil {
-			return fmt.Errorf("bgtask: replay: task %s missing", id)
+			return fmt.Errorf("replay: task %s missing", id)
 		}
 		re.info.sessions = e.info.sessions // process-local: the replaying Manager's host sets it
 		want, got := e.project(), re.project()
@@ -767,11 +767,11 @@ func checkReplay(l *ledger) error {
 			return err
 		}
 		if Timeline(want) != Timeline(got) {
-			return fmt.Errorf("bgtask: replay: task %s: timeline differs", id)
+			return fmt.Errorf("replay: task %s: timeline differs", id)
 		}
 	}
 	if len(r.closures) != len(l.closures) {
-		return fmt.Errorf("bgtask: replay: %d closure records, want %d", len(r.closures), len(l.closures))
+		return fmt.Errorf("replay: %d closure records, want %d", len(r.closures), len(l.closures))
 	}
 	for i := range l.closures {
 		if err := sameJSON("closure record", l.closures[i].closure, r.closures[i].closure); err != nil {
@@ -788,7 +788,7 @@ func checkReplay(l *ledger) error {
 			return err
 		}
 		if withoutUsage(text) != withoutUsage(n.text) { // the usage line is what was reported by then: late reports move it
-			return fmt.Errorf("bgtask: replay: notification %d (%s): text differs:\n%s\nwant:\n%s", n.seq, n.kind, text, n.text)
+			return fmt.Errorf("replay: notification %d (%s): text differs:\n%s\nwant:\n%s", n.seq, n.kind, text, n.text)
 		}
 	}
 	return nil
@@ -802,7 +802,7 @@ func (l *ledger) render(n *notice) (string, error) {
 		for _, id := range n.tasks {
 			e := l.tasks[id]
 			if e == nil {
-				return "", fmt.Errorf("bgtask: replay: notification %d names unknown task %s", n.seq, id)
+				return "", fmt.Errorf("replay: notification %d names unknown task %s", n.seq, id)
 			}
 			tasks = append(tasks, e.project())
 		}
@@ -813,16 +813,16 @@ func (l *ledger) render(n *notice) (string, error) {
 				return branchClosedText(*c.closure), nil
 			}
 		}
-		return "", fmt.Errorf("bgtask: replay: notification %d names no closure record", n.seq)
+		return "", fmt.Errorf("replay: notification %d names no closure record", n.seq)
 	}
 	ref, ok := l.attemptOf(n.attempt)
 	if !ok {
-		return "", fmt.Errorf("bgtask: replay: notification %d names unknown attempt %s", n.seq, n.attempt)
+		return "", fmt.Errorf("replay: notification %d names unknown attempt %s", n.seq, n.attempt)
 	}
 	switch n.kind {
 	case NotifyRetryScheduled:
 		if ref.index == 0 {
-			return "", fmt.Errorf("bgtask: replay: retry notification %d for a first attempt", n.seq)
+			return "", fmt.Errorf("replay: retry notification %d for a first attempt", n.seq)
 		}
 		return retryScheduledText(ref.e.atts()[ref.index-1], *ref.attempt()), nil
 	case NotifyRetrySessionReady:
@@ -833,16 +833,16 @@ func (l *ledger) render(n *notice) (string, error) {
 		// Its figures are those of the moment it was made: what can be
 		// checked again is whose budget it was.
 		if s := ref.e.budgetState(); s == nil || !strings.HasPrefix(n.text, "[Budget] Task "+s.TaskID+": ") {
-			return "", fmt.Errorf("bgtask: replay: budget notification %d names no budget of task %s", n.seq, ref.e.id)
+			return "", fmt.Errorf("replay: budget notification %d names no budget of task %s", n.seq, ref.e.id)
 		}
 		return n.text, nil
 	case NotifyAnswer:
 		if iv := ref.e.inv; iv != nil && n.invocation >= 1 && n.invocation <= len(iv.list) && iv.list[n.invocation-1].Answer != nil {
 			return answerText(ref.e.id, ref.e.info.description, *iv.list[n.invocation-1].Answer), nil
 		}
-		return "", fmt.Errorf("bgtask: replay: answer notification %d names no answered invocation %d", n.seq, n.invocation)
+		return "", fmt.Errorf("replay: answer notification %d names no answered invocation %d", n.seq, n.invocation)
 	}
-	return "", fmt.Errorf("bgtask: replay: notification %d of unknown kind %q", n.seq, n.kind)
+	return "", fmt.Errorf("replay: notification %d of unknown kind %q", n.seq, n.kind)
 }
 
 // sameJSON reports whether want and got marshal alike.
@@ -856,7 +856,7 @@ func sameJSON(what string, want, got any) error {
 		return err
 	}
 	if !bytes.Equal(w, g) {
-		return fmt.Errorf("bgtask: replay: %s differs:\n got %s\nwant %s", what, g, w)
+		return fmt.Errorf("replay: %s differs:\n got %s\nwant %s", what, g, w)
 	}
 	return nil
 }

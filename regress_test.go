@@ -53,7 +53,7 @@ func TestLoggerIsNeverCalledUnderTheLock(t *testing.T) {
 	probe.m.Store(h.m)
 	task := h.launch("a/one")
 	h.settle()
-	require.Error(t, h.m.Cancel(context.Background(), task.ID)) // logs "abort failed" at warn
+	require.Error(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID}))) // logs "abort failed" at warn
 	require.ErrorIs(t, h.m.Observe(Event{SessionID: "nobody", Kind: SessionBusy}), ErrUnknownSession)
 	assert.Zero(t, probe.heldCalls.Load(), "the logger was called with the lock held")
 }

@@ -220,7 +220,7 @@ func TestRestartRecoversEveryTaskAsTheEvidenceSays(t *testing.T) {
 	assert.Equal(t, "done while you were away", got.Result)
 
 	got = waitStatus(t, m2, gone.ID, StatusInterrupt)
-	assert.Contains(t, got.Error, LostAcrossRestart)
+	assert.Contains(t, got.Error, lostAcrossRestart)
 
 	got = waitStatus(t, m2, lost.ID, StatusRunning)
 	assert.Equal(t, "s-"+lost.CurrentAttemptID, got.SessionID, "found by its attempt id and bound")
@@ -276,7 +276,7 @@ func TestRestartWithAHostThatCannotSayInterruptsWhatMayHaveAChild(t *testing.T) 
 	require.NoError(t, err)
 	defer func() { _ = m2.Shutdown(context.Background()) }()
 	got := waitStatus(t, m2, running.ID, StatusInterrupt)
-	assert.Contains(t, got.Error, LostAcrossRestart, "never cancelled, never completed without evidence")
+	assert.Contains(t, got.Error, lostAcrossRestart, "never cancelled, never completed without evidence")
 	got = waitStatus(t, m2, queued.ID, StatusRunning)
 	assert.True(t, strings.HasPrefix(got.SessionID, "s-"), "the run that never started starts now")
 }
@@ -373,7 +373,7 @@ func TestAClosureInProgressAtACrashIsFinishedAtRestart(t *testing.T) {
 	got, err := m2.Task(task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, got.Status, "the restart finished the closure: the child was stopped, confirmed")
-	recs := m2.ClosureRecords()
+	recs := m2.Snapshot().Closures
 	require.NotEmpty(t, recs)
 	assert.Equal(t, "root", recs[len(recs)-1].SessionID)
 	svc.mu.Lock()
@@ -397,7 +397,7 @@ func crashMidClosure(t *testing.T, dir string, svc *sessionService) Task {
 	waitStatus(t, m1, task.ID, StatusRunning)
 	closed := make(chan error, 1)
 	go func() {
-		_, err := m1.CloseBranch(ctx, "root")
+		_, err := m1.Stop(ctx, Target{Session: "root"})
 		closed <- err
 	}()
 	<-hung // the closure's abort is in flight when the process dies
@@ -448,15 +448,15 @@ func TestAGivenUpNotificationIsNotDeliveredAgainAfterARestart(t *testing.T) {
 	require.NoError(t, m1.Observe(Event{SessionID: got.SessionID, Kind: SessionIdle, Text: "x"}))
 	waitStatus(t, m1, task.ID, StatusCompleted)
 	require.NoError(t, m1.life.group.Wait(ctx)) // the refusal is settled
-	require.NotEmpty(t, m1.Undelivered())
+	require.NotEmpty(t, m1.Dropped().Undelivered)
 	crash(t, m1, j1)
 
 	rec := &recorder{}
 	j2 := openJournal(t, dir)
 	m2, err := Open(ctx, host, WithJournal(j2), WithNotifier(rec))
 	require.NoError(t, err)
-	want := m1.Undelivered()
-	lost := m2.Undelivered()
+	want := m1.Dropped().Undelivered
+	lost := m2.Dropped().Undelivered
 	require.Len(t, lost, len(want), "Undelivered outlives the process")
 	for i := range want {
 		assert.Equal(t, want[i].ID, lost[i].ID)
@@ -468,12 +468,19 @@ func TestAGivenUpNotificationIsNotDeliveredAgainAfterARestart(t *testing.T) {
 	assert.Empty(t, rec.All(), "nothing is delivered again")
 }
 
-// A typed-nil journal is a caller's bug: an error, never a crash.
-func TestATypedNilJournalIsAnErrorNotACrash(t *testing.T) {
-	var j *fileJournal
-	_, err := Open(context.Background(), &testHost{}, WithJournal(j))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "panicked")
+// A nil or typed-nil journal is a caller's bug (a journal whose opening
+// failed, its error lost): refused at once with a clear error, never a
+// crash and never a Manager silently in memory.
+func TestANilJournalIsRefused(t *testing.T) {
+	var typed *fileJournal
+	for name, j := range map[string]Journal{"nil": nil, "typed nil": typed} {
+		t.Run(name, func(t *testing.T) {
+			m, err := Open(context.Background(), &testHost{}, WithJournal(j))
+			require.ErrorIs(t, err, ErrInvalidArgument)
+			assert.Contains(t, err.Error(), "WithJournal")
+			assert.Nil(t, m)
+		})
+	}
 }
 
 // switchJournal is a journal that starts failing when fail is set: a disk
@@ -518,7 +525,7 @@ func TestShutdownAfterTheJournalFailedMidRunReturns(t *testing.T) {
 	require.NoError(t, err)
 
 	j.fail.Store(true)
-	assert.ErrorIs(t, m.Cancel(context.Background(), running.ID), ErrJournal)
+	assert.ErrorIs(t, stopErr(m.Stop(context.Background(), Target{Task: running.ID})), ErrJournal)
 	// Waits for what will never be recorded return, with no deadline.
 	_, err = m.Wait(context.Background(), running.ID)
 	assert.ErrorIs(t, err, ErrJournal)

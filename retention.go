@@ -15,8 +15,8 @@ import (
 // it (cur, atts, sessionList, ev) without allocating a string; a record
 // for a frozen task thaws it first (write).
 
-// DefaultMaxEnded is how many ended tasks a Manager keeps by default.
-const DefaultMaxEnded = 10_000
+// defaultMaxEnded is how many ended tasks a Manager keeps by default.
+const defaultMaxEnded = 10_000
 
 // maxTombstones bounds the ids of forgotten tasks a Manager remembers as
 // forgotten (ErrForgotten); an older one is then unknown.

@@ -45,7 +45,7 @@ func TestRetentionForgetsTheOldestEndedTasksAndSaysSo(t *testing.T) {
 		assert.NotErrorIs(t, err, ErrUnknownTask, "it existed")
 		_, err = h.m.Wait(context.Background(), old.ID)
 		assert.ErrorIs(t, err, ErrForgotten)
-		assert.ErrorIs(t, h.m.Cancel(context.Background(), old.ID), ErrForgotten)
+		assert.ErrorIs(t, stopErr(h.m.Stop(context.Background(), Target{Task: old.ID})), ErrForgotten)
 		assert.ErrorIs(t, h.m.Observe(Event{SessionID: old.SessionID, Kind: SessionBusy}), ErrUnknownSession, "its session index is gone too")
 	}
 	for _, kept := range tasks[2:] {

@@ -67,7 +67,7 @@ func (m *Manager) classify(err error) (f failure) {
 	defer func() {
 		if r := recover(); r != nil {
 			f.reason, f.retry = ReasonUnknown, false
-			f.text += " (bgtask: classifying this error panicked: " + panicText(r) + ")"
+			f.text += " (classifying this error panicked: " + panicText(r) + ")"
 		}
 	}()
 	f.reason = reasonOf(err)
@@ -101,7 +101,7 @@ func (m *Manager) retry(fx *effect, w *group.Worker) {
 		failed := fx.prev.attempt()
 		fx.ctx = runCtx{Context: m.life.ctx, v: runValue{ref: RunRef{TaskID: e.info.id, AttemptID: failed.ID, Token: failed.Token}, kind: callAbort}}
 		if err := m.callAbort(&fx.ctx, e, failed.SessionID); err != nil {
-			m.logAttrs(slog.LevelWarn, "bgtask: abort of failed attempt's session failed",
+			m.logAttrs(slog.LevelWarn, "abort of failed attempt's session failed",
 				slog.String("task", e.info.id), slog.String("attempt", failed.ID),
 				slog.String("session", failed.SessionID), slog.String("err", safeText(err)))
 		}
@@ -138,7 +138,7 @@ func (m *Manager) retryDelay(attempt int, cause error) (d time.Duration, panicke
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			d, panicked = 0, "bgtask: the retry delay function panicked: "+panicText(r)
+			d, panicked = 0, "the retry delay function panicked: "+panicText(r)
 		}
 	}()
 	return m.cfg.retryDelay(attempt, cause), ""

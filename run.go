@@ -33,7 +33,7 @@ type RunRef struct {
 // FuncHost function. The stop is recorded and goes on
 // (a session being started is aborted on arrival; an abort in flight is
 // joined); Wait, or a later call from outside the callback, sees the end.
-var ErrStopPending = errors.New("bgtask: stop requested from a callback it would wait for; it completes after the callback returns")
+var ErrStopPending = errors.New("stop requested from a callback it would wait for; it completes after the callback returns")
 
 // callKind says which callback a context was made for.
 type callKind uint8

@@ -124,7 +124,7 @@ type Spec struct {
 	// are stopped as CloseTask stops them (honestly: cancelled once the
 	// host confirmed), and the close's error, if any, is logged.
 	// InheritValues and CancelWithCaller apply to the task a Launch
-	// creates: with ExtendLive they are refused (ErrInvalidSpec), as that
+	// creates: with ExtendLive they are refused (ErrInvalidArgument), as that
 	// Launch may extend a task another caller started.
 	CancelWithCaller bool
 }
@@ -136,8 +136,8 @@ type Resumer interface {
 	ResumeSession(ctx context.Context, sessionID string, req SessionRequest) error
 }
 
-// ReservedMetadataPrefix starts the Metadata keys only bgtask may write.
-const ReservedMetadataPrefix = "bgtask."
+// reservedMetadataPrefix starts the Metadata keys only bgtask may write.
+const reservedMetadataPrefix = "bgtask."
 
 func (s Spec) validate() error {
 	switch {
@@ -164,8 +164,8 @@ func (s Spec) validate() error {
 		return &SpecError{Field: "ExtendLive", Reason: "cannot be used with InheritValues or CancelWithCaller: they apply to the task a Launch creates"}
 	}
 	for k := range s.Metadata {
-		if len(k) >= len(ReservedMetadataPrefix) && strings.EqualFold(k[:len(ReservedMetadataPrefix)], ReservedMetadataPrefix) {
-			return &SpecError{Field: "Metadata[" + strconv.Quote(k) + "]", Reason: "the " + ReservedMetadataPrefix + " prefix is reserved for the library"}
+		if len(k) >= len(reservedMetadataPrefix) && strings.EqualFold(k[:len(reservedMetadataPrefix)], reservedMetadataPrefix) {
+			return &SpecError{Field: "Metadata[" + strconv.Quote(k) + "]", Reason: "the " + reservedMetadataPrefix + " prefix is reserved for the library"}
 		}
 	}
 	for i, m := range s.Models {

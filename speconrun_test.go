@@ -57,7 +57,7 @@ func TestATasksOwnFunctionIsStoppedPromptedAndGuarded(t *testing.T) {
 	}
 	stopped := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Run: waiting})
 	waitFor(t, h.m, stopped.ID, func(t Task) bool { return t.Status == StatusRunning })
-	require.NoError(t, h.m.Cancel(context.Background(), stopped.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: stopped.ID})))
 	assert.Equal(t, StatusCancelled, h.wait(stopped.ID).Status)
 	assert.Empty(t, h.host.aborts, "the service was not asked")
 
@@ -128,13 +128,13 @@ func TestATasksOwnFunctionAfterARestart(t *testing.T) {
 	// that bind reached the journal (the restart then finds a start whose
 	// outcome it cannot know) or after (a run lost across the restart).
 	// Either way the host was not asked: the function died with the process.
-	assert.True(t, strings.Contains(again.Error, LostAcrossRestart) || strings.Contains(again.Error, StartOutcomeUnknown),
+	assert.True(t, strings.Contains(again.Error, lostAcrossRestart) || strings.Contains(again.Error, startOutcomeUnknown),
 		"interrupt for the restart: %q", again.Error)
 }
 
-// New(nil) is an in-process Manager: every task brings its own function.
+// mustOpen(nil) is an in-process Manager: every task brings its own function.
 func TestANilHostMakesAnInProcessManager(t *testing.T) {
-	m := New(nil, WithIDs(SequentialIDs()))
+	m := mustOpen(nil, WithIDs(SequentialIDs()))
 	shutdownAtCleanup(t, m)
 	_, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
 	var se *SpecError
@@ -157,7 +157,7 @@ func TestANilHostMakesAnInProcessManager(t *testing.T) {
 // none runs once, with no model) and, with no Notifier, a parent session
 // (the task then has none: paging and tree limits count it under "").
 func TestInProcessDefaults(t *testing.T) {
-	m := New(nil, WithIDs(SequentialIDs()), WithTreeLimits(TreeLimits{MaxPerParent: 1}))
+	m := mustOpen(nil, WithIDs(SequentialIDs()), WithTreeLimits(TreeLimits{MaxPerParent: 1}))
 	shutdownAtCleanup(t, m)
 	hold := make(chan struct{})
 	task, err := m.Launch(context.Background(), Spec{Prompt: "go",
@@ -182,7 +182,7 @@ func TestInProcessDefaults(t *testing.T) {
 	require.Len(t, page.Tasks, 1, "found by a query")
 	assert.Equal(t, task.ID, page.Tasks[0].ID)
 
-	told := New(nil, WithNotifier(NotifierFunc(func(context.Context, Notification) error { return nil })))
+	told := mustOpen(nil, WithNotifier(NotifierFunc(func(context.Context, Notification) error { return nil })))
 	shutdownAtCleanup(t, told)
 	_, err = told.Launch(context.Background(), Spec{Run: func(context.Context, Run) (string, error) { return "", nil }})
 	var se *SpecError
@@ -243,7 +243,7 @@ func TestAfterARestartTheServiceNeverHearsOfATasksOwnFunction(t *testing.T) {
 		done, err := m2.Wait(ctx, id)
 		require.NoError(t, err)
 		assert.Equal(t, StatusInterrupt, done.Status, id)
-		assert.Equal(t, LostAcrossRestart, done.Error, id)
+		assert.Equal(t, lostAcrossRestart, done.Error, id)
 		assert.NotContains(t, Envelope(done), "inspected", "its function's run left no session")
 	}
 	_, err = m2.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), ContinueFrom: running.ID})

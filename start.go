@@ -58,11 +58,11 @@ func (m *Manager) gateStart(ctx context.Context, req SessionRequest) (err error)
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = Permanent(fmt.Errorf("bgtask: the start gate panicked: %s", panicText(r)))
+			err = Permanent(fmt.Errorf("the start gate panicked: %s", panicText(r)))
 		}
 	}()
 	if err := guardError(g(ctx, req)); err != nil {
-		return Permanent(fmt.Errorf("bgtask: the start was refused: %w", err))
+		return Permanent(fmt.Errorf("the start was refused: %w", err))
 	}
 	return nil
 }
@@ -75,7 +75,7 @@ func (m *Manager) callResume(ctx context.Context, sid string, req SessionRequest
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = Permanent(fmt.Errorf("bgtask: Host.ResumeSession panicked: %s", panicText(r)))
+			err = Permanent(fmt.Errorf("Host.ResumeSession panicked: %s", panicText(r)))
 		}
 	}()
 	r, _ := m.hosts.main.(Resumer) // Launch checked
@@ -97,7 +97,7 @@ func (m *Manager) callStartOn(ctx context.Context, host Host, req SessionRequest
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			sid, err = "", Permanent(fmt.Errorf("bgtask: Host.StartSession panicked: %s", panicText(r)))
+			sid, err = "", Permanent(fmt.Errorf("Host.StartSession panicked: %s", panicText(r)))
 		}
 	}()
 	sid, err = host.StartSession(ctx, req)
@@ -160,7 +160,7 @@ func (m *Manager) onStarted(in *startedIn) {
 	if sid != "" {
 		if owner, taken := m.led.bySession[sid]; taken && !(a.Number == 1 && continues(e, owner, sid)) {
 			// A host bug: never touch a session that belongs to another run.
-			m.logLocked(slog.LevelError, "bgtask: Host.StartSession returned a session that belongs to another attempt",
+			m.logLocked(slog.LevelError, "Host.StartSession returned a session that belongs to another attempt",
 				slog.String("task", e.info.id), slog.String("attempt", a.ID), slog.String("session", sid),
 				slog.String("owner", owner.attempt().ID))
 			err = Permanent(&StartError{Model: a.Model, Err: fmt.Errorf("Host.StartSession returned session %s, which belongs to attempt %s", sid, owner.attempt().ID)})
@@ -250,7 +250,7 @@ func (m *Manager) startFailed(e *entry, a Attempt, f failure) {
 func (m *Manager) finalize(e *entry, id string, status Status, errText, result string, at time.Time) {
 	ref, ok := m.led.attemptOf(id)
 	if !ok || ref.e != e {
-		m.ledgerBug(e, fmt.Errorf("bgtask: ledger: unknown attempt %q", id))
+		m.ledgerBug(e, fmt.Errorf("ledger: unknown attempt %q", id))
 		return
 	}
 	m.finalizeRef(ref, status, errText, result, at)

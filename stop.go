@@ -168,7 +168,7 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 		if live {
 			// The stop it served is withdrawn: the run goes on (a stop that
 			// was asked still forbids a retry).
-			m.logLocked(slog.LevelWarn, "bgtask: abort failed; the child is still running",
+			m.logLocked(slog.LevelWarn, "abort failed; the child is still running",
 				slog.String("task", op.run().TaskID), slog.String("attempt", op.run().AttemptID),
 				slog.String("session", op.session), slog.String("err", safeText(err)))
 			if !m.commit(e, record{kind: recStopWithdrawn, at: now, attempt: *a, recordExt: &recordExt{note: err.Error()}}) {
@@ -213,7 +213,7 @@ func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
 	orphan.SessionID = sessionID
 	m.intend(recAbortRequested, e, orphan)
 	if !m.effect(effect{kind: fxAbortOrphan, e: e, run: runOfAttempt(a), session: sessionID}) {
-		m.logLocked(slog.LevelError, "bgtask: a session created for a superseded attempt was left running: the manager is shut down",
+		m.logLocked(slog.LevelError, "a session created for a superseded attempt was left running: the manager is shut down",
 			slog.String("task", e.id), slog.String("attempt", a.ID), slog.String("session", sessionID))
 	}
 }
@@ -223,7 +223,7 @@ func (m *Manager) abortOrphan(e *entry, a Attempt, sessionID string) {
 func (m *Manager) abortOrphanNow(e *entry, a Attempt, sessionID string) {
 	run := RunRef{TaskID: e.id, AttemptID: a.ID, Token: a.Token}
 	if err := m.callAbort(withRun(m.life.ctx, run, callAbort), e, sessionID); err != nil {
-		m.logAttrs(slog.LevelWarn, "bgtask: abort of a session created for a superseded attempt failed",
+		m.logAttrs(slog.LevelWarn, "abort of a session created for a superseded attempt failed",
 			slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID),
 			slog.String("session", sessionID), slog.String("err", safeText(err)))
 	}
@@ -239,7 +239,7 @@ func (m *Manager) callAbort(ctx context.Context, e *entry, sessionID string) (er
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("bgtask: Host.AbortSession panicked: %s", panicText(r))
+			err = fmt.Errorf("Host.AbortSession panicked: %s", panicText(r))
 		}
 	}()
 	host := m.hosts.main
@@ -268,64 +268,181 @@ func (m *Manager) stopRun(e *entry, now time.Time) *abortOp {
 	return nil
 }
 
-// Cancel stops the task with id and returns once its child has stopped: the
-// host confirmed the abort, or no child existed yet. It acts on the run it
-// observes when called (by token): it never stops a later run, and no retry
-// follows it.
-//
-// Cancel returns nil, changing nothing, when the task is already terminal
-// (also when the child finished before the abort landed: the task keeps that
-// outcome). It returns ErrUnknownTask for an unknown id; the host's error if
-// the abort failed (the task stays in its live state, and Cancel may be
-// called again); ctx's error if ctx ends first (the abort goes on and its
-// outcome is recorded when it lands); and ErrStopPending when called with a
-// Host callback's context for the run that callback serves. To ask for the
-// stop without waiting, use Stop.
-func (m *Manager) Cancel(ctx context.Context, id string) error {
-	return m.cancel(orBackground(ctx), id, "")
+// Target names what Stop stops. Exactly one of Task, Session and Run is
+// set; the zero Target is refused (ErrInvalidArgument).
+type Target struct {
+	// Task stops the task with this id: the run current when Stop looks,
+	// by its token (never a later run), and no retry follows. With Tree,
+	// everything launched from any of its sessions (current and
+	// superseded) is stopped too, recursively, as a closure: a fence goes
+	// up, the closure is recorded (ClosureRecord, Snapshot.Closures) and
+	// the parent is told (NotifyBranchClosed). A task that has ended is
+	// no obstacle to Tree: what it launched is still stopped.
+	Task string
+	// Tree: see Task.
+	Tree bool
+	// Session stops everything launched from this session, recursively,
+	// as a closure (see Task and Tree): the branch beneath a chat, or
+	// beneath one task's session.
+	Session string
+	// Run stops exactly this run (RunFromContext, Run's fields). If that
+	// run was already replaced or ended, Stop does nothing and returns
+	// nil: it never touches another run of the task.
+	Run RunRef
+	// NoWait returns once the stop is recorded (durably, with a journal)
+	// and, for a closure, its fence is up, with the first pass's report;
+	// the stop goes on in the background. Without it, Stop returns once
+	// everything it stopped has really stopped. Either way a task reads
+	// as it is until its child really stopped, then ends cancelled (Wait
+	// or Subscribe tell).
+	NoWait bool
 }
 
-// Stop is Cancel that does not wait for the child: it records the stop of
-// task id's current run (durably, with a journal), sets off its abort, and
-// returns. The task ends cancelled once its child really stopped (Wait, or
-// Subscribe, tells); until then it reads as it is, and no retry follows.
-// If the abort fails the task stays in its live state, as with Cancel, and
-// Stop (or Cancel) may be asked again. It returns nil also when the task
-// is already terminal; ErrUnknownTask or ErrForgotten for an id it does
-// not have; a *DurabilityUnknownError if ctx ended before the stop was
-// durable. Called from a Host callback for the very run it stops, it
-// returns nil: nothing waits.
-func (m *Manager) Stop(ctx context.Context, id string) error {
-	ctx = orBackground(ctx)
-	in := stopIn{id: id, by: stopAskedBy(ctx)}
-	if err := m.stepCtx(ctx, &in); err != nil {
-		return durabilityUnknown(err, "Stop", id)
+// check says what is wrong with t, if anything.
+func (t Target) check() error {
+	set := 0
+	for _, s := range [...]bool{t.Task != "", t.Session != "", t.Run != (RunRef{})} {
+		if s {
+			set++
+		}
 	}
-	return in.out.err
+	switch {
+	case set == 0:
+		return fmt.Errorf("%w: Stop needs a Target with Task, Session or Run", ErrInvalidArgument)
+	case set > 1:
+		return fmt.Errorf("%w: a Target names one of Task, Session and Run, not several", ErrInvalidArgument)
+	case t.Tree && t.Task == "":
+		return fmt.Errorf("%w: Target.Tree goes with Target.Task", ErrInvalidArgument)
+	case t.Session != "" && blank(t.Session):
+		return fmt.Errorf("%w: Target.Session is blank", ErrInvalidArgument)
+	case t.Task != "" && blank(t.Task):
+		return fmt.Errorf("%w: Target.Task is blank", ErrInvalidArgument)
+	case t.Run != (RunRef{}) && (blank(t.Run.TaskID) || blank(t.Run.Token)):
+		return fmt.Errorf("%w: Target.Run needs its TaskID and Token", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Stop stops what t names and, unless t.NoWait, returns once all of it has
+// really stopped: the host confirmed each abort, or no child existed yet.
+// The report lists each run it stopped; for a closure (Tree, Session) it
+// is the closure's, with its passes.
+//
+// A task that is already terminal (also one whose child finished before
+// the abort landed, and keeps that outcome) changes nothing, and Stop
+// returns nil. Stop returns ErrInvalidArgument for a bad Target;
+// ErrUnknownTask or ErrForgotten for a task id it does not have;
+// ErrUnknownSession for a session no task has or launched from; the
+// host's error if an abort failed (the run keeps its live state, and Stop
+// may be asked again; a closure's is a *ClosureError naming every run that
+// did not stop); ctx's error if ctx ends first (the stop goes on, and its
+// outcome is recorded when it lands); a *DurabilityUnknownError when ctx
+// ended before the stop was durable; ErrShutdown after Shutdown.
+//
+// Called with the context of a Host call or a FuncHost function serving a
+// run it would stop, Stop would wait on its own caller: it records the
+// stop, sets it off, and returns ErrStopPending (for a closure, with the
+// first pass's report); the rest goes on in the background. A Notifier's
+// context is no such case.
+func (m *Manager) Stop(ctx context.Context, t Target) (ClosureReport, error) {
+	ctx = orBackground(ctx)
+	if err := t.check(); err != nil {
+		return ClosureReport{}, err
+	}
+	switch {
+	case t.Session != "":
+		return m.closeBranch(ctx, t.Session, closedByCloseBranch, t.NoWait)
+	case t.Tree:
+		return m.closeTask(ctx, t.Task, closedByCloseTask, t.NoWait)
+	case t.NoWait:
+		id, token := t.Task, ""
+		if id == "" {
+			id, token = t.Run.TaskID, t.Run.Token
+		}
+		return m.stopNoWait(ctx, id, token)
+	case t.Task != "":
+		return m.cancel(ctx, t.Task, "")
+	}
+	ref := t.Run
+	m.mu.Lock()
+	e := m.led.tasks[ref.TaskID]
+	if e == nil {
+		err := m.missing(ref.TaskID)
+		m.unlock()
+		return ClosureReport{}, err
+	}
+	live := !e.terminal() && e.cur().Token == ref.Token
+	m.unlock()
+	if !live {
+		return ClosureReport{}, nil
+	}
+	return m.cancel(ctx, ref.TaskID, ref.Token)
+}
+
+// stopNoWait records the stop of task id's run with token ("": its
+// current one), sets off its abort, and returns.
+func (m *Manager) stopNoWait(ctx context.Context, id, token string) (ClosureReport, error) {
+	in := stopIn{id: id, token: token, by: stopAskedBy(ctx)}
+	if err := m.stepCtx(ctx, &in); err != nil {
+		return ClosureReport{}, durabilityUnknown(err, "Stop", id)
+	}
+	if in.out.err == nil && !in.out.done && in.out.token != "" {
+		return m.reportRun(id, in.out.token, false), nil
+	}
+	return ClosureReport{}, in.out.err
+}
+
+// reportRun is the report of a stop of task id's run with token: the run,
+// with its status now; when ended, only if the stop ended it (cancelled).
+func (m *Manager) reportRun(id, token string, ended bool) ClosureReport {
+	m.mu.Lock()
+	defer m.unlock()
+	e := m.led.tasks[id]
+	if e == nil {
+		return ClosureReport{}
+	}
+	for i := len(e.attempts) - 1; i >= 0; i-- {
+		if a := e.attempts[i]; a.Token == token {
+			if ended && a.Status != StatusCancelled {
+				break
+			}
+			return ClosureReport{Stopped: []StoppedRun{{TaskID: id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}}}
+		}
+	}
+	return ClosureReport{}
 }
 
 // cancel stops the run of task id with token, or (token "") the run current
-// at the first look.
-func (m *Manager) cancel(ctx context.Context, id, token string) error {
+// at the first look, and waits until it stopped.
+func (m *Manager) cancel(ctx context.Context, id, token string) (ClosureReport, error) {
 	for {
 		in := stopIn{id: id, token: token, by: stopAskedBy(ctx)}
 		if err := m.stepCtx(ctx, &in); err != nil {
-			return durabilityUnknown(err, "Cancel", id)
+			return ClosureReport{}, durabilityUnknown(err, "Stop", id)
 		}
 		r := in.out
-		if r.err != nil || r.done {
-			return r.err
+		if r.err != nil {
+			return ClosureReport{}, r.err
+		}
+		if r.done {
+			if r.token != "" {
+				token = r.token
+			}
+			if token == "" {
+				return ClosureReport{}, nil
+			}
+			return m.reportRun(id, token, true), nil
 		}
 		op, wait := r.op, r.wait
 		token = r.token // the run the stop acts on
 		if servesRun(ctx, token) {
-			return ErrStopPending
+			return m.reportRun(id, token, false), ErrStopPending
 		}
 		if m.hooks.waiting != nil {
 			m.hooks.waiting(id)
 		}
 		if err := m.parkOn(ctx, wait); err != nil {
-			return err
+			return ClosureReport{}, err
 		}
 		if op != nil && op.err != nil {
 			e := op.ref.e
@@ -333,7 +450,7 @@ func (m *Manager) cancel(ctx context.Context, id, token string) error {
 			live := !e.terminal() && e.cur().Token == token
 			m.unlock()
 			if live {
-				return fmt.Errorf("bgtask: cancel task %s: abort session %s: %w", id, op.session, op.err)
+				return m.reportRun(id, token, false), fmt.Errorf("stop task %s: abort session %s: %w", id, op.session, op.err)
 			}
 		}
 	}
@@ -359,33 +476,13 @@ func (m *Manager) onStop(in *stopIn) reply {
 	m.wantStop(e, by, m.now())
 	op := m.stopRun(e, m.now())
 	if e.terminal() {
-		return reply{done: true}
+		return reply{done: true, token: a.Token}
 	}
 	r := reply{op: op, wait: e.waitChange(), token: a.Token}
 	if op != nil {
 		r.wait = op.waitDone()
 	}
 	return r
-}
-
-// CancelRun stops exactly the run ref names and returns once it has
-// stopped, like Cancel. If that run was already replaced or ended, it does
-// nothing and returns nil: it never touches another run of the task.
-func (m *Manager) CancelRun(ctx context.Context, ref RunRef) error {
-	ctx = orBackground(ctx)
-	m.mu.Lock()
-	e := m.led.tasks[ref.TaskID]
-	if e == nil {
-		m.unlock()
-		return fmt.Errorf("%w: %q", ErrUnknownTask, ref.TaskID)
-	}
-	cur := e.cur()
-	live := !e.terminal() && cur.Token == ref.Token
-	m.unlock()
-	if !live {
-		return nil
-	}
-	return m.cancel(ctx, ref.TaskID, ref.Token)
 }
 
 // cascadeDelete closes the branch beneath a deleted session: the fence goes
@@ -408,7 +505,7 @@ func (m *Manager) cascadeDelete(sessionID string) {
 // for: a deleted session's branch, a spent budget's.
 func (m *Manager) cascadeNow(c *closure, sessionID string) {
 	if _, err := m.runClosure(m.life.ctx, c); err != nil && !errors.Is(err, context.Canceled) {
-		m.logAttrs(slog.LevelWarn, "bgtask: closing a branch failed", slog.String("by", c.by),
+		m.logAttrs(slog.LevelWarn, "closing a branch failed", slog.String("by", c.by),
 			slog.String("session", sessionID), slog.String("err", safeText(err)))
 	}
 }

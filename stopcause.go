@@ -61,24 +61,24 @@ type StopCause struct {
 func (c StopCause) String() string {
 	switch c.Kind {
 	case StopCancel:
-		return "a cancel"
+		return "the caller cancelled"
 	case StopCaller:
-		return "the end of the caller's context of task " + c.TaskID
+		return "the caller of task " + c.TaskID + " went away"
 	case StopClosure:
 		if c.TaskID != "" {
-			return "the closure of task " + c.TaskID
+			return "task " + c.TaskID + " was stopped with everything beneath it"
 		}
-		return "the closure of session " + c.Root
+		return "everything session " + c.Root + " started was stopped"
 	case StopDeadline:
-		return "the task's deadline"
+		return "its deadline passed"
 	case StopSessionDeleted:
-		return "the deletion of its session"
+		return "its session was deleted"
 	case StopShutdown:
-		return "the shutdown of its manager"
+		return "the manager shut down"
 	case StopBudget:
-		return "the budget of task " + c.TaskID + " (" + c.Limit + " spent)"
+		return "the budget of task " + c.TaskID + " ran out of " + c.Limit
 	}
-	return "a stop (" + c.Note + ")"
+	return "a stop was asked (" + c.Note + ")"
 }
 
 // The notes the stop records carry: who asked, as the ledger says it.
@@ -121,7 +121,7 @@ func stopCauseOf(note string) StopCause {
 
 // ErrCancelled is in the chain of Task.Cause of every cancelled task: a
 // *StopError that says who asked.
-var ErrCancelled = errors.New("bgtask: cancelled")
+var ErrCancelled = errors.New("cancelled")
 
 // StopError is Task.Cause of a task a stop ended cancelled or interrupt:
 // it says who asked (Stop), matches ErrCancelled for a cancelled task and
@@ -134,7 +134,11 @@ type StopError struct {
 
 // Error says how the task ended and who asked.
 func (e *StopError) Error() string {
-	return "bgtask: " + string(e.Status) + " by " + e.Stop.String()
+	word := "stopped: "
+	if e.Status == StatusInterrupt {
+		word = "interrupted: "
+	}
+	return word + e.Stop.String()
 }
 
 // Is matches ErrCancelled (a cancelled task) and ErrShutdown (a task a

@@ -21,18 +21,22 @@ func TestEveryStopSaysWhoAsked(t *testing.T) {
 		want   StopCause
 		status Status
 	}{
-		{"Cancel", func(h *harness, task Task) { require.NoError(t, h.m.Cancel(context.Background(), task.ID)) },
+		{"Cancel", func(h *harness, task Task) {
+			require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
+		},
 			StopCause{Kind: StopCancel}, StatusCancelled},
-		{"Stop", func(h *harness, task Task) { require.NoError(t, h.m.Stop(context.Background(), task.ID)) },
+		{"Stop", func(h *harness, task Task) {
+			require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID, NoWait: true})))
+		},
 			StopCause{Kind: StopCancel}, StatusCancelled},
 		{"CloseBranch", func(h *harness, task Task) {
-			_, err := h.m.CloseBranch(context.Background(), "chat")
+			_, err := h.m.Stop(context.Background(), Target{Session: "chat"})
 			require.NoError(t, err)
 		}, StopCause{Kind: StopClosure, Root: "chat"}, StatusCancelled},
 		{"CloseTask", func(h *harness, task Task) {
-			_, err := h.m.CloseTask(context.Background(), task.ID)
+			_, err := h.m.Stop(context.Background(), Target{Task: task.ID, Tree: true})
 			require.NoError(t, err)
-		}, StopCause{Kind: StopClosure, Root: "ses-1"}, StatusCancelled},
+		}, StopCause{Kind: StopClosure, TaskID: "task-1"}, StatusCancelled}, // the task closed as a unit, not its session
 		{"a deleted session", func(h *harness, task Task) {
 			require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionDeleted}))
 		}, StopCause{Kind: StopSessionDeleted}, StatusCancelled},
@@ -53,12 +57,12 @@ func TestEveryStopSaysWhoAsked(t *testing.T) {
 			assert.Equal(t, tt.status == StatusCancelled, errors.Is(done.Cause, ErrCancelled))
 			assert.Equal(t, tt.want.Kind == StopShutdown, errors.Is(done.Cause, ErrShutdown))
 			said := tt.want.String()
-			assert.Contains(t, Timeline(done), "\nStop asked by "+said)
-			assert.Contains(t, done.Outcome.Envelope, "stopped: asked by "+said)
+			assert.Contains(t, Timeline(done), "\nStopped: "+said)
+			assert.Contains(t, done.Outcome.Envelope, "stopped: "+said)
 			h.settle() // the line is written as the lock is let go, maybe after Wait returned
 			logged := false
 			for _, r := range h.logs.Records() {
-				if r["msg"] == "bgtask: task ended" && r["task"] == task.ID {
+				if r["msg"] == "task ended" && r["task"] == task.ID {
 					logged = r["stop"] == said
 				}
 			}
@@ -78,7 +82,7 @@ func TestADeadlineSaysSo(t *testing.T) {
 	require.NotNil(t, done.Stop)
 	assert.Equal(t, StopCause{Kind: StopDeadline}, *done.Stop)
 	assert.ErrorIs(t, done.Cause, ErrDeadline)
-	assert.Contains(t, Timeline(done), "Stop asked by the task's deadline")
+	assert.Contains(t, Timeline(done), "Stopped: its deadline passed")
 }
 
 // A stop asked of a run whose child ended on its own first leaves the
@@ -93,7 +97,7 @@ func TestAStopTheChildOutranKeepsTheChildsOutcome(t *testing.T) {
 	h := newHarness(t, host)
 	task := h.running("chat")
 	other := h.running("chat")
-	require.NoError(t, h.m.Stop(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID, NoWait: true})))
 	require.NoError(t, h.observe(Event{SessionID: task.SessionID, Kind: SessionIdle, Text: "finished first"}))
 	close(release)
 	done := h.wait(task.ID)
@@ -118,7 +122,7 @@ func TestAStopCauseSurvivesARestart(t *testing.T) {
 	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: []Model{{ID: "m"}}})
 	require.NoError(t, err)
 	waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
-	_, err = m.CloseBranch(context.Background(), "chat")
+	_, err = m.Stop(context.Background(), Target{Session: "chat"})
 	require.NoError(t, err)
 	require.NoError(t, m.Shutdown(context.Background()))
 
@@ -132,20 +136,20 @@ func TestAStopCauseSurvivesARestart(t *testing.T) {
 	require.NotNil(t, again.Stop)
 	assert.Equal(t, StopCause{Kind: StopClosure, Root: "chat"}, *again.Stop)
 	assert.ErrorIs(t, again.Cause, ErrCancelled, "rebuilt from the ledger: never nil")
-	assert.True(t, strings.HasSuffix(Timeline(again), "Stop asked by the closure of session chat"))
+	assert.True(t, strings.HasSuffix(Timeline(again), "Stopped: everything session chat started was stopped"))
 }
 
 func TestStopCauseOfAnUnknownNote(t *testing.T) {
 	c := stopCauseOf("a future release's stop")
 	assert.Equal(t, StopCause{Kind: StopOther, Note: "a future release's stop"}, c)
-	assert.Equal(t, "a stop (a future release's stop)", c.String())
+	assert.Equal(t, "a stop was asked (a future release's stop)", c.String())
 }
 
 // A compaction rewrites the stop as it was asked: who asked survives it.
 func TestACompactionKeepsWhoAsked(t *testing.T) {
 	h := newHarness(t, nil)
 	task := h.running("chat")
-	_, err := h.m.CloseBranch(context.Background(), "chat")
+	_, err := h.m.Stop(context.Background(), Target{Session: "chat"})
 	require.NoError(t, err)
 	h.wait(task.ID)
 	h.settle()
@@ -176,7 +180,7 @@ func TestAStopIsNotBlamedForAnEndItDidNotBring(t *testing.T) {
 	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: []Model{{ID: "m"}}})
 	require.NoError(t, err)
 	waitFor(t, m, task.ID, func(t Task) bool { return t.Status == StatusRunning })
-	require.NoError(t, m.Stop(context.Background(), task.ID))
+	require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: task.ID, NoWait: true})))
 	crash(t, m, cj)
 	close(release)
 
@@ -200,7 +204,7 @@ func TestWithStopCauseSaysWhoAsked(t *testing.T) {
 	h := newHarness(t, nil)
 	closure := StopCause{Kind: StopClosure, Root: "chat"}
 	a := h.running("chat")
-	require.NoError(t, h.m.CancelRun(WithStopCause(context.Background(), closure), RunRef{TaskID: a.ID, AttemptID: a.CurrentAttemptID, Token: a.Current().Token}))
+	require.NoError(t, stopErr(h.m.Stop(WithStopCause(context.Background(), closure), Target{Run: RunRef{TaskID: a.ID, AttemptID: a.CurrentAttemptID, Token: a.Current().Token}})))
 	done := h.wait(a.ID)
 	require.NotNil(t, done.Stop)
 	assert.Equal(t, closure, *done.Stop)
@@ -208,7 +212,7 @@ func TestWithStopCauseSaysWhoAsked(t *testing.T) {
 
 	b := h.running("chat")
 	//lint:ignore SA1012 a nil context is taken as Background
-	require.NoError(t, h.m.Stop(WithStopCause(nil, StopCause{Kind: StopCaller, TaskID: "t-9"}), b.ID))
+	require.NoError(t, stopErr(h.m.Stop(WithStopCause(nil, StopCause{Kind: StopCaller, TaskID: "t-9"}), Target{Task: b.ID, NoWait: true})))
 	assert.Equal(t, StopCause{Kind: StopCaller, TaskID: "t-9"}, *h.wait(b.ID).Stop)
 
 	for _, c := range []StopCause{{Kind: StopCancel}, {Kind: StopShutdown}, {Kind: StopDeadline}, {Kind: StopSessionDeleted},

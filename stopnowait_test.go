@@ -29,19 +29,19 @@ func TestStopReturnsBeforeTheChildStopped(t *testing.T) {
 	host, asked, release := slowAborts()
 	h := newHarness(t, host)
 	task := h.running("chat")
-	require.NoError(t, h.m.Stop(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID, NoWait: true})))
 	assert.Equal(t, task.SessionID, <-asked, "the abort was set off")
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "running until the child stopped")
-	require.NoError(t, h.m.Stop(context.Background(), task.ID), "asked again: the stop stands")
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID, NoWait: true})), "asked again: the stop stands")
 	close(release)
 	done := h.wait(task.ID)
 	assert.Equal(t, StatusCancelled, done.Status)
 	assert.Len(t, done.Attempts, 1, "no retry follows a stop")
 
-	require.NoError(t, h.m.Stop(context.Background(), task.ID), "a terminal task: nothing to do")
-	assert.ErrorIs(t, h.m.Stop(context.Background(), "task-404"), ErrUnknownTask)
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID, NoWait: true})), "a terminal task: nothing to do")
+	assert.ErrorIs(t, stopErr(h.m.Stop(context.Background(), Target{Task: "task-404", NoWait: true})), ErrUnknownTask)
 	//lint:ignore SA1012 a nil context is taken as Background
-	assert.ErrorIs(t, h.m.Stop(nil, "task-404"), ErrUnknownTask)
+	assert.ErrorIs(t, stopErr(h.m.Stop(nil, Target{Task: "task-404", NoWait: true})), ErrUnknownTask)
 }
 
 // A Stop of a task whose start is still in flight ends it without a child
@@ -51,7 +51,7 @@ func TestStopOfAPendingTaskEndsIt(t *testing.T) {
 	first := h.running("chat")
 	queued := h.running("chat") // waits for first's slot
 	require.Equal(t, PendingQueued, queued.Pending)
-	require.NoError(t, h.m.Stop(context.Background(), queued.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: queued.ID, NoWait: true})))
 	done := h.wait(queued.ID)
 	assert.Equal(t, StatusCancelled, done.Status)
 	assert.Empty(t, done.SessionID, "it never had a child")
@@ -68,19 +68,19 @@ func TestStopBranchReturnsBeforeTheBranchStopped(t *testing.T) {
 	child := h.running(lead.SessionID)
 	other := h.running("another chat")
 
-	require.NoError(t, h.m.StopBranch(context.Background(), "chat"))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Session: "chat", NoWait: true})))
 	got := []string{<-asked, <-asked}
 	assert.ElementsMatch(t, []string{lead.SessionID, child.SessionID}, got)
 	assert.Equal(t, StatusRunning, h.task(lead.ID).Status, "running until its child stopped")
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: child.SessionID, Models: mustModels(t, "a/one")})
 	assert.ErrorIs(t, err, ErrBranchClosing, "the fence is up while the branch stops")
-	assert.Empty(t, h.m.ClosureRecords(), "not recorded before it ended")
+	assert.Empty(t, h.m.Snapshot().Closures, "not recorded before it ended")
 
 	close(release)
 	assert.Equal(t, StatusCancelled, h.wait(lead.ID).Status)
 	assert.Equal(t, StatusCancelled, h.wait(child.ID).Status)
 	h.settle()
-	recs := h.m.ClosureRecords()
+	recs := h.m.Snapshot().Closures
 	require.Len(t, recs, 1, "the closure finished in the background")
 	assert.Equal(t, "chat", recs[0].SessionID)
 	assert.Len(t, recs[0].Stopped, 2)
@@ -90,9 +90,9 @@ func TestStopBranchReturnsBeforeTheBranchStopped(t *testing.T) {
 
 func TestStopBranchRefusesWhatCloseBranchRefuses(t *testing.T) {
 	h := newHarness(t, nil)
-	assert.ErrorIs(t, h.m.StopBranch(context.Background(), " "), ErrInvalidArgument)
-	assert.ErrorIs(t, h.m.StopBranch(context.Background(), "nobody"), ErrUnknownSession)
+	assert.ErrorIs(t, stopErr(h.m.Stop(context.Background(), Target{Session: " ", NoWait: true})), ErrInvalidArgument)
+	assert.ErrorIs(t, stopErr(h.m.Stop(context.Background(), Target{Session: "nobody", NoWait: true})), ErrUnknownSession)
 	h.running("chat")
 	//lint:ignore SA1012 a nil context is taken as Background
-	require.NoError(t, h.m.StopBranch(nil, "chat"))
+	require.NoError(t, stopErr(h.m.Stop(nil, Target{Session: "chat", NoWait: true})))
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/bgtask/bgtask/internal/textbound"
 )
 
-// MaxTimelineErrorRunes bounds the error line of one attempt in a Timeline.
-const MaxTimelineErrorRunes = 200
+// maxTimelineErrorRunes bounds the error line of one attempt in a Timeline.
+const maxTimelineErrorRunes = 200
 
 // Timeline renders t's attempts for the parent chat, one line per attempt
 // (number, status in upper case, model, session) and, for an attempt with an
@@ -39,7 +39,7 @@ func Timeline(t Task) string {
 		for len(skips) > 0 && skips[0].Attempt <= a.Number {
 			sk := skips[0]
 			skips = skips[1:]
-			b.WriteString("\n- Skipped " + sk.Model.String() + " before attempt " + strconv.Itoa(sk.Attempt) + " — cooling (" + textbound.OneLine(sk.Why, MaxTimelineErrorRunes) + ")")
+			b.WriteString("\n- Skipped " + sk.Model.String() + " before attempt " + strconv.Itoa(sk.Attempt) + " — cooling (" + textbound.OneLine(sk.Why, maxTimelineErrorRunes) + ")")
 			if !sk.Until.IsZero() {
 				b.WriteString(" until " + sk.Until.UTC().Format(time.RFC3339))
 			}
@@ -65,12 +65,12 @@ func Timeline(t Task) string {
 		}
 		if a.Error != "" {
 			b.WriteString("\n  Error: ")
-			b.WriteString(textbound.OneLine(a.Error, MaxTimelineErrorRunes))
+			b.WriteString(textbound.OneLine(a.Error, maxTimelineErrorRunes))
 		}
 	}
 	if t.Stop != nil {
-		b.WriteString("\nStop asked by ")
-		b.WriteString(textbound.OneLine(t.Stop.String(), MaxTimelineErrorRunes))
+		b.WriteString("\nStopped: ")
+		b.WriteString(textbound.OneLine(t.Stop.String(), maxTimelineErrorRunes))
 	}
 	b.WriteString(usageLine(t))
 	return b.String()
@@ -87,7 +87,7 @@ func sessionOrNone(id string) string {
 func retryScheduledText(failed, next Attempt) string {
 	return "[Background task retry] Attempt " + strconv.Itoa(failed.Number) +
 		" failed on " + failed.Model.String() + " (" + sessionOrNone(failed.SessionID) + "): " +
-		textbound.OneLine(failed.Error, MaxTimelineErrorRunes) +
+		textbound.OneLine(failed.Error, maxTimelineErrorRunes) +
 		". Retrying on " + next.Model.String() + " as attempt " + strconv.Itoa(next.Number) +
 		"; its session is being created."
 }
@@ -130,7 +130,7 @@ func branchClosedText(r ClosureRecord) string {
 		if lines == maxClosureLines {
 			break
 		}
-		b.WriteString("\n- task " + f.TaskID + " — STILL RUNNING — " + sessionOrNone(f.SessionID) + " — " + textbound.OneLine(f.Err, MaxTimelineErrorRunes))
+		b.WriteString("\n- task " + f.TaskID + " — STILL RUNNING — " + sessionOrNone(f.SessionID) + " — " + textbound.OneLine(f.Err, maxTimelineErrorRunes))
 		lines++
 	}
 	for _, s := range r.Stopped {
@@ -198,12 +198,12 @@ var (
 	ErrContentFilter   = errors.New("output blocked by a content filter")
 )
 
-// MaxEvidenceRunes bounds Outcome.Evidence: longer output keeps its
+// maxEvidenceRunes bounds Outcome.Evidence: longer output keeps its
 // beginning and end.
-const MaxEvidenceRunes = 2000
+const maxEvidenceRunes = 2000
 
-// MaxProgressRunes bounds Task.Progress, one line.
-const MaxProgressRunes = 200
+// maxProgressRunes bounds Task.Progress, one line.
+const maxProgressRunes = 200
 
 // Outcome is what a parent gets when a task ends: computed once, at its
 // first read after the task became terminal (from what the task ended
@@ -230,7 +230,7 @@ type Outcome struct {
 	// failed while stopping).
 	Error string `json:"error,omitempty"`
 	// Evidence is the child's last output when the outcome is not a clean
-	// answer, bounded to MaxEvidenceRunes; EvidenceDropped counts the
+	// answer, bounded to maxEvidenceRunes; EvidenceDropped counts the
 	// characters dropped from its middle.
 	Evidence string `json:"evidence,omitempty"`
 	// EvidenceDropped counts the characters dropped from Evidence's middle.
@@ -333,7 +333,7 @@ func outcomeFacts(t Task, ev *evidence, sessions sessionKind) *Outcome {
 		if evidence == "" && cur.Status == StatusCompleted {
 			evidence = cur.Result
 		}
-		o.Evidence, o.EvidenceDropped = textbound.Middle(evidence, MaxEvidenceRunes)
+		o.Evidence, o.EvidenceDropped = textbound.Middle(evidence, maxEvidenceRunes)
 	}
 	o.Notices = notices(t, o, sessions)
 	if last.notice != "" {
@@ -361,8 +361,8 @@ var unusableAnswer = map[Reason]string{
 	ReasonUnconsumedToolCall: "the child's turn ended on a tool call that was never answered",
 }
 
-// MaxNoticeRunes bounds one <task_notice> line.
-const MaxNoticeRunes = 200
+// maxNoticeRunes bounds one <task_notice> line.
+const maxNoticeRunes = 200
 
 func notices(t Task, o *Outcome, sessions sessionKind) []string {
 	var out []string
@@ -374,7 +374,7 @@ func notices(t Task, o *Outcome, sessions sessionKind) []string {
 		out = append(out, "retried on "+strconv.Itoa(len(seen))+" model"+plural(len(seen))+" after attempt 1 failed")
 	}
 	if t.Stop != nil && !o.HasAnswer {
-		out = append(out, "stopped: asked by "+t.Stop.String())
+		out = append(out, "stopped: "+t.Stop.String())
 	}
 	if o.HasAnswer && o.Answer == "" {
 		out = append(out, "the answer is empty: the child ended its turn with an empty final message")
@@ -403,7 +403,7 @@ func plural(n int) string {
 //
 // Content cannot break the envelope: attributes, errors, statuses and
 // notices are escaped ("<" and "&" become entities; a notice is one line,
-// capped at MaxNoticeRunes); the answer and the evidence are verbatim but
+// capped at maxNoticeRunes); the answer and the evidence are verbatim but
 // for "</task", which is escaped so it cannot close a tag (see the package
 // docs for how to recover the exact answer).
 func Envelope(t Task) string {
@@ -517,7 +517,7 @@ func closeElement(b *strings.Builder, tag string) {
 func closeTask(b *strings.Builder, notices []string) {
 	for _, n := range notices {
 		b.WriteString("<task_notice>")
-		b.WriteString(markup.Text(textbound.OneLine(n, MaxNoticeRunes)))
+		b.WriteString(markup.Text(textbound.OneLine(n, maxNoticeRunes)))
 		b.WriteString("</task_notice>\n")
 	}
 	b.WriteString("</task>")

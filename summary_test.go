@@ -88,7 +88,7 @@ func TestTimelineGolden(t *testing.T) {
 			for _, l := range lines[1:] {
 				assert.True(t, strings.HasPrefix(l, "- Attempt ") || strings.HasPrefix(l, "  Error: "), "line %q", l)
 				if strings.HasPrefix(l, "  Error: ") {
-					assert.LessOrEqual(t, len([]rune(strings.TrimPrefix(l, "  Error: "))), MaxTimelineErrorRunes)
+					assert.LessOrEqual(t, len([]rune(strings.TrimPrefix(l, "  Error: "))), maxTimelineErrorRunes)
 				}
 			}
 		})

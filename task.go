@@ -59,7 +59,7 @@ type Task struct {
 	// process-local, never persisted, empty unless the task is running.
 	Activity Activity `json:"activity,omitempty"`
 	// Progress is the run's latest line of progress (Event.Progress,
-	// Run.Progress), bounded to MaxProgressRunes: process-local, like
+	// Run.Progress), bounded to maxProgressRunes: process-local, like
 	// Activity, and empty unless the task is running.
 	Progress string `json:"progress,omitempty"`
 	// Key is Spec.Key: while the task is live, no other task with it starts.

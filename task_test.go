@@ -102,7 +102,7 @@ func TestLaunchRejectsBadSpecs(t *testing.T) {
 			tt.give(&spec)
 			_, err := h.m.Launch(context.Background(), spec)
 			require.Error(t, err)
-			assert.ErrorIs(t, err, ErrInvalidSpec)
+			assert.ErrorIs(t, err, ErrInvalidArgument)
 			var se *SpecError
 			require.ErrorAs(t, err, &se)
 			assert.Equal(t, tt.field, se.Field)
@@ -374,7 +374,7 @@ func TestStaleEventIsLoggedWithIdentity(t *testing.T) {
 	require.ErrorIs(t, h.observe(Event{SessionID: "ses-1", Kind: SessionBusy}), ErrStaleEvent)
 	var found bool
 	for _, r := range h.logs.Records() {
-		if r["msg"] == "bgtask: event ignored" && r["level"] == "DEBUG" {
+		if r["msg"] == "event ignored" && r["level"] == "DEBUG" {
 			found = true
 			assert.Equal(t, task.ID, r["task"])
 			assert.Equal(t, task.Attempts[0].ID, r["attempt"])
@@ -386,8 +386,8 @@ func TestStaleEventIsLoggedWithIdentity(t *testing.T) {
 
 func TestObserveRejectsInvalidEvents(t *testing.T) {
 	h := newHarness(t, nil)
-	assert.ErrorIs(t, h.m.Observe(Event{Kind: SessionIdle}), ErrInvalidEvent)
-	assert.ErrorIs(t, h.m.Observe(Event{SessionID: "s", Kind: "weird"}), ErrInvalidEvent)
+	assert.ErrorIs(t, h.m.Observe(Event{Kind: SessionIdle}), ErrInvalidArgument)
+	assert.ErrorIs(t, h.m.Observe(Event{SessionID: "s", Kind: "weird"}), ErrInvalidArgument)
 }
 
 func TestEarlyEventsAreHeldUntilBind(t *testing.T) {
@@ -534,7 +534,9 @@ func TestFinalSummaryForEveryTerminalOutcome(t *testing.T) {
 		{name: "error", end: func(h *harness, id string) {
 			require.NoError(h.t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: Permanent(errForbidden)}))
 		}, want: StatusError},
-		{name: "cancelled", end: func(h *harness, id string) { require.NoError(h.t, h.m.Cancel(context.Background(), id)) }, want: StatusCancelled},
+		{name: "cancelled", end: func(h *harness, id string) {
+			require.NoError(h.t, stopErr(h.m.Stop(context.Background(), Target{Task: id})))
+		}, want: StatusCancelled},
 		{name: "deleted", end: func(h *harness, id string) {
 			require.NoError(h.t, h.observe(Event{SessionID: "ses-1", Kind: SessionDeleted}))
 		}, want: StatusCancelled},
@@ -587,7 +589,7 @@ func TestRetryDelayShowsPendingAndCancelEndsIt(t *testing.T) {
 	_, timersBefore = h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: "ses-2", Kind: SessionError, Err: errRateLimited}))
 	<-timersBefore
-	require.NoError(t, h.m.Cancel(context.Background(), task.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got = h.wait(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status)
 	assert.Empty(t, got.SessionID)

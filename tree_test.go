@@ -128,17 +128,18 @@ func TestTreeLimitsCapTheLiveTasksOfATree(t *testing.T) {
 }
 
 func TestInvalidTreeLimitsAreReported(t *testing.T) {
-	h := newHarness(t, nil, WithTreeLimits(TreeLimits{MaxDepth: -1}))
-	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
+	m, err := Open(context.Background(), &testHost{}, WithTreeLimits(TreeLimits{MaxDepth: -1}))
 	assert.ErrorContains(t, err, "TreeLimits")
+	assert.ErrorIs(t, err, ErrInvalidArgument)
+	assert.Nil(t, m, "Open refuses it at once, not at each Launch")
 }
 
 func TestAnEndedTaskWhoseSessionLaunchedLiveTasksIsKeptWhole(t *testing.T) {
 	h := newHarness(t, nil, WithRetention(Retention{MaxEnded: 1}), WithTreeLimits(TreeLimits{MaxDepth: 2}))
 	p := h.running("chat", func(s *Spec) { s.Models = mustModels(t, "a/one") })
 	kid := h.running(p.SessionID)
-	require.NoError(t, h.m.Cancel(context.Background(), p.ID)) // p alone
-	for range 3 {                                              // others end: retention would forget p
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: p.ID}))) // p alone
+	for range 3 {                                                                   // others end: retention would forget p
 		o := h.running("other")
 		require.NoError(t, h.observe(Event{SessionID: o.SessionID, Kind: SessionIdle, Text: "ok"}))
 	}
@@ -150,7 +151,7 @@ func TestAnEndedTaskWhoseSessionLaunchedLiveTasksIsKeptWhole(t *testing.T) {
 	assert.Equal(t, 2, sibling.Depth)
 	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: kid.SessionID, Models: mustModels(t, "a/one")})
 	assert.ErrorIs(t, err, ErrDepthLimit, "the tree's depth is still known")
-	rep, err := h.m.CloseBranch(context.Background(), "chat")
+	rep, err := h.m.Stop(context.Background(), Target{Session: "chat"})
 	require.NoError(t, err)
 	sib, _ := h.m.Task(sibling.ID)
 	assert.Len(t, rep.Stopped, 2, "a closure of the root still reaches them: %+v, sibling %+v", rep, sib)
@@ -194,7 +195,7 @@ func TestWaitParentWaitsForEveryTaskOfAParent(t *testing.T) {
 		t.Fatal("returned while c runs")
 	default:
 	}
-	require.NoError(t, h.m.Cancel(context.Background(), c.ID))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: c.ID})))
 	tasks := <-got
 	var ids []string
 	for _, task := range tasks {

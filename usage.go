@@ -99,7 +99,7 @@ func (u Usage) String() string {
 // validate refuses a report no host makes: a negative figure.
 func (u Usage) validate() error {
 	if u.InputTokens < 0 || u.OutputTokens < 0 || u.CachedTokens < 0 || u.Requests < 0 || u.Cost < 0 {
-		return fmt.Errorf("%w: usage with a negative figure (%+v)", ErrInvalidEvent, u)
+		return fmt.Errorf("%w: usage with a negative figure (%+v)", ErrInvalidArgument, u)
 	}
 	return nil
 }
@@ -223,16 +223,16 @@ func (l *ledger) countUsage(e *entry, rec *record) {
 // reports a negative figure.
 func checkUsage(l *ledger, e *entry, rec *record) error {
 	if rec.usage == nil {
-		return errors.New("bgtask: ledger: a usage record must carry its usage")
+		return errors.New("ledger: a usage record must carry its usage")
 	}
 	if rec.usage.attempt == "" { // a budget's carry: its task holds one
 		if e.acct == nil || e.acct.bud == nil || e.acct.bud.owner != e || rec.usage.spawned < 0 {
-			return fmt.Errorf("bgtask: ledger: a budget's carry for task %s, which holds none", e.id)
+			return fmt.Errorf("ledger: a budget's carry for task %s, which holds none", e.id)
 		}
 		return rec.usage.u.validate()
 	}
 	if owner := l.byAttempt[rec.usage.attempt]; owner != e {
-		return fmt.Errorf("bgtask: ledger: usage for attempt %q, which is not task %s's", rec.usage.attempt, e.id)
+		return fmt.Errorf("ledger: usage for attempt %q, which is not task %s's", rec.usage.attempt, e.id)
 	}
 	return rec.usage.u.validate()
 }
@@ -267,12 +267,12 @@ func (m *Manager) spend(ref attemptRef, u Usage, at time.Time) {
 
 // Usage reports what this run's model calls used since its previous
 // report (a delta; see Usage). It is counted for this attempt even when
-// the run was stopped or replaced meanwhile. It returns ErrInvalidEvent
+// the run was stopped or replaced meanwhile. It returns ErrInvalidArgument
 // for a negative figure, ErrJournal when the record could not be made
 // durable, and nil otherwise.
 func (r Run) Usage(u Usage) error {
 	if r.m == nil {
-		return errors.New("bgtask: Run.Usage on a Run no FuncHost made")
+		return errors.New("Run.Usage on a Run no FuncHost made")
 	}
 	return r.m.Observe(Event{AttemptID: r.AttemptID, Token: r.Token, Kind: SessionUsage, Usage: u})
 }

@@ -93,7 +93,7 @@ func TestUsageWithANegativeFigureIsRefused(t *testing.T) {
 	task := h.running("chat")
 	for _, bad := range []Usage{{InputTokens: -1}, {OutputTokens: -1}, {CachedTokens: -1}, {Requests: -1}, {Cost: -1}} {
 		err := h.observe(Event{SessionID: task.SessionID, Kind: SessionUsage, Usage: bad})
-		require.ErrorIs(t, err, ErrInvalidEvent, "%+v", bad)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%+v", bad)
 	}
 	assert.Nil(t, h.task(task.ID).Usage, "nothing counted")
 }
@@ -119,7 +119,7 @@ func TestCostString(t *testing.T) {
 func TestRunUsageCountsAlsoAfterTheStop(t *testing.T) {
 	ctx := testCtx(t)
 	stopped := make(chan error, 1)
-	m := New(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
+	m := mustOpen(NewFuncHost(func(ctx context.Context, run Run) (string, error) {
 		if err := run.Usage(u(10, 5, 1, 0)); err != nil {
 			return "", err
 		}
@@ -131,7 +131,7 @@ func TestRunUsageCountsAlsoAfterTheStop(t *testing.T) {
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
 	require.NoError(t, err)
 	waitFor(t, m, task.ID, func(t Task) bool { return t.Usage != nil })
-	require.NoError(t, m.Cancel(ctx, task.ID))
+	require.NoError(t, stopErr(m.Stop(ctx, Target{Task: task.ID})))
 	require.NoError(t, <-stopped)
 	end, err := m.Wait(ctx, task.ID)
 	require.NoError(t, err)

@@ -105,7 +105,7 @@ type Options struct {
 	// dropped.
 	StreamWriteTimeout time.Duration
 	// Buffer is the buffer of the one Manager subscription the event
-	// streams share (0: 4 × bgtask.DefaultSubscriptionBuffer); should the
+	// streams share (0: 4096, four times the default buffer of Manager.Subscribe); should the
 	// Manager get that far ahead of it, every stream is told it lagged.
 	Buffer int
 	// Keepalive is how often an idle event stream sends a comment
@@ -144,7 +144,7 @@ var codes = []struct {
 	{bgtask.ErrPromptRefused, "prompt_refused", http.StatusConflict},
 	{bgtask.ErrNoInvocation, "no_invocation", http.StatusNotFound},
 	{bgtask.ErrInvalidArgument, "invalid_argument", http.StatusBadRequest},
-	{bgtask.ErrInvalidSpec, "invalid_spec", http.StatusBadRequest},
+	{bgtask.ErrInvalidArgument, "invalid_spec", http.StatusBadRequest},
 	{bgtask.ErrBranchNotStopped, "branch_not_stopped", http.StatusConflict},
 	{bgtask.ErrStopPending, "stop_pending", http.StatusConflict},
 	{bgtask.ErrNotCooling, "not_cooling", http.StatusConflict},
@@ -199,7 +199,7 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		o.StreamBuffer = 4 << 20
 	}
 	if o.Buffer <= 0 {
-		o.Buffer = 4 * bgtask.DefaultSubscriptionBuffer
+		o.Buffer = 4 * 1024 // four times a Subscribe buffer's default
 	}
 	if o.StreamWriteTimeout <= 0 {
 		o.StreamWriteTimeout = 30 * time.Second
@@ -243,11 +243,16 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		writeJSON(w, http.StatusOK, t)
 	})
 	mux.HandleFunc("POST /tasks/{id}/cancel", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
-		if err := m.Cancel(ctx, r.PathValue("id")); err != nil {
+		t := bgtask.Target{Task: r.PathValue("id"), NoWait: noWait(r)}
+		if token := r.URL.Query().Get("token"); token != "" {
+			t.Run, t.Task = bgtask.RunRef{TaskID: t.Task, Token: token}, ""
+		}
+		rep, err := m.Stop(ctx, t)
+		if err != nil {
 			writeError(w, late(ctx, err))
 			return
 		}
-		w.WriteHeader(http.StatusNoContent)
+		writeJSON(w, http.StatusOK, rep)
 	}))
 	closed := func(ctx context.Context, w http.ResponseWriter, rep bgtask.ClosureReport, err error) {
 		switch err = late(ctx, err); {
@@ -260,11 +265,11 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		}
 	}
 	mux.HandleFunc("POST /tasks/{id}/close", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
-		rep, err := m.CloseTask(ctx, r.PathValue("id"))
+		rep, err := m.Stop(ctx, bgtask.Target{Task: r.PathValue("id"), Tree: true, NoWait: noWait(r)})
 		closed(ctx, w, rep, err)
 	}))
 	mux.HandleFunc("POST /sessions/{id}/close", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
-		rep, err := m.CloseBranch(ctx, r.PathValue("id"))
+		rep, err := m.Stop(ctx, bgtask.Target{Session: r.PathValue("id"), NoWait: noWait(r)})
 		closed(ctx, w, rep, err)
 	}))
 	mux.HandleFunc("POST /tasks/{id}/extend", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
@@ -340,4 +345,10 @@ func queryOf(r *http.Request) (bgtask.Query, error) {
 		q.Limit = n
 	}
 	return q, nil
+}
+
+// noWait reports whether a stop's request asks not to wait (?nowait=1).
+func noWait(r *http.Request) bool {
+	v := r.URL.Query().Get("nowait")
+	return v == "1" || v == "true"
 }

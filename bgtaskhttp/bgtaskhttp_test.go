@@ -35,7 +35,7 @@ type svc struct {
 func newSvc(t *testing.T, o bgtaskhttp.Options) *svc {
 	t.Helper()
 	s := &svc{host: bgtasktest.NewHost()}
-	s.m = bgtask.New(s.host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	s.m = mustOpen(s.host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	s.host.Attach(s.m)
 	s.srv = httptest.NewServer(bgtaskhttp.Handler(s.m, o))
 	s.c = &bgtaskhttp.Client{Base: s.srv.URL, HTTP: s.srv.Client()}
@@ -98,14 +98,14 @@ func TestTheAPIServesTasksAndActsOnThem(t *testing.T) {
 	_, err = s.c.Extend(s.ctx, a.ID, "more")
 	assert.ErrorIs(t, err, bgtask.ErrNoPrompter)
 
-	rep, err := s.c.CloseTask(s.ctx, a.ID)
+	rep, err := s.c.Stop(s.ctx, bgtask.Target{Task: a.ID, Tree: true})
 	require.NoError(t, err)
 	assert.Len(t, rep.Stopped, 2, "the task and the one its session launched")
-	_, err = s.c.CloseBranch(s.ctx, " ")
+	_, err = s.c.Stop(s.ctx, bgtask.Target{Session: " "})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
 
 	other := s.running(t, "third")
-	require.NoError(t, s.c.Cancel(s.ctx, other.ID))
+	require.NoError(t, stopErr(s.c.Stop(s.ctx, bgtask.Target{Task: other.ID})))
 	done, err := s.c.Task(s.ctx, other.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusCancelled, done.Status)
@@ -115,7 +115,7 @@ func TestABranchThatDidNotStopIsAConflictWithItsReport(t *testing.T) {
 	s := newSvc(t, bgtaskhttp.Options{})
 	a := s.running(t, "chat")
 	s.host.FailAborts(1, errors.New("session service busy"))
-	rep, err := s.c.CloseBranch(s.ctx, "chat")
+	rep, err := s.c.Stop(s.ctx, bgtask.Target{Session: "chat"})
 	require.ErrorIs(t, err, bgtask.ErrBranchNotStopped)
 	require.Len(t, rep.Failed, 1)
 	assert.Equal(t, a.ID, rep.Failed[0].TaskID)
@@ -231,9 +231,9 @@ func TestTheAPIRefusesCrossSiteRequestsAndBadBodies(t *testing.T) {
 	got, err := s.c.Task(s.ctx, a.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, got.Status, "nothing was cancelled")
-	assert.Equal(t, http.StatusNoContent, post("/tasks/"+a.ID+"/cancel", "", "", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": s.srv.URL}).StatusCode, "the page's own request")
+	assert.Equal(t, http.StatusOK, post("/tasks/"+a.ID+"/cancel", "", "", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": s.srv.URL}).StatusCode, "the page's own request")
 
-	_, err = s.c.CloseBranch(s.ctx, "nobody")
+	_, err = s.c.Stop(s.ctx, bgtask.Target{Session: "nobody"})
 	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
 	assert.Panics(t, func() { bgtaskhttp.Handler(nil, bgtaskhttp.Options{}) })
 	bad := &bgtaskhttp.Client{Base: ""}
@@ -251,4 +251,17 @@ func TestFollowStopsOnARefusal(t *testing.T) {
 	var mir mirror.Mirror
 	err := (&bgtaskhttp.Client{Base: refuse.URL}).Follow(context.Background(), &mir, nil)
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask, "a 4xx ends Follow with the service's error")
+}
+
+// stopErr is the error of a Stop, for a check that wants only that.
+func stopErr(_ bgtask.ClosureReport, err error) error { return err }
+
+// mustOpen is bgtask.Open for a test whose options are fine: it panics on
+// an error, which fails the test at once.
+func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
+	m, err := bgtask.Open(context.Background(), host, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return m
 }

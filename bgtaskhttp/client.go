@@ -167,22 +167,32 @@ func (c *Client) Task(ctx context.Context, id string) (bgtask.Task, error) {
 	return t, c.call(ctx, http.MethodGet, "/tasks/"+url.PathEscape(id), nil, &t)
 }
 
-// Cancel cancels a task and returns once its child stopped.
-func (c *Client) Cancel(ctx context.Context, id string) error {
-	return c.call(ctx, http.MethodPost, "/tasks/"+url.PathEscape(id)+"/cancel", nil, nil)
-}
-
-// CloseTask closes a task and its branch.
-func (c *Client) CloseTask(ctx context.Context, id string) (bgtask.ClosureReport, error) {
-	return c.close(ctx, "/tasks/"+url.PathEscape(id)+"/close")
-}
-
-// CloseBranch closes the branch below a session.
-func (c *Client) CloseBranch(ctx context.Context, session string) (bgtask.ClosureReport, error) {
-	return c.close(ctx, "/sessions/"+url.PathEscape(session)+"/close")
-}
-
-func (c *Client) close(ctx context.Context, path string) (bgtask.ClosureReport, error) {
+// Stop is Manager.Stop over HTTP: POST /tasks/{id}/cancel (a task, or
+// with t.Run one run of it, by token), /tasks/{id}/close (t.Tree) or
+// /sessions/{id}/close (t.Session), with ?nowait=1 for t.NoWait.
+func (c *Client) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport, error) {
+	var path string
+	q := url.Values{}
+	switch {
+	case t.Session != "" && t.Task == "" && t.Run == (bgtask.RunRef{}) && !t.Tree:
+		path = "/sessions/" + url.PathEscape(t.Session) + "/close"
+	case t.Task != "" && t.Session == "" && t.Run == (bgtask.RunRef{}):
+		path = "/tasks/" + url.PathEscape(t.Task) + "/cancel"
+		if t.Tree {
+			path = "/tasks/" + url.PathEscape(t.Task) + "/close"
+		}
+	case t.Run.TaskID != "" && t.Run.Token != "" && t.Task == "" && t.Session == "" && !t.Tree:
+		path = "/tasks/" + url.PathEscape(t.Run.TaskID) + "/cancel"
+		q.Set("token", t.Run.Token)
+	default:
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: a Target names one of Task (with or without Tree), Session and Run", bgtask.ErrInvalidArgument)
+	}
+	if t.NoWait {
+		q.Set("nowait", "1")
+	}
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
 	var rep bgtask.ClosureReport
 	err := c.call(ctx, http.MethodPost, path, nil, &rep)
 	if he, ok := err.(*Error); ok && he.Report != nil {

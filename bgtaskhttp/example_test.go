@@ -15,9 +15,13 @@ import (
 // address may read and act; by default only loopback host names are
 // served (Options.Hosts).
 func Example() {
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		return "found 3 issues", nil
 	}), bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{}))
 	defer srv.Close()

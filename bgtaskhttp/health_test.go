@@ -76,7 +76,7 @@ func healthSvc(t *testing.T, kept bool, o bgtaskhttp.Options) (*bgtask.Manager, 
 	if kept {
 		opts = append(opts, bgtask.WithHealth(bgtask.HealthPolicy{}))
 	}
-	m := bgtask.New(host, opts...)
+	m := mustOpen(host, opts...)
 	t.Cleanup(func() { _ = m.Shutdown(context.Background()) })
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, o))
 	t.Cleanup(srv.Close)

@@ -45,7 +45,7 @@ func TestUnderLoadEveryStreamGetsEveryChangeInOrder(t *testing.T) {
 	}
 	notes := newNotes()
 	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

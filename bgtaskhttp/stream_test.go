@@ -261,7 +261,7 @@ func TestEveryStreamGetsASnapshotThenEveryLaterChangeInOrder(t *testing.T) {
 			for range 30 {
 				s.running(t, burst.SessionID)
 			}
-			_, err := s.m.CloseBranch(s.ctx, "burst")
+			_, err := s.m.Stop(s.ctx, bgtask.Target{Session: "burst"})
 			require.NoError(t, err)
 			want := s.m.Snapshot()
 			final.Lock()
@@ -505,7 +505,7 @@ func TestNeverReadingStreamsAreDroppedAndCostLittle(t *testing.T) {
 		changes  = 300
 	)
 	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -554,7 +554,7 @@ func TestNeverReadingStreamsAreDroppedAndCostLittle(t *testing.T) {
 	notes, _ := serve(clients, bgtaskhttp.Options{MaxStreams: clients, StreamWriteTimeout: time.Minute})
 	connected := memInUse()
 	grew := int64(connected) - int64(before)
-	shared := snapshotSize + 4*bgtask.DefaultSubscriptionBuffer*int(unsafe.Sizeof(bgtask.Change{})) // the snapshot, and the subscription's buffer
+	shared := snapshotSize + 4*1024*int(unsafe.Sizeof(bgtask.Change{})) // the snapshot, and the subscription's buffer
 	t.Logf("%d never-reading clients of a %.1f MB snapshot: the server grew %.1f MB, %.1f KB a client beyond the %.1f MB the streams share",
 		clients, float64(snapshotSize)/1e6, float64(grew)/1e6, float64(grew-int64(shared))/clients/1e3, float64(shared)/1e6)
 	assert.Less(t, grew, int64(shared+clients*perConn), "one snapshot, and a bounded cost a client")

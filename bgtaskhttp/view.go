@@ -621,7 +621,7 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 			dd.Sessions = strings.TrimSpace(dd.Sessions + " " + a.SessionID)
 		}
 	}
-	for _, c := range v.m.ClosureRecords() {
+	for _, c := range v.m.Snapshot().Closures {
 		if c.TaskID == t.ID || sessions[c.SessionID] || c.SessionID == t.ParentSessionID || touches(c, t.ID) {
 			dd.Closures = append(dd.Closures, c)
 		}

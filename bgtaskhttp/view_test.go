@@ -231,7 +231,7 @@ func TestThePageShowsRunningFirst(t *testing.T) {
 	s.launchUnder(t, busyRoot.SessionID, "running child", nil)
 	newest := s.launchUnder(t, "chat-1", "newest", nil)
 	s.complete(t, done)
-	require.NoError(t, s.m.Cancel(s.ctx, busyRoot.ID)) // a cancel stops the task, not what it launched
+	require.NoError(t, stopErr(s.m.Stop(s.ctx, bgtask.Target{Task: busyRoot.ID}))) // a cancel stops the task, not what it launched
 
 	_, body, _ := s.get(t, "/")
 	var top []string
@@ -429,7 +429,7 @@ func TestThePageAssetsAreServed(t *testing.T) {
 // 10,000 tasks (100 roots, each with 9 children of 10 each).
 func BenchmarkThePageAt10000Tasks(b *testing.B) {
 	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	defer func() { _ = m.Shutdown(context.Background()) }()
 	h := bgtaskhttp.Handler(m, bgtaskhttp.Options{})
@@ -578,7 +578,7 @@ func TestViewAloneIsGuarded(t *testing.T) {
 // still holds of it.
 func TestTheDetailPageOfAForgottenTask(t *testing.T) {
 	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithRetention(bgtask.Retention{MaxEnded: 1}))
+	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithRetention(bgtask.Retention{MaxEnded: 1}))
 	host.Attach(m)
 	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -663,7 +663,7 @@ func TestThePageShowsUsageAndBudgets(t *testing.T) {
 	assert.True(t, k.Warn, "on every row that spends from it")
 	assert.Contains(t, k.Spend, "budget of "+root.ID+": spent tokens 1100 of 1000")
 	assert.Contains(t, body, `<span class="budget exceeded" data-holder="`+root.ID+`">`)
-	assert.Contains(t, body, "stop asked by the budget of task "+root.ID+" (tokens spent)", "the stop cause says why")
+	assert.Contains(t, body, "stopped: the budget of task "+root.ID+" ran out of tokens", "the stop cause says why")
 
 	_, body, _ = s.get(t, "/view/task?id="+url.QueryEscape(kid.ID))
 	assert.Contains(t, body, `<dt>usage</dt><dd class="usage">500 tokens (400 in, 100 cached, 100 out), 1 request, cost 0.25</dd>`,

@@ -33,7 +33,7 @@ func newKit(t *testing.T, opts ...bgtask.Option) *kit {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	k.ctx = ctx
-	k.m = bgtask.New(k.host, append([]bgtask.Option{bgtask.WithClock(k.clk), bgtask.WithNotifier(k.rec), bgtask.WithIDs(bgtask.SequentialIDs())}, opts...)...)
+	k.m = mustOpen(k.host, append([]bgtask.Option{bgtask.WithClock(k.clk), bgtask.WithNotifier(k.rec), bgtask.WithIDs(bgtask.SequentialIDs())}, opts...)...)
 	k.host.Attach(k.m)
 	t.Cleanup(func() { assert.NoError(t, k.m.Shutdown(context.Background())) })
 	return k
@@ -77,7 +77,7 @@ func TestAHungStartThenACancelIsHonest(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, k.host.AwaitCalls(k.ctx, 1))
 	cancelled := make(chan error, 1)
-	go func() { cancelled <- k.m.Cancel(k.ctx, task.ID) }()
+	go func() { cancelled <- stopErr(k.m.Stop(k.ctx, bgtask.Target{Task: task.ID})) }()
 	k.host.Release() // the session arrives after the stop was asked: it is aborted, then cancelled
 	require.NoError(t, <-cancelled)
 	done, err := k.m.Wait(k.ctx, task.ID)
@@ -93,12 +93,12 @@ func TestAFailedAbortLeavesTheTaskRunning(t *testing.T) {
 	require.NoError(t, err)
 	_, err = bgtasktest.WaitStatus(k.ctx, k.m, task.ID, bgtask.StatusRunning)
 	require.NoError(t, err)
-	err = k.m.Cancel(k.ctx, task.ID)
+	_, err = k.m.Stop(k.ctx, bgtask.Target{Task: task.ID})
 	assert.ErrorContains(t, err, "session service busy")
 	now, err := k.m.Task(task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, now.Status, "never reported stopped")
-	require.NoError(t, k.m.Cancel(k.ctx, task.ID), "the next abort succeeds")
+	require.NoError(t, stopErr(k.m.Stop(k.ctx, bgtask.Target{Task: task.ID})), "the next abort succeeds")
 }
 
 func TestAFailedStartFallsBack(t *testing.T) {
@@ -272,4 +272,17 @@ func TestAwaitFinalWaitsForThatTasksSummary(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, a.ID, got.TaskID)
 	assert.Equal(t, bgtask.NotifyFinalSummary, got.Kind)
+}
+
+// stopErr is the error of a Stop, for a check that wants only that.
+func stopErr(_ bgtask.ClosureReport, err error) error { return err }
+
+// mustOpen is bgtask.Open for a test whose options are fine: it panics on
+// an error, which fails the test at once.
+func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
+	m, err := bgtask.Open(context.Background(), host, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return m
 }

@@ -68,8 +68,11 @@ func BuildTask(b TaskBuild) (bgtask.Task, error) {
 		}
 	}
 	clk, host := NewClock(at), NewHost()
-	m := bgtask.New(host, bgtask.WithClock(clk), bgtask.WithIDs(bgtask.SequentialIDs()),
+	m, err := bgtask.Open(context.Background(), host, bgtask.WithClock(clk), bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithRetryable(func(error, bool) bool { return true })) // every failure but the last retries: MaxAttempts ends the chain
+	if err != nil {
+		return bgtask.Task{}, err
+	}
 	host.Attach(m)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -115,7 +118,7 @@ func BuildTask(b TaskBuild) (bgtask.Task, error) {
 			}
 			err = host.Fail(run.SessionID, failure)
 		case bgtask.StatusCancelled:
-			err = m.Cancel(ctx, task.ID)
+			_, err = m.Stop(ctx, bgtask.Target{Task: task.ID})
 		case bgtask.StatusInterrupt:
 			err = host.Emit(bgtask.Event{SessionID: run.SessionID, Kind: bgtask.SessionInterrupted})
 		}

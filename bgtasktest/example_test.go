@@ -18,8 +18,12 @@ func Example() {
 	clk := bgtasktest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	host := bgtasktest.NewHost()
 	rec := &bgtasktest.Recorder{}
-	m := bgtask.New(host, bgtask.WithClock(clk), bgtask.WithNotifier(rec), bgtask.WithIDs(bgtask.SequentialIDs()),
+	m, err := bgtask.Open(context.Background(), host, bgtask.WithClock(clk), bgtask.WithNotifier(rec), bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithRetryDelay(bgtask.Backoff(time.Second, time.Minute, 0)))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	host.Attach(m)
 	defer m.Shutdown(ctx)
 

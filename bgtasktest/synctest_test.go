@@ -21,7 +21,7 @@ import (
 func TestTheKitWithSynctest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		host := bgtasktest.NewHost()
-		m := bgtask.New(host, bgtask.WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
+		m := mustOpen(host, bgtask.WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
 		host.Attach(m)
 		ctx := context.Background()
 		start := time.Now()

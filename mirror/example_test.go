@@ -11,8 +11,12 @@ import (
 // A client keeps a Mirror from a snapshot and the change stream, in
 // whatever order they arrive.
 func Example() {
-	m := bgtask.New(bgtask.NewFuncHost(func(context.Context, bgtask.Run) (string, error) { return "done", nil }),
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(context.Context, bgtask.Run) (string, error) { return "done", nil }),
 		bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer m.Shutdown(context.Background())
 	sub, _ := m.Subscribe(context.Background(), 256) // subscribe first, then take the snapshot
 	defer sub.Close()

@@ -15,8 +15,8 @@
 //     session_deleted, shutdown, budget, other): the first stop asked of a
 //     task;
 //   - bgtask.closures.begun (by, stop.kind) and bgtask.closures.ended (by,
-//     stop.kind, outcome): by is what began the closure (CloseBranch,
-//     StopBranch, CloseTask, caller, session_deleted, restart, or budget: a
+//     stop.kind, outcome): by is what began the closure (stop_session or
+//     stop_tree: Manager.Stop; caller, session_deleted, restart, or budget: a
 //     hard limit reached), outcome stopped (every run it asked to stop
 //     ended), failed (an abort failed), stopping (it returned before every
 //     stop landed), unknown_session, or, for a closure cut short

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestAManagersMeasurementsBecomeInstruments(t *testing.T) {
 	reader, mt := newMetrics(t)
 
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m := mustOpen(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if run.Attempt == 1 {
 			return "", errors.New("HTTP 503 overloaded")
 		}
@@ -93,18 +93,18 @@ func TestStopsClosuresAndRecoveriesBecomeInstruments(t *testing.T) {
 	dir := t.TempDir()
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
-	m := bgtask.New(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt), bgtask.WithJournal(j))
+	m := mustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt), bgtask.WithJournal(j))
 	model := []bgtask.Model{{ID: "m"}}
 	cancelled, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: model})
 	require.NoError(t, err)
 	<-running
 	crashed := filepath.Join(t.TempDir(), "crashed") // the journal as a crash now would leave it
 	require.NoError(t, os.CopyFS(crashed, os.DirFS(dir)))
-	require.NoError(t, m.Cancel(ctx, cancelled.ID))
+	require.NoError(t, stopErr(m.Stop(ctx, bgtask.Target{Task: cancelled.ID})))
 	closed, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "tree", Models: model})
 	require.NoError(t, err)
 	<-running
-	_, err = m.CloseBranch(ctx, "tree")
+	_, err = m.Stop(ctx, bgtask.Target{Session: "tree"})
 	require.NoError(t, err)
 	_, err = m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: model})
 	require.NoError(t, err)
@@ -127,10 +127,10 @@ func TestStopsClosuresAndRecoveriesBecomeInstruments(t *testing.T) {
 	sums, hists, _ := collect(t, reader)
 	assert.Equal(t, map[string]int64{"stop.kind=cancel": 1, "stop.kind=closure": 1, "stop.kind=shutdown": 1}, sums["bgtask.stops.asked"])
 	assert.Equal(t, map[string]int64{"state=cancelled": 2, "state=interrupt": 2}, sums["bgtask.tasks.ended"], "a stopped task has no reason")
-	assert.Equal(t, map[string]int64{"by=CloseBranch,stop.kind=closure": 1}, sums["bgtask.closures.begun"])
-	assert.Equal(t, map[string]int64{"by=CloseBranch,outcome=stopped,stop.kind=closure": 1}, sums["bgtask.closures.ended"])
-	assert.Equal(t, map[string]int64{"by=CloseBranch,result=stopped": 1}, sums["bgtask.closure.runs"])
-	assert.Equal(t, map[string]uint64{"by=CloseBranch,outcome=stopped": 1}, hists["bgtask.closure.duration"])
+	assert.Equal(t, map[string]int64{"by=stop_session,stop.kind=closure": 1}, sums["bgtask.closures.begun"])
+	assert.Equal(t, map[string]int64{"by=stop_session,outcome=stopped,stop.kind=closure": 1}, sums["bgtask.closures.ended"])
+	assert.Equal(t, map[string]int64{"by=stop_session,result=stopped": 1}, sums["bgtask.closure.runs"])
+	assert.Equal(t, map[string]uint64{"by=stop_session,outcome=stopped": 1}, hists["bgtask.closure.duration"])
 	assert.Equal(t, map[string]int64{"": 2}, sums["bgtask.recoveries"], "the reopenings, not the first opening")
 	assert.Equal(t, map[string]uint64{"": 2}, hists["bgtask.recovery.duration"])
 	assert.Equal(t, map[string]int64{"outcome=interrupted": 1}, sums["bgtask.recovery.runs"], "the function running at the crash died with it")
@@ -161,7 +161,7 @@ func TestUsageAndBudgetCrossingsBecomeInstruments(t *testing.T) {
 		<-ctx.Done()
 		return "", ctx.Err()
 	}
-	m := bgtask.New(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
+	m := mustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
 	spent, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5"}},
 		Budget: &bgtask.Budget{Cost: 2 * bgtask.CostUnit, SoftPercent: 50}})
 	require.NoError(t, err)
@@ -231,13 +231,13 @@ func TestAClosureCutShortIsAnOutcomeOfItsOwn(t *testing.T) {
 		<-release // it stops only when let go: its abort waits
 		return "", ctx.Err()
 	}
-	m := bgtask.New(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
+	m := mustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
 	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "tree", Models: []bgtask.Model{{ID: "m"}}})
 	require.NoError(t, err)
 	<-running
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err = m.CloseBranch(gone, "tree")
+	_, err = m.Stop(gone, bgtask.Target{Session: "tree"})
 	require.ErrorIs(t, err, context.Canceled, "its caller gave up before the abort landed")
 	close(release)
 	_, err = m.Wait(ctx, task.ID)
@@ -247,10 +247,10 @@ func TestAClosureCutShortIsAnOutcomeOfItsOwn(t *testing.T) {
 		Ended: "shutdown"}, time.Second)
 
 	sums, hists, _ := collect(t, reader)
-	assert.Equal(t, map[string]int64{"by=CloseBranch,outcome=cancelled,stop.kind=closure": 1,
+	assert.Equal(t, map[string]int64{"by=stop_session,outcome=cancelled,stop.kind=closure": 1,
 		"by=session_deleted,outcome=shutdown,stop.kind=closure": 1}, sums["bgtask.closures.ended"])
-	assert.Equal(t, map[string]uint64{"by=CloseBranch,outcome=cancelled": 1, "by=session_deleted,outcome=shutdown": 1}, hists["bgtask.closure.duration"])
-	assert.Equal(t, map[string]int64{"by=CloseBranch,result=stopping": 1}, sums["bgtask.closure.runs"], "asked to stop, not stopped when it returned")
+	assert.Equal(t, map[string]uint64{"by=stop_session,outcome=cancelled": 1, "by=session_deleted,outcome=shutdown": 1}, hists["bgtask.closure.duration"])
+	assert.Equal(t, map[string]int64{"by=stop_session,result=stopping": 1}, sums["bgtask.closure.runs"], "asked to stop, not stopped when it returned")
 }
 
 // newMetrics is an otelmetrics.Metrics on a meter whose measurements the
@@ -263,4 +263,17 @@ func newMetrics(t *testing.T) (*sdkmetric.ManualReader, *otelmetrics.Metrics) {
 	mt, err := otelmetrics.New(provider.Meter("bgtask"))
 	require.NoError(t, err)
 	return reader, mt
+}
+
+// stopErr is the error of a Stop, for a check that wants only that.
+func stopErr(_ bgtask.ClosureReport, err error) error { return err }
+
+// mustOpen is bgtask.Open for a test whose options are fine: it panics on
+// an error, which fails the test at once.
+func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
+	m, err := bgtask.Open(context.Background(), host, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return m
 }

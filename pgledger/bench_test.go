@@ -663,7 +663,7 @@ func BenchmarkCloseBranch1000(b *testing.B) {
 			}
 		}
 		b.StartTimer()
-		rep, err := ns[0].CloseBranch(ctx, root)
+		rep, err := ns[0].Stop(ctx, bgtask.Target{Session: root})
 		if err != nil {
 			b.Fatal(err)
 		}

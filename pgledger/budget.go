@@ -390,7 +390,7 @@ func (n *Node) closeSpent(ctx context.Context) {
 	}
 	for _, s := range claimed {
 		if !n.goOwned(func() {
-			_, err := n.CloseTask(n.loopCtx, s.holder) // its stops name the budget (stopCauseOf)
+			_, err := n.Stop(n.loopCtx, bgtask.Target{Task: s.holder, Tree: true}) // its stops name the budget (stopCauseOf)
 			if err != nil && !errors.Is(err, context.Canceled) {
 				n.o.Logger.Warn("pgledger: closing a spent budget's branch", "task", s.holder, "err", err)
 				return

@@ -225,13 +225,13 @@ func (c *Changes) Close() { c.cancel() }
 
 // Subscribe delivers the ledger's changes from now on, whichever process
 // made them. Subscribe before taking the Snapshot you start from, as with
-// bgtask.Manager.Subscribe. buffer 0 is bgtask.DefaultSubscriptionBuffer.
+// bgtask.Manager.Subscribe. buffer 0 is 1024, as for Manager.Subscribe.
 func (n *Node) Subscribe(ctx context.Context, buffer int) (*Changes, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	if buffer <= 0 {
-		buffer = bgtask.DefaultSubscriptionBuffer
+		buffer = 1024
 	}
 	var from int64
 	if err := n.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM bgtask_changes WHERE ledger = $1`, n.o.Ledger).Scan(&from); err != nil {

@@ -273,12 +273,41 @@ type openClosure struct {
 // A blank sessionID is bgtask.ErrInvalidArgument; a session no member of
 // the ledger knows (no task's session, no task's parent, no launch in
 // flight from it) is bgtask.ErrUnknownSession. Neither writes anything.
-func (n *Node) CloseBranch(ctx context.Context, sessionID string) (bgtask.ClosureReport, error) {
+//
+// With t.NoWait it returns once the fence is raised; the closure goes on,
+// on a goroutine the node owns (Close waits for it).
+//
+// A Target without Tree or Session (one task's run, or t.Run) is stopped
+// by the member of this process that has the task, as Manager.Stop stops
+// it; a task owned by another process is bgtask.ErrUnknownTask (stop it
+// with Tree, which reaches every process).
+func (n *Node) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	switch {
+	case t.Session != "" && t.Task == "" && t.Run == (bgtask.RunRef{}) && !t.Tree:
+		return n.closeBranch(ctx, t.Session, t.NoWait)
+	case t.Tree && t.Task != "" && t.Session == "" && t.Run == (bgtask.RunRef{}):
+		return n.closeTask(ctx, t.Task, t.NoWait)
+	case t.Task != "" || t.Run.TaskID != "":
+		id := t.Task
+		if id == "" {
+			id = t.Run.TaskID
+		}
+		for _, m := range n.Managers() {
+			if _, err := m.Task(id); err == nil {
+				return m.Stop(ctx, t)
+			}
+		}
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: %q is no task of this process (a Target with Tree reaches every process)", bgtask.ErrUnknownTask, id)
+	}
+	return bgtask.ClosureReport{}, fmt.Errorf("%w: a Target names one of Task (with or without Tree), Session and Run", bgtask.ErrInvalidArgument)
+}
+
+func (n *Node) closeBranch(ctx context.Context, sessionID string, noWait bool) (bgtask.ClosureReport, error) {
 	if strings.TrimSpace(sessionID) == "" {
-		return bgtask.ClosureReport{}, fmt.Errorf("%w: CloseBranch needs a session id", bgtask.ErrInvalidArgument)
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: Target.Session is blank", bgtask.ErrInvalidArgument)
 	}
 	var task string
 	var known bool
@@ -288,23 +317,20 @@ func (n *Node) CloseBranch(ctx context.Context, sessionID string) (bgtask.Closur
   OR EXISTS (SELECT 1 FROM bgtask_tasks WHERE ledger = $1 AND parent_session = $2)
   OR EXISTS (SELECT 1 FROM bgtask_launching WHERE ledger = $1 AND parent_session = $2)`, n.o.Ledger, sessionID).Scan(&task, &known)
 	if err != nil {
-		return bgtask.ClosureReport{}, fmt.Errorf("pgledger: CloseBranch: %w", err)
+		return bgtask.ClosureReport{}, fmt.Errorf("pgledger: stop: %w", err)
 	}
 	if !known {
 		return bgtask.ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent in ledger %s", bgtask.ErrUnknownSession, sessionID, n.o.Ledger)
 	}
-	return n.close(ctx, openClosure{root: sessionID, task: task})
+	return n.close(ctx, openClosure{root: sessionID, task: task}, noWait)
 }
 
-// CloseTask closes the branch of task id as a unit — its live run, and
-// what any of its sessions launched — as CloseBranch does. It returns
+// closeTask closes the branch of task id as a unit — its live run, and
+// what any of its sessions launched — as closeBranch does. It returns
 // bgtask.ErrUnknownTask if no member of the ledger has the task.
-func (n *Node) CloseTask(ctx context.Context, id string) (bgtask.ClosureReport, error) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
+func (n *Node) closeTask(ctx context.Context, id string, noWait bool) (bgtask.ClosureReport, error) {
 	if strings.TrimSpace(id) == "" {
-		return bgtask.ClosureReport{}, fmt.Errorf("%w: CloseTask needs a task id", bgtask.ErrInvalidArgument)
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: Target.Task is blank", bgtask.ErrInvalidArgument)
 	}
 	var root string
 	err := n.pool.QueryRow(ctx, `SELECT coalesce((SELECT s.session_id FROM bgtask_sessions s
@@ -314,9 +340,9 @@ func (n *Node) CloseTask(ctx context.Context, id string) (bgtask.ClosureReport, 
 		return bgtask.ClosureReport{}, fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, id)
 	}
 	if err != nil {
-		return bgtask.ClosureReport{}, fmt.Errorf("pgledger: CloseTask: %w", err)
+		return bgtask.ClosureReport{}, fmt.Errorf("pgledger: stop: %w", err)
 	}
-	return n.close(ctx, openClosure{root: root, task: id})
+	return n.close(ctx, openClosure{root: root, task: id}, noWait)
 }
 
 // closeWait bounds how long a closure waits between looks at its scope.
@@ -333,7 +359,7 @@ const stopWriteGrace = 5 * time.Second
 
 // close runs closure k: raise the fence, ask the owners, watch the scope
 // until nothing in it is live (or ctx ends), then record it.
-func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, error) {
+func (n *Node) close(ctx context.Context, k openClosure, noWait bool) (bgtask.ClosureReport, error) {
 	err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, fenceLock(n.o.Ledger)); err != nil {
 			return err
@@ -349,6 +375,19 @@ func (n *Node) close(ctx context.Context, k openClosure) (bgtask.ClosureReport, 
 		return bgtask.ClosureReport{SessionID: k.root}, fmt.Errorf("pgledger: raising the fence: %w", err)
 	}
 	rep := bgtask.ClosureReport{SessionID: k.root, TaskID: k.task}
+	if noWait {
+		if !n.goOwned(func() { _, _ = n.closeFenced(n.loopCtx, k, rep) }) {
+			return rep, bgtask.ErrShutdown
+		}
+		return rep, nil
+	}
+	return n.closeFenced(ctx, k, rep)
+}
+
+// closeFenced runs closure k, whose fence is up, until nothing in its
+// scope is live, and ends it.
+func (n *Node) closeFenced(ctx context.Context, k openClosure, rep bgtask.ClosureReport) (bgtask.ClosureReport, error) {
+	var err error
 	var live []scopeRun
 	var quiet time.Time // since when nothing in scope is live
 	wait := 2 * time.Millisecond
@@ -690,7 +729,7 @@ func (n *Node) serve(ctx context.Context, k openClosure) {
 // the writer.
 func (n *Node) stopRun(ctx context.Context, id int64, mb *member, r scopeRun) {
 	s := stopRow{run: bgtask.StoppedRun{TaskID: r.ref.TaskID, AttemptID: r.ref.AttemptID, SessionID: r.session, Token: r.ref.Token}, member: mb.name}
-	if err := mb.m.CancelRun(ctx, r.ref); err != nil {
+	if _, err := mb.m.Stop(ctx, bgtask.Target{Run: r.ref}); err != nil {
 		s.err = safeText(err)
 	}
 	if t, err := mb.m.Task(r.ref.TaskID); err == nil {

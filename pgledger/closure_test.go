@@ -44,7 +44,7 @@ func TestCloseBranchAcrossProcesses(t *testing.T) {
 	a, b, c := br[0], br[1], br[2]
 	outside := running(t, ns[2], "elsewhere")
 
-	rep, err := ns[0].CloseBranch(ctx(t), "chat")
+	rep, err := ns[0].Stop(ctx(t), bgtask.Target{Session: "chat"})
 	require.NoError(t, err)
 	var ids []string
 	for _, r := range rep.Stopped {
@@ -88,7 +88,7 @@ func TestTheFenceHoldsInEveryProcess(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := ns[2].CloseBranch(ctx(t), a.SessionID) // a's session: the task as a unit
+		rep, err := ns[2].Stop(ctx(t), bgtask.Target{Session: a.SessionID}) // a's session: the task as a unit
 		done <- result{rep, err}
 	}()
 	recv(t, g.asked, "w1 to be asked to stop b") // w1 heard and is stopping b
@@ -107,15 +107,15 @@ func TestTheFenceHoldsInEveryProcess(t *testing.T) {
 	assert.Len(t, r.rep.Stopped, 2)
 	assert.Equal(t, 0, f.count("bgtask_launching", ""), "every refused launch left nothing behind")
 
-	_, err = ns[0].CloseBranch(ctx(t), "nobody's")
+	_, err = ns[0].Stop(ctx(t), bgtask.Target{Session: "nobody's"})
 	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
-	_, err = ns[0].CloseBranch(ctx(t), " ")
+	_, err = ns[0].Stop(ctx(t), bgtask.Target{Session: " "})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
-	_, err = ns[0].CloseTask(ctx(t), "no such task")
+	_, err = ns[0].Stop(ctx(t), bgtask.Target{Task: "no such task", Tree: true})
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
-	_, err = ns[0].CloseTask(ctx(t), "")
+	_, err = ns[0].Stop(ctx(t), bgtask.Target{Task: "", Tree: true})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
-	_, err = ns[0].CloseTask(ctx(t), "no such task")
+	_, err = ns[0].Stop(ctx(t), bgtask.Target{Task: "no such task", Tree: true})
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
 	assert.Equal(t, 1, f.count("bgtask_closures", ""), "refused closures wrote nothing")
 }
@@ -151,7 +151,7 @@ func TestAClosureNamesTheRunsThatDidNotStop(t *testing.T) {
 			}
 		}
 	}()
-	rep, err := ns[0].CloseBranch(short, "chat")
+	rep, err := ns[0].Stop(short, bgtask.Target{Session: "chat"})
 	var un *UnstoppedError
 	require.ErrorAs(t, err, &un)
 	assert.True(t, errors.Is(err, context.Canceled), "%v", err)
@@ -184,7 +184,7 @@ func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 	var rep bgtask.ClosureReport
 	go func() {
 		var err error
-		rep, err = ns[0].CloseBranch(ctx(t), "chat")
+		rep, err = ns[0].Stop(ctx(t), bgtask.Target{Session: "chat"})
 		done <- err
 	}()
 	recv(t, g.asked, "the closure to stop a") // the closure is open
@@ -232,7 +232,7 @@ func TestALaunchLeftInFlightByADeadProcessIsCleared(t *testing.T) {
 	assert.Equal(t, 0, f.count("bgtask_launching", ""), "the restart cleared it")
 	short, cancel := context.WithTimeout(ctx(t), 10*time.Second)
 	defer cancel()
-	rep, err := ns[0].CloseBranch(short, "chat")
+	rep, err := ns[0].Stop(short, bgtask.Target{Session: "chat"})
 	require.NoError(t, err)
 	assert.Len(t, rep.Stopped, 1)
 }

@@ -15,7 +15,7 @@ import (
 // a cooldown costs one statement, a success none.
 var _ bgtask.HealthStore = (*Journal)(nil)
 
-// The statements say bgtask.HealthResetWhy as the literal 'reset' (the
+// The statements say "reset" (the root's reset reason) as the literal 'reset' (the
 // EXPLAIN test reads them from the source as literals); a test holds the
 // two equal.
 const coolDownSQL = `
@@ -25,7 +25,7 @@ WHERE excluded.why = 'reset' OR bgtask_health.why = 'reset' OR excluded.until > 
 
 // CoolDown sets the cooldown of c.Key in the ledger to c, in one statement
 // (bgtask.HealthStore): when c ends later than the row kept, ends it
-// early (bgtask.HealthResetWhy), or follows a reset; a shorter cooldown
+// early ("reset"), or follows a reset; a shorter cooldown
 // never cuts a longer one short.
 func (j *Journal) CoolDown(ctx context.Context, c bgtask.Cooldown) error {
 	if _, err := j.pool.Exec(ctx, coolDownSQL, j.ledger, c.Key, c.Since, c.Until, c.Why); err != nil {

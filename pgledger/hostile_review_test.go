@@ -236,7 +236,7 @@ func TestHostileCloseBranchOverrunsItsContext(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := ns[0].CloseBranch(c, "chat")
+		_, err := ns[0].Stop(c, bgtask.Target{Session: "chat"})
 		done <- err
 	}()
 	recv(t, g.asked, "the closure to stop the run")

@@ -295,7 +295,7 @@ func TestAFleetClosureTellsTheParent(t *testing.T) {
 	ns := f.deliveringNodes(svc, box, 2)
 	a := running(t, ns[0], "chat")
 	running(t, ns[1], a.SessionID)
-	_, err := ns[1].CloseBranch(ctx(t), a.SessionID)
+	_, err := ns[1].Stop(ctx(t), bgtask.Target{Session: a.SessionID})
 	require.NoError(t, err)
 	got := box.await(t, func(got []bgtask.Notification) bool { return len(ofKind(got, "chat", bgtask.NotifyBranchClosed)) > 0 })
 	closed := ofKind(got, "chat", bgtask.NotifyBranchClosed)

@@ -137,7 +137,7 @@ type Journal struct {
 }
 
 // closeGrace is how long a journal's last writes may take once the
-// context of the Close that ends it has ended (as bgtask.ShutdownGrace).
+// context of the Close that ends it has ended (as bgtask.shutdownGrace).
 const closeGrace = time.Second
 
 // closeWithin bounds the rest of the journal's work, its last writes and

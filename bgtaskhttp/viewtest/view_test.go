@@ -58,7 +58,7 @@ func openTab(t *testing.T, ctx context.Context, browser string) context.Context 
 // stopped when the test ends.
 func serve(t *testing.T, o bgtaskhttp.Options) (*bgtask.Manager, *bgtasktest.Host, *httptest.Server) {
 	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, o))
 	t.Cleanup(func() {
@@ -191,7 +191,7 @@ func TestTheLiveViewInABrowser(t *testing.T) {
 	assert.Equal(t, map[string]string{"color": "rgb(159, 18, 57)", "background": "rgb(254, 226, 226)"}, warn, "a visible warning, not the muted line")
 	run(t, tab, chromedp.WaitVisible(row(spender.ID)+`[data-status="cancelled"]`))
 	stop := run(t, tab, chromedp.Text(row(spender.ID)+` > .state .stop`))
-	assert.Equal(t, "stop asked by the budget of task "+spender.ID+" (tokens spent)", stop)
+	assert.Equal(t, "stopped: the budget of task "+spender.ID+" ran out of tokens", stop)
 	shot(t, tab, "live-view.png")
 }
 
@@ -320,4 +320,14 @@ func mustTask(t *testing.T, m *bgtask.Manager, id string) bgtask.Task {
 	task, err := m.Task(id)
 	require.NoError(t, err)
 	return task
+}
+
+// mustOpen is bgtask.Open for a test whose options are fine: it panics on
+// an error, which fails the test at once.
+func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
+	m, err := bgtask.Open(context.Background(), host, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return m
 }

@@ -92,7 +92,7 @@ func journaled(t *testing.T, dir string) (*bgtask.Manager, []bgtask.Task) {
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
 	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := mustOpen(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	ctx := context.Background()
 	a, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Description: "look it up", Models: models})
@@ -113,7 +113,7 @@ func journaled(t *testing.T, dir string) (*bgtask.Manager, []bgtask.Task) {
 	require.NoError(t, err)
 	_, err = bgtasktest.WaitStatus(ctx, m, c.ID, bgtask.StatusRunning)
 	require.NoError(t, err)
-	_, err = m.CloseBranch(ctx, "doomed")
+	_, err = m.Stop(ctx, bgtask.Target{Session: "doomed"})
 	require.NoError(t, err)
 	return m, []bgtask.Task{a, b, c}
 }
@@ -285,7 +285,7 @@ func TestAnIDPrefixNamesATask(t *testing.T) {
 	dir := t.TempDir()
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
-	m := bgtask.New(bgtask.NewFuncHost(func(ctx context.Context, _ bgtask.Run) (string, error) { return "ok", nil }), bgtask.WithJournal(j))
+	m := mustOpen(bgtask.NewFuncHost(func(ctx context.Context, _ bgtask.Run) (string, error) { return "ok", nil }), bgtask.WithJournal(j))
 	ctx := context.Background()
 	ids := []string{"01HAAA", "01HAAB", "01HBBB", "t", "tx"}
 	for i := range 7 {
@@ -493,7 +493,7 @@ func (f *following) interrupt(t *testing.T) int {
 func service(t *testing.T) (*bgtask.Manager, *bgtasktest.Host, *httptest.Server) {
 	t.Helper()
 	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{}))
 	t.Cleanup(func() {
@@ -639,7 +639,7 @@ func budgeted(t *testing.T, dir string) {
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
 	host := bgtasktest.NewHost()
-	m := bgtask.New(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := mustOpen(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	root, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Description: "on a budget", Models: models,
 		Budget: &bgtask.Budget{Tokens: 1000, Spawns: 5, SoftPercent: 100}})
@@ -677,7 +677,7 @@ func TestTaskShowsUsageAndBudget(t *testing.T) {
 	assert.Contains(t, root, "\nUsage: 600 tokens (500 in, 100 out), 2 requests, cost 1.00\n", "the timeline's usage line")
 	assert.Contains(t, root, "\nBudget (its own): spent tokens 1100 of 1000, cost 1.25, requests 4, spawns 1 of 5; left tokens 0, spawns 4\n")
 	assert.Contains(t, root, "\n  EXCEEDED: its tokens limit was reached: the branch was stopped and launches in it are refused\n")
-	assert.Contains(t, root, "Stop asked by the budget of task task-1 (tokens spent)")
+	assert.Contains(t, root, "Stopped: the budget of task task-1 ran out of tokens")
 	assert.NotContains(t, root, "  attempt 1: ", "one attempt: its usage is the total")
 	assert.Less(t, strings.Index(root, "Budget (its own)"), strings.Index(root, "\nRecords:"), "with the timeline, before the records")
 
@@ -724,4 +724,14 @@ func TestFollowShowsUsageAndASpentBudget(t *testing.T) {
 	f.stdout.await(t, ctx, `task-1 cancelled attempts=1 openai/gpt-5 tokens=500 requests=1 cost=0\.25 budget=exceeded:tokens\n`)
 	f.stdout.await(t, ctx, `\n  Usage: 500 tokens \(400 in, 100 out\), 1 request, cost 0\.25\n  Budget \(its own\): spent tokens 500 of 400, cost 0\.25, requests 1; left tokens 0\n  +EXCEEDED: its tokens limit`)
 	assert.Equal(t, 0, f.interrupt(t), f.stderr.String())
+}
+
+// mustOpen is bgtask.Open for a test whose options are fine: it panics on
+// an error, which fails the test at once.
+func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
+	m, err := bgtask.Open(context.Background(), host, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return m
 }

@@ -110,7 +110,10 @@ func run(ctx context.Context, out io.Writer) (Outcome, error) {
 		close(rootDone)
 		return "", ctx.Err()
 	}
-	m := bgtask.New(nil, bgtask.WithNotifier(c))
+	m, err := bgtask.Open(ctx, nil, bgtask.WithNotifier(c))
+	if err != nil {
+		return o, err
+	}
 	defer m.Shutdown(context.Background())
 
 	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Description: "research the question", Run: root,

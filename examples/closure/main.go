@@ -66,7 +66,7 @@ func run(ctx context.Context, w io.Writer) error {
 
 	var notes []bgtask.Notification
 	var mu sync.Mutex
-	m = bgtask.New(bgtask.NewFuncHost(subagent),
+	m, err := bgtask.Open(ctx, bgtask.NewFuncHost(subagent),
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithNotifier(bgtask.NotifierFunc(func(ctx context.Context, n bgtask.Notification) error {
 			if n.Kind == bgtask.NotifyBranchClosed {
@@ -77,6 +77,9 @@ func run(ctx context.Context, w io.Writer) error {
 			return nil
 		})),
 	)
+	if err != nil {
+		return err
+	}
 	defer m.Shutdown(context.Background())
 
 	for i := range 2 {
@@ -92,7 +95,7 @@ func run(ctx context.Context, w io.Writer) error {
 	}
 	started.Wait()
 
-	rep, err := m.CloseBranch(ctx, "ses_chat")
+	rep, err := m.Stop(ctx, bgtask.Target{Session: "ses_chat"})
 	if err != nil {
 		return err
 	}
@@ -111,7 +114,7 @@ func run(ctx context.Context, w io.Writer) error {
 	for _, t := range m.Snapshot().Tasks {
 		fmt.Fprintf(w, "  %-8s %-9s %s\n", t.ID, t.Status, t.Description)
 	}
-	recs := m.ClosureRecords()
+	recs := m.Snapshot().Closures
 	fmt.Fprintf(w, "\nClosure record: root %s, %d stopped, %d failed, %d passes\n",
 		recs[0].SessionID, len(recs[0].Stopped), len(recs[0].Failed), recs[0].Passes)
 	for _, n := range notes {

@@ -132,7 +132,10 @@ func run(ctx context.Context, out io.Writer) error {
 		return nil
 	})
 
-	m = bgtask.New(bgtask.NewFuncHost(fn), bgtask.WithNotifier(notifier), bgtask.WithIDs(bgtask.SequentialIDs()))
+	m, err := bgtask.Open(ctx, bgtask.NewFuncHost(fn), bgtask.WithNotifier(notifier), bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		return err
+	}
 	defer func() { _ = m.Shutdown(context.Background()) }()
 
 	lead, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Agent: "lead", Description: "analyse a sentence",

@@ -76,13 +76,16 @@ func (h *simHost) AbortSession(ctx context.Context, sessionID string) error { re
 
 func run(ctx context.Context, w io.Writer) error {
 	host := &simHost{}
-	m := bgtask.New(host,
+	m, err := bgtask.Open(ctx, host,
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithNotifier(bgtask.NotifierFunc(func(ctx context.Context, n bgtask.Notification) error {
 			fmt.Fprintf(w, "→ parent %s gets %s:\n%s\n\n", n.ParentSessionID, n.Kind, n.Text)
 			return nil
 		})),
 	)
+	if err != nil {
+		return err
+	}
 	host.m = m
 
 	task, err := m.Launch(ctx, bgtask.Spec{

@@ -209,7 +209,7 @@ func run(ctx context.Context, w io.Writer) error {
 	c := &client{base: srv.URL, http: srv.Client()}
 
 	var mu sync.Mutex // keeps printed notifications whole
-	m := bgtask.New(bgtask.NewFuncHost(subagent(c)),
+	m, err := bgtask.Open(ctx, bgtask.NewFuncHost(subagent(c)),
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithNotifier(bgtask.NotifierFunc(func(ctx context.Context, n bgtask.Notification) error {
 			mu.Lock()
@@ -218,6 +218,9 @@ func run(ctx context.Context, w io.Writer) error {
 			return nil
 		})),
 	)
+	if err != nil {
+		return err
+	}
 	defer m.Shutdown(context.Background())
 
 	models := []bgtask.Model{
@@ -244,7 +247,7 @@ func run(ctx context.Context, w io.Writer) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if err := m.Cancel(ctx, ids[2]); err != nil {
+	if _, err := m.Stop(ctx, bgtask.Target{Task: ids[2]}); err != nil {
 		return fmt.Errorf("cancel: %w", err)
 	}
 

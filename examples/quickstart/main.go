@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 
 	"github.com/bgtask/bgtask"
 )
@@ -25,12 +26,14 @@ func main() {
 		}
 		return "six times seven is 42", nil
 	})
-	m := bgtask.New(host, bgtask.WithNotifier(bgtask.NotifierFunc(
+	m, err := bgtask.Open(ctx, host, bgtask.WithNotifier(bgtask.NotifierFunc(
 		func(ctx context.Context, n bgtask.Notification) error {
 			fmt.Println("parent:", n.Kind) // what your harness tells the parent chat
 			return nil
 		})))
-	defer m.Shutdown(ctx) // aborts live children; no goroutine outlives it
+	if err != nil {
+		log.Fatal(err) // options that do not fit, each named
+	}
 
 	task, err := m.Launch(ctx, bgtask.Spec{
 		ParentSessionID: "ses_parent",
@@ -42,11 +45,16 @@ func main() {
 		},
 	})
 	if err != nil {
-		panic(err) // a *bgtask.SpecError names the bad field
+		log.Fatal(err) // a *bgtask.SpecError names the bad field
 	}
 	done, err := m.Wait(ctx, task.ID) // until completed, error, cancelled or interrupt
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
+	}
+	// Shutdown delivers what is still queued for the parent, stops what
+	// still runs, and returns once no goroutine of the Manager is left.
+	if err := m.Shutdown(ctx); err != nil {
+		log.Fatal(err)
 	}
 	fmt.Println(done.Status, "|", done.Result)
 	fmt.Println(bgtask.Timeline(done))

@@ -41,6 +41,8 @@ func TestQuickStartRuns(t *testing.T) {
 	assert.Equal(t, []string{"retry_scheduled", "retry_session_ready", "retry_scheduled", "retry_session_ready", "final_summary", "all_complete"}, kinds,
 		"Shutdown delivers what is queued before main returns")
 	assert.Contains(t, out.String(), "completed | six times seven is 42\n")
+	assert.Greater(t, strings.Index(out.String(), "completed | "), strings.LastIndex(out.String(), "parent: "),
+		"as the README says, every notification is printed before the result")
 	sessions := regexp.MustCompile(`fn_[0-9a-f-]{36}`)
 	assert.Contains(t, sessions.ReplaceAllString(out.String(), "fn_…"), `Background task attempts:
 - Attempt 1 — ERROR — openai/gpt-5.4-mini — fn_…

@@ -156,7 +156,7 @@ func newPopulation(m *bgtask.Manager) *population {
 // bound allows it: it returns the ids launched (nil for a round skipped).
 func (p *population) round(ctx context.Context) ([]string, error) {
 	if p.waiter != "" {
-		if err := p.m.Cancel(ctx, p.waiter); err != nil && !errors.Is(err, bgtask.ErrForgotten) && !errors.Is(err, bgtask.ErrUnknownTask) {
+		if _, err := p.m.Stop(ctx, bgtask.Target{Task: p.waiter}); err != nil && !errors.Is(err, bgtask.ErrForgotten) && !errors.Is(err, bgtask.ErrUnknownTask) {
 			return nil, err
 		}
 		p.waiter = ""
@@ -324,7 +324,10 @@ func run(ctx context.Context, w io.Writer) error {
 			return ctx.Err()
 		}
 	}
-	m := bgtask.New(bgtask.NewFuncHost(subagent(pause)), bgtask.WithIDs(bgtask.SequentialIDs()))
+	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(subagent(pause)), bgtask.WithIDs(bgtask.SequentialIDs()))
+	if err != nil {
+		return err
+	}
 	defer m.Shutdown(context.Background())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -363,7 +366,7 @@ func run(ctx context.Context, w io.Writer) error {
 		ids = append(ids, t.ID)
 	}
 	close(release)
-	if err := client.Cancel(ctx, ids[2]); err != nil {
+	if _, err := client.Stop(ctx, bgtask.Target{Task: ids[2]}); err != nil {
 		return err
 	}
 	for _, id := range ids {

@@ -76,7 +76,11 @@ func New(opts ...bgtask.Option) *Harness {
 	all := append([]bgtask.Option{bgtask.WithTreeLimits(bgtask.TreeLimits{
 		MaxDepth: MaxDepth, MaxPerParent: MaxPerParent, ParentWait: 10 * time.Second,
 	})}, opts...)
-	h.M = bgtask.New(bgtask.NewFuncHost(bgtask.Returning(h.subagent, func(r Result) string { return r.ForModel })), all...)
+	var err error
+	h.M, err = bgtask.Open(context.Background(), bgtask.NewFuncHost(bgtask.Returning(h.subagent, func(r Result) string { return r.ForModel })), all...)
+	if err != nil {
+		panic(err) // the options above always fit
+	}
 	return h
 }
 
@@ -301,7 +305,7 @@ func (h *Harness) Stops(ctx context.Context, chat string) (StopRun, error) {
 	}
 	<-h.launched
 	<-h.launched
-	if out.Stopped, err = h.M.CloseTask(ctx, branch.ID); err != nil {
+	if out.Stopped, err = h.M.Stop(ctx, bgtask.Target{Task: branch.ID, Tree: true}); err != nil {
 		return out, err
 	}
 	<-branchDone

@@ -53,7 +53,7 @@ func TestATreeOfSubagentsThreeLevelsDeep(t *testing.T) {
 	assert.Contains(t, tree.Result.ForUser[0], "chat chat-1", "the launch context's values reached the function")
 	require.Len(t, tree.Result.Refused, 2, "each depth-3 leaf was refused a fourth level")
 	for _, r := range tree.Result.Refused {
-		assert.Contains(t, r, "depth 3: bgtask: spawn depth limit reached (3)")
+		assert.Contains(t, r, "depth 3: spawn depth limit reached (3)")
 	}
 	calls := h.OnDoneCalls()
 	assert.Len(t, calls, 5)

@@ -23,10 +23,20 @@ func (idleHost) AbortSession(ctx context.Context, sid string) error { return nil
 func TestTheRootPackageInstallsTheProbes(t *testing.T) {
 	require.NotNil(t, probe.Running, "importing bgtask installs the probes")
 	require.NotNil(t, probe.Parked)
-	m := bgtask.New(idleHost{})
+	m := mustOpen(idleHost{})
 	n, _ := probe.Running(m)
 	assert.Zero(t, n)
 	p, _ := probe.Parked(m)
 	assert.Zero(t, p)
 	require.NoError(t, m.Shutdown(context.Background()))
+}
+
+// mustOpen is bgtask.Open for a test whose options are fine: it panics on
+// an error, which fails the test at once.
+func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
+	m, err := bgtask.Open(context.Background(), host, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return m
 }

@@ -614,7 +614,7 @@ func (w *world) cancel(tasks []bgtask.Task) {
 	w.call(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a lost wakeup shows up as a failure, not a hang
 		defer cancel()
-		if err := w.m.Cancel(ctx, t.ID); errors.Is(err, context.DeadlineExceeded) {
+		if _, err := w.m.Stop(ctx, bgtask.Target{Task: t.ID}); errors.Is(err, context.DeadlineExceeded) {
 			w.mu.Lock()
 			w.failf("cancel of %s hung", t.ID)
 			w.mu.Unlock()
@@ -632,13 +632,16 @@ func (w *world) closeBranch(tasks []bgtask.Task) {
 		root = s[w.rng.IntN(len(s))]
 	}
 	w.runClosure(&closureCall{root: root, known: edges(tasks).known(root)}, "branch "+root,
-		func(ctx context.Context) error { _, err := w.m.CloseBranch(ctx, root); return err })
+		func(ctx context.Context) error { _, err := w.m.Stop(ctx, bgtask.Target{Session: root}); return err })
 }
 
 // closeTask closes a task as a unit (CloseTask).
 func (w *world) closeTask(taskID string) {
 	w.runClosure(&closureCall{task: taskID, known: true}, "task "+taskID,
-		func(ctx context.Context) error { _, err := w.m.CloseTask(ctx, taskID); return err })
+		func(ctx context.Context) error {
+			_, err := w.m.Stop(ctx, bgtask.Target{Task: taskID, Tree: true})
+			return err
+		})
 }
 
 // runClosure registers c and runs close as a driver call, recording what
@@ -766,7 +769,7 @@ func (w *world) check() {
 		}
 	}
 	w.checkInvocations(tasks)
-	for _, s := range w.m.Stats() {
+	for _, s := range w.m.Snapshot().Queues {
 		if s.Limit > 0 && s.Running > s.Limit {
 			w.failf("key %s runs %d over its limit %d", s.Key, s.Running, s.Limit)
 		}
@@ -873,7 +876,7 @@ func (w *world) checkNotifications(tasks []bgtask.Task, final bool) {
 		}
 	}
 	lost := map[string]int{}
-	for _, n := range w.m.Undelivered() {
+	for _, n := range w.m.Dropped().Undelivered {
 		if n.Kind == bgtask.NotifyFinalSummary {
 			lost[n.TaskID]++
 		}

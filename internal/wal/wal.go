@@ -369,18 +369,18 @@ func Open(dir string, opts Options) (*Log, error) {
 		opts.SegmentBytes = 64 << 20
 	}
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("bgtask: journal: %w", err)
+		return nil, fmt.Errorf("journal: %w", err)
 	}
 	lock, err := fs.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("bgtask: journal: %w", err)
+		return nil, fmt.Errorf("journal: %w", err)
 	}
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("bgtask: journal %s: %w", dir, ErrLocked)
+			return nil, fmt.Errorf("journal %s: %w", dir, ErrLocked)
 		}
-		return nil, fmt.Errorf("bgtask: journal %s: lock: %w", dir, err)
+		return nil, fmt.Errorf("journal %s: lock: %w", dir, err)
 	}
 	l := &Log{dir: dir, opts: opts, fs: fs, lock: lock, turn: make(chan struct{}, 1)}
 	if err := l.load(); err != nil {
@@ -402,7 +402,7 @@ func (l *Log) segments() ([]int, error) { return segmentsIn(l.fs, l.dir) }
 func segmentsIn(fs FS, dir string) ([]int, error) {
 	ents, err := fs.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("bgtask: journal: %w", err)
+		return nil, fmt.Errorf("journal: %w", err)
 	}
 	var ns []int
 	for _, e := range ents {
@@ -477,11 +477,11 @@ func (l *Log) load() error {
 	n, size, phys := last.n, last.end, last.size
 	f, err := l.fs.OpenFile(filepath.Join(l.dir, segName(n)), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return fmt.Errorf("bgtask: journal: %w", err)
+		return fmt.Errorf("journal: %w", err)
 	}
 	fail := func(err error) error {
 		f.Close()
-		return fmt.Errorf("bgtask: journal: %w", err)
+		return fmt.Errorf("journal: %w", err)
 	}
 	// A torn tail is cut; so is a clean zero tail without preallocation,
 	// to keep the file exactly its records.
@@ -548,12 +548,12 @@ func (l *Log) read(n int, last bool) (s seg, err error) {
 	name := filepath.Join(l.dir, segName(n))
 	f, err := l.fs.OpenFile(name, os.O_RDONLY, 0)
 	if err != nil {
-		return seg{}, fmt.Errorf("bgtask: journal: %w", err)
+		return seg{}, fmt.Errorf("journal: %w", err)
 	}
 	defer f.Close()
 	data, err := readWhole(f)
 	if err != nil {
-		return seg{}, fmt.Errorf("bgtask: journal: reading %s: %w", name, err)
+		return seg{}, fmt.Errorf("journal: reading %s: %w", name, err)
 	}
 	s.n, s.size = n, int64(len(data))
 	off := int64(0)
@@ -572,7 +572,7 @@ func (l *Log) read(n int, last bool) (s seg, err error) {
 				s.torn = &Torn{File: name, Offset: off, Bytes: s.size - off}
 				break
 			}
-			return seg{}, fmt.Errorf("bgtask: journal: %s at offset %d: %s: refusing to start (the journal is corrupt)", name, off, bad.why)
+			return seg{}, fmt.Errorf("journal: %s at offset %d: %s: refusing to start (the journal is corrupt)", name, off, bad.why)
 		}
 		if !open {
 			batchOff, batchIdx = off, len(s.recs)
@@ -590,7 +590,7 @@ func (l *Log) read(n int, last bool) (s seg, err error) {
 		// its records and lost the rest. The batch is cut as a torn
 		// record is: none of it was durable, so none of it happened.
 		if !last {
-			return seg{}, fmt.Errorf("bgtask: journal: %s at offset %d: a commit that does not end before the segment does: refusing to start (the journal is corrupt)", name, batchOff)
+			return seg{}, fmt.Errorf("journal: %s at offset %d: a commit that does not end before the segment does: refusing to start (the journal is corrupt)", name, batchOff)
 		}
 		s.recs = s.recs[:batchIdx]
 		s.torn = &Torn{File: name, Offset: batchOff, Bytes: s.size - batchOff}
@@ -767,7 +767,7 @@ func (l *Log) write(batches []*Batch, rotate bool) error {
 	for _, b := range batches {
 		for i, p := range b.payloads {
 			if len(p) > MaxRecord {
-				return fmt.Errorf("bgtask: journal: a record of %d bytes is over the limit of %d", len(p), MaxRecord)
+				return fmt.Errorf("journal: a record of %d bytes is over the limit of %d", len(p), MaxRecord)
 			}
 			field := uint32(len(p))
 			if p == nil && b.base {
@@ -831,7 +831,7 @@ func (l *Log) put(b []byte, units bool) error {
 			}
 		}
 		if _, err := l.buf.Write(b[:k]); err != nil {
-			return fmt.Errorf("bgtask: journal: write: %w", err)
+			return fmt.Errorf("journal: write: %w", err)
 		}
 		l.segSize += k
 		l.unit += k
@@ -856,13 +856,13 @@ func (l *Log) zeroAhead(end int64) error {
 	for off := l.segPhys; off < to; {
 		n := min(to-off, int64(len(zeros)))
 		if _, err := l.seg.WriteAt(zeros[:n], off); err != nil {
-			return fmt.Errorf("bgtask: journal: preallocating: %w", err)
+			return fmt.Errorf("journal: preallocating: %w", err)
 		}
 		off += n
 	}
 	if !l.segHidden {
 		if err := syncData(l.seg); err != nil {
-			return fmt.Errorf("bgtask: journal: fsync: %w", err)
+			return fmt.Errorf("journal: fsync: %w", err)
 		}
 	}
 	l.segPhys = to
@@ -873,10 +873,10 @@ func (l *Log) zeroAhead(end int64) error {
 // l.wmu is held.
 func (l *Log) endUnit() error {
 	if err := l.buf.Flush(); err != nil {
-		return fmt.Errorf("bgtask: journal: write: %w", err)
+		return fmt.Errorf("journal: write: %w", err)
 	}
 	if err := syncData(l.seg); err != nil {
-		return fmt.Errorf("bgtask: journal: fsync: %w", err)
+		return fmt.Errorf("journal: fsync: %w", err)
 	}
 	l.unit = 0
 	return nil
@@ -886,11 +886,11 @@ func (l *Log) endUnit() error {
 func (l *Log) rotate(n int) error {
 	f, err := l.fs.OpenFile(filepath.Join(l.dir, segName(n)), os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
 	if err != nil {
-		return fmt.Errorf("bgtask: journal: new segment: %w", err)
+		return fmt.Errorf("journal: new segment: %w", err)
 	}
 	if err := l.fs.SyncDir(l.dir); err != nil {
 		f.Close()
-		return fmt.Errorf("bgtask: journal: new segment: %w", err)
+		return fmt.Errorf("journal: new segment: %w", err)
 	}
 	// The full segment keeps only its records: its zeros will never be
 	// written into. The cut need not be durable, nor succeed: zeros left
@@ -934,7 +934,7 @@ func (l *Log) Compact(keep [][]byte) error {
 	tmp := filepath.Join(l.dir, segName(n)+".tmp")
 	f, err := l.fs.OpenFile(tmp, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
 	if err != nil {
-		return fmt.Errorf("bgtask: journal: compaction: %w", err)
+		return fmt.Errorf("journal: compaction: %w", err)
 	}
 	old, oldN, oldSize, oldPhys := l.seg, l.segN, l.segSize, l.segPhys
 	l.seg, l.segN, l.segSize, l.segPhys, l.segHidden = f, n, 0, 0, true
@@ -948,7 +948,7 @@ func (l *Log) Compact(keep [][]byte) error {
 				// a restart sees is unknown too, so nothing more may be
 				// appended (fail-stop).
 				_ = old.Close()
-				err = fmt.Errorf("bgtask: journal: compaction: %w", err)
+				err = fmt.Errorf("journal: compaction: %w", err)
 				l.fail(err)
 				return err
 			}
@@ -958,7 +958,7 @@ func (l *Log) Compact(keep [][]byte) error {
 		_ = f.Close()
 		_ = l.fs.Remove(tmp)
 		l.seg, l.segN, l.segSize, l.segPhys = old, oldN, oldSize, oldPhys
-		return fmt.Errorf("bgtask: journal: compaction: %w", err)
+		return fmt.Errorf("journal: compaction: %w", err)
 	}
 	_ = old.Close()
 	if ns, err := l.segments(); err == nil {

@@ -242,7 +242,7 @@ func api(node *pgledger.Node) http.Handler {
 		if !decode(w, r, &a) {
 			return
 		}
-		rep, err := node.CloseBranch(r.Context(), a.Session)
+		rep, err := node.Stop(r.Context(), bgtask.Target{Session: a.Session})
 		out := answer{Report: &rep}
 		if err != nil {
 			out.Err = err.Error()
