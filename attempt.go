@@ -276,7 +276,7 @@ func (e *entry) output() *runOutput {
 type runOutput struct {
 	token    string // the run it belongs to
 	output   string // latest output text
-	finish   FinishReason
+	finish   string
 	noText   bool
 	reason   Reason // of the failure that ended it, worked out outside the lock
 	stopErr  string // the error the run returned after it was asked to stop

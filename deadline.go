@@ -99,9 +99,9 @@ func (m *Manager) onDeadline(in *deadlineIn) {
 // (Spec.Timeout), never retried, or its own (Spec.AttemptTimeout),
 // retried with Spec.RetryOnTimeout.
 func deadlineFailure(e *entry, attempt bool) *failure {
-	err := fmt.Errorf("%w: the task ran longer than its timeout of %s", ErrDeadline, e.info.opt().timeout)
+	err := fmt.Errorf("%w: the task ran longer than its timeout of %s", ReasonDeadline, e.info.opt().timeout)
 	if attempt {
-		err = fmt.Errorf("%w: the attempt ran longer than its timeout of %s", ErrDeadline, e.info.opt().attemptTimeout)
+		err = fmt.Errorf("%w: the attempt ran longer than its timeout of %s", ReasonDeadline, e.info.opt().attemptTimeout)
 	}
 	return &failure{err: err, text: err.Error(), reason: ReasonDeadline, retry: attempt && e.info.opt().retryOnTimeout}
 }

@@ -28,7 +28,7 @@ func TestATaskTimeoutEndsItErrorWithReasonDeadline(t *testing.T) {
 	assert.Equal(t, []string{task.SessionID}, h.host.Aborts(), "the child was stopped")
 	require.NotNil(t, done.Outcome)
 	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
-	assert.ErrorIs(t, done.Cause, ErrDeadline)
+	assert.ErrorIs(t, done.Cause, ReasonDeadline)
 	assert.Contains(t, done.Error, "deadline: the task ran longer than its timeout of 1m0s")
 	assert.Equal(t, "still looping", done.Outcome.Evidence)
 }

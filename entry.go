@@ -1,6 +1,7 @@
 package bgtask
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"maps"
@@ -318,6 +319,8 @@ func (e *entry) project() Task {
 		Revision:         e.revision,
 		LaunchedAt:       e.info.launchedAt,
 		Metadata:         maps.Clone(e.info.metadata),
+		Attach:           bytes.Clone(e.info.opt().attach),
+		Detached:         e.info.opt().detached,
 		Activity:         e.liveActivity(),
 	}
 	if t.Activity != ActivityNone && e.hot != nil && e.seen.out.token == cur.Token {

@@ -67,10 +67,6 @@ var (
 	ErrDepthLimit  = errors.New("spawn depth limit reached")
 	ErrFanOutLimit = errors.New("live tasks per parent session limit reached")
 	ErrTreeLimit   = errors.New("live tasks per root session limit reached")
-	// ErrDeadline is in the chain of Task.Cause when a run was stopped at its
-	// wall-clock deadline (Spec.Timeout, Spec.AttemptTimeout); the
-	// outcome's reason is ReasonDeadline.
-	ErrDeadline = errors.New("deadline")
 	// ErrDurabilityUnknown: a call's context ended while it waited for its
 	// records to be durable (WithJournal), so what it did may or may not
 	// have been recorded; the error is a *DurabilityUnknownError naming the

@@ -67,8 +67,12 @@ type Event struct {
 	// NoFinalText (SessionIdle) says the turn ended with no final message
 	// at all, as opposed to an empty one.
 	NoFinalText bool
-	// Finish (SessionIdle) is how the turn ended, if the host knows.
-	Finish FinishReason
+	// Reason (SessionIdle) says why the turn's answer is not a clean one,
+	// if the host knows: ReasonOutputLimit (cut off), ReasonContentFilter,
+	// ReasonUnconsumedToolCall (it ended on a tool call). Empty: a clean
+	// answer. (A SessionError names its reason by its Err: a Reason,
+	// wrapped or not.)
+	Reason Reason
 	Err    error     // SessionError: the failure
 	At     time.Time // when it happened; zero means now
 	// Invocation (SessionIdle) is the last invocation the turn had seen:

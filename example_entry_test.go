@@ -51,16 +51,17 @@ func ExampleManager_Extend() {
 	// 2 completed | now the metrics
 }
 
-// A FuncHost tree: a function launches subagents from its own run
-// (Run.Launch makes its session their parent) and waits for them all with
-// WaitParent; closing the root's branch would stop every level.
-func ExampleRun_Launch() {
+// A FuncHost tree: a function launches subagents with its own context (the
+// context carries its run: Launch makes the run's session their parent)
+// and waits for them all with WaitParent; stopping the root's tree would
+// stop every level.
+func ExampleManager_Launch_nested() {
 	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if !strings.HasPrefix(run.Prompt, "plan:") {
 			return "did " + run.Prompt, nil
 		}
 		for _, step := range strings.Split(strings.TrimPrefix(run.Prompt, "plan:"), ",") {
-			if _, err := run.Launch(ctx, bgtask.Spec{Prompt: step, Models: []bgtask.Model{{ID: "worker"}}}); err != nil {
+			if _, err := run.Manager().Launch(ctx, bgtask.Spec{Prompt: step, Models: []bgtask.Model{{ID: "worker"}}}); err != nil {
 				return "", err
 			}
 		}

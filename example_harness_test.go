@@ -43,10 +43,10 @@ func ExampleReturning() {
 func ExampleWithTreeLimits() {
 	m, err := bgtask.Open(context.Background(), bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if run.Depth == 2 {
-			_, err := run.Launch(ctx, bgtask.Spec{Prompt: "deeper", Models: []bgtask.Model{{ID: "m"}}})
+			_, err := run.Manager().Launch(ctx, bgtask.Spec{Prompt: "deeper", Models: []bgtask.Model{{ID: "m"}}})
 			return fmt.Sprintf("depth %d, spawning: %v", run.Depth, err), nil
 		}
-		kid, err := run.Launch(ctx, bgtask.Spec{Prompt: "dig", Models: []bgtask.Model{{ID: "m"}}})
+		kid, err := run.Manager().Launch(ctx, bgtask.Spec{Prompt: "dig", Models: []bgtask.Model{{ID: "m"}}})
 		if err != nil {
 			return "", err
 		}
@@ -87,7 +87,7 @@ func ExampleSpec_timeout() {
 	task, _ := m.Launch(context.Background(), bgtask.Spec{ParentSessionID: "chat", Prompt: "loop",
 		Models: []bgtask.Model{{ID: "m"}, {ID: "fallback"}}, Timeout: 20 * time.Millisecond})
 	done, _ := m.Wait(context.Background(), task.ID)
-	fmt.Println(done.Status, done.Outcome.Reason, len(done.Attempts), errors.Is(done.Cause, bgtask.ErrDeadline))
+	fmt.Println(done.Status, done.Outcome.Reason, len(done.Attempts), errors.Is(done.Cause, bgtask.ReasonDeadline))
 	// Output: error deadline 1 true
 }
 

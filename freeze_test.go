@@ -175,7 +175,7 @@ func richTasks(t *testing.T, h *harness) []string {
 		s.Key, s.Agent, s.Metadata, s.Timeout, s.AttemptTimeout = "k", "agent", map[string]string{"team": "x"}, time.Hour, time.Hour
 	})
 	require.NoError(t, h.observe(Event{SessionID: a.SessionID, Kind: SessionBusy, Progress: "half way"}))
-	require.NoError(t, h.observe(Event{SessionID: a.SessionID, Kind: SessionIdle, Text: "the answer", Finish: FinishStop, Value: map[string]int{"n": 42}}))
+	require.NoError(t, h.observe(Event{SessionID: a.SessionID, Kind: SessionIdle, Text: "the answer", Reason: "", Value: map[string]int{"n": 42}}))
 	// It failed over twice (forbidden, then rate limited), then answered.
 	b := h.running("chat", func(s *Spec) { s.Models = mustModels(t, "a/one", "b/two", "c/three") })
 	require.NoError(t, h.observe(Event{SessionID: b.SessionID, Kind: SessionError, Err: errForbidden}))
@@ -191,7 +191,7 @@ func richTasks(t *testing.T, h *harness) []string {
 	d := h.running("chat", one)
 	require.NoError(t, h.observe(Event{SessionID: d.SessionID, Kind: SessionIdle, NoFinalText: true}))
 	e := h.running("chat", one)
-	require.NoError(t, h.observe(Event{SessionID: e.SessionID, Kind: SessionIdle, Text: "cut", Finish: FinishLength}))
+	require.NoError(t, h.observe(Event{SessionID: e.SessionID, Kind: SessionIdle, Text: "cut", Reason: ReasonOutputLimit}))
 	// Cancelled while it ran; interrupted; its start failed.
 	f := h.running("chat")
 	require.NoError(t, stopErr(h.m.Stop(ctx, Target{Task: f.ID})))

@@ -93,24 +93,9 @@ type Run struct {
 }
 
 // Manager returns the Manager running this attempt: what a function uses
-// to look tasks up, wait for them, or stop them.
+// to launch beneath itself (Launch with the function's context), look
+// tasks up, wait for them, or stop them.
 func (r Run) Manager() *Manager { return r.m }
-
-// Launch launches a subagent from this run: a task whose parent session
-// is this run's session (unless spec.ParentSessionID names another), one
-// level deeper in the tree (WithTreeLimits counts it there). Pass the
-// function's ctx: with spec.InheritValues the child's calls see its
-// values, and with spec.CancelWithCaller the child stops when this run's
-// context ends.
-func (r Run) Launch(ctx context.Context, spec Spec) (Task, error) {
-	if r.m == nil {
-		return Task{}, errors.New("Run.Launch on a Run no FuncHost made")
-	}
-	if spec.ParentSessionID == "" {
-		spec.ParentSessionID = r.SessionID
-	}
-	return r.m.Launch(ctx, spec)
-}
 
 // Prompt is a supplemental prompt (Extend) handed to a running FuncHost
 // function: invocation N of its task (2 or more).

@@ -546,7 +546,7 @@ func mutateField(fs []frame, i int, s *script) ([]byte, bool) {
 			x.spec.root, x.spec.depth = word(), int(number())
 		}
 	case 14:
-		rec.evidence = evidence{output: word(), finish: FinishReason(word()), reason: Reason(word())}
+		rec.evidence = evidence{output: word(), finish: word(), reason: Reason(word())}
 	case 15:
 		if rec.inv == nil {
 			rec.inv = &Invocation{}

@@ -220,7 +220,7 @@ func TestRunIsToldItsTaskAndLaunchesChildrenBeneathItsSession(t *testing.T) {
 		if run.Depth > 1 {
 			return "child of " + run.ParentSessionID, nil
 		}
-		child, err := run.Launch(ctx, Spec{Description: "sub", Prompt: "dig", Models: mustModels(t, "a/one")})
+		child, err := run.Manager().Launch(ctx, Spec{Description: "sub", Prompt: "dig", Models: mustModels(t, "a/one")})
 		if err != nil {
 			return "", err
 		}
@@ -306,7 +306,7 @@ func TestCancelWithCallerStopsTheTaskAndItsBranchWhenTheCallersContextEnds(t *te
 	started := make(chan string, 4)
 	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
 		if run.Depth == 1 {
-			if _, err := run.Launch(ctx, Spec{Prompt: "kid", Models: mustModels(t, "a/one")}); err != nil {
+			if _, err := run.Manager().Launch(ctx, Spec{Prompt: "kid", Models: mustModels(t, "a/one")}); err != nil {
 				return "", err
 			}
 		}
@@ -547,7 +547,7 @@ func TestAFuncHostParentThatWaitedForItsChildIsNotHeldByTheGate(t *testing.T) {
 		if run.Depth > 1 {
 			return "kid", nil
 		}
-		child, err := run.Launch(ctx, Spec{Prompt: "dig", Models: mustModels(t, "a/one")})
+		child, err := run.Manager().Launch(ctx, Spec{Prompt: "dig", Models: mustModels(t, "a/one")})
 		if err != nil {
 			return "", err
 		}
@@ -582,7 +582,7 @@ func TestAFuncHostParentThatReturnedBeforeItsChildIsReleasedWhenItSettles(t *tes
 			<-kidGo
 			return "kid", nil
 		}
-		if _, err := run.Launch(ctx, Spec{Prompt: "dig", Models: mustModels(t, "a/one")}); err != nil {
+		if _, err := run.Manager().Launch(ctx, Spec{Prompt: "dig", Models: mustModels(t, "a/one")}); err != nil {
 			return "", err
 		}
 		return "did not wait", nil

@@ -254,7 +254,7 @@ func (iv *invocations) file(n int, ans *Answer) {
 type turnEnd struct {
 	token  string // the run that ended the turn
 	text   string
-	finish FinishReason
+	finish string
 	noText bool
 	upTo   int // the last invocation the turn had seen; 0: the latest admitted
 	at     time.Time
@@ -423,12 +423,12 @@ func (m *Manager) fileAnswer(e *entry, n int, o *Outcome, degraded bool, at time
 }
 
 // childrenOutstanding reports whether a task launched from e's current
-// session is still live, or has notifications not yet delivered to that
-// session. m.mu is held.
+// session (and not Detached) is still live, or has notifications not yet
+// delivered to that session. m.mu is held.
 func (m *Manager) childrenOutstanding(e *entry) bool {
 	sid := e.cur().SessionID
 	for _, k := range e.kids {
-		if k.info.parent == sid && (!k.terminal() || k.notesOut > 0) {
+		if k.info.parent == sid && !k.info.opt().detached && (!k.terminal() || k.notesOut > 0) {
 			return true
 		}
 	}
@@ -436,11 +436,11 @@ func (m *Manager) childrenOutstanding(e *entry) bool {
 }
 
 // childrenLive reports whether a task launched from e's current session
-// is still live. m.mu is held.
+// (and not Detached) is still live. m.mu is held.
 func (m *Manager) childrenLive(e *entry) bool {
 	sid := e.cur().SessionID
 	for _, k := range e.kids {
-		if k.info.parent == sid && !k.terminal() {
+		if k.info.parent == sid && !k.info.opt().detached && !k.terminal() {
 			return true
 		}
 	}
@@ -474,7 +474,7 @@ func (m *Manager) atGate(e *entry, t turnEnd) bool {
 		}
 		return false
 	}
-	if t.finish == FinishToolCalls {
+	if idleReason(t.finish) == ReasonUnconsumedToolCall {
 		return true // a pause at a tool call is never an answer
 	}
 	e.gate = &gateHold{turnEnd: t}

@@ -293,7 +293,7 @@ func TestChildrenGateHoldsTheAnswerUntilChildrenSettle(t *testing.T) {
 	got := h.task(task.ID)
 	assert.Equal(t, StatusRunning, got.Status, "no answer while a child runs")
 	assert.Equal(t, ActivityAwaitingChildren, got.Activity)
-	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Finish: FinishToolCalls}))
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Reason: ReasonUnconsumedToolCall}))
 
 	_, armed := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))

@@ -153,7 +153,7 @@ func TestAnUnreadableRecordIsNamedByItsPlace(t *testing.T) {
 		give []byte
 		want string
 	}{
-		{"empty", []byte{dataMark}, "decoding record 0 (kind unknown): not a record of format 1 to 6"},
+		{"empty", []byte{dataMark}, "decoding record 0 (kind unknown): not a record of format 1 to 7"},
 		{"an unknown kind", []byte{dataMark, recordFormat, 9, 99, 0, 0, 0, 0, 0}, "decoding record 9 (kind unknown): unknown kind 99"},
 		{"no sequence", []byte{0x80}, "decoding record 0 (kind unknown): a record with no sequence"},
 	} {

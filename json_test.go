@@ -19,7 +19,7 @@ func jsonTask() Task {
 		Status: StatusCompleted, SessionID: "ses_ccc", Model: second.Model, StartedAt: second.StartedAt, CompletedAt: second.CompletedAt,
 		Result: "42", CurrentAttemptID: "att-2", Attempts: []Attempt{first, second}, Revision: 7, LaunchedAt: t0,
 		Metadata: map[string]string{"ticket": "T-1"}}
-	task.Outcome = outcomeOf(task, &evidence{finish: FinishStop}, sessionsResumable)
+	task.Outcome = outcomeOf(task, &evidence{finish: ""}, sessionsResumable)
 	return task
 }
 

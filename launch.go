@@ -18,10 +18,26 @@ import (
 // Spec.InheritValues or Spec.CancelWithCaller, lends the task its values
 // or its end; a ctx that has already ended is refused with its error,
 // whatever the Spec says, and nothing is recorded.
+//
+// A Launch with ctx of a run of this Manager — the context of a FuncHost
+// function or a Spec.Run function, or of a Host's PromptSession — and no
+// Spec.ParentSessionID goes beneath that run: its parent is the run's
+// session. No Run value needs threading through a framework: the
+// context carries it. The child is in the run's tree (stopped with its
+// branch, counted in its budgets and limits) and, unless Spec.Detached,
+// holds the run's end until it has ended (the children gate).
+//
+// A refused Launch records nothing and keeps Spec.ID free. One whose ctx
+// ended while its records were being made durable (a journal) returns
+// the task it launched with a *DurabilityUnknownError: the task exists
+// in this process, and runs.
 func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return Task{}, err
+	}
+	if spec.ParentSessionID == "" {
+		spec.ParentSessionID = m.runSession(ctx)
 	}
 	if err := m.checkSpec(&spec); err != nil {
 		return Task{}, err
@@ -53,7 +69,7 @@ func (m *Manager) Launch(ctx context.Context, spec Spec) (Task, error) {
 	}
 	task := in.out.e.project()
 	if err := m.unlockCtx(ctx); err != nil {
-		return Task{}, durabilityUnknown(err, "Launch", task.ID) // not durable: it never happened, or may not have
+		return task, durabilityUnknown(err, "Launch", task.ID) // launched here; durable later, or never if the journal fails
 	}
 	if spec.CancelWithCaller {
 		m.watchCaller(ctx, in.out.e)
@@ -401,4 +417,66 @@ func (m *Manager) wakeFanout(parent string) {
 	}
 	q[0].woken = true
 	close(q[0].ch)
+}
+
+// runSession is the session of the run of this Manager that ctx carries
+// (a FuncHost or Spec.Run function's, a PromptSession's), or "".
+func (m *Manager) runSession(ctx context.Context) string {
+	v, ok := ctx.Value(runKey{}).(*runValue)
+	if !ok || v.e == nil || (v.kind != callRun && v.kind != callPrompt) {
+		return ""
+	}
+	m.mu.Lock()
+	defer m.unlock()
+	if m.led.tasks[v.ref.TaskID] != v.e { // another Manager's run, or one forgotten
+		return ""
+	}
+	for i := len(v.e.attempts) - 1; i >= 0; i-- {
+		if a := &v.e.attempts[i]; a.Token == v.ref.Token {
+			return a.SessionID
+		}
+	}
+	return ""
+}
+
+// Run launches spec and waits for its end: a synchronous subagent. When
+// ctx ends first, the task is stopped with everything beneath it (Stop
+// with Tree), and Run still returns its real end — cancelled once its
+// child really stopped — together with ctx's error. An abort the host
+// refuses leaves the task running: Run then returns its snapshot as it
+// is, with ctx's error and the host's. The wait for the stop is bounded
+// by the Manager's life (Shutdown), not by ctx.
+//
+// Run is Launch (the same Spec, nested beneath the run ctx carries, as
+// Launch does) then Wait; a Spec with ExtendLive is refused (it may
+// extend a task that another caller waits for).
+func (m *Manager) Run(ctx context.Context, spec Spec) (Task, error) {
+	ctx = orBackground(ctx)
+	if spec.ExtendLive {
+		return Task{}, &SpecError{Field: "ExtendLive", Reason: "cannot be used with Run: it may extend a task another caller launched"}
+	}
+	t, err := m.Launch(ctx, spec)
+	if err != nil {
+		var du *DurabilityUnknownError
+		if !errors.As(err, &du) { // one whose durability is unknown was launched: it is stopped below
+			return t, err
+		}
+	}
+	done, err := m.Wait(ctx, t.ID)
+	if err == nil || ctx.Err() == nil {
+		return done, err
+	}
+	cause := ctx.Err()
+	bg := context.WithoutCancel(ctx)
+	if _, serr := m.Stop(bg, Target{Task: t.ID, Tree: true}); serr != nil && !errors.Is(serr, ErrStopPending) {
+		now, terr := m.Task(t.ID)
+		if terr != nil {
+			now = done
+		}
+		return now, errors.Join(cause, serr)
+	}
+	if done, err = m.Wait(bg, t.ID); err != nil {
+		return done, errors.Join(cause, err)
+	}
+	return done, cause
 }

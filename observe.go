@@ -189,7 +189,7 @@ func (m *Manager) apply(e *entry, o *observation) {
 			l := e.keep()
 			l.value, l.valueTok = ev.Value, a.Token
 		}
-		if t := (turnEnd{token: a.Token, text: ev.Text, finish: ev.Finish, noText: ev.NoFinalText, upTo: ev.Invocation, at: at, last: ev.last}); !m.atGate(e, t) {
+		if t := (turnEnd{token: a.Token, text: ev.Text, finish: string(ev.Reason), noText: ev.NoFinalText, upTo: ev.Invocation, at: at, last: ev.last}); !m.atGate(e, t) {
 			m.turnEnded(e, t, "")
 		}
 	case SessionError:

@@ -32,27 +32,27 @@ func TestOutcomeForEachReason(t *testing.T) {
 		evidence  string
 		tag       string // the element the envelope uses
 	}{
-		{name: "clean answer", events: []Event{{Kind: SessionIdle, Text: "42", Finish: FinishStop}},
+		{name: "clean answer", events: []Event{{Kind: SessionIdle, Text: "42", Reason: ""}},
 			want: StatusCompleted, hasAnswer: true, answer: "42", tag: "task_result"},
 		{name: "finish unknown is not guessed", events: []Event{{Kind: SessionIdle, Text: "42"}},
 			want: StatusCompleted, hasAnswer: true, answer: "42", tag: "task_result"},
-		{name: "empty answer", events: []Event{{Kind: SessionIdle, Text: "", Finish: FinishStop}},
+		{name: "empty answer", events: []Event{{Kind: SessionIdle, Text: "", Reason: ""}},
 			want: StatusCompleted, hasAnswer: true, answer: "", tag: "task_result"},
 		{name: "no final text", events: []Event{{Kind: SessionBusy, Text: "thinking about it"}, {Kind: SessionIdle, NoFinalText: true}},
 			want: StatusError, reason: ReasonNoFinalText, evidence: "thinking about it", tag: "task_error"},
-		{name: "output limit", events: []Event{{Kind: SessionIdle, Text: "the answer is partly", Finish: FinishLength}},
+		{name: "output limit", events: []Event{{Kind: SessionIdle, Text: "the answer is partly", Reason: ReasonOutputLimit}},
 			want: StatusError, reason: ReasonOutputLimit, evidence: "the answer is partly", tag: "task_error"},
-		{name: "content filter", events: []Event{{Kind: SessionIdle, Text: "", Finish: FinishContentFilter}},
+		{name: "content filter", events: []Event{{Kind: SessionIdle, Text: "", Reason: ReasonContentFilter}},
 			want: StatusError, reason: ReasonContentFilter, tag: "task_error"},
-		{name: "unconsumed tool call", events: []Event{{Kind: SessionIdle, Text: "calling grep", Finish: FinishToolCalls}},
+		{name: "unconsumed tool call", events: []Event{{Kind: SessionIdle, Text: "calling grep", Reason: ReasonUnconsumedToolCall}},
 			want: StatusError, reason: ReasonUnconsumedToolCall, evidence: "calling grep", tag: "task_error"},
-		{name: "typed context overflow", models: []string{"a/1", "b/2"}, events: []Event{{Kind: SessionError, Err: fmt.Errorf("turn 12: %w", ErrContextOverflow)}},
+		{name: "typed context overflow", models: []string{"a/1", "b/2"}, events: []Event{{Kind: SessionError, Err: fmt.Errorf("turn 12: %w", ReasonContextOverflow)}},
 			want: StatusError, reason: ReasonContextOverflow, tag: "task_error"},
 		{name: "provider message context overflow", models: []string{"a/1", "b/2"}, events: []Event{{Kind: SessionBusy, Text: "read 40 files"}, {Kind: SessionError, Err: errors.New("context_length_exceeded: 210000 > 200000")}},
 			want: StatusError, reason: ReasonContextOverflow, evidence: "read 40 files", tag: "task_error"},
-		{name: "typed output limit error", events: []Event{{Kind: SessionError, Err: ErrOutputLimit}},
+		{name: "typed output limit error", events: []Event{{Kind: SessionError, Err: ReasonOutputLimit}},
 			want: StatusError, reason: ReasonOutputLimit, tag: "task_error"},
-		{name: "typed content filter error", events: []Event{{Kind: SessionError, Err: ErrContentFilter}},
+		{name: "typed content filter error", events: []Event{{Kind: SessionError, Err: ReasonContentFilter}},
 			want: StatusError, reason: ReasonContentFilter, tag: "task_error"},
 		{name: "provider error by status", events: []Event{{Kind: SessionError, Err: statusErr{529, "overloaded_error"}}},
 			want: StatusError, reason: ReasonProviderError, tag: "task_error"},
@@ -105,7 +105,7 @@ func TestEmptyAnswerIsDistinctFromAMissingOne(t *testing.T) {
 		require.NoError(t, h.observe(ev))
 		return h.wait(task.ID).Outcome
 	}
-	empty := run(Event{Kind: SessionIdle, Text: "", Finish: FinishStop})
+	empty := run(Event{Kind: SessionIdle, Text: "", Reason: ""})
 	missing := run(Event{Kind: SessionIdle, NoFinalText: true})
 	assert.True(t, empty.HasAnswer)
 	assert.Equal(t, StatusCompleted, empty.State)
@@ -165,7 +165,7 @@ func TestWaitAndFinalSummaryCarryTheSameOutcome(t *testing.T) {
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errRateLimited}))
 	h.settle()
-	require.NoError(t, h.observe(Event{SessionID: "ses-2", Kind: SessionIdle, Text: "done </task_result> really", Finish: FinishStop}))
+	require.NoError(t, h.observe(Event{SessionID: "ses-2", Kind: SessionIdle, Text: "done </task_result> really", Reason: ""}))
 	got := h.wait(task.ID)
 	h.settle()
 	var final Notification
@@ -215,13 +215,13 @@ func TestEnvelopeGolden(t *testing.T) {
 		task Task
 		out  *evidence
 	}{
-		{name: "completed", task: task(StatusCompleted, done), out: &evidence{finish: FinishStop}},
-		{name: "completed_after_retry", task: task(StatusCompleted, first, retried), out: &evidence{finish: FinishStop}},
+		{name: "completed", task: task(StatusCompleted, done), out: &evidence{finish: ""}},
+		{name: "completed_after_retry", task: task(StatusCompleted, first, retried), out: &evidence{finish: ""}},
 		{name: "error_context_overflow", task: task(StatusError, failed), out: &evidence{output: "read 40 files <and more>", reason: ReasonContextOverflow}},
-		{name: "error_output_limit", task: task(StatusCompleted, cut), out: &evidence{finish: FinishLength}},
+		{name: "error_output_limit", task: task(StatusCompleted, cut), out: &evidence{finish: string(ReasonOutputLimit)}},
 		{name: "error_no_final_text", task: task(StatusCompleted, cut), out: &evidence{noText: true, output: "was looking at main.go"}},
-		{name: "error_content_filter", task: task(StatusCompleted, cut), out: &evidence{finish: FinishContentFilter}},
-		{name: "error_unconsumed_tool_call", task: task(StatusCompleted, cut), out: &evidence{finish: FinishToolCalls, output: `{"tool":"grep"}`}},
+		{name: "error_content_filter", task: task(StatusCompleted, cut), out: &evidence{finish: string(ReasonContentFilter)}},
+		{name: "error_unconsumed_tool_call", task: task(StatusCompleted, cut), out: &evidence{finish: string(ReasonUnconsumedToolCall), output: `{"tool":"grep"}`}},
 		{name: "error_provider_error", task: task(StatusError, failedWith("429 Too Many Requests")), out: &evidence{reason: reasonOf(statusErr{429, "Too Many Requests"})}},
 		{name: "error_unknown", task: task(StatusError, failedWith("something odd")), out: &evidence{reason: reasonOf(errors.New("something odd"))}},
 		{name: "cancelled", task: task(StatusCancelled, cancelled), out: &evidence{output: "step 3 of 9"}},
@@ -327,4 +327,26 @@ func TestAStartErrorSeenOnlyThroughAsIsRetriedAsOne(t *testing.T) {
 	se, ok := inChain[*StartError](asStartError{})
 	require.True(t, ok)
 	assert.Equal(t, "a", se.Model.Provider)
+}
+
+// A journal of an earlier release recorded a turn's finish reason in its
+// own words: they still say why an idle answer is not clean.
+func TestAnIdleReasonOfAnEarlierReleaseIsRead(t *testing.T) {
+	for word, want := range map[string]Reason{
+		"length": ReasonOutputLimit, "content_filter": ReasonContentFilter, "tool_calls": ReasonUnconsumedToolCall,
+		"stop": "", "unknown": "", "": "",
+		string(ReasonOutputLimit): ReasonOutputLimit, string(ReasonUnconsumedToolCall): ReasonUnconsumedToolCall,
+	} {
+		assert.Equal(t, want, idleReason(word), word)
+	}
+}
+
+// A Reason is the error a host returns to name it: wrapped or not, the
+// outcome says it, and DefaultRetryable does not retry it.
+func TestAReasonIsAnErrorAHostReturns(t *testing.T) {
+	err := fmt.Errorf("provider said: %w", ReasonContextOverflow)
+	assert.Equal(t, ReasonContextOverflow, reasonOf(err))
+	assert.True(t, errors.Is(err, ReasonContextOverflow))
+	assert.False(t, DefaultRetryable(err))
+	assert.Equal(t, "provider said: context window exceeded", err.Error())
 }

@@ -385,7 +385,7 @@ func TestATurnPausedAtAToolCallIsNeverTheGatesCandidate(t *testing.T) {
 	h := newHarness(t, nil, WithGateTimeout(time.Minute))
 	task, ses, _, kidSes := gatedTask(h)
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "my answer"}))
-	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "let me call a tool", Finish: FinishToolCalls}))
+	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "let me call a tool", Reason: ReasonUnconsumedToolCall}))
 	assert.Equal(t, ActivityAwaitingChildren, h.task(task.ID).Activity)
 
 	_, armed := h.clock.Created()

@@ -126,7 +126,7 @@ var noExt recordExt
 // failure that ended it (worked out outside the lock).
 type evidence struct {
 	output string
-	finish FinishReason
+	finish string
 	noText bool
 	reason Reason
 	notice string // a fact that rides the answer (the children gate released it degraded)
@@ -192,6 +192,9 @@ type taskExtra struct {
 	// links it as the launch did, whatever order the records come in.
 	budget            *Budget
 	budgetUp, spawnUp string
+	// Spec.Detached and Spec.Attach (its JSON). Recorded (format 7).
+	detached bool
+	attach   json.RawMessage
 }
 
 // noExtra is the taskExtra of a spec that set none of it. Never written.
@@ -249,8 +252,9 @@ func (ti *taskInfo) modelFor(n int) Model {
 // tasks is read by the releases before format 4. Format 5 adds a skipped
 // model (recModelSkipped) and a cooldown (recCooldownBegan), and only
 // such records are written in it. Format 6 adds usage (recUsage), a
-// launch's budget and a final record's budget figures, likewise.
-const recordFormat = 6
+// launch's budget and a final record's budget figures, likewise; format 7
+// a launch's Spec.Detached and Spec.Attach, likewise.
+const recordFormat = 7
 
 // encodeRecord is rec as a Journal stores it (internal/codec: uvarints,
 // length-prefixed strings, times with their zone offset).
@@ -275,6 +279,9 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	if rec.evidence.budget != "" || rec.usage != nil || (rec.recordExt != nil && rec.spec != nil && rec.spec.opt().inBudget()) {
 		format = 6
 	}
+	if rec.recordExt != nil && rec.spec != nil && (rec.spec.opt().detached || rec.spec.opt().attach != nil) {
+		format = 7
+	}
 	w.B = append(w.B, format)
 	w.Uint(rec.seq)
 	w.Uint(uint64(rec.kind))
@@ -294,7 +301,7 @@ func encodeInto(b []byte, rec *record) (Record, []byte, error) {
 	w.Bool(ev != (evidence{}))
 	if ev != (evidence{}) {
 		w.String(ev.output)
-		w.String(string(ev.finish))
+		w.String(ev.finish)
 		w.Bool(ev.noText)
 		w.String(string(ev.reason))
 		w.String(ev.notice)
@@ -414,6 +421,15 @@ func encodeExt(w *codec.Writer, x *recordExt, inv *Invocation, use *usageRec, fo
 	}
 	if format >= 6 {
 		encodeExt6(w, x, use)
+	}
+	if format >= 7 {
+		var detached bool
+		var attach []byte
+		if x.spec != nil {
+			detached, attach = x.spec.opt().detached, x.spec.opt().attach
+		}
+		w.Bool(detached)
+		w.String(string(attach))
 	}
 	return nil
 }
@@ -598,7 +614,7 @@ func decodeData(data []byte, seq uint64, words *codec.Words) (record, error) {
 		rec.attempt.StartedAt, rec.attempt.CompletedAt = d.Time(), d.Time()
 	}
 	if d.Bool() {
-		rec.evidence = evidence{output: d.String(), finish: FinishReason(d.Word()), noText: d.Bool(), reason: Reason(d.Word())}
+		rec.evidence = evidence{output: d.String(), finish: d.Word(), noText: d.Bool(), reason: Reason(d.Word())}
 		if format >= 2 {
 			rec.evidence.notice = d.String()
 		}
@@ -707,6 +723,18 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, use
 		var err error
 		if use, err = decodeExt6(d, x); err != nil {
 			return nil, nil, nil, err
+		}
+	}
+	if format >= 7 {
+		detached, attach := d.Bool(), d.String()
+		if attach != "" && !json.Valid([]byte(attach)) {
+			return nil, nil, nil, errors.New("an attached value that is not JSON")
+		}
+		if x.spec != nil && (detached || attach != "") {
+			x.spec.extra().detached = detached
+			if attach != "" {
+				x.spec.extra().attach = json.RawMessage(attach)
+			}
 		}
 	}
 	return x, inv, use, nil

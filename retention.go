@@ -477,7 +477,7 @@ func (r *coldReader) sessions(atts []Attempt) []string {
 
 // evidence reads the evidence, after the sessions.
 func (r *coldReader) evidence() evidence {
-	return evidence{output: r.String(), finish: FinishReason(r.String()), noText: r.Bool(), reason: Reason(r.String()), notice: r.String(), budget: r.String()}
+	return evidence{output: r.String(), finish: r.String(), noText: r.Bool(), reason: Reason(r.String()), notice: r.String(), budget: r.String()}
 }
 
 // without is s less its first e (searched from the front: what is

@@ -210,7 +210,7 @@ func DefaultRetryable(err error) bool {
 	if err == nil || IsPermanent(err) {
 		return false
 	}
-	if errors.Is(err, ErrContextOverflow) || errors.Is(err, ErrOutputLimit) || errors.Is(err, ErrContentFilter) {
+	if errors.Is(err, ReasonContextOverflow) || errors.Is(err, ReasonOutputLimit) || errors.Is(err, ReasonContentFilter) {
 		return false
 	}
 	if retry, ok := errclass.Stated(err); ok {

@@ -53,7 +53,7 @@ func TestDefaultRetryableHearsWhatAnErrorSaysOfItself(t *testing.T) {
 		{"Timeout true", timeoutErr{statedErr{msg: "opaque"}, true}, true},
 		{"wrapped", fmt.Errorf("calling: %w", retryableErr{statedErr{msg: "opaque"}, true}), true},
 		{"Permanent wins", Permanent(retryableErr{statedErr{msg: "opaque"}, true}), false},
-		{"context overflow wins", errors.Join(ErrContextOverflow, retryableErr{statedErr{msg: "opaque"}, true}), false},
+		{"context overflow wins", errors.Join(ReasonContextOverflow, retryableErr{statedErr{msg: "opaque"}, true}), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,8 @@ package bgtask
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"maps"
 	"strconv"
 	"strings"
@@ -127,6 +129,24 @@ type Spec struct {
 	// creates: with ExtendLive they are refused (ErrInvalidArgument), as that
 	// Launch may extend a task another caller started.
 	CancelWithCaller bool
+
+	// Detached makes a task launched beneath a run not hold that run's
+	// end: the children gate lets the parent's turn end while this task
+	// goes on (a framework whose parent returns at once, its background
+	// child still working). A detached task is in its parent's tree all
+	// the same: stopped with its branch (Stop with Tree or Session), in
+	// its tree's limits and budgets. Without it, a task launched from a
+	// session holds that session's answer until it ended and its final
+	// summary was delivered (the session-service case of the seeds).
+	Detached bool
+
+	// Attach is a value of the harness's own, attached to the task at
+	// launch and read back typed from any snapshot with Attached: the
+	// origin of a spawn (its channel and chat), a tool call's context.
+	// It is kept as JSON (Task.Attach): journaled with the launch, so it
+	// survives a restart, and carried over HTTP and by pgledger. A value
+	// that does not marshal, or whose JSON is over 64 KiB, is refused.
+	Attach any
 }
 
 // Resumer is a Host that can resume an existing child session with a new
@@ -158,6 +178,11 @@ func (s Spec) validate() error {
 	if s.Budget != nil {
 		if err := s.Budget.validate("Budget"); err != nil {
 			return err
+		}
+	}
+	if s.Attach != nil {
+		if _, err := attachJSON(s.Attach); err != nil {
+			return &SpecError{Field: "Attach", Reason: err.Error()}
 		}
 	}
 	if s.ExtendLive && (s.InheritValues || s.CancelWithCaller) {
@@ -224,13 +249,36 @@ func (s *Spec) taskInfo() taskInfo {
 		metadata:    maps.Clone(s.Metadata),
 		inProcess:   s.Run != nil,
 	}
-	if s.Key != "" || s.ContinueFrom != "" || s.Timeout != 0 || s.AttemptTimeout != 0 || s.RetryOnTimeout || s.Budget != nil {
+	if s.Key != "" || s.ContinueFrom != "" || s.Timeout != 0 || s.AttemptTimeout != 0 || s.RetryOnTimeout || s.Budget != nil || s.Detached || s.Attach != nil {
 		info.x = &taskExtra{key: s.Key, continues: s.ContinueFrom,
-			timeout: s.Timeout, attemptTimeout: s.AttemptTimeout, retryOnTimeout: s.RetryOnTimeout}
+			timeout: s.Timeout, attemptTimeout: s.AttemptTimeout, retryOnTimeout: s.RetryOnTimeout, detached: s.Detached}
 		if s.Budget != nil {
 			b := *s.Budget
 			info.x.budget = &b
 		}
+		if s.Attach != nil {
+			info.x.attach, _ = attachJSON(s.Attach) // validate checked it
+		}
 	}
 	return info
+}
+
+// maxAttachBytes bounds Spec.Attach's JSON.
+const maxAttachBytes = 64 << 10
+
+// attachJSON is v as Task.Attach keeps it, or why it cannot be kept.
+func attachJSON(v any) (_ json.RawMessage, err error) {
+	defer func() { // a MarshalJSON of the harness's may panic
+		if r := recover(); r != nil {
+			err = fmt.Errorf("marshalling it panicked: %s", panicText(r))
+		}
+	}()
+	b, err := json.Marshal(v)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("does not marshal to JSON: %s", safeText(err))
+	case len(b) > maxAttachBytes:
+		return nil, fmt.Errorf("is %d bytes of JSON, over the bound of %d", len(b), maxAttachBytes)
+	}
+	return b, nil
 }

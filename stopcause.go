@@ -21,7 +21,7 @@ const (
 	// task closed as a unit.
 	StopClosure StopKind = "closure"
 	// StopDeadline: the task's deadline (Spec.Timeout) passed; the task
-	// ends in error (ErrDeadline).
+	// ends in error (ReasonDeadline).
 	StopDeadline StopKind = "deadline"
 	// StopSessionDeleted: the child session was deleted (SessionDeleted).
 	StopSessionDeleted StopKind = "session_deleted"

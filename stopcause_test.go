@@ -81,7 +81,7 @@ func TestADeadlineSaysSo(t *testing.T) {
 	require.Equal(t, StatusError, done.Status)
 	require.NotNil(t, done.Stop)
 	assert.Equal(t, StopCause{Kind: StopDeadline}, *done.Stop)
-	assert.ErrorIs(t, done.Cause, ErrDeadline)
+	assert.ErrorIs(t, done.Cause, ReasonDeadline)
 	assert.Contains(t, Timeline(done), "Stopped: its deadline passed")
 }
 

@@ -150,8 +150,15 @@ func branchClosedText(r ClosureRecord) string {
 // the ClosureRecord has them all.
 const maxClosureLines = 50
 
-// Reason says why an outcome is not a clean answer. It is empty for a clean
-// answer.
+// Reason says why an outcome is not a clean answer; it is empty for a clean
+// one. It is also how a host or a function says so, in one vocabulary: a
+// Reason is an error, returned (wrapped or not) by a FuncHost function or
+// in a SessionError's Err (ReasonContextOverflow: the outcome names it
+// without guessing from messages, and DefaultRetryable does not retry
+// context_overflow, output_limit or content_filter), or set as
+// Event.Reason on a SessionIdle whose answer is not clean
+// (ReasonOutputLimit, ReasonContentFilter, ReasonUnconsumedToolCall).
+// A task stopped at its deadline has ReasonDeadline in its Cause's chain.
 type Reason string
 
 const (
@@ -177,26 +184,47 @@ const (
 	ReasonUnknown Reason = "unknown"
 )
 
-// FinishReason is what the host knows of how a child's turn ended
-// (Event.Finish on SessionIdle).
-type FinishReason string
+// Error says what r means, in a few words: a Reason is an error a host or
+// a function returns (see Reason).
+func (r Reason) Error() string {
+	switch r {
+	case ReasonContextOverflow:
+		return "context window exceeded"
+	case ReasonOutputLimit:
+		return "output limit reached"
+	case ReasonContentFilter:
+		return "output blocked by a content filter"
+	case ReasonProviderError:
+		return "the provider failed the request"
+	case ReasonNoFinalText:
+		return "the turn ended with no final message"
+	case ReasonUnconsumedToolCall:
+		return "the turn ended on a tool call nobody answered"
+	case ReasonDeadline:
+		return "deadline"
+	case "":
+		return "no reason"
+	}
+	return string(r)
+}
 
-const (
-	FinishStop          FinishReason = "stop"           // the model ended its answer
-	FinishLength        FinishReason = "length"         // an output limit cut it off
-	FinishContentFilter FinishReason = "content_filter" // the provider filtered it
-	FinishToolCalls     FinishReason = "tool_calls"     // it ended on a tool call
-	FinishUnknown       FinishReason = "unknown"        // the host did not say
-)
-
-// Typed errors a host can return (wrapped or not) in a SessionError so the
-// outcome names the reason without guessing from messages. None of them is
-// retried by DefaultRetryable.
-var (
-	ErrContextOverflow = errors.New("context window exceeded")
-	ErrOutputLimit     = errors.New("output limit reached")
-	ErrContentFilter   = errors.New("output blocked by a content filter")
-)
+// idleReason is the Reason a SessionIdle's word says (Event.Reason, as
+// recorded): a Reason's own word, or a finish reason as earlier releases
+// recorded it ("length", "content_filter", "tool_calls"; "stop" and
+// "unknown" are a clean answer).
+func idleReason(word string) Reason {
+	switch word {
+	case "length", string(ReasonOutputLimit):
+		return ReasonOutputLimit
+	case string(ReasonContentFilter):
+		return ReasonContentFilter
+	case "tool_calls", string(ReasonUnconsumedToolCall):
+		return ReasonUnconsumedToolCall
+	case string(ReasonNoFinalText):
+		return ReasonNoFinalText
+	}
+	return ""
+}
 
 // maxEvidenceRunes bounds Outcome.Evidence: longer output keeps its
 // beginning and end.
@@ -224,8 +252,6 @@ type Outcome struct {
 	Answer string `json:"answer,omitempty"`
 	// HasAnswer says Answer is the child's answer (which may be "").
 	HasAnswer bool `json:"hasAnswer"`
-	// Finish is how the last turn ended, as the host reported it.
-	Finish FinishReason `json:"finishReason,omitempty"`
 	// Error is the failure text, for error (and a cancelled run that
 	// failed while stopping).
 	Error string `json:"error,omitempty"`
@@ -257,15 +283,12 @@ func (o *Outcome) clone() *Outcome {
 // reasonOf classifies a failure: the typed errors first, then the error
 // classes DefaultRetryable uses.
 func reasonOf(err error) Reason {
+	var r Reason
 	switch {
 	case err == nil:
 		return ReasonUnknown
-	case errors.Is(err, ErrContextOverflow):
-		return ReasonContextOverflow
-	case errors.Is(err, ErrOutputLimit):
-		return ReasonOutputLimit
-	case errors.Is(err, ErrContentFilter):
-		return ReasonContentFilter
+	case errors.As(err, &r) && r != "":
+		return r
 	}
 	switch errclass.Classify(err) {
 	case errclass.ContextOverflow:
@@ -297,24 +320,16 @@ func outcomeFacts(t Task, ev *evidence, sessions sessionKind) *Outcome {
 	last := evidence{}
 	if ev != nil {
 		last = *ev
-		o.Finish = last.finish
 	}
 	switch cur.Status {
 	case StatusCompleted:
-		switch {
+		switch r := idleReason(last.finish); {
 		case last.noText:
 			o.State, o.Reason = StatusError, ReasonNoFinalText
-		case o.Finish == FinishLength:
-			o.State, o.Reason = StatusError, ReasonOutputLimit
-		case o.Finish == FinishContentFilter:
-			o.State, o.Reason = StatusError, ReasonContentFilter
-		case o.Finish == FinishToolCalls:
-			o.State, o.Reason = StatusError, ReasonUnconsumedToolCall
+		case r != "":
+			o.State, o.Reason = StatusError, r
 		default:
 			o.Answer, o.HasAnswer = cur.Result, true
-			if o.Finish == "" {
-				o.Finish = FinishUnknown
-			}
 		}
 		if o.State == StatusError {
 			o.Error = unusableAnswer[o.Reason]

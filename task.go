@@ -2,6 +2,7 @@ package bgtask
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 )
 
@@ -52,6 +53,11 @@ type Task struct {
 	LaunchedAt time.Time `json:"launchedAt,omitzero"`
 	// Metadata is Spec.Metadata, with nothing added.
 	Metadata map[string]string `json:"metadata,omitempty"`
+	// Attach is Spec.Attach as JSON (read it typed with Attached); nil
+	// when the launch attached nothing. A copy.
+	Attach json.RawMessage `json:"attach,omitempty"`
+	// Detached is Spec.Detached: the task does not hold its parent's end.
+	Detached bool `json:"detached,omitempty"`
 	// Outcome is what the parent gets; set once the task is terminal
 	// (computed at its first read, the same value for every reader).
 	Outcome *Outcome `json:"outcome,omitempty"`
@@ -96,6 +102,22 @@ type Task struct {
 	Value any `json:"-"`
 	// Cause: see Value.
 	Cause error `json:"-"`
+}
+
+// Attached returns the value attached at launch (Spec.Attach) as a T, from
+// any snapshot: in the process that launched it, after a restart, or one
+// decoded from JSON (bgtaskhttp, pgledger). It returns false when nothing
+// was attached or the JSON does not decode into a T.
+func Attached[T any](t Task) (T, bool) {
+	var v T
+	if len(t.Attach) == 0 {
+		return v, false
+	}
+	if err := json.Unmarshal(t.Attach, &v); err != nil {
+		var zero T
+		return zero, false
+	}
+	return v, true
 }
 
 // ValueOf returns t.Value as a T, and whether it is one.

@@ -606,7 +606,7 @@ type wireEvent struct {
 	Kind        bgtask.EventKind    `json:"kind"`
 	Text        string              `json:"text,omitempty"`
 	NoFinalText bool                `json:"noFinalText,omitempty"`
-	Finish      bgtask.FinishReason `json:"finish,omitempty"`
+	Reason      bgtask.Reason `json:"finish,omitempty"` // the wire keeps the old name: Event.Finish
 	Err         *string             `json:"err,omitempty"`
 	At          time.Time           `json:"at"`
 	Invocation  int                 `json:"invocation,omitempty"`
@@ -616,7 +616,7 @@ type wireEvent struct {
 
 func toWire(ev bgtask.Event) (w wireEvent, err error) {
 	w = wireEvent{SessionID: ev.SessionID, AttemptID: ev.AttemptID, Token: ev.Token, Kind: ev.Kind, Text: ev.Text,
-		NoFinalText: ev.NoFinalText, Finish: ev.Finish, At: ev.At, Invocation: ev.Invocation, Progress: ev.Progress, Usage: ev.Usage}
+		NoFinalText: ev.NoFinalText, Reason: ev.Reason, At: ev.At, Invocation: ev.Invocation, Progress: ev.Progress, Usage: ev.Usage}
 	if w.At.IsZero() {
 		w.At = time.Now()
 	}
@@ -634,7 +634,7 @@ func toWire(ev bgtask.Event) (w wireEvent, err error) {
 
 func (w wireEvent) event() bgtask.Event {
 	ev := bgtask.Event{SessionID: w.SessionID, AttemptID: w.AttemptID, Token: w.Token, Kind: w.Kind, Text: w.Text,
-		NoFinalText: w.NoFinalText, Finish: w.Finish, At: w.At, Invocation: w.Invocation, Progress: w.Progress, Usage: w.Usage}
+		NoFinalText: w.NoFinalText, Reason: w.Reason, At: w.At, Invocation: w.Invocation, Progress: w.Progress, Usage: w.Usage}
 	if w.Err != nil {
 		ev.Err = errors.New(*w.Err)
 	}

@@ -90,7 +90,7 @@ func run(ctx context.Context, out io.Writer) (Outcome, error) {
 			return "", err
 		}
 		for i := range 4 {
-			t, err := run.Launch(ctx, bgtask.Spec{Description: fmt.Sprintf("researcher %d", i+1), Run: func(ctx context.Context, r bgtask.Run) (string, error) {
+			t, err := run.Manager().Launch(ctx, bgtask.Spec{Description: fmt.Sprintf("researcher %d", i+1), Run: func(ctx context.Context, r bgtask.Run) (string, error) {
 				select {
 				case <-begin:
 				case <-ctx.Done():

@@ -103,7 +103,7 @@ func tree(ctx context.Context, run bgtask.Run) (string, error) {
 	m := run.Manager()
 	var ids []string
 	for _, p := range []string{"leaf", "leaf"} {
-		child, err := run.Launch(ctx, bgtask.Spec{Prompt: p, Description: "a subagent's subagent", Models: models, CancelWithCaller: true})
+		child, err := run.Manager().Launch(ctx, bgtask.Spec{Prompt: p, Description: "a subagent's subagent", Models: models, CancelWithCaller: true})
 		if err != nil {
 			return "", err
 		}

@@ -94,7 +94,7 @@ func TestANestedStopADeadlineAndACallerWhoLeft(t *testing.T) {
 	assert.Equal(t, bgtask.StatusError, stops.Deadline.Status)
 	require.NotNil(t, stops.Deadline.Outcome)
 	assert.Equal(t, bgtask.ReasonDeadline, stops.Deadline.Outcome.Reason)
-	assert.ErrorIs(t, stops.Deadline.Cause, bgtask.ErrDeadline)
+	assert.ErrorIs(t, stops.Deadline.Cause, bgtask.ReasonDeadline)
 	assert.Len(t, stops.Deadline.Attempts, 1, "a task's deadline does not fall back")
 
 	require.Len(t, stops.Caller, 2)

@@ -520,7 +520,7 @@ func (w *world) event(tasks []bgtask.Task) {
 		ev.Invocation = w.rng.IntN(len(t.Invocations) + 2) // 0 (the latest), one admitted, or one past them
 	}
 	if ev.Kind == bgtask.SessionIdle && w.rng.IntN(6) == 0 {
-		ev.Finish = bgtask.FinishToolCalls
+		ev.Reason = bgtask.ReasonUnconsumedToolCall
 	}
 	times := 1
 	if w.rng.IntN(8) == 0 {

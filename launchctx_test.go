@@ -1,0 +1,359 @@
+package bgtask
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// bounded is a context that fails a test which waits too long, instead of
+// hanging it until the test binary's timeout.
+func bounded(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// nest is a lead task whose function launches one child with its own
+// context (no ParentSessionID, no Run value threaded) and returns at once.
+type nest struct {
+	m        *Manager
+	lead     Task
+	kid      Task
+	returned chan struct{} // closed once the lead's function returned
+	release  chan struct{} // closed to let the child answer
+}
+
+func newNest(t *testing.T, m *Manager, kid Spec) *nest {
+	t.Helper()
+	n := &nest{m: m, returned: make(chan struct{}), release: make(chan struct{})}
+	kids := make(chan Task, 1)
+	kid.Run = func(ctx context.Context, r Run) (string, error) {
+		select {
+		case <-n.release:
+			return "kid done", nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	var err error
+	n.lead, err = m.Launch(bounded(t), Spec{ParentSessionID: "chat", Description: "lead", Budget: &Budget{Spawns: 1},
+		Run: func(ctx context.Context, run Run) (string, error) {
+			defer close(n.returned)
+			k, err := run.Manager().Launch(ctx, kid)
+			if err != nil {
+				return "", err
+			}
+			kids <- k
+			return "lead done", nil
+		}})
+	require.NoError(t, err)
+	select {
+	case n.kid = <-kids:
+	case <-bounded(t).Done():
+		t.Fatal("the lead never launched its child")
+	}
+	<-n.returned
+	return n
+}
+
+func TestALaunchWithARunsContextGoesBeneathThatRun(t *testing.T) {
+	m := mustOpen(nil, WithIDs(SequentialIDs()))
+	shutdownAtCleanup(t, m)
+	n := newNest(t, m, Spec{Description: "kid"})
+	lead, err := m.Task(n.lead.ID)
+	require.NoError(t, err)
+	require.NotEmpty(t, lead.SessionID)
+	assert.Equal(t, lead.SessionID, n.kid.ParentSessionID, "the run's session is the child's parent")
+	assert.Equal(t, "chat", n.kid.Root, "in the lead's tree")
+	assert.Equal(t, lead.Depth+1, n.kid.Depth)
+	assert.False(t, n.kid.Detached)
+
+	// Not detached: the child holds its parent's end (the children gate).
+	assert.Equal(t, StatusRunning, mustTask(t, m, n.lead.ID).Status, "the lead's function returned, its child runs: the lead waits for it")
+	_, err = m.Launch(bounded(t), Spec{ParentSessionID: lead.SessionID, Run: func(context.Context, Run) (string, error) { return "", nil }})
+	require.ErrorIs(t, err, ErrBudget, "the child counted as the tree's one spawn")
+	close(n.release)
+	done, err := m.Wait(bounded(t), n.lead.ID)
+	require.NoError(t, err)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.True(t, mustTask(t, m, n.kid.ID).Status.Terminal(), "the lead ended only once its child had")
+}
+
+func TestADetachedChildDoesNotHoldItsParentYetStopsWithItsBranch(t *testing.T) {
+	m := mustOpen(nil, WithIDs(SequentialIDs()))
+	shutdownAtCleanup(t, m)
+	n := newNest(t, m, Spec{Description: "background kid", Detached: true})
+	assert.True(t, n.kid.Detached)
+	done, err := m.Wait(bounded(t), n.lead.ID)
+	require.NoError(t, err, "a detached child does not hold its parent's end")
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.False(t, mustTask(t, m, n.kid.ID).Status.Terminal(), "and goes on after it")
+
+	rep, err := m.Stop(bounded(t), Target{Task: n.lead.ID, Tree: true})
+	require.NoError(t, err)
+	require.Len(t, rep.Stopped, 1)
+	assert.Equal(t, n.kid.ID, rep.Stopped[0].TaskID, "stopped with its parent's branch")
+	kid := mustTask(t, m, n.kid.ID)
+	assert.Equal(t, StatusCancelled, kid.Status)
+	require.NotNil(t, kid.Stop)
+	assert.Equal(t, StopCause{Kind: StopClosure, TaskID: n.lead.ID}, *kid.Stop)
+}
+
+func TestADetachedChildIsDetachedAfterARestart(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	m := mustOpen(&testHost{}, WithJournal(j), WithIDs(SequentialIDs()))
+	lead, err := m.Launch(bounded(t), Spec{ParentSessionID: "chat", Models: oneModel})
+	require.NoError(t, err)
+	lead = waitFor(t, m, lead.ID, func(t Task) bool { return t.SessionID != "" })
+	kid, err := m.Launch(bounded(t), Spec{ParentSessionID: lead.SessionID, Models: oneModel, Detached: true, Attach: map[string]int{"n": 1}})
+	require.NoError(t, err)
+	require.NoError(t, m.Shutdown(bounded(t)))
+
+	j, err = OpenFileJournal(dir)
+	require.NoError(t, err)
+	m = mustOpen(&testHost{}, WithJournal(j), WithIDs(SequentialIDs()))
+	shutdownAtCleanup(t, m)
+	got := mustTask(t, m, kid.ID)
+	assert.True(t, got.Detached, "journaled with the launch")
+	v, ok := Attached[map[string]int](got)
+	assert.True(t, ok)
+	assert.Equal(t, map[string]int{"n": 1}, v)
+}
+
+// origin is what a spawn tool attaches: where the answer goes.
+type origin struct {
+	Channel string `json:"channel"`
+	Chat    int64  `json:"chat"`
+}
+
+// badJSON is a value whose MarshalJSON panics: user code.
+type badJSON struct{}
+
+func (badJSON) MarshalJSON() ([]byte, error) { panic("boom") }
+
+func TestAnAttachedValueIsReadBackTypedFromAnySnapshot(t *testing.T) {
+	h := newHarness(t, nil)
+	want := origin{Channel: "telegram", Chat: -100123}
+	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: oneModel, Attach: want})
+	for name, got := range map[string]Task{"Launch": task, "Task": h.task(task.ID), "Snapshot": h.m.Snapshot().Tasks[0]} {
+		v, ok := Attached[origin](got)
+		assert.True(t, ok, name)
+		assert.Equal(t, want, v, name)
+	}
+	raw, err := json.Marshal(h.task(task.ID))
+	require.NoError(t, err)
+	var decoded Task
+	require.NoError(t, json.Unmarshal(raw, &decoded))
+	v, ok := Attached[origin](decoded)
+	assert.True(t, ok, "through JSON, as bgtaskhttp and pgledger carry it")
+	assert.Equal(t, want, v)
+
+	_, ok = Attached[int](decoded)
+	assert.False(t, ok, "not an int")
+	_, ok = Attached[origin](h.launchSpec(Spec{ParentSessionID: "chat", Models: oneModel}))
+	assert.False(t, ok, "nothing attached")
+	snap := h.task(task.ID)
+	snap.Attach[0] = 'x'
+	assert.Equal(t, want, must(Attached[origin](h.task(task.ID))), "a snapshot's Attach is a copy")
+
+	for name, bad := range map[string]any{"a channel": make(chan int), "a panicking MarshalJSON": badJSON{}, "too large": make([]byte, maxAttachBytes)} {
+		_, err := h.m.Launch(bounded(t), Spec{ParentSessionID: "chat", Models: oneModel, Attach: bad})
+		var se *SpecError
+		require.ErrorAs(t, err, &se, name)
+		assert.Equal(t, "Attach", se.Field, name)
+		assert.ErrorIs(t, err, ErrInvalidArgument, name)
+	}
+	assert.Len(t, h.m.Snapshot().Tasks, 2, "a refused launch records nothing")
+}
+
+func must[T any](v T, ok bool) T {
+	if !ok {
+		panic("not ok")
+	}
+	return v
+}
+
+func TestALaunchWithAnotherManagersRunContextIsNotNested(t *testing.T) {
+	other := mustOpen(nil)
+	shutdownAtCleanup(t, other)
+	m := mustOpen(&testHost{})
+	shutdownAtCleanup(t, m)
+	got := make(chan Task, 1)
+	_, err := other.Launch(bounded(t), Spec{Run: func(ctx context.Context, run Run) (string, error) {
+		task, err := m.Launch(ctx, Spec{Models: oneModel})
+		if err != nil {
+			return "", err
+		}
+		got <- task
+		return "", nil
+	}})
+	require.NoError(t, err)
+	select {
+	case task := <-got:
+		assert.Empty(t, task.ParentSessionID, "the run is another Manager's")
+	case <-bounded(t).Done():
+		t.Fatal("no launch")
+	}
+}
+
+func TestRunReturnsTheEnd(t *testing.T) {
+	m := mustOpen(nil)
+	shutdownAtCleanup(t, m)
+	done, err := m.Run(bounded(t), Spec{Run: func(context.Context, Run) (string, error) { return "42", nil }})
+	require.NoError(t, err)
+	assert.Equal(t, StatusCompleted, done.Status)
+	assert.Equal(t, "42", done.Result)
+
+	_, err = m.Run(bounded(t), Spec{Key: "k", ExtendLive: true, Run: func(context.Context, Run) (string, error) { return "", nil }})
+	var se *SpecError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, "ExtendLive", se.Field)
+}
+
+// A synchronous subagent whose caller gives up: Run stops the task, and
+// returns only once its child really stopped, with the caller's error.
+func TestRunStopsTheTaskWithItsCallerAndReturnsTheRealEnd(t *testing.T) {
+	asked, confirm := make(chan struct{}), make(chan struct{})
+	host := &testHost{abort: func(ctx context.Context, sid string) error {
+		close(asked)
+		<-confirm
+		return nil
+	}}
+	h := newHarness(t, host)
+	ctx, cancel := context.WithCancel(context.Background())
+	type result struct {
+		t   Task
+		err error
+	}
+	out := make(chan result, 1)
+	go func() {
+		t, err := h.m.Run(ctx, Spec{ParentSessionID: "chat", Models: oneModel})
+		out <- result{t, err}
+	}()
+	var id string
+	require.Eventually(t, func() bool { // the launch is Run's own; its id shows in the snapshot
+		snap := h.m.Snapshot()
+		if len(snap.Tasks) == 1 && snap.Tasks[0].Status == StatusRunning {
+			id = snap.Tasks[0].ID
+			return true
+		}
+		return false
+	}, 10*time.Second, time.Millisecond)
+	cancel()
+	<-asked
+	select {
+	case r := <-out:
+		t.Fatalf("Run returned before the child stopped: %v %v", r.t.Status, r.err)
+	default:
+	}
+	assert.Equal(t, StatusRunning, h.task(id).Status, "honest: running until the host confirms")
+	close(confirm)
+	r := <-out
+	require.ErrorIs(t, r.err, context.Canceled)
+	assert.Equal(t, StatusCancelled, r.t.Status, "the real end")
+	assert.Equal(t, id, r.t.ID)
+}
+
+func TestRunWhoseStopFailsSaysSo(t *testing.T) {
+	refused := errors.New("the session service refused")
+	h := newHarness(t, &testHost{abort: func(context.Context, string) error { return refused }})
+	ctx, cancel := context.WithCancel(context.Background())
+	type result struct {
+		t   Task
+		err error
+	}
+	out := make(chan result, 1)
+	go func() {
+		t, err := h.m.Run(ctx, Spec{ParentSessionID: "chat", Models: oneModel})
+		out <- result{t, err}
+	}()
+	require.Eventually(t, func() bool {
+		snap := h.m.Snapshot()
+		return len(snap.Tasks) == 1 && snap.Tasks[0].Status == StatusRunning
+	}, 10*time.Second, time.Millisecond)
+	cancel()
+	r := <-out
+	require.ErrorIs(t, r.err, context.Canceled)
+	require.ErrorIs(t, r.err, ErrBranchNotStopped, "the stop of its tree failed")
+	assert.Contains(t, r.err.Error(), refused.Error(), "and why")
+	assert.Equal(t, StatusRunning, r.t.Status, "the child did not stop: it is not called cancelled")
+}
+
+func TestStopRefusesATargetThatNamesNothingOrSeveralThings(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.running("chat")
+	for name, tg := range map[string]Target{
+		"zero":             {},
+		"task and session": {Task: task.ID, Session: "chat"},
+		"tree alone":       {Tree: true},
+		"tree of session":  {Session: "chat", Tree: true},
+		"blank task":       {Task: "  "},
+		"blank session":    {Session: "\t"},
+		"run, no token":    {Run: RunRef{TaskID: task.ID}},
+		"run and task":     {Task: task.ID, Run: RunRef{TaskID: task.ID, Token: task.Current().Token}},
+	} {
+		_, err := h.m.Stop(bounded(t), tg)
+		assert.ErrorIs(t, err, ErrInvalidArgument, name)
+	}
+	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "nothing was stopped")
+	_, err := h.m.Stop(bounded(t), Target{Task: "nobody"})
+	assert.ErrorIs(t, err, ErrUnknownTask)
+	_, err = h.m.Stop(bounded(t), Target{Session: "nobody"})
+	assert.ErrorIs(t, err, ErrUnknownSession)
+}
+
+// NoWait, for each kind of Target: Stop returns once the stop is asked,
+// before the child stopped; the task then ends cancelled.
+func TestStopWithNoWaitReturnsBeforeTheChildStopped(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		target func(Task) Target
+	}{
+		{"task", func(k Task) Target { return Target{Task: k.ID, NoWait: true} }},
+		{"tree", func(k Task) Target { return Target{Task: k.ID, Tree: true, NoWait: true} }},
+		{"session", func(k Task) Target { return Target{Session: "chat", NoWait: true} }},
+		{"run", func(k Task) Target {
+			return Target{Run: RunRef{TaskID: k.ID, AttemptID: k.CurrentAttemptID, Token: k.Current().Token}, NoWait: true}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			confirm := make(chan struct{})
+			h := newHarness(t, &testHost{abort: func(ctx context.Context, sid string) error {
+				select {
+				case <-confirm:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}})
+			task := h.running("chat")
+			_, err := h.m.Stop(bounded(t), tt.target(task))
+			require.NoError(t, err)
+			assert.Equal(t, StatusRunning, h.task(task.ID).Status, "running until the host confirms")
+			close(confirm)
+			assert.Equal(t, StatusCancelled, h.wait(task.ID).Status)
+		})
+	}
+}
+
+func TestStopReportsTheRunItStopped(t *testing.T) {
+	h := newHarness(t, nil)
+	task := h.running("chat")
+	rep, err := h.m.Stop(bounded(t), Target{Task: task.ID})
+	require.NoError(t, err)
+	require.Len(t, rep.Stopped, 1)
+	assert.Equal(t, StoppedRun{TaskID: task.ID, AttemptID: task.CurrentAttemptID, SessionID: task.SessionID, Token: task.Current().Token, Status: StatusCancelled}, rep.Stopped[0])
+	rep, err = h.m.Stop(bounded(t), Target{Task: task.ID})
+	require.NoError(t, err, "an ended task: nothing to do")
+	assert.Empty(t, rep.Stopped)
+}
+
