@@ -3,15 +3,15 @@
 // by hand, a scripted Host (session ids handed out in order; starts and
 // aborts that fail or hang on demand; every call recorded; events sent to
 // the Manager), a Notifier that records what parents were told, helpers
-// that wait for a task's state on the Manager's change stream, and
-// BuildTask, which makes a snapshot of a task in any state (its attempts,
-// their statuses, models and times) for tests of code that renders or maps
-// snapshots.
+// that wait for a task's state on the Manager's change stream; and, for
+// tests of code that reads tasks, BuildTask, which makes a snapshot of a
+// task in any state (its id, launch, attempts, their statuses, models and
+// times), and Load, which makes a Manager holding such tasks.
 //
 //	clk := bgtasktest.NewClock(time.Now())
 //	host := bgtasktest.NewHost()
 //	rec := &bgtasktest.Recorder{}
-//	m := bgtask.New(host, bgtask.WithClock(clk), bgtask.WithNotifier(rec),
+//	m, err := bgtask.Open(ctx, host, bgtask.WithClock(clk), bgtask.WithNotifier(rec),
 //		bgtask.WithIDs(bgtask.SequentialIDs()))
 //	host.Attach(m)
 //	defer m.Shutdown(context.Background())
@@ -20,6 +20,12 @@
 //	running, _ := bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
 //	host.Fail(running.SessionID, errors.New("429 Too Many Requests"))
 //	retried, _ := bgtasktest.WaitFor(ctx, m, task.ID, func(t bgtask.Task) bool { return len(t.Attempts) == 2 })
+//
+// A test of code that reads a Manager (a view, an HTTP handler, a
+// harness's status tool) loads the tasks it needs, in one line:
+//
+//	m, err := bgtasktest.Load(ctx, []bgtasktest.TaskBuild{done, failed, running})
+//	defer m.Shutdown(ctx)
 //
 // Notifications are delivered by the Manager's own goroutines, after the
 // change they report: Wait (or WaitStatus) can return before the task's
@@ -107,19 +113,34 @@ type Host struct {
 	sessions map[string]string // attempt id → session id
 	script   map[string][]step // "start" / "abort" → what the next calls do
 	release  chan struct{}     // closed by Release: hung calls return
-	changed  chan struct{}     // closed and replaced at every call
+	changed  chan struct{}     // closed and replaced at every call, and when a call hangs or stops hanging
+	hung     map[*hung]bool    // the calls hanging now
+	stopped  map[string]bool   // tasks a stop was asked of (stopAsked)
+	unhung   bool              // no call hangs any more (releaseAll)
 }
 
 // step is what one scripted call does: fail with err, or hang until
-// Release (or its context) and then answer normally.
+// Release (or its context) and then answer normally. A start that hangs
+// untilStop also answers once a stop of its task was asked (a build's
+// pending attempt: Stop and Shutdown can end it).
 type step struct {
-	err  error
-	hang bool
+	err       error
+	hang      bool
+	untilStop bool
+}
+
+// hung is a call hanging: it waits for release, done (its context's), or
+// stop (closed by stopAsked; nil but for a start that hangs untilStop).
+type hung struct {
+	task          string
+	release, done <-chan struct{}
+	stop          chan struct{}
 }
 
 // NewHost returns a Host with no script.
 func NewHost() *Host {
-	return &Host{sessions: map[string]string{}, script: map[string][]step{}, release: make(chan struct{}), changed: make(chan struct{})}
+	return &Host{sessions: map[string]string{}, script: map[string][]step{}, release: make(chan struct{}), changed: make(chan struct{}),
+		hung: map[*hung]bool{}, stopped: map[string]bool{}}
 }
 
 // Attach names the Manager the host's events go to.
@@ -157,20 +178,110 @@ func (h *Host) add(call string, n int, s step) {
 func (h *Host) Release() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	close(h.release)
-	h.release = make(chan struct{})
+	h.releaseLocked()
 }
 
-// next takes the script's next step for call, records that a call came,
-// and returns the channel a hang waits for.
-func (h *Host) next(call string) (step, <-chan struct{}) {
+func (h *Host) releaseLocked() {
+	close(h.release)
+	h.release = make(chan struct{})
+	h.bump()
+}
+
+// next takes the script's next step for call (of task, for a start) and
+// records that a call came; a call that hangs is counted hung from then
+// on, until hang returns. h.mu is held.
+func (h *Host) next(ctx context.Context, call, task string) (step, *hung) {
 	var s step
 	if q := h.script[call]; len(q) > 0 {
 		s, h.script[call] = q[0], q[1:]
 	}
+	h.bump()
+	if !s.hang || h.unhung || s.untilStop && h.stopped[task] {
+		return step{err: s.err}, nil
+	}
+	w := &hung{task: task, release: h.release, done: ctx.Done()}
+	if s.untilStop {
+		w.stop = make(chan struct{})
+	}
+	h.hung[w] = true
+	return s, w
+}
+
+// bump wakes whoever waits for a change of the host. h.mu is held.
+func (h *Host) bump() {
 	close(h.changed)
 	h.changed = make(chan struct{})
-	return s, h.release
+}
+
+// hang blocks a hung call until Release (nil) or the end of ctx (its
+// error), or, for a start that hangs untilStop, until a stop of its task
+// is asked (nil).
+func (h *Host) hang(ctx context.Context, w *hung) error {
+	defer func() {
+		h.mu.Lock()
+		delete(h.hung, w)
+		h.bump()
+		h.mu.Unlock()
+	}()
+	select {
+	case <-w.release:
+		return nil
+	case <-w.stop:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// releaseAll lets every call hung so far return, and every later one
+// answer without hanging.
+func (h *Host) releaseAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.unhung = true
+	h.releaseLocked()
+}
+
+// stopAsked answers, from now on, every start of task that hangs
+// untilStop: a stop of it was asked.
+func (h *Host) stopAsked(task string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped[task] {
+		return
+	}
+	h.stopped[task] = true
+	for w := range h.hung {
+		if w.task == task && w.stop != nil {
+			close(w.stop)
+		}
+	}
+	h.bump()
+}
+
+// blocked reports how many calls hang and have nothing to return for yet
+// (neither released nor cancelled), and a channel closed when the host
+// changes.
+func (h *Host) blocked() (int, <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for w := range h.hung {
+		if !closed(w.release) && !closed(w.done) && !closed(w.stop) {
+			n++
+		}
+	}
+	return n, h.changed
+}
+
+// closed reports whether the close signal ch was given (never, for nil).
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // StartSession records req and returns the next session id, or does what
@@ -180,13 +291,11 @@ func (h *Host) StartSession(ctx context.Context, req bgtask.SessionRequest) (str
 	h.n++
 	sid := fmt.Sprintf("ses-%d", h.n)
 	h.starts = append(h.starts, req)
-	s, release := h.next("start")
+	s, w := h.next(ctx, "start", req.TaskID)
 	h.mu.Unlock()
 	if s.hang {
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return "", ctx.Err()
+		if err := h.hang(ctx, w); err != nil {
+			return "", err
 		}
 	}
 	if s.err != nil {
@@ -203,13 +312,11 @@ func (h *Host) StartSession(ctx context.Context, req bgtask.SessionRequest) (str
 func (h *Host) AbortSession(ctx context.Context, sessionID string) error {
 	h.mu.Lock()
 	h.aborts = append(h.aborts, sessionID)
-	s, release := h.next("abort")
+	s, w := h.next(ctx, "abort", "")
 	h.mu.Unlock()
 	if s.hang {
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := h.hang(ctx, w); err != nil {
+			return err
 		}
 	}
 	return s.err

@@ -50,3 +50,31 @@ func Example() {
 	// final_summary [retry_scheduled retry_session_ready final_summary]
 	// [ses-1]
 }
+
+// A test of code that reads a Manager gets one holding the tasks it needs,
+// in one line: each is built as a real task goes, live ones included.
+func ExampleLoad() {
+	ctx := context.Background()
+	m, err := bgtasktest.Load(ctx, []bgtasktest.TaskBuild{
+		{ID: "search", Description: "search the web", Attempts: []bgtasktest.AttemptBuild{
+			{Status: bgtask.StatusCompleted, Took: time.Minute, Result: "3 links"}}},
+		{ID: "review", Description: "review the diff", Agent: "reviewer", Attempts: []bgtasktest.AttemptBuild{
+			{Status: bgtask.StatusError, Err: errors.New("429 Too Many Requests")}, {Status: bgtask.StatusRunning, Took: time.Second}}},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer m.Shutdown(ctx)
+
+	for _, t := range m.Snapshot().Tasks {
+		fmt.Println(t.ID, t.Status, len(t.Attempts), t.Description)
+	}
+	_, _ = m.Stop(ctx, bgtask.Target{Task: "review"})
+	stopped, _ := m.Wait(ctx, "review")
+	fmt.Println(stopped.ID, stopped.Status)
+	// Output:
+	// search completed 1 search the web
+	// review running 2 review the diff
+	// review cancelled
+}
