@@ -436,7 +436,7 @@ func BenchmarkExtendRoundTrip(b *testing.B) {
 		for {
 			select {
 			case p := <-run.Prompts():
-				run.Answer(p.N-1, "ok")
+				run.Answer(p.Invocation-1, "ok")
 			case <-ctx.Done():
 				return "", ctx.Err()
 			}

@@ -105,26 +105,13 @@ type BudgetState struct {
 	Reserved int64 `json:"reserved,omitempty"`
 	// Left is what may still be spent, the budgets above it counted: a
 	// figure no budget limits is -1.
-	Left Remaining `json:"left"`
+	Left Budget `json:"left"`
 	// Exceeded names the hard limit reached ("" while none is): the
 	// branch was stopped.
 	Exceeded string `json:"exceeded,omitempty"`
 	// SoftReached: a figure reached the soft threshold (the parent was
 	// told).
 	SoftReached bool `json:"softReached,omitempty"`
-}
-
-// Remaining is what a budget has left (BudgetState.Left); -1: no limit.
-type Remaining struct {
-	// Tokens, Cost, Requests and Spawns are Budget's, less what was
-	// spent (and, for spawns, reserved).
-	Tokens int64 `json:"tokens"`
-	// Cost: see Tokens.
-	Cost Cost `json:"cost"`
-	// Requests: see Tokens.
-	Requests int64 `json:"requests"`
-	// Spawns: see Tokens.
-	Spawns int64 `json:"spawns"`
 }
 
 func (b Budget) validate(field string) error {
@@ -393,7 +380,7 @@ func (l *ledger) carry(e *entry, u *usageRec) {
 // state is b as BudgetState shows it.
 func (b *budget) state() BudgetState {
 	s := BudgetState{TaskID: b.owner.id, Limit: b.lim, Spent: b.spent, Spawned: b.spawned, Reserved: b.reserved,
-		Exceeded: b.over, SoftReached: b.soft, Left: Remaining{Tokens: -1, Cost: -1, Requests: -1, Spawns: -1}}
+		Exceeded: b.over, SoftReached: b.soft, Left: Budget{Tokens: -1, Cost: -1, Requests: -1, Spawns: -1}}
 	left := func(cur *int64, limit, spent int64) {
 		if limit <= 0 {
 			return

@@ -70,14 +70,14 @@ func attemptIDs(g IDGenerator) (id, token string, err error) {
 		id, token = u.attemptIDs()
 		return id, token, nil
 	}
-	if id, err = newID(g, IDAttempt); err == nil {
-		token, err = newID(g, IDToken)
+	if id, err = newID(g, idAttempt); err == nil {
+		token, err = newID(g, idToken)
 	}
 	return id, token, err
 }
 
 // newID asks g (user code) for an id; a panic is an error that names it.
-func newID(g IDGenerator, kind IDKind) (id string, err error) {
+func newID(g IDGenerator, kind string) (id string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			id, err = "", fmt.Errorf("IDGenerator panicked making a %s id: %s", kind, panicText(r))

@@ -33,7 +33,7 @@ type Snapshot struct {
 	// Tasks are the tasks in memory, in launch order.
 	Tasks []Task `json:"tasks"`
 	// Closures are the records of every closure that has ended, in order.
-	Closures []ClosureRecord `json:"closures,omitempty"`
+	Closures []ClosureReport `json:"closures,omitempty"`
 	// Queues are the concurrency keys with attempts running or queued, by
 	// key: none without WithModelLimits.
 	Queues []QueueStat `json:"queues,omitempty"`
@@ -50,7 +50,7 @@ func (m *Manager) Snapshot() Snapshot {
 		out.Tasks[i] = e.project()
 	}
 	if n := len(m.led.closures); n > 0 {
-		out.Closures = make([]ClosureRecord, n)
+		out.Closures = make([]ClosureReport, n)
 		for i, r := range m.led.closures {
 			out.Closures[i] = r.closure.clone()
 		}

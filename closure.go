@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bgtask/bgtask/internal/fleet"
 	"github.com/bgtask/bgtask/internal/probe"
 	"github.com/bgtask/bgtask/internal/signal"
 	"github.com/bgtask/bgtask/internal/slab"
@@ -27,8 +28,9 @@ import (
 // closure stopped. Its Text starts with "[Branch closure]".
 const NotifyBranchClosed NotificationKind = "branch_closed"
 
-// StoppedRun is one run a closure stopped (or found ending on its own while
-// it stopped it), with the status the run ended in.
+// StoppedRun is one run a stop stopped (or found ending on its own while
+// it stopped it), with the status the run ended in; in a report's Failed,
+// one it could not stop, and why (Err).
 type StoppedRun struct {
 	// TaskID, AttemptID, SessionID and Token name the run.
 	TaskID    string `json:"taskID"`
@@ -36,55 +38,36 @@ type StoppedRun struct {
 	SessionID string `json:"sessionID,omitempty"`
 	Token     string `json:"token"`
 	// Status is the attempt's status once the stop was recorded.
-	Status Status `json:"status"`
+	Status Status `json:"status,omitempty"`
+	// Err, for a run a stop could not stop (ClosureReport.Failed), is the
+	// text of the host's abort error: the run keeps its live state.
+	Err string `json:"error,omitempty"`
 }
 
-// FailedStop is a run a closure could not stop: the host's abort failed. The
-// run keeps its live state.
-type FailedStop struct {
-	// TaskID, AttemptID, SessionID and Token name the run.
-	TaskID    string `json:"taskID"`
-	AttemptID string `json:"attemptID"`
-	SessionID string `json:"sessionID,omitempty"`
-	Token     string `json:"token"`
-	// Err is the text of the host's abort error.
-	Err string `json:"error"`
-}
-
-// ClosureReport is what CloseBranch did.
+// ClosureReport is what a stop did: for a closure (Stop with Tree or
+// Session), the runs it stopped, could not stop, and was still stopping
+// when it returned; it is also the closure's durable record (Snapshot.Closures,
+// JournalView.Closures), with the time it ended.
 type ClosureReport struct {
 	SessionID string `json:"sessionID"` // the root that was closed
-	// TaskID is the task closed as a unit: the one CloseTask named, or the
-	// task the root session belongs to; empty if it is no task's session.
-	TaskID  string       `json:"taskID,omitempty"`
+	// TaskID is the task closed as a unit: the one a Stop with Tree named,
+	// or the task the root session belongs to; empty if it is no task's
+	// session.
+	TaskID string `json:"taskID,omitempty"`
+	// At is when a closure ended (its record's time); zero for a report
+	// of a stop that was no closure.
+	At      time.Time    `json:"at,omitzero"`
 	Stopped []StoppedRun `json:"stopped"` // each run stopped, in the order it was asked to stop
 	// Failed lists the runs whose abort failed: they are still live.
-	Failed []FailedStop `json:"failed,omitempty"`
+	Failed []StoppedRun `json:"failed,omitempty"`
 	// Stopping lists runs asked to stop whose stop was not confirmed when
-	// CloseBranch returned early (its context ended, or ErrStopPending).
+	// Stop returned early (its context ended, or ErrStopPending).
 	Stopping []StoppedRun `json:"stopping,omitempty"`
 	Passes   int          `json:"passes"` // scans until a scan found nothing runnable
 }
 
-// ClosureRecord is the durable record of one closure, appended to the
-// ledger when CloseBranch returns.
-type ClosureRecord struct {
-	// SessionID is the root that was closed ("" for CloseTask).
-	SessionID string `json:"sessionID"`
-	// TaskID is the task closed as a unit, as in ClosureReport.
-	TaskID string `json:"taskID,omitempty"`
-	// At is when the closure ended.
-	At time.Time `json:"at"`
-	// Stopped, Failed and Stopping are the runs it stopped, could not stop, and was still stopping when it returned.
-	Stopped  []StoppedRun `json:"stopped"`
-	Failed   []FailedStop `json:"failed,omitempty"`
-	Stopping []StoppedRun `json:"stopping,omitempty"`
-	// Passes counts the scans until nothing runnable was left.
-	Passes int `json:"passes"`
-}
-
 // clone copies r, its slices included.
-func (r *ClosureRecord) clone() ClosureRecord {
+func (r *ClosureReport) clone() ClosureReport {
 	c := *r
 	c.Stopped = slices.Clone(r.Stopped)
 	c.Failed = slices.Clone(r.Failed)
@@ -101,7 +84,7 @@ type ClosureError struct {
 	// SessionID is the root of the closure.
 	SessionID string
 	// Failed names every run the closure could not stop.
-	Failed []FailedStop
+	Failed []StoppedRun
 }
 
 // Error names the runs that did not stop and why.
@@ -162,7 +145,7 @@ type closure struct {
 	touched  slab.List[touch]   // runs asked to stop, in order
 	ops      slab.List[abortOp] // the aborts it set off
 	starting map[string]bool    // tokens touched while their start was in flight, or stopped by the fence
-	failed   map[string]FailedStop
+	failed   map[string]StoppedRun
 	self     string    // the run token of the callback CloseBranch was called from
 	detached bool      // StopBranch: its caller does not wait past the first pass
 	quiet    bool      // notify the parent only if something was in the branch
@@ -475,7 +458,7 @@ func (m *Manager) openClosure(root string, task *entry, by string) *closure {
 	case closedByBudget:
 		stop = budgetNote(task)
 	}
-	c := &closure{root: root, task: task, stop: stop, by: by, began: m.now(), starting: map[string]bool{}, failed: map[string]FailedStop{}, horizon: m.calls.startSeq, ctx: m.life.ctx}
+	c := &closure{root: root, task: task, stop: stop, by: by, began: m.now(), starting: map[string]bool{}, failed: map[string]StoppedRun{}, horizon: m.calls.startSeq, ctx: m.life.ctx}
 	taskID := ""
 	if task != nil {
 		taskID = task.id
@@ -707,7 +690,7 @@ func (m *Manager) awaitClosurePass(ctx context.Context, c *closure, p pass) erro
 			continue
 		}
 		if op.ref.isCurrent() && !op.ref.attempt().Status.Terminal() {
-			c.failed[op.run().Token] = FailedStop{TaskID: op.run().TaskID, AttemptID: op.run().AttemptID, SessionID: op.session, Token: op.run().Token, Err: op.err.Error()}
+			c.failed[op.run().Token] = StoppedRun{TaskID: op.run().TaskID, AttemptID: op.run().AttemptID, SessionID: op.session, Token: op.run().Token, Err: op.err.Error()}
 		}
 	}
 	return nil
@@ -778,8 +761,9 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 		return rep, err
 	}
 	rep = m.reportLocked(c, passes)
-	rec := ClosureRecord{SessionID: c.root, TaskID: rep.TaskID, At: m.now(), Stopped: slices.Clone(rep.Stopped),
-		Failed: slices.Clone(rep.Failed), Stopping: slices.Clone(rep.Stopping), Passes: passes}
+	rep.At = m.now()
+	rec := rep.clone()
+	rec.Passes = passes
 	m.led.recordClosure(rec, rep.TaskID, c.opened) // by value: the record owns its copy
 
 	parent, taskID := c.root, ""
@@ -788,7 +772,7 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 		parent, taskID, snap = owner.info.parent, owner.id, owner.project()
 	}
 	if m.cfg.notifier != nil && !(c.quiet && c.touched.Len() == 0) {
-		m.push(BranchClosed(parent, taskID, snap, rec))
+		m.push(branchClosed(parent, taskID, snap, rec))
 	}
 	m.closureEnded(c, rep, false, err) // err: the caller's context, or Shutdown; the failures are counted
 	if err == nil && len(rep.Failed) > 0 {
@@ -797,16 +781,21 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 	return rep, err
 }
 
-// BranchClosed is the NotifyBranchClosed a Manager sends parent when a
+// branchClosed is the NotifyBranchClosed a Manager sends parent when a
 // closure of the branch of task taskID (snap, as it was; "" and a zero
 // Task when the root was no task's session) ended as rec says. It has no
 // ID or Seq: those are the producer's. A journal shared by several
-// processes (pgledger) uses it for a closure that spanned them.
-func BranchClosed(parent, taskID string, snap Task, rec ClosureRecord) Notification {
+// processes (pgledger, through internal/fleet) uses it for a closure that
+// spanned them.
+func branchClosed(parent, taskID string, snap Task, rec ClosureReport) Notification {
 	return Notification{Kind: NotifyBranchClosed, ParentSessionID: parent, TaskID: taskID, Task: snap, Text: branchClosedText(rec)}
 }
 
 func init() {
+	fleet.AllComplete = func(parent string, tasks any) any { return allComplete(parent, tasks.([]Task)) }
+	fleet.BranchClosed = func(parent, taskID string, snap, rec any) any {
+		return branchClosed(parent, taskID, snap.(Task), rec.(ClosureReport))
+	}
 	probe.Running = func(m any) (int, <-chan struct{}) { return m.(*Manager).life.group.Changed() }
 	probe.Parked = func(m any) (int, <-chan struct{}) { return m.(*Manager).life.parked.state() }
 	probe.Record = func(m any) { m.(*Manager).recordAll() }

@@ -99,7 +99,7 @@ type (
 		wait <-chan struct{} // the abort to wait for before looking again
 	}
 	// stopIn: Cancel asked to stop task id (token: the run it saw, or "");
-	// by says who asked (WithStopCause), nil for a cancel.
+	// by says who asked (Target.Cause), nil for a cancel.
 	stopIn struct {
 		id, token string
 		by        *recordExt

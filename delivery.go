@@ -73,7 +73,7 @@ func (m *Manager) push(n Notification) {
 	m.notes.seq++
 	n.Seq = m.notes.seq
 	if n.ID == "" {
-		id, err := newID(m.cfg.ids, IDNotification)
+		id, err := newID(m.cfg.ids, idNotification)
 		if err != nil || id == "" {
 			id = "n-" + strconv.FormatUint(m.changes.epoch, 10) + "-" + strconv.FormatUint(n.Seq, 10)
 		}
@@ -349,15 +349,16 @@ func (m *Manager) roundEnded(e *entry) {
 	for _, t := range r.tasks {
 		tasks = append(tasks, t.project())
 	}
-	m.push(AllComplete(e.info.parent, tasks))
+	m.push(allComplete(e.info.parent, tasks))
 }
 
-// AllComplete is the NotifyAllComplete a Manager sends parent when the
+// allComplete is the NotifyAllComplete a Manager sends parent when the
 // last live task of its round ended: tasks (the round's, ended; sorted in
 // place) failures first, and its text. It has no ID or Seq: those are the
-// producer's. A journal shared by several processes (pgledger) uses it to
+// producer's. A journal shared by several processes (pgledger, through
+// internal/fleet) uses it to
 // tell a round whose tasks ended in different processes.
-func AllComplete(parent string, tasks []Task) Notification {
+func allComplete(parent string, tasks []Task) Notification {
 	slices.SortStableFunc(tasks, func(a, b Task) int { return failureRank(a) - failureRank(b) })
 	return Notification{Kind: NotifyAllComplete, ParentSessionID: parent, Tasks: tasks, Text: allCompleteText(parent, tasks)}
 }

@@ -280,14 +280,14 @@ func TestActivityIsDerivedFromEventsAndNotInTheLedger(t *testing.T) {
 	task := h.launch("a/1")
 	h.settle()
 	rev := h.task(task.ID).Revision
-	assert.Equal(t, ActivityNone, h.task(task.ID).Activity)
+	assert.Equal(t, activityNone, h.task(task.ID).Activity)
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionBusy}))
 	assert.Equal(t, ActivityGenerating, h.task(task.ID).Activity)
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionWaiting}))
 	assert.Equal(t, ActivityWaiting, h.task(task.ID).Activity)
 	assert.Equal(t, rev, h.task(task.ID).Revision, "process-local: no ledger record")
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}))
-	assert.Equal(t, ActivityNone, h.wait(task.ID).Activity)
+	assert.Equal(t, activityNone, h.wait(task.ID).Activity)
 	h.m.mu.Lock()
 	for _, r := range recordsOf(h.m.led, task.ID) {
 		b, _ := json.Marshal(r.attempt)

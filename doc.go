@@ -95,7 +95,7 @@
 // rescanned until nothing runnable is left (a rescan needs no walk when the
 // ledger recorded nothing since that could add a run). It returns
 // nil only when everything stopped, and otherwise a *ClosureError naming
-// what did not. Each closure is recorded (ClosureRecords) and announced to
+// what did not. Each closure is recorded (Snapshot.Closures) and announced to
 // the root's parent (NotifyBranchClosed). A SessionDeleted event for a
 // task's current session closes the branch beneath it.
 //
@@ -112,7 +112,7 @@
 // Envelope is the <task> block a parent model reads: <task_result> for an
 // answer (verbatim), <task_error> for a failure, <task_status> for a
 // cancelled or still-running task, and one-line <task_notice> facts. No
-// content can break it; AnswerFromEnvelope recovers the exact answer.
+// content can break it (fuzzed): the answer inside is exact.
 //
 // # Notifications
 //

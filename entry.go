@@ -323,7 +323,7 @@ func (e *entry) project() Task {
 		Detached:         e.info.opt().detached,
 		Activity:         e.liveActivity(),
 	}
-	if t.Activity != ActivityNone && e.hot != nil && e.seen.out.token == cur.Token {
+	if t.Activity != activityNone && e.hot != nil && e.seen.out.token == cur.Token {
 		t.Progress = e.seen.out.progress
 	}
 	t.Key, t.ContinuedFrom = e.info.opt().key, e.info.opt().continues
@@ -388,7 +388,7 @@ func (e *entry) projectOutcome(t Task) *Outcome {
 // it runs.
 func (e *entry) liveActivity() Activity {
 	if e.state != StatusRunning {
-		return ActivityNone
+		return activityNone
 	}
 	return e.activity
 }

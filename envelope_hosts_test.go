@@ -2,6 +2,7 @@ package bgtask
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -60,7 +61,7 @@ func TestTheEnvelopeOffersOnlyWhatTheHostCanDo(t *testing.T) {
 			if tt.resumes {
 				assert.NoError(t, err, "offered, so it can be done")
 			} else {
-				assert.ErrorIs(t, err, ErrNoResumer, "not offered, and not possible")
+				assert.ErrorIs(t, err, errors.ErrUnsupported, "not offered, and not possible")
 			}
 		})
 	}

@@ -40,16 +40,9 @@ var (
 	// ErrNotRunning: Extend was given a task whose run is not running
 	// (pending, ended, or being stopped). Nothing changed.
 	ErrNotRunning = errors.New("task is not running")
-	// ErrNoPrompter: Extend needs a Host that implements Prompter.
-	ErrNoPrompter = errors.New("the host cannot prompt a running session (no Prompter)")
 	// ErrPromptRefused: the Host's PromptSession refused a supplemental
 	// prompt; the error wraps the host's. Nothing changed.
 	ErrPromptRefused = errors.New("the host refused the prompt")
-	// ErrNoResumer: Spec.ContinueFrom needs a Host that implements Resumer.
-	ErrNoResumer = errors.New("the host cannot resume a session (no Resumer)")
-	// ErrNoInvocation: WaitAnswer named an invocation the task never
-	// admitted.
-	ErrNoInvocation = errors.New("no such invocation")
 	// ErrKeyHeld: Launch was given a Spec.Key a live task holds; the error
 	// is a *KeyHeldError naming it.
 	ErrKeyHeld = errors.New("key is held by a live task")
@@ -236,3 +229,10 @@ func guardError(err error) error {
 	}
 	return &safeError{text: safeText(err), err: err}
 }
+
+// What a Host cannot do: errors.ErrUnsupported, with what is missing.
+var (
+	errNoPrompter = fmt.Errorf("%w: the host cannot prompt a running session (no Prompter)", errors.ErrUnsupported)
+	errNoResumer  = fmt.Errorf("%w: the host cannot resume a session (no Resumer)", errors.ErrUnsupported)
+	errNoHealth   = fmt.Errorf("%w: the Manager keeps no health (WithHealth)", errors.ErrUnsupported)
+)

@@ -20,7 +20,7 @@ func ExampleManager_Extend() {
 		select {
 		case p := <-run.Prompts():
 			run.Answer(1, "read "+run.Prompt)
-			return "now " + p.Text, nil
+			return "now " + p.Prompt, nil
 		case <-ctx.Done():
 			return "", ctx.Err()
 		}

@@ -31,7 +31,7 @@ func TestShutdownWithAFailedAbortDoesNotWaitForTheStallWatcher(t *testing.T) {
 // A queue timeout never reached a provider; its reason must not be
 // provider_error.
 func TestQueueTimeoutReasonIsNotProviderError(t *testing.T) {
-	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}), WithQueueTimeout(time.Minute))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1, QueueTimeout: time.Minute}))
 	h.launchOn("m/x")
 	h.settle()
 	made, _ := h.clock.Created()
@@ -104,7 +104,7 @@ func TestQueueTimeoutIsMeasuredFromWhenTheAttemptQueued(t *testing.T) {
 	// watcher goroutine gets to run: a late Now read made it a minute long
 	// (1 in 40 runs at -cpu 4).
 	tl := &timerLog{}
-	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}), WithQueueTimeout(time.Minute), WithClock(tl))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1, QueueTimeout: time.Minute}), WithClock(tl))
 	tl.h = h
 	h.launchOn("m/x")
 	h.settle()

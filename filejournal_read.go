@@ -25,8 +25,8 @@ type JournalView struct {
 	// process life's epoch, which marks a restart, and a parent's
 	// notifications (all_complete), closures.
 	Records []RecordView
-	// ClosureRecords are the branch closures it recorded, in order.
-	ClosureRecords []ClosureRecord
+	// Closures are the branch closures it recorded, in order.
+	Closures []ClosureReport
 	// Torn says where a torn last record was found ("" if none): a crash
 	// mid-write, or a write in progress. It is left as it is.
 	Torn string
@@ -111,7 +111,7 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 		}
 	}
 	for _, c := range l.closures {
-		v.ClosureRecords = append(v.ClosureRecords, c.closure.clone())
+		v.Closures = append(v.Closures, c.closure.clone())
 	}
 	return v, nil
 }

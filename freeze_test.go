@@ -617,8 +617,8 @@ func btoi(b bool) int {
 // task's and the attempt's deadlines, the queue timeout, the retry delay —
 // change nothing.
 func TestTimersDueAfterTheirTaskFrozeChangeNothing(t *testing.T) {
-	h := newHarness(t, nil, WithStallTimeout(time.Minute), WithQueueTimeout(time.Minute),
-		WithModelLimits(ModelLimits{Models: map[string]int{"a/one": 1}}), WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
+	h := newHarness(t, nil, WithStallTimeout(time.Minute),
+		WithModelLimits(ModelLimits{Models: map[string]int{"a/one": 1}, QueueTimeout: time.Minute}), WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
 	ctx := testCtx(t)
 	holder := h.running("p1", func(s *Spec) {
 		s.Models, s.Timeout, s.AttemptTimeout = mustModels(t, "a/one"), time.Minute, time.Minute

@@ -97,21 +97,12 @@ type Run struct {
 // tasks up, wait for them, or stop them.
 func (r Run) Manager() *Manager { return r.m }
 
-// Prompt is a supplemental prompt (Extend) handed to a running FuncHost
-// function: invocation N of its task (2 or more).
-type Prompt struct {
-	// N is the invocation's number (2 or more).
-	N int
-	// Text is the prompt.
-	Text string
-}
-
 // Prompts delivers the task's supplemental prompts (Extend), in invocation
-// order. A prompt is admitted when the function receives it; an Extend
+// order, as a Prompter host is given them (Invocation, Prompt). A prompt is admitted when the function receives it; an Extend
 // waits for that (or for its context), and one the function never takes
 // before it returns is refused, changing nothing. The function's return
 // answers every invocation up to the last it received.
-func (r Run) Prompts() <-chan Prompt {
+func (r Run) Prompts() <-chan PromptRequest {
 	if r.inbox == nil {
 		return nil
 	}
@@ -130,8 +121,8 @@ func (r Run) Answer(n int, text string) {
 
 // inbox is how a FuncHost function receives supplemental prompts.
 type inbox struct {
-	ch   chan Prompt   // unbuffered: a prompt is admitted when taken
-	done chan struct{} // closed when the function returned
+	ch   chan PromptRequest // unbuffered: a prompt is admitted when taken
+	done chan struct{}      // closed when the function returned
 	// mu is held by PromptSession across its hand-off and the update of
 	// seen, so the function's return (after done closed) reads seen only
 	// once a prompt it took is counted.
@@ -199,7 +190,7 @@ func (h *FuncHost) PromptSession(ctx context.Context, req PromptRequest) error {
 	ib.mu.Lock()
 	defer ib.mu.Unlock()
 	select { // once done is closed, nobody can take the prompt: done is chosen
-	case ib.ch <- Prompt{N: req.Invocation, Text: req.Prompt}:
+	case ib.ch <- req:
 		ib.seen = req.Invocation
 		return nil
 	case <-ib.done:
@@ -230,7 +221,7 @@ func (h *FuncHost) StartSession(ctx context.Context, req SessionRequest) (string
 	env, _ := h.h.Env().(funcEnv)
 	m := env.m
 	sid := "fn_" + req.AttemptID
-	ib := &inbox{ch: make(chan Prompt), done: make(chan struct{}), seen: 1}
+	ib := &inbox{ch: make(chan PromptRequest), done: make(chan struct{}), seen: 1}
 	ib.answer = func(n int, text string) {
 		_ = m.Observe(Event{SessionID: sid, AttemptID: req.AttemptID, Token: req.Token, Kind: SessionIdle, Text: text, Invocation: n})
 	}

@@ -775,7 +775,7 @@ type explodingIDs struct {
 	left atomic.Int32
 }
 
-func (g *explodingIDs) NewID(kind IDKind) string {
+func (g *explodingIDs) NewID(kind string) string {
 	if g.left.Add(-1) < 0 {
 		panic("ids exploded")
 	}

@@ -486,11 +486,11 @@ func TestAForgottenTasksIDIsStillTaken(t *testing.T) {
 }
 
 func TestUUIDsIsTheDefaultGenerator(t *testing.T) {
-	g1, g2 := UUIDs(), UUIDs()
+	g1, g2 := newUUIDs(), newUUIDs()
 	seen := map[string]bool{}
 	for _, g := range []IDGenerator{g1, g2} {
 		for range 50 {
-			id := g.NewID(IDTask)
+			id := g.NewID(idTask)
 			u, err := uuid.Parse(id)
 			require.NoError(t, err)
 			assert.Equal(t, uuid.Version(4), u.Version())
@@ -498,7 +498,7 @@ func TestUUIDsIsTheDefaultGenerator(t *testing.T) {
 			seen[id] = true
 		}
 	}
-	assert.True(t, strings.HasPrefix(g1.NewID(IDToken), "run_"))
+	assert.True(t, strings.HasPrefix(g1.NewID(idToken), "run_"))
 }
 
 // The root module asks importers for little: the Go version the README
@@ -606,7 +606,7 @@ func TestAFuncHostParentThatReturnedBeforeItsChildIsReleasedWhenItSettles(t *tes
 func TestOnDoneOfALaunchThatExtendLiveMadeAnExtend(t *testing.T) {
 	h := newFuncHarness(t, func(ctx context.Context, run Run) (string, error) {
 		p := <-run.Prompts()
-		return "got " + p.Text, nil
+		return "got " + p.Prompt, nil
 	})
 	first := h.launchSpec(Spec{ParentSessionID: "p", Key: "k", Models: mustModels(t, "a/one")})
 	waitStatus(t, h.m, first.ID, StatusRunning)

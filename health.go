@@ -772,15 +772,12 @@ func (m *Manager) Health() []Health {
 // healthy (or was never seen to fail).
 var ErrNotCooling = errors.New("not cooling")
 
-// ErrNoHealth is ResetHealth's answer on a Manager that keeps no health
-// (no WithHealth, or HealthPolicy.Off).
-var ErrNoHealth = errors.New("the Manager keeps no health (WithHealth)")
-
 // ResetHealth ends the cooldown of a model ("provider/id") or a provider
 // ("provider") by hand: the failures in a row are forgotten and tasks
 // waiting for it look again. The reset is recorded (a journal keeps it)
 // before ResetHealth returns. It returns ErrNotCooling when target does
-// not cool, ErrNoHealth without WithHealth, and ErrInvalidArgument for a
+// not cool, errors.ErrUnsupported without WithHealth (or with
+// HealthPolicy.Off), and ErrInvalidArgument for a
 // blank target.
 func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 	ctx = orBackground(ctx)
@@ -791,7 +788,7 @@ func (m *Manager) ResetHealth(ctx context.Context, target string) error {
 	h := m.calls.health
 	if h == nil {
 		m.mu.Unlock()
-		return ErrNoHealth
+		return errNoHealth
 	}
 	x := h.of[healthKeyOf(target)]
 	if x == nil || x.pub.State == HealthHealthy {

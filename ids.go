@@ -11,25 +11,22 @@ import (
 	"github.com/google/uuid"
 )
 
-// IDKind says what an id is for.
-type IDKind string
-
+// The kinds of id an IDGenerator makes.
 const (
-	// IDTask names a task (Task.ID), unless Spec.ID gives one.
-	IDTask IDKind = "task"
-	// IDAttempt names an attempt (Attempt.ID): one per model tried.
-	IDAttempt IDKind = "attempt"
-	// IDToken names a run (Attempt.Token): the exact run a stop or an
-	// event means; never reused, also not across Managers and restarts.
-	IDToken IDKind = "run"
-	// IDNotification names a notification (Notification.ID).
-	IDNotification IDKind = "notification"
+	idTask         = "task"         // a task (Task.ID), unless Spec.ID gives one
+	idAttempt      = "attempt"      // an attempt (Attempt.ID): one per model tried
+	idToken        = "run"          // a run (Attempt.Token): never reused, also not across Managers and restarts
+	idNotification = "notification" // a notification (Notification.ID)
 )
 
 // IDGenerator makes ids. It must be safe for concurrent use, must not call
 // into the Manager, and must never return the same id twice for a kind.
+// kind is what the id is for: "task" (Task.ID, unless Spec.ID gives one),
+// "attempt" (Attempt.ID: one per model tried), "run" (Attempt.Token: the
+// exact run a stop or an event means; never reused, also not across
+// Managers and restarts) or "notification" (Notification.ID).
 type IDGenerator interface {
-	NewID(kind IDKind) string
+	NewID(kind string) string
 }
 
 // uuidIDs makes random (version 4) UUIDs from a ChaCha8 stream seeded from
@@ -48,7 +45,7 @@ func newUUIDs() *uuidIDs {
 	return &uuidIDs{src: rand.NewChaCha8(seed)}
 }
 
-func (g *uuidIDs) NewID(kind IDKind) string {
+func (g *uuidIDs) NewID(kind string) string {
 	var buf [len(tokenPrefix) + 36]byte
 	return string(g.render(buf[:0], kind))
 }
@@ -57,7 +54,7 @@ func (g *uuidIDs) NewID(kind IDKind) string {
 // two strings share one backing array, which lives as long as the attempt.
 func (g *uuidIDs) attemptIDs() (id, token string) {
 	var buf [36 + len(tokenPrefix) + 36]byte
-	s := string(g.render(g.render(buf[:0], IDAttempt), IDToken))
+	s := string(g.render(g.render(buf[:0], idAttempt), idToken))
 	return s[:36], s[36:]
 }
 
@@ -65,14 +62,14 @@ func (g *uuidIDs) attemptIDs() (id, token string) {
 const tokenPrefix = "run_"
 
 // render appends one fresh id of kind to b.
-func (g *uuidIDs) render(b []byte, kind IDKind) []byte {
+func (g *uuidIDs) render(b []byte, kind string) []byte {
 	var u uuid.UUID
 	g.mu.Lock()
 	_, _ = g.src.Read(u[:])
 	g.mu.Unlock()
 	u[6] = u[6]&0x0f | 0x40 // version 4
 	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
-	if kind == IDToken {
+	if kind == idToken {
 		b = append(b, tokenPrefix...)
 	}
 	n := len(b)
@@ -89,11 +86,6 @@ func (g *uuidIDs) render(b []byte, kind IDKind) []byte {
 	return b
 }
 
-// UUIDs returns the default IDGenerator: random (version 4) UUIDs, with
-// run tokens prefixed "run_". Each call returns a new generator, safe for
-// concurrent use.
-func UUIDs() IDGenerator { return newUUIDs() }
-
 // SequentialIDs returns an IDGenerator making "task-1", "attempt-1",
 // "run-1", … with a counter per kind: deterministic ids for tests and
 // examples. Tokens from two such generators are not distinct; use it only
@@ -102,17 +94,17 @@ func SequentialIDs() IDGenerator { return &seqIDs{} }
 
 type seqIDs struct{ task, attempt, run, note atomic.Uint64 }
 
-func (s *seqIDs) NewID(kind IDKind) string {
+func (s *seqIDs) NewID(kind string) string {
 	var n uint64
 	switch kind {
-	case IDTask:
+	case idTask:
 		n = s.task.Add(1)
-	case IDAttempt:
+	case idAttempt:
 		n = s.attempt.Add(1)
-	case IDNotification:
+	case idNotification:
 		n = s.note.Add(1)
 	default:
 		n = s.run.Add(1)
 	}
-	return string(kind) + "-" + strconv.FormatUint(n, 10)
+	return kind + "-" + strconv.FormatUint(n, 10)
 }

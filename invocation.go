@@ -28,7 +28,7 @@ import (
 // prompt call is made only after the one before it returned. An Extend
 // that cannot be admitted changes nothing and says why: ErrNotRunning (the
 // task ended, has no session yet, or is being stopped), ErrShutdown,
-// ErrBranchClosing, ErrNoPrompter, ErrPromptRefused (wrapping the host's
+// ErrBranchClosing, errors.ErrUnsupported (the Host is no Prompter), ErrPromptRefused (wrapping the host's
 // error), ErrUnknownTask or ErrForgotten, or ctx's error while it waited
 // its turn.
 // An Extend never starts a run. Its answer: WaitAnswer.
@@ -63,7 +63,7 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 	}
 	if !ok {
 		m.unlock()
-		return 0, ErrNoPrompter
+		return 0, errNoPrompter
 	}
 	if e.terminal() { // no turn to wait for
 		m.unlock()
@@ -174,7 +174,7 @@ func (m *Manager) callPrompt(ctx context.Context, p Prompter, req PromptRequest)
 // WaitAnswer waits for the answer of invocation n of a task (1 is its
 // launch prompt) and returns it. Answers are released in invocation order:
 // n's answer is returned only once every invocation before it has its
-// own. ErrNoInvocation if the task never admitted invocation n.
+// own. ErrInvalidArgument if the task never admitted invocation n.
 func (m *Manager) WaitAnswer(ctx context.Context, taskID string, n int) (Answer, error) {
 	ctx = orBackground(ctx)
 	for {
@@ -192,7 +192,7 @@ func (m *Manager) WaitAnswer(ctx context.Context, taskID string, n int) (Answer,
 		switch {
 		case n < 1 || (n > admitted && e.terminal()):
 			m.unlock()
-			return Answer{}, fmt.Errorf("%w: task %s has no invocation %d", ErrNoInvocation, taskID, n)
+			return Answer{}, fmt.Errorf("%w: task %s has no invocation %d", ErrInvalidArgument, taskID, n)
 		case e.inv != nil && e.inv.released(n):
 			a := *e.inv.list[n-1].Answer
 			a.Notices = slices.Clone(a.Notices)
@@ -470,7 +470,7 @@ func (m *Manager) atGate(e *entry, t turnEnd) bool {
 	if !m.childrenOutstanding(e) || (t.last && !m.childrenLive(e)) {
 		if e.gate != nil { // this turn, after they settled, is the answer
 			e.gate = nil
-			m.setActivity(e, ActivityNone)
+			m.setActivity(e, activityNone)
 		}
 		return false
 	}
@@ -589,7 +589,7 @@ func isDegradedNotice(notice string) bool { return strings.HasPrefix(notice, deg
 // with notice. m.mu is held.
 func (m *Manager) releaseGate(e *entry, g *gateHold, notice string) {
 	e.gate = nil
-	m.setActivity(e, ActivityNone)
+	m.setActivity(e, activityNone)
 	t := g.turnEnd
 	t.at = m.now()
 	m.turnEnded(e, t, notice)

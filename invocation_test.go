@@ -41,7 +41,7 @@ func TestExtendAnswersEachInvocationOnceInOrder(t *testing.T) {
 		select {
 		case p := <-run.Prompts():
 			run.Answer(1, "first answer")
-			return "answer to " + p.Text, nil
+			return "answer to " + p.Prompt, nil
 		case <-ctx.Done():
 			return "", ctx.Err()
 		}
@@ -79,7 +79,7 @@ func TestExtendAnswersEachInvocationOnceInOrder(t *testing.T) {
 		}
 	}
 	_, err = m.WaitAnswer(ctx, task.ID, 3)
-	assert.ErrorIs(t, err, ErrNoInvocation)
+	assert.ErrorIs(t, err, ErrInvalidArgument)
 }
 
 // Extends arriving together are admitted one at a time: numbers follow
@@ -87,7 +87,7 @@ func TestExtendAnswersEachInvocationOnceInOrder(t *testing.T) {
 func TestConcurrentExtendsAreOrdered(t *testing.T) {
 	const extra = 8
 	running := make(chan struct{})
-	var got []Prompt
+	var got []PromptRequest
 	m, _ := funcManager(t, func(ctx context.Context, run Run) (string, error) {
 		close(running)
 		for len(got) < extra {
@@ -120,8 +120,8 @@ func TestConcurrentExtendsAreOrdered(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, extra)
 	for i, p := range got {
-		assert.Equal(t, i+2, p.N, "received in invocation order")
-		assert.Equal(t, p.Text, done.Invocations[p.N-1].Prompt, "each number names its own prompt")
+		assert.Equal(t, i+2, p.Invocation, "received in invocation order")
+		assert.Equal(t, p.Prompt, done.Invocations[p.Invocation-1].Prompt, "each number names its own prompt")
 	}
 	for i, n := range nums {
 		assert.Equal(t, fmt.Sprintf("prompt %d", i), done.Invocations[n-1].Prompt)
@@ -158,7 +158,7 @@ func TestExtendRefusals(t *testing.T) {
 	t2 := h.launch("a/one")
 	h.settle()
 	_, err = h.m.Extend(ctx, t2.ID, "more")
-	assert.ErrorIs(t, err, ErrNoPrompter)
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
 }
 
 // promptHost is a testHost whose PromptSession calls wait at a gate.
@@ -396,7 +396,7 @@ func TestKeyExtendLive(t *testing.T) {
 	m, _ := funcManager(t, func(ctx context.Context, run Run) (string, error) {
 		close(running)
 		p := <-run.Prompts()
-		return "got " + p.Text, nil
+		return "got " + p.Prompt, nil
 	})
 	ctx := testCtx(t)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Key: "k", Models: oneModel})
@@ -723,7 +723,7 @@ func TestContinueFromRefusals(t *testing.T) {
 	task := h.launch("a/one")
 	h.settle()
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", ContinueFrom: task.ID, Models: mustModels(t, "a/one")})
-	assert.ErrorIs(t, err, ErrNoResumer)
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
 
 	ctx := testCtx(t)
 	host := &resumeHost{testHost: &testHost{}}

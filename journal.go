@@ -66,7 +66,12 @@ type Journal interface {
 	// a restart recovers from what is durable.
 	Append(batch []Record) Commit
 	// Replay calls fn with every durable record, in order. A journal
-	// that waits on I/O it can cancel implements ContextReplayer too.
+	// that waits on I/O it can cancel also has a method
+	// ReplayContext(ctx context.Context, fn func(Record) error) error:
+	// Open calls it with its own context instead of Replay, so a journal
+	// whose storage stalls (a database, a network) cannot hold Open past
+	// its deadline; it returns ctx's error, or one that wraps it, once
+	// ctx ends.
 	Replay(fn func(Record) error) error
 	// Compact replaces the journal's records with keep (in order), as one
 	// atomic step.
@@ -75,12 +80,9 @@ type Journal interface {
 	Close() error
 }
 
-// ContextReplayer is a Journal whose replay a context can end: Open calls
-// ReplayContext with its own context instead of Replay, so a journal whose
-// storage stalls (a database, a network) cannot hold Open past its
-// deadline. It returns ctx's error, or one that wraps it, once ctx ends;
-// New replays with context.Background().
-type ContextReplayer interface {
+// contextReplayer is a Journal whose replay a context can end (see
+// Journal.Replay).
+type contextReplayer interface {
 	ReplayContext(ctx context.Context, fn func(Record) error) error
 }
 

@@ -94,7 +94,7 @@ func (m *Manager) checkSpec(spec *Spec) error {
 	}
 	if spec.ContinueFrom != "" {
 		if _, ok := m.hosts.main.(Resumer); !ok || spec.Run != nil {
-			return ErrNoResumer
+			return errNoResumer
 		}
 	}
 	return nil
@@ -236,7 +236,7 @@ func (m *Manager) continuation(info *taskInfo) error {
 	case sid == "":
 		return &SpecError{Field: "ContinueFrom", Reason: "names task " + old.id + ", which has no session to continue"}
 	case old.info.inProcess:
-		return fmt.Errorf("%w: task %s ran its own function (Spec.Run): nothing remains of its session", ErrNoResumer, old.id)
+		return fmt.Errorf("%w: task %s ran its own function (Spec.Run): nothing remains of its session", errors.ErrUnsupported, old.id)
 	}
 	if holder, ok := m.led.bySession[sid]; !ok || holder.e != old {
 		if !ok { // the task that continued it was forgotten since (retention), and the session with it
@@ -349,7 +349,7 @@ func (m *Manager) joinRound(e *entry) {
 // chose (Spec.ID) is drawn again, a few times. m.mu is held.
 func (m *Manager) taskID() (string, error) {
 	for range 4 {
-		id, err := newID(m.cfg.ids, IDTask)
+		id, err := newID(m.cfg.ids, idTask)
 		if err != nil || !m.led.taken(id) {
 			return id, err
 		}

@@ -356,4 +356,3 @@ func TestStopReportsTheRunItStopped(t *testing.T) {
 	require.NoError(t, err, "an ended task: nothing to do")
 	assert.Empty(t, rep.Stopped)
 }
-

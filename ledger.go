@@ -244,7 +244,7 @@ func (l *ledger) unindex(e *entry) {
 
 // recordClosure appends a branch closure's record, by value: cr is the
 // record's own (its slices are not shared with anything that changes).
-func (l *ledger) recordClosure(cr ClosureRecord, task string, opened uint64) {
+func (l *ledger) recordClosure(cr ClosureReport, task string, opened uint64) {
 	rec := record{kind: recBranchClosed, task: task, at: cr.At, recordExt: &recordExt{closure: &cr, opened: opened}}
 	l.stamp(&rec)
 	l.closures = append(l.closures, rec)
@@ -392,7 +392,7 @@ func (l *ledger) update(e *entry, ref attemptRef, rec *record) {
 		}
 		e.attempts = append(e.attempts, rec.attempt)
 		e.current = len(e.attempts) - 1
-		e.state, e.activity = rec.attempt.Status, ActivityNone
+		e.state, e.activity = rec.attempt.Status, activityNone
 		tok := rec.attempt.Token // its own copy: Fence reads it with no lock, while versions rewrite the attempt
 		e.live.Store(&tok)
 		l.byAttempt[rec.attempt.ID] = e

@@ -182,7 +182,7 @@ func TestLedgerTiesRecordKindToStatus(t *testing.T) {
 
 type dupIDs struct{}
 
-func (dupIDs) NewID(kind IDKind) string { return string(kind) + "-same" }
+func (dupIDs) NewID(kind string) string { return kind + "-same" }
 
 func TestDuplicateIDsAreRefusedBeforeAnythingIsRecorded(t *testing.T) {
 	l := newLedger(dupIDs{})

@@ -63,6 +63,10 @@ type ModelLimits struct {
 	Providers map[string]int
 	// Default caps every other model on its own. 0: no limit.
 	Default int
+	// QueueTimeout ends a task in error ("timed out while queued", with
+	// its queue position and key) when one of its attempts waits for a
+	// slot longer than it. It leaves the queue at once. 0: no timeout.
+	QueueTimeout time.Duration
 }
 
 func (l *ModelLimits) validate() error {
@@ -75,6 +79,9 @@ func (l *ModelLimits) validate() error {
 		if n < 0 {
 			return fmt.Errorf("%w: ModelLimits: Providers[%q] is negative (%d)", ErrInvalidArgument, k, n)
 		}
+	}
+	if l.QueueTimeout < 0 {
+		return fmt.Errorf("%w: ModelLimits: QueueTimeout is negative (%s)", ErrInvalidArgument, l.QueueTimeout)
 	}
 	if l.Default < 0 {
 		return fmt.Errorf("%w: ModelLimits: Default is negative (%d)", ErrInvalidArgument, l.Default)
@@ -103,13 +110,6 @@ func WithModelLimits(l ModelLimits) Option {
 		l.Providers = maps.Clone(l.Providers)
 		c.limits = &l
 	})
-}
-
-// WithQueueTimeout ends a task in error ("timed out while queued", with its
-// queue position and key) when one of its attempts waits for a concurrency
-// slot longer than d. It leaves the queue at once. Default: 0, no timeout.
-func WithQueueTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.queueTimeout = d })
 }
 
 // WithGateTimeout bounds how long the children gate holds a child's turn
@@ -217,7 +217,7 @@ func (m *Manager) admit(e *entry, a Attempt) {
 	}
 	key, limit := m.cfg.limits.key(a.Model)
 	q := queued{e: e, token: a.Token}
-	if m.cfg.queueTimeout > 0 {
+	if m.queueTimeout() > 0 {
 		q.stop = make(chan struct{})
 	}
 	if m.cfg.metrics != nil {
@@ -232,7 +232,7 @@ func (m *Manager) admit(e *entry, a Attempt) {
 	m.queueDepth(key)
 	e.slot.waiter = w
 	m.setPending(e, a.ID, PendingQueued, m.now())
-	if m.cfg.queueTimeout > 0 {
+	if m.queueTimeout() > 0 {
 		m.watchQueue(e, a, w)
 	}
 }
@@ -311,7 +311,7 @@ func (m *Manager) runDone(e *entry) <-chan struct{} {
 // watchQueue ends run a of e in error if it is still queued after the
 // queue timeout. m.mu is held.
 func (m *Manager) watchQueue(e *entry, a Attempt, w *slots.Waiter[queued]) {
-	d := m.cfg.queueTimeout
+	d := m.queueTimeout()
 	// The timer is made now, as the attempt queues (the clock may be
 	// called under m.mu): however late the watcher runs, the timeout is
 	// measured from the moment it queued.
@@ -331,7 +331,7 @@ func (m *Manager) onQueueTimeout(in *queueTimeoutIn) {
 	}
 	pos := m.calls.pool.Position(w)
 	e.output().reason = ReasonUnknown // no provider was involved
-	m.finalize(e, in.a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", m.cfg.queueTimeout, pos, w.Key()), "", m.now())
+	m.finalize(e, in.a.ID, StatusError, fmt.Sprintf("timed out while queued: waited %s at position %d for a slot of %s", m.queueTimeout(), pos, w.Key()), "", m.now())
 }
 
 // watchStall aborts run a of e once it reported nothing for the stall
@@ -367,4 +367,12 @@ func (m *Manager) onStallCheck(in *stallCheckIn) reply {
 		return reply{wait: op.waitDone(), due: now.Add(d)}
 	}
 	return reply{after: due.Sub(now)}
+}
+
+// queueTimeout is ModelLimits.QueueTimeout (0 without WithModelLimits).
+func (m *Manager) queueTimeout() time.Duration {
+	if m.cfg.limits == nil {
+		return 0
+	}
+	return m.cfg.limits.QueueTimeout
 }

@@ -123,7 +123,7 @@ func TestAStopAskedIsLoggedWithWhoAsked(t *testing.T) {
 				return map[string]string{"stop.kind": "cancel", "stop": "the caller cancelled", "stop.status": "cancelled"}
 			}},
 		{name: "Stop on another's behalf", stop: func(h *harness, task Task, _ func()) {
-			require.NoError(t, stopErr(h.m.Stop(WithStopCause(bg, StopCause{Kind: StopClosure, Root: "elsewhere"}), Target{Task: task.ID, NoWait: true})))
+			require.NoError(t, stopErr(h.m.Stop(bg, Target{Task: task.ID, NoWait: true, Cause: &StopCause{Kind: StopClosure, Root: "elsewhere"}})))
 		}, want: func(Task) map[string]string {
 			return map[string]string{"stop.kind": "closure", "stop.root": "elsewhere"}
 		}},

@@ -378,8 +378,8 @@ func newManager(host Host, opts []Option) *Manager {
 		m.calls.pool = slots.New[queued]()
 		errs = append(errs, cfg.limits.validate())
 	}
-	if cfg.queueTimeout < 0 || cfg.stallTimeout < 0 {
-		errs = append(errs, fmt.Errorf("%w: WithQueueTimeout and WithStallTimeout take a duration ≥ 0", ErrInvalidArgument))
+	if cfg.stallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%w: WithStallTimeout takes a duration ≥ 0", ErrInvalidArgument))
 	}
 	errs = append(errs, cfg.tree.validate())
 	m.cfg.err = errors.Join(errs...)

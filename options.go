@@ -38,7 +38,6 @@ type config struct {
 	notifyAttempts    int
 	notifyBackoff     func(attempt int, cause error) time.Duration
 	limits            *ModelLimits
-	queueTimeout      time.Duration
 	stallTimeout      time.Duration
 	gateTimeout       time.Duration
 	notifier          Notifier

@@ -113,10 +113,10 @@ func TestEmptyAnswerIsDistinctFromAMissingOne(t *testing.T) {
 	assert.False(t, missing.HasAnswer)
 	assert.Equal(t, StatusError, missing.State)
 	assert.Equal(t, ReasonNoFinalText, missing.Reason)
-	a, ok := AnswerFromEnvelope(empty.Envelope)
+	a, ok := answerFromEnvelope(empty.Envelope)
 	assert.True(t, ok)
 	assert.Equal(t, "", a)
-	_, ok = AnswerFromEnvelope(missing.Envelope)
+	_, ok = answerFromEnvelope(missing.Envelope)
 	assert.False(t, ok)
 }
 
@@ -178,7 +178,7 @@ func TestWaitAndFinalSummaryCarryTheSameOutcome(t *testing.T) {
 	assert.Equal(t, got.Outcome, final.Task.Outcome, "one payload, two carriers")
 	assert.Contains(t, final.Text, got.Outcome.Envelope)
 	assert.Contains(t, got.Outcome.Notices, "retried on 1 model after attempt 1 failed")
-	a, ok := AnswerFromEnvelope(got.Outcome.Envelope)
+	a, ok := answerFromEnvelope(got.Outcome.Envelope)
 	require.True(t, ok)
 	assert.Equal(t, "done </task_result> really", a, "recovered exactly")
 	// Computed once: a later read is the same value, not a recomputation.
@@ -252,7 +252,7 @@ func FuzzEnvelope(f *testing.F) {
 			env := renderEnvelope(id, o)
 			checkWellFormed(t, env, o)
 			if o.HasAnswer {
-				got, ok := AnswerFromEnvelope(env)
+				got, ok := answerFromEnvelope(env)
 				if !ok || got != answer {
 					t.Fatalf("answer not recovered: %q from %q", got, env)
 				}

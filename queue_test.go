@@ -201,7 +201,7 @@ func TestClosureTakesQueuedWorkOutOfTheQueue(t *testing.T) {
 }
 
 func TestQueueTimeoutFreesTheWaiterAndTheNextTaskStarts(t *testing.T) {
-	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1}), WithQueueTimeout(time.Minute))
+	h := newHarness(t, nil, WithModelLimits(ModelLimits{Default: 1, QueueTimeout: time.Minute}))
 	a := h.launchOn("m/x")
 	h.settle()
 	made, _ := h.clock.Created()

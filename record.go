@@ -109,7 +109,7 @@ type recordExt struct {
 	session string         // recSessionOrphan
 	note    string         // recStopRequested: who asked; recStopWithdrawn: the abort's error
 	stop    Status         // recStopRequested: the status the stop gives
-	closure *ClosureRecord // recBranchClosed, by value
+	closure *ClosureReport // recBranchClosed, by value
 	notice  *notice        // recNotifyProduced, recNotifyDelivered
 	epoch   uint64         // recEpoch: the process life's number
 	opened  uint64         // recBranchClosed, recClosureDropped: the sequence of the closure's opening record
@@ -664,7 +664,7 @@ func decodeExt(d *codec.Reader, format byte) (_ *recordExt, inv *Invocation, use
 		x.spec = ti
 	}
 	x.session, x.note, x.stop = d.String(), d.String(), Status(d.String())
-	var cr ClosureRecord
+	var cr ClosureReport
 	if ok, err := readJSON(d, &cr); err != nil {
 		return nil, nil, nil, fmt.Errorf("closure: %w", err)
 	} else if ok {

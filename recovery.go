@@ -96,7 +96,7 @@ type openClosure struct{ root, task string }
 // restore replays the journal into m's empty ledger: every task, attempt,
 // closure record and notification as committed, and the epoch of the last
 // process life. It touches nothing outside the Manager. ctx bounds a
-// ContextReplayer's replay. m.mu is held.
+// contextReplayer's replay. m.mu is held.
 func (m *Manager) restore(ctx context.Context) (*recovery, error) {
 	rv := &recovery{started: make(map[string]bool), notes: make(map[uint64]*notice), closing: make(map[uint64]openClosure),
 		retry: make(map[*entry]bool), finals: make(map[string]bool), roundTold: make(map[string]bool),
@@ -122,7 +122,7 @@ func (m *Manager) restore(ctx context.Context) (*recovery, error) {
 			}
 			return step(rec)
 		}
-		if cr, ok := m.cfg.journal.(ContextReplayer); ok {
+		if cr, ok := m.cfg.journal.(contextReplayer); ok {
 			return cr.ReplayContext(ctx, fn)
 		}
 		return m.cfg.journal.Replay(fn)
@@ -261,17 +261,17 @@ func (m *Manager) afterReplay(rv *recovery) error {
 // (tasks, attempts, run tokens, notifications), so that a Manager reopened
 // on a journal never makes an id twice.
 func (s *seqIDs) skipPast(rec *record) {
-	bump := func(c *atomic.Uint64, kind IDKind, id string) {
-		prefix := string(kind) + "-"
+	bump := func(c *atomic.Uint64, kind string, id string) {
+		prefix := kind + "-"
 		if n, err := strconv.ParseUint(strings.TrimPrefix(id, prefix), 10, 64); err == nil && strings.HasPrefix(id, prefix) && n > c.Load() {
 			c.Store(n)
 		}
 	}
-	bump(&s.task, IDTask, rec.task)
-	bump(&s.attempt, IDAttempt, rec.attempt.ID)
-	bump(&s.run, IDToken, rec.attempt.Token)
+	bump(&s.task, idTask, rec.task)
+	bump(&s.attempt, idAttempt, rec.attempt.ID)
+	bump(&s.run, idToken, rec.attempt.Token)
 	if rec.recordExt != nil && rec.notice != nil {
-		bump(&s.note, IDNotification, rec.notice.id)
+		bump(&s.note, idNotification, rec.notice.id)
 	}
 }
 
@@ -474,7 +474,7 @@ func (m *Manager) roundsOwed(rv *recovery) {
 				for _, e := range g.tasks {
 					tasks = append(tasks, e.project())
 				}
-				m.push(AllComplete(p, tasks))
+				m.push(allComplete(p, tasks))
 				rv.counts.Owed++
 			}
 		}

@@ -615,10 +615,10 @@ func (j *stallingJournal) ReplayContext(ctx context.Context, fn func(Record) err
 	return fmt.Errorf("stalled: %w", ctx.Err())
 }
 
-// Open bounds a ContextReplayer's replay by its own context: a journal
+// Open bounds a contextReplayer's replay by its own context: a journal
 // whose storage stalls cannot hold it past its deadline, and it returns
 // the replay's error, leaving nothing behind.
-func TestOpenBoundsAContextReplayerByItsContext(t *testing.T) {
+func TestOpenBoundsAcontextReplayerByItsContext(t *testing.T) {
 	j := &stallingJournal{replaying: make(chan struct{})}
 	host := &testHost{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -640,7 +640,7 @@ func TestOpenBoundsAContextReplayerByItsContext(t *testing.T) {
 	assert.Empty(t, host.starts)
 }
 
-// replayCounter is a memJournal that is a ContextReplayer and counts which
+// replayCounter is a memJournal that is a contextReplayer and counts which
 // of its replays was called.
 type replayCounter struct {
 	memJournal
@@ -660,9 +660,9 @@ func (j *replayCounter) ReplayContext(ctx context.Context, fn func(Record) error
 	return j.memJournal.Replay(fn)
 }
 
-// A ContextReplayer's records are replayed through ReplayContext alone, as
+// A contextReplayer's records are replayed through ReplayContext alone, as
 // Replay's would be: a restart on it finds what was committed.
-func TestAContextReplayerIsReplayedThroughReplayContext(t *testing.T) {
+func TestAcontextReplayerIsReplayedThroughReplayContext(t *testing.T) {
 	j := &replayCounter{}
 	host := answeringHost()
 	m1, err := Open(context.Background(), host, WithJournal(j))

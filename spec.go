@@ -30,7 +30,7 @@ type Spec struct {
 	// model (Run.Model) on a retry, a panic guarded (*PanicError). It is
 	// process-local: after a restart the task's run is interrupt ("lost
 	// across restart"). A task with Run cannot ContinueFrom, nor be
-	// continued (ErrNoResumer). Use it for a harness with several kinds of
+	// continued (errors.ErrUnsupported). Use it for a harness with several kinds of
 	// subagent; a FuncHost is the Manager-wide default.
 	Run RunFunc
 	// Prompt is the launch prompt: invocation 1. It may be empty (a host

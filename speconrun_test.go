@@ -50,7 +50,7 @@ func TestATasksOwnFunctionIsStoppedPromptedAndGuarded(t *testing.T) {
 	waiting := func(ctx context.Context, run Run) (string, error) {
 		select {
 		case p := <-run.Prompts():
-			return "took " + p.Text, nil
+			return "took " + p.Prompt, nil
 		case <-ctx.Done():
 			return "", ctx.Err()
 		}
@@ -69,7 +69,7 @@ func TestATasksOwnFunctionIsStoppedPromptedAndGuarded(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "took more", a.Text)
 	_, err = h.m.Extend(context.Background(), h.running("chat").ID, "more")
-	assert.ErrorIs(t, err, ErrNoPrompter, "the service's own tasks cannot take prompts")
+	assert.ErrorIs(t, err, errors.ErrUnsupported, "the service's own tasks cannot take prompts")
 
 	panicky := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one", "b/two"),
 		Run: func(context.Context, Run) (string, error) { panic("boom") }})
@@ -98,9 +98,9 @@ func TestATasksOwnFunctionCannotContinueOrBeContinued(t *testing.T) {
 	ended := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), Run: fn})
 	require.Equal(t, StatusError, h.wait(ended.ID).Status)
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), ContinueFrom: ended.ID})
-	assert.ErrorIs(t, err, ErrNoResumer)
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), ContinueFrom: ended.ID, Run: fn})
-	assert.ErrorIs(t, err, ErrNoResumer)
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
 }
 
 // After a restart a task whose own function was running is interrupt:
@@ -247,7 +247,7 @@ func TestAfterARestartTheServiceNeverHearsOfATasksOwnFunction(t *testing.T) {
 		assert.NotContains(t, Envelope(done), "inspected", "its function's run left no session")
 	}
 	_, err = m2.Launch(context.Background(), Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one"), ContinueFrom: running.ID})
-	assert.ErrorIs(t, err, ErrNoResumer, "a run of its own function cannot be resumed, after a restart too")
+	assert.ErrorIs(t, err, errors.ErrUnsupported, "a run of its own function cannot be resumed, after a restart too")
 	host2.mu.Lock()
 	defer host2.mu.Unlock()
 	assert.Empty(t, host2.asked, "never asked about a function's session")

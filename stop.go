@@ -275,7 +275,7 @@ type Target struct {
 	// by its token (never a later run), and no retry follows. With Tree,
 	// everything launched from any of its sessions (current and
 	// superseded) is stopped too, recursively, as a closure: a fence goes
-	// up, the closure is recorded (ClosureRecord, Snapshot.Closures) and
+	// up, the closure is recorded (ClosureReport, Snapshot.Closures) and
 	// the parent is told (NotifyBranchClosed). A task that has ended is
 	// no obstacle to Tree: what it launched is still stopped.
 	Task string
@@ -296,6 +296,13 @@ type Target struct {
 	// as it is until its child really stopped, then ends cancelled (Wait
 	// or Subscribe tell).
 	NoWait bool
+	// Cause, when set, is recorded as who asked a stop of a task or a run
+	// (Task.Stop), instead of a cancel: for code that stops runs on
+	// another's behalf, as pgledger's fleet closure stops, in each
+	// process, the runs of a branch closed from another. The task still
+	// ends cancelled, whatever its kind. A closure (Tree, Session) records
+	// its own cause: Cause is refused with them.
+	Cause *StopCause
 }
 
 // check says what is wrong with t, if anything.
@@ -313,6 +320,8 @@ func (t Target) check() error {
 		return fmt.Errorf("%w: a Target names one of Task, Session and Run, not several", ErrInvalidArgument)
 	case t.Tree && t.Task == "":
 		return fmt.Errorf("%w: Target.Tree goes with Target.Task", ErrInvalidArgument)
+	case t.Cause != nil && (t.Tree || t.Session != ""):
+		return fmt.Errorf("%w: Target.Cause goes with a stop of a task or a run; a closure records its own", ErrInvalidArgument)
 	case t.Session != "" && blank(t.Session):
 		return fmt.Errorf("%w: Target.Session is blank", ErrInvalidArgument)
 	case t.Task != "" && blank(t.Task):
@@ -359,9 +368,9 @@ func (m *Manager) Stop(ctx context.Context, t Target) (ClosureReport, error) {
 		if id == "" {
 			id, token = t.Run.TaskID, t.Run.Token
 		}
-		return m.stopNoWait(ctx, id, token)
+		return m.stopNoWait(ctx, id, token, t.Cause)
 	case t.Task != "":
-		return m.cancel(ctx, t.Task, "")
+		return m.cancel(ctx, t.Task, "", t.Cause)
 	}
 	ref := t.Run
 	m.mu.Lock()
@@ -376,13 +385,13 @@ func (m *Manager) Stop(ctx context.Context, t Target) (ClosureReport, error) {
 	if !live {
 		return ClosureReport{}, nil
 	}
-	return m.cancel(ctx, ref.TaskID, ref.Token)
+	return m.cancel(ctx, ref.TaskID, ref.Token, t.Cause)
 }
 
 // stopNoWait records the stop of task id's run with token ("": its
 // current one), sets off its abort, and returns.
-func (m *Manager) stopNoWait(ctx context.Context, id, token string) (ClosureReport, error) {
-	in := stopIn{id: id, token: token, by: stopAskedBy(ctx)}
+func (m *Manager) stopNoWait(ctx context.Context, id, token string, cause *StopCause) (ClosureReport, error) {
+	in := stopIn{id: id, token: token, by: stopAskedBy(cause)}
 	if err := m.stepCtx(ctx, &in); err != nil {
 		return ClosureReport{}, durabilityUnknown(err, "Stop", id)
 	}
@@ -414,9 +423,9 @@ func (m *Manager) reportRun(id, token string, ended bool) ClosureReport {
 
 // cancel stops the run of task id with token, or (token "") the run current
 // at the first look, and waits until it stopped.
-func (m *Manager) cancel(ctx context.Context, id, token string) (ClosureReport, error) {
+func (m *Manager) cancel(ctx context.Context, id, token string, cause *StopCause) (ClosureReport, error) {
 	for {
-		in := stopIn{id: id, token: token, by: stopAskedBy(ctx)}
+		in := stopIn{id: id, token: token, by: stopAskedBy(cause)}
 		if err := m.stepCtx(ctx, &in); err != nil {
 			return ClosureReport{}, durabilityUnknown(err, "Stop", id)
 		}

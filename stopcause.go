@@ -1,7 +1,6 @@
 package bgtask
 
 import (
-	"context"
 	"errors"
 	"strings"
 )
@@ -10,13 +9,14 @@ import (
 type StopKind string
 
 const (
-	// StopCancel: Cancel, Stop or CancelRun.
+	// StopCancel: Manager.Stop of a task or a run.
 	StopCancel StopKind = "cancel"
 	// StopCaller: the context passed to Launch ended first
 	// (Spec.CancelWithCaller); StopCause.TaskID names the task whose
 	// caller it was (its branch was closed with it).
 	StopCaller StopKind = "caller"
-	// StopClosure: a branch closure (CloseBranch, StopBranch, CloseTask):
+	// StopClosure: a branch closure (Manager.Stop with Target.Tree or
+	// Target.Session, or one of pgledger's across processes):
 	// StopCause.Root names the session closed, or StopCause.TaskID the
 	// task closed as a unit.
 	StopClosure StopKind = "closure"
@@ -148,22 +148,10 @@ func (e *StopError) Is(target error) bool {
 		(target == ErrShutdown && e.Stop.Kind == StopShutdown)
 }
 
-type stopCauseKey struct{}
-
-// WithStopCause returns a context that makes a stop asked with it (Cancel,
-// Stop, CancelRun) record c as who asked, instead of a cancel: for code
-// that stops runs on another's behalf, as pgledger's fleet closure stops,
-// in each process, the runs of a branch closed from another. The task
-// still ends cancelled, whatever c's kind.
-func WithStopCause(ctx context.Context, c StopCause) context.Context {
-	return context.WithValue(orBackground(ctx), stopCauseKey{}, c)
-}
-
-// stopAskedBy is the stop record a stop asked with ctx carries: nil for a
-// plain cancel.
-func stopAskedBy(ctx context.Context) *recordExt {
-	c, ok := ctx.Value(stopCauseKey{}).(StopCause)
-	if !ok || c.Kind == StopCancel {
+// stopAskedBy is the stop record a stop that c asked carries: nil for a
+// plain cancel (nil c).
+func stopAskedBy(c *StopCause) *recordExt {
+	if c == nil || c.Kind == StopCancel {
 		return nil
 	}
 	return &recordExt{stop: StatusCancelled, note: c.note()}

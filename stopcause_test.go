@@ -198,22 +198,23 @@ func TestAStopIsNotBlamedForAnEndItDidNotBring(t *testing.T) {
 	assert.False(t, errors.As(done.Cause, &se), "it did not end the task: %v", done.Cause)
 }
 
-// A stop asked with WithStopCause records that cause, not a cancel; every
-// kind reads back as it was given.
-func TestWithStopCauseSaysWhoAsked(t *testing.T) {
+// A stop with Target.Cause records that cause, not a cancel; every kind
+// reads back as it was given.
+func TestTargetCauseSaysWhoAsked(t *testing.T) {
 	h := newHarness(t, nil)
 	closure := StopCause{Kind: StopClosure, Root: "chat"}
 	a := h.running("chat")
-	require.NoError(t, stopErr(h.m.Stop(WithStopCause(context.Background(), closure), Target{Run: RunRef{TaskID: a.ID, AttemptID: a.CurrentAttemptID, Token: a.Current().Token}})))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Run: RunRef{TaskID: a.ID, AttemptID: a.CurrentAttemptID, Token: a.Current().Token}, Cause: &closure})))
 	done := h.wait(a.ID)
 	require.NotNil(t, done.Stop)
 	assert.Equal(t, closure, *done.Stop)
 	assert.Equal(t, StatusCancelled, done.Status)
 
 	b := h.running("chat")
-	//lint:ignore SA1012 a nil context is taken as Background
-	require.NoError(t, stopErr(h.m.Stop(WithStopCause(nil, StopCause{Kind: StopCaller, TaskID: "t-9"}), Target{Task: b.ID, NoWait: true})))
+	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: b.ID, NoWait: true, Cause: &StopCause{Kind: StopCaller, TaskID: "t-9"}})))
 	assert.Equal(t, StopCause{Kind: StopCaller, TaskID: "t-9"}, *h.wait(b.ID).Stop)
+	_, err := h.m.Stop(context.Background(), Target{Session: "chat", Cause: &closure})
+	assert.ErrorIs(t, err, ErrInvalidArgument, "a closure records its own cause")
 
 	for _, c := range []StopCause{{Kind: StopCancel}, {Kind: StopShutdown}, {Kind: StopDeadline}, {Kind: StopSessionDeleted},
 		{Kind: StopCaller, TaskID: "t"}, {Kind: StopClosure, Root: "s"}, {Kind: StopClosure, TaskID: "t"}, {Kind: StopOther, Note: "x"}} {

@@ -109,7 +109,7 @@ func finalSummaryText(t Task) string {
 }
 
 // branchClosedText renders a closure record for the root's parent.
-func branchClosedText(r ClosureRecord) string {
+func branchClosedText(r ClosureReport) string {
 	var b strings.Builder
 	if r.SessionID == "" { // CloseTask of a task that had no session yet
 		b.WriteString("[Branch closure] Task " + r.TaskID + ": ")
@@ -147,7 +147,7 @@ func branchClosedText(r ClosureRecord) string {
 }
 
 // maxClosureLines bounds the runs listed in a branch closure notification;
-// the ClosureRecord has them all.
+// the ClosureReport has them all.
 const maxClosureLines = 50
 
 // Reason says why an outcome is not a clean answer; it is empty for a clean
@@ -538,9 +538,10 @@ func closeTask(b *strings.Builder, notices []string) {
 	b.WriteString("</task>")
 }
 
-// AnswerFromEnvelope recovers the exact answer from an envelope rendered by
-// Envelope, and reports whether it holds one.
-func AnswerFromEnvelope(env string) (string, bool) {
+// answerFromEnvelope recovers the exact answer from an envelope rendered by
+// Envelope, and reports whether it holds one (the fuzz test's check that
+// no content breaks the envelope).
+func answerFromEnvelope(env string) (string, bool) {
 	const open, end = "<task_result>\n", "\n</task_result>\n"
 	i := strings.Index(env, open)
 	if i < 0 {

@@ -107,13 +107,13 @@ func TestNotificationTexts(t *testing.T) {
 }
 
 func TestBranchClosedText(t *testing.T) {
-	rec := ClosureRecord{SessionID: "ses_chat", Stopped: []StoppedRun{
+	rec := ClosureReport{SessionID: "ses_chat", Stopped: []StoppedRun{
 		{TaskID: "task-2", SessionID: "ses_b", Status: StatusCancelled},
 		{TaskID: "task-3", SessionID: "ses_c", Status: StatusCompleted},
-	}, Failed: []FailedStop{{TaskID: "task-4", SessionID: "ses_d", Err: "host unreachable\nretry later"}}}
+	}, Failed: []StoppedRun{{TaskID: "task-4", SessionID: "ses_d", Err: "host unreachable\nretry later"}}}
 	golden(t, "notify_branch_closed.golden", branchClosedText(rec))
 
-	var many ClosureRecord
+	var many ClosureReport
 	for i := range maxClosureLines + 7 {
 		many.Stopped = append(many.Stopped, StoppedRun{TaskID: "t" + strconv.Itoa(i), Status: StatusCancelled})
 	}

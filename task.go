@@ -173,6 +173,8 @@ type Prompter interface {
 }
 
 // PromptRequest is one supplemental prompt for a running child session.
+//
+// A FuncHost function gets the same (Run.Prompts).
 type PromptRequest struct {
 	// TaskID, AttemptID, Token and SessionID name the run prompted.
 	TaskID, AttemptID, Token, SessionID string
@@ -184,9 +186,11 @@ type PromptRequest struct {
 // Activity is what a running child is doing now.
 type Activity string
 
+// activityNone: nothing reported yet, or the task is not running (the
+// zero Activity).
+const activityNone Activity = ""
+
 const (
-	// ActivityNone: nothing reported yet, or the task is not running.
-	ActivityNone Activity = ""
 	// ActivityGenerating: the child is producing output (SessionBusy,
 	// SessionCompacted).
 	ActivityGenerating Activity = "generating"

@@ -62,7 +62,7 @@ func TestDefaultIDsAreRandomUUIDs(t *testing.T) {
 			// ledger does) in one allocation.
 			var id, tok string
 			if i == 0 {
-				id, tok = g.NewID(IDAttempt), g.NewID(IDToken)
+				id, tok = g.NewID(idAttempt), g.NewID(idToken)
 			} else {
 				id, tok = g.attemptIDs()
 			}

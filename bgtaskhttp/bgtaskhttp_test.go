@@ -96,7 +96,7 @@ func TestTheAPIServesTasksAndActsOnThem(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, he.Status)
 
 	_, err = s.c.Extend(s.ctx, a.ID, "more")
-	assert.ErrorIs(t, err, bgtask.ErrNoPrompter)
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
 
 	rep, err := s.c.Stop(s.ctx, bgtask.Target{Task: a.ID, Tree: true})
 	require.NoError(t, err)

@@ -314,5 +314,5 @@ func TestBadArgumentsAre400(t *testing.T) {
 		assert.Equal(t, "invalid_argument", got.code, body)
 	}
 	got := s.send(t, "POST", "/tasks/"+a.ID+"/extend", "", h, "{\"prompt\":\"x\"}\n\t ")
-	assert.Equal(t, "no_prompter", got.code, "white space after the object is fine")
+	assert.Equal(t, "unsupported", got.code, "white space after the object is fine")
 }

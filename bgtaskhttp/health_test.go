@@ -140,7 +140,7 @@ func TestHealthNotKept(t *testing.T) {
 	assert.Empty(t, v.Health)
 	_, body := fetch(t, srv, "/")
 	assert.NotContains(t, body, `id="health"`)
-	require.ErrorIs(t, c.ResetHealth(ctx, "a/one"), bgtask.ErrNoHealth)
+	require.ErrorIs(t, c.ResetHealth(ctx, "a/one"), errors.ErrUnsupported)
 }
 
 // Read-only: the page shows the health without a reset, and a reset is

@@ -583,7 +583,7 @@ type detailData struct {
 	Records    []recordRow
 	RecordErr  string
 	HasJournal bool
-	Closures   []bgtask.ClosureRecord
+	Closures   []bgtask.ClosureReport
 }
 
 // recordRow is a ledger record on the detail page.
@@ -676,7 +676,7 @@ func path(n *node) []*bgtask.Task {
 }
 
 // touches says whether closure c stopped a run of task id.
-func touches(c bgtask.ClosureRecord, id string) bool {
+func touches(c bgtask.ClosureReport, id string) bool {
 	for _, s := range c.Stopped {
 		if s.TaskID == id {
 			return true

@@ -86,13 +86,13 @@ func TestBudgetFiguresNameEachLimit(t *testing.T) {
 		Limit:   bgtask.Budget{Tokens: 1000, Spawns: 3},
 		Spent:   bgtask.Usage{InputTokens: 900, OutputTokens: 150, Requests: 2, Cost: 1_250_000},
 		Spawned: 1, Reserved: 1,
-		Left: bgtask.Remaining{Tokens: 0, Cost: 500_000, Requests: -1, Spawns: 1},
+		Left: bgtask.Budget{Tokens: 0, Cost: 500_000, Requests: -1, Spawns: 1},
 	}
 	spent, left := s.Figures()
 	assert.Equal(t, "tokens 1050 of 1000, cost 1.25, requests 2, spawns 1 of 3", spent)
 	assert.Equal(t, "tokens 0, cost 0.50, spawns 1", left, "cost is limited above")
 
-	spent, left = (bgtask.BudgetState{Left: bgtask.Remaining{Tokens: -1, Cost: -1, Requests: -1, Spawns: -1}}).Figures()
+	spent, left = (bgtask.BudgetState{Left: bgtask.Budget{Tokens: -1, Cost: -1, Requests: -1, Spawns: -1}}).Figures()
 	assert.Equal(t, "nothing", spent)
 	assert.Equal(t, "", left, "a budget of zeros limits nothing")
 }
@@ -103,7 +103,7 @@ func TestUsageAndBudgetOfATask(t *testing.T) {
 	tk := bgtask.Task{ID: "kid", Usage: &bgtask.TaskUsage{
 		Total:     bgtask.Usage{InputTokens: 1000, CachedTokens: 200, OutputTokens: 1, Requests: 1, Cost: 4200},
 		ByAttempt: []bgtask.Usage{{}, {InputTokens: 1000, CachedTokens: 200, OutputTokens: 1, Requests: 1, Cost: 4200}},
-	}, Budget: &bgtask.BudgetState{TaskID: "root", Exceeded: bgtask.LimitTokens, Left: bgtask.Remaining{Tokens: 0, Cost: -1, Requests: -1, Spawns: -1}}}
+	}, Budget: &bgtask.BudgetState{TaskID: "root", Exceeded: bgtask.LimitTokens, Left: bgtask.Budget{Tokens: 0, Cost: -1, Requests: -1, Spawns: -1}}}
 	u := usageOf(&tk)
 	require.NotNil(t, u)
 	assert.Equal(t, "1001 tokens · 1 request · cost 0.0042", u.Short)

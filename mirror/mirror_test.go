@@ -48,7 +48,7 @@ func TestCompleteSnapshotRemovesAbsentTasksAndClearsActivity(t *testing.T) {
 	_, err := m.Task("gone")
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
 	got, _ := m.Task("a")
-	assert.Equal(t, bgtask.ActivityNone, got.Activity, "an omitted activity in a complete snapshot clears it")
+	assert.Equal(t, bgtask.Activity(""), got.Activity, "an omitted activity in a complete snapshot clears it")
 	require.Len(t, m.Tasks(), 1)
 	// A change older than the snapshot is ignored afterwards.
 	assert.False(t, m.ApplyChange(bgtask.Change{Seq: 19, Task: task("a", bgtask.StatusError, "")}))
@@ -111,7 +111,7 @@ func TestASnapshotFromAnotherEpochReplacesEverything(t *testing.T) {
 			got, err := m.Task("x")
 			require.NoError(t, err)
 			assert.Equal(t, bgtask.StatusPending, got.Status, "the new process's version, though its sequence is smaller")
-			assert.Equal(t, bgtask.ActivityNone, got.Activity, "restart clears what was never persisted")
+			assert.Equal(t, bgtask.Activity(""), got.Activity, "restart clears what was never persisted")
 
 			assert.False(t, m.ApplyChange(bgtask.Change{Epoch: 2_000, Seq: 502, Task: task("x", bgtask.StatusError, "")}), "the old process is over")
 			assert.True(t, m.ApplyChange(bgtask.Change{Epoch: tt.give, Seq: 4, Task: task("x", bgtask.StatusRunning, bgtask.ActivityGenerating)}))

@@ -283,7 +283,7 @@ func BenchmarkLifecycles3Members(b *testing.B) {
 			b.Fatal(err)
 		}
 		host := &answering{}
-		m, err := bgtask.Open(context.Background(), host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.UUIDs()))
+		m, err := bgtask.Open(context.Background(), host, bgtask.WithJournal(j))
 		if err != nil {
 			b.Fatal(err)
 		}

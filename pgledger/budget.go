@@ -327,7 +327,7 @@ func (n *Node) Budget(ctx context.Context, id string) (bgtask.BudgetState, bool,
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	s := bgtask.BudgetState{TaskID: id, Left: bgtask.Remaining{Tokens: -1, Cost: -1, Requests: -1, Spawns: -1}}
+	s := bgtask.BudgetState{TaskID: id, Left: bgtask.Budget{Tokens: -1, Cost: -1, Requests: -1, Spawns: -1}}
 	for h, first := id, true; h != ""; first = false {
 		var b bgtask.Budget
 		var u bgtask.Usage

@@ -156,7 +156,8 @@ func (n *Node) writeChanges(ctx context.Context, mb *member, tasks []bgtask.Task
 // holds): feed it and Subscribe's changes to a mirror.Mirror. It holds
 // the live tasks and the ended ones the ledger retains
 // (NodeOptions.Retention): not those that ended longer ago than MaxAge,
-// even before they are pruned.
+// even before they are pruned. Its Closures are the records of the
+// ledger's closures that have ended, in the order they were opened.
 func (n *Node) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 	if ctx == nil {
 		ctx = context.Background()
@@ -188,6 +189,14 @@ func (n *Node) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 			task = bgtask.Task{}
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`, n.o.Ledger)
+		if err != nil {
+			return err
+		}
+		snap.Closures, err = pgx.CollectRows(rows, pgx.RowTo[bgtask.ClosureReport])
 		return err
 	})
 	if err != nil {

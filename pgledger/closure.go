@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/fleet"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -266,7 +267,7 @@ type openClosure struct {
 // *UnstoppedError names each run that did not stop, the member that owns
 // it and the process holding that member: a failed abort, or a run still
 // live when ctx ended. Either way the fence comes down and the closure's
-// record — bgtask.ClosureRecord, by value — is written to its row; if the
+// record — bgtask.ClosureReport, by value — is written to its row; if the
 // database does not take it within ctx (or a second after ctx ended), the
 // error says so and the node writes it once the database answers.
 //
@@ -523,7 +524,7 @@ func (n *Node) finish(caller context.Context, k openClosure, rep bgtask.ClosureR
 			reason := "still live when the closure's context ended"
 			if s, ok := st.byToken[r.ref.Token]; ok && s.err != "" {
 				reason = s.err
-				rep.Failed = append(rep.Failed, bgtask.FailedStop{TaskID: run.TaskID, AttemptID: run.AttemptID, SessionID: run.SessionID, Token: run.Token, Err: s.err})
+				rep.Failed = append(rep.Failed, bgtask.StoppedRun{TaskID: run.TaskID, AttemptID: run.AttemptID, SessionID: run.SessionID, Token: run.Token, Err: s.err})
 			} else {
 				rep.Stopping = append(rep.Stopping, run)
 			}
@@ -533,7 +534,7 @@ func (n *Node) finish(caller context.Context, k openClosure, rep bgtask.ClosureR
 			unstopped = append(unstopped, UnstoppedRun{StoppedRun: run, Member: r.member, Holder: r.holder, Reason: reason})
 		}
 	}
-	rec := bgtask.ClosureRecord{SessionID: k.root, TaskID: k.task, At: time.Now(), Stopped: rep.Stopped, Failed: rep.Failed, Stopping: rep.Stopping, Passes: rep.Passes}
+	rec := bgtask.ClosureReport{SessionID: k.root, TaskID: k.task, At: time.Now(), Stopped: rep.Stopped, Failed: rep.Failed, Stopping: rep.Stopping, Passes: rep.Passes}
 	if rerr := n.record(ctx, k, rec); rerr != nil {
 		err = errors.Join(err, rerr)
 		if !n.goOwned(func() { _ = n.record(n.loopCtx, k, rec) }) {
@@ -553,7 +554,7 @@ func (n *Node) finish(caller context.Context, k openClosure, rep bgtask.ClosureR
 // puts its NotifyBranchClosed in the outbox for the root task's parent
 // (or the root), in the same transaction; a failure is tried again while
 // ctx lasts (the fence stays up until it lands, or the opener dies).
-func (n *Node) record(ctx context.Context, k openClosure, rec bgtask.ClosureRecord) error {
+func (n *Node) record(ctx context.Context, k openClosure, rec bgtask.ClosureReport) error {
 	body, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -572,7 +573,7 @@ func (n *Node) record(ctx context.Context, k openClosure, rec bgtask.ClosureReco
 					return err
 				}
 			}
-			note := bgtask.BranchClosed(parent, k.task, bgtask.Task{}, rec)
+			note := fleet.BranchClosed(parent, k.task, bgtask.Task{}, rec).(bgtask.Notification)
 			note.ID = "branch_closed:" + strconv.FormatInt(k.id, 10)
 			nb, err := json.Marshal(note)
 			if err != nil {
@@ -595,19 +596,6 @@ VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT (ledger, member, note_id) DO NOT
 		case <-time.After(n.o.Poll):
 		}
 	}
-}
-
-// ClosureRecords returns the records of the ledger's closures that have ended,
-// in the order they were opened.
-func (n *Node) ClosureRecords(ctx context.Context) ([]bgtask.ClosureRecord, error) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	rows, err := n.pool.Query(ctx, `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`, n.o.Ledger)
-	if err != nil {
-		return nil, fmt.Errorf("pgledger: closures: %w", err)
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[bgtask.ClosureRecord])
 }
 
 // stopper is this node's side of the closures: the runs it stopped.
@@ -719,7 +707,7 @@ func (n *Node) serve(ctx context.Context, k openClosure) {
 	}
 	by := n.stopCauseOf(ctx, k)
 	for _, t := range todo {
-		if !n.goOwned(func() { n.stopRun(bgtask.WithStopCause(n.loopCtx, by), k.id, t.mb, t.r) }) {
+		if !n.goOwned(func() { n.stopRun(n.loopCtx, &by, k.id, t.mb, t.r) }) {
 			return
 		}
 	}
@@ -727,9 +715,9 @@ func (n *Node) serve(ctx context.Context, k openClosure) {
 
 // stopRun stops run r of member mb for closure id and hands the result to
 // the writer.
-func (n *Node) stopRun(ctx context.Context, id int64, mb *member, r scopeRun) {
+func (n *Node) stopRun(ctx context.Context, by *bgtask.StopCause, id int64, mb *member, r scopeRun) {
 	s := stopRow{run: bgtask.StoppedRun{TaskID: r.ref.TaskID, AttemptID: r.ref.AttemptID, SessionID: r.session, Token: r.ref.Token}, member: mb.name}
-	if _, err := mb.m.Stop(ctx, bgtask.Target{Run: r.ref}); err != nil {
+	if _, err := mb.m.Stop(ctx, bgtask.Target{Run: r.ref, Cause: by}); err != nil {
 		s.err = safeText(err)
 	}
 	if t, err := mb.m.Task(r.ref.TaskID); err == nil {

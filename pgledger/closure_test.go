@@ -64,8 +64,9 @@ func TestCloseBranchAcrossProcesses(t *testing.T) {
 	assert.Equal(t, bgtask.StatusRunning, mustTask(t, ns[2], outside.ID).Status, "outside the branch")
 	assert.False(t, svc.aborted(outside.SessionID))
 
-	recs, err := ns[1].ClosureRecords(ctx(t))
+	snap, err := ns[1].Snapshot(ctx(t))
 	require.NoError(t, err)
+	recs := snap.Closures
 	require.Len(t, recs, 1, "one row, by value, readable anywhere")
 	assert.Equal(t, "chat", recs[0].SessionID)
 	assert.ElementsMatch(t, rep.Stopped, recs[0].Stopped)

@@ -600,18 +600,18 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 // wireEvent is an Event as the inbox keeps it (its error as text; Value
 // is process-local and not carried).
 type wireEvent struct {
-	SessionID   string              `json:"sessionID,omitempty"`
-	AttemptID   string              `json:"attemptID,omitempty"`
-	Token       string              `json:"token,omitempty"`
-	Kind        bgtask.EventKind    `json:"kind"`
-	Text        string              `json:"text,omitempty"`
-	NoFinalText bool                `json:"noFinalText,omitempty"`
-	Reason      bgtask.Reason `json:"finish,omitempty"` // the wire keeps the old name: Event.Finish
-	Err         *string             `json:"err,omitempty"`
-	At          time.Time           `json:"at"`
-	Invocation  int                 `json:"invocation,omitempty"`
-	Progress    string              `json:"progress,omitempty"`
-	Usage       bgtask.Usage        `json:"usage,omitzero"`
+	SessionID   string           `json:"sessionID,omitempty"`
+	AttemptID   string           `json:"attemptID,omitempty"`
+	Token       string           `json:"token,omitempty"`
+	Kind        bgtask.EventKind `json:"kind"`
+	Text        string           `json:"text,omitempty"`
+	NoFinalText bool             `json:"noFinalText,omitempty"`
+	Reason      bgtask.Reason    `json:"finish,omitempty"` // the wire keeps the old name: Event.Finish
+	Err         *string          `json:"err,omitempty"`
+	At          time.Time        `json:"at"`
+	Invocation  int              `json:"invocation,omitempty"`
+	Progress    string           `json:"progress,omitempty"`
+	Usage       bgtask.Usage     `json:"usage,omitzero"`
 }
 
 func toWire(ev bgtask.Event) (w wireEvent, err error) {

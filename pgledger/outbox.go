@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/fleet"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -621,7 +622,7 @@ func (n *Node) noteOf(ctx context.Context, r *parentRun, row *outboxRow) (bgtask
 			tasks = append(tasks, t)
 		}
 	}
-	note = bgtask.AllComplete(r.parent, tasks)
+	note = fleet.AllComplete(r.parent, tasks).(bgtask.Notification)
 	note.ID = row.noteID
 	return note, true, nil
 }

@@ -614,8 +614,7 @@ const downBeat = 200 * time.Millisecond
 
 // A Journal is a bgtask.Journal whose replay a context can end.
 var (
-	_ bgtask.Journal         = (*Journal)(nil)
-	_ bgtask.ContextReplayer = (*Journal)(nil)
+	_ bgtask.Journal = (*Journal)(nil)
 )
 
 // Replay calls fn with the member's records in sequence order; Close
@@ -624,7 +623,7 @@ func (j *Journal) Replay(fn func(bgtask.Record) error) error {
 	return j.ReplayContext(context.Background(), fn)
 }
 
-// ReplayContext is Replay, ended by ctx as well (bgtask.ContextReplayer:
+// ReplayContext is Replay, ended by ctx as well (the optional method of bgtask.Journal:
 // bgtask.Open replays with its own context, and so a Join or takeover
 // with its own).
 func (j *Journal) ReplayContext(ctx context.Context, fn func(bgtask.Record) error) error {

@@ -79,7 +79,7 @@ CREATE TABLE bgtask_inbox (
 CREATE INDEX bgtask_inbox_member ON bgtask_inbox (ledger, member, id);
 
 -- A closure is one row: its root, who opened it, and once it ended the
--- whole ClosureRecord by value. While closed_at is null its fence holds.
+-- whole ClosureReport by value. While closed_at is null its fence holds.
 CREATE TABLE bgtask_closures (
 	id           bigserial   PRIMARY KEY,
 	ledger       text        NOT NULL,

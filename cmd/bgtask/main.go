@@ -490,17 +490,17 @@ func closuresCmd(_ context.Context, c *call) error {
 		return err
 	}
 	if c.json {
-		cl := v.ClosureRecords
+		cl := v.Closures
 		if cl == nil {
-			cl = []bgtask.ClosureRecord{}
+			cl = []bgtask.ClosureReport{}
 		}
 		return c.printJSON(cl)
 	}
 	w := c.stdout
-	if len(v.ClosureRecords) == 0 {
+	if len(v.Closures) == 0 {
 		fmt.Fprintln(c.stderr, "no closure recorded")
 	}
-	for _, cl := range v.ClosureRecords {
+	for _, cl := range v.Closures {
 		root := cl.SessionID
 		if root == "" {
 			root = "task " + cl.TaskID

@@ -229,7 +229,7 @@ func TestTaskShowsTimelineRecordsAndOutcome(t *testing.T) {
 	closures := ok(t, "closures", dir)
 	assert.Contains(t, closures, "doomed closed at")
 	assert.Contains(t, closures, "stopped task-3")
-	var cl []bgtask.ClosureRecord
+	var cl []bgtask.ClosureReport
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "closures", dir, "-json")), &cl))
 	require.Len(t, cl, 1)
 	assert.Equal(t, "doomed", cl[0].SessionID)

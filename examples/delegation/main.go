@@ -99,19 +99,19 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 		close(subtasks)
 		var got []string
-		var extra bgtask.Prompt
-		for len(got) < 2 || extra.N == 0 {
+		var extra bgtask.PromptRequest
+		for len(got) < 2 || extra.Invocation == 0 {
 			select {
 			case res := <-results:
 				got = append(got, res)
 			case extra = <-r.Prompts():
-				say("the lead took invocation %d: %q", extra.N, extra.Text)
+				say("the lead took invocation %d: %q", extra.Invocation, extra.Prompt)
 			case <-ctx.Done():
 				return "", ctx.Err()
 			}
 		}
 		r.Answer(1, "Both subtasks reported: "+strings.Join(slices.Sorted(slices.Values(got)), "; ")+".")
-		return fmt.Sprintf("To %q: I used %d subtasks.", extra.Text, len(got)), nil
+		return fmt.Sprintf("To %q: I used %d subtasks.", extra.Prompt, len(got)), nil
 	}
 
 	notifier := bgtask.NotifierFunc(func(ctx context.Context, n bgtask.Notification) error {

@@ -195,8 +195,9 @@ func Run(opts Options) (trace []string, err error) {
 		bgtask.WithNotifyRetry(2, func(int, error) time.Duration { return time.Second }),
 	}
 	var features []string
+	var limits *bgtask.ModelLimits // drawn in the order the seeds were made with
 	if w.rng.IntN(2) == 0 {
-		cfg = append(cfg, bgtask.WithModelLimits(bgtask.ModelLimits{Default: 1 + w.rng.IntN(3), Providers: map[string]int{"c": 1}}))
+		limits = &bgtask.ModelLimits{Default: 1 + w.rng.IntN(3), Providers: map[string]int{"c": 1}}
 		features = append(features, "limits")
 	}
 	if w.rng.IntN(2) == 0 {
@@ -204,8 +205,14 @@ func Run(opts Options) (trace []string, err error) {
 		features = append(features, "stall")
 	}
 	if w.rng.IntN(2) == 0 {
-		cfg = append(cfg, bgtask.WithQueueTimeout(time.Duration(60+w.rng.IntN(60))*time.Second))
-		features = append(features, "queue-timeout")
+		d := time.Duration(60+w.rng.IntN(60)) * time.Second
+		if limits != nil { // a queue exists only with limits
+			limits.QueueTimeout = d
+			features = append(features, "queue-timeout")
+		}
+	}
+	if limits != nil {
+		cfg = append(cfg, bgtask.WithModelLimits(*limits))
 	}
 	if w.rng.IntN(3) == 0 {
 		cfg = append(cfg, bgtask.WithRetryDelay(bgtask.Backoff(time.Second, 8*time.Second, 0)))
@@ -560,7 +567,7 @@ func (w *world) extend(tasks []bgtask.Task) {
 		defer cancel()
 		_, err := w.m.Extend(ctx, t.ID, "more")
 		switch {
-		case errors.Is(err, bgtask.ErrNoPrompter) && !w.prompts():
+		case errors.Is(err, errors.ErrUnsupported) && !w.prompts():
 			w.log("extend %s refused: the host under test prompts no session", t.ID)
 		case err == nil, errors.Is(err, bgtask.ErrNotRunning), errors.Is(err, bgtask.ErrPromptRefused),
 			errors.Is(err, bgtask.ErrBranchClosing), errors.Is(err, bgtask.ErrShutdown), errors.Is(err, bgtask.ErrForgotten),
