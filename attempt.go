@@ -280,6 +280,7 @@ type runOutput struct {
 	noText   bool
 	reason   Reason // of the failure that ended it, worked out outside the lock
 	stopErr  string // the error the run returned after it was asked to stop
+	returned bool   // the run said it has stopped (an in-process function returned after an abort gave up on it)
 	notice   string // a fact that rides its answer (a degraded children gate)
 	progress string // its latest line of progress (Task.Progress)
 }

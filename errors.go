@@ -162,13 +162,15 @@ func (e *SpecError) Error() string {
 func (e *SpecError) Is(target error) bool { return target == ErrInvalidArgument }
 
 // ErrNilResult ends an attempt whose Returning function returned a nil
-// result and a nil error: there is no answer to give the parent.
+// result and a nil error: there is no answer to give the parent. It is
+// the attempt's Task.Cause itself (t.Cause == ErrNilResult), never
+// retried; the result's type is logged.
 var ErrNilResult = errors.New("the subagent function returned a nil result and no error")
 
 // PanicError is a panic in user code the Manager ran for a run (a FuncHost
 // function, Returning's text): the attempt ends in error with it as its
-// Cause (never retried; Task.Error is its text), and it is logged at
-// error level with the stack. It is process-local, as Cause is: after a
+// Cause itself (t.Cause.(*PanicError) holds; never retried; Task.Error is
+// its text), and it is logged at error level with the stack. It is process-local, as Cause is: after a
 // restart only the text remains.
 type PanicError struct {
 	// Where names the code that panicked: "subagent function".

@@ -39,7 +39,11 @@ func Returning[T any](fn func(ctx context.Context, run Run) (T, error), text fun
 			return "", err
 		}
 		if isNil(v) {
-			return "", Permanent(fmt.Errorf("%w (%T)", ErrNilResult, v))
+			if run.m != nil {
+				run.m.logAttrs(slog.LevelWarn, "a Returning function returned a nil result and no error",
+					slog.String("task", run.TaskID), slog.String("attempt", run.AttemptID), slog.String("type", fmt.Sprintf("%T", v)))
+			}
+			return "", Permanent(ErrNilResult)
 		}
 		if run.value != nil {
 			var kept any = v

@@ -537,6 +537,13 @@ func (m *Manager) logRejected(ev Event, who resolved, err error) {
 // later calls wait like the first, also for what an earlier call left
 // running.
 //
+// Every Manager owes Shutdown, an in-process one too: until it is called,
+// one goroutine waits on the Manager's life even once every task ended.
+// With nothing left behind it returns nil, also when ctx had already
+// ended; a run it stops ends interrupt once it really stopped (an
+// in-process function that returns its context's error as it hears the
+// stop included).
+//
 // Called with the context of a Host or Notifier callback, Shutdown cannot
 // wait for that callback to return: it begins the shutdown (refusing work
 // and aborting children) and returns ErrStopPending at once. Call it again
@@ -548,15 +555,13 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		return ErrStopPending
 	}
 
+	// What ctx cut short is not an error in itself: what it left is
+	// (named below, with ctx's error), and nothing else.
+	_ = m.awaitStops(ctx)
+	_ = m.notes.lanes.Wait(ctx)
 	var errs []error
-	if err := m.awaitStops(ctx); err != nil {
-		errs = append(errs, err)
-	}
 	if err := m.poisoned(); err != nil {
 		errs = append(errs, fmt.Errorf("shutdown: nothing was recorded since: %w", err))
-	}
-	if err := m.notes.lanes.Wait(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("shutdown: waiting for deliveries: %w", err))
 	}
 	m.life.cancel()
 	m.closeSubscriptions(ErrShutdown)
@@ -565,7 +570,12 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	m.life.watchers.Close()
 	_ = m.life.watchers.Wait(context.Background())
-	errs = append(errs, m.leftBehind()...)
+	if left := m.leftBehind(); len(left) > 0 {
+		if err := ctx.Err(); err != nil {
+			left = append(left, fmt.Errorf("shutdown: %w", err))
+		}
+		errs = append(errs, left...)
+	}
 	if j := m.cfg.journal; j != nil && m.life.group.Running() == 0 {
 		m.life.journalClosed.Do(func() {
 			if err := guardJournal("Close", j.Close); err != nil {

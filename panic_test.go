@@ -26,8 +26,8 @@ func TestAPanicKeepsItsValueAndStack(t *testing.T) {
 	assert.Equal(t, StatusError, done.Status)
 	assert.Len(t, done.Attempts, 1, "a panic is never retried")
 	assert.Equal(t, "subagent function panicked: boom", done.Error)
-	var p *PanicError
-	require.ErrorAs(t, done.Cause, &p)
+	p, ok := done.Cause.(*PanicError)
+	require.True(t, ok, "Cause is the *PanicError itself, as its doc says: %T", done.Cause)
 	assert.Equal(t, boom, p.Value)
 	assert.ErrorIs(t, done.Cause, boom, "a panic with an error unwraps to it")
 	assert.Contains(t, string(p.Stack), "panicsDeepInside", "the stack of the panic, not of the recovery's caller")
@@ -52,20 +52,25 @@ type report2 struct{ findings []string }
 // it is not reported as a panic.
 func TestANilResultIsReportedAsOne(t *testing.T) {
 	texts := 0
+	sink := &logSink{}
 	m := mustOpen(NewFuncHost(Returning(func(ctx context.Context, run Run) (*report2, error) {
 		return nil, nil
 	}, func(r *report2) string {
 		texts++
 		return strings.Join(r.findings, ", ")
-	})))
+	})), WithLogger(slog.New(sink)))
 	_, done := runOnce(t, m, Model{ID: "a"}, Model{ID: "b"})
 	assert.Equal(t, StatusError, done.Status)
 	assert.Len(t, done.Attempts, 1, "never retried")
-	assert.ErrorIs(t, done.Cause, ErrNilResult)
+	assert.Equal(t, ErrNilResult, done.Cause, "Cause is ErrNilResult itself, as its doc says")
 	var p *PanicError
 	assert.False(t, errors.As(done.Cause, &p), "not a panic")
 	assert.Contains(t, done.Error, "nil result")
-	assert.Contains(t, done.Error, "*bgtask.report2")
+	typed := false
+	for _, r := range sink.Records() {
+		typed = typed || r["type"] == "*bgtask.report2"
+	}
+	assert.True(t, typed, "the result's type is logged: %v", sink.Records())
 	assert.Zero(t, texts)
 }
 

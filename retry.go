@@ -1,6 +1,7 @@
 package bgtask
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"math"
@@ -169,6 +170,19 @@ func (e *permanentError) Error() string { return e.err.Error() }
 
 func (e *permanentError) Unwrap() error { return e.err }
 
+// causeOf is err as Task.Cause keeps it: the error a function or host
+// gave, as it gave it (a Permanent mark of its own included), but without
+// the mark the Manager put on errors of its own making: a panic's Cause is
+// the *PanicError itself, a nil result's ErrNilResult itself.
+func causeOf(err error) error {
+	if p, ok := err.(*permanentError); ok {
+		if _, panicked := p.err.(*PanicError); panicked || p.err == ErrNilResult {
+			return p.err
+		}
+	}
+	return err
+}
+
 // Permanent marks err as not retryable: a task whose attempt fails with it
 // ends in error instead of moving to its next model, whatever WithRetryable
 // says. The mark survives wrapping. Permanent(nil) is nil.
@@ -293,17 +307,18 @@ func Backoff(base, max time.Duration, jitter float64) func(attempt int, cause er
 func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	m.fence(e)
 	a := e.cur()
-	if e.stop != "" && errors.Is(f.err, ErrSuperseded) {
-		// The run heard the stop from Fence and ended for it: the stop
-		// is what ended it (a budget's stops are asked before any abort),
-		// and Task.Cause says so (a *StopError).
+	if e.stop != "" && (errors.Is(f.err, ErrSuperseded) || errors.Is(f.err, context.Canceled)) {
+		// The run heard the stop — from Fence, or as its context's end —
+		// and ended for it: the stop is what ended it (a budget's stops
+		// are asked before any abort; Shutdown cancels the contexts of
+		// the runs it stops), and Task.Cause says so (a *StopError).
 		e.output().reason = f.reason
 		m.finalize(e, a.ID, e.stop, f.text, "", at)
 		return
 	}
 	if f.err != nil { // the value itself, for Task.Cause
 		l := e.keep()
-		l.err, l.errTok = f.err, a.Token
+		l.err, l.errTok = causeOf(f.err), a.Token
 	}
 	text := f.text
 	e.output().reason = f.reason

@@ -296,7 +296,11 @@ func (m *Manager) onRunReturned(in *runReturnedIn) {
 			out.output = text
 		}
 	}
-	if ended && (e.rt.abort == nil || e.rt.abort.run().Token != token) {
+	if !ended {
+		return
+	}
+	out.returned = true // an abort in flight that gave up on it still ends it (aborted)
+	if e.rt.abort == nil || e.rt.abort.run().Token != token {
 		m.finalizeRef(ref, e.stopStatus(), out.stopErr, "", m.now())
 	}
 }

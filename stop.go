@@ -163,6 +163,10 @@ func (m *Manager) aborted(op *abortOp, err error, now time.Time) {
 	}
 	a := op.ref.attempt()
 	live := op.ref.isCurrent() && !a.Status.Terminal()
+	if out := e.seen.out; err != nil && live && out.token == a.Token && out.returned {
+		err = nil // the abort gave up on a run that has returned since: it stopped
+		op.err = nil
+	}
 	switch {
 	case err != nil:
 		if live {

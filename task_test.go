@@ -653,8 +653,7 @@ func TestShutdownDuringSessionStartAbortsArrivingSession(t *testing.T) {
 	<-entered
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no grace: cancel host contexts at once
-	err := h.m.Shutdown(ctx)
-	require.Error(t, err)
+	require.NoError(t, h.m.Shutdown(ctx), "nothing is left behind: no error, though ctx had ended")
 	got := h.task(task.ID)
 	assert.Equal(t, StatusInterrupt, got.Status)
 	assert.Equal(t, "ses-1", got.SessionID, "the session existed: bound, then aborted on arrival")
