@@ -1,14 +1,11 @@
 package bgtask
 
 import (
-	crand "crypto/rand"
 	"encoding/hex"
 	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
-
-	"github.com/google/uuid"
 )
 
 // The kinds of id an IDGenerator makes.
@@ -39,8 +36,8 @@ type uuidIDs struct {
 
 func newUUIDs() *uuidIDs {
 	var seed [32]byte
-	if _, err := crand.Read(seed[:]); err != nil {
-		panic("crypto/rand: " + err.Error())
+	if err := osEntropy(seed[:]); err != nil {
+		panic("reading the system's entropy: " + err.Error())
 	}
 	return &uuidIDs{src: rand.NewChaCha8(seed)}
 }
@@ -63,7 +60,7 @@ const tokenPrefix = "run_"
 
 // render appends one fresh id of kind to b.
 func (g *uuidIDs) render(b []byte, kind string) []byte {
-	var u uuid.UUID
+	var u [16]byte
 	g.mu.Lock()
 	_, _ = g.src.Read(u[:])
 	g.mu.Unlock()

@@ -17,14 +17,19 @@ import (
 // crypto/tls.
 
 // maxInProcessBinary bounds the stripped size of inProcessProgram. The
-// issue asked for 2.5 MB (2,621,440 bytes), but the standard packages the
-// root needs whatever a program does with it (encoding/json, log/slog,
-// crypto/rand, os, google/uuid) come to 2.56 MB stripped on their own
-// (go1.26, linux/amd64), before any of bgtask's code (about 0.6 MB of
-// text reachable from New/Open, Launch, Wait and Shutdown, as much again
-// in tables). Without net/http and crypto/tls the program is 4.0 MB (5.8 MB
-// with them): the bound is 4.5 MB, which net/http's 1.8 MB cannot hide in.
-const maxInProcessBinary = 4_718_592 // 4.5 MB
+// issue asked for 2.5 MB (2,621,440 bytes); it is not met. Without
+// net/http, crypto/tls, regexp, google/uuid and crypto/rand's generator
+// the program is 3.82 MB (go1.26, linux/amd64; 5.8 MB before). What is
+// left is reachable only because optional features are reached through
+// plain field checks the linker cannot see through: the journal's
+// encoding and replay (encoding/json too), logging (log/slog), health,
+// notifications, metrics, limits (about 1.3 MB together, measured one by
+// one in a scratch copy). Reaching 2.5 MB means installing each of those
+// through its option (WithJournal, WithLogger, WithHealth, ...) as
+// function values, and the root not importing log/slog or hash/crc32:
+// see the closing note of issue 43. The bound is 4.0 MB: it catches
+// net/http (1.8 MB) or crypto/rand's generator (0.17 MB) coming back.
+const maxInProcessBinary = 4_000_000 // 4.0 MB
 
 // inProcessProgram creates an in-process Manager (a FuncHost), runs one task
 // and shuts down. It uses only NewFuncHost, Spec, Launch, Wait, Shutdown and
