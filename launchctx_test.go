@@ -219,6 +219,39 @@ func TestRunReturnsTheEnd(t *testing.T) {
 	assert.Equal(t, "ExtendLive", se.Field)
 }
 
+// runResult is what a Run returned.
+type runResult struct {
+	t   Task
+	err error
+}
+
+// runRunning calls h.m.Run with ctx on a goroutine and returns once the
+// task it launched is running: its result comes on the channel. The task's
+// id is the one its session start was asked for.
+func runRunning(t *testing.T, h *harness, ctx context.Context) (<-chan runResult, string) {
+	t.Helper()
+	starting := make(chan string, 1)
+	h.host.mu.Lock()
+	h.host.start = func(_ context.Context, req SessionRequest, sid string) (string, error) {
+		starting <- req.TaskID
+		return sid, nil
+	}
+	h.host.mu.Unlock()
+	out := make(chan runResult, 1)
+	go func() {
+		t, err := h.m.Run(ctx, Spec{ParentSessionID: "chat", Models: oneModel})
+		out <- runResult{t, err}
+	}()
+	var id string
+	select {
+	case id = <-starting:
+	case <-bounded(t).Done():
+		t.Fatal("Run started no session")
+	}
+	waitFor(t, h.m, id, func(t Task) bool { return t.Status == StatusRunning })
+	return out, id
+}
+
 // A synchronous subagent whose caller gives up: Run stops the task, and
 // returns only once its child really stopped, with the caller's error.
 func TestRunStopsTheTaskWithItsCallerAndReturnsTheRealEnd(t *testing.T) {
@@ -230,24 +263,7 @@ func TestRunStopsTheTaskWithItsCallerAndReturnsTheRealEnd(t *testing.T) {
 	}}
 	h := newHarness(t, host)
 	ctx, cancel := context.WithCancel(context.Background())
-	type result struct {
-		t   Task
-		err error
-	}
-	out := make(chan result, 1)
-	go func() {
-		t, err := h.m.Run(ctx, Spec{ParentSessionID: "chat", Models: oneModel})
-		out <- result{t, err}
-	}()
-	var id string
-	require.Eventually(t, func() bool { // the launch is Run's own; its id shows in the snapshot
-		snap := h.m.Snapshot()
-		if len(snap.Tasks) == 1 && snap.Tasks[0].Status == StatusRunning {
-			id = snap.Tasks[0].ID
-			return true
-		}
-		return false
-	}, 10*time.Second, time.Millisecond)
+	out, id := runRunning(t, h, ctx)
 	cancel()
 	<-asked
 	select {
@@ -267,19 +283,7 @@ func TestRunWhoseStopFailsSaysSo(t *testing.T) {
 	refused := errors.New("the session service refused")
 	h := newHarness(t, &testHost{abort: func(context.Context, string) error { return refused }})
 	ctx, cancel := context.WithCancel(context.Background())
-	type result struct {
-		t   Task
-		err error
-	}
-	out := make(chan result, 1)
-	go func() {
-		t, err := h.m.Run(ctx, Spec{ParentSessionID: "chat", Models: oneModel})
-		out <- result{t, err}
-	}()
-	require.Eventually(t, func() bool {
-		snap := h.m.Snapshot()
-		return len(snap.Tasks) == 1 && snap.Tasks[0].Status == StatusRunning
-	}, 10*time.Second, time.Millisecond)
+	out, _ := runRunning(t, h, ctx)
 	cancel()
 	r := <-out
 	require.ErrorIs(t, r.err, context.Canceled)
