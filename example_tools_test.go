@@ -26,13 +26,8 @@ type subagentTool struct {
 
 func (t subagentTool) Call(ctx context.Context, prompt string) (string, error) {
 	task, err := t.m.Run(ctx, bgtask.Spec{Description: "sub-agent", Prompt: prompt, Run: t.agent})
-	switch {
-	case task.ID == "": // the launch was refused: err says why
-		return "", err
-	case err != nil: // the caller gave up: the sub-agent was stopped
-		return "", fmt.Errorf("sub-agent %s: %w", task.Status, err)
-	case task.Outcome.State != bgtask.StatusCompleted:
-		return "", fmt.Errorf("sub-agent %s: %s", task.Outcome.State, task.Outcome.Error)
+	if err != nil { // no clean answer: err says why, in plain words
+		return "", fmt.Errorf("sub-agent: %w", err)
 	}
 	return task.Outcome.Answer, nil
 }
@@ -82,9 +77,9 @@ func Example_syncSubagent() {
 	fmt.Println("model reads:", err, "| context.Canceled:", errors.Is(err, context.Canceled))
 	// Output:
 	// model reads: "TestRetry: it sleeps 10ms and races the timer", <nil>
-	// model reads: sub-agent error: prompt is too long: 210000 tokens > 200000 maximum
+	// model reads: sub-agent: prompt is too long: 210000 tokens > 200000 maximum
 	// sub-agent had stopped when Call returned: cancelled
-	// model reads: sub-agent cancelled: context canceled | context.Canceled: true
+	// model reads: sub-agent: stopped: the caller of task task-3 went away: context canceled | context.Canceled: true
 }
 
 // origin is where a spawn came from: where its answer goes.

@@ -91,7 +91,13 @@ func main() {
 }
 `
 
-func goTool() string { return filepath.Join(goruntime.GOROOT(), "bin", "go") }
+// goTool is the go command that runs the tests (the one on PATH).
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "go"
+}
 
 // goEnv is the environment for the go commands the tests run: no
 // workspace, and modules resolved from go.mod (the module cache holds

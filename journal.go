@@ -98,7 +98,7 @@ type Commit interface {
 func guardJournal(what string, f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("Journal.%s panicked: %s", what, panicText(r))
+			err = fmt.Errorf("the journal's %s panicked: %s", what, panicText(r))
 		}
 	}()
 	return f()

@@ -87,7 +87,7 @@ func (m *Manager) checkSpec(spec *Spec) error {
 		return &SpecError{Field: "ParentSessionID", Reason: "is empty, and the Manager has a Notifier: its notifications go to the parent session"}
 	}
 	if m.hosts.ownOnly && spec.Run == nil {
-		return &SpecError{Field: "Run", Reason: "is nil, and the Manager has no Host (New(nil)): every task brings its own function"}
+		return &SpecError{Field: "Run", Reason: "is nil, and the Manager has no Host (Open(ctx, nil)): every task brings its own function"}
 	}
 	if m.cfg.err != nil {
 		return m.cfg.err
@@ -203,7 +203,7 @@ func (m *Manager) launchDecide(ctx context.Context, in *launchIn) error {
 }
 
 // callerDone stops task id, whose caller's context ended
-// (Spec.CancelWithCaller), with its branch, as CloseTask does: on a
+// (Spec.CancelWithCaller), with its branch, as Stop with Tree does: on a
 // goroutine of the Manager, which logs the close's error.
 func (m *Manager) callerDone(id string) {
 	m.goLocked(func() {
@@ -439,13 +439,20 @@ func (m *Manager) runSession(ctx context.Context) string {
 	return ""
 }
 
-// Run launches spec and waits for its end: a synchronous subagent. When
-// ctx ends first, the task is stopped with everything beneath it (Stop
-// with Tree), and Run still returns its real end — cancelled once its
-// child really stopped — together with ctx's error. An abort the host
-// refuses leaves the task running: Run then returns its snapshot as it
-// is, with ctx's error and the host's. The wait for the stop is bounded
-// by the Manager's life (Shutdown), not by ctx.
+// Run launches spec and waits for its end: a synchronous subagent. Its
+// error is nil only for a clean answer (Outcome.State completed): else it
+// is why not — the task's Cause (a *StopError, the host's or function's
+// error, a *PanicError), or its Outcome's Reason — in plain words a model
+// may read; the task's final snapshot comes with it. A launch refused
+// returns the Launch's error and a zero Task.
+//
+// When ctx ends first, the task is stopped with everything beneath it, as
+// its caller's (StopCaller), and Run still returns its real end —
+// cancelled once its child really stopped — with an error that matches
+// ctx's and says the stop. An abort the host refuses leaves the task running: Run then
+// returns its snapshot as it is, with ctx's error and the host's. The
+// wait for the stop is bounded by the Manager's life (Shutdown), not by
+// ctx.
 //
 // Run is Launch (the same Spec, nested beneath the run ctx carries, as
 // Launch does) then Wait; a Spec with ExtendLive is refused (it may
@@ -463,20 +470,45 @@ func (m *Manager) Run(ctx context.Context, spec Spec) (Task, error) {
 		}
 	}
 	done, err := m.Wait(ctx, t.ID)
-	if err == nil || ctx.Err() == nil {
+	if err == nil {
+		return done, endError(done)
+	}
+	if ctx.Err() == nil {
 		return done, err
 	}
 	cause := ctx.Err()
 	bg := context.WithoutCancel(ctx)
-	if _, serr := m.Stop(bg, Target{Task: t.ID, Tree: true}); serr != nil && !errors.Is(serr, ErrStopPending) {
+	if _, serr := m.closeTask(bg, t.ID, closedByCaller, false); serr != nil && !errors.Is(serr, ErrStopPending) {
 		now, terr := m.Task(t.ID)
 		if terr != nil {
 			now = done
 		}
-		return now, errors.Join(cause, serr)
+		return now, fmt.Errorf("%w: %w", serr, cause)
 	}
 	if done, err = m.Wait(bg, t.ID); err != nil {
-		return done, errors.Join(cause, err)
+		return done, fmt.Errorf("%w: %w", err, cause)
+	}
+	if err := endError(done); err != nil {
+		return done, fmt.Errorf("%w: %w", err, cause) // one line: "stopped: the caller of task t-1 went away: context canceled"
 	}
 	return done, cause
+}
+
+// endError is why ended task t gave no clean answer, or nil if it did (see
+// Run).
+func endError(t Task) error {
+	switch {
+	case t.Outcome != nil && t.Outcome.State == StatusCompleted:
+		return nil
+	case t.Cause != nil:
+		return t.Cause
+	case t.Outcome != nil && t.Outcome.Reason != "":
+		if t.Outcome.Error != "" {
+			return fmt.Errorf("%w: %s", t.Outcome.Reason, t.Outcome.Error)
+		}
+		return t.Outcome.Reason
+	case t.Error != "":
+		return errors.New(t.Error)
+	}
+	return errors.New("the task ended " + string(t.Status) + " with no answer")
 }

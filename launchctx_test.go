@@ -360,3 +360,27 @@ func TestStopReportsTheRunItStopped(t *testing.T) {
 	require.NoError(t, err, "an ended task: nothing to do")
 	assert.Empty(t, rep.Stopped)
 }
+
+// Run's error is nil only for a clean answer: a failure, a panic and an
+// answer that is not clean each say why, with the task's snapshot.
+func TestRunSaysWhyThereIsNoCleanAnswer(t *testing.T) {
+	m := mustOpen(nil)
+	shutdownAtCleanup(t, m)
+	refused := errors.New("429 Too Many Requests")
+	done, err := m.Run(bounded(t), Spec{Run: func(context.Context, Run) (string, error) { return "", Permanent(refused) }})
+	require.ErrorIs(t, err, refused)
+	assert.Equal(t, StatusError, done.Status)
+
+	done, err = m.Run(bounded(t), Spec{Run: func(context.Context, Run) (string, error) { panic("boom") }})
+	var p *PanicError
+	require.ErrorAs(t, err, &p)
+	assert.Equal(t, StatusError, done.Status)
+
+	h := newHarness(t, nil)
+	out, id := runRunning(t, h, context.Background())
+	require.NoError(t, h.observe(Event{SessionID: h.task(id).SessionID, Kind: SessionIdle, Text: "half an ans", Reason: ReasonOutputLimit}))
+	r := <-out
+	require.ErrorIs(t, r.err, ReasonOutputLimit, "completed, but cut off: not a clean answer")
+	assert.Equal(t, StatusCompleted, r.t.Status)
+	assert.Equal(t, "half an ans", r.t.Result)
+}
