@@ -145,7 +145,7 @@ func TestCloseBranchFenceRefusesNewWorkInScopeOnly(t *testing.T) {
 	r := <-done
 	require.NoError(t, r.err)
 	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
-	assert.NoError(t, err, "the fence comes down when CloseBranch returns")
+	assert.NoError(t, err, "the fence comes down when Stop returns")
 }
 
 func TestRetryableErrorInsideAClosingBranchStartsNothing(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 // manager-wide sequence number of the change.
 type Change struct {
 	// Epoch names the Manager's process life (wall-clock nanoseconds at
-	// New). It tells process lives apart but does not order them: a
+	// Open). It tells process lives apart but does not order them: a
 	// restarted process whose clock is behind has a smaller one. Sequences
 	// start again with each epoch.
 	Epoch uint64 `json:"epoch,omitempty"`

@@ -123,7 +123,8 @@ type branchClosures struct {
 // never change them after, so they are read without a lock; outside tests
 // they are nil.
 type testHooks struct {
-	// waiting, when set, is called when Cancel is about to block.
+	// waiting, when set, is called when a Stop of a task or a run is
+	// about to block.
 	waiting func(taskID string)
 	// yield, when set, is called while a closure walk has released m.mu
 	// to let others in.
@@ -136,18 +137,19 @@ type testHooks struct {
 	deadline func(taskID string)
 }
 
-// closure is one CloseBranch in progress: while it is in m.closures.active,
-// its fence refuses new work in its branch.
+// closure is one branch closure in progress (a Stop with Target.Session or
+// with Tree, or one the Manager began: see by): while it is in
+// m.closures.active, its fence refuses new work in its branch.
 type closure struct {
-	root     string             // the session closed; for CloseTask, the task's session ("" if none)
-	task     *entry             // CloseTask: the task closed as a unit
+	root     string             // the session closed; for a task closed as a unit (Stop with Tree), its session ("" if none)
+	task     *entry             // the task closed as a unit (Stop with Tree), or nil
 	stop     *recordExt         // the stop it asks of every run in its branch
 	touched  slab.List[touch]   // runs asked to stop, in order
 	ops      slab.List[abortOp] // the aborts it set off
 	starting map[string]bool    // tokens touched while their start was in flight, or stopped by the fence
 	failed   map[string]StoppedRun
-	self     string    // the run token of the callback CloseBranch was called from
-	detached bool      // StopBranch: its caller does not wait past the first pass
+	self     string    // the run token of the callback Stop was called from
+	detached bool      // Target.NoWait: its caller does not wait past the first pass
 	quiet    bool      // notify the parent only if something was in the branch
 	by       string    // what began it (ClosureSummary.By: closedBy...)
 	began    time.Time // when its fence went up
@@ -192,9 +194,9 @@ func stoppedRun(r attemptRef) StoppedRun {
 	return StoppedRun{TaskID: r.e.id, AttemptID: a.ID, SessionID: a.SessionID, Token: a.Token, Status: a.Status}
 }
 
-// rootTask returns the task c closes as a unit: the task CloseTask named,
-// or the task one of whose sessions (current or superseded) is c's root
-// session; nil while the root is no task's session. m.mu is held.
+// rootTask returns the task c closes as a unit: the task named (Stop with
+// Tree), or the task one of whose sessions (current or superseded) is c's
+// root session; nil while the root is no task's session. m.mu is held.
 func (m *Manager) rootTask(c *closure) *entry {
 	if c.task != nil {
 		return c.task
@@ -322,7 +324,7 @@ var (
 	stopBySessionDeleted = &recordExt{stop: StatusCancelled, note: noteSessionDeleted}
 )
 
-// stopBy is the stop a closure of root (or, for CloseTask, of task) asks.
+// stopBy is the stop a closure of root (or of task, closed as a unit) asks.
 func stopBy(root string, task *entry) *recordExt {
 	by := noteClosureOf + root
 	if task != nil { // a task closed as a unit: the cause names the task
@@ -448,8 +450,8 @@ const (
 	closedByBudget         = "budget"
 )
 
-// openClosure raises the fence of a closure of root (and, for CloseTask, of
-// task as a unit), begun by by. m.mu is held.
+// openClosure raises the fence of a closure of root (and, when task is
+// not nil, of task as a unit: Stop with Tree), begun by by. m.mu is held.
 func (m *Manager) openClosure(root string, task *entry, by string) *closure {
 	stop := stopBy(root, task)
 	switch by {

@@ -271,9 +271,9 @@ func (c slowCommit) Wait() error {
 func (j slowJournal) Append(b []Record) Commit { return slowCommit{j.Journal.Append(b)} }
 
 func TestAClosureListsTheRunsItsFenceStopped(t *testing.T) {
-	// A start that returned after CloseBranch raised its fence and before
-	// its first pass was aborted on arrival, and the report left it out
-	// (found running the root tests on PostgreSQL).
+	// A start that returned after a Stop of the branch raised its fence and
+	// before its first pass was aborted on arrival, and the report left it
+	// out (found running the root tests on PostgreSQL).
 	for range 40 {
 		fj, err := OpenFileJournal(t.TempDir())
 		require.NoError(t, err)

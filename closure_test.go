@@ -16,7 +16,7 @@ func TestCancelStopsRunningChild(t *testing.T) {
 	h.settle()
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got := h.task(task.ID)
-	assert.Equal(t, StatusCancelled, got.Status, "Cancel returns only after the abort was confirmed")
+	assert.Equal(t, StatusCancelled, got.Status, "Stop returns only after the abort was confirmed")
 	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
 	assert.Len(t, got.Attempts, 1)
 }
@@ -103,7 +103,7 @@ func TestCancelDuringSessionCreation(t *testing.T) {
 			<-entered
 			cancelled := make(chan error, 1)
 			go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-			<-waiting // Cancel recorded the stop and waits for the start
+			<-waiting // Stop recorded the stop and waits for the start
 			close(release)
 			require.NoError(t, <-cancelled)
 			got := h.wait(task.ID)
@@ -192,7 +192,7 @@ func TestConcurrentCancelsShareOneAbort(t *testing.T) {
 	<-entered
 	<-waiting
 	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-waiting // the second Cancel joined the abort in flight
+	<-waiting // the second Stop joined the abort in flight
 	close(release)
 	require.NoError(t, <-errc)
 	require.NoError(t, <-errc)

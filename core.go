@@ -98,7 +98,7 @@ type (
 		a    Attempt
 		wait <-chan struct{} // the abort to wait for before looking again
 	}
-	// stopIn: Cancel asked to stop task id (token: the run it saw, or "");
+	// stopIn: Stop asked to stop task id (token: the run it saw, or "");
 	// by says who asked (Target.Cause), nil for a cancel.
 	stopIn struct {
 		id, token string

@@ -132,9 +132,10 @@ func (m *Manager) noticeOf(n Notification) *notice {
 	return nt
 }
 
-// keepLost keeps n, which the Notifier will not get, for Undelivered: at
-// most the WithNotifyLimits bound, the oldest given up first (counted by
-// NotifyDropped). Either way it is logged at error level. m.mu is held.
+// keepLost keeps n, which the Notifier will not get, for
+// Dropped().Undelivered: at most the WithNotifyLimits bound, the oldest
+// given up first (counted by Dropped().NotifyDropped). Either way it is
+// logged at error level. m.mu is held.
 func (m *Manager) keepLost(n Notification, why string) {
 	// Recorded as settled: a restart does not deliver it again, out of its
 	// parent's order, after what came later was delivered.
@@ -153,10 +154,10 @@ func (m *Manager) keepLost(n Notification, why string) {
 	m.notes.lost = append(m.notes.lost, n)
 }
 
-// deliver hands n to the notifier, on the parent's lane goroutine.
-// A refused Notify is retried (WithNotifyRetry) before it is given up:
-// logged at error level, counted and kept (Undelivered). The lane then
-// moves on, so one bad notification never blocks the next forever.
+// deliver hands n to the notifier, on the parent's lane goroutine. A refused
+// Notify is retried (WithNotifyRetry) before it is given up: logged at error
+// level, counted and kept (Dropped().Undelivered). The lane then moves on,
+// so one bad notification never blocks the next forever.
 func (m *Manager) deliver(_ string, n Notification) {
 	cur := n.Task.Current()
 	var acked bool // guarded by m.mu
@@ -296,17 +297,17 @@ const (
 	// 10,000 tasks of one parent ending at once.
 	defaultNotifyQueueLimit = 10_000
 	// defaultUndeliveredLimit is how many undelivered notifications
-	// Undelivered keeps.
+	// Dropped().Undelivered keeps.
 	defaultUndeliveredLimit = 1000
 )
 
-// WithNotifyLimits bounds the memory notifications may hold when a
-// Notifier is slow or stuck: at most queue notifications wait for one
-// parent session (a full queue gives up its oldest waiting retry
-// notification, or else its oldest, which is then undelivered), and
-// Undelivered keeps at most undelivered (the oldest is dropped first,
-// counted by NotifyDropped). Each is logged at error level. A value ≤ 0
-// keeps the default: defaultNotifyQueueLimit and defaultUndeliveredLimit.
+// WithNotifyLimits bounds the memory notifications may hold when a Notifier
+// is slow or stuck: at most queue notifications wait for one parent session
+// (a full queue gives up its oldest waiting retry notification, or else its
+// oldest, which is then undelivered), and Dropped().Undelivered keeps at
+// most undelivered (the oldest is dropped first, counted by
+// Dropped().NotifyDropped). Each is logged at error level. A value ≤ 0 keeps
+// the default: defaultNotifyQueueLimit and defaultUndeliveredLimit.
 func WithNotifyLimits(queue, undelivered int) Option {
 	return optionFunc(func(c *config) {
 		if queue > 0 {

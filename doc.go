@@ -12,14 +12,16 @@
 //
 // The entry points a harness author starts from (most with an Example):
 //
-//   - New (or Open, with a journal) makes a Manager over a Host: your
-//     session service, or NewFuncHost for subagents written as Go
-//     functions (Run.Launch makes a tree of them).
-//   - Manager.Launch starts a task; Manager.Observe feeds it what the
-//     child session does; Manager.Wait, Manager.Task and Manager.Subscribe
-//     read it.
-//   - Manager.Cancel stops one task; Manager.CloseBranch stops everything
-//     a session started, at every depth, and says what it stopped.
+//   - Open makes a Manager over a Host: your session service, NewFuncHost
+//     for subagents written as Go functions, or nil for tasks that each
+//     bring their own function (Spec.Run). With WithJournal it is durable.
+//     A Launch with the context of a run makes a tree of them.
+//   - Manager.Launch starts a task, and Manager.Run starts one and waits
+//     for its end; Manager.Observe feeds it what the child session does;
+//     Manager.Wait, Manager.Task and Manager.Subscribe read it.
+//   - Manager.Stop stops what a Target names — one task, a task with
+//     everything beneath it (Tree), everything a session started, at every
+//     depth, or one run — and says what it stopped (a ClosureReport).
 //   - Manager.Extend sends a further prompt; Manager.WaitAnswer returns
 //     each answer, in order.
 //   - OpenFileJournal (or pgledger, for a fleet sharing PostgreSQL) makes
@@ -69,35 +71,39 @@
 //
 // # Cancellation
 //
-// Cancel returns once the child has stopped: the host confirmed the abort,
-// or no child existed yet. If the abort fails, the task stays in its live
-// state and Cancel returns the error. A child that finishes before the abort
-// lands keeps its outcome: an answer completes it, and its own failure ends
-// it in error (a stop only forbids a retry; the status says what ended the
-// run). A session that arrives after a stop was asked is bound — it exists,
-// so the attempt runs — and aborted; it is cancelled when the host confirms.
-// Cancel acts on the run it observed, by token;
-// concurrent stops of one run share one abort. Contexts given to Host and
-// Notifier calls carry the run they serve (RunFromContext), so a stop made
-// from inside a callback that would wait on itself returns ErrStopPending
-// instead of deadlocking.
+// Stop of a task (Target.Task) returns once the child has stopped: the host
+// confirmed the abort, or no child existed yet. If the abort fails, the task
+// stays in its live state and Stop returns the error. A child that finishes
+// before the abort lands keeps its outcome: an answer completes it, and its
+// own failure ends it in error (a stop only forbids a retry; the status says
+// what ended the run). A session that arrives after a stop was asked is
+// bound — it exists, so the attempt runs — and aborted; it is cancelled when
+// the host confirms. Stop acts on the run it observed, by token (Target.Run
+// names one run by its token, and does nothing if that run was replaced);
+// with Target.NoWait it returns once the stop is recorded, and the task ends
+// cancelled when its child stops. Concurrent stops of one run share one
+// abort. Contexts given to Host and Notifier calls carry the run they serve
+// (RunFromContext), so a stop made from inside a callback that would wait on
+// itself returns ErrStopPending instead of deadlocking.
 //
 // # Branch closure
 //
-// CloseBranch stops a whole branch of work and proves it stopped: the
-// session, and every task launched — recursively — from any session of any
-// task in the branch, historical attempts included, as the ledger recorded
-// them. A task is the unit: closing any of its sessions closes the task's
-// live run and what all its sessions launched; CloseTask does the same by
-// task id. From its first instant a fence refuses new work in the branch
-// (ErrBranchClosing) and suppresses retries; every live run is aborted by
-// token, while one walk of the ledger's edges goes on; the branch is
-// rescanned until nothing runnable is left (a rescan needs no walk when the
-// ledger recorded nothing since that could add a run). It returns
-// nil only when everything stopped, and otherwise a *ClosureError naming
-// what did not. Each closure is recorded (Snapshot.Closures) and announced to
-// the root's parent (NotifyBranchClosed). A SessionDeleted event for a
-// task's current session closes the branch beneath it.
+// Stop with Target.Session stops a whole branch of work and proves it
+// stopped: the session, and every task launched — recursively — from any
+// session of any task in the branch, historical attempts included, as the
+// ledger recorded them. A task is the unit: closing any of its sessions
+// closes the task's live run and what all its sessions launched; Target.Task
+// with Tree does the same by task id. From its first instant a fence refuses
+// new work in the branch (ErrBranchClosing) and suppresses retries; every
+// live run is aborted by token, while one walk of the ledger's edges goes
+// on; the branch is rescanned until nothing runnable is left (a rescan needs
+// no walk when the ledger recorded nothing since that could add a run). It
+// returns nil only when everything stopped, and otherwise a *ClosureError
+// naming what did not; with Target.NoWait it returns once the fence is up,
+// with the first pass's report, and the closure finishes in the background.
+// Each closure is recorded (a ClosureReport, in Snapshot.Closures) and
+// announced to the root's parent (NotifyBranchClosed). A SessionDeleted
+// event for a task's current session closes the branch beneath it.
 //
 // # Outcomes and the envelope
 //
@@ -124,9 +130,10 @@
 // delivered one at a time in the order they were produced, never under the
 // Manager's lock, so a Notifier (like a Host) may call back into the
 // Manager. A refused notification is retried (WithNotifyRetry), then kept
-// (Undelivered). Queues and Undelivered are bounded (WithNotifyLimits), so a
-// stuck Notifier costs bounded memory. When the last live task of a parent
-// ends, the parent gets exactly one NotifyAllComplete.
+// (Dropped().Undelivered). The queues and what is kept are bounded
+// (WithNotifyLimits), so a stuck Notifier costs bounded memory. When the
+// last live task of a parent ends, the parent gets exactly one
+// NotifyAllComplete.
 //
 // # Invocations and the children gate
 //
@@ -150,21 +157,25 @@
 //
 // # Subagent trees
 //
-// A FuncHost function is told its task (Run: description, metadata, root
-// and depth) and can spawn beneath its own session (Run.Launch); Returning
-// lets it return a value of the harness's type, kept beside the task
-// (Task.Value) while Task.Result stays its text, and Task.Cause keeps the
-// original error value. Spec.OnDone tells the launching caller once, after
-// the final summary. Spec.InheritValues passes the Launch context's values
-// (never its cancellation) to the host calls, and Spec.CancelWithCaller
-// stops the task's branch when that context ends. WithTreeLimits bounds
-// depth, live tasks per parent session (a Launch past it waits its turn,
-// bounded) and per tree; Spec.Timeout and Spec.AttemptTimeout end a run at
-// a wall-clock deadline (reason deadline). Tasks looks tasks up by parent,
-// root, metadata and status through indexes. A Model may be a bare alias
-// (no provider), Spec.ID may set a task's id, and WithRetryable extends
-// DefaultRetryable, which also hears an error's own IsRetryable,
-// Temporary and Timeout methods.
+// A FuncHost function is told its task (Run: description, metadata, root and
+// depth) and can spawn beneath its own session: a Launch (or Run) with the
+// function's context, run.Manager().Launch(ctx, spec), goes beneath it and,
+// unless Spec.Detached, holds the run's end until it has ended (the children
+// gate). Returning lets it return a value of the harness's type, kept beside
+// the task (Task.Value) while Task.Result stays its text, and Task.Cause
+// keeps the original error value. Spec.Attach keeps a value of the harness's
+// own with the task, journaled, read back typed with Attached. Spec.OnDone
+// tells the launching caller once, after the final summary.
+// Spec.InheritValues passes the Launch context's values (never its
+// cancellation) to the host calls, and Spec.CancelWithCaller stops the
+// task's branch when that context ends. WithTreeLimits bounds depth, live
+// tasks per parent session (a Launch past it waits its turn, bounded) and
+// per tree; Spec.Timeout and Spec.AttemptTimeout end a run at a wall-clock
+// deadline (reason deadline). Tasks looks tasks up by parent, root, metadata
+// and status through indexes. A Model may be a bare alias (no provider),
+// Spec.ID may set a task's id, and WithRetryable extends DefaultRetryable,
+// which also hears an error's own IsRetryable, Temporary and Timeout
+// methods.
 //
 // # Bad input and user code
 //
@@ -174,10 +185,10 @@
 // goroutines — a Host, a Notifier, a FuncHost function, a classifier, a
 // retry delay, a logger, an error's own Error or StatusCode method — is
 // guarded: a panic fails the attempt it served with a non-retryable error
-// that names it (a logger's panic is swallowed and counted, LoggerPanics),
-// and the Manager goes on. Shutdown returns when its context ends (after a
-// short grace, shutdownGrace) and names what a Host or Notifier that
-// ignores its context left running.
+// that names it (a logger's panic is swallowed and counted,
+// Dropped().LoggerPanics), and the Manager goes on. Shutdown returns when
+// its context ends (after a short grace, shutdownGrace) and names what a
+// Host or Notifier that ignores its context left running.
 //
 // # How it is built: a core and a shell
 //

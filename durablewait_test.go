@@ -119,7 +119,7 @@ func TestDurableWaitsKeepToTheirContext(t *testing.T) {
 	j.release()
 	waitFor(t, m, task.ID, func(t Task) bool { return len(t.Invocations) == 2 })
 
-	// Cancel: the abort is not asked for before the stop is durable.
+	// Stop of a task: the abort is not asked for before the stop is durable.
 	j.hold()
 	cancelErr := within(t, j, "Cancel", func() error { return stopErr(m.Stop(shortCtx(t), Target{Task: task.ID})) })
 	du = requireDurabilityUnknown(t, cancelErr, "Stop")
@@ -129,8 +129,9 @@ func TestDurableWaitsKeepToTheirContext(t *testing.T) {
 	j.release()
 	waitStatus(t, m, task.ID, StatusCancelled)
 
-	// CloseBranch and CloseTask: the closure goes on without its caller,
-	// and ends (its fence comes down, its record is written).
+	// Stop of a session and of a task with Tree: the closure goes on
+	// without its caller, and ends (its fence comes down, its record is
+	// written).
 	for _, op := range []string{"CloseBranch", "CloseTask"} {
 		tk, err := m.Launch(context.Background(), Spec{ParentSessionID: "q-" + op, Prompt: "go", Models: mustModels(t, "a/1")})
 		require.NoError(t, err)

@@ -67,14 +67,13 @@ var (
 	ErrDurabilityUnknown = errors.New("the context ended before the records were durable")
 )
 
-// DurabilityUnknownError is a call (Launch, Extend, Cancel, CloseBranch,
-// CloseTask) whose context ended while it waited for its records to be
-// durable: they may or may not become durable, and what they describe may
-// or may not happen (it happens, in order, once they are: nothing runs
-// before its records are durable). TaskID names the task, so the caller
-// can look it up: Manager.Task tells the truth (an ErrUnknownTask after a
-// Launch means it never happened). It matches ErrDurabilityUnknown and
-// unwraps to the context's error.
+// DurabilityUnknownError is a call (Launch, Extend, Stop) whose context
+// ended while it waited for its records to be durable: they may or may not
+// become durable, and what they describe may or may not happen (it happens,
+// in order, once they are: nothing runs before its records are durable).
+// TaskID names the task, so the caller can look it up: Manager.Task tells
+// the truth (an ErrUnknownTask after a Launch means it never happened). It
+// matches ErrDurabilityUnknown and unwraps to the context's error.
 type DurabilityUnknownError struct {
 	Op     string // the call: "Launch", "Extend" or "Stop"
 	TaskID string // the task it was about ("" for a Stop of a session no task owns)
@@ -182,7 +181,7 @@ type PanicError struct {
 }
 
 // Error says where the panic was and its value (without the stack).
-func (e *PanicError) Error() string { return "" + e.Where + " panicked: " + panicText(e.Value) }
+func (e *PanicError) Error() string { return e.Where + " panicked: " + panicText(e.Value) }
 
 // Unwrap returns the panic's value when it is an error, so that
 // errors.Is and errors.As see it.

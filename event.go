@@ -17,7 +17,8 @@ const (
 	// SessionInterrupted: the child's run was interrupted and has stopped.
 	SessionInterrupted EventKind = "interrupted"
 	// SessionDeleted: the child session is gone; the task is cancelled and
-	// the branch beneath that session is closed (CloseBranch).
+	// the branch beneath that session is closed (as Stop with
+	// Target.Session closes it).
 	SessionDeleted EventKind = "deleted"
 	// SessionCompacted: context compaction happened. Never changes status.
 	SessionCompacted EventKind = "compacted"

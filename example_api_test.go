@@ -39,9 +39,9 @@ func runningOn(m *bgtask.Manager, id string, n int) bgtask.Task {
 	return t
 }
 
-// New takes the Host and the options; Shutdown stops everything it
+// Open takes the Host and the options; Shutdown stops everything it
 // started.
-func ExampleNew() {
+func ExampleOpen() {
 	m, err := bgtask.Open(context.Background(), &quietHost{},
 		bgtask.WithIDs(bgtask.SequentialIDs()),
 		bgtask.WithModelLimits(bgtask.ModelLimits{Default: 2}),

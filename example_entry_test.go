@@ -115,7 +115,8 @@ func ExampleOpenFileJournal() {
 
 // An in-process harness with two kinds of subagent: each launch brings its
 // own function (Spec.Run), so the spawn tool needs no side map and no
-// context values; New(nil) means there is no session service at all.
+// context values; Open with a nil host means there is no session service at
+// all.
 func ExampleSpec_run() {
 	m, err := bgtask.Open(context.Background(), nil, bgtask.WithIDs(bgtask.SequentialIDs()))
 	if err != nil {

@@ -114,9 +114,10 @@ func checkIndexes(t *testing.T, m *Manager) {
 	}
 }
 
-// readsOf renders every read of tasks ids, one line each. With local it
-// adds what only this process has (Value, Err) and the Manager-wide reads
-// (Snapshot with its sequence, Tasks, Undelivered, closure records).
+// readsOf renders every read of tasks ids, one line each. With local it adds
+// what only this process has (Value, Err) and the Manager-wide reads
+// (Snapshot with its sequence, Tasks, Dropped().Undelivered, closure
+// records).
 func readsOf(t *testing.T, m *Manager, ids []string, local bool) string {
 	t.Helper()
 	ctx := testCtx(t)
@@ -150,7 +151,7 @@ func readsOf(t *testing.T, m *Manager, ids []string, local bool) string {
 		add("Snapshot", snap, nil)
 		add("Tasks", m.Snapshot().Tasks, nil)
 		add("Undelivered", m.Dropped().Undelivered, nil)
-		add("ClosureRecords", m.Snapshot().Closures, nil)
+		add("Closures", m.Snapshot().Closures, nil)
 	}
 	return b.String()
 }
@@ -357,9 +358,9 @@ func branchRun(t *testing.T, freeze bool, how string) string {
 	return string(j)
 }
 
-// Cancel, CancelRun, CloseTask and CloseBranch over a branch that holds
-// frozen tasks do what they did over the same branch warm: the live runs
-// below them stop, the ended tasks stay as they were.
+// Stop of a task, of a run, of a task with Tree and of a session over a
+// branch that holds frozen tasks do what they did over the same branch warm:
+// the live runs below them stop, the ended tasks stay as they were.
 func TestClosingABranchOfFrozenTasksIsClosingItWarm(t *testing.T) {
 	for _, how := range []string{"CloseBranch", "CloseBranch of a's session", "CloseTask", "Cancel"} {
 		t.Run(how, func(t *testing.T) {

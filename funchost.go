@@ -15,7 +15,7 @@ import (
 
 // RunFunc is a subagent written as a Go function: it does one attempt's
 // work and returns the final answer, or an error. It must return once ctx
-// ends (a Cancel, a closure or Shutdown stopped the attempt). To return a
+// ends (a Stop, a closure or Shutdown stopped the attempt). To return a
 // structured result beside the answer text, wrap a function with
 // Returning.
 type RunFunc func(ctx context.Context, run Run) (answer string, err error)
@@ -154,7 +154,7 @@ func (r Run) Compacted() { r.report(SessionCompacted, "") }
 
 // FuncHost is a Host whose child sessions are Go functions running in this
 // process: each attempt runs fn on its own goroutine, under a session id the
-// host mints. Create it with NewFuncHost and pass it to New; one FuncHost
+// host mints. Create it with NewFuncHost and pass it to Open; one FuncHost
 // serves one Manager. fn starts only once the Manager has bound the
 // attempt's session, so the task reads running for as long as fn runs; an
 // attempt stopped or replaced before that never runs fn.
@@ -212,7 +212,7 @@ func NewFuncHost(fn RunFunc) *FuncHost {
 	return &FuncHost{fn: fn, h: funchost.New()}
 }
 
-// attach is called by New.
+// attach is called by Open.
 func (h *FuncHost) attach(m *Manager) {
 	if err := h.h.Attach(funcEnv{m: m, h: h}); err != nil {
 		panic("a FuncHost serves one Manager")

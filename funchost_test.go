@@ -109,7 +109,7 @@ func TestFuncHostCancelOfFunctionThatIgnoresItsContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	_, err := h.m.Stop(ctx, Target{Task: task.ID})
-	require.ErrorIs(t, err, context.DeadlineExceeded, "Cancel times out")
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Stop times out")
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "never reported stopped while it runs")
 
 	close(release)

@@ -86,7 +86,7 @@ func runScript(t *testing.T, script []byte) {
 			_, err := m.Stop(ctx, Target{Session: root})
 			cancel()
 			if errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("CloseBranch hung")
+				t.Fatalf("Stop of a session hung")
 			}
 			if err == nil {
 				assertBranchStopped(t, m, root)
@@ -124,7 +124,7 @@ func runScript(t *testing.T, script []byte) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if _, err := m.Stop(ctx, Target{Task: ids[int(next())%len(ids)]}); errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("Cancel hung: %v", err)
+				t.Fatalf("Stop of a task hung: %v", err)
 			}
 			cancel()
 		case 4:

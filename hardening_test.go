@@ -178,7 +178,7 @@ func (s *slowReturn) StartSession(ctx context.Context, req SessionRequest) (stri
 }
 
 func TestFuncHostCancelBeforeBindEndsCancelledWithItsSession(t *testing.T) {
-	// Cancel lands while StartSession is in flight: the arriving session is
+	// A Stop lands while StartSession is in flight: the arriving session is
 	// bound (running), then aborted, and cancelled only when confirmed.
 	startIn := make(chan struct{})
 	proceed := make(chan struct{})

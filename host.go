@@ -4,7 +4,7 @@ import "context"
 
 // Host creates and stops child sessions. The Manager calls it from
 // goroutines it owns, never while holding its lock, so a Host may call back
-// into the Manager (Observe, Launch, Cancel, …) from inside a call. Every
+// into the Manager (Observe, Launch, Stop, …) from inside a call. Every
 // call gets a context that ends when the Manager shuts down and that carries
 // the run it serves (RunFromContext); a Host must return once it ends.
 type Host interface {

@@ -246,7 +246,8 @@ func TestABranchClosureLogsItsBeginningAndEndWithCounts(t *testing.T) {
 	assert.Len(t, rep.Stopped, 2)
 	assert.Len(t, rep.Failed, 1)
 
-	// CloseTask and StopBranch say so, and name the task closed.
+	// A Stop with Tree says so, and names the task closed; a Stop of a
+	// session with NoWait says so too.
 	host.mu.Lock()
 	host.abort = nil
 	host.mu.Unlock()
@@ -664,7 +665,7 @@ func TestAClosureCutShortByItsCallerSaysWhy(t *testing.T) {
 }
 
 // A stop asked of a task that is already stopping (its deadline's abort
-// held by the host, then a Cancel) logs no second "stop asked": the first
+// held by the host, then a Stop) logs no second "stop asked": the first
 // stop is who stopped it.
 func TestASecondStopOfAStoppingTaskLogsNoSecondLine(t *testing.T) {
 	sink, mt := &attrSink{}, newStoryMetrics()
@@ -682,7 +683,7 @@ func TestASecondStopOfAStoppingTaskLogsNoSecondLine(t *testing.T) {
 	<-held // the deadline's abort, held
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	require.Equal(t, task.ID, <-waiting, "the Cancel was decided: it waits for the abort in flight")
+	require.Equal(t, task.ID, <-waiting, "the Stop was decided: it waits for the abort in flight")
 	close(release)
 	require.NoError(t, <-cancelled)
 	h.wait(task.ID)
@@ -696,7 +697,7 @@ func TestASecondStopOfAStoppingTaskLogsNoSecondLine(t *testing.T) {
 	assert.Equal(t, map[string][]StopCause{task.ID: {{Kind: StopDeadline}}}, mt.stops)
 }
 
-// CancelRun asks its stop once: one "stop asked" line.
+// A Stop of a run (Target.Run) asks its stop once: one "stop asked" line.
 func TestCancelRunLogsOneStopAsked(t *testing.T) {
 	sink := &attrSink{}
 	h := newHarness(t, nil, WithLogger(slog.New(sink)))

@@ -39,10 +39,10 @@ type logRec struct {
 }
 
 // Manager supervises background tasks. It is safe for concurrent use. Create
-// it with New and stop it with Shutdown.
+// it with Open and stop it with Shutdown.
 type Manager struct {
-	hosts hosts  // who runs the child sessions; never changed after New
-	cfg   config // New's options, defaults filled in: never changed after New
+	hosts hosts  // who runs the child sessions; never changed after Open
+	cfg   config // Open's options, defaults filled in: never changed after Open
 
 	life lifetime // its context and the goroutines it owns; see lifetime
 
@@ -60,19 +60,19 @@ type Manager struct {
 	hooks    testHooks      // set by tests before use, never changed after
 }
 
-// lifetime is the Manager's life and the goroutines it owns. ctx and cancel
-// are set by New and never changed. group and watchers are safe for
-// concurrent use; every goroutine of group is reserved under m.mu (an
-// effect) or started by a goroutine of group already counted, which join
-// relies on. closing is guarded by m.mu. parked has its own lock.
 // hosts are who runs a Manager's child sessions.
 type hosts struct {
-	main     Host        // New's host (an in-process FuncHost for New(nil))
+	main     Host        // Open's host (an in-process FuncHost for Open(ctx, nil))
 	funcs    *FuncHost   // runs the tasks with their own function (Spec.Run): main itself when it is a FuncHost
-	ownOnly  bool        // New(nil): every task must bring its own function
+	ownOnly  bool        // Open(ctx, nil): every task must bring its own function
 	sessions sessionKind // what main can do with an ended task's session (the envelope's notice)
 }
 
+// lifetime is the Manager's life and the goroutines it owns. ctx and cancel
+// are set by Open and never changed. group and watchers are safe for
+// concurrent use; every goroutine of group is reserved under m.mu (an
+// effect) or started by a goroutine of group already counted, which join
+// relies on. closing is guarded by m.mu. parked has its own lock.
 type lifetime struct {
 	// ctx is the Manager's lifetime, not a request's: host and notifier
 	// calls derive their contexts from it, and Shutdown cancels it.
@@ -139,7 +139,7 @@ type promptLane struct {
 // change sequence and the epoch it counts in, the signal that wakes
 // waiters of any change, and the subscribers.
 type changeFeed struct {
-	epoch     uint64        // this Manager's life: wall-clock nanoseconds at New
+	epoch     uint64        // this Manager's life: wall-clock nanoseconds at Open
 	seq       uint64        // manager-wide change sequence
 	anyChange chan struct{} // manager-wide change signal, like runtime.changed
 	subs      *feed.Feed[Change]
@@ -154,7 +154,7 @@ type notifications struct {
 	lastID   string            // the ID of the latest notification produced (kept through a compaction)
 	rounds   map[string]*round // per parent: the tasks of its current round
 	lost     []Notification    // notifications the Notifier never accepted
-	failures atomic.Uint64     // notifications not delivered (NotifyFailures)
+	failures atomic.Uint64     // notifications not delivered (Drops.NotifyFailures)
 	dropped  atomic.Uint64     // undelivered notifications given up past the bound
 }
 
@@ -444,8 +444,8 @@ type released struct {
 }
 
 // logAttrs writes one line through the logger, which is user code: a panic
-// in it is swallowed and counted (LoggerPanics), never passed on. m.mu must
-// not be held.
+// in it is swallowed and counted (Drops.LoggerPanics), never passed on. m.mu
+// must not be held.
 func (m *Manager) logAttrs(level slog.Level, msg string, attrs ...slog.Attr) {
 	defer func() {
 		if r := recover(); r != nil {

@@ -13,9 +13,9 @@ import "time"
 // order the measurements were made (so a gauge's last value is its current
 // one): they must be quick and must not block or call into the Manager,
 // which waits for them before its next measurements. A panic in one is
-// recovered and counted as LoggerPanics are. Embed NopMetrics to implement
-// only some (methods added in later releases then record nothing); the
-// otelmetrics module adapts OpenTelemetry.
+// recovered and counted in Dropped().LoggerPanics, as a logger's are. Embed
+// NopMetrics to implement only some (methods added in later releases then
+// record nothing); the otelmetrics module adapts OpenTelemetry.
 //
 // A class passed (a Reason, a StopKind, ClosureSummary.By) is empty only
 // where its method says so (TaskEnded's reason): an adapter that makes
@@ -50,7 +50,7 @@ type Metrics interface {
 	ClosureEnded(c ClosureSummary, d time.Duration)
 	// Recovered: a Manager reopened on a journal that held a previous
 	// life's records finished its recovery after d, as c counts (once,
-	// from New or Open).
+	// from Open).
 	Recovered(c RecoveryCounts, d time.Duration)
 	// HealthChanged: a model's or provider's health changed (WithHealth):
 	// a cooldown began or was moved, its probe was let through, it ended.
@@ -69,15 +69,16 @@ type Metrics interface {
 // and (at its end) what became of the runs it asked to stop.
 type ClosureSummary struct {
 	// SessionID is the root session closed; TaskID the task closed as a
-	// unit (CloseTask, or the task the root session belongs to), empty
-	// while the root is no task's session.
+	// unit (Stop with Target.Tree, or the task the root session belongs
+	// to), empty while the root is no task's session.
 	SessionID, TaskID string
 	// By is what began it: "stop_session" or "stop_tree" (Stop with
-	// Target.Session, or Target.Task and Tree), "caller" (the launch context of a task with
-	// Spec.CancelWithCaller ended), "session_deleted" (the host reported
-	// the root session deleted: its branch is closed), "budget" (the
-	// budget the task holds was spent: its branch is stopped) or
-	// "restart" (a closure a crash interrupted, finished at the restart).
+	// Target.Session, or Target.Task and Tree), "caller" (the launch
+	// context of a task with Spec.CancelWithCaller ended),
+	// "session_deleted" (the host reported the root session deleted: its
+	// branch is closed), "budget" (the budget the task holds was spent: its
+	// branch is stopped) or "restart" (a closure a crash interrupted,
+	// finished at the restart).
 	By string
 	// Stop is the stop it asked of every run in its branch: kind closure
 	// (its root or task), caller, or budget.
@@ -141,7 +142,7 @@ type RecoveryCounts struct {
 	// Redelivered: notifications produced and not delivered, queued again
 	// with their IDs; Owed: notifications owed and never produced (a final
 	// summary, an all_complete), produced now; Undelivered: notifications
-	// given up before the restart, kept in Undelivered.
+	// given up before the restart, kept in Dropped().Undelivered.
 	Redelivered, Owed, Undelivered int
 	// Closures: closures the crash interrupted, finished by the recovery
 	// (one whose root or task is no longer known is dropped, and one that

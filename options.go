@@ -43,14 +43,14 @@ type config struct {
 	notifier          Notifier
 	logger            *slog.Logger
 	silent            bool // logger discards everything: no log line is worth building
-	logInfo, logDebug bool // the logger's handler takes info (debug) lines, as it said at New (the lines are built only then)
+	logInfo, logDebug bool // the logger's handler takes info (debug) lines, as it said at Open (the lines are built only then)
 	clock             Clock
 	ids               IDGenerator
 	retryable         func(err error, retryable bool) bool
 	retryDelay        func(attempt int, cause error) time.Duration
 	holdLimit         int
 	queueLimit        int // notifications waiting per parent
-	undeliveredLimit  int // notifications kept for Undelivered
+	undeliveredLimit  int // notifications kept for Dropped().Undelivered
 	journal           Journal
 	journalSet        bool                                                // WithJournal was given, maybe with nil
 	startGate         func(ctx context.Context, req SessionRequest) error // WithStartGate
@@ -60,7 +60,7 @@ type config struct {
 	metrics           Metrics       // WithMetrics; nil: none
 	health            *HealthPolicy // WithHealth, defaults filled in; nil: no health kept
 
-	err error // an invalid option, found by New: every Launch returns it
+	err error // an invalid option, found by Open: every Launch returns it
 }
 
 // Retention bounds the ended tasks a Manager keeps in memory
@@ -80,7 +80,7 @@ type Retention struct {
 // keeps. An ended task stays while its parent session has live tasks
 // (they may still be reported together) and until its notifications are
 // delivered. A forgotten task's id answers ErrForgotten (Task, Wait,
-// Cancel) for the last 100,000 forgotten; with a journal, compaction drops
+// Stop) for the last 100,000 forgotten; with a journal, compaction drops
 // it from disk too. Default: the last defaultMaxEnded ended tasks.
 func WithRetention(r Retention) Option {
 	return optionFunc(func(c *config) {
@@ -142,9 +142,9 @@ func loggerTakes(l *slog.Logger, level slog.Level) (ok bool) {
 //
 // An attribute with nothing to say (no reason for a clean answer, no
 // session yet) is left out, never written empty. Whether the handler takes
-// info and debug lines is asked once, at New: lines it would drop are
+// info and debug lines is asked once, at Open: lines it would drop are
 // never built. A panic in the logger is swallowed and counted
-// (LoggerPanics). Default: nothing is logged.
+// (Dropped().LoggerPanics). Default: nothing is logged.
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
 // WithClock reads time and makes timers from c. Default: the wall clock. c

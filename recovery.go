@@ -202,10 +202,10 @@ func (m *Manager) replayInto(rv *recovery, lastEpoch *uint64) func(record) error
 	}
 }
 
-// replayNotice keeps what a replayed notification record says: a
-// produced notification is owed until its delivery record comes (a
-// given-up one is Undelivered again), and the notification sequence
-// resumes past it. m.mu is held.
+// replayNotice keeps what a replayed notification record says: a produced
+// notification is owed until its delivery record comes (a given-up one is in
+// Dropped().Undelivered again), and the notification sequence resumes past
+// it. m.mu is held.
 func (m *Manager) replayNotice(rv *recovery, rec *record) {
 	if rec.notice.seq >= m.notes.seq && rec.notice.id != "" {
 		m.notes.lastID = rec.notice.id
@@ -213,7 +213,7 @@ func (m *Manager) replayNotice(rv *recovery, rec *record) {
 	m.notes.seq = max(m.notes.seq, rec.notice.seq) // a delivery too: a compaction keeps the last as its mark
 	if rec.kind == recNotifyDelivered {
 		if n := rv.notes[rec.notice.seq]; n != nil && strings.HasPrefix(rec.note, "given up") {
-			rv.lost = append(rv.lost, n) // Undelivered outlives the process
+			rv.lost = append(rv.lost, n) // Dropped().Undelivered outlives the process
 		}
 		delete(rv.notes, rec.notice.seq)
 		return
@@ -363,9 +363,9 @@ func (m *Manager) reconcile(rv *recovery) {
 
 // redeliverAll queues again, in their order, the notifications produced
 // before the restart and not delivered, and keeps those given up for
-// Undelivered. It comes before anything this life may tell a parent (an
-// owed retry or round, a run that ends as it is taken back), whose
-// notifications are later and must be delivered after. m.mu is held.
+// Dropped().Undelivered. It comes before anything this life may tell a
+// parent (an owed retry or round, a run that ends as it is taken back),
+// whose notifications are later and must be delivered after. m.mu is held.
 func (m *Manager) redeliverAll(rv *recovery) {
 	n := &rv.counts
 	for _, lost := range rv.lost {

@@ -44,7 +44,7 @@ func WithRetryable(f func(err error, retryable bool) bool) Option {
 //		return time.Second
 //	})
 //
-// The attempt is pending with PendingRetryDelay meanwhile, and Cancel ends
+// The attempt is pending with PendingRetryDelay meanwhile, and a Stop ends
 // the wait. f runs on a goroutine of the Manager, never under its lock. A
 // panic in f ends the attempt it would delay in error, naming the panic.
 // Default: no delay.
@@ -327,7 +327,7 @@ func (m *Manager) fail(e *entry, f failure, at time.Time) {
 	}
 	if !f.retry || a.Number >= e.info.maxAttempts || e.stop != "" {
 		// The child's run ended on its own failure: that is what the
-		// status says, also when a stop (Cancel, a closure, Shutdown) was
+		// status says, also when a stop (Stop, a closure, Shutdown) was
 		// asked for, whose only say is that no new child starts.
 		m.finalize(e, a.ID, StatusError, text, "", at)
 		return

@@ -14,7 +14,7 @@ import (
 // reused. Anything that acts on a run it observed earlier — a cancel, a
 // retry timer, a session start in flight, an abort — carries that token and
 // does nothing if the run was replaced or ended meanwhile. Aborts are shared:
-// Cancel and Shutdown asking to stop the same run join one host call.
+// Stop and Shutdown asking to stop the same run join one host call.
 
 // RunRef names one run: a task's attempt and its token.
 type RunRef struct {
@@ -26,13 +26,13 @@ type RunRef struct {
 	Token string
 }
 
-// ErrStopPending is returned by Cancel and Shutdown when they are called
-// with the context a callback was given and would have to wait for that very
-// callback to return: Cancel from a Host call (or a FuncHost function)
-// serving the run it would stop, Shutdown from any Host, Notifier or
-// FuncHost function. The stop is recorded and goes on
-// (a session being started is aborted on arrival; an abort in flight is
-// joined); Wait, or a later call from outside the callback, sees the end.
+// ErrStopPending is returned by Stop and Shutdown when they are called with
+// the context a callback was given and would have to wait for that very
+// callback to return: Stop from a Host call (or a FuncHost function) serving
+// a run it would stop, Shutdown from any Host, Notifier or FuncHost
+// function. The stop is recorded and goes on (a session being started is
+// aborted on arrival; an abort in flight is joined); Wait, or a later call
+// from outside the callback, sees the end.
 var ErrStopPending = errors.New("stop requested from a callback it would wait for; it completes after the callback returns")
 
 // callKind says which callback a context was made for.

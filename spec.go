@@ -123,11 +123,11 @@ type Spec struct {
 	InheritValues bool
 	// CancelWithCaller stops the task when the context passed to Launch
 	// ends before the task does: the task and what its sessions launched
-	// are stopped as CloseTask stops them (honestly: cancelled once the
-	// host confirmed), and the close's error, if any, is logged.
+	// are stopped as Stop with Tree stops them (honestly: cancelled once
+	// the host confirmed), and the close's error, if any, is logged.
 	// InheritValues and CancelWithCaller apply to the task a Launch
-	// creates: with ExtendLive they are refused (ErrInvalidArgument), as that
-	// Launch may extend a task another caller started.
+	// creates: with ExtendLive they are refused (ErrInvalidArgument), as
+	// that Launch may extend a task another caller started.
 	CancelWithCaller bool
 
 	// Detached makes a task launched beneath a run not hold that run's

@@ -469,7 +469,7 @@ func (m *Manager) cancel(ctx context.Context, id, token string, cause *StopCause
 	}
 }
 
-// onStop decides a Cancel of task id's run (token, or "" for the current
+// onStop decides a Stop of task id's run (token, or "" for the current
 // one): the stop is recorded and acted on; the reply says what to wait for
 // (the abort, or the next change), or done when the task is terminal or
 // another run is current. m.mu is held.

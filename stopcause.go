@@ -47,8 +47,8 @@ type StopCause struct {
 	Kind StopKind `json:"kind"`
 	// Root is the session a closure closed (StopClosure).
 	Root string `json:"root,omitempty"`
-	// TaskID is the task a closure closed as a unit (StopClosure, by
-	// CloseTask) or whose caller's context ended (StopCaller).
+	// TaskID is the task a closure closed as a unit (StopClosure, by a Stop
+	// with Target.Tree) or whose caller's context ended (StopCaller).
 	TaskID string `json:"taskID,omitempty"`
 	// Limit is the budget's limit reached (StopBudget): LimitTokens,
 	// LimitCost or LimitRequests.

@@ -58,9 +58,10 @@ func TestStopOfAPendingTaskEndsIt(t *testing.T) {
 	assert.Equal(t, StatusRunning, h.task(first.ID).Status, "the other task is untouched")
 }
 
-// StopBranch raises the fence and asks every run to stop, then returns:
-// no new work starts in the branch, each task ends cancelled once its
-// child stopped, and the closure is recorded and announced at the end.
+// A Stop of a session with NoWait raises the fence and asks every run to
+// stop, then returns: no new work starts in the branch, each task ends
+// cancelled once its child stopped, and the closure is recorded and
+// announced at the end.
 func TestStopBranchReturnsBeforeTheBranchStopped(t *testing.T) {
 	host, asked, release := slowAborts()
 	h := newHarness(t, host)

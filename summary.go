@@ -111,7 +111,7 @@ func finalSummaryText(t Task) string {
 // branchClosedText renders a closure record for the root's parent.
 func branchClosedText(r ClosureReport) string {
 	var b strings.Builder
-	if r.SessionID == "" { // CloseTask of a task that had no session yet
+	if r.SessionID == "" { // a Stop with Tree of a task that had no session yet
 		b.WriteString("[Branch closure] Task " + r.TaskID + ": ")
 	} else {
 		b.WriteString("[Branch closure] Session " + r.SessionID + ": ")

@@ -32,7 +32,7 @@ type Task struct {
 	// Error is the current attempt's failure text.
 	Error string `json:"error,omitempty"`
 	// Stop says who asked the task to stop, once a stop was asked (nil
-	// before): Cancel, the caller's context, a closure, a deadline, a
+	// before): Stop, the caller's context, a closure, a deadline, a
 	// deleted session, a shutdown. For a task the stop ended cancelled or
 	// interrupt, Cause is a *StopError that says so (errors.Is matches
 	// ErrCancelled; never nil, also after a restart).

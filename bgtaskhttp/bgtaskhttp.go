@@ -5,31 +5,38 @@
 //	GET  /tasks                   a page: ?parent= &root= &status= (repeatable) &after= &limit=
 //	GET  /tasks/{id}              one task
 //	GET  /events                  the change stream, as server-sent events
-//	POST /tasks/{id}/cancel       Cancel (204 once the child stopped)
-//	POST /tasks/{id}/close        CloseTask: the task and its branch (a ClosureReport)
-//	POST /sessions/{id}/close     CloseBranch below a session (a ClosureReport)
+//	POST /tasks/{id}/cancel       Stop of the task (Target.Task; ?token=: only that run, Target.Run)
+//	POST /tasks/{id}/close        Stop with Tree: the task and everything beneath it
+//	POST /sessions/{id}/close     Stop of a session: everything it started (Target.Session)
 //	POST /tasks/{id}/extend       Extend, with {"prompt": "..."} ({"invocation": n})
 //	GET  /health                  model and provider health ({"kept": bool, "health": [...]})
 //	POST /health/reset            ResetHealth, with {"key": "provider/id" or "provider"} (204)
 //	GET  /                        the live view (View)
 //	GET  /view/...                the live view's detail pages and assets
 //
+// Each of the three stop routes is Manager.Stop and answers 200 with its
+// bgtask.ClosureReport once everything it stopped has stopped, or, with
+// ?nowait=1 (Target.NoWait), once the stop is recorded and, for a close,
+// its fence is up. A close in which some run did not stop answers 409
+// branch_not_stopped with the report. Client.Stop takes a bgtask.Target
+// and calls the route that serves it.
+//
 // # Who may call it
 //
-// Without Options.Authorize, anyone who can reach the address may read
-// every task — prompts, results, errors, metadata and envelopes, through
-// /snapshot, /tasks, /events and the page — and cancel, close and extend
-// tasks. Every request is checked before its route runs: its Host must be
-// one of Options.Hosts (by default only loopback names: "localhost",
-// 127.0.0.0/8 and ::1, so a DNS-rebinding page, whose own name resolves to
-// 127.0.0.1, is refused: 403 host_not_allowed), then Options.Authorize, if
-// set, must return nil (401 unauthorized). Options.ReadOnly turns the
-// actions off (403 read_only). An action from a browser page of another
-// origin (Sec-Fetch-Site, or Origin with another scheme or host) is
-// refused (403 cross_origin). Every answer forbids framing
-// (Content-Security-Policy frame-ancestors 'none', X-Frame-Options DENY)
-// and sniffing, and sends no Referer. Each action runs under
-// Options.ActionTimeout (504 deadline_exceeded: it may still take effect).
+// Without Options.Authorize, anyone who can reach the address may read every
+// task — prompts, results, errors, metadata and envelopes, through
+// /snapshot, /tasks, /events and the page — and stop and extend tasks. Every
+// request is checked before its route runs: its Host must be one of
+// Options.Hosts (by default only loopback names: "localhost", 127.0.0.0/8
+// and ::1, so a DNS-rebinding page, whose own name resolves to 127.0.0.1, is
+// refused: 403 host_not_allowed), then Options.Authorize, if set, must
+// return nil (401 unauthorized). Options.ReadOnly turns the actions off (403
+// read_only). An action from a browser page of another origin
+// (Sec-Fetch-Site, or Origin with another scheme or host) is refused (403
+// cross_origin). Every answer forbids framing (Content-Security-Policy
+// frame-ancestors 'none', X-Frame-Options DENY) and sniffing, and sends no
+// Referer. Each action runs under Options.ActionTimeout (504
+// deadline_exceeded: it may still take effect).
 //
 // # The event stream
 //
@@ -54,12 +61,15 @@
 //
 // Errors are JSON, {"error": "...", "code": "..."}, with the code naming the
 // bgtask sentinel or the refusal, and the status saying what kind: 404
-// unknown_task, unknown_session and forgotten, 409 branch_closing,
-// not_running and key_held, 400 invalid_argument and invalid_spec, 401
-// unauthorized, 403 host_not_allowed, cross_origin and read_only, 413
-// too_large, 504 deadline_exceeded, 503 shutdown, journal and
-// too_many_streams, 500 otherwise. The Client turns the sentinels' codes
-// back into errors that match them with errors.Is.
+// unknown_task, unknown_session and forgotten; 409 branch_closing,
+// not_running, key_held, unsupported (errors.ErrUnsupported: what the
+// Manager's host cannot do), prompt_refused, branch_not_stopped,
+// stop_pending and not_cooling; 400 invalid_argument (any bad argument: a
+// Spec, an invocation, a query); 401 unauthorized; 403 host_not_allowed,
+// cross_origin and read_only; 413 too_large; 408 canceled; 504
+// deadline_exceeded; 503 shutdown, journal and too_many_streams; 500
+// internal otherwise. The Client turns the sentinels' codes back into
+// errors that match them with errors.Is.
 package bgtaskhttp
 
 import (

@@ -2,7 +2,7 @@
 // (bgtask.Metrics) as OpenTelemetry instruments:
 //
 //	mt, err := otelmetrics.New(otel.Meter("bgtask"))
-//	m := bgtask.New(host, bgtask.WithMetrics(mt))
+//	m, err := bgtask.Open(ctx, host, bgtask.WithMetrics(mt))
 //
 // Counters, with their attributes:
 //

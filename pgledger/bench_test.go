@@ -633,9 +633,9 @@ func BenchmarkRoutedObserve(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
 
-// BenchmarkCloseBranch1000: CloseBranch, from one node, of a branch of
-// 1,000 running tasks spread over three nodes (a pool each), until every
-// run is terminal in the database.
+// BenchmarkCloseBranch1000: Node.Stop of a session, from one node, of a
+// branch of 1,000 running tasks spread over three nodes (a pool each), until
+// every run is terminal in the database.
 func BenchmarkCloseBranch1000(b *testing.B) {
 	svc := newService()
 	ns := benchNodes(b, 3, func(int) bgtask.Host { return svc })

@@ -33,7 +33,7 @@ import (
 //     (NOTIFY bgtask_budget).
 //   - A node that hears of a budget over (or finds one at its Poll)
 //     claims it and closes its holder's branch across the fleet, as
-//     Node.CloseTask does, with the budget as the stop cause.
+//     Node.Stop with Target.Tree does, with the budget as the stop cause.
 //
 // So no launch is admitted past a spent budget from the commit that spent
 // it, and the overrun is what the tree's live runs report until their

@@ -27,7 +27,7 @@ const closureChannel = "bgtask_closure"
 func fenceLock(ledger string) string { return "bgtask fence " + ledger }
 
 // UnstoppedRun is a run in a closure's scope that was still live in the
-// database when CloseBranch returned: its run, the member that owns it and
+// database when Node.Stop returned: its run, the member that owns it and
 // the process holding that member's lease, and why it did not stop.
 type UnstoppedRun struct {
 	bgtask.StoppedRun
@@ -36,9 +36,10 @@ type UnstoppedRun struct {
 	Reason string `json:"reason"`
 }
 
-// UnstoppedError is CloseBranch's error when some run in scope did not
-// stop: its abort failed, its owner is gone and no process has taken it
-// over yet, or the caller's context ended first (Err).
+// UnstoppedError is the error of Node.Stop of a closure (Target.Session, or
+// Target.Task with Tree) when some run in scope did not stop: its abort
+// failed, its owner is gone and no process has taken it over yet, or the
+// caller's context ended first (Err).
 type UnstoppedError struct {
 	SessionID string
 	Runs      []UnstoppedRun
@@ -246,42 +247,50 @@ type openClosure struct {
 	root, task string
 }
 
-// CloseBranch stops every run in the branch below sessionID, whichever
-// process owns it, and returns once each is terminal in the database. The
-// scope is bgtask's (Manager.CloseBranch): sessionID's own task as a unit,
-// and every task launched from it or from any session of a task in
-// scope, recursively — found in the database, so a branch may span
-// processes.
+// Stop stops what t names, as Manager.Stop does, and reaches across the
+// fleet for a closure:
 //
-// The fence is raised in the database as the closure's row is inserted:
-// from that commit on, Node.Launch anywhere with a parent in scope returns
-// bgtask.ErrBranchClosing (a launch already past its check is waited for,
-// and stopped). Each owner is asked by NOTIFY — and finds out by polling
-// every Poll if the notification is missed — and stops its runs exactly by
-// token (Manager.CancelRun), so a run that was replaced meanwhile is never
+//   - t.Session stops the branch below that session, whichever process owns
+//     each run in it. The scope is bgtask's (Manager.Stop with
+//     Target.Session): the session's own task as a unit, and every task
+//     launched from it or from any session of a task in scope, recursively
+//     — found in the database, so a branch may span processes.
+//   - t.Task with t.Tree stops that task as a unit across the fleet: its
+//     live run, and what any of its sessions launched, in the same scope.
+//   - t.Task, or t.Run, without Tree is stopped by the member of this
+//     process that has the task, as Manager.Stop stops it; a task no member
+//     of this process has is bgtask.ErrUnknownTask (stop it with Tree, which
+//     reaches every process).
+//
+// A closure (Session, or Task with Tree) returns once each run in its scope
+// is terminal in the database. The fence is raised in the database as the
+// closure's row is inserted: from that commit on, Node.Launch anywhere with
+// a parent in scope returns bgtask.ErrBranchClosing (a launch already past
+// its check is waited for, and stopped). Each owner is asked by NOTIFY —
+// and finds out by polling every Poll if the notification is missed — and
+// stops its runs exactly by token (Manager.Stop with Target.Run, whose
+// Cause names the closure), so a run that was replaced meanwhile is never
 // touched: the new attempt is stopped in its turn. A retry its owner
 // decided before it heard of the closure may still start; it is stopped
 // like any other run in scope.
 //
-// It returns a nil error only when no run in scope is live. Otherwise its
-// *UnstoppedError names each run that did not stop, the member that owns
-// it and the process holding that member: a failed abort, or a run still
-// live when ctx ended. Either way the fence comes down and the closure's
-// record — bgtask.ClosureReport, by value — is written to its row; if the
-// database does not take it within ctx (or a second after ctx ended), the
-// error says so and the node writes it once the database answers.
+// A closure returns a nil error only when no run in scope is live.
+// Otherwise its *UnstoppedError names each run that did not stop, the
+// member that owns it and the process holding that member: a failed abort,
+// or a run still live when ctx ended. Either way the fence comes down and
+// the closure's record — bgtask.ClosureReport, by value — is written to its
+// row; if the database does not take it within ctx (or a second after ctx
+// ended), the error says so and the node writes it once the database
+// answers.
 //
-// A blank sessionID is bgtask.ErrInvalidArgument; a session no member of
-// the ledger knows (no task's session, no task's parent, no launch in
-// flight from it) is bgtask.ErrUnknownSession. Neither writes anything.
+// With t.NoWait a closure returns once its fence is up; the closure goes
+// on, on a goroutine the node owns (Close waits for it).
 //
-// With t.NoWait it returns once the fence is raised; the closure goes on,
-// on a goroutine the node owns (Close waits for it).
-//
-// A Target without Tree or Session (one task's run, or t.Run) is stopped
-// by the member of this process that has the task, as Manager.Stop stops
-// it; a task owned by another process is bgtask.ErrUnknownTask (stop it
-// with Tree, which reaches every process).
+// A blank Session or Task, or a Target that names none of Task, Session
+// and Run, is bgtask.ErrInvalidArgument; a session no member of the
+// ledger knows (no task's session, no task's parent, no launch in flight
+// from it) is bgtask.ErrUnknownSession, and a task with Tree that no
+// member has bgtask.ErrUnknownTask. None of them writes anything.
 func (n *Node) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport, error) {
 	if ctx == nil {
 		ctx = context.Background()

@@ -13,12 +13,12 @@ import (
 
 // A fleet member: every process of the service joins the same ledger under
 // its own member name. An event for a task launched here may reach any
-// process (Node.Observe routes it), and CloseTask or CloseBranch from any
-// process stops it; if this one dies, another takes its member over once
-// its lease expires (with a bgtask.StatusHost it re-adopts the runs whose
-// sessions are alive; a FuncHost's runs died with the process and end
-// interrupt). (Not run: it needs a PostgreSQL server; the module's tests
-// start one.)
+// process (Node.Observe routes it), and Node.Stop of it with Tree, or of a
+// session above it, from any process stops it; if this one dies, another
+// takes its member over once its lease expires (with a bgtask.StatusHost it
+// re-adopts the runs whose sessions are alive; a FuncHost's runs died with
+// the process and end interrupt). (Not run: it needs a PostgreSQL server;
+// the module's tests start one.)
 func ExampleJoin() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))

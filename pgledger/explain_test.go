@@ -28,15 +28,15 @@ var explainLong = flag.Bool("pg.explain", false,
 
 // TestQueriesStayIndexed fills a ledger of its own schema with many tasks
 // (50,000; 1,000,000 with -pg.explain) and what goes with them — sessions,
-// records, keys, changes, closures and their stops, the outbox, parents,
-// and members, most of them dead — then ANALYZEs it and EXPLAINs every
-// statement of the package's code (each SQL literal of its .go files, and
-// the statements of its PL/pgSQL functions) with realistic arguments, as a
+// records, keys, changes, closures and their stops, the outbox, parents, and
+// members, most of them dead — then ANALYZEs it and EXPLAINs every statement
+// of the package's code (each SQL literal of its .go files, and the
+// statements of its PL/pgSQL functions) with realistic arguments, as a
 // custom plan and as a generic one (a cached prepared statement's after a
 // few runs, pgx's and PL/pgSQL's alike). No plan may read a table of
-// bigTable rows or more with a Seq Scan: the planner must choose an index
-// on its own. A statement that reads the whole ledger by design (Snapshot,
-// ClosureRecords) is checked on a small ledger in the same tables instead, and
+// bigTable rows or more with a Seq Scan: the planner must choose an index on
+// its own. A statement that reads the whole ledger by design (Snapshot, its
+// Closures) is checked on a small ledger in the same tables instead, and
 // only timed on the big one.
 //
 // A SQL literal of the code with no case here fails the test: add its
@@ -229,7 +229,7 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "health: a cooldown begun", sql: coolDownSQL, args: s("'big'", "'p/one'", "now()", "now() + interval '30 seconds'", "'rate_limited'")},
 		{name: "health: the fleet's cooldowns", sql: cooldownsSQL, args: s("'big'")},
 
-		// ClosureRecords: the fence, the scope, the stops, the record.
+		// Closures: the fence, the scope, the stops, the record.
 		{name: "admit (bgtask_admit_all)", sql: `SELECT bgtask_admit_all($1, $2, $3, $4, $5::interval)`,
 			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-43210', 's-77']", "ARRAY['m-0', 'm-1']", "'10 seconds'")},
 		{name: "start gate (bgtask_start_fenced_all)", sql: `SELECT bgtask_start_fenced_all($1, $2, $3)`,
@@ -238,12 +238,12 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "scope of a branch", sql: scopeQuery, args: s("'big'", "'s-4321'", "'t-4321'", "NULL")},
 		{name: "scope of a branch, a node's members", sql: scopeQuery, args: s("'big'", "'s-4321'", "'t-4321'", "ARRAY['m-0', 'm-1']"),
 			reads: int64(n/500 + 500)}, // the planner may read the node's live tasks (two members' of ten, a hundredth of all) to join them to the scope
-		{name: "CloseBranch: a known session", sql: `SELECT
+		{name: "Stop of a session: a known session", sql: `SELECT
   coalesce((SELECT task_id FROM bgtask_sessions WHERE ledger = $1 AND session_id = $2), ''),
   EXISTS (SELECT 1 FROM bgtask_sessions WHERE ledger = $1 AND session_id = $2)
   OR EXISTS (SELECT 1 FROM bgtask_tasks WHERE ledger = $1 AND parent_session = $2)
   OR EXISTS (SELECT 1 FROM bgtask_launching WHERE ledger = $1 AND parent_session = $2)`, args: s("'big'", "'s-4321'")},
-		{name: "CloseTask: its root", sql: `SELECT coalesce((SELECT s.session_id FROM bgtask_sessions s
+		{name: "Stop with Tree: its root", sql: `SELECT coalesce((SELECT s.session_id FROM bgtask_sessions s
   WHERE s.ledger = t.ledger AND s.task_id = t.task_id ORDER BY s.attempt_id = t.attempt_id DESC LIMIT 1), '')
   FROM bgtask_tasks t WHERE t.ledger = $1 AND t.task_id = $2`, args: s("'big'", "'t-4321'")},
 		{name: "close: the fence up", sql: `INSERT INTO bgtask_closures (ledger, root_session, task_id, member) VALUES ($1, $2, $3, $4) RETURNING id`,
@@ -255,9 +255,9 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "record: NotifyBranchClosed", sql: `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
 VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT (ledger, member, note_id) DO NOTHING`,
 			args: s("'big'", "'branch_closed:5'", "'s-432'", "'branch_closed'", "'t-4321'", "'{}'")},
-		{name: "ClosureRecords (small ledger)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
+		{name: "Snapshot's Closures (small ledger)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
 			args: s("'small'")},
-		{name: "ClosureRecords (big ledger: all of them)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
+		{name: "Snapshot's Closures (big ledger: all of them)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
 			args: s("'big'"), whole: true},
 		{name: "serveAll: open closures", sql: `SELECT id, root_session, task_id FROM bgtask_closures
  WHERE ledger = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, args: s("'big'")},

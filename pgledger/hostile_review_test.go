@@ -225,10 +225,10 @@ func TestHostileTakeoverHostHangFreezesTheLoop(t *testing.T) {
 	assert.Equal(t, bgtask.StatusCompleted, got.Status)
 }
 
-// Fault: CloseBranch's finish (closure.go:376) runs on a context of its
-// own (30s) and record (closure.go:417-458) retries until it ends: a
-// closure whose caller's context ended returns up to 30s later when the
-// database stalls its record.
+// Fault: a closure's finish (Node.Stop of a session; closure.go:376) runs on
+// a context of its own (30s) and record (closure.go:417-458) retries until
+// it ends: a closure whose caller's context ended returns up to 30s later
+// when the database stalls its record.
 func TestHostileCloseBranchOverrunsItsContext(t *testing.T) {
 	f, svc, ns, br := chain(t, 1, 1)
 	g := svc.hold(br[0].SessionID) // its abort waits: the closure keeps looking
@@ -243,7 +243,7 @@ func TestHostileCloseBranchOverrunsItsContext(t *testing.T) {
 	release := f.hold(`SELECT 1 FROM bgtask_closures WHERE ledger = $1 FOR UPDATE`, f.ledger)
 	var once sync.Once
 	cancel()
-	within(t, done, 3*time.Second, func() { release(); once.Do(func() { close(g.release) }) }, "CloseBranch")
+	within(t, done, 3*time.Second, func() { release(); once.Do(func() { close(g.release) }) }, "Node.Stop of a session")
 }
 
 // Fault: Launch's clean-up after a failed key claim (fleet.go:322, →
@@ -274,7 +274,7 @@ func TestHostileCloseOverrunsItsContext(t *testing.T) {
 }
 
 // panicky is a slog handler that panics while armed (bgtask's own
-// Manager swallows a logger's panics: LoggerPanics).
+// Manager swallows a logger's panics: Dropped().LoggerPanics).
 type panicky struct{ armed *atomic.Bool }
 
 func (h panicky) Enabled(context.Context, slog.Level) bool {
@@ -297,7 +297,7 @@ func (h panicky) WithGroup(string) slog.Handler      { return h }
 // Fault: the node calls NodeOptions.Logger unguarded (here
 // closure.go:113, from Launch's clean-up): a panicking handler panics
 // through Node.Launch when the database is away. (The same on the
-// caller's goroutine from Launch, fleet.go:367, and from CloseBranch:
+// caller's goroutine from Launch, fleet.go:367, and from Node.Stop:
 // closure.go:452, 532, 661 — a panic out of record leaves the fence up
 // while this node lives.)
 func TestHostileLoggerPanicEscapesLaunch(t *testing.T) {

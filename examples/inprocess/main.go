@@ -241,7 +241,7 @@ func run(ctx context.Context, w io.Writer) error {
 		ids = append(ids, task.ID)
 	}
 
-	// Cancel the slow task once its request is in flight at the provider.
+	// Stop the slow task once its request is in flight at the provider.
 	select {
 	case <-prov.slowSeen:
 	case <-ctx.Done():

@@ -288,8 +288,9 @@ func (h *Harness) live(_ context.Context, id string) (int, error) {
 	return len(p.Tasks), err
 }
 
-// Stops stops a branch exactly (CloseTask), lets a looping subagent run
-// into its deadline, and ends a caller's context under a subtree.
+// Stops stops a branch exactly (Stop with Target.Tree), lets a looping
+// subagent run into its deadline, and ends a caller's context under a
+// subtree.
 func (h *Harness) Stops(ctx context.Context, chat string) (StopRun, error) {
 	var out StopRun
 	branch, branchDone, err := h.Spawn(ctx, chat, "fan 2", time.Minute)

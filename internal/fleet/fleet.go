@@ -11,5 +11,5 @@ var AllComplete func(parent string, tasks any) any
 
 // BranchClosed is the branch_closed notification (a bgtask.Notification)
 // for parent, of a closure of task taskID's branch (snap, a bgtask.Task,
-// as it was) that ended as rec (a bgtask.ClosureRecord) says.
+// as it was) that ended as rec (a bgtask.ClosureReport) says.
 var BranchClosed func(parent, taskID string, snap, rec any) any

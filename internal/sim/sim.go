@@ -124,7 +124,7 @@ type world struct {
 	answers map[string]bgtask.Answer
 	ended   map[string]bool
 
-	calls     atomic.Int64 // driver API calls (Cancel, CloseBranch) not yet returned
+	calls     atomic.Int64 // driver API calls (Stop of a task or a branch) not yet returned
 	callsDone sync.WaitGroup
 	callMu    sync.Mutex
 	callCh    chan struct{} // closed when a call returns
@@ -157,8 +157,8 @@ type world struct {
 }
 
 type closureCall struct {
-	root     string // the session closed; "" for a CloseTask
-	task     string // CloseTask: the task closed as a unit
+	root     string // the session closed; "" for a Stop with Tree
+	task     string // a Stop with Tree: the task closed as a unit
 	known    bool   // the root was a known session when the closure was called
 	returned bool
 	err      error
@@ -642,7 +642,7 @@ func (w *world) closeBranch(tasks []bgtask.Task) {
 		func(ctx context.Context) error { _, err := w.m.Stop(ctx, bgtask.Target{Session: root}); return err })
 }
 
-// closeTask closes a task as a unit (CloseTask).
+// closeTask closes a task as a unit (Stop with Target.Tree).
 func (w *world) closeTask(taskID string) {
 	w.runClosure(&closureCall{task: taskID, known: true}, "task "+taskID,
 		func(ctx context.Context) error {
@@ -936,8 +936,8 @@ func (g graph) known(session string) bool {
 }
 
 // inBranch reports whether session lies in c's branch, by the recorded
-// edges: a task is the unit, so every session of the root's task (the task
-// a CloseTask names, or the task the root session belongs to) is in it.
+// edges: a task is the unit, so every session of the root's task (the task a
+// Stop with Tree names, or the task the root session belongs to) is in it.
 func (g graph) inBranch(session string, c *closureCall) bool {
 	rootTask, rooted := c.task, c.task != ""
 	if !rooted {
