@@ -265,7 +265,13 @@ func TestRunStopsTheTaskWithItsCallerAndReturnsTheRealEnd(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out, id := runRunning(t, h, ctx)
 	cancel()
-	<-asked
+	select {
+	case <-asked:
+	case r := <-out:
+		t.Fatalf("Run returned without stopping its task: %v %v", r.t.Status, r.err)
+	case <-bounded(t).Done():
+		t.Fatal("no abort was asked after the caller's context ended")
+	}
 	select {
 	case r := <-out:
 		t.Fatalf("Run returned before the child stopped: %v %v", r.t.Status, r.err)

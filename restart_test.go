@@ -421,11 +421,11 @@ func (panicReplay) Replay(func(Record) error) error { panic("replay") }
 func TestAJournalThatPanicsNeverCrashesTheProcess(t *testing.T) {
 	_, err := Open(context.Background(), &testHost{}, WithJournal(panicReplay{}))
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "Journal.Replay panicked")
+	assert.Contains(t, err.Error(), "the journal's Replay panicked")
 
 	_, err = Open(context.Background(), &testHost{}, WithJournal(panicJournal{}))
 	require.ErrorIs(t, err, ErrJournal, "the epoch's append panicked: the Manager stops")
-	assert.Contains(t, err.Error(), "Journal.Append panicked")
+	assert.Contains(t, err.Error(), "the journal's Append panicked")
 
 	_, err = OpenFileJournal("  ")
 	assert.ErrorIs(t, err, ErrInvalidArgument)
