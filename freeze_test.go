@@ -138,7 +138,7 @@ func readsOf(t *testing.T, m *Manager, ids []string, local bool) string {
 		add("WaitAnswer", answer, err)
 		add("Envelope", Envelope(task), nil)
 		add("Timeline", Timeline(task), nil)
-		page, err := m.Tasks(Query{Parent: task.ParentSessionID, Status: task.Status, Limit: 1000})
+		page, err := m.Tasks(Query{Parent: task.ParentSessionID, Statuses: []Status{task.Status}, Limit: 1000})
 		add("Page", page, err)
 		if local {
 			add("Value", fmt.Sprintf("%#v", task.Value), nil)

@@ -31,9 +31,7 @@ func (m *Manager) missing(id string) error {
 type Query struct {
 	Parent string // only tasks launched from this session; "": any
 	Root   string // only tasks of the tree under this session (Task.Root), at any depth; "": any
-	Status Status // only tasks in this status; "": any
-	// Statuses, if set, keeps tasks in any of these statuses (with Status
-	// too, in Status or any of these).
+	// Statuses, if set, keeps tasks in any of these statuses; none: any.
 	Statuses []Status
 	// Metadata keeps tasks whose Spec.Metadata has every one of these
 	// key/value pairs.
@@ -122,7 +120,7 @@ func (q *Query) matches(e *entry) bool {
 		return false
 	case q.Root != "" && e.info.root != q.Root:
 		return false
-	case (q.Status != "" || len(q.Statuses) > 0) && e.cur().Status != q.Status && !slices.Contains(q.Statuses, e.cur().Status):
+	case len(q.Statuses) > 0 && !slices.Contains(q.Statuses, e.cur().Status):
 		return false
 	}
 	for k, v := range q.Metadata {

@@ -152,7 +152,7 @@ func TestPageReadsTasksAPageAtATimeByParentAndStatus(t *testing.T) {
 		q.After = p.Next
 	}
 	assert.Equal(t, pIDs, got, "every task of the parent, once, in launch order")
-	p, err := h.m.Tasks(Query{Parent: "p", Status: StatusCompleted, Limit: 1000})
+	p, err := h.m.Tasks(Query{Parent: "p", Statuses: []Status{StatusCompleted}, Limit: 1000})
 	require.NoError(t, err)
 	assert.Len(t, p.Tasks, len(pIDs)-1)
 	_, err = h.m.Tasks(Query{Limit: 1001})

@@ -177,7 +177,7 @@ func TestInProcessDefaults(t *testing.T) {
 	assert.Len(t, done.Attempts, 1)
 	assert.Equal(t, "ran on |", done.Result)
 	assert.Equal(t, "Background task attempts:\n- Attempt 1 — COMPLETED — no model — fn_attempt-1", Timeline(done))
-	page, err := m.Tasks(Query{Status: StatusCompleted})
+	page, err := m.Tasks(Query{Statuses: []Status{StatusCompleted}})
 	require.NoError(t, err)
 	require.Len(t, page.Tasks, 1, "found by a query")
 	assert.Equal(t, task.ID, page.Tasks[0].ID)

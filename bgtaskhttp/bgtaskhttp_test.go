@@ -69,10 +69,10 @@ func TestTheAPIServesTasksAndActsOnThem(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Tasks, 2)
 	assert.Equal(t, []string{a.ID, b.ID}, []string{page.Tasks[0].ID, page.Tasks[1].ID})
-	first, err := s.c.Tasks(s.ctx, bgtask.Query{Status: bgtask.StatusRunning, Limit: 2})
+	first, err := s.c.Tasks(s.ctx, bgtask.Query{Statuses: []bgtask.Status{bgtask.StatusRunning}, Limit: 2})
 	require.NoError(t, err)
 	assert.Equal(t, b.ID, first.Next)
-	rest, err := s.c.Tasks(s.ctx, bgtask.Query{Status: bgtask.StatusRunning, Limit: 2, After: first.Next})
+	rest, err := s.c.Tasks(s.ctx, bgtask.Query{Statuses: []bgtask.Status{bgtask.StatusRunning}, Limit: 2, After: first.Next})
 	require.NoError(t, err)
 	assert.Len(t, rest.Tasks, 1)
 

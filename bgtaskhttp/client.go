@@ -137,16 +137,13 @@ func (c *Client) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 
 // Tasks returns one page of the tasks q selects (GET /tasks), as
 // Manager.Tasks does. Of q's
-// filters, Parent, Root, Status and Statuses, After and Limit are sent.
+// filters, Parent, Root, Statuses, After and Limit are sent.
 func (c *Client) Tasks(ctx context.Context, q bgtask.Query) (bgtask.Page, error) {
 	v := url.Values{}
 	for k, s := range map[string]string{"parent": q.Parent, "root": q.Root, "after": q.After} {
 		if s != "" {
 			v.Set(k, s)
 		}
-	}
-	if q.Status != "" {
-		v.Add("status", string(q.Status))
 	}
 	for _, s := range q.Statuses {
 		v.Add("status", string(s))
