@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -389,4 +390,49 @@ func TestRunSaysWhyThereIsNoCleanAnswer(t *testing.T) {
 	require.ErrorIs(t, r.err, ReasonOutputLimit, "completed, but cut off: not a clean answer")
 	assert.Equal(t, StatusCompleted, r.t.Status)
 	assert.Equal(t, "half an ans", r.t.Result)
+}
+
+// A Launch refused, for any reason, records nothing and keeps Spec.ID
+// free: the same id launches at once afterwards. (Each case has parents
+// of its own: MaxPerParent is 1 for every parent.)
+func TestARefusedLaunchKeepsItsIDFree(t *testing.T) {
+	h := newHarness(t, nil, WithTreeLimits(TreeLimits{MaxPerParent: 1, ParentWait: time.Minute}))
+	busy := h.running("full")
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	waiting, stop := context.WithCancel(context.Background())
+	refusals := map[string]func(id string) error{
+		"an ended context": func(id string) error {
+			_, err := h.m.Launch(ended, Spec{ParentSessionID: "p-" + id, ID: id, Models: oneModel})
+			return err
+		},
+		"a bad spec": func(id string) error {
+			_, err := h.m.Launch(bounded(t), Spec{ParentSessionID: "p-" + id, ID: id, Models: oneModel, MaxAttempts: -1})
+			return err
+		},
+		"a context that ends in the parent's queue": func(id string) error {
+			go func() {
+				waitFor(t, h.m, busy.ID, func(Task) bool { return true })
+				stop()
+			}()
+			_, err := h.m.Launch(waiting, Spec{ParentSessionID: "full", ID: id, Models: oneModel})
+			return err
+		},
+		"a held key": func(id string) error {
+			h.running("holder-"+id, func(s *Spec) { s.Key = "k-" + id })
+			_, err := h.m.Launch(bounded(t), Spec{ParentSessionID: "p-" + id, ID: id, Models: oneModel, Key: "k-" + id})
+			return err
+		},
+	}
+	n := 0
+	for name, refuse := range refusals {
+		n++
+		id := "mine-" + strconv.Itoa(n)
+		require.Error(t, refuse(id), name)
+		_, err := h.m.Task(id)
+		require.ErrorIs(t, err, ErrUnknownTask, "%s: nothing was recorded", name)
+		task, err := h.m.Launch(bounded(t), Spec{ParentSessionID: "ok-" + id, ID: id, Models: oneModel})
+		require.NoError(t, err, "%s: the id is free", name)
+		assert.Equal(t, id, task.ID)
+	}
 }
