@@ -10,6 +10,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -76,7 +77,7 @@ func newScriptRig(t *testing.T, p bgtask.HealthPolicy, opts ...bgtask.Option) *s
 	t.Helper()
 	r := &scriptRig{clock: bgtasktest.NewClock(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)), s: newScripted()}
 	opts = append([]bgtask.Option{bgtask.WithClock(r.clock), bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithHealth(p)}, opts...)
-	r.m = mustOpen(r.s.host(), opts...)
+	r.m = testkit.MustOpen(r.s.host(), opts...)
 	t.Cleanup(func() { _ = r.m.Shutdown(context.Background()) })
 	return r
 }
@@ -138,7 +139,7 @@ func TestHealthWaitersOutlastTheProbe(t *testing.T) {
 	require.Equal(t, bgtask.HealthProbing, h.State)
 
 	// The probe is cancelled: no verdict, the next waiter probes.
-	require.NoError(t, stopErr(r.m.Stop(context.Background(), bgtask.Target{Task: probeID})))
+	require.NoError(t, testkit.StopErr(r.m.Stop(context.Background(), bgtask.Target{Task: probeID})))
 	assert.Equal(t, bgtask.StatusCancelled, r.wait(t, probeID).Status)
 	secondID := r.startedTask(t)
 	assert.NotEqual(t, probeID, secondID)
@@ -296,17 +297,4 @@ func TestHealthAModelWithNoProviderCoolsAlone(t *testing.T) {
 	require.NoError(t, m.ResetHealth(ctx, "/solo"))
 	assert.Equal(t, bgtask.HealthHealthy, m.Health()[0].State)
 	require.NoError(t, m.Shutdown(ctx))
-}
-
-// stopErr is the error of a Stop, for a check that wants only that.
-func stopErr(_ bgtask.ClosureReport, err error) error { return err }
-
-// mustOpen is bgtask.Open for a test whose options are fine: it panics on
-// an error, which fails the test at once.
-func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
-	m, err := bgtask.Open(context.Background(), host, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return m
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -180,7 +181,7 @@ func TestHealthStoreThatHangsHoldsNoLaunch(t *testing.T) {
 	require.NoError(t, err)
 	release := make(chan struct{})
 	host := bgtask.NewFuncHost(func(context.Context, bgtask.Run) (string, error) { return "ok", nil })
-	m := mustOpen(host, bgtask.WithJournal(hangingStore{j, release}), bgtask.WithHealth(bgtask.HealthPolicy{}))
+	m := testkit.MustOpen(host, bgtask.WithJournal(hangingStore{j, release}), bgtask.WithHealth(bgtask.HealthPolicy{}))
 	launched := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

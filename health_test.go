@@ -10,6 +10,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -64,7 +65,7 @@ func newHealthRig(t *testing.T, p *bgtask.HealthPolicy, opts ...bgtask.Option) *
 	if p != nil {
 		opts = append(opts, bgtask.WithHealth(*p))
 	}
-	r.m = mustOpen(host, opts...)
+	r.m = testkit.MustOpen(host, opts...)
 	t.Cleanup(func() { _ = r.m.Shutdown(context.Background()) })
 	return r
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/mirror"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,7 +34,7 @@ func (h *restartHost) AbortSession(ctx context.Context, sessionID string) error 
 func newProcess(t *testing.T, epoch uint64) *bgtask.Manager {
 	t.Helper()
 	h := &restartHost{}
-	m := mustOpen(h, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := testkit.MustOpen(h, bgtask.WithIDs(bgtask.SequentialIDs()))
 	h.m = m
 	bgtask.SetEpochForTest(m, epoch)
 	t.Cleanup(func() { _ = m.Shutdown(context.Background()) })

@@ -19,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/mirror"
 )
 
@@ -35,7 +36,7 @@ type svc struct {
 func newSvc(t *testing.T, o bgtaskhttp.Options) *svc {
 	t.Helper()
 	s := &svc{host: bgtasktest.NewHost()}
-	s.m = mustOpen(s.host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	s.m = testkit.MustOpen(s.host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	s.host.Attach(s.m)
 	s.srv = httptest.NewServer(bgtaskhttp.Handler(s.m, o))
 	s.c = &bgtaskhttp.Client{Base: s.srv.URL, HTTP: s.srv.Client()}
@@ -105,7 +106,7 @@ func TestTheAPIServesTasksAndActsOnThem(t *testing.T) {
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
 
 	other := s.running(t, "third")
-	require.NoError(t, stopErr(s.c.Stop(s.ctx, bgtask.Target{Task: other.ID})))
+	require.NoError(t, testkit.StopErr(s.c.Stop(s.ctx, bgtask.Target{Task: other.ID})))
 	done, err := s.c.Task(s.ctx, other.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusCancelled, done.Status)
@@ -251,17 +252,4 @@ func TestFollowStopsOnARefusal(t *testing.T) {
 	var mir mirror.Mirror
 	err := (&bgtaskhttp.Client{Base: refuse.URL}).Follow(context.Background(), &mir, nil)
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask, "a 4xx ends Follow with the service's error")
-}
-
-// stopErr is the error of a Stop, for a check that wants only that.
-func stopErr(_ bgtask.ClosureReport, err error) error { return err }
-
-// mustOpen is bgtask.Open for a test whose options are fine: it panics on
-// an error, which fails the test at once.
-func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
-	m, err := bgtask.Open(context.Background(), host, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return m
 }

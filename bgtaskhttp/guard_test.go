@@ -19,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // answer is what the service said to one request.
@@ -133,7 +134,7 @@ func TestReadOnlyRefusesEveryAction(t *testing.T) {
 	now, err := s.c.Task(s.ctx, a.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, now.Status)
-	assert.ErrorContains(t, stopErr(s.c.Stop(s.ctx, bgtask.Target{Task: a.ID})), "read_only")
+	assert.ErrorContains(t, testkit.StopErr(s.c.Stop(s.ctx, bgtask.Target{Task: a.ID})), "read_only")
 }
 
 // Only the loopback names by default, whatever the port or case; a name
@@ -243,7 +244,7 @@ func TestEveryAnswerCarriesTheSecurityHeaders(t *testing.T) {
 // An extend to a function that never takes the prompt answers 504 once
 // ActionTimeout passed, not never.
 func TestAnActionThatHangsAnswersAtItsDeadline(t *testing.T) {
-	m := mustOpen(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m := testkit.MustOpen(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		<-ctx.Done() // never reads run.Prompts()
 		return "", ctx.Err()
 	}), bgtask.WithIDs(bgtask.SequentialIDs()))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // throttled is a provider's 429 that asks to be tried again in a minute.
@@ -76,7 +77,7 @@ func healthSvc(t *testing.T, kept bool, o bgtaskhttp.Options) (*bgtask.Manager, 
 	if kept {
 		opts = append(opts, bgtask.WithHealth(bgtask.HealthPolicy{}))
 	}
-	m := mustOpen(host, opts...)
+	m := testkit.MustOpen(host, opts...)
 	t.Cleanup(func() { _ = m.Shutdown(context.Background()) })
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, o))
 	t.Cleanup(srv.Close)

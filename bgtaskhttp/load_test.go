@@ -23,6 +23,7 @@ import (
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // pollEvery is how often each poller reads a snapshot.
@@ -45,7 +46,7 @@ func TestUnderLoadEveryStreamGetsEveryChangeInOrder(t *testing.T) {
 	}
 	notes := newNotes()
 	host := bgtasktest.NewHost()
-	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := testkit.MustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

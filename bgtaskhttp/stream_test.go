@@ -24,6 +24,7 @@ import (
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/mirror"
 )
 
@@ -505,7 +506,7 @@ func TestNeverReadingStreamsAreDroppedAndCostLittle(t *testing.T) {
 		changes  = 300
 	)
 	host := bgtasktest.NewHost()
-	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := testkit.MustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -19,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // shownTask is a task row as the served HTML has it.
@@ -231,7 +232,7 @@ func TestThePageShowsRunningFirst(t *testing.T) {
 	s.launchUnder(t, busyRoot.SessionID, "running child", nil)
 	newest := s.launchUnder(t, "chat-1", "newest", nil)
 	s.complete(t, done)
-	require.NoError(t, stopErr(s.m.Stop(s.ctx, bgtask.Target{Task: busyRoot.ID}))) // a cancel stops the task, not what it launched
+	require.NoError(t, testkit.StopErr(s.m.Stop(s.ctx, bgtask.Target{Task: busyRoot.ID}))) // a cancel stops the task, not what it launched
 
 	_, body, _ := s.get(t, "/")
 	var top []string
@@ -429,7 +430,7 @@ func TestThePageAssetsAreServed(t *testing.T) {
 // 10,000 tasks (100 roots, each with 9 children of 10 each).
 func BenchmarkThePageAt10000Tasks(b *testing.B) {
 	host := bgtasktest.NewHost()
-	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := testkit.MustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	defer func() { _ = m.Shutdown(context.Background()) }()
 	h := bgtaskhttp.Handler(m, bgtaskhttp.Options{})
@@ -578,7 +579,7 @@ func TestViewAloneIsGuarded(t *testing.T) {
 // still holds of it.
 func TestTheDetailPageOfAForgottenTask(t *testing.T) {
 	host := bgtasktest.NewHost()
-	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithRetention(bgtask.Retention{MaxEnded: 1}))
+	m := testkit.MustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithRetention(bgtask.Retention{MaxEnded: 1}))
 	host.Attach(m)
 	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

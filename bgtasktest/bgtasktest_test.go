@@ -15,6 +15,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -33,7 +34,7 @@ func newKit(t *testing.T, opts ...bgtask.Option) *kit {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	k.ctx = ctx
-	k.m = mustOpen(k.host, append([]bgtask.Option{bgtask.WithClock(k.clk), bgtask.WithNotifier(k.rec), bgtask.WithIDs(bgtask.SequentialIDs())}, opts...)...)
+	k.m = testkit.MustOpen(k.host, append([]bgtask.Option{bgtask.WithClock(k.clk), bgtask.WithNotifier(k.rec), bgtask.WithIDs(bgtask.SequentialIDs())}, opts...)...)
 	k.host.Attach(k.m)
 	t.Cleanup(func() { assert.NoError(t, k.m.Shutdown(context.Background())) })
 	return k
@@ -77,7 +78,7 @@ func TestAHungStartThenACancelIsHonest(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, k.host.AwaitCalls(k.ctx, 1))
 	cancelled := make(chan error, 1)
-	go func() { cancelled <- stopErr(k.m.Stop(k.ctx, bgtask.Target{Task: task.ID})) }()
+	go func() { cancelled <- testkit.StopErr(k.m.Stop(k.ctx, bgtask.Target{Task: task.ID})) }()
 	k.host.Release() // the session arrives after the stop was asked: it is aborted, then cancelled
 	require.NoError(t, <-cancelled)
 	done, err := k.m.Wait(k.ctx, task.ID)
@@ -98,7 +99,7 @@ func TestAFailedAbortLeavesTheTaskRunning(t *testing.T) {
 	now, err := k.m.Task(task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, now.Status, "never reported stopped")
-	require.NoError(t, stopErr(k.m.Stop(k.ctx, bgtask.Target{Task: task.ID})), "the next abort succeeds")
+	require.NoError(t, testkit.StopErr(k.m.Stop(k.ctx, bgtask.Target{Task: task.ID})), "the next abort succeeds")
 }
 
 func TestAFailedStartFallsBack(t *testing.T) {
@@ -272,17 +273,4 @@ func TestAwaitFinalWaitsForThatTasksSummary(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, a.ID, got.TaskID)
 	assert.Equal(t, bgtask.NotifyFinalSummary, got.Kind)
-}
-
-// stopErr is the error of a Stop, for a check that wants only that.
-func stopErr(_ bgtask.ClosureReport, err error) error { return err }
-
-// mustOpen is bgtask.Open for a test whose options are fine: it panics on
-// an error, which fails the test at once.
-func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
-	m, err := bgtask.Open(context.Background(), host, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return m
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // Inside a synctest bubble the wall clock is virtual: a minute's retry
@@ -21,7 +22,7 @@ import (
 func TestTheKitWithSynctest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		host := bgtasktest.NewHost()
-		m := mustOpen(host, bgtask.WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
+		m := testkit.MustOpen(host, bgtask.WithRetryDelay(func(int, error) time.Duration { return time.Minute }))
 		host.Attach(m)
 		ctx := context.Background()
 		start := time.Now()

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/otelmetrics"
 )
 
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestAManagersMeasurementsBecomeInstruments(t *testing.T) {
 	reader, mt := newMetrics(t)
 
-	m := mustOpen(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
+	m := testkit.MustOpen(bgtask.NewFuncHost(func(ctx context.Context, run bgtask.Run) (string, error) {
 		if run.Attempt == 1 {
 			return "", errors.New("HTTP 503 overloaded")
 		}
@@ -93,14 +94,14 @@ func TestStopsClosuresAndRecoveriesBecomeInstruments(t *testing.T) {
 	dir := t.TempDir()
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
-	m := mustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt), bgtask.WithJournal(j))
+	m := testkit.MustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt), bgtask.WithJournal(j))
 	model := []bgtask.Model{{ID: "m"}}
 	cancelled, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: model})
 	require.NoError(t, err)
 	<-running
 	crashed := filepath.Join(t.TempDir(), "crashed") // the journal as a crash now would leave it
 	require.NoError(t, os.CopyFS(crashed, os.DirFS(dir)))
-	require.NoError(t, stopErr(m.Stop(ctx, bgtask.Target{Task: cancelled.ID})))
+	require.NoError(t, testkit.StopErr(m.Stop(ctx, bgtask.Target{Task: cancelled.ID})))
 	closed, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "tree", Models: model})
 	require.NoError(t, err)
 	<-running
@@ -161,7 +162,7 @@ func TestUsageAndBudgetCrossingsBecomeInstruments(t *testing.T) {
 		<-ctx.Done()
 		return "", ctx.Err()
 	}
-	m := mustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
+	m := testkit.MustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
 	spent, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5"}},
 		Budget: &bgtask.Budget{Cost: 2 * bgtask.CostUnit, SoftPercent: 50}})
 	require.NoError(t, err)
@@ -231,7 +232,7 @@ func TestAClosureCutShortIsAnOutcomeOfItsOwn(t *testing.T) {
 		<-release // it stops only when let go: its abort waits
 		return "", ctx.Err()
 	}
-	m := mustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
+	m := testkit.MustOpen(bgtask.NewFuncHost(fn), bgtask.WithMetrics(mt))
 	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "tree", Models: []bgtask.Model{{ID: "m"}}})
 	require.NoError(t, err)
 	<-running
@@ -263,17 +264,4 @@ func newMetrics(t *testing.T) (*sdkmetric.ManualReader, *otelmetrics.Metrics) {
 	mt, err := otelmetrics.New(provider.Meter("bgtask"))
 	require.NoError(t, err)
 	return reader, mt
-}
-
-// stopErr is the error of a Stop, for a check that wants only that.
-func stopErr(_ bgtask.ClosureReport, err error) error { return err }
-
-// mustOpen is bgtask.Open for a test whose options are fine: it panics on
-// an error, which fails the test at once.
-func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
-	m, err := bgtask.Open(context.Background(), host, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return m
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -326,7 +327,7 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 
 	// The dead owner's old Manager acts once more: its write is refused,
 	// and nothing of it lands.
-	assert.ErrorIs(t, stopErr(m.Stop(ctx(t), bgtask.Target{Task: ids[0]})), bgtask.ErrJournal)
+	assert.ErrorIs(t, testkit.StopErr(m.Stop(ctx(t), bgtask.Target{Task: ids[0]})), bgtask.ErrJournal)
 	assert.Positive(t, f.count("bgtask_records", "")-records)
 	heirRecords := f.count("bgtask_records", "")
 	// A writer that still believes it holds the old fence.
@@ -550,6 +551,3 @@ func TestDatabaseGoneMidRun(t *testing.T) {
 	assert.Equal(t, bgtask.StatusCompleted, got.Status)
 	assert.Equal(t, "ok", got.Attempts[0].Result)
 }
-
-// stopErr is the error of a Stop, for a check that wants only that.
-func stopErr(_ bgtask.ClosureReport, err error) error { return err }

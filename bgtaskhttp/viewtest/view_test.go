@@ -19,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // chromium finds the browser to drive.
@@ -58,7 +59,7 @@ func openTab(t *testing.T, ctx context.Context, browser string) context.Context 
 // stopped when the test ends.
 func serve(t *testing.T, o bgtaskhttp.Options) (*bgtask.Manager, *bgtasktest.Host, *httptest.Server) {
 	host := bgtasktest.NewHost()
-	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := testkit.MustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, o))
 	t.Cleanup(func() {
@@ -320,14 +321,4 @@ func mustTask(t *testing.T, m *bgtask.Manager, id string) bgtask.Task {
 	task, err := m.Task(id)
 	require.NoError(t, err)
 	return task
-}
-
-// mustOpen is bgtask.Open for a test whose options are fine: it panics on
-// an error, which fails the test at once.
-func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
-	m, err := bgtask.Open(context.Background(), host, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return m
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // bin is the command, built once for the tests: they run it as a user
@@ -92,7 +93,7 @@ func journaled(t *testing.T, dir string) (*bgtask.Manager, []bgtask.Task) {
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
 	host := bgtasktest.NewHost()
-	m := mustOpen(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := testkit.MustOpen(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	ctx := context.Background()
 	a, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Description: "look it up", Models: models})
@@ -285,7 +286,7 @@ func TestAnIDPrefixNamesATask(t *testing.T) {
 	dir := t.TempDir()
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
-	m := mustOpen(bgtask.NewFuncHost(func(ctx context.Context, _ bgtask.Run) (string, error) { return "ok", nil }), bgtask.WithJournal(j))
+	m := testkit.MustOpen(bgtask.NewFuncHost(func(ctx context.Context, _ bgtask.Run) (string, error) { return "ok", nil }), bgtask.WithJournal(j))
 	ctx := context.Background()
 	ids := []string{"01HAAA", "01HAAB", "01HBBB", "t", "tx"}
 	for i := range 7 {
@@ -493,7 +494,7 @@ func (f *following) interrupt(t *testing.T) int {
 func service(t *testing.T) (*bgtask.Manager, *bgtasktest.Host, *httptest.Server) {
 	t.Helper()
 	host := bgtasktest.NewHost()
-	m := mustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := testkit.MustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{}))
 	t.Cleanup(func() {
@@ -639,7 +640,7 @@ func budgeted(t *testing.T, dir string) {
 	j, err := bgtask.OpenFileJournal(dir)
 	require.NoError(t, err)
 	host := bgtasktest.NewHost()
-	m := mustOpen(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
+	m := testkit.MustOpen(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()))
 	host.Attach(m)
 	root, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Description: "on a budget", Models: models,
 		Budget: &bgtask.Budget{Tokens: 1000, Spawns: 5, SoftPercent: 100}})
@@ -724,14 +725,4 @@ func TestFollowShowsUsageAndASpentBudget(t *testing.T) {
 	f.stdout.await(t, ctx, `task-1 cancelled attempts=1 openai/gpt-5 tokens=500 requests=1 cost=0\.25 budget=exceeded:tokens\n`)
 	f.stdout.await(t, ctx, `\n  Usage: 500 tokens \(400 in, 100 out\), 1 request, cost 0\.25\n  Budget \(its own\): spent tokens 500 of 400, cost 0\.25, requests 1; left tokens 0\n  +EXCEEDED: its tokens limit`)
 	assert.Equal(t, 0, f.interrupt(t), f.stderr.String())
-}
-
-// mustOpen is bgtask.Open for a test whose options are fine: it panics on
-// an error, which fails the test at once.
-func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
-	m, err := bgtask.Open(context.Background(), host, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return m
 }

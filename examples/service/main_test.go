@@ -14,6 +14,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/bgtask/bgtask/mirror"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,7 +65,7 @@ func TestMirrorConvergesUnderConcurrentChangesAndLag(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			g := &gate{done: map[string]chan struct{}{}}
-			m := mustOpen(bgtask.NewFuncHost(g.run), bgtask.WithIDs(bgtask.SequentialIDs()))
+			m := testkit.MustOpen(bgtask.NewFuncHost(g.run), bgtask.WithIDs(bgtask.SequentialIDs()))
 			defer m.Shutdown(context.Background())
 			srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Buffer: buffer}))
 			defer func() {
@@ -96,7 +97,7 @@ func TestMirrorConvergesUnderConcurrentChangesAndLag(t *testing.T) {
 					ids = append(ids, task.ID)
 					mu.Unlock()
 					if i%5 == 0 {
-						assert.NoError(t, stopErr(client.Stop(ctx, bgtask.Target{Task: task.ID})))
+						assert.NoError(t, testkit.StopErr(client.Stop(ctx, bgtask.Target{Task: task.ID})))
 						return
 					}
 					close(g.ch(p))
@@ -174,7 +175,7 @@ func instant(context.Context, bgtask.Run) error { return nil }
 func TestRoundsKeepAVariedPopulationAndForgetTheOld(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m := mustOpen(bgtask.NewFuncHost(subagent(instant)), options()...)
+	m := testkit.MustOpen(bgtask.NewFuncHost(subagent(instant)), options()...)
 	defer m.Shutdown(context.Background())
 	p := newPopulation(m)
 	var rounds [][]string
@@ -241,7 +242,7 @@ func TestRoundsNeverPileUpTasksThatDoNotEnd(t *testing.T) {
 			}
 		}
 	}
-	m := mustOpen(bgtask.NewFuncHost(subagent(never)), options()...)
+	m := testkit.MustOpen(bgtask.NewFuncHost(subagent(never)), options()...)
 	defer m.Shutdown(context.Background())
 	p := newPopulation(m)
 	live := func() int {
@@ -317,17 +318,4 @@ func TestServeStopsPromptlyWhileAStreamIsOpen(t *testing.T) {
 	case <-bound.Done():
 		t.Fatal("serve did not return within 3s of its interruption while a stream was open")
 	}
-}
-
-// stopErr is the error of a Stop, for a check that wants only that.
-func stopErr(_ bgtask.ClosureReport, err error) error { return err }
-
-// mustOpen is bgtask.Open for a test whose options are fine: it panics on
-// an error, which fails the test at once.
-func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
-	m, err := bgtask.Open(context.Background(), host, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return m
 }

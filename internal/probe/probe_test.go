@@ -6,6 +6,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/internal/probe"
+	"github.com/bgtask/bgtask/internal/testkit"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -23,20 +24,10 @@ func (idleHost) AbortSession(ctx context.Context, sid string) error { return nil
 func TestTheRootPackageInstallsTheProbes(t *testing.T) {
 	require.NotNil(t, probe.Running, "importing bgtask installs the probes")
 	require.NotNil(t, probe.Parked)
-	m := mustOpen(idleHost{})
+	m := testkit.MustOpen(idleHost{})
 	n, _ := probe.Running(m)
 	assert.Zero(t, n)
 	p, _ := probe.Parked(m)
 	assert.Zero(t, p)
 	require.NoError(t, m.Shutdown(context.Background()))
-}
-
-// mustOpen is bgtask.Open for a test whose options are fine: it panics on
-// an error, which fails the test at once.
-func mustOpen(host bgtask.Host, opts ...bgtask.Option) *bgtask.Manager {
-	m, err := bgtask.Open(context.Background(), host, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return m
 }
