@@ -442,8 +442,8 @@ func (m *Manager) sessionKnown(session string) bool {
 
 // What begins a closure (ClosureSummary.By).
 const (
-	closedByCloseBranch    = "stop_session"
-	closedByCloseTask      = "stop_tree"
+	closedByStopSession    = "stop_session"
+	closedByStopTree       = "stop_tree"
 	closedByCaller         = "caller"
 	closedBySessionDeleted = "session_deleted"
 	closedByRestart        = "restart"

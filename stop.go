@@ -309,8 +309,10 @@ type Target struct {
 	Cause *StopCause
 }
 
-// check says what is wrong with t, if anything.
-func (t Target) check() error {
+// Validate says what is wrong with t, if anything (ErrInvalidArgument):
+// the rules Manager.Stop, pgledger's Node.Stop and bgtaskhttp's
+// Client.Stop all apply before they act.
+func (t Target) Validate() error {
 	set := 0
 	for _, s := range [...]bool{t.Task != "", t.Session != "", t.Run != (RunRef{})} {
 		if s {
@@ -359,14 +361,14 @@ func (t Target) check() error {
 // context is no such case.
 func (m *Manager) Stop(ctx context.Context, t Target) (ClosureReport, error) {
 	ctx = orBackground(ctx)
-	if err := t.check(); err != nil {
+	if err := t.Validate(); err != nil {
 		return ClosureReport{}, err
 	}
 	switch {
 	case t.Session != "":
-		return m.closeBranch(ctx, t.Session, closedByCloseBranch, t.NoWait)
+		return m.closeBranch(ctx, t.Session, closedByStopSession, t.NoWait)
 	case t.Tree:
-		return m.closeTask(ctx, t.Task, closedByCloseTask, t.NoWait)
+		return m.closeTask(ctx, t.Task, closedByStopTree, t.NoWait)
 	case t.NoWait:
 		id, token := t.Task, ""
 		if id == "" {

@@ -253,3 +253,22 @@ func TestFollowStopsOnARefusal(t *testing.T) {
 	err := (&bgtaskhttp.Client{Base: refuse.URL}).Follow(context.Background(), &mir, nil)
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask, "a 4xx ends Follow with the service's error")
 }
+
+// Client.Stop applies Manager.Stop's rules before it sends anything, and
+// refuses a cause it could not carry; the task is left as it was.
+func TestClientStopRefusesATargetTheManagerWouldRefuse(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	a := s.running(t, "chat")
+	for name, tg := range map[string]bgtask.Target{
+		"zero":             {},
+		"task and session": {Task: a.ID, Session: "chat"},
+		"tree alone":       {Tree: true},
+		"a cause":          {Task: a.ID, Cause: &bgtask.StopCause{Kind: bgtask.StopClosure, Root: "elsewhere"}},
+	} {
+		_, err := s.c.Stop(s.ctx, tg)
+		assert.ErrorIs(t, err, bgtask.ErrInvalidArgument, name)
+	}
+	got, err := s.c.Task(s.ctx, a.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusRunning, got.Status, "nothing was stopped")
+}

@@ -168,21 +168,24 @@ func (c *Client) Task(ctx context.Context, id string) (bgtask.Task, error) {
 // with t.Run one run of it, by token), /tasks/{id}/close (t.Tree) or
 // /sessions/{id}/close (t.Session), with ?nowait=1 for t.NoWait.
 func (c *Client) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport, error) {
+	if err := t.Validate(); err != nil {
+		return bgtask.ClosureReport{}, err
+	}
+	if t.Cause != nil { // the server records its caller's stop as a cancel: a cause would be lost
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: Target.Cause cannot be sent over HTTP", bgtask.ErrInvalidArgument)
+	}
 	var path string
 	q := url.Values{}
 	switch {
-	case t.Session != "" && t.Task == "" && t.Run == (bgtask.RunRef{}) && !t.Tree:
+	case t.Session != "":
 		path = "/sessions/" + url.PathEscape(t.Session) + "/close"
-	case t.Task != "" && t.Session == "" && t.Run == (bgtask.RunRef{}):
+	case t.Tree:
+		path = "/tasks/" + url.PathEscape(t.Task) + "/close"
+	case t.Task != "":
 		path = "/tasks/" + url.PathEscape(t.Task) + "/cancel"
-		if t.Tree {
-			path = "/tasks/" + url.PathEscape(t.Task) + "/close"
-		}
-	case t.Run.TaskID != "" && t.Run.Token != "" && t.Task == "" && t.Session == "" && !t.Tree:
+	default:
 		path = "/tasks/" + url.PathEscape(t.Run.TaskID) + "/cancel"
 		q.Set("token", t.Run.Token)
-	default:
-		return bgtask.ClosureReport{}, fmt.Errorf("%w: a Target names one of Task (with or without Tree), Session and Run", bgtask.ErrInvalidArgument)
 	}
 	if t.NoWait {
 		q.Set("nowait", "1")

@@ -295,24 +295,25 @@ func (n *Node) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport,
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	switch {
-	case t.Session != "" && t.Task == "" && t.Run == (bgtask.RunRef{}) && !t.Tree:
-		return n.closeBranch(ctx, t.Session, t.NoWait)
-	case t.Tree && t.Task != "" && t.Session == "" && t.Run == (bgtask.RunRef{}):
-		return n.closeTask(ctx, t.Task, t.NoWait)
-	case t.Task != "" || t.Run.TaskID != "":
-		id := t.Task
-		if id == "" {
-			id = t.Run.TaskID
-		}
-		for _, m := range n.Managers() {
-			if _, err := m.Task(id); err == nil {
-				return m.Stop(ctx, t)
-			}
-		}
-		return bgtask.ClosureReport{}, fmt.Errorf("%w: %q is no task of this process (a Target with Tree reaches every process)", bgtask.ErrUnknownTask, id)
+	if err := t.Validate(); err != nil {
+		return bgtask.ClosureReport{}, err
 	}
-	return bgtask.ClosureReport{}, fmt.Errorf("%w: a Target names one of Task (with or without Tree), Session and Run", bgtask.ErrInvalidArgument)
+	switch {
+	case t.Session != "":
+		return n.closeBranch(ctx, t.Session, t.NoWait)
+	case t.Tree:
+		return n.closeTask(ctx, t.Task, t.NoWait)
+	}
+	id := t.Task
+	if id == "" {
+		id = t.Run.TaskID
+	}
+	for _, m := range n.Managers() {
+		if _, err := m.Task(id); err == nil {
+			return m.Stop(ctx, t)
+		}
+	}
+	return bgtask.ClosureReport{}, fmt.Errorf("%w: %q is no task of this process (a Target with Tree reaches every process)", bgtask.ErrUnknownTask, id)
 }
 
 func (n *Node) closeBranch(ctx context.Context, sessionID string, noWait bool) (bgtask.ClosureReport, error) {
