@@ -65,6 +65,12 @@ var (
 	// have been recorded; the error is a *DurabilityUnknownError naming the
 	// task, and it also matches the context's error (errors.Is).
 	ErrDurabilityUnknown = errors.New("the context ended before the records were durable")
+	// ErrCorrupt: a file journal holds damage no crash explains (a bad
+	// record that complete records follow); OpenFileJournal and
+	// ReadFileJournal refuse it, and nothing changed. The error is a
+	// *CorruptError saying where and what a repair (WithRepair, bgtask
+	// repair DIR) would drop.
+	ErrCorrupt = errors.New("the journal is corrupt")
 )
 
 // DurabilityUnknownError is a call (Launch, Extend, Stop) whose context

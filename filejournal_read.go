@@ -55,8 +55,9 @@ type RecordView struct {
 // lock is taken and no byte is changed, so it works on a journal whose
 // writer is still running (it sees what was written so far) and on one a
 // crash left (a torn tail is reported in Torn, not cut off). A corrupt
-// record before the tail, or one that cannot be read or replayed, is an
-// error naming the file and offset (and the record's kind). A dir that
+// journal (a damaged record that complete records follow) is a
+// *CorruptError (ErrCorrupt); a record that cannot be read or replayed is
+// an error naming the file and offset (and the record's kind). A dir that
 // does not exist, or holds no journal segment (seg-<n>.log), is an error
 // that matches fs.ErrNotExist: it is no journal, not an empty one.
 func ReadFileJournal(dir string) (v JournalView, err error) {
@@ -70,7 +71,7 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 	}()
 	payloads, torn, err := wal.ReadOnly(dir, wal.Options{})
 	if err != nil {
-		return JournalView{}, err
+		return JournalView{}, corruptError(err)
 	}
 	if torn != nil {
 		v.Torn = fmt.Sprintf("%s at offset %d (%d bytes)", torn.File, torn.Offset, torn.Bytes)
@@ -89,8 +90,7 @@ func ReadFileJournal(dir string) (v JournalView, err error) {
 				return err
 			}
 			recs = append(recs, rec)
-			v.Records = append(v.Records, RecordView{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: rec.attempt.ID,
-				ParentSessionID: parentOf(&rec), At: rec.at, Change: describe(&rec)})
+			v.Records = append(v.Records, recordView(&rec))
 			if _, err := l.replayOne(rec); err != nil {
 				return &recordError{seq: rec.seq, kind: rec.kind, err: err}
 			}
@@ -144,6 +144,12 @@ func (v JournalView) RecordsOf(t Task) []RecordView {
 		}
 	}
 	return out
+}
+
+// recordView is rec as an operator reads it.
+func recordView(rec *record) RecordView {
+	return RecordView{Seq: rec.seq, Kind: rec.kind.String(), TaskID: rec.task, AttemptID: rec.attempt.ID,
+		ParentSessionID: parentOf(rec), At: rec.at, Change: describe(rec)}
 }
 
 // isJournal says why dir is not a file journal, if it is not: it does not

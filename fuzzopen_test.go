@@ -226,7 +226,9 @@ func (noSyncFS) ReadDir(name string) ([]os.DirEntry, error)   { return os.ReadDi
 func (noSyncFS) MkdirAll(path string, perm os.FileMode) error { return os.MkdirAll(path, perm) }
 func (noSyncFS) SyncDir(string) error                         { return nil }
 
-func withoutSyncs() FileJournalOption { return fileOption(func(o *wal.Options) { o.FS = noSyncFS{} }) }
+func withoutSyncs() FileJournalOption {
+	return fileOption(func(o *wal.Options) error { o.FS = noSyncFS{}; return nil })
+}
 
 // Mutations: a fuzz input's ops are read op by op (a byte, then its
 // operands); a script that ends early reads zeros.

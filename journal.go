@@ -105,33 +105,36 @@ func guardJournal(what string, f func() error) (err error) {
 }
 
 // FileJournalOption configures OpenFileJournal: WithSyncEachCommit,
-// WithSegmentSize.
-type FileJournalOption interface{ applyFile(*wal.Options) }
+// WithSegmentSize, WithRepair.
+type FileJournalOption interface{ applyFile(*wal.Options) error }
 
-type fileOption func(*wal.Options)
+type fileOption func(*wal.Options) error
 
-func (f fileOption) applyFile(o *wal.Options) { f(o) }
+func (f fileOption) applyFile(o *wal.Options) error { return f(o) }
 
 // WithSyncEachCommit makes every commit its own fsync. Default: group
 // commit — commits that arrive while an fsync is in progress share the
 // next one.
 func WithSyncEachCommit() FileJournalOption {
-	return fileOption(func(o *wal.Options) { o.SyncEach = true })
+	return fileOption(func(o *wal.Options) error { o.SyncEach = true; return nil })
 }
 
 // WithSegmentSize starts a new segment file once the current one holds n
 // bytes. Default (and for n ≤ 0): 64 MiB.
 func WithSegmentSize(n int64) FileJournalOption {
-	return fileOption(func(o *wal.Options) { o.SegmentBytes = n })
+	return fileOption(func(o *wal.Options) error { o.SegmentBytes = n; return nil })
 }
 
 // OpenFileJournal opens (or creates) a journal in dir, the embedded
 // default for durability: segment files of length-prefixed, CRC-32C-checked
 // records, fsync'd by group commit (see internal/wal). One process at a
 // time: a second opener of dir gets an error saying it is in use. A torn
-// last record (a crash mid-write) is cut off and reported when the Manager
-// opens (a warning); a bad checksum anywhere else is an error naming the
-// file and offset, and the journal refuses to open. So is, when a Manager
+// last record (a crash mid-write: a damaged record that nothing complete
+// follows) is cut off and reported when the Manager opens (a warning); a
+// damaged record that complete records follow is corruption, which no
+// crash leaves: the journal refuses to open with a *CorruptError
+// (ErrCorrupt) naming the segment, the offset, and the records and tasks
+// that follow, unless WithRepair is given. So is, when a Manager
 // opens it, a record that cannot be decoded or that the ledger refuses
 // (one bgtask did not write): the error names its file, its offset and
 // its kind.
@@ -142,12 +145,14 @@ func OpenFileJournal(dir string, opts ...FileJournalOption) (Journal, error) {
 	var o wal.Options
 	for _, f := range opts {
 		if f != nil {
-			f.applyFile(&o)
+			if err := f.applyFile(&o); err != nil {
+				return nil, err
+			}
 		}
 	}
 	l, err := wal.Open(dir, o)
 	if err != nil {
-		return nil, err
+		return nil, corruptError(err)
 	}
 	return &fileJournal{l: l}, nil
 }

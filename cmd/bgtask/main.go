@@ -6,6 +6,7 @@
 //	bgtask records DIR [ID] [-json]   every record in order, or one task's with the restarts and its parent's records
 //	bgtask closures DIR [-json]       the branch closures recorded
 //	bgtask follow URL [-json]         print a live service's tasks as they change (JSON: a task per line)
+//	bgtask repair DIR [-n] [-json]    cut a corrupt journal at its damage, keeping a copy, after saying what it drops
 //
 // Flags may come before or after the arguments; an ID may be any prefix of
 // a task's id that names one task. Errors go to stderr with exit status 1,
@@ -13,7 +14,11 @@
 //
 // A journal is read without its lock and without changing a byte, so it
 // may belong to a running harness, or to one a crash left (a torn tail is
-// reported, and left alone).
+// reported, and left alone). A corrupt journal (a damaged record that
+// complete records follow, which no crash leaves) is an error, exit status
+// 1, naming where and what follows; repair is the one command that
+// writes: it takes the journal's lock, says what it drops, keeps a copy,
+// and cuts.
 package main
 
 import (
@@ -27,6 +32,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -80,7 +86,7 @@ func usagef(cmd, format string, args ...any) error {
 
 const usage = `bgtask looks inside bgtask: a journal directory, read without its lock and
 without changing a byte (a running harness's, or one a crash left), or a
-live bgtaskhttp service.
+live bgtaskhttp service; and repairs a corrupt journal.
 
 Usage:
   bgtask tasks DIR [-status S,...] [-parent SESSION] [-json]   list the tasks
@@ -90,6 +96,8 @@ Usage:
                                     closures' records included), or one task's
   bgtask closures DIR [-json]       the branch closures recorded
   bgtask follow URL [-json]         a live service's tasks as they change
+  bgtask repair DIR [-n] [-json]    cut a corrupt journal at its damage, keeping a
+                                    copy, after saying what it drops (-n: only say)
 
 Flags may come before or after the arguments. An ID may be a prefix of a
 task's id that names one task. Exit status: 0 done, 1 error, 2 usage error.
@@ -156,6 +164,23 @@ var commands = map[string]*command{
 		min:     1, max: 1,
 		run: closuresCmd,
 	},
+	"repair": {
+		args: "DIR",
+		about: "Repairs a corrupt journal: one with a damaged record that complete records\n" +
+			"follow, which no crash leaves (a crash's torn tail is cut by any open, and\n" +
+			"needs no repair). It first prints where the damage is and every record and\n" +
+			"task the cut drops, then keeps a copy of what it cuts (the damaged segment's\n" +
+			"bytes from the cut on, and every later segment) in DIR/cut-<time>, and cuts\n" +
+			"the journal where the damaged commit begins. With -n it only prints. It takes\n" +
+			"the journal's lock: stop the process that writes it first. Exit status 0 when\n" +
+			"the journal opens afterwards (or needed nothing), 1 if it was not repaired.",
+		example: "bgtask repair ./journal -n",
+		min:     1, max: 1,
+		flags: func(fs *flag.FlagSet) {
+			fs.Bool("n", false, "only print what a repair would drop; change nothing")
+		},
+		run: repairCmd,
+	},
 	"follow": {
 		args:    "URL",
 		about:   "Follows a live bgtaskhttp service: prints its tasks, then a line for each task\nthat changes (with its usage, and its budget once spent; the timeline and the\nbudget once it ends), until interrupted. An address that\ncannot be reached or is no bgtask service is an error at once; one that does\nnot answer within 5s, an error then. Once following, a dropped connection is\nsaid on stderr and retried with backoff. With -json, one JSON task per line.",
@@ -168,7 +193,7 @@ var commands = map[string]*command{
 // run runs the command line args.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("bgtask", "no command given: tasks, task, records, closures or follow")
+		return usagef("bgtask", "no command given: tasks, task, records, closures, follow or repair")
 	}
 	name, args := args[0], args[1:]
 	switch name {
@@ -182,7 +207,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cmd := commands[name]
 	if cmd == nil {
-		return usagef("bgtask", "unknown command %q: tasks, task, records, closures or follow", name)
+		return usagef("bgtask", "unknown command %q: tasks, task, records, closures, follow or repair", name)
 	}
 	c := &call{name: name, stdout: stdout, stderr: stderr, flags: flag.NewFlagSet(name, flag.ContinueOnError)}
 	c.flags.SetOutput(io.Discard)
@@ -627,3 +652,75 @@ func changed(a, b []bgtask.Task) bool {
 }
 
 func indent(s string) string { return "  " + strings.ReplaceAll(s, "\n", "\n  ") }
+
+// repairCmd says what a repair of the journal in c's first argument drops,
+// and (but with -n) makes it.
+func repairCmd(_ context.Context, c *call) error {
+	dir := c.args[0]
+	dry := c.flags.Lookup("n").Value.String() == "true"
+	_, err := bgtask.ReadFileJournal(dir)
+	var ce *bgtask.CorruptError
+	if !errors.As(err, &ce) {
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(map[string]any{"corrupt": false})
+		}
+		fmt.Fprintf(c.stdout, "%s is not corrupt: nothing to repair\n", dir)
+		return nil
+	}
+	if dry {
+		if err := c.printRepair(ce, false); err != nil {
+			return err
+		}
+		return errors.New("repair -n: nothing changed; the journal is still corrupt")
+	}
+	// The repair itself reads the journal again, under its lock: what it
+	// drops is what it reports here, said before it writes.
+	j, err := bgtask.OpenFileJournal(dir, bgtask.WithRepair(func(ce *bgtask.CorruptError) error {
+		return c.printRepair(ce, true)
+	}))
+	if err != nil {
+		return fmt.Errorf("not repaired: %w", err)
+	}
+	if err := j.Close(); err != nil {
+		return err
+	}
+	if !c.json {
+		fmt.Fprintf(c.stdout, "repaired: the journal opens; what was cut is in %s\n", ce.Copy)
+	}
+	return nil
+}
+
+// printRepair prints what a repair of ce drops (in JSON, ce itself).
+func (c *call) printRepair(ce *bgtask.CorruptError, cutting bool) error {
+	if c.json {
+		return c.printJSON(map[string]any{"corrupt": true, "repairing": cutting, "damage": ce})
+	}
+	fmt.Fprintf(c.stdout, "%s is corrupt: %s at offset %d: %s\n", filepath.Dir(ce.Segment), filepath.Base(ce.Segment), ce.Offset, ce.Why)
+	verb := "would cut"
+	if cutting {
+		verb = "cuts"
+	}
+	fmt.Fprintf(c.stdout, "a repair %s %s at offset %d", verb, filepath.Base(ce.Segment), ce.Cut)
+	if len(ce.Later) > 0 {
+		names := make([]string, len(ce.Later))
+		for i, l := range ce.Later {
+			names[i] = filepath.Base(l)
+		}
+		fmt.Fprintf(c.stdout, " and sets aside %s", strings.Join(names, ", "))
+	}
+	fmt.Fprintf(c.stdout, ", keeping a copy in %s\n", ce.Copy)
+	fmt.Fprintf(c.stdout, "it drops %d complete records of %d tasks", len(ce.Dropped), len(ce.Tasks))
+	if len(ce.Tasks) > 0 {
+		fmt.Fprintf(c.stdout, " (%s)", strings.Join(ce.Tasks, ", "))
+	}
+	fmt.Fprintln(c.stdout, ":")
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tKIND\tTASK\tCHANGE")
+	for _, r := range ce.Dropped {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", r.Seq, r.Kind, orDash(r.TaskID), r.Change)
+	}
+	return tw.Flush()
+}

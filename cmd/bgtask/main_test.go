@@ -726,3 +726,77 @@ func TestFollowShowsUsageAndASpentBudget(t *testing.T) {
 	f.stdout.await(t, ctx, `\n  Usage: 500 tokens \(400 in, 100 out\), 1 request, cost 0\.25\n  Budget \(its own\): spent tokens 500 of 400, cost 0\.25, requests 1; left tokens 0\n  +EXCEEDED: its tokens limit`)
 	assert.Equal(t, 0, f.interrupt(t), f.stderr.String())
 }
+
+// A flipped byte with complete records after it is corruption: tasks and
+// records refuse it with where it is; repair -n says what a repair drops
+// and changes nothing; repair says it first, keeps a copy, and cuts.
+func TestACorruptJournalIsRefusedThenRepaired(t *testing.T) {
+	dir := t.TempDir()
+	m, tasks := journaled(t, dir)
+	require.NoError(t, m.Shutdown(context.Background()))
+	segs, err := filepath.Glob(filepath.Join(dir, "seg-*.log"))
+	require.NoError(t, err)
+	require.Len(t, segs, 1)
+	data, err := os.ReadFile(segs[0])
+	require.NoError(t, err)
+	// The second record's payload: the first commit (the first launch)
+	// is damaged, and every later one follows it.
+	first := 12 + int(binary.LittleEndian.Uint32(data)&^(3<<30))
+	pos := first + 12 + 5
+	data[pos] ^= 0xff
+	require.NoError(t, os.WriteFile(segs[0], data, 0o644))
+	snapshot := func() map[string]string {
+		out := map[string]string{}
+		require.NoError(t, filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && d.Name() != "LOCK" {
+				b, err := os.ReadFile(p)
+				out[p] = string(b)
+				return err
+			}
+			return err
+		}))
+		return out
+	}
+	before := snapshot()
+
+	for _, args := range [][]string{{"tasks", dir}, {"records", dir}, {"task", dir, tasks[0].ID}, {"closures", dir}} {
+		r := cli(t, args...)
+		assert.Equal(t, 1, r.code, "%v: a corrupt journal is an error", args)
+		assert.Empty(t, r.stdout, "%v", args)
+		assert.Contains(t, r.stderr, "bgtask: the journal is corrupt: "+segs[0]+" at offset", "%v", args)
+		assert.Contains(t, r.stderr, "bgtask repair "+dir, "%v: it says how to repair", args)
+		for _, task := range tasks {
+			assert.Contains(t, r.stderr, task.ID, "%v: it names the tasks whose records follow", args)
+		}
+	}
+	assert.Equal(t, before, snapshot(), "reading changes nothing")
+
+	r := cli(t, "repair", dir, "-n")
+	assert.Equal(t, 1, r.code, "-n repairs nothing: the journal is still corrupt")
+	assert.Contains(t, r.stdout, "a repair would cut")
+	for _, task := range tasks {
+		assert.Contains(t, r.stdout, task.ID)
+	}
+	assert.Contains(t, r.stdout, "task_launched")
+	assert.Equal(t, before, snapshot(), "repair -n changes nothing")
+
+	r = cli(t, "repair", dir)
+	require.Equal(t, 0, r.code, r.stderr)
+	report, done, found := strings.Cut(r.stdout, "repaired:")
+	require.True(t, found, r.stdout)
+	assert.Contains(t, report, "a repair cuts", "what it drops is said before it is done")
+	assert.Contains(t, report, tasks[1].ID)
+	copies, err := filepath.Glob(filepath.Join(dir, "cut-*", filepath.Base(segs[0])+".from-*"))
+	require.NoError(t, err)
+	require.Len(t, copies, 1, "a copy of what was cut")
+	assert.Contains(t, done, filepath.Dir(copies[0]))
+	kept, err := os.ReadFile(copies[0])
+	require.NoError(t, err)
+	assert.Equal(t, data[first:], kept[:len(data)-first], "the copy holds the bytes from the cut on")
+
+	r = cli(t, "tasks", dir)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = cli(t, "repair", dir)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "not corrupt")
+}

@@ -66,7 +66,10 @@
 //     the segment's clean end (preallocated space), in any segment: no
 //     torn tail, nothing reported.
 //   - Otherwise, in a segment before the last, it is corruption.
-//   - In the last segment, the damaged record is the torn tail of a write
+//   - If a complete, checksummed record follows it, it is corruption
+//     unless a lost sector of the unit in flight explains it (the rules
+//     are in corrupt.go: "Corruption is not a torn write").
+//   - Else, in the last segment, the damaged record is the torn tail of a write
 //     a crash interrupted if it is cut short by the end of the file, or
 //     ends where the file ends (with a header whose own checksum fails:
 //     if the file ends within that header, or where the length it gives
@@ -81,9 +84,11 @@
 //     later piece of a record longer than W: then that record's header was
 //     in an earlier, durable unit, so the length is known, and the piece
 //     ends with the record.
-//   - Anything else is corruption: Open fails with an error naming the
-//     file and the offset, and never skips it. So is a good header whose
-//     length is over MaxRecord, which no write leaves.
+//   - Anything else is corruption: Open fails with a *Corrupt naming the
+//     file, the offset and the complete records that follow, and never
+//     skips it; with Options.Repair it cuts there instead, keeping a copy.
+//     So is a good header whose length is over MaxRecord, which no write
+//     leaves.
 //
 // A batch the damaged record (or the segment's clean end) leaves
 // incomplete goes with it: off moves back to where that batch began.
@@ -121,6 +126,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -193,6 +199,12 @@ type Options struct {
 	// Default (false): segments keep durable zeros ahead of the next
 	// record, and a round overwrites them without changing the file size.
 	NoPrealloc bool
+	// Repair, if set, repairs a corrupt journal at Open (see Corrupt):
+	// Open calls it with what the cut drops and where the copy goes,
+	// before it writes anything; if it returns nil, Open keeps a copy of
+	// what it cuts, cuts, and opens what is left; if it returns an error,
+	// Open fails with it and changes nothing. ReadOnly ignores it.
+	Repair func(*Corrupt) error
 }
 
 // FS is what a Log needs of a file system.
@@ -440,8 +452,23 @@ func (l *Log) readSegments() (segs []seg, ns []int, err error) {
 	if ns, err = l.segments(); err != nil {
 		return nil, nil, err
 	}
-	for i, n := range ns {
+	for i := 0; i < len(ns); i++ {
+		n := ns[i]
 		s, err := l.read(n, i == len(ns)-1)
+		var c *Corrupt
+		if errors.As(err, &c) {
+			// A later segment that begins with a compaction's base
+			// replaces this one: its damage no longer counts.
+			if j := slices.IndexFunc(ns[i+1:], l.startsBase); j >= 0 {
+				segs, i = segs[:0], i+j
+				continue
+			}
+			if err := l.laterDamage(c, ns[i+1:]); err != nil {
+				return nil, nil, err
+			}
+			c.Copy = copyDir(l.fs, l.dir)
+			return nil, nil, c
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -458,6 +485,16 @@ func (l *Log) readSegments() (segs []seg, ns []int, err error) {
 // and opens the last segment for appending.
 func (l *Log) load() error {
 	segs, ns, err := l.readSegments()
+	var c *Corrupt
+	if errors.As(err, &c) && l.opts.Repair != nil {
+		if err := l.opts.Repair(c); err != nil {
+			return err
+		}
+		if err := l.repair(c); err != nil {
+			return err
+		}
+		segs, ns, err = l.readSegments()
+	}
 	if err != nil {
 		return err
 	}
@@ -568,11 +605,16 @@ func (l *Log) read(n int, last bool) (s seg, err error) {
 			if allZero(data[off:]) {
 				break // the clean end: preallocated space
 			}
-			if last && tornTail(data, off, bad) {
+			follow := completeFrom(data, scanFrom(off, bad))
+			if last && (len(follow) == 0 && tornTail(data, off, bad) || len(follow) > 0 && tornUnit(data, off, bad, follow)) {
 				s.torn = &Torn{File: name, Offset: off, Bytes: s.size - off}
 				break
 			}
-			return seg{}, fmt.Errorf("journal: %s at offset %d: %s: refusing to start (the journal is corrupt)", name, off, bad.why)
+			cut, idx := off, len(s.recs)
+			if open {
+				cut, idx = batchOff, batchIdx
+			}
+			return seg{}, corruptAt(name, off, bad.why, cut, s.recs, idx, follow)
 		}
 		if !open {
 			batchOff, batchIdx = off, len(s.recs)
@@ -590,7 +632,7 @@ func (l *Log) read(n int, last bool) (s seg, err error) {
 		// its records and lost the rest. The batch is cut as a torn
 		// record is: none of it was durable, so none of it happened.
 		if !last {
-			return seg{}, fmt.Errorf("journal: %s at offset %d: a commit that does not end before the segment does: refusing to start (the journal is corrupt)", name, batchOff)
+			return seg{}, corruptAt(name, batchOff, "a commit that does not end before the segment does", batchOff, s.recs, batchIdx, nil)
 		}
 		s.recs = s.recs[:batchIdx]
 		s.torn = &Torn{File: name, Offset: batchOff, Bytes: s.size - batchOff}
