@@ -132,7 +132,7 @@ func TestCloseBranchFenceRefusesNewWorkInScopeOnly(t *testing.T) {
 		rep, err := h.m.Stop(context.Background(), Target{Session: "root"})
 		done <- result{rep, err}
 	}()
-	<-entered // the closure is mid-flight, its fence up
+	recv(t, entered, "the closure's first abort") // the closure is mid-flight, its fence up
 
 	for _, parent := range []string{"root", midSes, grandSes} {
 		_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: parent, Models: mustModels(t, "a/one")})
@@ -142,7 +142,7 @@ func TestCloseBranchFenceRefusesNewWorkInScopeOnly(t *testing.T) {
 	assert.NoError(t, err, "outside the branch work goes on")
 
 	close(release)
-	r := <-done
+	r := recv(t, done, "the branch's Stop to return")
 	require.NoError(t, r.err)
 	_, err = h.m.Launch(context.Background(), Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
 	assert.NoError(t, err, "the fence comes down when Stop returns")
@@ -159,11 +159,11 @@ func TestRetryableErrorInsideAClosingBranchStartsNothing(t *testing.T) {
 	task, ses := h.child("root")
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
-	<-entered
+	recv(t, entered, "the closure's abort")
 	// The child fails with a retryable error while its abort is in flight.
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionError, Err: errRateLimited}))
 	close(release)
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the branch's Stop to return"))
 	got := h.task(task.ID)
 	assert.Len(t, got.Attempts, 1, "no retry in a closing branch")
 	assert.Equal(t, StatusError, got.Status, "the child ended on its own failure; the closure only forbids a retry")
@@ -182,7 +182,7 @@ func TestCloseBranchAbortsAnInFlightStartOnArrival(t *testing.T) {
 		return sid, nil
 	}})
 	task := h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
-	<-entered
+	recv(t, entered, "the start under root")
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	// The closure must wait for the start; release it once the fence is up.
@@ -194,10 +194,10 @@ func TestCloseBranchAbortsAnInFlightStartOnArrival(t *testing.T) {
 		if up {
 			break
 		}
-		<-wait
+		recv(t, wait, "a change (the closure's fence going up)")
 	}
 	close(release)
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the branch's Stop to return"))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status)
 	assert.Equal(t, []string{"ses-1"}, h.host.Aborts(), "the arriving session was aborted")
@@ -251,12 +251,12 @@ func TestOverlappingAndNestedClosuresBothReturn(t *testing.T) {
 
 	errs := make(chan error, 3)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); errs <- err }()
-	<-entered
+	recv(t, entered, "the first closure's abort")
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); errs <- err }() // overlapping
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: midSes}); errs <- err }() // nested
 	close(release)
 	for range 3 {
-		assert.NoError(t, <-errs)
+		assert.NoError(t, recv(t, errs, "each of the three Stops to return"))
 	}
 	assert.Equal(t, StatusCancelled, h.task(deep.ID).Status)
 	n := 0
@@ -357,7 +357,7 @@ func TestCloseBranchFromInsideACallbackDoesNotWaitOnItself(t *testing.T) {
 	kid, _ := h.child(ses)
 	kidID = kid.ID
 	require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: kid.ID})))
-	r := <-inner
+	r := recv(t, inner, "the Stop made inside the abort callback")
 	assert.ErrorIs(t, r.err, ErrStopPending)
 	assert.Equal(t, 1, r.rep.Passes)
 	h.settle()
@@ -403,11 +403,11 @@ func TestARescanWalksAgainWhenTheLedgerWidened(t *testing.T) {
 	before := h.walks()
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
-	<-entered
+	recv(t, entered, "the closure's abort")
 	// A launch anywhere is a record that could add a run to some branch.
 	outside := h.launchSpec(Spec{ParentSessionID: "elsewhere", Models: mustModels(t, "a/one")})
 	close(release)
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the branch's Stop to return"))
 	assert.Equal(t, before+2, h.walks(), "the rescan walked the branch again")
 	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
 	h.settle()

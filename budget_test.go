@@ -54,8 +54,8 @@ func TestAHardLimitStopsTheTreeHonestlyAndRefusesLaunches(t *testing.T) {
 	assert.Contains(t, err.Error(), "tokens 1050 of 1000")
 
 	// Honest: the aborts are asked and not yet answered; the runs go on.
-	<-asked
-	<-asked
+	recv(t, asked, "the budget closure's first abort")
+	recv(t, asked, "the budget closure's second abort")
 	for _, id := range []string{root.ID, child.ID} {
 		task := h.task(id)
 		assert.Equal(t, StatusRunning, task.Status, "task %s reads running until its child stopped", id)

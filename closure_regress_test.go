@@ -30,14 +30,14 @@ func TestConfirmedAbortIsRecordedWhileOtherAbortsHang(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	for range maxAbortWorkers + 1 {
-		<-entered // ses-1's abort returned; every worker now hangs in one
+		recv(t, entered, "an abort of the closure") // ses-1's abort returned; every worker now hangs in one
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // failure detection only
 	defer cancel()
 	got, err := h.m.Wait(wctx, first.ID)
 	require.NoError(t, err, "the confirmed stop waited behind the hung aborts")
 	close(release)
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the branch's Stop to return"))
 	assert.Equal(t, StatusCancelled, got.Status, "the host confirmed ses-1's abort")
 }
 
@@ -100,7 +100,7 @@ func TestFenceCoversTasksUnderASessionBoundDuringTheClosure(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
-	<-abortO // the first pass is waiting
+	recv(t, abortO, "ses-1's abort") // the first pass is waiting
 
 	close(releaseStart) // T binds x-session and is aborted on arrival
 	require.Equal(t, StatusCancelled, h.wait(tt.ID).Status)
@@ -118,7 +118,7 @@ func TestFenceCoversTasksUnderASessionBoundDuringTheClosure(t *testing.T) {
 	assert.Contains(t, h.host.Aborts(), got2.SessionID)
 
 	close(releaseAbort)
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the branch's Stop to return"))
 	assert.Equal(t, StatusCancelled, h.task(g2.ID).Status)
 }
 
@@ -148,7 +148,7 @@ func TestClosureWaitsForTheSessionOfAFailedStart(t *testing.T) {
 		abort: func(ctx context.Context, sid string) error { return errors.New("wedged") },
 	})
 	task := h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
-	<-entered
+	recv(t, entered, "the start")
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
 	h.until(func() bool {
@@ -157,7 +157,7 @@ func TestClosureWaitsForTheSessionOfAFailedStart(t *testing.T) {
 		return len(h.m.closures.active) == 1 && h.m.led.tasks[task.ID].stop != ""
 	})
 	close(release)
-	err := <-done
+	err := recv(t, done, "the branch's Stop to return")
 	assert.ErrorIs(t, err, ErrBranchNotStopped, "ses-1 exists and its abort failed")
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
 	assert.Contains(t, h.host.Aborts(), "ses-1")
@@ -175,7 +175,7 @@ func TestClosureRootBoundDuringTheClosureIsStopped(t *testing.T) {
 		return "the-root", nil
 	}})
 	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
-	<-entered
+	recv(t, entered, "the start")
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "the-root"}); done <- err }()
 	h.until(func() bool {
@@ -189,7 +189,7 @@ func TestClosureRootBoundDuringTheClosureIsStopped(t *testing.T) {
 	default:
 	}
 	close(release) // the root session is bound to the task during the closure
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the branch's Stop to return"))
 	assert.Equal(t, StatusCancelled, h.wait(task.ID).Status)
 }
 
@@ -210,7 +210,7 @@ func TestClosureFromACallbackFinishesInTheBackground(t *testing.T) {
 	grand, _ := h.child(kidSes)
 	kidID.Store(kid.ID)
 	require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: kid.ID})))
-	assert.ErrorIs(t, <-inner, ErrStopPending)
+	assert.ErrorIs(t, recv(t, inner, "the Stop made inside the abort callback"), ErrStopPending)
 	assert.Equal(t, StatusCancelled, h.wait(grand.ID).Status, "the closure went on without its caller")
 	h.until(func() bool { return len(m.Snapshot().Closures) == 1 })
 	_, err := m.Launch(context.Background(), Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
@@ -232,7 +232,7 @@ func TestOverlappingClosuresWaitingOnAStartDoNotWakeEachOther(t *testing.T) {
 		return sid, nil
 	}})
 	h.launchSpec(Spec{ParentSessionID: "root", Models: mustModels(t, "a/one")})
-	<-entered
+	recv(t, entered, "the start")
 	reports := make(chan ClosureReport, 2)
 	for range 2 {
 		go func() {
@@ -251,7 +251,7 @@ func TestOverlappingClosuresWaitingOnAStartDoNotWakeEachOther(t *testing.T) {
 	}
 	close(release)
 	for range 2 {
-		rep := <-reports
+		rep := recv(t, reports, "each of the two Stops to return")
 		assert.LessOrEqual(t, rep.Passes, 4, "a closure made %d passes while it waited", rep.Passes)
 	}
 }

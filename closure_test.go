@@ -64,10 +64,10 @@ func TestCompletionBeatsInFlightAbort(t *testing.T) {
 	h.settle()
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-entered
+	recv(t, entered, "the abort")
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle, Text: "finished first"}))
 	close(release)
-	require.NoError(t, <-cancelled)
+	require.NoError(t, recv(t, cancelled, "Stop to return"))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCompleted, got.Status, "the child's own evidence wins")
 	assert.Equal(t, "finished first", got.Result)
@@ -100,12 +100,12 @@ func TestCancelDuringSessionCreation(t *testing.T) {
 			waiting := make(chan string, 1)
 			h.m.hooks.waiting = func(id string) { waiting <- id }
 			task := h.launch("a/one", "b/two")
-			<-entered
+			recv(t, entered, "the start")
 			cancelled := make(chan error, 1)
 			go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-			<-waiting // Stop recorded the stop and waits for the start
+			recv(t, waiting, "Stop to wait for the start") // Stop recorded the stop and waits for the start
 			close(release)
-			require.NoError(t, <-cancelled)
+			require.NoError(t, recv(t, cancelled, "Stop to return"))
 			got := h.wait(task.ID)
 			assert.Equal(t, StatusCancelled, got.Status)
 			assert.Equal(t, tt.wantSession, got.SessionID)
@@ -130,12 +130,12 @@ func TestCancelDuringSessionCreationWhoseAbortFailsBindsTheLiveSession(t *testin
 	waiting := make(chan string, 1)
 	h.m.hooks.waiting = func(id string) { waiting <- id }
 	task := h.launch("a/one")
-	<-entered
+	recv(t, entered, "the start")
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-waiting
+	recv(t, waiting, "Stop to wait for the start")
 	close(release)
-	err := <-cancelled
+	err := recv(t, cancelled, "Stop to return")
 	require.Error(t, err)
 	got := h.task(task.ID)
 	assert.Equal(t, StatusRunning, got.Status, "alive, and the truth wins")
@@ -167,9 +167,9 @@ func TestCancelContextEndsBeforeAbortLands(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- stopErr(h.m.Stop(ctx, Target{Task: task.ID})) }()
-	<-entered
+	recv(t, entered, "the abort")
 	cancel()
-	assert.ErrorIs(t, <-errc, context.Canceled)
+	assert.ErrorIs(t, recv(t, errc, "Stop to return at its context's end"), context.Canceled)
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
 	close(release)
 	assert.Equal(t, StatusCancelled, h.wait(task.ID).Status, "the abort's outcome is recorded when it lands")
@@ -189,13 +189,13 @@ func TestConcurrentCancelsShareOneAbort(t *testing.T) {
 	h.m.hooks.waiting = func(id string) { waiting <- id }
 	errc := make(chan error, 2)
 	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-entered
-	<-waiting
+	recv(t, entered, "the abort")
+	recv(t, waiting, "the first Stop to wait for its abort")
 	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-waiting // the second Stop joined the abort in flight
+	recv(t, waiting, "the second Stop to wait for the abort") // the second Stop joined the abort in flight
 	close(release)
-	require.NoError(t, <-errc)
-	require.NoError(t, <-errc)
+	require.NoError(t, recv(t, errc, "the first Stop to return"))
+	require.NoError(t, recv(t, errc, "the second Stop to return"))
 	assert.Equal(t, []string{"ses-1"}, h.host.Aborts())
 }
 
@@ -212,7 +212,7 @@ func TestCancelFromInsideStartSessionDoesNotWaitOnItself(t *testing.T) {
 	}})
 	m = h.m
 	task := h.launch("a/one")
-	assert.ErrorIs(t, <-cancelErr, ErrStopPending)
+	assert.ErrorIs(t, recv(t, cancelErr, "the Stop made inside the start callback"), ErrStopPending)
 	got := h.wait(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status, "the session was aborted on arrival")
 	h.settle()
@@ -232,7 +232,7 @@ func TestCancelFromInsideAbortSessionDoesNotWaitOnItself(t *testing.T) {
 	taskID = task.ID
 	h.settle()
 	require.NoError(t, stopErr(m.Stop(context.Background(), Target{Task: task.ID})))
-	assert.ErrorIs(t, <-inner, ErrStopPending)
+	assert.ErrorIs(t, recv(t, inner, "the Stop made inside the abort callback"), ErrStopPending)
 	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
 }
 
@@ -281,7 +281,7 @@ func TestSessionForAttemptNoLongerCurrentIsAbortedNotAdopted(t *testing.T) {
 		return sid, nil
 	}})
 	task := h.launch("a/one")
-	<-entered
+	recv(t, entered, "the start")
 	// The attempt ends while its start is in flight (as a closure or a
 	// restart would end it).
 	h.m.mu.Lock()

@@ -109,13 +109,13 @@ func TestATaskDeadlineAsksAgainWhenTheAbortFails(t *testing.T) {
 	task := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
 	made, _ := h.clock.Created()
 	h.clock.Advance(time.Minute)
-	<-aborts
+	recv(t, aborts, "the deadline's abort")
 	for n, next := h.clock.Created(); n == made; n, next = h.clock.Created() {
-		<-next // the retry's timer: the refused abort was answered
+		recv(t, next, "the abort's retry timer") // the retry's timer: the refused abort was answered
 	}
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "alive: never reported stopped")
 	h.clock.Advance(deadlineRetry)
-	<-aborts
+	recv(t, aborts, "the deadline's second abort")
 	done := h.wait(task.ID)
 	assert.Equal(t, StatusError, done.Status)
 	assert.Equal(t, ReasonDeadline, done.Outcome.Reason)
@@ -133,9 +133,9 @@ func TestATaskDeadlineDuringASessionStartAbortsTheSessionOnArrival(t *testing.T)
 	decided := make(chan string, 4)
 	h.m.hooks.deadline = func(id string) { decided <- id }
 	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one", "b/two"), Timeout: time.Minute})
-	<-asked
+	recv(t, asked, "the start")
 	h.clock.Advance(time.Minute)
-	<-decided
+	recv(t, decided, "the deadline's decision")
 	h.m.mu.Lock()
 	stop := h.m.led.tasks[task.ID].stop
 	h.m.mu.Unlock()

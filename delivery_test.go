@@ -218,10 +218,7 @@ func TestSubscribeDeliversEveryChangeInSequence(t *testing.T) {
 	h.wait(task.ID)
 	snap := h.m.Snapshot()
 	cancel()
-	var changes []Change
-	for c := range sub.C {
-		changes = append(changes, c)
-	}
+	changes := recvAll(t, sub.C, "the subscription to end with its context")
 	assert.ErrorIs(t, sub.Err(), context.Canceled)
 	require.NotEmpty(t, changes)
 	for i := 1; i < len(changes); i++ {
@@ -248,10 +245,7 @@ func TestSlowSubscriberIsToldItLaggedAndNeverBlocks(t *testing.T) {
 		h.launch("a/1")
 	}
 	h.settle()
-	n := 0
-	for range sub.C {
-		n++
-	}
+	n := len(recvAll(t, sub.C, "the lagging subscription to end"))
 	assert.Equal(t, 2, n, "the buffered changes, then the close")
 	assert.ErrorIs(t, sub.Err(), ErrLagged)
 	snap := h.m.Snapshot()
@@ -267,8 +261,7 @@ func TestSubscriptionEndsAtShutdownAndCloseIsIdempotent(t *testing.T) {
 	other.Close()
 	other.Close()
 	require.NoError(t, h.m.Shutdown(context.Background()))
-	for range sub.C {
-	}
+	recvAll(t, sub.C, "the subscription to end at Shutdown")
 	assert.ErrorIs(t, sub.Err(), ErrShutdown)
 	_, err = h.m.Subscribe(context.Background(), 0)
 	assert.ErrorIs(t, err, ErrShutdown)

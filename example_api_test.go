@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/bgtask/bgtask"
 )
@@ -28,12 +29,19 @@ func running(m *bgtask.Manager, parent string) bgtask.Task {
 	return runningOn(m, task.ID, 1)
 }
 
-// runningOn waits until task id runs its attempt number n.
+// runningOn waits until task id runs its attempt number n. It panics (an
+// Example has no t to fail) if no change comes for 20 s: a broken build
+// fails at once, naming the task, instead of hanging until go test's
+// timeout.
 func runningOn(m *bgtask.Manager, id string, n int) bgtask.Task {
 	sub, _ := m.Subscribe(context.Background(), 64)
 	defer sub.Close()
 	for t, err := m.Task(id); err == nil && (t.Status != bgtask.StatusRunning || len(t.Attempts) < n); t, err = m.Task(id) {
-		<-sub.C
+		select {
+		case <-sub.C:
+		case <-time.After(20 * time.Second):
+			panic(fmt.Sprintf("task %s: not running attempt %d after 20 s (%s, %d attempts)", id, n, t.Status, len(t.Attempts)))
+		}
 	}
 	t, _ := m.Task(id)
 	return t

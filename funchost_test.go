@@ -88,7 +88,7 @@ func TestFuncHostCancelOfCooperativeFunction(t *testing.T) {
 		return "", ctx.Err()
 	})
 	task := h.launch("a/one", "b/two")
-	<-started
+	recv(t, started, "the function to start")
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status, "the function returned: it stopped")
@@ -105,7 +105,7 @@ func TestFuncHostCancelOfFunctionThatIgnoresItsContext(t *testing.T) {
 		return "", errors.New("finally noticed")
 	})
 	task := h.launch("a/one", "b/two")
-	<-started
+	recv(t, started, "the function to start")
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	_, err := h.m.Stop(ctx, Target{Task: task.ID})
@@ -127,14 +127,14 @@ func TestFuncHostAnswerAfterAbortIsStillTheTruth(t *testing.T) {
 		return "made it anyway", nil
 	})
 	task := h.launch("a/one")
-	<-started
+	recv(t, started, "the function to start")
 	errc := make(chan error, 1)
 	waiting := make(chan string, 1)
 	h.m.hooks.waiting = func(id string) { waiting <- id }
 	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-waiting
+	recv(t, waiting, "Stop to wait for the function")
 	close(release)
-	require.NoError(t, <-errc)
+	require.NoError(t, recv(t, errc, "Stop to return"))
 	done := h.task(task.ID)
 	assert.Equal(t, StatusCompleted, done.Status)
 	assert.Equal(t, "made it anyway", done.Result)
@@ -156,7 +156,7 @@ func TestFuncHostLateReturnNeverCompletesALaterAttempt(t *testing.T) {
 		return "", ctx.Err()
 	})
 	task := h.launch("a/one", "b/two")
-	<-secondStarted
+	recv(t, secondStarted, "the second attempt's function to start")
 	before := h.task(task.ID)
 	require.Equal(t, 2, len(before.Attempts))
 	// A report for attempt 1, as a late return would make it, is stale.
@@ -180,7 +180,7 @@ func TestFuncHostCompactionReportsKeepTheTaskRunning(t *testing.T) {
 		return "after compaction", nil
 	})
 	task := h.launch("a/one")
-	<-reported
+	recv(t, reported, "the function's reports")
 	assert.NotEqual(t, StatusCancelled, h.task(task.ID).Status)
 	assert.False(t, h.task(task.ID).Status.Terminal())
 	close(release)
@@ -197,7 +197,7 @@ func TestFuncHostCancelFromInsideItsOwnFunction(t *testing.T) {
 	})
 	m = h.m
 	task := h.launch("a/one")
-	assert.ErrorIs(t, <-inner, ErrStopPending)
+	assert.ErrorIs(t, recv(t, inner, "the Stop made inside the function"), ErrStopPending)
 	assert.Equal(t, StatusCancelled, h.wait(task.ID).Status)
 }
 
@@ -278,24 +278,26 @@ func TestFuncHostProgressAndWaitingShowOnTheTaskAndInTheStream(t *testing.T) {
 	task := h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
 	next := func(ok func(Task) bool) Task {
 		t.Helper()
-		for c := range sub.C {
+		for {
+			c, open := recvOK(t, sub.C, "the change awaited on the stream")
+			if !open {
+				t.Fatal("stream closed")
+			}
 			if c.Task.ID == task.ID && ok(c.Task) {
 				return c.Task
 			}
 		}
-		t.Fatal("stream closed")
-		return Task{}
 	}
 	got := next(func(t Task) bool { return t.Progress != "" })
 	assert.Equal(t, "reading 3 files and more", got.Progress, "one line")
 	assert.Equal(t, ActivityGenerating, got.Activity)
-	step <- struct{}{}
+	send(t, step, struct{}{}, "the function (its first step)")
 	got = next(func(t Task) bool { return t.Activity == ActivityWaiting })
 	assert.Equal(t, "reading 3 files and more", got.Progress, "kept while it waits")
-	step <- struct{}{}
+	send(t, step, struct{}{}, "the function (its second step)")
 	got = next(func(t Task) bool { return t.Progress != "reading 3 files and more" })
 	assert.LessOrEqual(t, len([]rune(got.Progress)), maxProgressRunes)
-	step <- struct{}{}
+	send(t, step, struct{}{}, "the function (its last step)")
 	done := h.wait(task.ID)
 	assert.Empty(t, done.Progress, "only while it runs")
 	assert.Contains(t, done.Outcome.Evidence, "xxxx", "the last progress is the failure's evidence")

@@ -61,14 +61,14 @@ func TestChildFailureWhileCancelAbortIsInFlightEndsError(t *testing.T) {
 	sid := h.task(task.ID).SessionID
 	errc := make(chan error, 1)
 	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-held.entered
+	recv(t, held.entered, "the Stop's abort")
 	require.NoError(t, h.observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
 	got := h.wait(task.ID)
 	assert.Equal(t, StatusError, got.Status, "the child stopped on its own error, not because of the stop")
 	assert.Equal(t, errRateLimited.Error(), got.Error)
 	assert.Len(t, got.Attempts, 1, "a cancel request forbids a retry")
 	held.release <- nil
-	require.NoError(t, <-errc)
+	require.NoError(t, recv(t, errc, "Stop to return"))
 	assert.Equal(t, got, h.task(task.ID), "the abort landing after the end changes nothing")
 }
 
@@ -92,13 +92,13 @@ func TestChildFailureInsideAClosingBranchEndsError(t *testing.T) {
 	task, sid := h.child("root")
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Stop(context.Background(), Target{Session: "root"}); done <- err }()
-	<-held.entered
+	recv(t, held.entered, "the closure's abort")
 	require.NoError(t, h.observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
 	got := h.wait(task.ID)
 	assert.Equal(t, StatusError, got.Status)
 	assert.Len(t, got.Attempts, 1, "no retry inside a closing branch")
 	held.release <- nil
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the branch's Stop to return"))
 }
 
 func TestRetrySessionKeptAfterItsArrivalAbortFailedIsAnnounced(t *testing.T) {
@@ -158,7 +158,7 @@ func TestFuncHostRunIsBoundBeforeTheFunctionRuns(t *testing.T) {
 	assert.Empty(t, early, "the function ran before its session was bound")
 	assert.Equal(t, StatusCompleted, done.Status)
 	if len(early) == 0 {
-		s := <-saw
+		s := recv(t, saw, "the function's look at its task")
 		assert.Equal(t, StatusRunning, s.Status, "the function runs only once its session is bound")
 		assert.Equal(t, "fn_"+s.CurrentAttemptID, s.SessionID)
 	}
@@ -194,14 +194,14 @@ func TestFuncHostCancelBeforeBindEndsCancelledWithItsSession(t *testing.T) {
 	fh.attach(h.m)
 	shutdownAtCleanup(t, h.m)
 	task := h.launch("a/one", "b/two")
-	<-startIn
+	recv(t, startIn, "the start")
 	errc := make(chan error, 1)
 	waiting := make(chan string, 1)
 	h.m.hooks.waiting = func(id string) { waiting <- id }
 	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-waiting
+	recv(t, waiting, "Stop to wait for the start")
 	close(proceed)
-	require.NoError(t, <-errc)
+	require.NoError(t, recv(t, errc, "Stop to return"))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status)
 	require.Len(t, got.Attempts, 1)
@@ -336,7 +336,7 @@ func TestFuncHostErrorAfterAbortIsKeptAsTheError(t *testing.T) {
 		return "", errors.New("502 bad gateway while stopping")
 	})
 	task := h.launch("a/one", "b/two")
-	<-started
+	recv(t, started, "the function to start")
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status, "the stop gives the status")
@@ -506,7 +506,7 @@ func TestRetryDelayFuncSeesTheFailureAndItsRetryAfter(t *testing.T) {
 	task := h.launch("a/one", "b/two")
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: retryAfterErr{d: 30 * time.Second}}))
-	s := <-saw
+	s := recv(t, saw, "the retry delay function's call")
 	assert.Equal(t, 2, s.n)
 	var ra retryAfterErr
 	require.ErrorAs(t, s.cause, &ra, "the delay function sees the error value itself")
@@ -549,7 +549,7 @@ func TestShutdownReturnsAtItsDeadlineWhenAHostIgnoresItsContext(t *testing.T) {
 	// A later Shutdown waits for what the first left running.
 	require.NoError(t, m.Shutdown(context.Background()))
 	assert.Zero(t, m.life.group.Running())
-	<-entered
+	recv(t, entered, "the abort")
 }
 
 func TestShutdownReturnsAtItsDeadlineWhenANotifierIgnoresItsContext(t *testing.T) {
@@ -590,7 +590,7 @@ func TestAStuckNotifierKeepsItsQueuesBounded(t *testing.T) {
 		task := h.launch("a/one")
 		h.answer(task.ID)
 	}
-	<-entered
+	recv(t, entered, "a notification to reach the notifier")
 	h.m.mu.Lock()
 	pending := h.m.notes.lanes.Pending()
 	h.m.unlock()
@@ -649,7 +649,7 @@ func TestFuncHostReturnAfterItsAbortGaveUpEndsTheTask(t *testing.T) {
 	}), WithIDs(SequentialIDs()))
 	task, err := m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}}})
 	require.NoError(t, err)
-	<-started
+	recv(t, started, "the function to start")
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, m.Shutdown(ctx), context.DeadlineExceeded)
@@ -673,14 +673,14 @@ func TestStartFailureWhileACancelWaitsKeepsItsError(t *testing.T) {
 		return "", errors.New("503 no capacity")
 	}})
 	task := h.launch("a/one", "b/two")
-	<-entered
+	recv(t, entered, "the start")
 	waiting := make(chan string, 1)
 	h.m.hooks.waiting = func(id string) { waiting <- id }
 	errc := make(chan error, 1)
 	go func() { errc <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	<-waiting
+	recv(t, waiting, "Stop to wait for the start")
 	close(release)
-	require.NoError(t, <-errc)
+	require.NoError(t, recv(t, errc, "Stop to return"))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status, "no child existed: the stop is true")
 	assert.Contains(t, got.Error, "503 no capacity", "the start's failure is kept")
@@ -695,10 +695,10 @@ func TestChildFailureDuringShutdownEndsErrorWithoutRetry(t *testing.T) {
 	sid := h.task(task.ID).SessionID
 	done := make(chan error, 1)
 	go func() { done <- h.m.Shutdown(context.Background()) }()
-	<-held.entered
+	recv(t, held.entered, "Shutdown's abort")
 	require.NoError(t, h.m.Observe(Event{SessionID: sid, Kind: SessionError, Err: errRateLimited}))
 	held.release <- nil
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "Shutdown to return"))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusError, got.Status)
 	assert.Len(t, got.Attempts, 1, "no retry during Shutdown")
@@ -738,7 +738,7 @@ func TestCloseTaskOfATaskWithNoSession(t *testing.T) {
 		return len(h.m.closures.active) == 1
 	})
 	close(release) // the start returns inside the closure: bound, then aborted
-	require.NoError(t, <-done)
+	require.NoError(t, recv(t, done, "the closing Stop to return"))
 	got := h.task(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status)
 	assert.Equal(t, task.ID, rep.TaskID)
@@ -765,7 +765,7 @@ func TestCloseBranchOfASessionAStartInFlightCreatesStopsIt(t *testing.T) {
 		return len(h.m.closures.active) == 1
 	})
 	close(release)
-	require.NoError(t, <-done, "the start in flight created the root: it is known")
+	require.NoError(t, recv(t, done, "the branch's Stop to return"), "the start in flight created the root: it is known")
 	assert.Equal(t, StatusCancelled, h.task(task.ID).Status)
 }
 

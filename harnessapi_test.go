@@ -150,7 +150,7 @@ func TestOnDoneIsCalledOnceAfterTheFinalSummary(t *testing.T) {
 	task := h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), OnDone: log.onDone})
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: h.task(task.ID).SessionID, Kind: SessionIdle, Text: "ok"}))
-	got := <-log.done
+	got := recv(t, log.done, "OnDone")
 	assert.Equal(t, StatusCompleted, got.Status)
 	require.NotNil(t, got.Outcome, "the final snapshot, with its outcome")
 	assert.Equal(t, "ok", got.Outcome.Answer)
@@ -165,7 +165,7 @@ func TestOnDoneFollowsAFinalSummaryTheNotifierRefused(t *testing.T) {
 	task := h.launchSpec(Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), OnDone: log.onDone})
 	h.settle()
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
-	got := <-log.done
+	got := recv(t, log.done, "OnDone")
 	assert.Equal(t, StatusCancelled, got.Status)
 	var kinds []NotificationKind
 	for _, n := range h.m.Dropped().Undelivered {
@@ -183,7 +183,7 @@ func TestOnDoneWithoutANotifierForATaskThatEndsBeforeLaunchReturns(t *testing.T)
 		require.NoError(t, err)
 	}
 	for range 3 {
-		got := <-log.done
+		got := recv(t, log.done, "OnDone")
 		assert.Equal(t, "at once", got.Result)
 	}
 }
@@ -197,7 +197,7 @@ func TestAPanickingOnDoneCrashesNothing(t *testing.T) {
 	}})
 	h.settle()
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
-	<-called
+	recv(t, called, "OnDone")
 	h.settle()
 	assert.True(t, hasLog(h.logs, "OnDone panicked"), "%v", h.logs.Records())
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
@@ -234,7 +234,7 @@ func TestRunIsToldItsTaskAndLaunchesChildrenBeneathItsSession(t *testing.T) {
 	task := h.launchSpec(Spec{ParentSessionID: "chat", Description: "research", Agent: "explore", Prompt: "go",
 		Metadata: map[string]string{"channel": "c1"}, Models: mustModels(t, "a/one")})
 	done := h.wait(task.ID)
-	parent, child := <-runs, <-runs
+	parent, child := recv(t, runs, "the parent's run"), recv(t, runs, "the child's run")
 	assert.Equal(t, "research", parent.Description)
 	assert.Equal(t, map[string]string{"channel": "c1", "scribble": "on the run's copy"}, parent.Metadata)
 	assert.Equal(t, map[string]string{"channel": "c1"}, done.Metadata, "the run's copy is its own")
@@ -277,7 +277,7 @@ func TestInheritValuesCarriesTheLaunchContextsValuesNotItsCancellation(t *testin
 	launchCtx, cancel := context.WithCancel(context.WithValue(context.Background(), turnKey{}, "turn-7"))
 	task, err := h.m.Launch(launchCtx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), InheritValues: true})
 	require.NoError(t, err)
-	assert.Equal(t, "turn-7 true", <-seen, "the launch context's value, and the run still its own")
+	assert.Equal(t, "turn-7 true", recv(t, seen, "the function's context"), "the launch context's value, and the run still its own")
 	cancel() // the caller's turn ends: the task does not
 	close(release)
 	done := h.wait(task.ID)
@@ -286,7 +286,7 @@ func TestInheritValuesCarriesTheLaunchContextsValuesNotItsCancellation(t *testin
 
 	plain, err := h.m.Launch(context.WithValue(context.Background(), turnKey{}, "not passed"), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one")})
 	require.NoError(t, err)
-	assert.Equal(t, " true", <-seen, "without InheritValues no value is carried")
+	assert.Equal(t, " true", recv(t, seen, "the second function's context"), "without InheritValues no value is carried")
 	h.wait(plain.ID)
 }
 
@@ -299,7 +299,7 @@ func TestInheritValuesReachesTheHostsStartSession(t *testing.T) {
 	h := newHarness(t, host)
 	_, err := h.m.Launch(context.WithValue(context.Background(), turnKey{}, "chat-9"), Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), InheritValues: true})
 	require.NoError(t, err)
-	assert.Equal(t, "chat-9", <-got)
+	assert.Equal(t, "chat-9", recv(t, got, "the start's context"))
 }
 
 func TestCancelWithCallerStopsTheTaskAndItsBranchWhenTheCallersContextEnds(t *testing.T) {
@@ -317,7 +317,7 @@ func TestCancelWithCallerStopsTheTaskAndItsBranchWhenTheCallersContextEnds(t *te
 	ctx, cancel := context.WithCancel(context.Background())
 	task, err := h.m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "a/one"), CancelWithCaller: true})
 	require.NoError(t, err)
-	first, second := <-started, <-started
+	first, second := recv(t, started, "the first function to start"), recv(t, started, "the second function to start")
 	cancel()
 	done := h.wait(task.ID)
 	assert.Equal(t, StatusCancelled, done.Status, "an honest cancel: the function returned")
@@ -591,7 +591,9 @@ func TestAFuncHostParentThatReturnedBeforeItsChildIsReleasedWhenItSettles(t *tes
 	require.NoError(t, err)
 	defer sub.Close()
 	task := h.launchSpec(Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
-	for c := range sub.C { // activity is process-local: it is published, not waited on
+	for { // activity is process-local: it is published, not waited on
+		c, open := recvOK(t, sub.C, "the parent's change to awaiting its children")
+		require.True(t, open, "the stream closed")
 		if c.Task.ID == task.ID && c.Task.Activity == ActivityAwaitingChildren {
 			break
 		}
@@ -615,7 +617,7 @@ func TestOnDoneOfALaunchThatExtendLiveMadeAnExtend(t *testing.T) {
 		Models: mustModels(t, "a/one"), OnDone: log.onDone})
 	require.NoError(t, err)
 	require.Equal(t, first.ID, same.ID)
-	got := <-log.done
+	got := recv(t, log.done, "OnDone")
 	assert.Equal(t, "got again", got.Result)
 	h.settle()
 	assert.Equal(t, []string{"done " + first.ID}, log.all(), "once")

@@ -249,7 +249,7 @@ func TestHealthAFleetsCooldownOverIsProbedOnce(t *testing.T) {
 		<-b.start
 	}
 	probe := b.launch(t, "p/one", "p/two")
-	require.Equal(t, "p/one", <-b.start)
+	require.Equal(t, "p/one", bgtask.RecvForTest(t, b.start, "the probe's start"))
 	for range 2 {
 		other := b.run(t, "p/one", "p/two")
 		require.Len(t, other.Skips, 1)
@@ -316,7 +316,7 @@ func TestHealthWritesToASlowStoreDoNotPileUp(t *testing.T) {
 	r.set("p/one", throttled{after: time.Minute})
 	ctx := context.Background()
 	r.run(t, "p/one", "p/two")
-	<-store.entered // the first write is in flight, and hangs
+	bgtask.RecvForTest(t, store.entered, "the first cooldown write") // the first write is in flight, and hangs
 	for range 3 {
 		require.NoError(t, r.m.ResetHealth(ctx, "p/one"))
 		r.clock.Advance(time.Second)

@@ -62,15 +62,15 @@ func TestHealthAReadBegunBeforeTheWriteEndsNothing(t *testing.T) {
 	read := make(chan struct{})
 	require.True(t, m.healthReadLater(read))
 	require.NoError(t, m.unlock())
-	<-store.entered // it holds nothing yet
+	recv(t, store.entered, "the health read") // it holds nothing yet
 
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: mustModels(t, "p/one", "p/two")})
 	require.NoError(t, err)
 	_, err = m.Wait(ctx, task.ID)
 	require.NoError(t, err)
-	assert.Equal(t, "p/one", (<-store.written).Key)
+	assert.Equal(t, "p/one", recv(t, store.written, "the cooldown write").Key)
 	close(store.gate)
-	<-read
+	recv(t, read, "the health read to finish")
 
 	assert.Equal(t, map[string]string{"p/one": "rate_limited until 2026-12-02T10:01:00Z, 1 in a row"}, cooling(m),
 		"the read began before the write: what it missed is no reset")

@@ -190,7 +190,7 @@ func TestHealthRetryAfterThenOneProbeThenALongerCooldown(t *testing.T) {
 		<-r.start
 	}
 	probe := r.launch(t, "a/one", "b/two")
-	require.Equal(t, "a/one", <-r.start)
+	require.Equal(t, "a/one", bgtask.RecvForTest(t, r.start, "the probe's start"))
 	h, _ = healthOf(r.m, "a/one")
 	assert.Equal(t, bgtask.HealthProbing, h.State)
 	other := r.run(t, "a/one", "b/two")
@@ -339,7 +339,7 @@ func TestHealthASuccessSentBeforeTheCooldownEndsItOnlyIfThePolicySays(t *testing
 		r.hold["a/one"] = hold
 		r.mu.Unlock()
 		inflight := r.launch(t, "a/one") // sent before the cooldown
-		require.Equal(t, "a/one", <-r.start)
+		require.Equal(t, "a/one", bgtask.RecvForTest(t, r.start, "the in-flight run's start"))
 		r.mu.Lock()
 		delete(r.hold, "a/one")
 		r.mu.Unlock()

@@ -337,6 +337,64 @@ func recordsOf(l *ledger, task string) []record {
 	return out
 }
 
+// hangBound bounds a wait for what the code under test owes a test (a
+// call into a host, a value on a channel, a channel closed): a broken
+// build then fails at once, naming what never came, instead of hanging
+// until go test's timeout. It is a bound on a failure, not a wait for a
+// state: nothing that passes ever comes near it.
+const hangBound = 20 * time.Second
+
+// recv receives from c, failing the test if nothing comes within
+// hangBound; what names the awaited value. Call it from the test's own
+// goroutine (it calls t.Fatalf).
+func recv[T any](t testing.TB, c <-chan T, what string, args ...any) T {
+	t.Helper()
+	v, _ := recvOK(t, c, what, args...)
+	return v
+}
+
+// recvOK is recv for a channel that may be closed: ok is false once it
+// is closed and drained.
+func recvOK[T any](t testing.TB, c <-chan T, what string, args ...any) (v T, ok bool) {
+	t.Helper()
+	timer := time.NewTimer(hangBound)
+	defer timer.Stop()
+	select {
+	case v, ok = <-c:
+		return v, ok
+	case <-timer.C:
+		t.Fatalf("waited %v for %s: it never came", hangBound, fmt.Sprintf(what, args...))
+		panic("unreachable")
+	}
+}
+
+// recvAll receives from c until it is closed, failing the test if it is
+// neither closed nor sent on within hangBound; it returns what it received.
+func recvAll[T any](t testing.TB, c <-chan T, what string, args ...any) []T {
+	t.Helper()
+	var out []T
+	for {
+		v, ok := recvOK(t, c, what, args...)
+		if !ok {
+			return out
+		}
+		out = append(out, v)
+	}
+}
+
+// send sends v on c, failing the test if nobody takes it within hangBound;
+// what names the receiver. Call it from the test's own goroutine.
+func send[T any](t testing.TB, c chan<- T, v T, what string, args ...any) {
+	t.Helper()
+	timer := time.NewTimer(hangBound)
+	defer timer.Stop()
+	select {
+	case c <- v:
+	case <-timer.C:
+		t.Fatalf("waited %v for %s to take a value: it never did", hangBound, fmt.Sprintf(what, args...))
+	}
+}
+
 // stopErr is the error of a Stop, for a check that wants only that.
 func stopErr(_ ClosureReport, err error) error { return err }
 

@@ -49,7 +49,7 @@ func TestExtendAnswersEachInvocationOnceInOrder(t *testing.T) {
 	ctx := testCtx(t)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "start", Models: oneModel})
 	require.NoError(t, err)
-	<-running
+	recv(t, running, "the function to run")
 	n, err := m.Extend(ctx, task.ID, "more")
 	require.NoError(t, err)
 	assert.Equal(t, 2, n)
@@ -103,7 +103,7 @@ func TestConcurrentExtendsAreOrdered(t *testing.T) {
 	ctx := testCtx(t)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Prompt: "start", Models: oneModel})
 	require.NoError(t, err)
-	<-running
+	recv(t, running, "the function to run")
 	var wg sync.WaitGroup
 	nums := make([]int, extra)
 	for i := range extra {
@@ -190,14 +190,14 @@ func TestTurnEndWhileAPromptIsInFlight(t *testing.T) {
 				_, err := m.Extend(ctx, task.ID, "more")
 				res <- err
 			}()
-			req := <-host.entered
+			req := recv(t, host.entered, "the prompt call")
 			assert.Equal(t, 2, req.Invocation)
 			assert.Equal(t, ses, req.SessionID)
 			require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionIdle, Text: "answer 1"}))
 			assert.Equal(t, StatusRunning, m.mustTask(t, task.ID).Status, "not ended while a prompt is in flight")
 			if refuse {
 				host.release <- errors.New("no")
-				assert.ErrorIs(t, <-res, ErrPromptRefused)
+				assert.ErrorIs(t, recv(t, res, "Extend to return"), ErrPromptRefused)
 				done, err := m.Wait(ctx, task.ID)
 				require.NoError(t, err)
 				assert.Equal(t, "answer 1", done.Result)
@@ -205,7 +205,7 @@ func TestTurnEndWhileAPromptIsInFlight(t *testing.T) {
 				return
 			}
 			host.release <- nil
-			require.NoError(t, <-res)
+			require.NoError(t, recv(t, res, "Extend to return"))
 			a1, err := m.WaitAnswer(ctx, task.ID, 1)
 			require.NoError(t, err)
 			assert.Equal(t, "answer 1", a1.Text)
@@ -238,7 +238,7 @@ func TestCancelAnswersEveryOpenInvocation(t *testing.T) {
 	ctx := testCtx(t)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
 	require.NoError(t, err)
-	<-running
+	recv(t, running, "the function to run")
 	_, err = m.Extend(ctx, task.ID, "more")
 	require.NoError(t, err)
 	_, err = m.Stop(ctx, Target{Task: task.ID})
@@ -262,10 +262,10 @@ func TestFenceRefusesASupersededRun(t *testing.T) {
 	ctx := testCtx(t)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: oneModel})
 	require.NoError(t, err)
-	require.NoError(t, <-before)
+	require.NoError(t, recv(t, before, "the function's first Fence"))
 	_, err = m.Stop(ctx, Target{Task: task.ID})
 	require.NoError(t, err)
-	assert.ErrorIs(t, <-after, ErrSuperseded)
+	assert.ErrorIs(t, recv(t, after, "the function's Fence after its stop"), ErrSuperseded)
 	assert.ErrorIs(t, Fence(context.Background()), ErrInvalidArgument)
 	var noCtx context.Context // nil is refused, not a crash
 	assert.ErrorIs(t, Fence(noCtx), ErrInvalidArgument)
@@ -297,7 +297,7 @@ func TestChildrenGateHoldsTheAnswerUntilChildrenSettle(t *testing.T) {
 
 	_, armed := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
-	<-armed // the kid's final summary was delivered: the gate's watch starts
+	recv(t, armed, "the gate's watch timer") // the kid's final summary was delivered: the gate's watch starts
 	assert.Equal(t, StatusCompleted, h.task(kid.ID).Status)
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "the held turn is not the answer")
 
@@ -317,7 +317,7 @@ func TestChildrenGateReleasesDegradedWithoutAFurtherTurn(t *testing.T) {
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "my answer"}))
 	_, armed := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
-	<-armed // delivered: the gate's watch is armed on the fake clock
+	recv(t, armed, "the gate's watch timer") // delivered: the gate's watch is armed on the fake clock
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status)
 	h.clock.Advance(time.Minute)
 	done := h.wait(task.ID)
@@ -401,7 +401,7 @@ func TestKeyExtendLive(t *testing.T) {
 	ctx := testCtx(t)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Key: "k", Models: oneModel})
 	require.NoError(t, err)
-	<-running
+	recv(t, running, "the function to run")
 	same, err := m.Launch(ctx, Spec{ParentSessionID: "p", Key: "k", ExtendLive: true, Prompt: "again", Models: oneModel})
 	require.NoError(t, err)
 	assert.Equal(t, task.ID, same.ID)
@@ -479,7 +479,7 @@ func TestTaskProtocolPromisesWhatBgtaskDoes(t *testing.T) {
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "ending a turn with a task running returns nothing")
 	_, armed := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid"}))
-	<-armed
+	recv(t, armed, "the gate's watch timer")
 	found := false
 	for _, n := range h.rec.All() {
 		if n.ParentSessionID == ses && n.Kind == NotifyFinalSummary {
@@ -499,7 +499,7 @@ func TestChildrenGateWaitsForAChildLaunchedWhileItsWatchRuns(t *testing.T) {
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "my answer"}))
 	_, armed := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
-	<-armed
+	recv(t, armed, "the gate's watch timer")
 	kid2 := h.launchSpec(Spec{ParentSessionID: ses, Models: mustModels(t, "a/one")})
 	kid2Ses := waitStatus(t, h.m, kid2.ID, StatusRunning).SessionID // (settle would wait for the armed watch too)
 	h.clock.Advance(time.Minute)                                    // the watch fires with kid2 running: nothing is released
@@ -507,7 +507,7 @@ func TestChildrenGateWaitsForAChildLaunchedWhileItsWatchRuns(t *testing.T) {
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "held while the new child runs")
 	_, armed = h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kid2Ses, Kind: SessionIdle, Text: "kid 2 done"}))
-	<-armed // settled again: a new watch
+	recv(t, armed, "the gate's second watch timer") // settled again: a new watch
 	h.clock.Advance(time.Minute)
 	done := h.wait(task.ID)
 	assert.Equal(t, "my answer", done.Result)
@@ -528,7 +528,7 @@ func TestAHangingPromptCallEndsAtShutdown(t *testing.T) {
 		_, err := m.Extend(ctx, task.ID, "more")
 		res <- err
 	}()
-	<-host.entered
+	recv(t, host.entered, "the prompt call")
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = m.Shutdown(sctx)
@@ -562,9 +562,9 @@ func TestFenceWhileTheAttemptIsRewritten(t *testing.T) {
 	ctx := testCtx(t)
 	task, err := m.Launch(ctx, Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "one"}, {Provider: "b", ID: "two"}}})
 	require.NoError(t, err)
-	run := <-started
+	run := recv(t, started, "the first run")
 	require.NoError(t, m.Observe(Event{AttemptID: run.AttemptID, Token: run.Token, Kind: SessionError, Err: errRateLimited}))
-	assert.ErrorIs(t, <-superseded, ErrSuperseded)
+	assert.ErrorIs(t, recv(t, superseded, "the first run's Fence to refuse it"), ErrSuperseded)
 	done, err := m.Wait(ctx, task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, "second", done.Result)
@@ -835,7 +835,7 @@ func TestAHangingPromptCallEndsWithItsRun(t *testing.T) {
 		_, err := m.Extend(context.Background(), task.ID, "more") // a caller that never gives up
 		res <- err
 	}()
-	<-host.entered
+	recv(t, host.entered, "the prompt call")
 	require.NoError(t, m.Observe(Event{SessionID: ses, Kind: SessionError, Err: Permanent(errors.New("gone"))}))
 	select {
 	case err := <-res:

@@ -60,7 +60,7 @@ func newNest(t *testing.T, m *Manager, kid Spec) *nest {
 	case <-bounded(t).Done():
 		t.Fatal("the lead never launched its child")
 	}
-	<-n.returned
+	recv(t, n.returned, "the lead's function to return")
 	return n
 }
 
@@ -280,7 +280,7 @@ func TestRunStopsTheTaskWithItsCallerAndReturnsTheRealEnd(t *testing.T) {
 	}
 	assert.Equal(t, StatusRunning, h.task(id).Status, "honest: running until the host confirms")
 	close(confirm)
-	r := <-out
+	r := recv(t, out, "Run to return")
 	require.ErrorIs(t, r.err, context.Canceled)
 	assert.Equal(t, StatusCancelled, r.t.Status, "the real end")
 	assert.Equal(t, id, r.t.ID)
@@ -292,7 +292,7 @@ func TestRunWhoseStopFailsSaysSo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out, _ := runRunning(t, h, ctx)
 	cancel()
-	r := <-out
+	r := recv(t, out, "Run to return")
 	require.ErrorIs(t, r.err, context.Canceled)
 	require.ErrorIs(t, r.err, ErrBranchNotStopped, "the stop of its tree failed")
 	assert.Contains(t, r.err.Error(), refused.Error(), "and why")
@@ -386,7 +386,7 @@ func TestRunSaysWhyThereIsNoCleanAnswer(t *testing.T) {
 	h := newHarness(t, nil)
 	out, id := runRunning(t, h, context.Background())
 	require.NoError(t, h.observe(Event{SessionID: h.task(id).SessionID, Kind: SessionIdle, Text: "half an ans", Reason: ReasonOutputLimit}))
-	r := <-out
+	r := recv(t, out, "Run to return")
 	require.ErrorIs(t, r.err, ReasonOutputLimit, "completed, but cut off: not a clean answer")
 	assert.Equal(t, StatusCompleted, r.t.Status)
 	assert.Equal(t, "half an ans", r.t.Result)

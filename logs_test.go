@@ -546,7 +546,7 @@ func TestNoLogLineHasAnEmptyAttribute(t *testing.T) {
 	host.abort = func(context.Context, string) error { return errors.New("no") }
 	host.mu.Unlock()
 	held := h.launch("a/one")
-	require.NoError(t, h.m.Observe(Event{SessionID: <-asked, Kind: SessionBusy}), "held: its start is in flight")
+	require.NoError(t, h.m.Observe(Event{SessionID: recv(t, asked, "the held start"), Kind: SessionBusy}), "held: its start is in flight")
 	close(release)
 	held = waitFor(t, h.m, held.ID, func(t Task) bool { return t.Status == StatusRunning })
 	assert.Error(t, stopErr(h.m.Stop(bg, Target{Task: held.ID})))
@@ -644,9 +644,9 @@ func TestAClosureCutShortByItsCallerSaysWhy(t *testing.T) {
 		_, err := h.m.Stop(ctx, Target{Session: "root"})
 		closed <- err
 	}()
-	<-held // the abort is out; the closure waits for it
+	recv(t, held, "the closure's abort") // the abort is out; the closure waits for it
 	cancel()
-	require.ErrorIs(t, <-closed, context.Canceled)
+	require.ErrorIs(t, recv(t, closed, "the branch's Stop to return at its context's end"), context.Canceled)
 	close(release)
 	h.wait(task.ID)
 	h.settle()
@@ -680,12 +680,12 @@ func TestASecondStopOfAStoppingTaskLogsNoSecondLine(t *testing.T) {
 	h.m.hooks.waiting = func(id string) { waiting <- id }
 	task := h.running("chat", func(s *Spec) { s.Timeout = time.Minute })
 	h.clock.Advance(time.Minute)
-	<-held // the deadline's abort, held
+	recv(t, held, "the deadline's abort") // the deadline's abort, held
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})) }()
-	require.Equal(t, task.ID, <-waiting, "the Stop was decided: it waits for the abort in flight")
+	require.Equal(t, task.ID, recv(t, waiting, "the Stop to wait for the abort in flight"), "the Stop was decided: it waits for the abort in flight")
 	close(release)
-	require.NoError(t, <-cancelled)
+	require.NoError(t, recv(t, cancelled, "Stop to return"))
 	h.wait(task.ID)
 	h.settle()
 
@@ -790,13 +790,13 @@ func TestARestartCountsEachLiveRunInExactlyOneOutcome(t *testing.T) {
 	svc.gate[2] = make(chan struct{}) // never opened: the retry's start answers no more
 	svc.mu.Unlock()
 	require.NoError(t, m1.Observe(Event{SessionID: retried.SessionID, Kind: SessionError, Err: errRateLimited}))
-	<-svc.gated
+	recv(t, svc.gated, "the retry's start")
 	svc.mu.Lock()
 	svc.gate[1] = make(chan struct{})
 	svc.mu.Unlock()
 	lost, err := m1.Launch(ctx, Spec{ParentSessionID: "p-lost", Models: mustModels(t, "a/1")})
 	require.NoError(t, err)
-	require.Equal(t, lost.CurrentAttemptID, <-svc.gated)
+	require.Equal(t, lost.CurrentAttemptID, recv(t, svc.gated, "the lost task's start"))
 	require.NoError(t, stopErr(m1.Stop(ctx, Target{Session: "ghost", NoWait: true})), "a start in flight may create it: its closure is recorded")
 	crash(t, m1, j1)
 	r := mustTask(t, m1, retried.ID)

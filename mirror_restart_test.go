@@ -104,10 +104,7 @@ func TestMirrorFollowsARestartedManagerWhoseClockWentBack(t *testing.T) {
 	// The restart. A's last changes (its shutdown interrupting the running
 	// tasks) are still on their way to the mirror.
 	require.NoError(t, a.Shutdown(ctx))
-	var late []bgtask.Change
-	for c := range subA.C {
-		late = append(late, c)
-	}
+	late := bgtask.RecvAllForTest(t, subA.C, "A's subscription to end at its Shutdown")
 	require.ErrorIs(t, subA.Err(), bgtask.ErrShutdown)
 	require.NotEmpty(t, late, "A's shutdown published changes")
 
@@ -121,7 +118,7 @@ func TestMirrorFollowsARestartedManagerWhoseClockWentBack(t *testing.T) {
 	require.Equal(t, []string{a1.ID, a2.ID}, []string{b1.ID, b2.ID}, "the restart reuses the ids")
 
 	// B's first change reaches the mirror before B's snapshot: ignored.
-	first := <-subB.C
+	first := bgtask.RecvForTest(t, subB.C, "B's first change")
 	require.Equal(t, b1.ID, first.Task.ID)
 	before := mr.Tasks()
 	assert.False(t, mr.ApplyChange(first), "a change from B before B's snapshot")

@@ -33,7 +33,7 @@ func heldAtTheGate(h *harness, answer string) (task Task, ses string) {
 	require.NoError(h.t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: answer}))
 	_, armed := h.clock.Created()
 	require.NoError(h.t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
-	<-armed
+	recv(h.t, armed, "the gate's watch timer")
 	require.Equal(h.t, StatusRunning, h.task(task.ID).Status)
 	return task, ses
 }
@@ -112,19 +112,19 @@ func TestAGateReleaseDuringAPromptKeepsItsDegradedMark(t *testing.T) {
 				_, err := h.m.Extend(ctx, task.ID, "more")
 				extended <- err
 			}()
-			<-host.entered
+			recv(t, host.entered, "the prompt call")
 			h.clock.Advance(time.Minute) // the gate releases its candidate while the prompt is in flight
 			h.settle()
 			require.Equal(t, StatusRunning, h.task(task.ID).Status, "not ended while a prompt is in flight")
 			if refuse {
 				host.release <- errors.New("no")
-				require.ErrorIs(t, <-extended, ErrPromptRefused)
+				require.ErrorIs(t, recv(t, extended, "Extend to return"), ErrPromptRefused)
 				done := h.wait(task.ID)
 				assert.Equal(t, "my answer", done.Result)
 				assert.True(t, slicesContain(done.Outcome.Notices, "degraded"), "%v", done.Outcome.Notices)
 			} else {
 				host.release <- nil
-				require.NoError(t, <-extended)
+				require.NoError(t, recv(t, extended, "Extend to return"))
 			}
 			a1, err := h.m.WaitAnswer(ctx, task.ID, 1)
 			require.NoError(t, err)
@@ -155,13 +155,13 @@ func TestADegradedNoticeRidesOnlyTheAnswersItMarks(t *testing.T) {
 		_, err := h.m.Extend(ctx, task.ID, "more")
 		extended <- err
 	}()
-	<-host.entered
+	recv(t, host.entered, "the prompt call")
 	host.release <- nil
-	require.NoError(t, <-extended)
+	require.NoError(t, recv(t, extended, "Extend to return"))
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "to 1", Invocation: 1}))
 	_, armed := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
-	<-armed
+	recv(t, armed, "the gate's watch timer")
 	h.clock.Advance(time.Minute) // releases the turn that answered 1; 2 is open
 	a1, err := h.m.WaitAnswer(ctx, task.ID, 1)
 	require.NoError(t, err)
@@ -304,7 +304,7 @@ func TestChildrenGateWaitsForTheChildsSummaryToBeDelivered(t *testing.T) {
 
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "too soon"}))
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
-	<-entered // the kid ended; its summary is being delivered, not yet accepted
+	recv(t, entered, "the kid's final summary to reach the notifier") // the kid ended; its summary is being delivered, not yet accepted
 	require.Equal(t, StatusCompleted, h.task(kid.ID).Status)
 
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "still too soon"}))
@@ -314,7 +314,7 @@ func TestChildrenGateWaitsForTheChildsSummaryToBeDelivered(t *testing.T) {
 
 	_, armed := h.clock.Created()
 	deliver()
-	<-armed // delivered: the gate's watch starts
+	recv(t, armed, "the gate's watch timer") // delivered: the gate's watch starts
 	require.NoError(t, h.observe(Event{SessionID: ses, Kind: SessionIdle, Text: "with the kid's result"}))
 	done := h.wait(task.ID)
 	assert.Equal(t, "with the kid's result", done.Result)
@@ -355,7 +355,7 @@ func TestWaitAnswerReturnsOnlyOnceEveryEarlierAnswerIsReleased(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	close(admitted)
-	<-retrying // invocation 2 was answered at the failover; 1 is open
+	recv(t, retrying, "the retry's function to run") // invocation 2 was answered at the failover; 1 is open
 
 	m.mu.Lock()
 	filed := m.led.tasks[task.ID].inv.list[1].Answer != nil
@@ -390,7 +390,7 @@ func TestATurnPausedAtAToolCallIsNeverTheGatesCandidate(t *testing.T) {
 
 	_, armed := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: kidSes, Kind: SessionIdle, Text: "kid done"}))
-	<-armed
+	recv(t, armed, "the gate's watch timer")
 	h.clock.Advance(time.Minute)
 	done := h.wait(task.ID)
 	assert.Equal(t, StatusCompleted, done.Status)

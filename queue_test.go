@@ -54,7 +54,7 @@ func (h *harness) waitTimers(n int) {
 		if made >= n {
 			return
 		}
-		<-next
+		recv(h.t, next, "the fake clock's timer %d", n)
 	}
 }
 

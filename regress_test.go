@@ -92,7 +92,7 @@ func TestShutdownWakesWhenAStartForANonCurrentAttemptReturns(t *testing.T) {
 		return "", errRateLimited
 	}})
 	task := h.launch("a/one")
-	<-entered
+	recv(t, entered, "the start")
 	h.m.mu.Lock() // the attempt ends while its start is in flight
 	e := h.m.led.tasks[task.ID]
 	h.m.finalize(e, e.cur().ID, StatusCancelled, "", "", t0)
@@ -103,7 +103,7 @@ func TestShutdownWakesWhenAStartForANonCurrentAttemptReturns(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- h.m.Shutdown(ctx) }()
 	close(release)
-	assert.NoError(t, <-errc, "Shutdown returns once the last start returned")
+	assert.NoError(t, recv(t, errc, "Shutdown to return"), "Shutdown returns once the last start returned")
 	h.m.mu.Lock()
 	assert.False(t, e.rt.starting())
 	h.m.unlock()
@@ -131,7 +131,7 @@ func TestStaleHeldEventsDoNotStarveLaterEarlyEvents(t *testing.T) {
 	require.ErrorIs(t, h.m.Observe(Event{SessionID: "gone-3", Kind: SessionBusy}), ErrUnknownSession)
 	b := h.launch("fast/two")
 	// B's early event by attempt id is outside the session bound.
-	assert.NoError(t, <-earlyErr)
+	assert.NoError(t, recv(t, earlyErr, "the fast start's early event"))
 	got := h.wait(b.ID)
 	assert.Equal(t, StatusCompleted, got.Status)
 }
@@ -160,7 +160,7 @@ func TestHeldSessionEventsExpireWhenTheirStartsReturn(t *testing.T) {
 			assert.Zero(t, n, "the held event expired although start B is still in flight")
 			break
 		}
-		<-wait
+		recv(t, wait, "a change (start A's return)")
 	}
 	close(blockB)
 	h.settle()
@@ -179,7 +179,7 @@ func TestShutdownFromACallbackContextDoesNotWaitOnItself(t *testing.T) {
 	h.settle()
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionIdle}))
 	h.wait(task.ID)
-	assert.ErrorIs(t, <-returned, ErrStopPending)
+	assert.ErrorIs(t, recv(t, returned, "the Shutdown made inside the notifier"), ErrStopPending)
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: "p", Models: mustModels(t, "a/b")})
 	assert.ErrorIs(t, err, ErrShutdown, "the shutdown began")
 	require.NoError(t, h.m.Shutdown(context.Background()))

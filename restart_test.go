@@ -185,7 +185,7 @@ func TestRestartRecoversEveryTaskAsTheEvidenceSays(t *testing.T) {
 	svc.mu.Unlock()
 	lost, err := m1.Launch(ctx, spec("p-lost"))
 	require.NoError(t, err)
-	require.Equal(t, lost.CurrentAttemptID, <-svc.gated, "the start was asked for, its session made")
+	require.Equal(t, lost.CurrentAttemptID, recv(t, svc.gated, "the lost task's start"), "the start was asked for, its session made")
 	finals1 := finalSummaries(rec1.All())
 	crash(t, m1, j1)
 	svc.mu.Lock()
@@ -400,9 +400,9 @@ func crashMidClosure(t *testing.T, dir string, svc *sessionService) Task {
 		_, err := m1.Stop(ctx, Target{Session: "root"})
 		closed <- err
 	}()
-	<-hung // the closure's abort is in flight when the process dies
+	recv(t, hung, "the closure's abort") // the closure's abort is in flight when the process dies
 	crash(t, m1, j1)
-	<-closed
+	recv(t, closed, "the branch's Stop to return at the crash")
 	return task
 }
 
@@ -596,7 +596,7 @@ func TestWaitReturnsOnlyWhatIsDurable(t *testing.T) {
 	assert.ErrorIs(t, err, context.DeadlineExceeded, "WaitParent returned an end that is not durable")
 
 	close(j.open)
-	require.NoError(t, <-observed)
+	require.NoError(t, recv(t, observed, "Observe to return once its commit is durable"))
 	got, err := m.Wait(context.Background(), task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, StatusCompleted, got.Status)
@@ -632,9 +632,9 @@ func TestOpenBoundsAcontextReplayerByItsContext(t *testing.T) {
 		m, err := Open(ctx, host, WithJournal(j))
 		done <- opened{m, err}
 	}()
-	<-j.replaying
+	recv(t, j.replaying, "the replay")
 	cancel()
-	got := <-done
+	got := recv(t, done, "Open to return at its context's end")
 	require.ErrorIs(t, got.err, context.Canceled, "the replay's error, through Open")
 	assert.Nil(t, got.m)
 	assert.Empty(t, host.starts)

@@ -23,7 +23,7 @@ func finish(t *testing.T, h *harness, parent string) Task {
 	ended := e.waitDone()
 	h.m.mu.Unlock()
 	require.NoError(t, h.m.Observe(Event{SessionID: got.SessionID, Kind: SessionIdle, Text: "ok"}))
-	<-ended
+	recv(t, ended, "task %s to end", task.ID)
 	h.m.mu.Lock()
 	done := e.project()
 	h.m.mu.Unlock()

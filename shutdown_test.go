@@ -24,7 +24,7 @@ func TestShutdownWithAnEndedContextInterruptsAndReportsNothingLeft(t *testing.T)
 			return "", ctx.Err()
 		}})
 		require.NoError(t, err)
-		<-started
+		recv(t, started, "round %d: the function to start", round)
 		ended, cancel := context.WithCancel(context.Background())
 		cancel()
 		require.NoError(t, m.Shutdown(ended), "round %d: nothing is left behind", round)

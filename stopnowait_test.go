@@ -30,7 +30,7 @@ func TestStopReturnsBeforeTheChildStopped(t *testing.T) {
 	h := newHarness(t, host)
 	task := h.running("chat")
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID, NoWait: true})))
-	assert.Equal(t, task.SessionID, <-asked, "the abort was set off")
+	assert.Equal(t, task.SessionID, recv(t, asked, "the abort"), "the abort was set off")
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "running until the child stopped")
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID, NoWait: true})), "asked again: the stop stands")
 	close(release)
@@ -70,7 +70,7 @@ func TestStopBranchReturnsBeforeTheBranchStopped(t *testing.T) {
 	other := h.running("another chat")
 
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Session: "chat", NoWait: true})))
-	got := []string{<-asked, <-asked}
+	got := []string{recv(t, asked, "the first abort of the branch"), recv(t, asked, "the second abort of the branch")}
 	assert.ElementsMatch(t, []string{lead.SessionID, child.SessionID}, got)
 	assert.Equal(t, StatusRunning, h.task(lead.ID).Status, "running until its child stopped")
 	_, err := h.m.Launch(context.Background(), Spec{ParentSessionID: child.SessionID, Models: mustModels(t, "a/one")})

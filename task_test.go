@@ -574,7 +574,7 @@ func TestRetryDelayShowsPendingAndCancelEndsIt(t *testing.T) {
 	h.settle()
 	_, timersBefore := h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: "ses-1", Kind: SessionError, Err: errRateLimited}))
-	<-timersBefore // the delay timer exists
+	recv(t, timersBefore, "the retry delay's timer") // the delay timer exists
 	got := h.task(task.ID)
 	assert.Equal(t, StatusPending, got.Status)
 	assert.Equal(t, PendingRetryDelay, got.Pending)
@@ -588,7 +588,7 @@ func TestRetryDelayShowsPendingAndCancelEndsIt(t *testing.T) {
 
 	_, timersBefore = h.clock.Created()
 	require.NoError(t, h.observe(Event{SessionID: "ses-2", Kind: SessionError, Err: errRateLimited}))
-	<-timersBefore
+	recv(t, timersBefore, "the second retry delay's timer")
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: task.ID})))
 	got = h.wait(task.ID)
 	assert.Equal(t, StatusCancelled, got.Status)
@@ -650,7 +650,7 @@ func TestShutdownDuringSessionStartAbortsArrivingSession(t *testing.T) {
 		return sid, nil
 	}})
 	task := h.launch("a/one")
-	<-entered
+	recv(t, entered, "the start")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no grace: cancel host contexts at once
 	require.NoError(t, h.m.Shutdown(ctx), "nothing is left behind: no error, though ctx had ended")

@@ -47,7 +47,7 @@ func queuedLaunch(t *testing.T, h *harness, queued <-chan string, spec Spec) <-c
 		_, err := h.m.Launch(context.Background(), spec)
 		out <- err
 	}()
-	<-queued
+	recv(t, queued, "the launch to wait in its parent's queue")
 	return out
 }
 
@@ -60,14 +60,14 @@ func TestTreeLimitsLetLaunchesWaitForAParentSlotInOrder(t *testing.T) {
 	fourth := queuedLaunch(t, h, queued, Spec{ParentSessionID: "chat", Description: "fourth", Models: mustModels(t, "a/one")})
 
 	require.NoError(t, h.observe(Event{SessionID: a.SessionID, Kind: SessionIdle, Text: "ok"}))
-	require.NoError(t, <-third, "the first in line gets the slot")
+	require.NoError(t, recv(t, third, "the third Launch to return"), "the first in line gets the slot")
 	select {
 	case err := <-fourth:
 		t.Fatalf("the fourth jumped the queue: %v", err)
 	default:
 	}
 	require.NoError(t, h.observe(Event{SessionID: b.SessionID, Kind: SessionIdle, Text: "ok"}))
-	require.NoError(t, <-fourth)
+	require.NoError(t, recv(t, fourth, "the fourth Launch to return"))
 	var order []string
 	for _, task := range h.m.Snapshot().Tasks {
 		order = append(order, task.Description)
@@ -86,7 +86,7 @@ func TestTreeLimitsBoundTheWaitForAParentSlot(t *testing.T) {
 	h.running("chat")
 	late := queuedLaunch(t, h, queued, Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
 	h.clock.Advance(time.Minute)
-	err := <-late
+	err := recv(t, late, "the queued Launch to give up at ParentWait")
 	require.ErrorIs(t, err, ErrFanOutLimit)
 	var le *LimitError
 	require.ErrorAs(t, err, &le)
@@ -98,13 +98,13 @@ func TestTreeLimitsBoundTheWaitForAParentSlot(t *testing.T) {
 		_, err := h.m.Launch(ctx, Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
 		gaveUp <- err
 	}()
-	<-queued
+	recv(t, queued, "the launch to wait in its parent's queue")
 	cancel()
-	assert.ErrorIs(t, <-gaveUp, context.Canceled)
+	assert.ErrorIs(t, recv(t, gaveUp, "the queued Launch to return at its context's end"), context.Canceled)
 
 	atShutdown := queuedLaunch(t, h, queued, Spec{ParentSessionID: "chat", Models: mustModels(t, "a/one")})
 	require.NoError(t, h.m.Shutdown(context.Background()))
-	assert.ErrorIs(t, <-atShutdown, ErrShutdown)
+	assert.ErrorIs(t, recv(t, atShutdown, "the queued Launch to return at Shutdown"), ErrShutdown)
 	h.m.mu.Lock()
 	assert.Empty(t, h.m.calls.fanout)
 	h.m.mu.Unlock()
@@ -196,7 +196,7 @@ func TestWaitParentWaitsForEveryTaskOfAParent(t *testing.T) {
 	default:
 	}
 	require.NoError(t, stopErr(h.m.Stop(context.Background(), Target{Task: c.ID})))
-	tasks := <-got
+	tasks := recv(t, got, "WaitParent to return")
 	var ids []string
 	for _, task := range tasks {
 		assert.True(t, task.Status.Terminal())

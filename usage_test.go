@@ -132,7 +132,7 @@ func TestRunUsageCountsAlsoAfterTheStop(t *testing.T) {
 	require.NoError(t, err)
 	waitFor(t, m, task.ID, func(t Task) bool { return t.Usage != nil })
 	require.NoError(t, stopErr(m.Stop(ctx, Target{Task: task.ID})))
-	require.NoError(t, <-stopped)
+	require.NoError(t, recv(t, stopped, "the function's usage report after its stop"))
 	end, err := m.Wait(ctx, task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, StatusCancelled, end.Status)
