@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,9 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m, "pgledger", pgledger.DBURL)
 }
 
+// fleetRuns numbers the runs of TestFleetOfProcesses in this process.
+var fleetRuns atomic.Int64
+
 // logWriter writes a test's log.
 type logWriter struct{ t *testing.T }
 
@@ -47,7 +51,11 @@ func (w logWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len
 func TestFleetOfProcesses(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rep, err := fleetdemo.Run(c, fleetdemo.Config{DB: *pgledger.DBURL, Ledger: "fleet-" + t.Name(), Worker: os.Args[0], Lease: time.Second, Out: logWriter{t}})
+	// A fresh ledger each run (-count N): the session service numbers its
+	// sessions from 1 again, and an earlier run's bindings of them would
+	// make this run's events stale.
+	ledger := fmt.Sprintf("fleet-%s-%d", t.Name(), fleetRuns.Add(1))
+	rep, err := fleetdemo.Run(c, fleetdemo.Config{DB: *pgledger.DBURL, Ledger: ledger, Worker: os.Args[0], Lease: time.Second, Out: logWriter{t}})
 	require.NoError(t, err)
 	assert.Equal(t, 13, rep.Tasks)
 	assert.Equal(t, 9, rep.Completed, "6 answered through another process, 3 of the killed one's")

@@ -25,13 +25,17 @@ func TestStaleStatisticsAreTakenAgain(t *testing.T) {
 		return n
 	}
 	// Inserted on one connection, whose counts are then sent to the
-	// server's statistics at once (they are sent lazily otherwise).
+	// server's statistics at once (they are sent lazily otherwise). The
+	// parent sessions are numbered from 0 in the test's own ledger.
+	var filled int64
 	fill := func(rows int) {
 		conn, err := f.pool.Acquire(ctx(t))
 		require.NoError(t, err)
 		defer conn.Release()
+		first := filled
+		filled += int64(rows)
 		_, err = conn.Exec(ctx(t), `INSERT INTO bgtask_claims (ledger, parent_session, member, until)
-SELECT $1, 'p-' || g, 'w0', now() FROM generate_series($2::int, $3::int) g`, f.ledger, ledgers.Add(int64(rows))*1_000_000, ledgers.Load()*1_000_000+int64(rows)-1)
+SELECT $1, 'p-' || g, 'w0', now() FROM generate_series($2::bigint, $3::bigint) g`, f.ledger, first, filled-1)
 		require.NoError(t, err)
 		_, err = conn.Exec(ctx(t), `SELECT pg_stat_force_next_flush()`)
 		require.NoError(t, err)
