@@ -344,6 +344,14 @@ func recordsOf(l *ledger, task string) []record {
 // state: nothing that passes ever comes near it.
 const hangBound = 20 * time.Second
 
+// testCtx is a context for a call under test that ends after 10 s: the
+// call fails the test instead of hanging it until go test's timeout.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // recv receives from c, failing the test if nothing comes within
 // hangBound; what names the awaited value. Call it from the test's own
 // goroutine (it calls t.Fatalf).

@@ -23,12 +23,6 @@ func funcManager(t *testing.T, fn RunFunc, opts ...Option) (*Manager, *recorder)
 	return m, rec
 }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 var oneModel = []Model{{Provider: "a", ID: "one"}}
 
 // A supplemental prompt is invocation 2; the function answers 1 without

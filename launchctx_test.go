@@ -12,15 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// bounded is a context that fails a test which waits too long, instead of
-// hanging it until the test binary's timeout.
-func bounded(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // nest is a lead task whose function launches one child with its own
 // context (no ParentSessionID, no Run value threaded) and returns at once.
 type nest struct {
@@ -44,7 +35,7 @@ func newNest(t *testing.T, m *Manager, kid Spec) *nest {
 		}
 	}
 	var err error
-	n.lead, err = m.Launch(bounded(t), Spec{ParentSessionID: "chat", Description: "lead", Budget: &Budget{Spawns: 1},
+	n.lead, err = m.Launch(testCtx(t), Spec{ParentSessionID: "chat", Description: "lead", Budget: &Budget{Spawns: 1},
 		Run: func(ctx context.Context, run Run) (string, error) {
 			defer close(n.returned)
 			k, err := run.Manager().Launch(ctx, kid)
@@ -57,7 +48,7 @@ func newNest(t *testing.T, m *Manager, kid Spec) *nest {
 	require.NoError(t, err)
 	select {
 	case n.kid = <-kids:
-	case <-bounded(t).Done():
+	case <-testCtx(t).Done():
 		t.Fatal("the lead never launched its child")
 	}
 	recv(t, n.returned, "the lead's function to return")
@@ -78,10 +69,10 @@ func TestALaunchWithARunsContextGoesBeneathThatRun(t *testing.T) {
 
 	// Not detached: the child holds its parent's end (the children gate).
 	assert.Equal(t, StatusRunning, mustTask(t, m, n.lead.ID).Status, "the lead's function returned, its child runs: the lead waits for it")
-	_, err = m.Launch(bounded(t), Spec{ParentSessionID: lead.SessionID, Run: func(context.Context, Run) (string, error) { return "", nil }})
+	_, err = m.Launch(testCtx(t), Spec{ParentSessionID: lead.SessionID, Run: func(context.Context, Run) (string, error) { return "", nil }})
 	require.ErrorIs(t, err, ErrBudget, "the child counted as the tree's one spawn")
 	close(n.release)
-	done, err := m.Wait(bounded(t), n.lead.ID)
+	done, err := m.Wait(testCtx(t), n.lead.ID)
 	require.NoError(t, err)
 	assert.Equal(t, StatusCompleted, done.Status)
 	assert.True(t, mustTask(t, m, n.kid.ID).Status.Terminal(), "the lead ended only once its child had")
@@ -92,12 +83,12 @@ func TestADetachedChildDoesNotHoldItsParentYetStopsWithItsBranch(t *testing.T) {
 	shutdownAtCleanup(t, m)
 	n := newNest(t, m, Spec{Description: "background kid", Detached: true})
 	assert.True(t, n.kid.Detached)
-	done, err := m.Wait(bounded(t), n.lead.ID)
+	done, err := m.Wait(testCtx(t), n.lead.ID)
 	require.NoError(t, err, "a detached child does not hold its parent's end")
 	assert.Equal(t, StatusCompleted, done.Status)
 	assert.False(t, mustTask(t, m, n.kid.ID).Status.Terminal(), "and goes on after it")
 
-	rep, err := m.Stop(bounded(t), Target{Task: n.lead.ID, Tree: true})
+	rep, err := m.Stop(testCtx(t), Target{Task: n.lead.ID, Tree: true})
 	require.NoError(t, err)
 	require.Len(t, rep.Stopped, 1)
 	assert.Equal(t, n.kid.ID, rep.Stopped[0].TaskID, "stopped with its parent's branch")
@@ -112,12 +103,12 @@ func TestADetachedChildIsDetachedAfterARestart(t *testing.T) {
 	j, err := OpenFileJournal(dir)
 	require.NoError(t, err)
 	m := mustOpen(&testHost{}, WithJournal(j), WithIDs(SequentialIDs()))
-	lead, err := m.Launch(bounded(t), Spec{ParentSessionID: "chat", Models: oneModel})
+	lead, err := m.Launch(testCtx(t), Spec{ParentSessionID: "chat", Models: oneModel})
 	require.NoError(t, err)
 	lead = waitFor(t, m, lead.ID, func(t Task) bool { return t.SessionID != "" })
-	kid, err := m.Launch(bounded(t), Spec{ParentSessionID: lead.SessionID, Models: oneModel, Detached: true, Attach: map[string]int{"n": 1}})
+	kid, err := m.Launch(testCtx(t), Spec{ParentSessionID: lead.SessionID, Models: oneModel, Detached: true, Attach: map[string]int{"n": 1}})
 	require.NoError(t, err)
-	require.NoError(t, m.Shutdown(bounded(t)))
+	require.NoError(t, m.Shutdown(testCtx(t)))
 
 	j, err = OpenFileJournal(dir)
 	require.NoError(t, err)
@@ -167,7 +158,7 @@ func TestAnAttachedValueIsReadBackTypedFromAnySnapshot(t *testing.T) {
 	assert.Equal(t, want, must(Attached[origin](h.task(task.ID))), "a snapshot's Attach is a copy")
 
 	for name, bad := range map[string]any{"a channel": make(chan int), "a panicking MarshalJSON": badJSON{}, "too large": make([]byte, maxAttachBytes)} {
-		_, err := h.m.Launch(bounded(t), Spec{ParentSessionID: "chat", Models: oneModel, Attach: bad})
+		_, err := h.m.Launch(testCtx(t), Spec{ParentSessionID: "chat", Models: oneModel, Attach: bad})
 		var se *SpecError
 		require.ErrorAs(t, err, &se, name)
 		assert.Equal(t, "Attach", se.Field, name)
@@ -189,7 +180,7 @@ func TestALaunchWithAnotherManagersRunContextIsNotNested(t *testing.T) {
 	m := mustOpen(&testHost{})
 	shutdownAtCleanup(t, m)
 	got := make(chan Task, 1)
-	_, err := other.Launch(bounded(t), Spec{Run: func(ctx context.Context, run Run) (string, error) {
+	_, err := other.Launch(testCtx(t), Spec{Run: func(ctx context.Context, run Run) (string, error) {
 		task, err := m.Launch(ctx, Spec{Models: oneModel})
 		if err != nil {
 			return "", err
@@ -201,7 +192,7 @@ func TestALaunchWithAnotherManagersRunContextIsNotNested(t *testing.T) {
 	select {
 	case task := <-got:
 		assert.Empty(t, task.ParentSessionID, "the run is another Manager's")
-	case <-bounded(t).Done():
+	case <-testCtx(t).Done():
 		t.Fatal("no launch")
 	}
 }
@@ -209,12 +200,12 @@ func TestALaunchWithAnotherManagersRunContextIsNotNested(t *testing.T) {
 func TestRunReturnsTheEnd(t *testing.T) {
 	m := mustOpen(nil)
 	shutdownAtCleanup(t, m)
-	done, err := m.Run(bounded(t), Spec{Run: func(context.Context, Run) (string, error) { return "42", nil }})
+	done, err := m.Run(testCtx(t), Spec{Run: func(context.Context, Run) (string, error) { return "42", nil }})
 	require.NoError(t, err)
 	assert.Equal(t, StatusCompleted, done.Status)
 	assert.Equal(t, "42", done.Result)
 
-	_, err = m.Run(bounded(t), Spec{Key: "k", ExtendLive: true, Run: func(context.Context, Run) (string, error) { return "", nil }})
+	_, err = m.Run(testCtx(t), Spec{Key: "k", ExtendLive: true, Run: func(context.Context, Run) (string, error) { return "", nil }})
 	var se *SpecError
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, "ExtendLive", se.Field)
@@ -246,7 +237,7 @@ func runRunning(t *testing.T, h *harness, ctx context.Context) (<-chan runResult
 	var id string
 	select {
 	case id = <-starting:
-	case <-bounded(t).Done():
+	case <-testCtx(t).Done():
 		t.Fatal("Run started no session")
 	}
 	waitFor(t, h.m, id, func(t Task) bool { return t.Status == StatusRunning })
@@ -270,7 +261,7 @@ func TestRunStopsTheTaskWithItsCallerAndReturnsTheRealEnd(t *testing.T) {
 	case <-asked:
 	case r := <-out:
 		t.Fatalf("Run returned without stopping its task: %v %v", r.t.Status, r.err)
-	case <-bounded(t).Done():
+	case <-testCtx(t).Done():
 		t.Fatal("no abort was asked after the caller's context ended")
 	}
 	select {
@@ -312,13 +303,13 @@ func TestStopRefusesATargetThatNamesNothingOrSeveralThings(t *testing.T) {
 		"run, no token":    {Run: RunRef{TaskID: task.ID}},
 		"run and task":     {Task: task.ID, Run: RunRef{TaskID: task.ID, Token: task.Current().Token}},
 	} {
-		_, err := h.m.Stop(bounded(t), tg)
+		_, err := h.m.Stop(testCtx(t), tg)
 		assert.ErrorIs(t, err, ErrInvalidArgument, name)
 	}
 	assert.Equal(t, StatusRunning, h.task(task.ID).Status, "nothing was stopped")
-	_, err := h.m.Stop(bounded(t), Target{Task: "nobody"})
+	_, err := h.m.Stop(testCtx(t), Target{Task: "nobody"})
 	assert.ErrorIs(t, err, ErrUnknownTask)
-	_, err = h.m.Stop(bounded(t), Target{Session: "nobody"})
+	_, err = h.m.Stop(testCtx(t), Target{Session: "nobody"})
 	assert.ErrorIs(t, err, ErrUnknownSession)
 }
 
@@ -347,7 +338,7 @@ func TestStopWithNoWaitReturnsBeforeTheChildStopped(t *testing.T) {
 				}
 			}})
 			task := h.running("chat")
-			_, err := h.m.Stop(bounded(t), tt.target(task))
+			_, err := h.m.Stop(testCtx(t), tt.target(task))
 			require.NoError(t, err)
 			assert.Equal(t, StatusRunning, h.task(task.ID).Status, "running until the host confirms")
 			close(confirm)
@@ -359,11 +350,11 @@ func TestStopWithNoWaitReturnsBeforeTheChildStopped(t *testing.T) {
 func TestStopReportsTheRunItStopped(t *testing.T) {
 	h := newHarness(t, nil)
 	task := h.running("chat")
-	rep, err := h.m.Stop(bounded(t), Target{Task: task.ID})
+	rep, err := h.m.Stop(testCtx(t), Target{Task: task.ID})
 	require.NoError(t, err)
 	require.Len(t, rep.Stopped, 1)
 	assert.Equal(t, StoppedRun{TaskID: task.ID, AttemptID: task.CurrentAttemptID, SessionID: task.SessionID, Token: task.Current().Token, Status: StatusCancelled}, rep.Stopped[0])
-	rep, err = h.m.Stop(bounded(t), Target{Task: task.ID})
+	rep, err = h.m.Stop(testCtx(t), Target{Task: task.ID})
 	require.NoError(t, err, "an ended task: nothing to do")
 	assert.Empty(t, rep.Stopped)
 }
@@ -374,11 +365,11 @@ func TestRunSaysWhyThereIsNoCleanAnswer(t *testing.T) {
 	m := mustOpen(nil)
 	shutdownAtCleanup(t, m)
 	refused := errors.New("429 Too Many Requests")
-	done, err := m.Run(bounded(t), Spec{Run: func(context.Context, Run) (string, error) { return "", Permanent(refused) }})
+	done, err := m.Run(testCtx(t), Spec{Run: func(context.Context, Run) (string, error) { return "", Permanent(refused) }})
 	require.ErrorIs(t, err, refused)
 	assert.Equal(t, StatusError, done.Status)
 
-	done, err = m.Run(bounded(t), Spec{Run: func(context.Context, Run) (string, error) { panic("boom") }})
+	done, err = m.Run(testCtx(t), Spec{Run: func(context.Context, Run) (string, error) { panic("boom") }})
 	var p *PanicError
 	require.ErrorAs(t, err, &p)
 	assert.Equal(t, StatusError, done.Status)
@@ -407,7 +398,7 @@ func TestARefusedLaunchKeepsItsIDFree(t *testing.T) {
 			return err
 		},
 		"a bad spec": func(id string) error {
-			_, err := h.m.Launch(bounded(t), Spec{ParentSessionID: "p-" + id, ID: id, Models: oneModel, MaxAttempts: -1})
+			_, err := h.m.Launch(testCtx(t), Spec{ParentSessionID: "p-" + id, ID: id, Models: oneModel, MaxAttempts: -1})
 			return err
 		},
 		"a context that ends in the parent's queue": func(id string) error {
@@ -420,7 +411,7 @@ func TestARefusedLaunchKeepsItsIDFree(t *testing.T) {
 		},
 		"a held key": func(id string) error {
 			h.running("holder-"+id, func(s *Spec) { s.Key = "k-" + id })
-			_, err := h.m.Launch(bounded(t), Spec{ParentSessionID: "p-" + id, ID: id, Models: oneModel, Key: "k-" + id})
+			_, err := h.m.Launch(testCtx(t), Spec{ParentSessionID: "p-" + id, ID: id, Models: oneModel, Key: "k-" + id})
 			return err
 		},
 	}
@@ -431,7 +422,7 @@ func TestARefusedLaunchKeepsItsIDFree(t *testing.T) {
 		require.Error(t, refuse(id), name)
 		_, err := h.m.Task(id)
 		require.ErrorIs(t, err, ErrUnknownTask, "%s: nothing was recorded", name)
-		task, err := h.m.Launch(bounded(t), Spec{ParentSessionID: "ok-" + id, ID: id, Models: oneModel})
+		task, err := h.m.Launch(testCtx(t), Spec{ParentSessionID: "ok-" + id, ID: id, Models: oneModel})
 		require.NoError(t, err, "%s: the id is free", name)
 		assert.Equal(t, id, task.ID)
 	}

@@ -59,7 +59,7 @@ func TestShutdownWithAnEndedContextNamesWhatIsLeft(t *testing.T) {
 // returns nil at once when nothing is left.
 func TestShutdownOfAnIdleManagerIsQuietAndNil(t *testing.T) {
 	m := mustOpen(nil)
-	_, err := m.Run(bounded(t), Spec{Run: func(context.Context, Run) (string, error) { return "ok", nil }})
+	_, err := m.Run(testCtx(t), Spec{Run: func(context.Context, Run) (string, error) { return "ok", nil }})
 	require.NoError(t, err)
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
