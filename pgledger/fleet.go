@@ -62,6 +62,7 @@ type NodeOptions struct {
 	marked  func(note string)   // tests: called once a delivered notification is marked so
 	beat    func()              // tests: Options.beat of every member's journal
 	away    func(error)         // tests: Options.away of every member's journal
+	now     func() time.Time    // tests: Options.now of every member's journal
 	prune   *pruneHook          // tests: the node's pruning passes
 }
 
@@ -286,7 +287,7 @@ func (n *Node) goOwned(f func()) bool {
 // replays it and reconciles its live runs).
 func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	j, err := Open(ctx, n.pool, Options{Ledger: n.o.Ledger, Member: name, Lease: n.o.Lease, Heartbeat: n.o.Heartbeat, Holder: n.o.Holder,
-		Rounds: n.o.Notifier != nil, beat: n.o.beat, away: n.o.away})
+		Rounds: n.o.Notifier != nil, beat: n.o.beat, away: n.o.away, now: n.o.now})
 	if err != nil {
 		return nil, err
 	}

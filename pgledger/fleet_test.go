@@ -13,6 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// longLease is the lease of the tests' members that are taken over: long,
+// so that a starved CPU never lets a live member's lapse under the test
+// (nor its heartbeat's statement, which may take up to a heartbeat, make
+// the node refuse launches as if the database were away). A test ends a
+// lease itself (expire), as time passing would.
+const longLease = time.Minute
+
 // nodes joins n nodes (members w0, w1, …) of the fixture's ledger on one
 // session service, closed at the test's end.
 func (f *fixture) nodes(svc *service, n int, lease time.Duration, opts ...bgtask.Option) []*Node {
@@ -109,7 +116,7 @@ func TestKeyAcrossProcesses(t *testing.T) {
 func TestLiveProcessTakesOverADeadOne(t *testing.T) {
 	f := newFixture(t)
 	svc := newService()
-	ns := f.nodes(svc, 3, 500*time.Millisecond)
+	ns := f.nodes(svc, 3, longLease)
 	var tasks []bgtask.Task
 	for range 2 {
 		task, err := ns[2].Launch(ctx(t), spec)
@@ -120,6 +127,7 @@ func TestLiveProcessTakesOverADeadOne(t *testing.T) {
 	}
 	ns[2].kill()
 	svc.end(svc.sessionOf(tasks[1].Attempts[0].ID), bgtask.Event{Kind: bgtask.SessionIdle, Text: "ended while its owner was dead"})
+	f.expire("w2")
 
 	// Wait for the takeover: some live node comes to own w2.
 	heir := awaitOwner(t, f, ns, "w2")
@@ -173,7 +181,7 @@ func awaitOwner(t *testing.T, f *fixture, nodes []*Node, member string) *Node {
 func TestAStaleOwnerStopsActingForItsMember(t *testing.T) {
 	f := newFixture(t)
 	svc := newService()
-	ns := f.nodes(svc, 2, 600*time.Millisecond)
+	ns := f.nodes(svc, 2, longLease)
 	task, err := ns[0].Launch(ctx(t), spec)
 	require.NoError(t, err)
 	running, err := bgtasktest.WaitStatus(ctx(t), ns[0].Manager(), task.ID, bgtask.StatusRunning)
@@ -182,13 +190,15 @@ func TestAStaleOwnerStopsActingForItsMember(t *testing.T) {
 	require.NoError(t, err)
 	stale := ns[0].live("w0")
 	f.expire("w0") // as if w0's process had been paused past its lease
+	// Its next write (here; or its next heartbeat, TestHeartbeatKeepsLease)
+	// finds the lease lost.
+	_, err = stale.m.Launch(ctx(t), spec)
+	require.ErrorIs(t, err, bgtask.ErrJournal, "the stale life acts no more")
+	recv(t, stale.j.Lost(), "w0's lease to be found lost")
 	heir := awaitOwner(t, f, ns, "w0")
-	recv(t, stale.j.Lost(), "w0's lease to be found lost") // at w0's next heartbeat
 	next := heir.live("w0")
 	require.NotNil(t, next)
 	assert.Greater(t, next.j.Fence(), stale.j.Fence(), "a new life of w0")
-	_, err = stale.m.Launch(ctx(t), spec)
-	require.ErrorIs(t, err, bgtask.ErrJournal, "the stale life acts no more")
 	a := running.Attempts[0]
 	require.NoError(t, ns[0].Observe(bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "to the heir"}))
 	got, err := next.m.Wait(ctx(t), task.ID)

@@ -117,7 +117,7 @@ func TestA429CoolsTheModelForTheFleet(t *testing.T) {
 func TestAFleetOfNodesSharesACooldown(t *testing.T) {
 	f := newFixture(t)
 	svc := newService()
-	ns := f.nodes(svc, 2, 500*time.Millisecond, bgtask.WithHealth(bgtask.HealthPolicy{Shared: time.Nanosecond}))
+	ns := f.nodes(svc, 2, longLease, bgtask.WithHealth(bgtask.HealthPolicy{Shared: time.Nanosecond}))
 	chain := bgtask.Spec{ParentSessionID: "chat", Prompt: "go", Models: []bgtask.Model{{Provider: "p", ID: "one"}, {Provider: "p", ID: "two"}}}
 
 	a, err := ns[0].Launch(ctx(t), chain)
@@ -148,6 +148,7 @@ func TestAFleetOfNodesSharesACooldown(t *testing.T) {
 
 	// w0 dies; its heir owns its member, and the cooldown with it.
 	ns[0].kill()
+	f.expire("w0")
 	heir := awaitOwner(t, f, ns, "w0")
 	require.Same(t, ns[1], heir)
 	var took *bgtask.Manager

@@ -162,12 +162,13 @@ func TestHostileCloseHangsOnATakeoverReplay(t *testing.T) {
 	f := newFixture(t)
 	svc := newService()
 	hp := newHostilePool(t)
-	heir := f.hostileNode(hp.Pool, svc, "heir", 500*time.Millisecond, nil)
-	victim := f.hostileNode(f.pool, svc, "victim", 500*time.Millisecond, nil)
+	heir := f.hostileNode(hp.Pool, svc, "heir", longLease, nil)
+	victim := f.hostileNode(f.pool, svc, "victim", longLease, nil)
 	running(t, victim, "chat")
 	release := f.hold(`LOCK TABLE bgtask_records IN ACCESS EXCLUSIVE MODE`)
 	hp.watch("FROM bgtask_records")
-	victim.kill() // its lease expires with a live task: the heir takes it over
+	victim.kill()
+	f.expire("victim") // its lease expires with a live task: the heir takes it over
 	recv(t, hp.hit, "the heir's takeover to replay the victim's records")
 
 	pastDeadline(t, release, "Node.Close", heir.Close)
@@ -203,18 +204,19 @@ func TestHostileTakeoverHostHangFreezesTheLoop(t *testing.T) {
 	f := newFixture(t)
 	svc := newService()
 	stall := &stallingHost{service: svc, asked: make(chan struct{}, 1), release: make(chan struct{})}
-	heir := f.hostileNode(f.pool, stall, "heir", 500*time.Millisecond, nil)
-	victim := f.hostileNode(f.pool, svc, "victim", 500*time.Millisecond, nil)
+	heir := f.hostileNode(f.pool, stall, "heir", longLease, nil)
+	victim := f.hostileNode(f.pool, svc, "victim", longLease, nil)
 	mine := running(t, heir, "chat")
 	running(t, victim, "chat")
 	stall.armed.Store(true)
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(stall.release) }) })
 	victim.kill()
+	f.expire("victim")
 	recv(t, stall.asked, "the heir's takeover to ask the Host about the victim's run")
 
 	// Another process routes an event for the heir's own run.
-	router := f.hostileNode(f.pool, svc, "router", 500*time.Millisecond, nil)
+	router := f.hostileNode(f.pool, svc, "router", longLease, nil)
 	require.NoError(t, router.Observe(bgtask.Event{SessionID: mine.SessionID, Kind: bgtask.SessionIdle, Text: "routed"}))
 	wait, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

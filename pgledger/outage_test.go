@@ -33,6 +33,7 @@ type outage struct {
 	url   string
 	beats chan struct{} // a heartbeat renewed a lease
 	aways chan error    // a statement of a journal found the database away
+	clk   leaseClock    // the lease clock of the nodes (node)
 }
 
 func newOutage(t *testing.T) *outage {
@@ -44,12 +45,14 @@ func newOutage(t *testing.T) *outage {
 		beats: make(chan struct{}, 1), aways: make(chan error, 1)}
 }
 
-// node joins member w0 with lease, on svc.
+// node joins member w0 with lease, on svc. Its lease is kept by o.clk;
+// its heartbeat is at most half a second, so that it finds the database
+// back soon after it answers.
 func (o *outage) node(svc *service, lease time.Duration) *Node {
 	o.t.Helper()
-	n, err := Join(context.Background(), o.pool, NodeOptions{Ledger: o.ledger, Member: "w0", Lease: lease, Heartbeat: lease / 10, Host: svc,
+	n, err := Join(context.Background(), o.pool, NodeOptions{Ledger: o.ledger, Member: "w0", Lease: lease, Heartbeat: min(lease/10, 500*time.Millisecond), Host: svc,
 		Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{o.t}, nil)),
-		took: func(m string) { tell(o.took)(took{0, m}) }, beat: func() { tell(o.beats)(struct{}{}) }, away: tell(o.aways)})
+		took: func(m string) { tell(o.took)(took{0, m}) }, beat: func() { tell(o.beats)(struct{}{}) }, away: tell(o.aways), now: o.clk.now})
 	require.NoError(o.t, err)
 	closeAtEnd(o.t, n)
 	return n
@@ -193,11 +196,13 @@ func (o *outage) endAll(svc *service, ns ...*Node) {
 }
 
 // A fast restart mid-run (every connection ended, the server back in a
-// second or two): the journal rides it out under the same fence.
+// second or two): the journal rides it out under the same fence. (The
+// lease is long: however slowly a starved machine restarts the server, the
+// restart is shorter than the lease.)
 func TestANodeRidesOutAServerRestart(t *testing.T) {
 	o := newOutage(t)
 	svc := newService()
-	n := o.node(svc, 5*time.Second)
+	n := o.node(svc, longLease)
 	fence := n.live("w0").j.Fence()
 	l := o.launching(n)
 	for range 5 {
@@ -215,10 +220,16 @@ func TestANodeRidesOutAServerRestart(t *testing.T) {
 // ridden out under the same fence; after the second the member's lease
 // may have run out, so the node gives that life up and opens its member
 // again (a new fence), reconciling its runs — each task still ends once.
+//
+// The lease is long, so that the first stop is shorter than it however
+// slowly a starved machine stops and starts the server; the second lasts
+// longer than the lease by the node's lease clock (advanced while the
+// server is stopped) and by the database's (the member's lease expired
+// once it is back, as the time would have made it).
 func TestANodeRidesOutAStopAndReopensAfterOneLongerThanItsLease(t *testing.T) {
 	o := newOutage(t)
 	svc := newService()
-	lease := 5 * time.Second
+	lease := longLease
 	n := o.node(svc, lease)
 	fence := n.live("w0").j.Fence()
 	for range 3 {
@@ -237,15 +248,22 @@ func TestANodeRidesOutAStopAndReopensAfterOneLongerThanItsLease(t *testing.T) {
 	_, err = Join(c, o.pool, NodeOptions{Ledger: o.ledger, Member: "w9", Host: svc})
 	cancel()
 	require.ErrorIs(t, err, ErrUnavailable, "a node cannot join while the database is away, and says why")
-	time.Sleep(time.Second) // the outage itself
+	select { // the outage goes on: the journal keeps asking, and finds the database away again
+	case <-o.aways:
+	default:
+	}
+	recv(t, o.aways, "the journal to find the database still away")
 	require.NoError(t, o.srv.Resume())
 	assert.Less(t, o.launchesAgain(n), 5*time.Second)
 	l.end()
 	assert.Equal(t, fence, n.live("w0").j.Fence(), "a stop shorter than the lease is ridden out")
 
+	life := n.live("w0")
 	require.NoError(t, o.srv.Halt())
-	time.Sleep(lease + lease/5) // longer than the lease
+	o.clk.advance(lease + lease/5) // longer than the lease
+	recv(t, life.j.Lost(), "the journal to give its life up")
 	require.NoError(t, o.srv.Resume())
+	o.expire("w0")
 	recv(t, o.took, "the node to open its own member again")
 	assert.Less(t, o.launchesAgain(n), 5*time.Second)
 	assert.Greater(t, n.live("w0").j.Fence(), fence, "a new life of the member")
@@ -259,7 +277,7 @@ func TestANodeRidesOutAStopAndReopensAfterOneLongerThanItsLease(t *testing.T) {
 func TestCallsKeepToTheirDeadlinesWhileTheDatabaseStalls(t *testing.T) {
 	o := newOutage(t)
 	svc := newService()
-	n := o.node(svc, 5*time.Second)
+	n := o.node(svc, longLease) // the stall is shorter than the lease however starved the machine
 	fence := n.live("w0").j.Fence()
 	_, err := n.Launch(ctx(t), spec)
 	require.NoError(t, err)
@@ -291,7 +309,7 @@ func TestCallsKeepToTheirDeadlinesWhileTheDatabaseStalls(t *testing.T) {
 func TestLaunchesBatchedBehindAStallKeepToTheirDeadlines(t *testing.T) {
 	o := newOutage(t)
 	svc := newService()
-	n := o.node(svc, 5*time.Second)
+	n := o.node(svc, longLease)
 	lock := o.admin("BEGIN", "LOCK TABLE bgtask_launching IN ACCESS EXCLUSIVE MODE")
 	errs := make([]error, 4)
 	var wg sync.WaitGroup
@@ -335,7 +353,7 @@ func TestLaunchesBatchedBehindAStallKeepToTheirDeadlines(t *testing.T) {
 func TestANodeDropsConnectionsToAStandby(t *testing.T) {
 	o := newOutage(t)
 	svc := newService()
-	n := o.node(svc, 5*time.Second)
+	n := o.node(svc, longLease)
 	_, err := n.Launch(ctx(t), spec)
 	require.NoError(t, err)
 	db := "outage"
@@ -423,34 +441,45 @@ func TestAnAppendCutOffMidwayIsTriedAgain(t *testing.T) {
 // with every member owned once: each journal gave its life up once the
 // lease could have run out, and each member was opened again — by its own
 // process or by the other — under a new fence, never by both.
+//
+// The lease is long, and the stall outlasts it by the nodes' lease clock
+// (advanced while the table is locked) and by the database's (each
+// member's expiry put in the past by the locking transaction, which
+// commits to end the stall): a short lease would also lapse, under a
+// starved CPU, before the stall or after it, which is not this test.
 func TestAStallLongerThanTheLeaseNeverMakesTwoOwners(t *testing.T) {
 	o := newOutage(t)
 	svc := newService()
-	lease := 2 * time.Second
+	clk := &leaseClock{}
 	var ns []*Node
 	for _, name := range []string{"w0", "w1"} {
-		n, err := Join(context.Background(), o.pool, NodeOptions{Ledger: o.ledger, Member: name, Lease: lease, Heartbeat: lease / 10, Host: svc,
+		n, err := Join(context.Background(), o.pool, NodeOptions{Ledger: o.ledger, Member: name, Lease: longLease, Heartbeat: time.Second, Host: svc,
 			Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{o.t}, nil)),
-			took: func(m string) { tell(o.took)(took{0, m}) }})
+			took: func(m string) { tell(o.took)(took{0, m}) }, now: clk.now})
 		require.NoError(t, err)
 		closeAtEnd(t, n)
 		ns = append(ns, n)
 	}
-	fences := map[string]int64{}
+	lives := map[string]*member{}
 	for _, n := range ns {
 		_, err := n.Launch(ctx(t), spec)
 		require.NoError(t, err)
-		fences[n.o.Member] = n.live(n.o.Member).j.Fence()
+		lives[n.o.Member] = n.live(n.o.Member)
 	}
 	lock := o.admin("BEGIN", "LOCK TABLE bgtask_members IN ACCESS EXCLUSIVE MODE")
-	time.Sleep(lease + lease/2) // the stall itself
-	_, err := lock.Exec(ctx(t), "ROLLBACK")
+	clk.advance(longLease) // the stall itself
+	for name, mb := range lives {
+		recv(t, mb.j.Lost(), name+"'s journal to give its life up")
+	}
+	_, err := lock.Exec(ctx(t), `UPDATE bgtask_members SET expires_at = now() - interval '1 hour' WHERE ledger = $1`, o.ledger)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx(t), "COMMIT")
 	require.NoError(t, err)
 	require.NoError(t, lock.Close(ctx(t)))
-	for range 2 { // each member opened again, by one node or the other
-		recv(t, o.took, "a member to be opened again")
+	for opened := map[string]bool{}; len(opened) < len(lives); { // each member opened again, by one node or the other
+		opened[recv(t, o.took, "a member to be opened again").member] = true
 	}
-	for name, old := range fences {
+	for name, old := range lives {
 		var owners []*member
 		for _, n := range ns {
 			if mb := n.live(name); mb != nil {
@@ -458,7 +487,7 @@ func TestAStallLongerThanTheLeaseNeverMakesTwoOwners(t *testing.T) {
 			}
 		}
 		require.Len(t, owners, 1, "member %s has one owner", name)
-		assert.Greater(t, owners[0].j.Fence(), old, "member %s: a new life", name)
+		assert.Greater(t, owners[0].j.Fence(), old.j.Fence(), "member %s: a new life", name)
 	}
 	o.endAll(svc, ns...)
 }

@@ -66,8 +66,9 @@ type Options struct {
 	// parent per commit that launches or ends its tasks.
 	Rounds bool
 
-	beat func()      // tests: called after each heartbeat that renewed the lease
-	away func(error) // tests: called with each error of the database's absence
+	beat func()           // tests: called after each heartbeat that renewed the lease
+	away func(error)      // tests: called with each error of the database's absence
+	now  func() time.Time // tests: the clock this process keeps its lease by (nil: time.Now)
 }
 
 // Errors a Journal's writes fail with (wrapped in the Manager's
@@ -108,6 +109,7 @@ type Journal struct {
 	holder string
 	fence  int64
 	lease  time.Duration
+	now    func() time.Time // Options.now: the clock of leaseLeft and the renewals
 
 	mu      sync.Mutex
 	queue   []*commit // appended, not yet taken by the writer
@@ -215,7 +217,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 		return nil, err
 	}
 	j := newJournal(pool, o)
-	asked := time.Now()
+	asked := j.now()
 	if err := j.acquire(ctx, o.Wait); err != nil {
 		return nil, err
 	}
@@ -230,7 +232,11 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 // with no goroutine running.
 func newJournal(pool *pgxpool.Pool, o Options) *Journal {
 	ops, end := context.WithCancel(context.Background())
-	return &Journal{ops: ops, opsEnd: end, pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds, onAway: o.away,
+	now := o.now
+	if now == nil {
+		now = time.Now
+	}
+	return &Journal{ops: ops, opsEnd: end, now: now, pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds, onAway: o.away,
 		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
 }
 
@@ -397,9 +403,9 @@ func (j *Journal) persist(tryFor time.Duration, op func(ctx context.Context) err
 		}
 		j.unanswered(err)
 		if first.IsZero() {
-			first = time.Now()
+			first = j.now()
 		}
-		if time.Since(first) >= j.lease {
+		if j.now().Sub(first) >= j.lease {
 			// Tried for a whole lease (a heartbeat may have renewed it
 			// meanwhile, but this write never lands: a statement timeout
 			// shorter than it, a server out of memory): the journal gives
@@ -416,7 +422,7 @@ func (j *Journal) persist(tryFor time.Duration, op func(ctx context.Context) err
 // leaseLeft is how long the lease lasts, as this process can be sure of
 // it: from when the last renewal that succeeded was asked.
 func (j *Journal) leaseLeft() time.Duration {
-	return time.Until(time.Unix(0, j.renewedAt.Load()).Add(j.lease))
+	return time.Unix(0, j.renewedAt.Load()).Add(j.lease).Sub(j.now())
 }
 
 // unanswered notes that the database did not answer a statement: until
@@ -545,7 +551,7 @@ func (j *Journal) appendGroup(ctx context.Context, group []*commit) (err error) 
 			data = append(data, r.Data)
 		}
 	}
-	asked := time.Now()
+	asked := j.now()
 	defer func() {
 		if err == nil {
 			j.renewed(asked)
@@ -583,7 +589,7 @@ func (j *Journal) heartbeat(every time.Duration, beat func()) {
 			j.fail(j.leaseLost("not renewed for %s while the database did not answer: %v", j.lease, j.awayErr()))
 			return
 		}
-		asked := time.Now()
+		asked := j.now()
 		ctx, cancel := j.opCtx(every)
 		tag, err := j.pool.Exec(ctx, renewLease, j.ledger, j.member, j.fence, j.lease)
 		cancel()
@@ -686,7 +692,7 @@ func (j *Journal) Compact(keep []bgtask.Record) error {
 
 // compact is one try of Compact.
 func (j *Journal) compact(ctx context.Context, keep []bgtask.Record) error {
-	asked := time.Now()
+	asked := j.now()
 	err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, renewLease, j.ledger, j.member, j.fence, j.lease)
 		if err != nil {

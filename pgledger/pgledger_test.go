@@ -43,12 +43,15 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureOn(t, dbURL) }
 
-// newFixtureOn is a fixture on the database at url.
+// newFixtureOn is a fixture on the database at url, migrated: a test
+// may write the tables before it opens a journal, whichever tests ran
+// before it (-run picks any).
 func newFixtureOn(t *testing.T, url string) *fixture {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), url)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	require.NoError(t, Migrate(context.Background(), pool))
 	return &fixture{t: t, pool: pool, ledger: fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1)), took: make(chan took, 16), drained: make(chan string, 64), stopped: make(chan string, 64), marked: make(chan string, 256)}
 }
 
@@ -84,6 +87,15 @@ func (f *fixture) expire(member string) {
 	_, err := f.pool.Exec(context.Background(), `UPDATE bgtask_members SET expires_at = now() - interval '1 hour' WHERE ledger = $1 AND member = $2`, f.ledger, member)
 	require.NoError(f.t, err)
 }
+
+// leaseClock is the clock journals keep their leases by (Options.now,
+// NodeOptions.now): the wall clock, plus what a test advanced it by — as
+// if the process had waited that long, without the test waiting.
+type leaseClock struct{ ahead atomic.Int64 }
+
+func (c *leaseClock) now() time.Time { return time.Now().Add(time.Duration(c.ahead.Load())) }
+
+func (c *leaseClock) advance(d time.Duration) { c.ahead.Add(int64(d)) }
 
 // count reads how many rows of table belong to the fixture's ledger.
 func (f *fixture) count(table, where string, args ...any) int {
@@ -274,10 +286,14 @@ func TestSecondOpenerRefused(t *testing.T) {
 // session still runs is re-adopted, one whose session ended ends with its
 // evidence, one whose session is gone is interrupt — and the dead owner's
 // late writes never land.
+//
+// The leases are long, and the dead owner's expires when the test says
+// (expire), as time passing would: a short one could lapse under a starved
+// CPU while its owner still lives, which is not what this test is about.
 func TestTakeoverAfterExpiry(t *testing.T) {
 	f := newFixture(t)
 	svc := newService()
-	lease := 400 * time.Millisecond
+	lease := time.Minute
 	j := f.open("w1", Options{Lease: lease})
 	m := f.manager(svc, j)
 	var ids [3]string
@@ -299,11 +315,13 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 	svc.end(svc.sessionOf(tasks[ids[1]].Attempts[0].ID), bgtask.Event{Kind: bgtask.SessionIdle, Text: "finished while nobody listened"})
 	svc.forget(svc.sessionOf(tasks[ids[2]].Attempts[0].ID))
 
-	// Another process waits for the lease and takes over.
-	// The heir's own lease is longer: under load (-race, two cores) a
-	// 400 ms lease of its own can lapse while it replays, which is not
-	// what this test is about. It waits for the dead holder's 400 ms.
-	j2 := f.open("w1", Options{Lease: 5 * lease, Wait: 10 * lease, Holder: "heir"})
+	// Another process waits for the lease in vain while the dead owner's
+	// lease lasts, and takes over once it expired.
+	_, err := Open(ctx(t), f.pool, Options{Ledger: f.ledger, Member: "w1", Lease: lease, Wait: 300 * time.Millisecond, Holder: "heir"})
+	var held *LeaseHeldError
+	require.ErrorAs(t, err, &held, "the dead owner's lease still lasts")
+	f.expire("w1")
+	j2 := f.open("w1", Options{Lease: lease, Holder: "heir"})
 	assert.Greater(t, j2.Fence(), j.Fence(), "the heir holds a newer fence")
 	heir := f.manager(svc, j2)
 	alive, err := heir.Task(ids[0])
@@ -330,9 +348,11 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 	assert.ErrorIs(t, testkit.StopErr(m.Stop(ctx(t), bgtask.Target{Task: ids[0]})), bgtask.ErrJournal)
 	assert.Positive(t, f.count("bgtask_records", "")-records)
 	heirRecords := f.count("bgtask_records", "")
-	// A writer that still believes it holds the old fence.
+	// A writer that still believes it holds the old fence, and that its
+	// lease was renewed a moment ago: the database refuses its write.
 	stale := newJournal(f.pool, Options{Ledger: f.ledger, Member: "w1", Holder: "ghost", Lease: lease})
 	stale.fence = j.Fence()
+	stale.renewed(time.Now())
 	stale.done.Add(1)
 	go stale.writer()
 	err = stale.Append([]bgtask.Record{{Seq: 1 << 40, Kind: "stop_requested", TaskID: ids[0], AttemptID: a.ID, Token: a.Token, Data: []byte{1}}}).Wait()
@@ -347,25 +367,37 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 }
 
 // A heartbeat keeps the lease: an owner that writes nothing for several
-// lease lengths is not taken over.
+// lease lengths is not taken over; and once the lease expired all the same
+// (the process was paused past it), the next heartbeat finds it lost and
+// the journal writes nothing more. Time passes in the database, as expire
+// makes it: each round spends half of the lease (its expiry set half a
+// lease from now) and waits for a heartbeat to renew a whole lease from
+// then — so the test needs no wall-clock time, and a starved CPU cannot
+// let the lease lapse under it.
 func TestHeartbeatKeepsLease(t *testing.T) {
 	f := newFixture(t)
-	lease := 300 * time.Millisecond
-	beats := make(chan struct{}, 16)
-	j := f.open("w1", Options{Lease: lease, beat: func() { beats <- struct{}{} }})
-	start := time.Now()
-	for range 7 { // Heartbeat is a third of Lease: seven beats span two leases
-		select {
-		case <-beats:
-		case <-ctx(t).Done():
-			t.Fatal("no heartbeat")
+	lease := time.Hour
+	beats := make(chan struct{}, 1)
+	j := f.open("w1", Options{Lease: lease, Heartbeat: 20 * time.Millisecond, beat: func() { tell(beats)(struct{}{}) }})
+	left := func() (d time.Duration) {
+		require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT expires_at - now() FROM bgtask_members WHERE ledger = $1 AND member = 'w1'`, f.ledger).Scan(&d))
+		return d
+	}
+	for range 7 { // seven half leases: three and a half leases with no write
+		_, err := f.pool.Exec(ctx(t), `UPDATE bgtask_members SET expires_at = now() + $2::interval WHERE ledger = $1 AND member = 'w1'`, f.ledger, lease/2)
+		require.NoError(t, err)
+		for left() <= lease*3/4 { // not renewed since: a beat may have come before the update
+			recv(t, beats, "a heartbeat")
 		}
 	}
-	require.Greater(t, time.Since(start), 2*lease)
 	_, err := Open(ctx(t), f.pool, Options{Ledger: f.ledger, Member: "w1", Lease: lease})
 	var held *LeaseHeldError
 	require.ErrorAs(t, err, &held)
 	require.NoError(t, j.Append(nil).Wait())
+
+	f.expire("w1")
+	recv(t, j.Lost(), "the heartbeat to find the lease lost")
+	assert.ErrorIs(t, j.Append(nil).Wait(), ErrLeaseLost)
 }
 
 // Exact identity in the database: a record for an attempt that is not
