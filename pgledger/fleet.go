@@ -114,6 +114,9 @@ type member struct {
 	m       *bgtask.Manager
 	drainMu sync.Mutex // one drain of its inbox at a time (the loop's, a takeover's)
 	unwatch func()     // ends the goroutines adopt started for it
+	// releasing is set while releaseIdle asks whether it is idle: launches
+	// do not go to it (it is still owned, and read, meanwhile).
+	releasing atomic.Bool
 }
 
 // Join opens this process's member and its Manager, and starts listening
@@ -260,7 +263,7 @@ func (n *Node) launcher() (*member, error) {
 		why = fmt.Errorf("member %s lost its lease and is being opened again", n.o.Member)
 	}
 	for _, mb := range n.owned() {
-		if mb.j.Available() == nil {
+		if !mb.releasing.Load() && mb.j.Available() == nil {
 			return mb, nil
 		}
 	}
@@ -891,21 +894,26 @@ func (n *Node) releaseIdle(ctx context.Context) {
 			n.mu.Unlock()
 			return
 		}
-		delete(n.members, mb.name) // launches no longer go to it
+		// Launches no longer go to it; it stays among the members (Task,
+		// Managers, events and closures find it) until it is found idle.
+		mb.releasing.Store(true)
 		n.mu.Unlock()
 		var idle bool
 		err := n.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM bgtask_tasks WHERE ledger = $1 AND member = $2 AND NOT ended)
    AND NOT EXISTS (SELECT 1 FROM bgtask_inbox WHERE ledger = $1 AND member = $2)`, n.o.Ledger, mb.name).Scan(&idle)
 		if err != nil || !idle {
-			n.mu.Lock()
-			if n.closed {
-				n.dead = append(n.dead, mb)
-			} else {
-				n.members[mb.name] = mb
-			}
-			n.mu.Unlock()
+			mb.releasing.Store(false)
 			continue
 		}
+		n.mu.Lock()
+		if n.closed || n.members[mb.name] != mb {
+			// Close shuts it down (it waits for this pass first), or its
+			// lease was lost meanwhile (it is among the dead).
+			n.mu.Unlock()
+			return
+		}
+		delete(n.members, mb.name)
+		n.mu.Unlock()
 		c, cancel := context.WithTimeout(ctx, 10*time.Second)
 		mb.j.closeWithin(c)
 		mb.unwatch()

@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -150,6 +153,51 @@ func TestLiveProcessTakesOverADeadOne(t *testing.T) {
 	assert.Equal(t, bgtask.StatusCompleted, got.Status)
 	assert.Equal(t, "done", got.Attempts[0].Result)
 }
+
+// A member taken over stays the node's while the node asks whether
+// nothing of it is live (to give it back): its tasks are found, and it is
+// among the members, until it is found idle. (It was taken out of the
+// node's members for the question: Node.Task said a live task it owned
+// was unknown meanwhile.)
+func TestAMemberAskedAboutIsStillOwned(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	asked, answer := make(chan struct{}, 1), make(chan struct{})
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = stallOn{sql: "SELECT NOT EXISTS (SELECT 1 FROM bgtask_tasks", asked: asked, answer: answer}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	heir := f.hostileNode(pool, svc, "heir", longLease, nil)
+	t.Cleanup(func() { close(answer) }) // before the heir is closed
+	victim := f.hostileNode(f.pool, svc, "victim", longLease, nil)
+	task := running(t, victim, "chat")
+	victim.kill()
+	f.expire("victim")
+	recv(t, asked, "the heir to ask whether the member it took over is idle")
+	assert.Contains(t, heir.Members(), "victim")
+	got, err := heir.Task(task.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusRunning, got.Status)
+}
+
+// stallOn is a tracer that holds every statement containing sql, once it
+// said so on asked, until answer is closed.
+type stallOn struct {
+	sql           string
+	asked, answer chan struct{}
+}
+
+func (s stallOn) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, s.sql) {
+		tell(s.asked)(struct{}{})
+		<-s.answer
+	}
+	return ctx
+}
+
+func (stallOn) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // took is a takeover: node i took member over.
 type took struct {
