@@ -678,8 +678,9 @@ func repairCmd(_ context.Context, c *call) error {
 	}
 	// The repair itself reads the journal again, under its lock: what it
 	// drops is what it reports here, said before it writes.
-	j, err := bgtask.OpenFileJournal(dir, bgtask.WithRepair(func(ce *bgtask.CorruptError) error {
-		return c.printRepair(ce, true)
+	j, err := bgtask.OpenFileJournal(dir, bgtask.WithRepair(func(cut *bgtask.CorruptError) error {
+		ce = cut // what the repair does: its copy's name is its own
+		return c.printRepair(cut, true)
 	}))
 	if err != nil {
 		return fmt.Errorf("not repaired: %w", err)

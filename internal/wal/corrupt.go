@@ -92,8 +92,10 @@ func completeFrom(data []byte, from int64) []found {
 			if nz == size {
 				break
 			}
-			p = max(p+1, nz-7)
-			continue
+			if nz-7 > p {
+				p = nz - 7 // a header may begin with zeros (a length of 256)
+				continue
+			}
 		}
 		payload, field, end, bad := record(data, p)
 		if bad != nil {
@@ -129,9 +131,11 @@ func tornUnit(data []byte, off int64, bad *damage, follow []found) bool {
 		return false
 	}
 	first := follow[0].off
-	for s := off / sectorBytes * sectorBytes; s+sectorBytes <= first; s += sectorBytes {
+	// A lost sector may hold the first bytes of the first complete record
+	// after it, when they are zeros anyway (a length of 256).
+	for s := off / sectorBytes * sectorBytes; s < first; s += sectorBytes {
 		lo := max(s, off)
-		if !allZero(data[lo : s+sectorBytes]) {
+		if !allZero(data[lo:min(s+sectorBytes, size)]) {
 			continue
 		}
 		if s >= off {

@@ -275,3 +275,67 @@ func TestRepairCrashAtEveryStep(t *testing.T) {
 		require.NoError(t, l.Close())
 	}
 }
+
+// A record whose length is a multiple of 256 begins with a zero byte: the
+// scan past damage finds it too. A flip before one must be refused, with
+// it listed, never cut as a torn tail (the reviewer's reproducer).
+func TestARecordBeginningWithAZeroByteStillFollows(t *testing.T) {
+	for _, n := range []int{0, 256, 512, 4096} {
+		t.Run(fmt.Sprintf("len=%d", n), func(t *testing.T) {
+			payloads := [][]byte{[]byte("a"), []byte("b"), []byte("c"), bytes.Repeat([]byte("z"), n)}
+			dir := t.TempDir()
+			writeJournal(t, dir, wal.Options{}, payloads)
+			seg := lastSegment(t, dir)
+			offs := offsets(payloads)
+			flipByte(t, seg, offs[2]+headerSize)
+			_, err := wal.Open(dir, wal.Options{})
+			var c *wal.Corrupt
+			require.ErrorAs(t, err, &c, "an acknowledged record follows")
+			assert.Equal(t, offs[2], c.Offset)
+			equalRecords(t, payloads[3:], c.Dropped)
+		})
+	}
+}
+
+// A crash: the round in flight begins at u, in the last sector of page 0;
+// its record A ends at 4095, and B (a length of 256: its first byte is 0)
+// begins at 4095. Page 0 is lost: [u, 4096) reads as zeros, B's one byte
+// there was zero anyway, so B is complete, and C after it. A torn tail,
+// not corruption: the lost sector holds B's first byte.
+func TestALostSectorMayHoldTheFirstByteOfTheNextRecord(t *testing.T) {
+	dir := t.TempDir()
+	u := int64(3700)
+	acked := [][]byte{bytes.Repeat([]byte("a"), int(u)-headerSize)}
+	writeJournal(t, dir, wal.Options{}, acked)
+	seg := lastSegment(t, dir)
+	require.Equal(t, u, offsets(acked)[1])
+	a := bytes.Repeat([]byte("A"), int(4095-u)-headerSize)
+	round := encodeBatches([][]byte{a, bytes.Repeat([]byte("B"), 256), []byte("C")})
+	require.Zero(t, round[4095-u])
+	clear(round[:4096-u])
+	writeAt(t, seg, round, u)
+	checkTorn(t, dir, seg, u, acked)
+}
+
+// Zeros at a header's start explain its damage only if they could be the
+// lost bytes of its length: a header one byte before a sector boundary
+// whose length's low byte is 0, with its checksum's byte flipped, is
+// corruption. And a NoPrealloc segment has no lost sectors: a zeroed one
+// with complete records after it is corruption.
+func TestZerosThatExplainNothingAreCorruption(t *testing.T) {
+	pad := bytes.Repeat([]byte("p"), 512-1-headerSize)
+	payloads := [][]byte{pad, bytes.Repeat([]byte("x"), 256), []byte("after one"), []byte("after two")}
+	dir := t.TempDir()
+	writeJournal(t, dir, wal.Options{}, payloads)
+	flipByte(t, lastSegment(t, dir), offsets(payloads)[1]+5)
+	_, err := wal.Open(dir, wal.Options{})
+	var c *wal.Corrupt
+	require.ErrorAs(t, err, &c)
+
+	payloads = [][]byte{[]byte("acked"), bytes.Repeat([]byte("L"), 3000), []byte("kept")}
+	dir = t.TempDir()
+	writeJournal(t, dir, wal.Options{NoPrealloc: true}, payloads)
+	writeAt(t, lastSegment(t, dir), make([]byte, 512), 1024)
+	_, err = wal.Open(dir, wal.Options{NoPrealloc: true})
+	require.ErrorAs(t, err, &c)
+}

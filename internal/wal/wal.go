@@ -558,9 +558,13 @@ func ReadOnly(dir string, opts Options) (recs [][]byte, torn *Torn, err error) {
 		fs = osFS{}
 	}
 	l := &Log{dir: dir, opts: opts, fs: fs}
+	var c *Corrupt
 	for try := 0; ; try++ {
 		recs, torn, err = l.readAll()
-		if err == nil || try == 3 || !errors.Is(err, os.ErrNotExist) {
+		// A running writer may be overtaken mid-page (its round read up to
+		// a point, zeros, then its later records): read again, a few
+		// times, before calling that corruption.
+		if err == nil || try == 3 || !errors.Is(err, os.ErrNotExist) && !errors.As(err, &c) {
 			return recs, torn, err
 		}
 	}
