@@ -130,7 +130,8 @@ type testHooks struct {
 	// to let others in.
 	yield func()
 	// queued, when set, is called (m.mu held) when a Launch starts waiting
-	// for a slot of its parent session (TreeLimits.MaxPerParent).
+	// for a slot of its parent session (TreeLimits.MaxPerParent), once
+	// its ParentWait timer runs.
 	queued func(parent string)
 	// deadline, when set, is called (m.mu held) once a deadline that came
 	// due was decided.

@@ -183,6 +183,9 @@ func (m *Manager) launchDecide(ctx context.Context, in *launchIn) error {
 		wait, since := in.out.wait, in.ticket.since
 		if timer == nil {
 			timer = m.cfg.clock.NewTimer(m.cfg.tree.ParentWait)
+			if m.hooks.queued != nil { // once its timer runs, for tests
+				m.hooks.queued(in.info.parent)
+			}
 		}
 		m.unlock()
 		var err error
@@ -385,9 +388,6 @@ func (m *Manager) treeAdmit(in *launchIn) (<-chan struct{}, error) {
 			m.calls.fanout = make(map[string][]*fanWaiter)
 		}
 		m.calls.fanout[parent] = append(q, in.ticket)
-		if m.hooks.queued != nil {
-			m.hooks.queued(parent)
-		}
 	} else if in.ticket.woken { // woken, and beaten to the slot: wait again
 		in.ticket.ch, in.ticket.woken = make(chan struct{}), false
 	}
