@@ -47,6 +47,16 @@ func runningOn(m *bgtask.Manager, id string, n int) bgtask.Task {
 	return t
 }
 
+// arrived waits for ch to close or send, and panics, naming what, if it
+// does not within 20 s, as runningOn does.
+func arrived[T any](ch <-chan T, what string) {
+	select {
+	case <-ch:
+	case <-time.After(20 * time.Second):
+		panic("not within 20 s: " + what)
+	}
+}
+
 // Open takes the Host and the options; Shutdown stops everything it
 // started.
 func ExampleOpen() {

@@ -242,7 +242,7 @@ func Example_backgroundTool() {
 		fmt.Println(err)
 		return
 	}
-	<-jobRuns
+	arrived(jobRuns, "the background job to run")
 	job, _ := m.Tasks(bgtask.Query{Parent: lead.SessionID})
 	fmt.Println("parent:", lead.Status, "|", lead.Result)
 	fmt.Println("child:", job.Tasks[0].ID, job.Tasks[0].Status, "detached:", job.Tasks[0].Detached)
