@@ -8,15 +8,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// kindsJournal is an owedJournal that tells the kind of each record it
+// kindsJournal is a memJournal that tells the kind of each record it
 // keeps, in order.
 type kindsJournal struct {
-	owedJournal
+	memJournal
 	kinds chan string
 }
 
 func (j *kindsJournal) Append(batch []Record) Commit {
-	c := j.owedJournal.Append(batch)
+	c := j.memJournal.Append(batch)
 	for _, r := range batch {
 		j.kinds <- r.Kind
 	}
@@ -47,7 +47,7 @@ func TestARestartClosesAgainASpentBudgetsBranchWhoseHolderStillRuns(t *testing.T
 	_ = m1.Shutdown(ctx) // the first life's end is no part of the test
 
 	host2 := newDLAliveHost() // refuses every abort too, until the end
-	j2 := &kindsJournal{owedJournal: owedJournal{recs: crashed}, kinds: make(chan string, 4096)}
+	j2 := &kindsJournal{memJournal: memJournal{recs: crashed}, kinds: make(chan string, 4096)}
 	m2, err := Open(ctx, host2, WithJournal(j2), WithClock(clock.NewFake(t0)), WithIDs(SequentialIDs()))
 	require.NoError(t, err)
 	defer func() {

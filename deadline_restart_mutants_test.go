@@ -49,7 +49,7 @@ func (h *dlAliveHost) FindSession(context.Context, SessionRequest) (string, erro
 // host stops it; the task ends error, reason deadline.
 func TestADeadlineWhoseStopWasAskedAsksAgainAfterARestart(t *testing.T) {
 	ctx := testCtx(t)
-	j := &owedJournal{}
+	j := &memJournal{}
 	host1 := newDLAliveHost()
 	clk1 := clock.NewFake(t0)
 	m1, err := Open(ctx, host1, WithJournal(j), WithClock(clk1), WithIDs(SequentialIDs()))
@@ -65,7 +65,7 @@ func TestADeadlineWhoseStopWasAskedAsksAgainAfterARestart(t *testing.T) {
 
 	host2 := newDLAliveHost()
 	clk2 := clock.NewFake(t0.Add(time.Minute))
-	m2, err := Open(ctx, host2, WithJournal(&owedJournal{recs: crashed}), WithClock(clk2), WithIDs(SequentialIDs()))
+	m2, err := Open(ctx, host2, WithJournal(&memJournal{recs: crashed}), WithClock(clk2), WithIDs(SequentialIDs()))
 	require.NoError(t, err)
 	shutdownAtCleanup(t, m2)
 	recv(t, host2.aborts, "the new life's abort of the stopped run") // refused, as every abort until accept

@@ -15,7 +15,7 @@ import (
 // it holds, and whose writes tell entered and then wait for gate (or
 // their context) before they land.
 type slowWriteStore struct {
-	owedJournal
+	memJournal
 	mu      sync.Mutex
 	of      map[string]Cooldown
 	reads   int

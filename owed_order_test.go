@@ -2,7 +2,6 @@ package bgtask
 
 import (
 	"context"
-	"sync"
 	"testing"
 
 	"github.com/bgtask/bgtask/internal/clock"
@@ -10,50 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// owedJournal is a Journal in memory whose records a test copies as a
-// crash leaves them.
-type owedJournal struct {
-	mu   sync.Mutex
-	recs []Record
-}
-
-type owedCommit struct{}
-
-func (owedCommit) Wait() error { return nil }
-
-func (j *owedJournal) Append(batch []Record) Commit {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	for _, r := range batch {
-		r.Data = append([]byte(nil), r.Data...)
-		j.recs = append(j.recs, r)
-	}
-	return owedCommit{}
-}
-
-func (j *owedJournal) Replay(fn func(Record) error) error {
-	j.mu.Lock()
-	recs := append([]Record(nil), j.recs...)
-	j.mu.Unlock()
-	for _, r := range recs {
-		if err := fn(r); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (j *owedJournal) Compact(keep []Record) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.recs = append([]Record(nil), keep...)
-	return nil
-}
-
-func (j *owedJournal) Close() error { return nil }
-
 // copyRecs is what the journal holds now: what a crash leaves.
-func (j *owedJournal) copyRecs() []Record {
+func (j *memJournal) copyRecs() []Record {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	out := make([]Record, len(j.recs))
@@ -71,7 +28,7 @@ func (j *owedJournal) copyRecs() []Record {
 // process dies. The next life delivers all twenty-one, in their order.
 func TestARestartRedeliversWhatWasNotDeliveredInOrder(t *testing.T) {
 	ctx := testCtx(t)
-	j := &owedJournal{}
+	j := &memJournal{}
 	release := make(chan struct{})
 	stuck := NotifierFunc(func(ctx context.Context, _ Notification) error {
 		select {
@@ -112,7 +69,7 @@ func TestARestartRedeliversWhatWasNotDeliveredInOrder(t *testing.T) {
 	require.Len(t, want, 21, "twenty final summaries and the round's all_complete")
 
 	rec := &recorder{}
-	m2, err := Open(ctx, &testHost{}, WithJournal(&owedJournal{recs: crashed}), WithNotifier(rec), WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0)))
+	m2, err := Open(ctx, &testHost{}, WithJournal(&memJournal{recs: crashed}), WithNotifier(rec), WithIDs(SequentialIDs()), WithClock(clock.NewFake(t0)))
 	require.NoError(t, err)
 	require.NoError(t, m2.Shutdown(ctx)) // delivers what is queued before it returns
 	var got []owed

@@ -40,7 +40,7 @@ func (h *ownFnStatusHost) FindSession(_ context.Context, req SessionRequest) (st
 // (format 7).
 func TestATasksOwnFunctionIsLostAcrossARestartWhateverItsLaunchCarries(t *testing.T) {
 	ctx := testCtx(t)
-	j := &owedJournal{}
+	j := &memJournal{}
 	blocked := func(ctx context.Context, _ Run) (string, error) { <-ctx.Done(); return "", ctx.Err() }
 	m1, err := Open(ctx, &ownFnStatusHost{}, WithJournal(j), WithIDs(SequentialIDs()))
 	require.NoError(t, err)
@@ -60,7 +60,7 @@ func TestATasksOwnFunctionIsLostAcrossARestartWhateverItsLaunchCarries(t *testin
 	require.NoError(t, m1.Shutdown(ctx))
 
 	host := &ownFnStatusHost{}
-	m2, err := Open(ctx, host, WithJournal(&owedJournal{recs: crashed}), WithIDs(SequentialIDs()))
+	m2, err := Open(ctx, host, WithJournal(&memJournal{recs: crashed}), WithIDs(SequentialIDs()))
 	require.NoError(t, err)
 	shutdownAtCleanup(t, m2)
 	for name, id := range ids {
