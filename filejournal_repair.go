@@ -25,43 +25,39 @@ import (
 type CorruptError struct {
 	// Segment is the segment file holding the damaged record; Offset is
 	// where that record begins in it, and Why what is wrong with it.
-	Segment string
-	Offset  int64
-	Why     string
+	Segment string `json:"segment"`
+	Offset  int64  `json:"offset"`
+	Why     string `json:"why"`
 	// Cut is where a repair truncates Segment: where the commit the
 	// damaged record belongs to begins, so that every commit before it
 	// stays whole.
-	Cut int64
+	Cut int64 `json:"cut"`
 	// Dropped are the complete records a repair drops, in order: the rest
-	// of Segment from Cut on, then every later segment's. Tasks are the
-	// tasks they name, in order of first appearance.
-	Dropped []RecordView
-	Tasks   []string
+	// of Segment from Cut on (the damaged commit's records before the
+	// damage too), then every later segment's. Tasks are the tasks they
+	// name, in order of first appearance.
+	Dropped []RecordView `json:"dropped"`
+	Tasks   []string     `json:"tasks"`
 	// Later are the segments after Segment, which a repair sets aside.
-	Later []string
+	Later []string `json:"later,omitempty"`
 	// Copy is the directory a repair keeps what it cuts in (Segment's
 	// bytes from Cut on, and Later), inside the journal's directory.
-	Copy string
+	Copy string `json:"copy"`
 }
 
 func (e *CorruptError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "the journal is corrupt: %s at offset %d (%s): ", e.Segment, e.Offset, e.Why)
-	switch {
-	case len(e.Dropped) == 0:
-		b.WriteString("no complete record after it")
-	default:
-		fmt.Fprintf(&b, "%d complete records of %d tasks after it", len(e.Dropped), len(e.Tasks))
-		if len(e.Tasks) > 0 {
-			const show = 8
-			b.WriteString(" (" + strings.Join(e.Tasks[:min(show, len(e.Tasks))], ", "))
-			if len(e.Tasks) > show {
-				fmt.Fprintf(&b, " and %d more", len(e.Tasks)-show)
-			}
-			b.WriteString(")")
+	fmt.Fprintf(&b, "the journal is corrupt: %s at offset %d (%s), with complete records after it; a repair (bgtask repair %s, or WithRepair) cuts it at offset %d and drops %d complete records of %d tasks",
+		e.Segment, e.Offset, e.Why, filepath.Dir(e.Segment), e.Cut, len(e.Dropped), len(e.Tasks))
+	if len(e.Tasks) > 0 {
+		const show = 8
+		b.WriteString(" (" + strings.Join(e.Tasks[:min(show, len(e.Tasks))], ", "))
+		if len(e.Tasks) > show {
+			fmt.Fprintf(&b, " and %d more", len(e.Tasks)-show)
 		}
+		b.WriteString(")")
 	}
-	fmt.Fprintf(&b, "; a repair (bgtask repair %s, or WithRepair) cuts it off at offset %d, keeping a copy", filepath.Dir(e.Segment), e.Cut)
+	b.WriteString(", keeping a copy")
 	return b.String()
 }
 
@@ -74,8 +70,9 @@ func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
 // a copy of what it cuts (Copy: the damaged segment's bytes from the cut
 // on, and every later segment), truncates the damaged segment at the
 // start of the commit the damage is in, and opens what is left; if it
-// returns an error, OpenFileJournal fails with that error and changes
-// nothing. A journal with no corruption opens as without the option. A
+// returns an error (or panics), OpenFileJournal changes nothing and fails
+// with an error that matches both ErrCorrupt (a *CorruptError) and
+// confirm's. A journal with no corruption opens as without the option. A
 // repair drops durable records: call it knowingly (bgtask repair DIR
 // shows first what it would drop).
 func WithRepair(confirm func(*CorruptError) error) FileJournalOption {
@@ -83,17 +80,40 @@ func WithRepair(confirm func(*CorruptError) error) FileJournalOption {
 		if confirm == nil {
 			return fmt.Errorf("%w: WithRepair with no function", ErrInvalidArgument)
 		}
-		o.Repair = func(c *wal.Corrupt) (err error) {
-			defer func() {
-				if r := recover(); r != nil {
-					err = fmt.Errorf("WithRepair's function panicked: %s", panicText(r))
-				}
-			}()
-			return confirm(corruptOf(c))
+		o.Repair = func(c *wal.Corrupt) error {
+			ce := corruptOf(c)
+			if err := confirmed(confirm, ce); err != nil {
+				return &notRepaired{ce, err}
+			}
+			return nil
 		}
 		return nil
 	})
 }
+
+// confirmed is confirm's answer on ce; a panic in it is an error.
+func confirmed(confirm func(*CorruptError) error, ce *CorruptError) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("WithRepair's function panicked: %s", panicText(r))
+		}
+	}()
+	return confirm(ce)
+}
+
+// notRepaired is a corrupt journal that WithRepair's function declined
+// to repair: it matches ErrCorrupt (and is a *CorruptError) and the
+// function's error both.
+type notRepaired struct {
+	corrupt *CorruptError
+	err     error
+}
+
+func (e *notRepaired) Error() string {
+	return e.corrupt.Error() + "; not repaired: " + safeText(e.err)
+}
+
+func (e *notRepaired) Unwrap() []error { return []error{e.corrupt, e.err} }
 
 // corruptError is err as the root reports it: a *wal.Corrupt becomes a
 // *CorruptError with its records decoded; anything else is err.

@@ -358,11 +358,20 @@ func TestRepairReportsBeforeItCutsAndKeepsACopy(t *testing.T) {
 	no := errors.New("not now")
 	_, err = OpenFileJournal(dir, WithRepair(func(*CorruptError) error { return no }))
 	require.ErrorIs(t, err, no)
+	require.ErrorIs(t, err, ErrCorrupt, "declined, the journal is still corrupt")
+	var declined *CorruptError
+	require.ErrorAs(t, err, &declined)
+	assert.Equal(t, ce.Tasks, declined.Tasks)
 	assert.Equal(t, before, dirFiles(t, dir), "a declined repair changes nothing")
 
-	// A confirm that panics is an error, not a crash, and nothing changes.
+	// A confirm that panics, or whose error panics when read, is an
+	// error, not a crash, and nothing changes.
 	_, err = OpenFileJournal(dir, WithRepair(func(*CorruptError) error { panic("boom") }))
 	require.ErrorContains(t, err, "panicked")
+	require.ErrorIs(t, err, ErrCorrupt)
+	_, err = OpenFileJournal(dir, WithRepair(func(*CorruptError) error { return panicky{} }))
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.NotPanics(t, func() { _ = err.Error() })
 	assert.Equal(t, before, dirFiles(t, dir))
 
 	_, err = OpenFileJournal(dir, WithRepair(nil))

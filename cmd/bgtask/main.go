@@ -172,8 +172,10 @@ var commands = map[string]*command{
 			"task the cut drops, then keeps a copy of what it cuts (the damaged segment's\n" +
 			"bytes from the cut on, and every later segment) in DIR/cut-<time>, and cuts\n" +
 			"the journal where the damaged commit begins. With -n it only prints. It takes\n" +
-			"the journal's lock: stop the process that writes it first. Exit status 0 when\n" +
-			"the journal opens afterwards (or needed nothing), 1 if it was not repaired.",
+			"the journal's lock: stop the process that writes it first. With -json it prints\n" +
+			"one document at the end: corrupt, repaired, the damage (segment, offset, cut,\n" +
+			"dropped, tasks, copy) and the error, if any. Exit status 0 when the journal\n" +
+			"opens afterwards (or needed nothing), 1 if it was not repaired.",
 		example: "bgtask repair ./journal -n",
 		min:     1, max: 1,
 		flags: func(fs *flag.FlagSet) {
@@ -654,7 +656,9 @@ func changed(a, b []bgtask.Task) bool {
 func indent(s string) string { return "  " + strings.ReplaceAll(s, "\n", "\n  ") }
 
 // repairCmd says what a repair of the journal in c's first argument drops,
-// and (but with -n) makes it.
+// and (but with -n) makes it. With -json it prints one document at the
+// end: {"corrupt": false}, or {"corrupt": true, "repaired": ..., "damage":
+// the *CorruptError, "error": why not}.
 func repairCmd(_ context.Context, c *call) error {
 	dir := c.args[0]
 	dry := c.flags.Lookup("n").Value.String() == "true"
@@ -664,41 +668,64 @@ func repairCmd(_ context.Context, c *call) error {
 		if err != nil {
 			return err
 		}
+		copies, _ := filepath.Glob(filepath.Join(dir, "cut-*"))
 		if c.json {
-			return c.printJSON(map[string]any{"corrupt": false})
+			return c.printJSON(map[string]any{"corrupt": false, "copies": copies})
 		}
 		fmt.Fprintf(c.stdout, "%s is not corrupt: nothing to repair\n", dir)
+		if len(copies) > 0 {
+			fmt.Fprintf(c.stdout, "what earlier repairs cut is kept in %s\n", strings.Join(copies, ", "))
+		}
 		return nil
 	}
-	if dry {
-		if err := c.printRepair(ce, false); err != nil {
+	done := func(repaired bool, why error) error {
+		if !c.json {
+			return why
+		}
+		doc := map[string]any{"corrupt": true, "repaired": repaired, "damage": ce}
+		if why != nil {
+			doc["error"] = why.Error()
+		}
+		if err := c.printJSON(doc); err != nil {
 			return err
 		}
-		return errors.New("repair -n: nothing changed; the journal is still corrupt")
+		return why
+	}
+	if dry {
+		if !c.json {
+			if err := c.printRepair(ce, false); err != nil {
+				return err
+			}
+		}
+		return done(false, errors.New("repair -n: nothing changed; the journal is still corrupt"))
 	}
 	// The repair itself reads the journal again, under its lock: what it
 	// drops is what it reports here, said before it writes.
+	said := false
 	j, err := bgtask.OpenFileJournal(dir, bgtask.WithRepair(func(cut *bgtask.CorruptError) error {
-		ce = cut // what the repair does: its copy's name is its own
+		ce, said = cut, true // what the repair does: its copy's name is its own
+		if c.json {
+			return nil
+		}
 		return c.printRepair(cut, true)
 	}))
 	if err != nil {
-		return fmt.Errorf("not repaired: %w", err)
+		if !said && !c.json { // refused before it looked (a live process holds it): what it would do
+			_ = c.printRepair(ce, false)
+		}
+		return done(false, fmt.Errorf("not repaired: %w", err))
 	}
 	if err := j.Close(); err != nil {
-		return err
+		return done(true, err)
 	}
 	if !c.json {
 		fmt.Fprintf(c.stdout, "repaired: the journal opens; what was cut is in %s\n", ce.Copy)
 	}
-	return nil
+	return done(true, nil)
 }
 
-// printRepair prints what a repair of ce drops (in JSON, ce itself).
+// printRepair prints what a repair of ce drops.
 func (c *call) printRepair(ce *bgtask.CorruptError, cutting bool) error {
-	if c.json {
-		return c.printJSON(map[string]any{"corrupt": true, "repairing": cutting, "damage": ce})
-	}
 	fmt.Fprintf(c.stdout, "%s is corrupt: %s at offset %d: %s\n", filepath.Dir(ce.Segment), filepath.Base(ce.Segment), ce.Offset, ce.Why)
 	verb := "would cut"
 	if cutting {

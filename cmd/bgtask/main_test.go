@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -780,6 +781,48 @@ func TestACorruptJournalIsRefusedThenRepaired(t *testing.T) {
 	assert.Contains(t, r.stdout, "task_launched")
 	assert.Equal(t, before, snapshot(), "repair -n changes nothing")
 
+	// -json: one document, what a repair drops.
+	r = cli(t, "repair", dir, "-n", "-json")
+	assert.Equal(t, 1, r.code)
+	var doc struct {
+		Corrupt, Repaired bool
+		Error             string
+		Damage            struct {
+			Segment string
+			Cut     int64
+			Tasks   []string
+			Dropped []struct{ Kind, TaskID string }
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc), "one JSON document: %s", r.stdout)
+	assert.True(t, doc.Corrupt)
+	assert.False(t, doc.Repaired)
+	assert.Contains(t, doc.Error, "nothing changed")
+	assert.Equal(t, segs[0], doc.Damage.Segment)
+	assert.Equal(t, int64(first), doc.Damage.Cut)
+	assert.Len(t, doc.Damage.Tasks, len(tasks))
+	dropped := map[string]bool{}
+	for _, d := range doc.Damage.Dropped {
+		dropped[d.Kind+" "+d.TaskID] = true
+	}
+	assert.False(t, dropped["task_launched "+tasks[0].ID], "the first launch is before the cut")
+	for _, task := range tasks[1:] {
+		assert.True(t, dropped["task_launched "+task.ID], "its launch is listed as dropped: %v", dropped)
+	}
+
+	// A live process holds the journal: the repair says what it would
+	// drop, and refuses.
+	lock, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o644)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX))
+	r = cli(t, "repair", dir)
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stdout, "a repair would cut")
+	assert.Contains(t, r.stdout, tasks[1].ID)
+	assert.Contains(t, r.stderr, "not repaired")
+	require.NoError(t, lock.Close())
+	assert.Equal(t, before, snapshot(), "a refused repair changes nothing")
+
 	r = cli(t, "repair", dir)
 	require.Equal(t, 0, r.code, r.stderr)
 	report, done, found := strings.Cut(r.stdout, "repaired:")
@@ -799,4 +842,5 @@ func TestACorruptJournalIsRefusedThenRepaired(t *testing.T) {
 	r = cli(t, "repair", dir)
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "not corrupt")
+	assert.Contains(t, r.stdout, "earlier repairs cut is kept in "+filepath.Dir(copies[0]))
 }

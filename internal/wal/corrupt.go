@@ -65,7 +65,7 @@ type Corrupt struct {
 }
 
 func (c *Corrupt) Error() string {
-	return fmt.Sprintf("journal: %s at offset %d: %s, and %d complete records after it: refusing to start (the journal is corrupt)", c.File, c.Offset, c.Why, len(c.Dropped))
+	return fmt.Sprintf("journal: %s at offset %d: %s, with complete records after it: refusing to start (the journal is corrupt; a repair cutting at offset %d drops %d complete records)", c.File, c.Offset, c.Why, c.Cut, len(c.Dropped))
 }
 
 // found is a complete record a scan found past damage.

@@ -44,7 +44,7 @@ func TestAFlippedByteBeforeCompleteRecordsIsCorruption(t *testing.T) {
 				assert.Equal(t, offs[k], c.Cut, "a batch of its own: the cut is where it begins")
 				equalRecords(t, payloads[k+1:], c.Dropped, "every complete record after it")
 				assert.Contains(t, err.Error(), fmt.Sprintf("at offset %d", offs[k]))
-				assert.Contains(t, err.Error(), "34 complete records after it")
+				assert.Contains(t, err.Error(), "drops 34 complete records")
 				assert.Equal(t, before, readFile(t, seg), "nothing changed")
 			}
 		})
