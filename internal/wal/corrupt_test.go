@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -219,6 +220,25 @@ func TestRepairCrashAtEveryStep(t *testing.T) {
 	k := len(first) / 2
 	flipByte(t, segs[0], offsets(first)[k]+headerSize)
 	kept := first[:k]
+	// What a repair cuts is kept: the damaged segment's bytes from the
+	// cut on, and every later segment whole, each in some cut-* copy.
+	cut := offsets(first)[k]
+	aside := map[string][]byte{filepath.Base(segs[0]) + ".from-" + strconv.FormatInt(cut, 10): readFile(t, segs[0])[cut:]}
+	for _, l := range segs[1:] {
+		aside[filepath.Base(l)] = readFile(t, l)
+	}
+	keptAside := func(dir string, step int) {
+		t.Helper()
+		for name, data := range aside {
+			copies, err := filepath.Glob(filepath.Join(dir, "cut-*", name))
+			require.NoError(t, err)
+			found := false
+			for _, c := range copies {
+				found = found || bytes.Equal(readFile(t, c), data)
+			}
+			assert.True(t, found, "step %d: %s is kept whole in a copy (%v)", step, name, copies)
+		}
+	}
 
 	agree := func(*wal.Corrupt) error { return nil }
 	for step := 1; ; step++ {
@@ -241,7 +261,7 @@ func TestRepairCrashAtEveryStep(t *testing.T) {
 				if err := crash(); err != nil {
 					return err
 				}
-				return os.Rename(a, b) // the model's bookkeeping is not needed past the crash
+				return fs.rename(a, b)
 			}
 			fs.onSyncDir = func(string) error { return crash() }
 			fs.onSync = func(string) error { return crash() }
@@ -257,6 +277,7 @@ func TestRepairCrashAtEveryStep(t *testing.T) {
 			// No step left to crash at: the repair ran through.
 			equalRecords(t, kept, l.Records())
 			require.NoError(t, l.Close())
+			keptAside(dir, step)
 			require.Greater(t, step, 3, "the repair has steps")
 			return
 		}
@@ -273,6 +294,7 @@ func TestRepairCrashAtEveryStep(t *testing.T) {
 		require.NoError(t, err, "step %d: a repair after the crash", step)
 		equalRecords(t, kept, l.Records(), "step %d", step)
 		require.NoError(t, l.Close())
+		keptAside(crashed, step)
 	}
 }
 

@@ -31,7 +31,7 @@ type faultFS struct {
 	onWriteAt func(name string, f *os.File, p []byte, off int64) (int, error)
 	onRename  func(oldpath, newpath string) error
 	onRemove  func(name string) error
-	onSyncDir func(dir string) error
+	onSyncDir func(dir string) error // before a SyncDir: an error fails it
 
 	// Durability model (nil maps: off): each segment's content as its
 	// last sync left it (a truncation counts at once), and which files
@@ -39,6 +39,10 @@ type faultFS struct {
 	// lose them).
 	durable  map[string][]byte
 	unlinked map[string]bool
+	// moved maps the old name to the new of each rename no fsync of the
+	// old name's directory has made durable: a crash may find the file
+	// under its old name still.
+	moved map[string]string
 
 	open map[*faultFile]bool // renamed along with their file
 }
@@ -50,6 +54,7 @@ const pageSize = 4 << 10
 func (fs *faultFS) trackDurability() {
 	fs.durable = map[string][]byte{}
 	fs.unlinked = map[string]bool{}
+	fs.moved = map[string]string{}
 }
 
 // snapshot copies into to what of from's segments would survive a power
@@ -84,10 +89,22 @@ func (fs *faultFS) crash(t *testing.T, from, to string, model *crashModel) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	require.NotNil(t, fs.durable, "trackDurability first")
+	fs.crashDir(t, from, to, model)
+}
+
+// crashDir is crash of one directory and those below it (a repair's
+// copy). fs.mu is held.
+func (fs *faultFS) crashDir(t *testing.T, from, to string, model *crashModel) {
+	t.Helper()
 	ents, err := os.ReadDir(from)
 	require.NoError(t, err)
 	for _, e := range ents {
 		path := filepath.Join(from, e.Name())
+		if e.IsDir() {
+			require.NoError(t, os.Mkdir(filepath.Join(to, e.Name()), 0o755))
+			fs.crashDir(t, path, filepath.Join(to, e.Name()), model)
+			continue
+		}
 		if !isSeg(path) || fs.unlinked[path] {
 			continue
 		}
@@ -98,6 +115,11 @@ func (fs *faultFS) crash(t *testing.T, from, to string, model *crashModel) {
 			img = tornImage(img, cur, model)
 		}
 		require.NoError(t, os.WriteFile(filepath.Join(to, e.Name()), img, 0o644))
+	}
+	for oldpath, newpath := range fs.moved {
+		if filepath.Dir(oldpath) == filepath.Clean(from) {
+			require.NoError(t, os.WriteFile(filepath.Join(to, filepath.Base(oldpath)), fs.durable[newpath], 0o644))
+		}
 	}
 }
 
@@ -204,14 +226,28 @@ func (fs *faultFS) Rename(oldpath, newpath string) error {
 	if hook != nil {
 		return hook(oldpath, newpath)
 	}
+	return fs.rename(oldpath, newpath)
+}
+
+// rename is Rename with no hook: a hook may call it to rename as the
+// model says.
+func (fs *faultFS) rename(oldpath, newpath string) error {
 	if err := os.Rename(oldpath, newpath); err != nil {
 		return err
 	}
 	fs.mu.Lock()
-	if fs.durable != nil { // the new name is durable at the next SyncDir
-		fs.durable[newpath] = fs.durable[oldpath]
+	if fs.durable != nil { // the new name is durable at the next SyncDir of its directory, the old one gone at its own's
+		d, known := fs.durable[oldpath]
+		if !known && isSeg(oldpath) { // there before the model: durable as it is
+			d, _ = os.ReadFile(newpath)
+		}
+		if isSeg(oldpath) && !fs.unlinked[oldpath] {
+			fs.moved[oldpath] = newpath
+		}
+		fs.durable[newpath] = d
 		fs.unlinked[newpath] = true
 		delete(fs.durable, oldpath)
+		delete(fs.unlinked, oldpath)
 	}
 	for f := range fs.open {
 		if f.name == oldpath {
@@ -246,8 +282,10 @@ func (fs *faultFS) SyncDir(dir string) error {
 	fs.mu.Lock()
 	hook := fs.onSyncDir
 	fs.mu.Unlock()
-	if hook != nil {
-		return hook(dir)
+	if hook != nil { // before the sync, as onSync: an error fails it
+		if err := hook(dir); err != nil {
+			return err
+		}
 	}
 	d, err := os.Open(dir)
 	if err != nil {
@@ -261,6 +299,11 @@ func (fs *faultFS) SyncDir(dir string) error {
 	for name := range fs.unlinked {
 		if filepath.Dir(name) == filepath.Clean(dir) {
 			delete(fs.unlinked, name)
+		}
+	}
+	for name := range fs.moved {
+		if filepath.Dir(name) == filepath.Clean(dir) {
+			delete(fs.moved, name)
 		}
 	}
 	fs.mu.Unlock()
