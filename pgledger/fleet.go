@@ -890,9 +890,13 @@ func (n *Node) releaseIdle(ctx context.Context) {
 			continue
 		}
 		n.mu.Lock()
-		if n.closed || n.members[mb.name] != mb {
+		if n.closed {
 			n.mu.Unlock()
 			return
+		}
+		if n.members[mb.name] != mb { // its lease was lost: among the dead, not ours to release
+			n.mu.Unlock()
+			continue
 		}
 		// Launches no longer go to it; it stays among the members (Task,
 		// Managers, events and closures find it) until it is found idle.
@@ -906,11 +910,13 @@ func (n *Node) releaseIdle(ctx context.Context) {
 			continue
 		}
 		n.mu.Lock()
-		if n.closed || n.members[mb.name] != mb {
-			// Close shuts it down (it waits for this pass first), or its
-			// lease was lost meanwhile (it is among the dead).
+		if n.closed { // Close shuts it down (it waits for this pass first)
 			n.mu.Unlock()
 			return
+		}
+		if n.members[mb.name] != mb { // its lease was lost meanwhile: among the dead; the others may still be idle
+			n.mu.Unlock()
+			continue
 		}
 		delete(n.members, mb.name)
 		n.mu.Unlock()
