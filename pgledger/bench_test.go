@@ -620,7 +620,7 @@ func BenchmarkRoutedObserve(b *testing.B) {
 		}
 		b.StartTimer()
 		t0 := time.Now()
-		if err := ns[1].Observe(bgtask.Event{SessionID: running.SessionID, Kind: bgtask.SessionIdle, Text: "ok"}); err != nil {
+		if err := ns[1].Observe(context.Background(), bgtask.Event{SessionID: running.SessionID, Kind: bgtask.SessionIdle, Text: "ok"}); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := ns[0].Manager().Wait(ctx, task.ID); err != nil {

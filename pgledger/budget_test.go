@@ -1,6 +1,7 @@
 package pgledger
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -54,15 +55,15 @@ func TestAFleetSpendsOneTreesBudget(t *testing.T) {
 	assert.Equal(t, int64(1000), s.Limit.Tokens, "the child's grant, clamped by the fleet's root in the other process")
 	assert.Equal(t, int64(1000), mustTask(t, b, c1.ID).Budget.Limit.Tokens, "and its Manager launched it with that grant")
 
-	require.NoError(t, b.Observe(usage(c1.SessionID, 600)))
-	require.NoError(t, a.Observe(usage(c2.SessionID, 300)))
+	require.NoError(t, b.Observe(context.Background(), usage(c1.SessionID, 600)))
+	require.NoError(t, a.Observe(context.Background(), usage(c2.SessionID, 300)))
 	s, _, err = a.Budget(ctx(t), root.ID)
 	require.NoError(t, err)
 	assert.Equal(t, int64(900), s.Spent.Tokens(), "both processes' usage, in one account")
 	assert.Equal(t, int64(2), s.Spawned)
 	assert.Empty(t, s.Exceeded)
 
-	require.NoError(t, a.Observe(usage(root.SessionID, 150))) // 1050 ≥ 1000
+	require.NoError(t, a.Observe(context.Background(), usage(root.SessionID, 150))) // 1050 ≥ 1000
 	_, err = b.Launch(ctx(t), bgtask.Spec{ParentSessionID: c1.SessionID, Prompt: "more", Models: spec.Models})
 	var be *bgtask.BudgetError
 	require.ErrorAs(t, err, &be, "refused in the other process, from the commit that spent it")
@@ -81,7 +82,7 @@ func TestAFleetSpendsOneTreesBudget(t *testing.T) {
 		assert.Equal(t, want, *end.Stop, "task %s: stopped by the budget, in the process that owns it", x.task.ID)
 		assert.True(t, svc.aborted(x.task.SessionID), "task %s: its child really stopped", x.task.ID)
 	}
-	require.NoError(t, b.Observe(usage(c1.SessionID, 25)), "a usage report of a stopped run is no error")
+	require.NoError(t, b.Observe(context.Background(), usage(c1.SessionID, 25)), "a usage report of a stopped run is no error")
 	s, _, err = b.Budget(ctx(t), root.ID)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1075), s.Spent.Tokens(), "a report after the stop counts")

@@ -43,10 +43,10 @@ func TestTheChangeStreamSpansProcesses(t *testing.T) {
 	var want []string
 	for i, n := range ns {
 		task := running(t, n, "chat")
-		require.NoError(t, n.Observe(bgtask.Event{AttemptID: task.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "from w" + string(rune('0'+i))}))
+		require.NoError(t, n.Observe(context.Background(), bgtask.Event{AttemptID: task.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "from w" + string(rune('0'+i))}))
 		want = append(want, task.ID)
 	}
-	require.NoError(t, ns[1].Observe(bgtask.Event{SessionID: early.SessionID, Kind: bgtask.SessionIdle, Text: "early"}))
+	require.NoError(t, ns[1].Observe(context.Background(), bgtask.Event{SessionID: early.SessionID, Kind: bgtask.SessionIdle, Text: "early"}))
 	want = append(want, early.ID)
 	awaitMirror(t, &m, want, bgtask.StatusCompleted, "the mirror converged on every process's tasks")
 	got, err := m.Task(early.ID)

@@ -282,7 +282,7 @@ func TestARetryInAClosingBranchDoesNotStart(t *testing.T) {
 	// w0 opens a closure of the branch; w1 has not heard of it yet.
 	_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_closures (ledger, root_session, member) VALUES ($1, 'chat', 'w0')`, f.ledger)
 	require.NoError(t, err)
-	require.NoError(t, ns[1].Observe(bgtask.Event{AttemptID: b.Attempts[0].ID, Kind: bgtask.SessionError, Err: errors.New("429 Too Many Requests")}))
+	require.NoError(t, ns[1].Observe(context.Background(), bgtask.Event{AttemptID: b.Attempts[0].ID, Kind: bgtask.SessionError, Err: errors.New("429 Too Many Requests")}))
 	got, err := ns[1].Manager().Wait(ctx(t), b.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusError, got.Status)

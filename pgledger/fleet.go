@@ -97,6 +97,7 @@ type Node struct {
 	backoff map[string]backoff         // the deliverer's: parents whose delivery failed
 	notes   atomic.Pointer[noteWriter] // the deliverer's note writer, while it runs
 	stray   sync.WaitGroup             // Notifier calls (user code that may ignore its context)
+	observe sync.WaitGroup             // Manager.Observe calls an Observe's context let go of
 	admits  *batch[admission, *int64]  // launches' fence checks, batched (admit)
 	gates   *batch[admission, *int64]  // starts' fence checks, batched (gateStart)
 
@@ -536,22 +537,31 @@ func (n *Node) releaseKey(ctx context.Context, key, id string) {
 // member of the ledger knows the session or attempt. An event routed to
 // another process carries its error as text: the owner classifies that
 // text (DefaultRetryable reads status codes and phrases), not the value.
-func (n *Node) Observe(ev bgtask.Event) error {
+//
+// ctx bounds the database's part (finding the owner, writing to its
+// inbox): a database that does not answer makes Observe return ctx's
+// error once ctx ends, and an event it could not route is not applied
+// anywhere (the caller may send it again). A nil ctx is
+// context.Background(), bounded by routeFor.
+func (n *Node) Observe(ctx context.Context, ev bgtask.Event) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, routeFor)
+	defer cancel()
 	if ev.AttemptID != "" {
 		// An attempt is known exactly where it lives: try here first.
-		if err := n.observeHere(ev); !errors.Is(err, bgtask.ErrUnknownSession) {
+		if err := n.observeHere(ctx, ev); !errors.Is(err, bgtask.ErrUnknownSession) {
 			return err
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	owner, current, err := n.owner(ctx, ev)
 	switch {
 	case err != nil:
 		return err
 	case owner == "":
 		if ev.AttemptID == "" {
-			return n.observeHere(ev) // a start in flight here may still bind it
+			return n.observeHere(ctx, ev) // a start in flight here may still bind it
 		}
 		return fmt.Errorf("%w: no member of ledger %s knows attempt %s", bgtask.ErrUnknownSession, n.o.Ledger, ev.AttemptID)
 	case !current && ev.Usage.IsZero():
@@ -560,20 +570,53 @@ func (n *Node) Observe(ev bgtask.Event) error {
 	// A stale event that carries usage goes to its owner all the same: the
 	// usage counts for the attempt that did the work.
 	if mb := n.live(owner); mb != nil {
-		return mb.m.Observe(ev)
+		return n.within(ctx, func() error { return mb.m.Observe(ev) })
 	}
 	return n.route(ctx, owner, ev)
 }
 
-// observeHere offers ev to this node's Managers.
-func (n *Node) observeHere(ev bgtask.Event) error {
-	err := bgtask.ErrUnknownSession
-	for _, m := range n.Managers() {
-		if err = m.Observe(ev); !errors.Is(err, bgtask.ErrUnknownSession) {
-			return err
-		}
+// within runs observe, a Manager's Observe (which waits for the event's
+// records to be durable: a lease at most while the database is away),
+// and returns what it returns, or ctx's error once ctx ends first: the
+// event may still be applied then. The call goes on by itself, and Close
+// joins it.
+func (n *Node) within(ctx context.Context, observe func() error) error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return fmt.Errorf("%w: the node is closed", bgtask.ErrShutdown)
 	}
-	return err
+	n.observe.Add(1)
+	n.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		defer n.observe.Done()
+		done <- observe()
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("pgledger: the event's records were not durable in time (it may still be applied): %w", ctx.Err())
+	}
+}
+
+// routeFor bounds Observe's database part whatever its context: under
+// the lease (a stalled database leaves a caller waiting no longer than
+// a member takes to lapse).
+const routeFor = 10 * time.Second
+
+// observeHere offers ev to this node's Managers, within ctx.
+func (n *Node) observeHere(ctx context.Context, ev bgtask.Event) error {
+	return n.within(ctx, func() error {
+		err := bgtask.ErrUnknownSession
+		for _, m := range n.Managers() {
+			if err = m.Observe(ev); !errors.Is(err, bgtask.ErrUnknownSession) {
+				return err
+			}
+		}
+		return err
+	})
 }
 
 // owner finds the member that owns ev's attempt (or session) in the
@@ -980,6 +1023,7 @@ func (n *Node) Close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	n.observe.Wait() // its Managers shut down: each Observe they held has returned
 	n.admits.close()
 	n.gates.close()
 	return errors.Join(append(errs, shut...)...)

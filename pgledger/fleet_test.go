@@ -56,7 +56,7 @@ func TestEventsReachTheOwner(t *testing.T) {
 	require.NoError(t, err)
 
 	// By session only, sent to w1: routed to w0, applied there.
-	require.NoError(t, ns[1].Observe(bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "from afar"}))
+	require.NoError(t, ns[1].Observe(context.Background(), bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "from afar"}))
 	got, err := ns[0].Manager().Wait(ctx(t), task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusCompleted, got.Status)
@@ -65,14 +65,14 @@ func TestEventsReachTheOwner(t *testing.T) {
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask, "w1 does not own it")
 
 	// The same event again, at w2: stale, in the database.
-	err = ns[2].Observe(bgtask.Event{SessionID: a.SessionID, AttemptID: a.ID, Kind: bgtask.SessionIdle, Text: "again"})
+	err = ns[2].Observe(context.Background(), bgtask.Event{SessionID: a.SessionID, AttemptID: a.ID, Kind: bgtask.SessionIdle, Text: "again"})
 	assert.ErrorIs(t, err, bgtask.ErrStaleEvent)
-	err = ns[2].Observe(bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "again"})
+	err = ns[2].Observe(context.Background(), bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "again"})
 	assert.ErrorIs(t, err, bgtask.ErrStaleEvent)
 	assert.Equal(t, "from afar", mustTask(t, ns[0], task.ID).Attempts[0].Result)
-	err = ns[1].Observe(bgtask.Event{SessionID: "nobody's", Kind: bgtask.SessionIdle})
+	err = ns[1].Observe(context.Background(), bgtask.Event{SessionID: "nobody's", Kind: bgtask.SessionIdle})
 	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
-	err = ns[1].Observe(bgtask.Event{AttemptID: "nobody's", Kind: bgtask.SessionIdle})
+	err = ns[1].Observe(context.Background(), bgtask.Event{AttemptID: "nobody's", Kind: bgtask.SessionIdle})
 	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
 	// The one event routed was applied (Wait saw it) and then removed
 	// from w0's inbox; the refused ones were never put in one.
@@ -105,7 +105,7 @@ func TestKeyAcrossProcesses(t *testing.T) {
 
 	running, err := bgtasktest.WaitStatus(ctx(t), ns[0].Manager(), first.ID, bgtask.StatusRunning)
 	require.NoError(t, err)
-	require.NoError(t, ns[0].Observe(bgtask.Event{AttemptID: running.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+	require.NoError(t, ns[0].Observe(context.Background(), bgtask.Event{AttemptID: running.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
 	_, err = ns[0].Manager().Wait(ctx(t), first.ID)
 	require.NoError(t, err)
 	second, err := ns[1].Launch(ctx(t), keyed)
@@ -147,7 +147,7 @@ func TestLiveProcessTakesOverADeadOne(t *testing.T) {
 		other = ns[1]
 	}
 	a := alive.Attempts[0]
-	require.NoError(t, other.Observe(bgtask.Event{SessionID: a.SessionID, AttemptID: a.ID, Kind: bgtask.SessionIdle, Text: "done"}))
+	require.NoError(t, other.Observe(context.Background(), bgtask.Event{SessionID: a.SessionID, AttemptID: a.ID, Kind: bgtask.SessionIdle, Text: "done"}))
 	got, err := heir.Managers()[1].Wait(ctx(t), tasks[0].ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusCompleted, got.Status)
@@ -248,7 +248,7 @@ func TestAStaleOwnerStopsActingForItsMember(t *testing.T) {
 	require.NotNil(t, next)
 	assert.Greater(t, next.j.Fence(), stale.j.Fence(), "a new life of w0")
 	a := running.Attempts[0]
-	require.NoError(t, ns[0].Observe(bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "to the heir"}))
+	require.NoError(t, ns[0].Observe(context.Background(), bgtask.Event{SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "to the heir"}))
 	got, err := next.m.Wait(ctx(t), task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, "to the heir", got.Attempts[0].Result)

@@ -126,7 +126,7 @@ func TestAFleetOfNodesSharesACooldown(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "p/one", running.Model.String())
 	// The 429 reaches w1, which routes it to w0, the run's owner.
-	require.NoError(t, ns[1].Observe(bgtask.Event{AttemptID: running.Attempts[0].ID, Kind: bgtask.SessionError, Err: errors.New("429 Too Many Requests")}))
+	require.NoError(t, ns[1].Observe(context.Background(), bgtask.Event{AttemptID: running.Attempts[0].ID, Kind: bgtask.SessionError, Err: errors.New("429 Too Many Requests")}))
 	retried, err := bgtasktest.WaitFor(ctx(t), ns[0].Manager(), a.ID, func(task bgtask.Task) bool {
 		return len(task.Attempts) == 2 && task.Status == bgtask.StatusRunning
 	})

@@ -217,7 +217,7 @@ func TestHostileTakeoverHostHangFreezesTheLoop(t *testing.T) {
 
 	// Another process routes an event for the heir's own run.
 	router := f.hostileNode(f.pool, svc, "router", longLease, nil)
-	require.NoError(t, router.Observe(bgtask.Event{SessionID: mine.SessionID, Kind: bgtask.SessionIdle, Text: "routed"}))
+	require.NoError(t, router.Observe(context.Background(), bgtask.Event{SessionID: mine.SessionID, Kind: bgtask.SessionIdle, Text: "routed"}))
 	wait, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	got, err := heir.Manager().Wait(wait, mine.ID)

@@ -183,7 +183,7 @@ func (o *outage) endAll(svc *service, ns ...*Node) {
 					continue
 				}
 				a := running.Attempts[len(running.Attempts)-1]
-				require.NoError(o.t, n.Observe(bgtask.Event{AttemptID: a.ID, SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "done"}))
+				require.NoError(o.t, n.Observe(context.Background(), bgtask.Event{AttemptID: a.ID, SessionID: a.SessionID, Kind: bgtask.SessionIdle, Text: "done"}))
 				got, err := m.Wait(ctx(o.t), task.ID)
 				require.NoError(o.t, err)
 				assert.Equal(o.t, bgtask.StatusCompleted, got.Status, task.ID)
@@ -279,7 +279,9 @@ func TestCallsKeepToTheirDeadlinesWhileTheDatabaseStalls(t *testing.T) {
 	svc := newService()
 	n := o.node(svc, longLease) // the stall is shorter than the lease however starved the machine
 	fence := n.live("w0").j.Fence()
-	_, err := n.Launch(ctx(t), spec)
+	task, err := n.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	first, err := bgtasktest.WaitStatus(ctx(t), n.Manager(), task.ID, bgtask.StatusRunning)
 	require.NoError(t, err)
 	lock := o.admin("BEGIN", "LOCK TABLE bgtask_members IN ACCESS EXCLUSIVE MODE")
 	l := o.launching(n)
@@ -291,6 +293,14 @@ func TestCallsKeepToTheirDeadlinesWhileTheDatabaseStalls(t *testing.T) {
 		assert.Less(t, time.Since(asked), time.Second+overrun, "a launch kept to its deadline")
 		assert.True(t, errors.Is(err, ErrUnavailable) || errors.Is(err, bgtask.ErrDurabilityUnknown), "%v", err)
 	}
+	// An event of a task here waits for its records to be durable, which
+	// the stall holds up: Observe keeps to its context all the same.
+	c, cancel := context.WithTimeout(ctx(t), time.Second)
+	asked := time.Now()
+	err = n.Observe(c, bgtask.Event{AttemptID: first.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "done"})
+	cancel()
+	assert.Less(t, time.Since(asked), time.Second+overrun, "Observe kept to its deadline")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	recv(t, o.aways, "a statement to run out of its time")
 	_, err = lock.Exec(ctx(t), "ROLLBACK")
 	require.NoError(t, err)

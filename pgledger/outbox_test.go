@@ -116,7 +116,7 @@ func TestAllCompleteOncePerRoundAcrossProcesses(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				assert.NoError(t, ns[i].Observe(bgtask.Event{AttemptID: task.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "answer " + task.ID}))
+				assert.NoError(t, ns[i].Observe(context.Background(), bgtask.Event{AttemptID: task.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "answer " + task.ID}))
 			}()
 		}
 		close(start)
@@ -179,7 +179,7 @@ func TestAFailedDeliveryIsTriedAgainInOrder(t *testing.T) {
 		require.NoError(t, err)
 		got, err := bgtasktest.WaitStatus(ctx(t), n.Manager(), task.ID, bgtask.StatusRunning)
 		require.NoError(t, err)
-		require.NoError(t, n.Observe(bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+		require.NoError(t, n.Observe(context.Background(), bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
 		_, err = n.Manager().Wait(ctx(t), task.ID)
 		require.NoError(t, err)
 		order = append(order, task.ID)
@@ -221,7 +221,7 @@ func TestCloseIsBoundedWhenTheNotifierHangs(t *testing.T) {
 	require.NoError(t, err)
 	got, err := bgtasktest.WaitStatus(ctx(t), node.Manager(), task.ID, bgtask.StatusRunning)
 	require.NoError(t, err)
-	require.NoError(t, node.Observe(bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+	require.NoError(t, node.Observe(context.Background(), bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
 	recv(t, h.asked, "the deliverer to call Notify") // inside it, it will not come out
 	short, cancel := context.WithTimeout(ctx(t), 300*time.Millisecond)
 	defer cancel()
@@ -488,7 +488,7 @@ func TestParentsAreDeliveredSideBySide(t *testing.T) {
 		require.NoError(t, err)
 		got, err := bgtasktest.WaitStatus(ctx(t), node.Manager(), task.ID, bgtask.StatusRunning)
 		require.NoError(t, err)
-		require.NoError(t, node.Observe(bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+		require.NoError(t, node.Observe(context.Background(), bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
 	}
 	end("slow")
 	slowCtx := recv(t, n.asked, "the slow parent's delivery")

@@ -93,7 +93,7 @@ func TestRetentionPrunesTheChangesOfEndedTasks(t *testing.T) {
 		ended = append(ended, running(t, node, "chat"))
 	}
 	for _, task := range ended {
-		require.NoError(t, node.Observe(bgtask.Event{AttemptID: task.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "done"}))
+		require.NoError(t, node.Observe(context.Background(), bgtask.Event{AttemptID: task.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "done"}))
 		untilChange(t, sub, func(c bgtask.Change) bool { return c.Task.ID == task.ID && c.Task.Status == bgtask.StatusCompleted },
 			"the change of "+task.ID+" ending")
 	}

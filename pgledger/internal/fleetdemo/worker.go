@@ -231,7 +231,7 @@ func api(node *pgledger.Node) http.Handler {
 		if !decode(w, r, &ev) {
 			return
 		}
-		if err := node.Observe(ev); err != nil {
+		if err := node.Observe(context.Background(), ev); err != nil {
 			reply(w, errAnswer(err))
 			return
 		}
