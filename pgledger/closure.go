@@ -225,6 +225,9 @@ UNION ALL
 SELECT l.task_id, '', '', '', l.member, m.holder, true
   FROM bgtask_launching l JOIN bgtask_members m ON m.ledger = $1 AND m.member = l.member AND m.expires_at > now()
  WHERE l.ledger = $1 AND $4::text[] IS NULL
+   -- a launch whose task landed is in flight no more (its row is one a
+   -- late fence check left: retention deletes it)
+   AND NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = $1 AND t.task_id = l.task_id)
    AND (($2 <> '' AND l.parent_session = $2) OR EXISTS (SELECT 1 FROM bgtask_sessions s
         WHERE s.ledger = $1 AND s.session_id = l.parent_session AND s.task_id IN (SELECT task_id FROM scope)))`
 

@@ -238,6 +238,32 @@ func TestALaunchLeftInFlightByADeadProcessIsCleared(t *testing.T) {
 	assert.Len(t, rep.Stopped, 1)
 }
 
+// A fence check that runs after its launch landed (retried, and queued in
+// a server that was stopped: it ran once the server went on) leaves no
+// launch in flight behind; one that did, from a check whose snapshot
+// missed the landing, neither holds a closure of the branch up nor
+// outlives the next prune.
+func TestAFenceCheckAfterItsLaunchLandedLeavesNothingInFlight(t *testing.T) {
+	f, _, ns, br := chain(t, 2, 1)
+	a := br[0]
+	landed := running(t, ns[1], a.SessionID)
+	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, landed.ID, a.SessionID), "the late check")
+	assert.Equal(t, 0, f.count("bgtask_launching", ""), "no launch in flight for a task that landed")
+
+	f.exec(`INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES ($1, $2, $3, 'w1')`, landed.ID, a.SessionID)
+	short, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+	defer cancel()
+	rep, err := ns[0].Stop(short, bgtask.Target{Session: "chat"})
+	require.NoError(t, err, "the closure is not held up by a landed task's row")
+	var ids []string
+	for _, r := range rep.Stopped {
+		ids = append(ids, r.TaskID)
+	}
+	assert.ElementsMatch(t, []string{a.ID, landed.ID}, ids)
+	assert.Equal(t, 1, f.prune(bgtask.Retention{}).Launching, "the next prune deletes it")
+	assert.Equal(t, 0, f.count("bgtask_launching", ""))
+}
+
 // A closure whose process died holds no fence: once that member's lease
 // expired launches in the branch are admitted, and the member's next life
 // closes the row.

@@ -48,7 +48,8 @@ import (
 //     member with more than memberPruneMax records is left as it is (and
 //     logged).
 //   - launches left in flight (bgtask_launching) by a member whose lease
-//     has ended (none of them can land) or for longer than launchStale,
+//     has ended (none of them can land), of a task that landed (a fence
+//     check that ran late left it), or for longer than launchStale,
 //     and claims on parents (bgtask_claims) expired for longer than
 //     claimStale.
 
@@ -242,12 +243,14 @@ const idleDead = `UPDATE bgtask_members m SET idle = true
 
 // pruneLaunching deletes (at most $2 of) ledger $1's launches left in
 // flight: by a member whose lease has ended (its task_launched cannot
-// land now; its next life would clear them), or for longer than $3.
+// land now; its next life would clear them), whose task landed (a fence
+// check that ran late left it), or for longer than $3.
 const pruneLaunching = `WITH d AS (
   DELETE FROM bgtask_launching d USING (
     SELECT l.task_id FROM bgtask_launching l
      WHERE l.ledger = $1 AND (l.at < now() - $3::interval OR NOT EXISTS (
-           SELECT 1 FROM bgtask_members m WHERE m.ledger = l.ledger AND m.member = l.member AND m.expires_at > now()))
+           SELECT 1 FROM bgtask_members m WHERE m.ledger = l.ledger AND m.member = l.member AND m.expires_at > now())
+           OR EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = l.ledger AND t.task_id = l.task_id))
      LIMIT $2 FOR UPDATE SKIP LOCKED) x
    WHERE d.ledger = $1 AND d.task_id = x.task_id
   RETURNING 1)

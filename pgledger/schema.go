@@ -721,6 +721,46 @@ CREATE TABLE bgtask_health (
 	// what its tree spent, each task's place under them, and the append
 	// that moves them with the records.
 	budgetSchema,
+	// 9: a fence check that runs after its launch landed (queued in a
+	// server that was stopped, and run once it went on) leaves no launch
+	// in flight behind: bgtask_admit_all records none for a task that is
+	// in bgtask_tasks already. (scopeQuery passes by such a row, and
+	// retention deletes it, should one come in between: the check's
+	// snapshot may miss a task that lands while it runs.)
+	`
+CREATE OR REPLACE FUNCTION bgtask_admit_all(p_ledger text, p_task text[], p_parent text[], p_member text[], p_within interval) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+	out bigint[] := '{}';
+	c bigint;
+	i int;
+BEGIN
+	PERFORM pg_advisory_xact_lock_shared(hashtextextended('bgtask fence ' || p_ledger, 0));
+	IF NOT EXISTS (SELECT 1 FROM bgtask_closures k WHERE k.ledger = p_ledger AND k.closed_at IS NULL
+	               AND bgtask_closure_live(k.ledger, k.member)) THEN
+		INSERT INTO bgtask_launching (ledger, task_id, parent_session, member)
+		SELECT p_ledger, r.t, r.p, r.m FROM unnest(p_task, p_parent, p_member) AS r(t, p, m)
+		 WHERE NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = p_ledger AND t.task_id = r.t)
+		ON CONFLICT (ledger, task_id) DO NOTHING;
+		out := array_fill(NULL::bigint, ARRAY[cardinality(p_task)]);
+	ELSE
+		FOR i IN 1 .. cardinality(p_task) LOOP
+			c := bgtask_fenced(p_ledger, p_parent[i]);
+			IF c IS NULL AND NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = p_ledger AND t.task_id = p_task[i]) THEN
+				INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES (p_ledger, p_task[i], p_parent[i], p_member[i])
+				ON CONFLICT (ledger, task_id) DO NOTHING;
+			END IF;
+			out := array_append(out, c);
+		END LOOP;
+	END IF;
+	IF clock_timestamp() > statement_timestamp() + p_within THEN
+		RAISE EXCEPTION 'bgtask: a fence check took longer than its callers wait (%)', p_within
+			USING ERRCODE = 'BT006';
+	END IF;
+	RETURN out;
+END
+$$;
+`,
 }
 
 // schemaLock is the advisory lock key migrations run under, so that two
