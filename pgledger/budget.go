@@ -3,6 +3,7 @@ package pgledger
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -314,10 +315,11 @@ func (n *Node) admitBudget(ctx context.Context, task, parent string, own *bgtask
 }
 
 // undoBudget takes back the admission of a launch that did not happen.
-func (n *Node) undoBudget(ctx context.Context, task string) {
+func (n *Node) undoBudget(ctx context.Context, task string) error {
 	if _, err := n.pool.Exec(ctx, `SELECT bgtask_budget_undo($1, $2)`, n.o.Ledger, task); err != nil {
-		n.o.Logger.Warn("pgledger: taking back a launch's budget admission", "task", task, "err", err)
+		return fmt.Errorf("taking back the budget admission of task %s: %w", task, err)
 	}
+	return nil
 }
 
 // Budget is the budget task id holds, as the fleet spent it (the whole

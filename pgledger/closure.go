@@ -133,7 +133,7 @@ func (n *Node) admitAll(ctx context.Context, qs []admission) ([]*int64, error) {
 // admitted.
 func (n *Node) admitDropped(ctx context.Context, q admission, closure *int64) {
 	if closure == nil {
-		n.admitted(ctx, q.task)
+		n.cleanUp(ctx, "launch's fence check", func(c context.Context) error { return n.admitted(c, q.task) })
 	}
 }
 
@@ -184,10 +184,86 @@ func (n *Node) gateAll(ctx context.Context, qs []admission) ([]*int64, error) {
 const startGateFor = 2 * time.Minute
 
 // admitted clears a launch that was admitted but did not land.
-func (n *Node) admitted(ctx context.Context, id string) {
+func (n *Node) admitted(ctx context.Context, id string) error {
 	if _, err := n.pool.Exec(ctx, `DELETE FROM bgtask_launching WHERE ledger = $1 AND task_id = $2`, n.o.Ledger, id); err != nil {
-		n.o.Logger.Warn("pgledger: clearing a launch that failed", "task", id, "err", err)
+		return fmt.Errorf("clearing the launch in flight of task %s: %w", id, err)
 	}
+	return nil
+}
+
+// launchBegins counts a launch of task id in flight in this node.
+func (n *Node) launchBegins(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.inflight == nil {
+		n.inflight = map[string]int{}
+	}
+	n.inflight[id]++
+}
+
+// launchEnds counts it out; one that failed may have left its row of
+// bgtask_launching behind (a fence check that committed after its caller
+// left, a clearing the database did not answer): sweepLaunching looks.
+func (n *Node) launchEnds(id string, failed bool) {
+	n.mu.Lock()
+	if n.inflight[id]--; n.inflight[id] <= 0 {
+		delete(n.inflight, id)
+	}
+	n.mu.Unlock()
+	if failed {
+		n.leftover.Store(true)
+	}
+}
+
+// sweepLaunchingSQL deletes the launches in flight of members $2 that no
+// Node.Launch of this node has in flight ($4) and that are older than $3
+// (the lease: a commit whose outcome was unknown has landed, clearing its
+// row, or its journal has failed, by then), and counts those of them not
+// old enough yet.
+const sweepLaunchingSQL = `WITH mine AS (
+  SELECT task_id, at < now() - $3::interval AS old FROM bgtask_launching
+   WHERE ledger = $1 AND member = ANY($2::text[]) AND task_id <> ALL($4::text[])),
+d AS (
+  DELETE FROM bgtask_launching l USING mine WHERE l.ledger = $1 AND l.task_id = mine.task_id AND mine.old
+  RETURNING 1)
+SELECT count(*) FILTER (WHERE NOT old), (SELECT count(*) FROM d) FROM mine`
+
+// sweepLaunching clears what launches that failed left in flight, once a
+// failed one may have (and until none is left): a closure of their branch
+// would wait for them while their member lives.
+func (n *Node) sweepLaunching(ctx context.Context) {
+	if !n.leftover.Swap(false) {
+		return
+	}
+	n.mu.Lock()
+	inflight := make([]string, 0, len(n.inflight))
+	for id := range n.inflight {
+		inflight = append(inflight, id)
+	}
+	n.mu.Unlock()
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var young, swept int
+	lease := n.o.Lease
+	if lease == 0 {
+		lease = defaultLease
+	}
+	err := n.pool.QueryRow(c, sweepLaunchingSQL, n.o.Ledger, n.Members(), lease, inflight).Scan(&young, &swept)
+	if err != nil || young > 0 {
+		n.leftover.Store(true) // look again at the next pass
+	}
+	if swept > 0 {
+		n.o.Logger.Info("pgledger: cleared launches left in flight by launches that failed", "launches", swept)
+	}
+}
+
+// admittedIf is admitted of a launch that was admitted (if), else
+// nothing.
+func (n *Node) admittedIf(ctx context.Context, admitted bool, id string) error {
+	if !admitted {
+		return nil
+	}
+	return n.admitted(ctx, id)
 }
 
 // scopeRun is a live run (or a launch in flight) in a closure's scope.
@@ -204,7 +280,8 @@ type scopeRun struct {
 // flight from it: the tasks whose parent is the root or any session
 // (current or superseded) of a task in scope, recursively. (A launch in
 // flight looks its parent session up: the launches are few, the sessions
-// of the ledger many.)
+// of the ledger many. A launch whose task landed is in flight no more: its
+// row is one a late fence check left, which retention deletes.)
 const scopeQuery = `
 WITH RECURSIVE scope(task_id) AS (
     SELECT s.task_id FROM bgtask_sessions s WHERE s.ledger = $1 AND s.session_id = $2
@@ -225,8 +302,6 @@ UNION ALL
 SELECT l.task_id, '', '', '', l.member, m.holder, true
   FROM bgtask_launching l JOIN bgtask_members m ON m.ledger = $1 AND m.member = l.member AND m.expires_at > now()
  WHERE l.ledger = $1 AND $4::text[] IS NULL
-   -- a launch whose task landed is in flight no more (its row is one a
-   -- late fence check left: retention deletes it)
    AND NOT EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = $1 AND t.task_id = l.task_id)
    AND (($2 <> '' AND l.parent_session = $2) OR EXISTS (SELECT 1 FROM bgtask_sessions s
         WHERE s.ledger = $1 AND s.session_id = l.parent_session AND s.task_id IN (SELECT task_id FROM scope)))`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -262,6 +263,49 @@ func TestAFenceCheckAfterItsLaunchLandedLeavesNothingInFlight(t *testing.T) {
 	assert.ElementsMatch(t, []string{a.ID, landed.ID}, ids)
 	assert.Equal(t, 1, f.prune(bgtask.Retention{}).Launching, "the next prune deletes it")
 	assert.Equal(t, 0, f.count("bgtask_launching", ""))
+}
+
+// A launch that failed may leave its row in flight behind (its check
+// committed after its caller left, or its clearing got no answer): the
+// node's loop clears those of its members older than the lease, but not
+// one a launch of its own still has in flight, and looks again while a
+// younger one is left. Nothing is looked at until a launch failed.
+func TestALaunchThatFailedLeavesNothingInFlight(t *testing.T) {
+	f := newFixture(t)
+	passes := make(chan struct{}, 1)
+	n, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(tlog{t}, nil)), pass: func() { tell(passes)(struct{}{}) }})
+	require.NoError(t, err)
+	closeAtEnd(t, n)
+	// A whole pass since: the first signal may be buffered from before,
+	// the second from a pass already under way; the third's pass began
+	// after the second's ended.
+	aPassSince := func() {
+		for range 3 {
+			recv(t, passes, "a pass of the node's loop")
+		}
+	}
+	f.exec(`INSERT INTO bgtask_launching (ledger, task_id, parent_session, member, at) VALUES
+($1, 'old', 'chat', 'w0', now() - interval '1 hour'), ($1, 'young', 'chat', 'w0', now()),
+($1, 'mine', 'chat', 'w0', now() - interval '1 hour'), ($1, 'others', 'chat', 'someone else', now() - interval '1 hour')`)
+	n.launchBegins("mine")
+	aPassSince()
+	assert.Equal(t, 4, f.count("bgtask_launching", ""), "nothing is swept until a launch failed")
+
+	n.launchBegins("failed")
+	n.launchEnds("failed", true)
+	aPassSince()
+	assert.Equal(t, 0, f.count("bgtask_launching", "task_id = 'old'"), "a failed launch's row, older than the lease")
+	assert.Equal(t, 1, f.count("bgtask_launching", "task_id = 'young'"), "not older than the lease yet")
+	assert.Equal(t, 1, f.count("bgtask_launching", "task_id = 'mine'"), "a launch of the node's still in flight")
+	assert.Equal(t, 1, f.count("bgtask_launching", "task_id = 'others'"), "another member's")
+
+	f.exec(`UPDATE bgtask_launching SET at = now() - interval '1 hour' WHERE ledger = $1 AND task_id = 'young'`)
+	aPassSince()
+	assert.Equal(t, 0, f.count("bgtask_launching", "task_id = 'young'"), "looked at again: a younger one was left")
+	n.launchEnds("mine", true)
+	aPassSince()
+	assert.Equal(t, 1, f.count("bgtask_launching", ""), "only the other member's is left")
 }
 
 // A closure whose process died holds no fence: once that member's lease

@@ -340,6 +340,7 @@ ON CONFLICT (ledger) DO UPDATE SET pruned_at = now() WHERE r.pruned_at <= now() 
 		{name: "retention: close dead openers' closures", sql: closeInert, args: s("'big'", "1000")},
 		{name: "retention: find dead members idle", sql: idleDead, args: s("'big'")},
 		{name: "retention: launches left in flight", sql: pruneLaunching, args: s("'big'", "1000", "'1 hour'")},
+		{name: "a node's launches left in flight", sql: sweepLaunchingSQL, args: s("'big'", "ARRAY['m-0', 'm-1']", "'15 seconds'", "ARRAY['t-1']::text[]")},
 		{name: "retention: expired claims", sql: pruneClaims, args: s("'big'", "1000", "'1 hour'")},
 		{name: "retention: closures and stops", sql: pruneClosures, args: s("'big'", "100", "'24 hours'")},
 		{name: "retention: idle parents", sql: pruneParents, args: s("'big'", "1000", "'24 hours'"), reads: 2000},                   // a batch, found and deleted

@@ -55,15 +55,17 @@ type NodeOptions struct {
 	// ledger prune it about once a minute, one at a time.
 	Retention bgtask.Retention
 
-	took    func(member string) // tests: called after each takeover
-	pass    func()              // tests: called after each poll pass of the loop
-	drained func(member string) // tests: called after applied events left a member's inbox
-	stopped func(task string)   // tests: called once what a stop of a run of task came to is written
-	marked  func(note string)   // tests: called once a delivered notification is marked so
-	beat    func()              // tests: Options.beat of every member's journal
-	away    func(error)         // tests: Options.away of every member's journal
-	now     func() time.Time    // tests: Options.now of every member's journal
-	prune   *pruneHook          // tests: the node's pruning passes
+	took     func(member string) // tests: called after each takeover
+	pass     func()              // tests: called after each poll pass of the loop
+	claimFor time.Duration       // a parent's claim (0: claimFor)
+	markFor  time.Duration       // the deliverer's own writes' bound (0: markFor)
+	drained  func(member string) // tests: called after applied events left a member's inbox
+	stopped  func(task string)   // tests: called once what a stop of a run of task came to is written
+	marked   func(note string)   // tests: called once a delivered notification is marked so
+	beat     func()              // tests: Options.beat of every member's journal
+	away     func(error)         // tests: Options.away of every member's journal
+	now      func() time.Time    // tests: Options.now of every member's journal
+	prune    *pruneHook          // tests: the node's pruning passes
 }
 
 // Node is one process of a fleet on one ledger: its own member's Manager,
@@ -90,6 +92,13 @@ type Node struct {
 	members map[string]*member // this node's: its own and those taken over
 	dead    []*member          // members whose lease was lost: shut down at Close
 	closed  bool
+	// inflight counts the launches with a parent inside Node.Launch, by
+	// task: their rows of bgtask_launching are theirs to clear. leftover
+	// is set while a launch that failed may have left a row behind (its
+	// check, or its clearing, did not get an answer): sweepLaunching
+	// clears those once they are older than the lease.
+	inflight map[string]int
+	leftover atomic.Bool
 
 	taking  atomic.Bool                // a takeover is running (takeOverAside)
 	stops   stopper                    // the runs closures asked this node to stop
@@ -413,7 +422,7 @@ func (n *Node) Task(id string) (bgtask.Task, error) {
 // claimed in the database first: if a live task of any member holds it,
 // Launch returns *bgtask.KeyHeldError naming that task, and nothing is
 // launched.
-func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error) {
+func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (task bgtask.Task, err error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -436,8 +445,10 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 	}
 	spec.Budget = grant
 	if spec.ParentSessionID != "" {
+		n.launchBegins(spec.ID)
+		defer func() { n.launchEnds(spec.ID, err != nil) }()
 		if err := n.admit(ctx, mb.name, spec.ID, spec.ParentSessionID); err != nil {
-			n.cleanUp(ctx, func(c context.Context) { n.undoBudget(c, spec.ID) })
+			n.cleanUp(ctx, "launch", func(c context.Context) error { return n.undoBudget(c, spec.ID) })
 			return bgtask.Task{}, err
 		}
 	}
@@ -448,11 +459,8 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 			err = &bgtask.KeyHeldError{Key: spec.Key, TaskID: holder}
 		}
 		if err != nil {
-			n.cleanUp(ctx, func(c context.Context) {
-				n.undoBudget(c, spec.ID)
-				if admitted {
-					n.admitted(c, spec.ID)
-				}
+			n.cleanUp(ctx, "launch", func(c context.Context) error {
+				return errors.Join(n.undoBudget(c, spec.ID), n.admittedIf(c, admitted, spec.ID))
 			})
 			return bgtask.Task{}, err
 		}
@@ -460,37 +468,69 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error
 	t, err := m.Launch(ctx, spec)
 	if err != nil {
 		var held *bgtask.KeyHeldError
-		n.cleanUp(ctx, func(c context.Context) {
-			n.undoBudget(c, spec.ID) // unless the task landed (an error past its commit)
-			if spec.Key != "" && (!errors.As(err, &held) || held.TaskID != spec.ID) {
-				n.releaseKey(c, spec.Key, spec.ID)
+		release := spec.Key != "" && (!errors.As(err, &held) || held.TaskID != spec.ID)
+		n.cleanUp(ctx, "launch", func(c context.Context) error {
+			var key error
+			if release {
+				key = n.releaseKey(c, spec.Key, spec.ID)
 			}
-			if admitted {
-				n.admitted(c, spec.ID)
-			}
+			// The budget's admission stays if the task landed (an error past
+			// its commit); so does a launch in flight, which its
+			// task_launched clears.
+			return errors.Join(n.undoBudget(c, spec.ID), key, n.admittedIf(c, admitted, spec.ID))
 		})
 	}
 	return t, err
 }
 
 // cleanUp runs f, which undoes in the database what a failed call of the
-// caller's did, within the caller's context while it lasts (and 10 s at
-// most); once that context has ended, on a goroutine of the node's,
-// bounded by 10 s and by Close, so that the call still returns by its
-// deadline. What f undoes would also expire on its own (a key claim after
-// keyClaimGrace, a launch in flight when its member's lease does).
-func (n *Node) cleanUp(ctx context.Context, f func(context.Context)) {
+// caller's did: once within the caller's context while it lasts (10 s at
+// most), and, if that did not do it, on a goroutine of the node's, tried
+// until the database answers (cleanUpFor at most, and no longer than the
+// node lives), so that the call still returns by its deadline and a
+// stalled database leaves nothing behind once it answers again. f's steps
+// are each idempotent; f returns the first that failed. What f undoes
+// would also expire on its own, later (a key claim after keyClaimGrace, a
+// launch in flight at retention's prune).
+func (n *Node) cleanUp(ctx context.Context, what string, f func(context.Context) error) {
 	if ctx.Err() == nil {
 		c, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		f(c)
-		return
+		err := f(c)
+		cancel()
+		if err == nil || !retryable(err) {
+			n.cleanedUp(what, err)
+			return
+		}
 	}
 	n.goOwned(func() {
-		c, cancel := context.WithTimeout(n.loopCtx, 10*time.Second)
-		defer cancel()
-		f(c)
+		giveUp := time.Now().Add(cleanUpFor)
+		err := untilAnswered(n.loopCtx, func() bool { return time.Now().After(giveUp) }, func() error {
+			c, cancel := context.WithTimeout(n.loopCtx, 10*time.Second)
+			defer cancel()
+			err := f(c)
+			if err != nil && n.loopCtx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%w: %w", ErrUnavailable, err) // its own 10 s ran out: the database is away
+			}
+			return err
+		})
+		n.cleanedUp(what, err)
 	})
+}
+
+// cleanUpFor bounds how long a failed call's undoing is tried for.
+const cleanUpFor = 2 * time.Minute
+
+// retryable reports whether a clean-up step that failed with err may go
+// through if tried again.
+func retryable(err error) bool {
+	return transient(err) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// cleanedUp logs a clean-up that did not go through.
+func (n *Node) cleanedUp(what string, err error) {
+	if err != nil {
+		n.o.Logger.Warn("pgledger: undoing what a failed "+what+" did in the database", "err", err)
+	}
 }
 
 // keyClaimGrace is how long a claimed key whose task was never launched
@@ -524,10 +564,11 @@ func (n *Node) claimKey(ctx context.Context, member, key, id string) (string, er
 }
 
 // releaseKey gives up a claim whose launch failed.
-func (n *Node) releaseKey(ctx context.Context, key, id string) {
+func (n *Node) releaseKey(ctx context.Context, key, id string) error {
 	if _, err := n.pool.Exec(ctx, `DELETE FROM bgtask_keys WHERE ledger = $1 AND key = $2 AND task_id = $3`, n.o.Ledger, key, id); err != nil {
-		n.o.Logger.Warn("pgledger: releasing a key claim", "key", key, "err", err)
+		return fmt.Errorf("releasing the claim of key %q: %w", key, err)
 	}
+	return nil
 }
 
 // Observe applies ev in this node if one of its Managers owns the
@@ -738,6 +779,7 @@ func (n *Node) run(ctx context.Context) {
 			n.takeOverAside(ctx)
 			n.serveAll(ctx)
 			n.closeSpent(ctx)
+			n.sweepLaunching(ctx)
 			next = time.Now().Add(n.o.Poll)
 			if n.o.pass != nil {
 				n.o.pass()

@@ -75,24 +75,36 @@ var chaosRun = flag.Bool("pg.chaos", false, "run TestChaosOfAFleet: three worker
 // launched ended exactly once, every final summary and all_complete was
 // delivered (again only with the same ID), nothing is left in the inbox,
 // outbox or launching tables, and no launch overran its deadline by more
-// than a second (fleetdemo.Chaos checks each).
+// than a second (fleetdemo.Chaos checks each). A second run stalls the
+// server (SIGSTOP) for 10 s four times and then makes it read-only for
+// 10 s: the same, and nothing is delivered twice, since nothing crashed.
 func TestChaosOfAFleet(t *testing.T) {
 	if !*chaosRun {
 		t.Skip("the chaos run is long: -pg.chaos runs it (.ci/run does)")
 	}
-	srv, err := pgtest.StartOwn("chaos")
-	require.NoError(t, err)
-	defer srv.Stop()
-	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rep, err := fleetdemo.Chaos(c, fleetdemo.ChaosConfig{
-		Config: fleetdemo.Config{DB: srv.URL, Ledger: "chaos", Worker: os.Args[0], Lease: 15 * time.Second, Heartbeat: time.Second, Out: logWriter{t}},
-		Faults: fleetdemo.Faults{Restart: srv.Restart, Halt: srv.Halt, Resume: srv.Resume},
-	})
-	require.NoError(t, err)
-	t.Logf("%+v", rep)
-	assert.GreaterOrEqual(t, rep.Tasks, 300, "several hundred tasks")
-	for fault, back := range rep.Back {
-		assert.Less(t, back, 10*time.Second, "launches work again within a few seconds of %s", fault)
+	for _, stalls := range []bool{false, true} {
+		name := map[bool]string{false: "crashes", true: "stalls"}[stalls]
+		t.Run(name, func(t *testing.T) {
+			srv, err := pgtest.StartOwn("chaos")
+			require.NoError(t, err)
+			defer srv.Stop()
+			c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			rep, err := fleetdemo.Chaos(c, fleetdemo.ChaosConfig{
+				Config: fleetdemo.Config{DB: srv.URL, Ledger: "chaos", Worker: os.Args[0], Lease: 15 * time.Second, Heartbeat: time.Second, Out: logWriter{t}},
+				Faults: fleetdemo.Faults{Restart: srv.Restart, Halt: srv.Halt, Resume: srv.Resume,
+					Freeze: srv.Freeze, Thaw: srv.Thaw, ReadOnly: srv.ReadOnly},
+				Stalls: stalls,
+			})
+			require.NoError(t, err)
+			t.Logf("%+v", rep)
+			assert.GreaterOrEqual(t, rep.Tasks, 300, "several hundred tasks")
+			for fault, back := range rep.Back {
+				assert.Less(t, back, 10*time.Second, "launches work again within a few seconds of %s", fault)
+			}
+			if stalls {
+				assert.Zero(t, rep.Duplicates, "exactly once: nothing crashed")
+			}
+		})
 	}
 }

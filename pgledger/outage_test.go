@@ -525,3 +525,80 @@ func TestAWriteNeverTakenIsNotTriedForEver(t *testing.T) {
 	require.ErrorIs(t, err, ErrLeaseLost)
 	recv(t, j.Lost(), "the journal to say its life is over")
 }
+
+// stallingNotifier counts each notification's deliveries by ID, and
+// stalls the server (SIGSTOP) for stall when it is first given a final
+// summary: the deliverer's marks of what it delivered then wait for the
+// server, longer than the claim lasts.
+type stallingNotifier struct {
+	srv     *pgtest.Server
+	stall   time.Duration
+	mu      sync.Mutex
+	seen    map[string]int
+	stalled bool
+	thawed  chan error // the stall's end
+	got     chan bgtask.Notification
+}
+
+func (s *stallingNotifier) Notify(_ context.Context, n bgtask.Notification) error {
+	s.mu.Lock()
+	s.seen[n.ID]++
+	first := n.Kind == bgtask.NotifyFinalSummary && !s.stalled
+	s.stalled = s.stalled || first
+	s.mu.Unlock()
+	if first {
+		stopped, err := s.srv.Freeze()
+		if err != nil {
+			return err
+		}
+		go func() { // the fault's length is the fault: a timer, not a wait for a state
+			t := time.NewTimer(s.stall)
+			<-t.C
+			s.thawed <- s.srv.Thaw(stopped)
+		}()
+	}
+	s.got <- n
+	return nil
+}
+
+// A stall of the server longer than a parent's claim, between a delivery
+// and its mark, delivers nothing twice: the marks time out and are kept
+// (however long the claim has been held), the claim expires, but nobody
+// took it over, so the marks still apply once the server answers (the
+// promise: exactly once when nothing crashes). The claim and the marks'
+// bound are a second here, the stall three.
+func TestAStallLongerThanAClaimDeliversNothingTwice(t *testing.T) {
+	o := newOutage(t)
+	svc := newService()
+	note := &stallingNotifier{srv: o.srv, stall: 3 * time.Second, seen: map[string]int{}, thawed: make(chan error, 1), got: make(chan bgtask.Notification, 64)}
+	n, err := Join(ctx(t), o.pool, NodeOptions{Ledger: o.ledger, Member: "w0", Host: svc, Poll: 50 * time.Millisecond, Lease: longLease,
+		Notifier: note, claimFor: time.Second, markFor: time.Second, Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
+	require.NoError(t, err)
+	closeAtEnd(t, n)
+	finish := func() bgtask.Task {
+		task, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: "chat", Prompt: "do it", Models: spec.Models})
+		require.NoError(t, err)
+		got, err := bgtasktest.WaitStatus(ctx(t), n.Manager(), task.ID, bgtask.StatusRunning)
+		require.NoError(t, err)
+		require.NoError(t, n.Observe(ctx(t), bgtask.Event{AttemptID: got.Attempts[0].ID, Kind: bgtask.SessionIdle, Text: "ok"}))
+		return task
+	}
+	summaryOf := func(id string) {
+		for {
+			if got := recv(t, note.got, "a delivery"); got.Kind == bgtask.NotifyFinalSummary && got.TaskID == id {
+				return
+			}
+		}
+	}
+	first := finish()
+	summaryOf(first.ID) // delivered; the server stalls
+	require.NoError(t, recv(t, note.thawed, "the stall to end"))
+	// The parent's next summary comes after anything of it delivered again.
+	second := finish()
+	summaryOf(second.ID)
+	note.mu.Lock()
+	defer note.mu.Unlock()
+	for id, times := range note.seen {
+		assert.Equal(t, 1, times, "notification %s delivered once", id)
+	}
+}

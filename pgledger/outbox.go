@@ -63,10 +63,6 @@ const (
 	// before it marks what the others delivered and claims again; the
 	// stragglers are marked once they are done.
 	straggleAfter = 100 * time.Millisecond
-	// renewAfter is how old a parent's claim may be before a delivery:
-	// older, it is renewed first (writing what was delivered so far), so
-	// a Notify call (notifyFor at most) always ends under the claim.
-	renewAfter = claimFor / 3
 )
 
 // outboxNotifier is a Manager's notifier in a node with a Notifier.
@@ -232,7 +228,7 @@ func (q *noteWriter) write(batch []*noteWrite) {
 	if len(batch) == 0 {
 		return
 	}
-	ctx, cancel := markCtx(q.loop)
+	ctx, cancel := q.n.markCtx(q.loop)
 	defer cancel()
 	err := q.n.writeNotes(ctx, batch)
 	if err != nil && !transient(err) && len(batch) > 1 {
@@ -255,8 +251,12 @@ func (q *noteWriter) write(batch []*noteWrite) {
 // most once loop (the node's, nil: none) ends. What was delivered as the
 // node closes is still marked, but a database that does not answer holds
 // Close up for closeGrace at most.
-func markCtx(loop context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.Background(), markFor)
+func (n *Node) markCtx(loop context.Context) (context.Context, context.CancelFunc) {
+	d := markFor
+	if n.o.markFor > 0 {
+		d = n.o.markFor
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	if loop == nil {
 		return ctx, cancel
 	}
@@ -418,23 +418,17 @@ func (d *deliverer) round(ctx context.Context) bool {
 	if len(d.done) == 0 && room <= 0 {
 		return false
 	}
-	c, cancel := markCtx(ctx)
+	c, cancel := n.markCtx(ctx)
 	held, claimed, err := n.exchange(c, n.pool, d.done, true, skip, max(room, 0))
 	cancel()
 	d.trouble("marking notifications delivered and claiming parents", err)
 	more := false
 	if err != nil {
-		// Kept for the next round while their claims last (after that,
-		// another process delivers their rows again).
-		keep := d.done[:0]
-		for _, r := range d.done {
-			if time.Since(r.renewed) < claimFor {
-				keep = append(keep, r)
-				continue
-			}
-			delete(d.active, r.parent)
-		}
-		d.done = keep
+		// Kept, however long the database takes to answer: their marks
+		// apply while no other process took their parents' claims over
+		// (an expired claim that nobody took is still this node's), so
+		// that a stall delivers nothing twice. Their parents stay active:
+		// this node claims none of them again meanwhile.
 		return false
 	}
 	for _, r := range d.done {
@@ -525,7 +519,7 @@ func (n *Node) deliverRun(ctx context.Context, r *parentRun) {
 				}
 				continue
 			}
-			if time.Since(r.renewed) > renewAfter && !n.renewRun(ctx, r) {
+			if time.Since(r.renewed) > n.claimFor()/3 && !n.renewRun(ctx, r) {
 				r.stopped = true // whoever holds the claim now goes on
 				return
 			}
@@ -545,7 +539,7 @@ func (n *Node) deliverRun(ctx context.Context, r *parentRun) {
 // renewRun writes what r delivered so far and renews its claim; false if
 // the claim is no longer this node's (or the database did not answer).
 func (n *Node) renewRun(loop context.Context, r *parentRun) bool {
-	ctx, cancel := markCtx(loop)
+	ctx, cancel := n.markCtx(loop)
 	defer cancel()
 	held, err := n.markRuns(ctx, []*parentRun{r}, false)
 	if err != nil {
@@ -679,6 +673,17 @@ func (n *Node) markRuns(ctx context.Context, runs []*parentRun, release bool) (m
 	return held, err
 }
 
+// claimFor is how long a parent's claim holds once taken or renewed. A
+// run renews it before a delivery once it is a third as old (writing
+// what was delivered so far), so a Notify call (notifyFor at most)
+// always ends under the claim.
+func (n *Node) claimFor() time.Duration {
+	if n.o.claimFor > 0 {
+		return n.o.claimFor
+	}
+	return claimFor
+}
+
 // exchange is a round's one statement. It marks the rows each of done
 // delivered and has not marked yet, and releases their parents' claims
 // (with release) or renews them — each parent's only while this node
@@ -734,7 +739,7 @@ func (n *Node) exchange(ctx context.Context, q querier, done []*parentRun, relea
 	}
 	skip = append(append([]string{}, skip...), parents...) // never nil: <> ALL(NULL) is never true
 	asked := time.Now()
-	rows, err := q.Query(ctx, exchangeSQL, n.o.Ledger, n.o.Member, parents, claimFor, keepID, keepParent, goneID, goneParent,
+	rows, err := q.Query(ctx, exchangeSQL, n.o.Ledger, n.o.Member, parents, n.claimFor(), keepID, keepParent, goneID, goneParent,
 		sweepParent, sweepTask, release, skip, limit, 4*limit, claimGrace, rowsPerParent)
 	if err != nil {
 		return nil, nil, err
@@ -796,8 +801,12 @@ func (n *Node) exchange(ctx context.Context, q querier, done []*parentRun, relea
 // parent), then the claimed parents' rows (1, the parent, the row; nulls
 // for a parent with none left), by parent and id.
 const exchangeSQL = `WITH held AS (
+  -- Expired or not: a claim is taken over only by a write of its row
+  -- (which the lock here waits for, and then sees), so a row that still
+  -- names this member was nobody else's meanwhile, and what this member
+  -- delivered under it was delivered once.
   SELECT parent_session FROM bgtask_claims
-   WHERE ledger = $1 AND member = $2 AND until > now() AND parent_session = ANY($3::text[])
+   WHERE ledger = $1 AND member = $2 AND parent_session = ANY($3::text[])
    ORDER BY parent_session FOR UPDATE),
 freed AS (
   DELETE FROM bgtask_claims c USING held h

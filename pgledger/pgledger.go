@@ -138,6 +138,9 @@ type Journal struct {
 	opsEnd context.CancelFunc
 }
 
+// defaultLease is a member's lease when Options.Lease is 0.
+const defaultLease = 15 * time.Second
+
 // closeGrace is how long a journal's last writes may take once the
 // context of the Close that ends it has ended (as bgtask.shutdownGrace).
 const closeGrace = time.Second
@@ -196,7 +199,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, o Options) (*Journal, error) 
 		return nil, errors.New("pgledger: Lease, Heartbeat and Wait may not be negative")
 	}
 	if o.Lease == 0 {
-		o.Lease = 15 * time.Second
+		o.Lease = defaultLease
 	}
 	if o.Lease < 100*time.Millisecond {
 		return nil, fmt.Errorf("pgledger: a lease of %s is too short to renew", o.Lease)

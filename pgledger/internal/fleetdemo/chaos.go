@@ -20,6 +20,12 @@ type Faults struct {
 	Restart func() error // as pg_ctl restart -m fast
 	Halt    func() error // as pg_ctl stop -m fast
 	Resume  func() error // as pg_ctl start, after Halt
+	// Freeze and Thaw stall the server (SIGSTOP of its processes, then
+	// SIGCONT); ReadOnly turns it read-only (SQLSTATE 25006) and back.
+	// With ChaosConfig.Stalls these are the run's faults.
+	Freeze   func() ([]int, error)
+	Thaw     func([]int) error
+	ReadOnly func(ctx context.Context, on bool) error
 }
 
 // ChaosConfig is a chaos run's.
@@ -30,6 +36,10 @@ type ChaosConfig struct {
 	Within time.Duration // each launch's deadline (0: 2s)
 	Down   time.Duration // how long the server stays stopped (0: 10s)
 	Lock   time.Duration // how long the members table is locked (0: twice Within)
+	// Stalls makes the faults four stalls of the server (Faults.Freeze for
+	// Down, then Thaw) and Down of it read-only, and nothing may be
+	// delivered twice: nothing crashes, so every delivery is exactly once.
+	Stalls bool
 }
 
 // ChaosReport is what a chaos run saw.
@@ -52,7 +62,9 @@ type ChaosReport struct {
 // Chaos runs three workers and several hundred tasks and, mid-run, in
 // turn: kills one worker (kill -9; a new worker with a new member takes its
 // place), restarts the server, stops it for Down, and holds a lock on the
-// members table for longer than a launch's deadline. Sessions are answered
+// members table for longer than a launch's deadline (with Stalls instead:
+// stalls the server four times, SIGSTOP for Down, then makes it read-only
+// for Down, and no delivery may come twice). Sessions are answered
 // by the service a moment after they start, each answer sent to a random
 // live worker. Then it checks, and returns the first broken promise:
 // every launch kept to its deadline (a second over at most) and failed, if
@@ -104,15 +116,39 @@ func Chaos(ctx context.Context, cfg ChaosConfig) (rep ChaosReport, err error) {
 			if err := cfg.Faults.Halt(); err != nil {
 				return err
 			}
-			t := time.NewTimer(cfg.Down)
-			defer t.Stop()
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
+			pause(ctx, cfg.Down)
 			return cfg.Faults.Resume()
 		}},
 		{fmt.Sprintf("bgtask_members locked for %s", cfg.Lock), func() error { return c.lockMembers(ctx, cfg.Lock) }},
+	}
+	if cfg.Stalls {
+		faults = faults[:0]
+		for i := range 4 {
+			faults = append(faults, struct {
+				name string
+				do   func() error
+			}{fmt.Sprintf("server stalled (SIGSTOP) for %s, #%d", cfg.Down, i+1), func() error {
+				stopped, err := cfg.Faults.Freeze()
+				if err != nil {
+					return err
+				}
+				pause(ctx, cfg.Down)
+				return cfg.Faults.Thaw(stopped)
+			}})
+		}
+		faults = append(faults, struct {
+			name string
+			do   func() error
+		}{fmt.Sprintf("server read-only for %s", cfg.Down), func() error {
+			if err := cfg.Faults.ReadOnly(ctx, true); err != nil {
+				return err
+			}
+			pause(ctx, cfg.Down)
+			// Writable again whatever ctx says: the server outlives the run.
+			back, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			return cfg.Faults.ReadOnly(back, false)
+		}})
 	}
 	for i, f := range faults {
 		if err := c.wave(ctx, i, func() error { return f.do() }); err != nil {
@@ -130,6 +166,9 @@ func Chaos(ctx context.Context, cfg ChaosConfig) (rep ChaosReport, err error) {
 	}
 	rep, err = c.check(ctx)
 	rep.Took = time.Since(began)
+	if err == nil && cfg.Stalls && rep.Duplicates > 0 {
+		err = fmt.Errorf("%d deliveries again with the same ID across stalls, where nothing crashed: exactly once is promised", rep.Duplicates)
+	}
 	if err == nil {
 		say("%d launched, %d refused as unavailable, %d undecided at their deadline, %d lost with a killed worker; worst overrun of a deadline %s",
 			rep.Launched, rep.Refused, rep.Undecided, rep.Lost, rep.Worst.Round(time.Millisecond))
@@ -215,6 +254,16 @@ func (c *chaos) lockMembers(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 	}
 	return tx.Rollback(ctx)
+}
+
+// pause waits d, or until ctx ends.
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // wave launches Wave tasks from four launchers at random live workers,

@@ -141,6 +141,127 @@ func (s *Server) Resume() error {
 	return nil
 }
 
+// Freeze stops every process of the server with SIGSTOP — the
+// postmaster first, so that it forks no more, then each of its children —
+// as a machine that stalls would: connections stay open and nothing
+// answers, until Thaw. It returns the processes it stopped, for Thaw.
+func (s *Server) Freeze() ([]int, error) {
+	if s.dir == "" {
+		return nil, errors.New("pgtest: a server not started here cannot be frozen")
+	}
+	pidFile, err := os.ReadFile(filepath.Join(s.data(), "postmaster.pid"))
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: the server's pid: %w", err)
+	}
+	first, _, _ := strings.Cut(string(pidFile), "\n")
+	pm, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: the server's pid: %w", err)
+	}
+	if err := syscall.Kill(pm, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("pgtest: SIGSTOP of the postmaster: %w", err)
+	}
+	stopped := []int{pm}
+	kids, err := children(pm)
+	for _, k := range kids {
+		if syscall.Kill(k, syscall.SIGSTOP) == nil {
+			stopped = append(stopped, k)
+		}
+	}
+	if err != nil {
+		_ = s.Thaw(stopped)
+		return nil, err
+	}
+	return stopped, nil
+}
+
+// Thaw lets the processes Freeze stopped go on (SIGCONT), its children
+// first.
+func (s *Server) Thaw(stopped []int) error {
+	var errs []error
+	for i := len(stopped) - 1; i >= 0; i-- {
+		if err := syscall.Kill(stopped[i], syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("pgtest: SIGCONT of %d: %w", stopped[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// children lists the processes whose parent is pid (from /proc).
+func children(pid int) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: listing processes: %w", err)
+	}
+	var out []int
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(stat[i+1:]))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// ReadOnly turns the server read-only (on) or writable again, as a
+// failover's demoted primary is: every transaction begun after it is
+// read-only (default_transaction_read_only), and a write fails with
+// SQLSTATE 25006. It returns once a new connection has the setting; a
+// connection already open takes it at its next statement.
+func (s *Server) ReadOnly(ctx context.Context, on bool) error {
+	conn, err := pgx.Connect(ctx, s.URL)
+	if err != nil {
+		return fmt.Errorf("pgtest: connecting: %w", err)
+	}
+	defer conn.Close(context.Background())
+	// A session that is read-only by default can still change the server's
+	// settings (ALTER SYSTEM writes a file, not a table).
+	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER SYSTEM SET default_transaction_read_only = %t", on)); err != nil {
+		return fmt.Errorf("pgtest: ALTER SYSTEM: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return fmt.Errorf("pgtest: reloading the configuration: %w", err)
+	}
+	// The reload is a signal the postmaster acts on in its time: until a
+	// new connection has the setting, it is not in effect for new work.
+	want := map[bool]string{true: "on", false: "off"}[on]
+	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		fresh, err := pgx.Connect(ctx, s.URL)
+		if err != nil {
+			return fmt.Errorf("pgtest: connecting: %w", err)
+		}
+		var got string
+		err = fresh.QueryRow(ctx, "SHOW default_transaction_read_only").Scan(&got)
+		fresh.Close(context.Background())
+		if err != nil {
+			return fmt.Errorf("pgtest: reading the setting: %w", err)
+		}
+		if got == want {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("pgtest: the server never took default_transaction_read_only = %s: %w", want, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
 // Stop stops a server Start started and removes its directory.
 func (s *Server) Stop() {
 	if s == nil || s.dir == "" {
