@@ -58,8 +58,8 @@ func TestADeadlineWhoseStopWasAskedAsksAgainAfterARestart(t *testing.T) {
 	require.NoError(t, err)
 	waitStatus(t, m1, task.ID, StatusRunning)
 	clk1.Advance(time.Minute)
-	recv(t, host1.aborts, "the deadline's abort") // refused: the child is alive, its stop recorded
-	crashed := j.copyRecs()
+	recv(t, host1.aborts, "the deadline's abort")                                                          // refused: the child is alive, its stop recorded
+	crashed := j.copyWhen(t, func(recs []Record) bool { return hasKind(recs, task.ID, "stop_requested") }) // the stop asked is kept
 	host1.accept.Store(true)
 	_ = m1.Shutdown(ctx) // the first life's end is no part of the test (its child "did not stop")
 

@@ -2,12 +2,27 @@ package bgtask
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/bgtask/bgtask/internal/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+// copyWhen is copyRecs once the records kept satisfy ok (await): a
+// commit's append may come after what it holds is visible in memory, so
+// a crash copied at once could miss it.
+func (j *memJournal) copyWhen(t *testing.T, ok func([]Record) bool) []Record {
+	t.Helper()
+	j.await(t, ok)
+	return j.copyRecs()
+}
+
+// hasKind says whether recs hold a record of kind for task.
+func hasKind(recs []Record, task, kind string) bool {
+	return slices.ContainsFunc(recs, func(r Record) bool { return r.TaskID == task && r.Kind == kind })
+}
 
 // copyRecs is what the journal holds now: what a crash leaves.
 func (j *memJournal) copyRecs() []Record {

@@ -56,7 +56,14 @@ func TestATasksOwnFunctionIsLostAcrossARestartWhateverItsLaunchCarries(t *testin
 		waitStatus(t, m1, task.ID, StatusRunning)
 		ids[name] = task.ID
 	}
-	crashed := j.copyRecs() // the process dies with its functions
+	crashed := j.copyWhen(t, func(recs []Record) bool { // the process dies with its functions, each run's binding kept
+		for _, id := range ids {
+			if !hasKind(recs, id, "session_bound") {
+				return false
+			}
+		}
+		return true
+	})
 	require.NoError(t, m1.Shutdown(ctx))
 
 	host := &ownFnStatusHost{}

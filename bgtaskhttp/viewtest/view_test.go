@@ -197,11 +197,24 @@ func TestTheLiveViewInABrowser(t *testing.T) {
 	shot(t, tab, "live-view.png")
 }
 
-// tenThousand launches 10,000 tasks on m: 100 roots, each with 9
-// children of 10 each. The grandchildren of the first 30 roots end. It
-// returns the roots and the children, in launch order.
-func tenThousand(t testing.TB, ctx context.Context, m *bgtask.Manager, host *bgtasktest.Host) (roots, kids []bgtask.Task) {
+// bigPage is a Manager of 10,000 tasks, served, and a browser tab.
+type bigPage struct {
+	tab         context.Context
+	m           *bgtask.Manager
+	srv         *httptest.Server
+	roots, kids []bgtask.Task // in launch order
+}
+
+// tenThousand serves a Manager of 10,000 tasks (100 roots, each with 9
+// children of 10 each; the grandchildren of the first 30 roots ended) and
+// opens a browser tab, all within d and closed when the test ends.
+func tenThousand(t testing.TB, d time.Duration) bigPage {
 	t.Helper()
+	browser := chromium(t)
+	m, host, srv := serve(t, bgtaskhttp.Options{Buffer: 1 << 16})
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	p := bigPage{tab: openTab(t, ctx, browser), m: m, srv: srv}
 	launch := func(parent, desc string, meta map[string]string) bgtask.Task {
 		task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: parent, Description: desc, Metadata: meta,
 			Prompt: "Research " + desc + " and report back in under 200 words.", Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5"}, {ID: "backup"}}})
@@ -212,10 +225,10 @@ func tenThousand(t testing.TB, ctx context.Context, m *bgtask.Manager, host *bgt
 	}
 	for r := range 100 {
 		root := launch(fmt.Sprint("chat-", r%10), fmt.Sprint("root ", r), map[string]string{"ticket": fmt.Sprint("T-", r)})
-		roots = append(roots, root)
+		p.roots = append(p.roots, root)
 		for k := range 9 {
 			kid := launch(root.SessionID, fmt.Sprintf("kid %d.%d", r, k), nil)
-			kids = append(kids, kid)
+			p.kids = append(p.kids, kid)
 			for g := range 10 {
 				gk := launch(kid.SessionID, fmt.Sprintf("grandkid %d.%d.%d", r, k, g), nil)
 				if r < 30 {
@@ -239,7 +252,7 @@ func tenThousand(t testing.TB, ctx context.Context, m *bgtask.Manager, host *bgt
 		}
 	}
 	require.Len(t, ended, 2700)
-	return roots, kids
+	return p
 }
 
 // 10,000 tasks in trees: the page paints, and the tree, the filters, the
@@ -247,12 +260,8 @@ func tenThousand(t testing.TB, ctx context.Context, m *bgtask.Manager, host *bgt
 // at that size. How fast it paints is BenchmarkFirstPaintAt10000Tasks's
 // to say: a timed assertion here would fail on a busy machine.
 func TestTheLiveViewAt10000Tasks(t *testing.T) {
-	browser := chromium(t)
-	m, host, srv := serve(t, bgtaskhttp.Options{Buffer: 1 << 16})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	tab := openTab(t, ctx, browser)
-	roots, kids := tenThousand(t, ctx, m, host)
+	p := tenThousand(t, 3*time.Minute)
+	tab, m, srv, roots, kids := p.tab, p.m, p.srv, p.roots, p.kids
 
 	run(t, tab, chromedp.Navigate(srv.URL+"/"))
 	paint := run(t, tab, firstPaint())
@@ -329,12 +338,8 @@ func TestTheLiveViewAt10000Tasks(t *testing.T) {
 //
 //	cd bgtaskhttp/viewtest && go test -run '^$' -bench FirstPaint -benchtime 5x .
 func BenchmarkFirstPaintAt10000Tasks(b *testing.B) {
-	browser := chromium(b)
-	m, host, srv := serve(b, bgtaskhttp.Options{Buffer: 1 << 16})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	tab := openTab(b, ctx, browser)
-	tenThousand(b, ctx, m, host)
+	p := tenThousand(b, 10*time.Minute)
+	tab, srv := p.tab, p.srv
 	run(b, tab, chromedp.Navigate(srv.URL+"/")) // the renderer starts: not counted
 	var paints []float64
 	b.ResetTimer()
