@@ -230,6 +230,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case len(c.args) > cmd.max:
 		return usagef("bgtask "+name, "%s: unexpected argument %q (usage: bgtask %s %s)", name, c.args[cmd.max], name, cmd.args)
 	}
+	if i := slices.IndexFunc(c.args, func(a string) bool { return strings.TrimSpace(a) == "" }); i >= 0 {
+		return usagef("bgtask "+name, "%s: %s is blank (usage: bgtask %s %s)", name, strings.Fields(cmd.args)[min(i, len(strings.Fields(cmd.args))-1)], name, cmd.args)
+	}
 	return cmd.run(ctx, c)
 }
 

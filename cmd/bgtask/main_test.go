@@ -335,6 +335,8 @@ func TestEveryMistakeIsAnErrorSaidOnce(t *testing.T) {
 		{[]string{"task", dir}, 2, "task: missing ID (usage: bgtask task DIR ID)"},
 		{[]string{"closures", dir, "x"}, 2, `closures: unexpected argument "x"`},
 		{[]string{"follow"}, 2, "follow: missing URL"},
+		{[]string{"task", dir, ""}, 2, "task: ID is blank (usage: bgtask task DIR ID)"},
+		{[]string{"repair", " "}, 2, "repair: DIR is blank (usage: bgtask repair DIR)"},
 		{[]string{"task", dir, "nope"}, 1, `unknown task: no task of ` + dir + ` has an id that is or begins with "nope" (3 tasks`},
 		{[]string{"frobnicate", dir}, 2, `unknown command "frobnicate"`},
 		{nil, 2, "no command given"},
