@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -212,7 +211,7 @@ func TestARestartDeliversWhatWasOwedBeforeWhatItTells(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, PendingCooldown, waiting.Pending)
 	j.await(t, func(recs []Record) bool {
-		return slices.ContainsFunc(recs, func(r Record) bool { return r.TaskID == waiting.ID && r.Kind == "attempt_pending" })
+		return hasKind(recs, waiting.ID, "attempt_pending")
 	})
 	j.mu.Lock()
 	crashed := cloneRecords(j.recs) // the process dies here: nothing was delivered
@@ -262,7 +261,7 @@ func TestHealthAWaitKeepsItsStartAcrossARestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, PendingCooldown, waiting.Pending, "4 minutes of wait cover the 4 left")
 	j.await(t, func(recs []Record) bool {
-		return slices.ContainsFunc(recs, func(r Record) bool { return r.TaskID == waiting.ID && r.Kind == "attempt_pending" })
+		return hasKind(recs, waiting.ID, "attempt_pending")
 	})
 	j.mu.Lock()
 	crashed := cloneRecords(j.recs) // the process dies while it waits

@@ -2,7 +2,6 @@ package bgtask
 
 import (
 	"context"
-	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -37,7 +36,7 @@ func TestOnlyWhatWasOwedIsToldAfterARestart(t *testing.T) {
 	require.NoError(t, err)
 	told = waitStatus(t, m2, told.ID, StatusRunning)
 	j.await(t, func(recs []Record) bool { // the bind is kept before the crash
-		return slices.ContainsFunc(recs, func(r Record) bool { return r.TaskID == told.ID && r.Kind == "session_bound" })
+		return hasKind(recs, told.ID, "session_bound")
 	})
 	w.end(told.SessionID, Event{Kind: SessionIdle, Text: "done"})
 	j.mu.Lock()

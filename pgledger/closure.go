@@ -244,11 +244,7 @@ func (n *Node) sweepLaunching(ctx context.Context) {
 	c, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var young, swept int
-	lease := n.o.Lease
-	if lease == 0 {
-		lease = defaultLease
-	}
-	err := n.pool.QueryRow(c, sweepLaunchingSQL, n.o.Ledger, n.Members(), lease, inflight).Scan(&young, &swept)
+	err := n.pool.QueryRow(c, sweepLaunchingSQL, n.o.Ledger, n.Members(), n.o.Lease, inflight).Scan(&young, &swept)
 	if err != nil || young > 0 {
 		n.leftover.Store(true) // look again at the next pass
 	}

@@ -57,8 +57,8 @@ type NodeOptions struct {
 
 	took     func(member string) // tests: called after each takeover
 	pass     func()              // tests: called after each poll pass of the loop
-	claimFor time.Duration       // a parent's claim (0: claimFor)
-	markFor  time.Duration       // the deliverer's own writes' bound (0: markFor)
+	claimFor time.Duration       // tests: a parent's claim (0: claimFor)
+	markFor  time.Duration       // tests: the deliverer's own writes' bound (0: markFor)
 	drained  func(member string) // tests: called after applied events left a member's inbox
 	stopped  func(task string)   // tests: called once what a stop of a run of task came to is written
 	marked   func(note string)   // tests: called once a delivered notification is marked so
@@ -143,6 +143,9 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	}
 	if o.Poll == 0 {
 		o.Poll = time.Second
+	}
+	if o.Lease == 0 {
+		o.Lease = defaultLease // as Open would: the node's sweep reads it too
 	}
 	if o.Ledger == "" {
 		o.Ledger = "default"
@@ -475,8 +478,9 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (task bgtask.Task, 
 				key = n.releaseKey(c, spec.Key, spec.ID)
 			}
 			// The budget's admission stays if the task landed (an error past
-			// its commit); so does a launch in flight, which its
-			// task_launched clears.
+			// its commit: bgtask_budget_undo looks). Its launch in flight goes
+			// either way: a landed task's row is gone already, and a commit
+			// whose outcome is unknown that lands later meets the start gate.
 			return errors.Join(n.undoBudget(c, spec.ID), key, n.admittedIf(c, admitted, spec.ID))
 		})
 	}
