@@ -26,8 +26,8 @@ import (
 //     when one is spent or has no spawn left (*bgtask.BudgetError),
 //     otherwise a spawn reserved in each and the launch's own budget
 //     granted, clamped by what they have left.
-//   - Every commit of a member goes through bgtask_append_budgets, which
-//     writes it with bgtask_append and, in the same transaction, adds each
+//   - Every commit of a member goes through bgtask_write (write.go), which
+//     writes it and, in the same transaction, adds each
 //     usage record to every budget above its task, spends a spawn at a
 //     task's first session, gives one back when a task ends without one,
 //     and marks a budget over when a figure reaches its limit
@@ -283,10 +283,6 @@ BEGIN
 END
 $$;
 `
-
-// appendSQL is how a journal writes a commit: bgtask_append with the
-// budgets it moves.
-const appendSQL = `SELECT bgtask_append_budgets($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`
 
 // admitBudget admits the launch of task under parent, bringing own, into
 // the budgets of its tree: it returns the budget to launch it with (own

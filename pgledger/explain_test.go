@@ -297,16 +297,16 @@ ON CONFLICT (closure_id, token) DO UPDATE SET status = EXCLUDED.status, err = EX
 		{name: "Open: who holds it", sql: `SELECT holder, expires_at, greatest(expires_at - now(), '0') FROM bgtask_members WHERE ledger = $1 AND member = $2`,
 			args: s("'big'", "'m-0'")},
 		{name: "heartbeat", sql: renewLease, args: s("'big'", "'m-0'", "1", "'15 seconds'")},
-		{name: "append: a launch (bgtask_append_budgets)", sql: appendSQL,
+		{name: "append: a launch (bgtask_write)", sql: appendSQL,
 			args: s("'big'", "'m-0'", "1", "'15 seconds'", "ARRAY[9000001, 9000002]::bigint[]", "ARRAY['task_launched', 'attempt_created']",
 				"ARRAY['t-new', 't-new']", "ARRAY['', 'a-new']", "ARRAY['', 'r-new']", "ARRAY['', '']", "ARRAY['s-500', 's-500']",
 				`ARRAY['\x01', '\x01']::bytea[]`, "true", "ARRAY[0, 0]::bigint[]", "ARRAY[0, 0]::bigint[]", "ARRAY[0, 0]::bigint[]",
 				"ARRAY[0, 0]::bigint[]", "ARRAY[0, 0]::bigint[]")},
-		{name: "append: an end (bgtask_append_budgets)", sql: appendSQL,
+		{name: "append: an end (bgtask_write)", sql: appendSQL,
 			args: s("'big'", "'m-5'", "1", "'15 seconds'", "ARRAY[9000003]::bigint[]", "ARRAY['attempt_finalized']",
 				"ARRAY['t-500']", "ARRAY['a-500']", "ARRAY['r-500']", "ARRAY['']", "ARRAY['s-50']", `ARRAY['\x01']::bytea[]`, "true",
 				"ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]")},
-		{name: "append: a usage (bgtask_append_budgets)", sql: appendSQL,
+		{name: "append: a usage (bgtask_write)", sql: appendSQL,
 			args: s("'big'", "'m-5'", "1", "'15 seconds'", "ARRAY[9000004]::bigint[]", "ARRAY['usage']",
 				"ARRAY['t-500']", "ARRAY['a-500']", "ARRAY['']", "ARRAY['']", "ARRAY['']", `ARRAY['\x01']::bytea[]`, "true",
 				"ARRAY[100]::bigint[]", "ARRAY[20]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[1]::bigint[]", "ARRAY[5]::bigint[]")},
@@ -416,6 +416,86 @@ SELECT $1::text, $2::text, r.seq, r.kind, r.task, r.attempt, r.token, r.data
 	(SELECT f.round_floor + 1 FROM bgtask_retention f WHERE f.ledger = $1::text),
 	1))`, args: s("'big'", "'s-50'")},
 
+		// bgtask_write's statements ($1 p_ledger, …): each reads the rows
+		// the commit names, whatever the commit's size.
+		{name: "write: launches no longer in flight", from: `DELETE FROM bgtask_launching WHERE ledger = p_ledger AND task_id = ANY(ARRAY(SELECT u.t FROM unnest(p_kind, p_task) AS u(k, t) WHERE u.k = 'task_launched'));`,
+			sql:  `DELETE FROM bgtask_launching WHERE ledger = $1::text AND task_id = ANY(ARRAY(SELECT u.t FROM unnest($2::text[], $3::text[]) AS u(k, t) WHERE u.k = 'task_launched'))`,
+			args: s("'big'", "ARRAY['task_launched', 'attempt_created']", "ARRAY['t-new', 't-new']")},
+		{name: "write: the tasks launched", from: `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session) SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p`,
+			sql: `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session)
+SELECT DISTINCT ON (u.t) $1::text, u.t, $2::text, u.p
+  FROM unnest($3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(k, t, p, o)
+ WHERE u.k = 'task_launched' ORDER BY u.t, u.o
+ON CONFLICT (ledger, task_id) DO NOTHING`,
+			args: s("'big'", "'m-0'", "ARRAY['task_launched', 'attempt_created']", "ARRAY['t-new', 't-new']", "ARRAY['s-500', '']")},
+		{name: "write: the first record that disagrees", from: `LEFT JOIN bgtask_tasks x ON x.ledger = p_ledger AND x.task_id = r.t WHERE x.member IS DISTINCT FROM p_member`,
+			sql: `SELECT r.o, r.k, r.t, r.a, r.r, x.member, x.attempt_id, x.token, r.prev
+  FROM (SELECT u.o, u.k, u.t, u.a, u.r,
+               max(u.o) FILTER (WHERE u.k = 'attempt_created')
+                 OVER (PARTITION BY u.t ORDER BY u.o ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+          FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS u(k, t, a, r, o)
+         WHERE u.k IN ('task_launched', 'attempt_created', 'session_bound', 'attempt_finalized', 'retry_scheduled', 'start_requested')) r
+  LEFT JOIN bgtask_tasks x ON x.ledger = $1::text AND x.task_id = r.t
+ WHERE x.member IS DISTINCT FROM $2::text
+    OR (r.k NOT IN ('task_launched', 'attempt_created')
+        AND (CASE WHEN r.prev IS NULL THEN x.attempt_id ELSE ($5::text[])[r.prev::int] END IS DISTINCT FROM r.a
+             OR CASE WHEN r.prev IS NULL THEN x.token ELSE ($6::text[])[r.prev::int] END IS DISTINCT FROM r.r))
+ ORDER BY r.o LIMIT 1`,
+			args: s("'big'", "'m-5'", "ARRAY['session_bound', 'attempt_finalized']", "ARRAY['t-500', 't-500']", "ARRAY['a-500', 'a-500']", "ARRAY['r-500', 'r-500']")},
+		{name: "write: the tasks moved", from: `UPDATE bgtask_tasks t SET attempt_id = CASE WHEN f.lc IS NULL THEN t.attempt_id ELSE p_attempt[f.lc::int] END,`,
+			sql: `UPDATE bgtask_tasks t
+   SET attempt_id = CASE WHEN f.lc IS NULL THEN t.attempt_id ELSE ($4::text[])[f.lc::int] END,
+       token = CASE WHEN f.lc IS NULL THEN t.token ELSE ($5::text[])[f.lc::int] END,
+       ended = coalesce(f.lf, 0) > coalesce(f.lc, 0)
+  FROM (SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc,
+               max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
+          FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(k, t, o)
+         WHERE u.k IN ('attempt_created', 'attempt_finalized') GROUP BY u.t) f
+ WHERE t.ledger = $1::text AND t.task_id = f.t`,
+			args: s("'big'", "ARRAY['attempt_finalized', 'attempt_created']", "ARRAY['t-500', 't-500']", "ARRAY['a-500', 'a-x']", "ARRAY['r-500', 'r-x']")},
+		{name: "write: the sessions bound", from: `INSERT INTO bgtask_sessions AS s (ledger, session_id, member, task_id, attempt_id) SELECT DISTINCT ON (u.s) p_ledger, u.s, p_member, u.t, u.a`,
+			sql: `INSERT INTO bgtask_sessions AS s (ledger, session_id, member, task_id, attempt_id)
+SELECT DISTINCT ON (u.s) $1::text, u.s, $2::text, u.t, u.a
+  FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS u(k, s, t, a, o)
+ WHERE u.k = 'session_bound' ORDER BY u.s, u.o DESC
+ON CONFLICT (ledger, session_id) DO UPDATE SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id WHERE s.member = EXCLUDED.member`,
+			args: s("'big'", "'m-0'", "ARRAY['session_bound']", "ARRAY['s-new']", "ARRAY['t-new']", "ARRAY['a-new']")},
+		{name: "write: a session another member holds", from: `JOIN bgtask_sessions x ON x.ledger = p_ledger AND x.session_id = u.s WHERE u.k = 'session_bound' AND x.member <> p_member`,
+			sql: `SELECT u.s, x.member FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS u(k, s, o)
+  JOIN bgtask_sessions x ON x.ledger = $1::text AND x.session_id = u.s
+ WHERE u.k = 'session_bound' AND x.member <> $2::text ORDER BY u.o LIMIT 1`,
+			args: s("'big'", "'m-0'", "ARRAY['session_bound']", "ARRAY['s-500']")},
+		{name: "write: the parents moved", from: `INSERT INTO bgtask_parents AS x (ledger, parent_session, live, round_tasks) SELECT p_ledger, m.parent, m.delta, coalesce(m.born, '{}') FROM m`,
+			sql: `WITH m AS (
+	SELECT t.parent_session AS parent,
+	       sum((NOT t.ended)::int - coalesce(($3::jsonb ->> t.task_id)::boolean, false)::int) AS delta,
+	       array_agg(t.task_id) FILTER (WHERE NOT ($3::jsonb ? t.task_id)
+	           OR (NOT t.ended AND NOT ($3::jsonb ->> t.task_id)::boolean)) AS born
+	  FROM bgtask_tasks t
+	 WHERE t.ledger = $1::text AND t.task_id = ANY($2::text[]) AND t.parent_session <> ''
+	 GROUP BY t.parent_session),
+up AS (
+	INSERT INTO bgtask_parents AS x (ledger, parent_session, live, round_tasks)
+	SELECT $1::text, m.parent, m.delta, coalesce(m.born, '{}') FROM m
+	 WHERE m.delta <> 0 OR m.born IS NOT NULL ORDER BY m.parent
+	ON CONFLICT (ledger, parent_session) DO UPDATE
+	   SET live = x.live + EXCLUDED.live, round_tasks = x.round_tasks || EXCLUDED.round_tasks
+	RETURNING x.parent_session, x.live, x.round, x.round_tasks)
+SELECT jsonb_agg(jsonb_build_object('p', up.parent_session, 'r', up.round, 't', up.round_tasks) ORDER BY up.parent_session),
+       array_agg(up.parent_session)
+  FROM up WHERE up.live <= 0 AND cardinality(up.round_tasks) > 0`,
+			args: s("'big'", "ARRAY['t-500', 't-501']", `'{"t-500": true, "t-501": false}'`)},
+		{name: "write: the rounds' all_complete", from: `SELECT p_ledger, '', 'all_complete:' || e.p || ':' || e.r, e.p, 'all_complete', e.t FROM jsonb_to_recordset(rounds)`,
+			sql: `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
+SELECT $1::text, '', 'all_complete:' || e.p || ':' || e.r, e.p, 'all_complete', e.t
+  FROM jsonb_to_recordset($2::jsonb) AS e(p text, r bigint, t text[]) ORDER BY e.p`,
+			args: s("'big'", `'[{"p": "s-50", "r": 7, "t": ["t-500"]}]'`)},
+		{name: "write: the next rounds", from: `UPDATE bgtask_parents SET live = 0, round = round + 1, round_tasks = '{}' WHERE ledger = p_ledger AND parent_session = ANY(parents);`,
+			sql:  `UPDATE bgtask_parents SET live = 0, round = round + 1, round_tasks = '{}' WHERE ledger = $1::text AND parent_session = ANY($2::text[])`,
+			args: s("'big'", "ARRAY['s-50']")},
+		{name: "write: does a task spend from a budget?", from: `IF EXISTS (SELECT 1 FROM bgtask_spends WHERE ledger = p_ledger AND task_id = ANY(p_task)) THEN`,
+			sql: `SELECT EXISTS (SELECT 1 FROM bgtask_spends WHERE ledger = $1::text AND task_id = ANY($2::text[]))`, args: s("'big'", "ARRAY['t-500', 't-501']")},
+
 		// bgtask_publish's statements.
 		{name: "publish: the lease", from: `PERFORM 1 FROM bgtask_members WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();`,
 			sql:  `SELECT 1 FROM bgtask_members WHERE ledger = $1::text AND member = $2::text AND fence = $3::bigint AND expires_at > now()`,
@@ -484,7 +564,7 @@ func checkCoverage(t *testing.T, cases []explainCase) {
 		}
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
-		if f == "schema.go" || f == "appendfn.go" {
+		if f == "schema.go" || f == "appendfn.go" || f == "write.go" {
 			schema += squash(string(src))
 		}
 		fs := token.NewFileSet()

@@ -396,7 +396,7 @@ func TestANodeDropsConnectionsToAStandby(t *testing.T) {
 }
 
 // A commit whose connection dropped around its end is tried again, and
-// lands once: bgtask_append finds its first record already there.
+// lands once: bgtask_write finds its first record already there.
 func TestACommitTriedAgainLandsOnce(t *testing.T) {
 	f := newFixture(t)
 	j := f.open("w1", Options{})
@@ -431,10 +431,10 @@ func TestAnAppendCutOffMidwayIsTriedAgain(t *testing.T) {
 	}()
 	// The append's backend, waiting on the lock: cut it off.
 	var pid int
-	for pid == 0 {
-		err := conn.QueryRow(ctx(t), `SELECT coalesce((SELECT pid FROM pg_stat_activity
- WHERE query LIKE 'SELECT bgtask_append%(%' AND wait_event_type = 'Lock' LIMIT 1), 0)`).Scan(&pid)
-		require.NoError(t, err)
+	for looking := ctx(t); pid == 0; { // fails once looking ends (30 s)
+		err := conn.QueryRow(looking, `SELECT coalesce((SELECT pid FROM pg_stat_activity
+ WHERE query LIKE 'SELECT bgtask_write(%' AND wait_event_type = 'Lock' LIMIT 1), 0)`).Scan(&pid)
+		require.NoError(t, err, "no append waits on the lock")
 	}
 	var cut bool
 	require.NoError(t, conn.QueryRow(ctx(t), "SELECT pg_terminate_backend($1)", pid).Scan(&cut))

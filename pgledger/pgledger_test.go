@@ -448,6 +448,71 @@ func TestIdentityInTheDatabase(t *testing.T) {
 	}
 }
 
+// A commit is written with a statement per kind of work (bgtask_write),
+// yet each record is checked as if the records were applied one by one:
+// against the attempt the last attempt_created before it in the commit
+// made current, else against the task's row.
+func TestACommitIsCheckedRecordByRecord(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{})
+	// A whole life in one commit: a retry, with checks on each attempt in
+	// turn.
+	require.NoError(t, j.Append([]bgtask.Record{
+		rec(1, "task_launched", "t1", "", "", ""),
+		rec(2, "attempt_created", "t1", "a1", "r1", ""),
+		rec(3, "start_requested", "t1", "a1", "r1", ""),
+		rec(4, "session_bound", "t1", "a1", "r1", "s1"),
+		rec(5, "attempt_finalized", "t1", "a1", "r1", ""),
+		rec(6, "retry_scheduled", "t1", "a1", "r1", ""),
+		rec(7, "attempt_created", "t1", "a2", "r2", ""),
+		rec(8, "session_bound", "t1", "a2", "r2", "s2"),
+	}).Wait())
+	var attempt, token string
+	var ended bool
+	read := func() {
+		t.Helper()
+		require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT attempt_id, token, ended FROM bgtask_tasks WHERE ledger = $1 AND task_id = 't1'`,
+			f.ledger).Scan(&attempt, &token, &ended))
+	}
+	read()
+	assert.Equal(t, []any{"a2", "r2", false}, []any{attempt, token, ended}, "the last attempt created is current, and live")
+	assert.Equal(t, 2, f.count("bgtask_sessions", "task_id = 't1'"))
+	assert.Equal(t, 8, f.count("bgtask_records", ""))
+
+	// The retry ends in the same commit as a check of it: ended.
+	require.NoError(t, j.Append([]bgtask.Record{
+		rec(9, "start_requested", "t1", "a2", "r2", ""),
+		rec(10, "attempt_finalized", "t1", "a2", "r2", ""),
+	}).Wait())
+	read()
+	assert.Equal(t, []any{"a2", "r2", true}, []any{attempt, token, ended})
+
+	// A check of the attempt a record before it in the same commit
+	// replaced is stale, and nothing of the commit lands.
+	j2 := f.open("w2", Options{})
+	err := j2.Append([]bgtask.Record{
+		rec(1, "task_launched", "u1", "", "", ""),
+		rec(2, "attempt_created", "u1", "b1", "q1", ""),
+		rec(3, "attempt_created", "u1", "b2", "q2", ""),
+		rec(4, "session_bound", "u1", "b1", "q1", "s9"),
+	}).Wait()
+	assert.ErrorIs(t, err, ErrStale)
+	assert.Equal(t, 0, f.count("bgtask_tasks", "task_id = 'u1'"), "a refused commit left a task")
+	assert.Equal(t, 0, f.count("bgtask_sessions", "session_id = 's9'"), "a refused commit left a session")
+
+	// A check made before the commit's attempt_created is checked against
+	// the task's row, not against the attempt created after it.
+	j3 := f.open("w3", Options{})
+	require.NoError(t, j3.Append([]bgtask.Record{
+		rec(1, "task_launched", "v1", "", "", ""),
+		rec(2, "attempt_created", "v1", "c1", "p1", ""),
+	}).Wait())
+	assert.ErrorIs(t, j3.Append([]bgtask.Record{
+		rec(3, "start_requested", "v1", "c2", "p2", ""),
+		rec(4, "attempt_created", "v1", "c2", "p2", ""),
+	}).Wait(), ErrStale)
+}
+
 // A task gives its key up in the commit that ends it, not in one that
 // ends an attempt and starts its retry.
 func TestKeyGivenUpWhenItsTaskEnds(t *testing.T) {

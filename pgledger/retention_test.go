@@ -379,7 +379,8 @@ func TestRetentionPrunesTheDataOfDeadMembers(t *testing.T) {
 	var n int
 	require.NoError(t, again.Replay(func(bgtask.Record) error { n++; return nil }))
 	assert.Zero(t, n)
-	_, err := f.pool.Exec(ctx(t), `SELECT bgtask_append($1, 'gone', $2, '15 seconds', '{1}', '{task_launched}', '{t-x}', '{a}', '{r}', '{s}', '{chat}', '{"\\x01"}', false)`,
+	_, err := f.pool.Exec(ctx(t), `SELECT bgtask_write($1, 'gone', $2, '15 seconds', '{1}', '{task_launched}', '{t-x}', '{a}', '{r}', '{s}', '{chat}', '{"\\x01"}', false,
+ '{0}', '{0}', '{0}', '{0}', '{0}')`,
 		f.ledger, gone.Fence())
 	assert.ErrorIs(t, classify(err), ErrLeaseLost)
 }

@@ -761,6 +761,10 @@ BEGIN
 END
 $$;
 `,
+	// 10: bgtask_write (write.go), the append with a statement per kind of
+	// work rather than per record, and no budget work for a commit whose
+	// tasks spend from no budget.
+	writeFunction,
 }
 
 // schemaLock is the advisory lock key migrations run under, so that two

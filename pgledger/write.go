@@ -1,0 +1,232 @@
+package pgledger
+
+// writeFunction is migration 10: bgtask_write, what a journal's commit
+// is written with from then on. It does what bgtask_append_budgets did
+// (the lease, the identity checks, the parent rounds, the keys, the
+// records, the budgets), with a statement per kind of work rather than
+// per record: a commit of many records costs about what one costs.
+//
+//   - The checks. A record on a task is checked against the attempt
+//     current when the record was made: the last attempt_created before it
+//     in the commit, or else the task's row as the commit found it. The
+//     first record (in the commit's order) that disagrees raises, with the
+//     error the per-record append raised for it.
+//   - The tasks. Each task the commit launched is inserted; each task an
+//     attempt_created or attempt_finalized moved is updated once, to the
+//     last attempt the commit created and to whether the last of those
+//     records ended it.
+//   - The budgets. A commit none of whose tasks spends from a budget (no
+//     bgtask_spends row: the common case, and every commit of a ledger
+//     that has no budget) skips them in one index probe; the others go
+//     through bgtask_spend, record by record as before, since the holders'
+//     rows they move must be locked and moved in the records' order.
+const writeFunction = `
+CREATE FUNCTION bgtask_spend(
+	p_ledger text, p_kind text[], p_task text[],
+	p_input bigint[], p_output bigint[], p_cached bigint[], p_requests bigint[], p_cost bigint[]
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	i int;
+	s bgtask_spends;
+	h text;
+	n int;
+	crossed boolean := false;
+	x boolean;
+BEGIN
+	PERFORM bgtask_budget_lock(p_ledger, ARRAY(
+		SELECT sp.holder FROM bgtask_spends sp WHERE sp.ledger = p_ledger AND sp.task_id = ANY(p_task)));
+	FOR i IN 1 .. cardinality(p_kind) LOOP
+		CONTINUE WHEN p_kind[i] <> 'usage' AND p_kind[i] <> 'session_bound';
+		SELECT * INTO s FROM bgtask_spends WHERE ledger = p_ledger AND task_id = p_task[i] FOR UPDATE;
+		CONTINUE WHEN NOT FOUND;
+		IF p_kind[i] = 'usage' THEN
+			h := s.holder;
+			n := 0;
+			WHILE h <> '' AND n < 1000 LOOP
+				UPDATE bgtask_budgets SET spent_input = spent_input + p_input[i], spent_output = spent_output + p_output[i],
+				       spent_cached = spent_cached + p_cached[i], spent_requests = spent_requests + p_requests[i],
+				       spent_cost = spent_cost + p_cost[i],
+				       over = CASE WHEN over <> '' THEN over
+				                   WHEN lim_tokens > 0 AND spent_input + spent_output + p_input[i] + p_output[i] >= lim_tokens THEN 'tokens'
+				                   WHEN lim_cost > 0 AND spent_cost + p_cost[i] >= lim_cost THEN 'cost'
+				                   WHEN lim_requests > 0 AND spent_requests + p_requests[i] >= lim_requests THEN 'requests'
+				                   ELSE '' END
+				 WHERE ledger = p_ledger AND holder = h RETURNING up, over <> '' AND NOT closed AND closing_at IS NULL INTO h, x;
+				EXIT WHEN NOT FOUND;
+				crossed := crossed OR coalesce(x, false);
+				n := n + 1;
+			END LOOP;
+		ELSIF NOT s.started THEN
+			UPDATE bgtask_spends SET started = true, reserved = false WHERE ledger = p_ledger AND task_id = p_task[i];
+			PERFORM bgtask_budget_move(p_ledger, bgtask_budget_above(p_ledger, p_task[i], s.holder),
+				CASE WHEN s.reserved THEN -1 ELSE 0 END, 1);
+		END IF;
+	END LOOP;
+	FOR s IN SELECT sp.* FROM bgtask_spends sp JOIN bgtask_tasks t ON t.ledger = sp.ledger AND t.task_id = sp.task_id
+	          WHERE sp.ledger = p_ledger AND sp.task_id = ANY(p_task) AND sp.reserved AND t.ended FOR UPDATE OF sp LOOP
+		UPDATE bgtask_spends SET reserved = false WHERE ledger = p_ledger AND task_id = s.task_id;
+		PERFORM bgtask_budget_move(p_ledger, bgtask_budget_above(p_ledger, s.task_id, s.holder), -1, 0);
+	END LOOP;
+	IF crossed THEN
+		PERFORM pg_notify('bgtask_budget', p_ledger);
+	END IF;
+END
+$$;
+
+CREATE FUNCTION bgtask_write(
+	p_ledger text, p_member text, p_fence bigint, p_lease interval,
+	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
+	p_session text[], p_parent text[], p_data bytea[], p_rounds boolean,
+	p_input bigint[], p_output bigint[], p_cached bigint[], p_requests bigint[], p_cost bigint[]
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	bad record;
+	before jsonb;
+	rounds jsonb; -- the parent rounds the commit ended
+	parents text[]; -- their parents
+BEGIN
+	UPDATE bgtask_members SET expires_at = now() + p_lease
+	 WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bgtask: the lease of member % (fence %) was lost', p_member, p_fence
+			USING ERRCODE = 'BT001';
+	END IF;
+	IF coalesce(cardinality(p_seq), 0) = 0 THEN
+		RETURN;
+	END IF;
+	-- A commit tried again after its outcome was lost with its connection:
+	-- if it landed (its first record is here: records of one member are
+	-- written only under its fence, in sequence), it is not written twice.
+	IF EXISTS (SELECT 1 FROM bgtask_records WHERE ledger = p_ledger AND member = p_member AND seq = p_seq[1]) THEN
+		RETURN;
+	END IF;
+	-- Which of the commit's tasks were live before it: its end moves
+	-- their parents' live counts.
+	IF p_rounds THEN
+		SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') INTO before
+		  FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = ANY(p_task);
+	END IF;
+	-- The tasks the commit launched: no longer in flight, and the member's.
+	IF 'task_launched' = ANY(p_kind) THEN
+		DELETE FROM bgtask_launching WHERE ledger = p_ledger
+		   AND task_id = ANY(ARRAY(SELECT u.t FROM unnest(p_kind, p_task) AS u(k, t) WHERE u.k = 'task_launched'));
+		INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session)
+		SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p
+		  FROM unnest(p_kind, p_task, p_parent) WITH ORDINALITY AS u(k, t, p, o)
+		 WHERE u.k = 'task_launched' ORDER BY u.t, u.o
+		ON CONFLICT (ledger, task_id) DO NOTHING;
+	END IF;
+	-- The first record that does not agree with the tasks: each is checked
+	-- against the attempt the last attempt_created before it in the commit
+	-- made current, or else against the task's row as the commit found it
+	-- (its launch inserted above, if it was in the commit).
+	SELECT r.o, r.k, r.t, r.a, r.r, x.member, x.attempt_id, x.token, r.prev INTO bad
+	  FROM (SELECT u.o, u.k, u.t, u.a, u.r,
+	               max(u.o) FILTER (WHERE u.k = 'attempt_created')
+	                 OVER (PARTITION BY u.t ORDER BY u.o ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+	          FROM unnest(p_kind, p_task, p_attempt, p_token) WITH ORDINALITY AS u(k, t, a, r, o)
+	         WHERE u.k IN ('task_launched', 'attempt_created', 'session_bound', 'attempt_finalized', 'retry_scheduled', 'start_requested')) r
+	  LEFT JOIN bgtask_tasks x ON x.ledger = p_ledger AND x.task_id = r.t
+	 WHERE x.member IS DISTINCT FROM p_member
+	    OR (r.k NOT IN ('task_launched', 'attempt_created')
+	        AND (CASE WHEN r.prev IS NULL THEN x.attempt_id ELSE p_attempt[r.prev::int] END IS DISTINCT FROM r.a
+	             OR CASE WHEN r.prev IS NULL THEN x.token ELSE p_token[r.prev::int] END IS DISTINCT FROM r.r))
+	 ORDER BY r.o LIMIT 1;
+	IF FOUND THEN
+		IF bad.k = 'task_launched' THEN
+			RAISE EXCEPTION 'bgtask: task id % is taken by member %', bad.t, bad.member
+				USING ERRCODE = 'BT002';
+		ELSIF bad.k = 'attempt_created' THEN
+			RAISE EXCEPTION 'bgtask: attempt % of task %: no such task of member %', bad.a, bad.t, p_member
+				USING ERRCODE = 'BT003';
+		END IF;
+		RAISE EXCEPTION 'bgtask: % for attempt % (run %) of task %, which is not its current attempt',
+			bad.k, bad.a, bad.r, bad.t
+			USING ERRCODE = 'BT003';
+	END IF;
+	-- Each task the commit moved: to the last attempt it created, ended if
+	-- the last of its attempt_created and attempt_finalized ended it (a
+	-- retry's attempt_created makes it live again).
+	UPDATE bgtask_tasks t
+	   SET attempt_id = CASE WHEN f.lc IS NULL THEN t.attempt_id ELSE p_attempt[f.lc::int] END,
+	       token = CASE WHEN f.lc IS NULL THEN t.token ELSE p_token[f.lc::int] END,
+	       ended = coalesce(f.lf, 0) > coalesce(f.lc, 0)
+	  FROM (SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc,
+	               max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
+	          FROM unnest(p_kind, p_task) WITH ORDINALITY AS u(k, t, o)
+	         WHERE u.k IN ('attempt_created', 'attempt_finalized') GROUP BY u.t) f
+	 WHERE t.ledger = p_ledger AND t.task_id = f.t;
+	-- The sessions the commit bound (the last binding of each, should one
+	-- be bound twice); one another member holds raises.
+	IF 'session_bound' = ANY(p_kind) THEN
+		INSERT INTO bgtask_sessions AS s (ledger, session_id, member, task_id, attempt_id)
+		SELECT DISTINCT ON (u.s) p_ledger, u.s, p_member, u.t, u.a
+		  FROM unnest(p_kind, p_session, p_task, p_attempt) WITH ORDINALITY AS u(k, s, t, a, o)
+		 WHERE u.k = 'session_bound' ORDER BY u.s, u.o DESC
+		ON CONFLICT (ledger, session_id) DO UPDATE
+		   SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id
+		 WHERE s.member = EXCLUDED.member;
+		SELECT u.s, x.member INTO bad
+		  FROM unnest(p_kind, p_session) WITH ORDINALITY AS u(k, s, o)
+		  JOIN bgtask_sessions x ON x.ledger = p_ledger AND x.session_id = u.s
+		 WHERE u.k = 'session_bound' AND x.member <> p_member
+		 ORDER BY u.o LIMIT 1;
+		IF FOUND THEN
+			RAISE EXCEPTION 'bgtask: session % is bound by member %', bad.s, bad.member
+				USING ERRCODE = 'BT004';
+		END IF;
+	END IF;
+	-- Each parent whose live count the commit moved, in a fixed order (two
+	-- commits never wait on each other's rows crosswise); a round whose
+	-- last task ended makes its all_complete.
+	IF p_rounds THEN
+		WITH m AS (
+			SELECT t.parent_session AS parent,
+			       sum((NOT t.ended)::int - coalesce((before ->> t.task_id)::boolean, false)::int) AS delta,
+			       -- born into the round: new in this commit (whatever it came to),
+			       -- or live again after it had ended
+			       array_agg(t.task_id) FILTER (WHERE NOT (before ? t.task_id)
+			           OR (NOT t.ended AND NOT (before ->> t.task_id)::boolean)) AS born
+			  FROM bgtask_tasks t
+			 WHERE t.ledger = p_ledger AND t.task_id = ANY(p_task) AND t.parent_session <> ''
+			 GROUP BY t.parent_session),
+		up AS (
+			INSERT INTO bgtask_parents AS x (ledger, parent_session, live, round_tasks)
+			SELECT p_ledger, m.parent, m.delta, coalesce(m.born, '{}') FROM m
+			 WHERE m.delta <> 0 OR m.born IS NOT NULL ORDER BY m.parent
+			ON CONFLICT (ledger, parent_session) DO UPDATE
+			   SET live = x.live + EXCLUDED.live, round_tasks = x.round_tasks || EXCLUDED.round_tasks
+			RETURNING x.parent_session, x.live, x.round, x.round_tasks)
+		SELECT jsonb_agg(jsonb_build_object('p', up.parent_session, 'r', up.round, 't', up.round_tasks) ORDER BY up.parent_session),
+		       array_agg(up.parent_session)
+		  INTO rounds, parents FROM up WHERE up.live <= 0 AND cardinality(up.round_tasks) > 0;
+		IF rounds IS NOT NULL THEN
+			INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
+			SELECT p_ledger, '', 'all_complete:' || e.p || ':' || e.r, e.p, 'all_complete', e.t
+			  FROM jsonb_to_recordset(rounds) AS e(p text, r bigint, t text[]) ORDER BY e.p;
+			-- (rows this transaction moved and holds: their round is the one
+			-- that ended)
+			UPDATE bgtask_parents SET live = 0, round = round + 1, round_tasks = '{}'
+			 WHERE ledger = p_ledger AND parent_session = ANY(parents);
+			PERFORM pg_notify('bgtask_outbox', p_ledger);
+		END IF;
+	END IF;
+	-- A task that ended in this commit gives its key up (a retry in the
+	-- same commit keeps it: it is live again).
+	IF 'attempt_finalized' = ANY(p_kind) THEN
+		DELETE FROM bgtask_keys k USING bgtask_tasks t
+		 WHERE k.ledger = p_ledger AND t.ledger = p_ledger AND t.task_id = k.task_id
+		   AND t.ended AND k.task_id = ANY(p_task);
+	END IF;
+	INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
+	SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data
+	  FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);
+	IF EXISTS (SELECT 1 FROM bgtask_spends WHERE ledger = p_ledger AND task_id = ANY(p_task)) THEN
+		PERFORM bgtask_spend(p_ledger, p_kind, p_task, p_input, p_output, p_cached, p_requests, p_cost);
+	END IF;
+END
+$$;
+`
+
+// appendSQL is how a journal writes a commit (bgtask_write).
+const appendSQL = `SELECT bgtask_write($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`
