@@ -799,6 +799,12 @@ func init() {
 	fleet.BranchClosed = func(parent, taskID string, snap, rec any) any {
 		return branchClosed(parent, taskID, snap.(Task), rec.(ClosureReport))
 	}
+	fleet.NoteOf = func(rec any) any {
+		if n := rec.(*Record).note; n != nil {
+			return n
+		}
+		return nil // not a typed nil in an interface
+	}
 	probe.Running = func(m any) (int, <-chan struct{}) { return m.(*Manager).life.group.Changed() }
 	probe.Parked = func(m any) (int, <-chan struct{}) { return m.(*Manager).life.parked.state() }
 	probe.Record = func(m any) { m.(*Manager).recordAll() }

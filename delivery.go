@@ -80,6 +80,14 @@ func (m *Manager) push(n Notification) {
 		n.ID = id
 	}
 	m.notes.lastID = n.ID
+	if m.cfg.notesAtCommit && m.led.recording() {
+		// Delivered with its commit (fleet.AtCommit): nothing is queued,
+		// nothing is owed.
+		nt := m.noticeOf(n)
+		nt.full = &n
+		m.led.emit(record{kind: recNotifyProduced, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: nt}})
+		return
+	}
 	if m.led.recording() {
 		m.led.emit(record{kind: recNotifyProduced, task: n.TaskID, at: m.now(), recordExt: &recordExt{notice: m.noticeOf(n)}})
 	}

@@ -42,6 +42,8 @@ type Record struct {
 	// task's tree (another copy of Data's); nil otherwise.
 	Usage *Usage
 	Data  []byte // the whole record; a journal stores and returns it as is
+
+	note *Notification // fleet.NoteOf: kind notification_produced, delivered with the commit
 }
 
 // Journal persists a Manager's ledger records (WithJournal).

@@ -14,6 +14,7 @@ import (
 	"github.com/bgtask/bgtask/internal/clock"
 	"github.com/bgtask/bgtask/internal/dispatch"
 	"github.com/bgtask/bgtask/internal/feed"
+	"github.com/bgtask/bgtask/internal/fleet"
 	"github.com/bgtask/bgtask/internal/funchost"
 	"github.com/bgtask/bgtask/internal/group"
 	"github.com/bgtask/bgtask/internal/held"
@@ -347,6 +348,9 @@ func newManager(host Host, opts []Option) *Manager {
 	}
 	if cfg.notifyBackoff == nil {
 		cfg.notifyBackoff = func(int, error) time.Duration { return 0 }
+	}
+	if _, ok := cfg.notifier.(fleet.AtCommit); ok && cfg.journal != nil && !isNil(cfg.journal) {
+		cfg.notesAtCommit = true
 	}
 	var badJournal error
 	if cfg.journalSet && isNil(cfg.journal) {

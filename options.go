@@ -41,6 +41,7 @@ type config struct {
 	stallTimeout      time.Duration
 	gateTimeout       time.Duration
 	notifier          Notifier
+	notesAtCommit     bool // notifier is a fleet.AtCommit and there is a journal: see push
 	logger            *slog.Logger
 	silent            bool // logger discards everything: no log line is worth building
 	logInfo, logDebug bool // the logger's handler takes info (debug) lines, as it said at Open (the lines are built only then)

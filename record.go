@@ -145,6 +145,10 @@ type notice struct {
 	tasks      []string // NotifyAllComplete: the round's tasks, in the order given
 	invocation int      // NotifyAnswer: the invocation answered
 	closure    uint64   // NotifyBranchClosed: the sequence of its closure record
+	// full is the notification itself, when it is delivered with its
+	// commit (an AtCommit notifier, fleet.NoteOf): never encoded, never
+	// replayed.
+	full *Notification
 }
 
 // taskInfo is what a task was launched with; it never changes.
@@ -330,6 +334,9 @@ func recordOf(rec *record, data []byte) Record {
 	}
 	if u := rec.usage; u != nil {
 		out.Usage, out.AttemptID = &u.u, u.attempt
+	}
+	if rec.recordExt != nil && rec.notice != nil {
+		out.note = rec.notice.full
 	}
 	return out
 }

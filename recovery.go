@@ -485,7 +485,7 @@ func (m *Manager) roundsOwed(rv *recovery) {
 // not delivered, with its ID, sequence and text, and reports whether it
 // did (not without a Notifier). m.mu is held.
 func (m *Manager) redeliver(n *notice) bool {
-	if m.cfg.notifier == nil {
+	if m.cfg.notifier == nil || m.cfg.notesAtCommit { // delivered with its commit
 		return false
 	}
 	m.queueNote(m.noticeNotification(n))

@@ -645,11 +645,9 @@ func (n *Node) record(ctx context.Context, k openClosure, rec bgtask.ClosureRepo
 	}
 	for {
 		err = pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `UPDATE bgtask_closures SET closed_at = now(), record = $2 WHERE id = $1`, k.id, body); err != nil {
-				return err
-			}
-			if n.o.Notifier == nil {
-				return nil
+			tag, err := tx.Exec(ctx, `UPDATE bgtask_closures SET closed_at = now(), record = $2 WHERE id = $1 AND record IS NULL`, k.id, body)
+			if err != nil || tag.RowsAffected() == 0 || n.o.Notifier == nil {
+				return err // (none: a try whose outcome was lost with its connection landed)
 			}
 			parent := k.root
 			if k.task != "" {
@@ -663,8 +661,8 @@ func (n *Node) record(ctx context.Context, k openClosure, rec bgtask.ClosureRepo
 			if err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
-VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT (ledger, member, note_id) DO NOTHING`, n.o.Ledger, note.ID, parent, string(note.Kind), k.task, nb)
+			_, err = tx.Exec(ctx, `INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body) VALUES ($1, bgtask_part($2), $2, $3, $4, $5)`,
+				n.o.Ledger, parent, note.ID, string(note.Kind), string(nb))
 			if err == nil {
 				_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, outboxChannel, n.o.Ledger)
 			}

@@ -250,11 +250,10 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 			args: s("'big'", "'s-4321'", "'t-4321'", "'m-0'")},
 		{name: "stopsOf", sql: `SELECT task_id, attempt_id, session_id, token, status, member, err FROM bgtask_stops
  WHERE closure_id = $1 ORDER BY seq`, args: s("5")},
-		{name: "record: the fence down", sql: `UPDATE bgtask_closures SET closed_at = now(), record = $2 WHERE id = $1`, args: s("5", "'{}'")},
+		{name: "record: the fence down", sql: `UPDATE bgtask_closures SET closed_at = now(), record = $2 WHERE id = $1 AND record IS NULL`, args: s("5", "'{}'")},
 		{name: "record: the root's parent", sql: `SELECT parent_session FROM bgtask_tasks WHERE ledger = $1 AND task_id = $2`, args: s("'big'", "'t-4321'")},
-		{name: "record: NotifyBranchClosed", sql: `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
-VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT (ledger, member, note_id) DO NOTHING`,
-			args: s("'big'", "'branch_closed:5'", "'s-432'", "'branch_closed'", "'t-4321'", "'{}'")},
+		{name: "record: NotifyBranchClosed", sql: `INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body) VALUES ($1, bgtask_part($2), $2, $3, $4, $5)`,
+			args: s("'big'", "'s-432'", "'branch_closed:5'", "'branch_closed'", "'{}'")},
 		{name: "Snapshot's Closures (small ledger)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
 			args: s("'small'")},
 		{name: "Snapshot's Closures (big ledger: all of them)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
@@ -273,15 +272,10 @@ ON CONFLICT (closure_id, token) DO UPDATE SET status = EXCLUDED.status, err = EX
 		// Statistics (statistics.go): the server's views, a row per table.
 		{name: "statistics: tables behind", sql: staleSQL, args: s("1000")},
 		// The outbox.
-		{name: "outbox: a Manager's notifications, their rounds made ready", prefix: "WITH ins AS (\n  INSERT INTO bgtask_outbox",
-			args: s("'big'", "ARRAY['m-0']", "ARRAY['n-new']", "ARRAY['s-50']", "ARRAY['final_summary']", "ARRAY['t-500']", "ARRAY['{}']", "'bgtask_outbox'",
-				"ARRAY['s-50']", "ARRAY['t-500']")},
-		{name: "outbox: an all_complete's summaries", sql: `SELECT DISTINCT ON (task_id) task_id, body::text FROM bgtask_outbox
- WHERE ledger = $1 AND kind = 'final_summary' AND task_id = ANY($2) AND delivered_at IS NOT NULL ORDER BY task_id, id`,
-			args: s("'big'", "ARRAY['t-20', 't-40', 't-60']")},
-		{name: "outbox: marks, then claims and reads (exchange)", prefix: `WITH held AS`, args: s("'big'", "'m-0'", "ARRAY['s-2', 's-4']",
-			"'30 seconds'", "ARRAY[101]::bigint[]", "ARRAY['s-2']", "ARRAY[102, 103]::bigint[]", "ARRAY['s-2', 's-4']", "ARRAY['s-2']",
-			"ARRAY['t-20']", "false", "ARRAY['s-7']::text[]", "32", "128", "'1 minute'", "100")},
+		{name: "outbox: a round", sql: roundSQL, args: s("'big'", "'m-0'", "ARRAY[1, 2]", "ARRAY[1, 1]::bigint[]", "ARRAY[1, 1]",
+			"ARRAY[101, 102]::bigint[]", "ARRAY[2]", "'30 seconds'", "false", "14", "ARRAY['s-7']::text[]", "256"), reads: 600},
+		{name: "Join: the outbox's parts", sql: `INSERT INTO bgtask_parts (ledger, part) SELECT $1, g FROM generate_series(0, $2::int - 1) g
+ON CONFLICT (ledger, part) DO NOTHING`, args: s("'big'", "16")},
 
 		// The change stream.
 		{name: "Subscribe/Snapshot: the newest id", sql: `SELECT coalesce(max(id), 0) FROM bgtask_changes WHERE ledger = $1`, args: s("'big'")},
@@ -301,15 +295,16 @@ ON CONFLICT (closure_id, token) DO UPDATE SET status = EXCLUDED.status, err = EX
 			args: s("'big'", "'m-0'", "1", "'15 seconds'", "ARRAY[9000001, 9000002]::bigint[]", "ARRAY['task_launched', 'attempt_created']",
 				"ARRAY['t-new', 't-new']", "ARRAY['', 'a-new']", "ARRAY['', 'r-new']", "ARRAY['', '']", "ARRAY['s-500', 's-500']",
 				`ARRAY['\x01', '\x01']::bytea[]`, "true", "ARRAY[0, 0]::bigint[]", "ARRAY[0, 0]::bigint[]", "ARRAY[0, 0]::bigint[]",
-				"ARRAY[0, 0]::bigint[]", "ARRAY[0, 0]::bigint[]")},
+				"ARRAY[0, 0]::bigint[]", "ARRAY[0, 0]::bigint[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]")},
 		{name: "append: an end (bgtask_write)", sql: appendSQL,
 			args: s("'big'", "'m-5'", "1", "'15 seconds'", "ARRAY[9000003]::bigint[]", "ARRAY['attempt_finalized']",
 				"ARRAY['t-500']", "ARRAY['a-500']", "ARRAY['r-500']", "ARRAY['']", "ARRAY['s-50']", `ARRAY['\x01']::bytea[]`, "true",
-				"ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]")},
+				"ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[0]::bigint[]",
+				"ARRAY['s-50']", "ARRAY['final:t-500']", "ARRAY['final_summary']", "ARRAY['t-500']", "ARRAY['{}']")},
 		{name: "append: a usage (bgtask_write)", sql: appendSQL,
 			args: s("'big'", "'m-5'", "1", "'15 seconds'", "ARRAY[9000004]::bigint[]", "ARRAY['usage']",
 				"ARRAY['t-500']", "ARRAY['a-500']", "ARRAY['']", "ARRAY['']", "ARRAY['']", `ARRAY['\x01']::bytea[]`, "true",
-				"ARRAY[100]::bigint[]", "ARRAY[20]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[1]::bigint[]", "ARRAY[5]::bigint[]")},
+				"ARRAY[100]::bigint[]", "ARRAY[20]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[1]::bigint[]", "ARRAY[5]::bigint[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]")},
 
 		// Budgets (budget.go).
 		{name: "budget: admit a launch", sql: `SELECT r_by, r_limit, r_max, r_spent, r_reserved, r_grant FROM bgtask_budget_admit($1, $2, $3, $4)`,
@@ -341,7 +336,6 @@ ON CONFLICT (ledger) DO UPDATE SET pruned_at = now() WHERE r.pruned_at <= now() 
 		{name: "retention: find dead members idle", sql: idleDead, args: s("'big'")},
 		{name: "retention: launches left in flight", sql: pruneLaunching, args: s("'big'", "1000", "'1 hour'")},
 		{name: "a node's launches left in flight", sql: sweepLaunchingSQL, args: s("'big'", "ARRAY['m-0', 'm-1']", "'15 seconds'", "ARRAY['t-1']::text[]")},
-		{name: "retention: expired claims", sql: pruneClaims, args: s("'big'", "1000", "'1 hour'")},
 		{name: "retention: closures and stops", sql: pruneClosures, args: s("'big'", "100", "'24 hours'")},
 		{name: "retention: idle parents", sql: pruneParents, args: s("'big'", "1000", "'24 hours'"), reads: 2000},                   // a batch, found and deleted
 		{name: "retention: the MaxEnded-th ended", sql: changesEdge, args: s("'big'", "10000"), reads: 10000},                       // counts MaxEnded down the index
@@ -356,78 +350,26 @@ ON CONFLICT (ledger) DO UPDATE SET pruned_at = now() WHERE r.pruned_at <= now() 
 		{name: "retention: a dead member's tasks", sql: `DELETE FROM bgtask_tasks WHERE ledger = $1 AND member = $2`, args: s("'big'", "'m-20'")},
 		{name: "retention: a dead member pruned", sql: `UPDATE bgtask_members SET pruned_fence = fence WHERE ledger = $1 AND member = $2`, args: s("'big'", "'m-20'")},
 
-		// bgtask_append's statements ($1 p_ledger, $2 p_member, …).
-		{name: "append: the lease", from: `UPDATE bgtask_members SET expires_at = now() + p_lease WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();`,
-			sql:  `UPDATE bgtask_members SET expires_at = now() + $4::interval WHERE ledger = $1::text AND member = $2::text AND fence = $3::bigint AND expires_at > now()`,
-			args: s("'big'", "'m-0'", "1", "'15 seconds'")},
-		{name: "append: landed already?", from: `SELECT 1 FROM bgtask_records WHERE ledger = p_ledger AND member = p_member AND seq = p_seq[1]`,
-			sql: `SELECT 1 FROM bgtask_records WHERE ledger = $1::text AND member = $2::text AND seq = ($3::bigint[])[1]`, args: s("'big'", "'m-15'", "ARRAY[995]")},
-		{name: "append: live before", from: `SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') INTO before FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = ANY(p_task);`,
-			sql:  `SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') FROM bgtask_tasks WHERE ledger = $1::text AND task_id = ANY($2::text[])`,
-			args: s("'big'", "ARRAY['t-500', 't-501']")},
-		{name: "append: a launch is no longer in flight", from: `DELETE FROM bgtask_launching WHERE ledger = p_ledger AND task_id = p_task[i];`,
-			sql: `DELETE FROM bgtask_launching WHERE ledger = $1::text AND task_id = $2::text`, args: s("'big'", "'t-new'")},
-		{name: "append: task_launched", from: `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session) VALUES (p_ledger, p_task[i], p_member, p_parent[i]) ON CONFLICT (ledger, task_id) DO NOTHING;`,
-			sql:  `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session) VALUES ($1::text, $2::text, $3::text, $4::text) ON CONFLICT (ledger, task_id) DO NOTHING`,
-			args: s("'big'", "'t-new'", "'m-0'", "'s-500'")},
-		{name: "append: whose task", from: `SELECT member INTO other FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];`,
-			sql: `SELECT member FROM bgtask_tasks WHERE ledger = $1::text AND task_id = $2::text`, args: s("'big'", "'t-500'")},
-		{name: "append: attempt_created", from: `UPDATE bgtask_tasks SET attempt_id = p_attempt[i], token = p_token[i], ended = false WHERE ledger = p_ledger AND task_id = p_task[i] RETURNING member INTO other;`,
-			sql:  `UPDATE bgtask_tasks SET attempt_id = $3::text, token = $4::text, ended = false WHERE ledger = $1::text AND task_id = $2::text RETURNING member`,
-			args: s("'big'", "'t-500'", "'a-x'", "'r-x'")},
-		{name: "append: the current attempt", from: `SELECT member, attempt_id, token INTO other, c_attempt, c_token FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = p_task[i];`,
-			sql: `SELECT member, attempt_id, token FROM bgtask_tasks WHERE ledger = $1::text AND task_id = $2::text`, args: s("'big'", "'t-500'")},
-		{name: "append: attempt_finalized", from: `UPDATE bgtask_tasks SET ended = true WHERE ledger = p_ledger AND task_id = p_task[i] RETURNING member, attempt_id, token INTO other, c_attempt, c_token;`,
-			sql: `UPDATE bgtask_tasks SET ended = true WHERE ledger = $1::text AND task_id = $2::text RETURNING member, attempt_id, token`, args: s("'big'", "'t-500'")},
-		{name: "append: session_bound", from: `INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id) VALUES (p_ledger, p_session[i], p_member, p_task[i], p_attempt[i]) ON CONFLICT (ledger, session_id) DO UPDATE SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id WHERE bgtask_sessions.member = EXCLUDED.member;`,
-			sql: `INSERT INTO bgtask_sessions (ledger, session_id, member, task_id, attempt_id) VALUES ($1::text, $2::text, $3::text, $4::text, $5::text)
-ON CONFLICT (ledger, session_id) DO UPDATE SET task_id = EXCLUDED.task_id, attempt_id = EXCLUDED.attempt_id WHERE bgtask_sessions.member = EXCLUDED.member`,
-			args: s("'big'", "'s-new'", "'m-0'", "'t-new'", "'a-new'")},
-		{name: "append: whose session", from: `SELECT member INTO other FROM bgtask_sessions WHERE ledger = p_ledger AND session_id = p_session[i];`,
-			sql: `SELECT member FROM bgtask_sessions WHERE ledger = $1::text AND session_id = $2::text`, args: s("'big'", "'s-500'")},
-		{name: "append: the parents it moved", from: `FROM bgtask_tasks t WHERE p_rounds AND t.ledger = p_ledger AND t.task_id = ANY(p_task) AND t.parent_session <> '' GROUP BY t.parent_session ORDER BY t.parent_session`,
-			sql: `SELECT t.parent_session AS parent,
-       sum((NOT t.ended)::int - coalesce(($3::jsonb ->> t.task_id)::boolean, false)::int) AS delta,
-       array_agg(t.task_id) FILTER (WHERE NOT ($3::jsonb ? t.task_id)
-           OR (NOT t.ended AND NOT ($3::jsonb ->> t.task_id)::boolean)) AS born
-  FROM bgtask_tasks t
- WHERE $4::boolean AND t.ledger = $1::text AND t.task_id = ANY($2::text[]) AND t.parent_session <> ''
- GROUP BY t.parent_session ORDER BY t.parent_session`, args: s("'big'", "ARRAY['t-500', 't-501']", `'{"t-500": true, "t-501": false}'`, "true")},
-		{name: "append: a parent's live count", from: `INSERT INTO bgtask_parents AS x (ledger, parent_session, live, round_tasks) VALUES (p_ledger, p.parent, p.delta, coalesce(p.born, '{}')) ON CONFLICT (ledger, parent_session) DO UPDATE SET live = x.live + EXCLUDED.live, round_tasks = x.round_tasks || EXCLUDED.round_tasks RETURNING x.live, x.round, x.round_tasks INTO live, rnd, tasks;`,
-			sql: `INSERT INTO bgtask_parents AS x (ledger, parent_session, live, round_tasks) VALUES ($1::text, $2::text, $3::int, $4::text[])
-ON CONFLICT (ledger, parent_session) DO UPDATE SET live = x.live + EXCLUDED.live, round_tasks = x.round_tasks || EXCLUDED.round_tasks
-RETURNING x.live, x.round, x.round_tasks`, args: s("'big'", "'s-50'", "1", "ARRAY['t-new']")},
-		{name: "append: a round's all_complete", from: `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks) VALUES (p_ledger, '', 'all_complete:' || p.parent || ':' || rnd, p.parent, 'all_complete', tasks);`,
-			sql: `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
-VALUES ($1::text, '', 'all_complete:' || $2::text || ':' || $3::bigint, $2::text, 'all_complete', $4::text[])`, args: s("'big'", "'s-50'", "7", "ARRAY['t-500']")},
-		{name: "append: the next round", from: `UPDATE bgtask_parents SET live = 0, round = rnd + 1, round_tasks = '{}' WHERE ledger = p_ledger AND parent_session = p.parent;`,
-			sql:  `UPDATE bgtask_parents SET live = 0, round = $3::bigint + 1, round_tasks = '{}' WHERE ledger = $1::text AND parent_session = $2::text`,
-			args: s("'big'", "'s-50'", "7")},
-		{name: "append: keys given up", from: `DELETE FROM bgtask_keys WHERE ledger = p_ledger AND task_id = ANY(fin);`,
-			sql: `DELETE FROM bgtask_keys WHERE ledger = $1::text AND task_id = ANY($2::text[])`, args: s("'big'", "ARRAY['t-500', 't-600']")},
-		{name: "append: the records", from: `INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data) SELECT p_ledger, p_member, r.seq, r.kind, r.task, r.attempt, r.token, r.data FROM unnest(p_seq, p_kind, p_task, p_attempt, p_token, p_data) AS r(seq, kind, task, attempt, token, data);`,
-			sql: `INSERT INTO bgtask_records (ledger, member, seq, kind, task_id, attempt_id, token, data)
-SELECT $1::text, $2::text, r.seq, r.kind, r.task, r.attempt, r.token, r.data
-  FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bytea[]) AS r(seq, kind, task, attempt, token, data)`,
-			args: s("'big'", "'m-0'", "ARRAY[9000001]", "ARRAY['task_launched']", "ARRAY['t-new']", "ARRAY['']", "ARRAY['']", `ARRAY['\x01']::bytea[]`)},
-		{name: "append: a parent's row made (trigger)", from: `NEW.round := greatest(NEW.round, coalesce( (SELECT p.round FROM bgtask_parents p WHERE p.ledger = NEW.ledger AND p.parent_session = NEW.parent_session), (SELECT f.round_floor + 1 FROM bgtask_retention f WHERE f.ledger = NEW.ledger), 1));`,
-			sql: `SELECT greatest(1, coalesce(
-	(SELECT p.round FROM bgtask_parents p WHERE p.ledger = $1::text AND p.parent_session = $2::text),
-	(SELECT f.round_floor + 1 FROM bgtask_retention f WHERE f.ledger = $1::text),
-	1))`, args: s("'big'", "'s-50'")},
-
 		// bgtask_write's statements ($1 p_ledger, …): each reads the rows
 		// the commit names, whatever the commit's size.
 		{name: "write: launches no longer in flight", from: `DELETE FROM bgtask_launching WHERE ledger = p_ledger AND task_id = ANY(ARRAY(SELECT u.t FROM unnest(p_kind, p_task) AS u(k, t) WHERE u.k = 'task_launched'));`,
 			sql:  `DELETE FROM bgtask_launching WHERE ledger = $1::text AND task_id = ANY(ARRAY(SELECT u.t FROM unnest($2::text[], $3::text[]) AS u(k, t) WHERE u.k = 'task_launched'))`,
 			args: s("'big'", "ARRAY['task_launched', 'attempt_created']", "ARRAY['t-new', 't-new']")},
-		{name: "write: the tasks launched", from: `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session) SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p`,
-			sql: `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session)
-SELECT DISTINCT ON (u.t) $1::text, u.t, $2::text, u.p
-  FROM unnest($3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(k, t, p, o)
- WHERE u.k = 'task_launched' ORDER BY u.t, u.o
-ON CONFLICT (ledger, task_id) DO NOTHING`,
-			args: s("'big'", "'m-0'", "ARRAY['task_launched', 'attempt_created']", "ARRAY['t-new', 't-new']", "ARRAY['s-500', '']")},
+		{name: "write: the tasks launched", from: `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended) SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p,`,
+			sql: `WITH f AS (
+	SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc, max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
+	  FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS u(k, t, o) GROUP BY u.t),
+ins AS (
+	INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended)
+	SELECT DISTINCT ON (u.t) $1::text, u.t, $2::text, u.p, coalesce(($6::text[])[f.lc::int], ''), coalesce(($7::text[])[f.lc::int], ''),
+	       coalesce(f.lf, 0) > coalesce(f.lc, 0)
+	  FROM unnest($3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(k, t, p, o) JOIN f ON f.t = u.t
+	 WHERE u.k = 'task_launched' ORDER BY u.t, u.o
+	ON CONFLICT (ledger, task_id) DO NOTHING
+	RETURNING task_id)
+SELECT coalesce(array_agg(task_id), '{}') FROM ins`,
+			args: s("'big'", "'m-0'", "ARRAY['task_launched', 'attempt_created']", "ARRAY['t-new', 't-new']", "ARRAY['s-500', '']",
+				"ARRAY['', 'a-new']", "ARRAY['', 'r-new']")},
 		{name: "write: the first record that disagrees", from: `LEFT JOIN bgtask_tasks x ON x.ledger = p_ledger AND x.task_id = r.t WHERE x.member IS DISTINCT FROM p_member`,
 			sql: `SELECT r.o, r.k, r.t, r.a, r.r, x.member, x.attempt_id, x.token, r.prev
   FROM (SELECT u.o, u.k, u.t, u.a, u.r,
@@ -485,11 +427,44 @@ SELECT jsonb_agg(jsonb_build_object('p', up.parent_session, 'r', up.round, 't', 
        array_agg(up.parent_session)
   FROM up WHERE up.live <= 0 AND cardinality(up.round_tasks) > 0`,
 			args: s("'big'", "ARRAY['t-500', 't-501']", `'{"t-500": true, "t-501": false}'`)},
-		{name: "write: the rounds' all_complete", from: `SELECT p_ledger, '', 'all_complete:' || e.p || ':' || e.r, e.p, 'all_complete', e.t FROM jsonb_to_recordset(rounds)`,
-			sql: `INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
-SELECT $1::text, '', 'all_complete:' || e.p || ':' || e.r, e.p, 'all_complete', e.t
-  FROM jsonb_to_recordset($2::jsonb) AS e(p text, r bigint, t text[]) ORDER BY e.p`,
-			args: s("'big'", `'[{"p": "s-50", "r": 7, "t": ["t-500"]}]'`)},
+		{name: "write: the notes", from: `INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body) SELECT p_ledger, bgtask_part(u.p), u.p, u.i, u.k, u.b`,
+			sql: `WITH ins AS (
+	INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body)
+	SELECT $1::text, bgtask_part(u.p), u.p, u.i, u.k, u.b
+	  FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(p, i, k, b, o)
+	 ORDER BY u.o
+	RETURNING part)
+SELECT coalesce(bit_or(1 << part), 0) FROM ins`,
+			args: s("'big'", "ARRAY['s-50']", "ARRAY['final:t-new']", "ARRAY['final_summary']", "ARRAY['{}']")},
+		{name: "write: a summary kept for its round", from: `INSERT INTO bgtask_finals AS f (ledger, parent_session, task_id, body) SELECT DISTINCT ON (u.p, u.t) p_ledger, u.p, u.t, u.b`,
+			sql: `INSERT INTO bgtask_finals AS f (ledger, parent_session, task_id, body)
+SELECT DISTINCT ON (u.p, u.t) $1::text, u.p, u.t, u.b
+  FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(p, k, t, b, o)
+  JOIN bgtask_parents x ON x.ledger = $1::text AND x.parent_session = u.p AND u.t = ANY(x.round_tasks)
+ WHERE u.k = 'final_summary' AND u.p <> ALL(coalesce($6::text[], '{}'))
+ ORDER BY u.p, u.t, u.o DESC
+ON CONFLICT (ledger, parent_session, task_id) DO UPDATE SET body = EXCLUDED.body`,
+			args: s("'big'", "ARRAY['s-100']", "ARRAY['final_summary']", "ARRAY['t-1000']", "ARRAY['{}']", "ARRAY['s-7']")},
+		{name: "write: the rounds' all_complete", from: `SELECT p_ledger, bgtask_part(e.p), e.p, 'all_complete:' || e.p || ':' || e.r, 'all_complete',`,
+			sql: `WITH ins AS (
+	INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body)
+	SELECT $1::text, bgtask_part(e.p), e.p, 'all_complete:' || e.p || ':' || e.r, 'all_complete',
+	       '[' || coalesce((
+	         SELECT string_agg(c.b, ',' ORDER BY array_position(e.t, c.t)) FROM (
+	           SELECT DISTINCT ON (a.t) a.t, a.b FROM (
+	             SELECT u.t, u.b, 0 AS pri, u.o
+	               FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS u(p, k, t, b, o)
+	              WHERE u.p = e.p AND u.k = 'final_summary' AND u.t = ANY(e.t)
+	             UNION ALL
+	             SELECT f.task_id, f.body, 1, 0 FROM bgtask_finals f
+	              WHERE f.ledger = $1::text AND f.parent_session = e.p AND f.task_id = ANY(e.t)) a
+	            ORDER BY a.t, a.pri, a.o DESC) c), '') || ']'
+	  FROM jsonb_to_recordset($2::jsonb) AS e(p text, r bigint, t text[]) ORDER BY e.p
+	RETURNING part)
+SELECT coalesce(bit_or(1 << part), 0) FROM ins`,
+			args: s("'big'", `'[{"p": "s-100", "r": 7, "t": ["t-1000", "t-new"]}]'`, "ARRAY['s-100']", "ARRAY['final_summary']", "ARRAY['t-new']", "ARRAY['{}']")},
+		{name: "write: the rounds' kept summaries go", from: `DELETE FROM bgtask_finals WHERE ledger = p_ledger AND parent_session = ANY(parents);`,
+			sql: `DELETE FROM bgtask_finals WHERE ledger = $1::text AND parent_session = ANY($2::text[])`, args: s("'big'", "ARRAY['s-100']")},
 		{name: "write: the next rounds", from: `UPDATE bgtask_parents SET live = 0, round = round + 1, round_tasks = '{}' WHERE ledger = p_ledger AND parent_session = ANY(parents);`,
 			sql:  `UPDATE bgtask_parents SET live = 0, round = round + 1, round_tasks = '{}' WHERE ledger = $1::text AND parent_session = ANY($2::text[])`,
 			args: s("'big'", "ARRAY['s-50']")},
@@ -683,22 +658,21 @@ SELECT 'big', 's-' || (j * 50), 't-' || (j * 50), 'm-' || (j % 8), now() - j * (
 		`INSERT INTO bgtask_stops (closure_id, task_id, attempt_id, session_id, token, member, status, err)
 SELECT k.id, k.task_id, 'a', 's', 'r-' || k.id || '-' || x, k.member, 'cancelled', '' FROM bgtask_closures k, generate_series(1, 2) x WHERE k.ledger = 'big'`,
 		`INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) SELECT 'big', 'l-' || j, 's-' || j, 'm-' || (j % 10) FROM generate_series(1, 20) j`,
-		`INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body, made, delivered_at)
-SELECT ledger, member, 'final:' || task_id, parent_session, 'final_summary', task_id, '{}', now() - interval '1 hour', now() - interval '1 hour'
-  FROM bgtask_tasks WHERE ledger = 'big' AND substr(task_id, 3)::bigint % 20 = 0`,
-		`INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
-SELECT ledger, member, 'n-' || task_id, parent_session, 'progress', task_id, '{}'
+		`INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body)
+SELECT ledger, bgtask_part(parent_session), parent_session, 'n-' || task_id, 'progress', '{}'
   FROM bgtask_tasks WHERE ledger = 'big' AND substr(task_id, 3)::bigint % 200 = 5`,
-		`INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
-SELECT 'big', '', 'all_complete:s-' || (j * 7) || ':1', 's-' || (j * 7), 'all_complete', ARRAY['t-' || (j * 70)] FROM generate_series(1, 100) j`,
+		`INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body)
+SELECT 'big', bgtask_part('s-' || (j * 7)), 's-' || (j * 7), 'all_complete:s-' || (j * 7) || ':1', 'all_complete', '[]' FROM generate_series(1, 100) j`,
+		`INSERT INTO bgtask_finals (ledger, parent_session, task_id, body)
+SELECT 'big', 's-' || (j * 100), 't-' || (j * 1000), '{}' FROM generate_series(1, $P / 100) j`,
 		`ALTER TABLE bgtask_parents DISABLE TRIGGER bgtask_parents_row`,
 		`INSERT INTO bgtask_parents (ledger, parent_session, live, round, round_tasks, touched)
 SELECT 'big', 's-' || j, CASE WHEN j % 100 = 0 THEN 1 ELSE 0 END, 2, CASE WHEN j % 100 = 0 THEN ARRAY['t-' || (j * 10)] ELSE '{}' END,
        now() - j * (interval '2 days' / $P)
   FROM generate_series(1, $P) j`,
 		`ALTER TABLE bgtask_parents ENABLE TRIGGER bgtask_parents_row`,
-		`INSERT INTO bgtask_claims (ledger, parent_session, member, until)
-SELECT 'big', 's-' || (j * 3), 'm-' || (j % 8), now() + (j - 25) * interval '1 minute' FROM generate_series(1, 50) j`,
+		`INSERT INTO bgtask_parts (ledger, part, member, gen, until)
+SELECT 'big', j, 'm-' || (j % 8), 1, now() + (j - 8) * interval '1 minute' FROM generate_series(0, 15) j`,
 		`INSERT INTO bgtask_changes (ledger, member, task_id, body, ended_at)
 SELECT ledger, member, task_id, jsonb_build_object('id', task_id, 'status', CASE WHEN ended THEN 'completed' ELSE 'running' END),
        CASE WHEN ended THEN now() - ($N - substr(task_id, 3)::bigint) * (interval '2 days' / $N) END
@@ -719,7 +693,7 @@ SELECT 'small', 's-' || j, 't-' || j, 'm-0', now(), '{}' FROM generate_series(1,
 		require.NoError(t, err, "%s", q)
 	}
 	for _, table := range []string{"bgtask_members", "bgtask_records", "bgtask_tasks", "bgtask_sessions", "bgtask_keys", "bgtask_inbox",
-		"bgtask_closures", "bgtask_launching", "bgtask_stops", "bgtask_outbox", "bgtask_parents", "bgtask_claims", "bgtask_changes",
+		"bgtask_closures", "bgtask_launching", "bgtask_stops", "bgtask_notes", "bgtask_parents", "bgtask_parts", "bgtask_finals", "bgtask_changes",
 		"bgtask_retention"} {
 		_, err := pool.Exec(c1, "VACUUM ANALYZE "+table)
 		require.NoError(t, err)

@@ -100,15 +100,16 @@ type Node struct {
 	inflight map[string]int
 	leftover atomic.Bool
 
-	taking  atomic.Bool                // a takeover is running (takeOverAside)
-	stops   stopper                    // the runs closures asked this node to stop
-	wake    chan struct{}              // the deliverer looks at the outbox now
-	backoff map[string]backoff         // the deliverer's: parents whose delivery failed
-	notes   atomic.Pointer[noteWriter] // the deliverer's note writer, while it runs
-	stray   sync.WaitGroup             // Notifier calls (user code that may ignore its context)
-	observe sync.WaitGroup             // Manager.Observe calls an Observe's context let go of
-	admits  *batch[admission, *int64]  // launches' fence checks, batched (admit)
-	gates   *batch[admission, *int64]  // starts' fence checks, batched (gateStart)
+	taking    atomic.Bool               // a takeover is running (takeOverAside)
+	stops     stopper                   // the runs closures asked this node to stop
+	wake      chan struct{}             // the deliverer looks at the outbox now
+	backoff   map[string]backoff        // the deliverer's: parents whose delivery failed
+	rang      chan struct{}             // the bell: the ledger's deliverers are to be woken
+	heldParts atomic.Uint32             // the outbox's parts the deliverer holds, a bit each
+	stray     sync.WaitGroup            // Notifier calls (user code that may ignore its context)
+	observe   sync.WaitGroup            // Manager.Observe calls an Observe's context let go of
+	admits    *batch[admission, *int64] // launches' fence checks, batched (admit)
+	gates     *batch[admission, *int64] // starts' fence checks, batched (gateStart)
 
 	changesMu sync.Mutex
 	changed   chan struct{}   // closed and replaced when NOTIFY tells of changes
@@ -155,11 +156,18 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	} else {
 		o.Logger = slog.New(guardedHandler{h: o.Logger.Handler()})
 	}
-	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1), changed: make(chan struct{}),
+	n := &Node{pool: pool, o: o, members: map[string]*member{}, wake: make(chan struct{}, 1), rang: make(chan struct{}, 1), changed: make(chan struct{}),
 		backoff: map[string]backoff{}}
 	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
 	n.admits, n.gates = newBatch(n.admitAll, n.admitDropped), newBatch(n.gateAll, nil)
 	n.admits.alone, n.gates.alone = admission.alone, admission.alone
+	if o.Notifier != nil {
+		// The outbox's parts, each a row its claims are written to.
+		if _, err := pool.Exec(ctx, `INSERT INTO bgtask_parts (ledger, part) SELECT $1, g FROM generate_series(0, $2::int - 1) g
+ON CONFLICT (ledger, part) DO NOTHING`, o.Ledger, noteParts); err != nil {
+			return nil, dbErr("making the outbox's parts", err)
+		}
+	}
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
 		return nil, err
@@ -303,13 +311,13 @@ func (n *Node) goOwned(f func()) bool {
 // replays it and reconciles its live runs).
 func (n *Node) open(ctx context.Context, name string) (*member, error) {
 	j, err := Open(ctx, n.pool, Options{Ledger: n.o.Ledger, Member: name, Lease: n.o.Lease, Heartbeat: n.o.Heartbeat, Holder: n.o.Holder,
-		Rounds: n.o.Notifier != nil, beat: n.o.beat, away: n.o.away, now: n.o.now})
+		Rounds: n.o.Notifier != nil, beat: n.o.beat, away: n.o.away, now: n.o.now, wrote: n.noteWritten})
 	if err != nil {
 		return nil, err
 	}
 	opts := append(slices.Clip(n.o.Options), bgtask.WithJournal(j), bgtask.WithStartGate(n.gateStart))
 	if n.o.Notifier != nil {
-		opts = append(opts, bgtask.WithNotifier(outboxNotifier{n: n, member: name, j: j}))
+		opts = append(opts, bgtask.WithNotifier(outboxNotifier{}))
 	}
 	m, err := bgtask.Open(ctx, n.o.Host, opts...)
 	if err != nil {

@@ -2,16 +2,15 @@ package pgledger
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/internal/fleet"
-	"github.com/jackc/pgx/v5"
 )
 
 // outboxChannel is the channel NOTIFY wakes the deliverers on; the
@@ -19,238 +18,127 @@ import (
 const outboxChannel = "bgtask_outbox"
 
 // Delivery across processes. With NodeOptions.Notifier, every Manager of
-// the node is given an outbox as its notifier: a notification is
-// "delivered" for the Manager once it is a row of bgtask_outbox (the
-// insert is idempotent on the member and Notification.ID, so a
-// notification produced again after a crash is one row; the calls of a
-// node's Managers that come together are written in one statement).
+// the node is given an outboxNotifier, which takes the notifications with
+// the commits that produce them (fleet.AtCommit): bgtask_write writes
+// each to bgtask_notes in its commit, and makes each parent round's
+// all_complete there too, in the commit that ends the round's last task,
+// whichever process that commit is from (migration 10, write.go).
 //
-// The node's deliverer then hands the rows to the Notifier, per parent
-// session in the order they were written, one process per parent at a
-// time (a claim row with an expiry, renewed as it delivers, taken over
-// once it expires): exactly once without a crash, at least once across
-// one, each with its stable ID. It works in rounds of one statement each
-// (exchange): the statement marks what the last round delivered, for
-// every parent of it at once, and releases their claims; and claims up to
-// claimBatch more parents that have something to deliver, skipping those
-// another process is claiming at that moment (SKIP LOCKED, on a lock per
-// parent), so that processes looking at once share the parents out and
-// write nothing in vain; and reads their rows. deliverWorkers goroutines
-// of the deliverer's deliver them, several parents side by side, each
-// parent's rows in order; the next round marks them. A round that claims
-// nothing and has nothing to mark writes nothing.
-//
-// NotifyAllComplete is not the Managers' (each sees only its own tasks):
-// bgtask_append makes it in the commit that ends a parent round's last
-// live task, whichever process that commit is from, and the deliverer
-// tells it once the final summary of each task of the round was delivered
-// (or claimGrace after the round ended, with those that were). A summary
-// is written after its round's all_complete, and may come after the next
-// rounds' rows: it alone overtakes its own waiting all_complete; nothing
-// else passes it. A summary delivered stays in the outbox (marked) until
-// its round's all_complete is told, which takes it with it.
+// The node's deliverer hands the rows to the Notifier: per parent session
+// in the order they were written, one process per part at a time (a claim
+// on the part, with an expiry and a generation), exactly once without a
+// crash, at least once across one, each with its stable ID. It works in
+// rounds of one statement each (roundSQL): the statement deletes what the
+// last round delivered, from the parts this node still holds under the
+// generation it delivered them in; renews the claims that are due, or
+// releases them all as the node closes; claims the parts that have rows
+// and whose claim is free, expired or this node's already, skipping
+// those another process is claiming at that moment; and reads up to
+// rowsPerPart rows of each part held, but for the parents still being
+// delivered or waiting out a failure. deliverWorkers goroutines deliver
+// them, several parents side by side, each parent's rows in order; the
+// next round deletes them.
 const (
-	claimFor   = 30 * time.Second // a parent's claim, renewed as it delivers
-	notifyFor  = 10 * time.Second // one Notify call's bound
-	claimGrace = time.Minute      // how long an all_complete waits for its round's summaries
-	markFor    = 10 * time.Second // one statement of marks, or one write of the Managers' notifications
+	noteParts     = 16               // the outbox's parts (bgtask_part): a part is delivered by one process at a time
+	claimFor      = 30 * time.Second // a part's claim, renewed once a third as old
+	notifyFor     = 10 * time.Second // one Notify call's bound
+	markFor       = 10 * time.Second // one statement of the deliverer's
+	rowsPerPart   = 256              // the rows of a part a round reads at most
+	bellEvery     = 5 * time.Millisecond
+	straggleAfter = 100 * time.Millisecond // a round waits this long for its slowest parents; they are marked once done
 
-	deliverWorkers = 8   // a node's goroutines that call the Notifier, each for one parent at a time
-	claimBatch     = 32  // the parents one round claims at most
-	maxActive      = 64  // the parents a node holds claims on at most
-	rowsPerParent  = 100 // the rows of a parent a claim reads at most
-	// straggleAfter is how long a round waits for its slowest parents
-	// before it marks what the others delivered and claims again; the
-	// stragglers are marked once they are done.
-	straggleAfter = 100 * time.Millisecond
+	deliverWorkers = 8 // a node's goroutines that call the Notifier, each for one parent at a time
 )
 
-// outboxNotifier is a Manager's notifier in a node with a Notifier.
-type outboxNotifier struct {
-	n      *Node
-	member string
-	j      *Journal // the member's: while it lives, a database away is waited out
+// partOf is the part of the outbox a parent's notifications go to: the
+// first byte of the SHA-256 of its name, mod noteParts (bgtask_part is
+// the same in SQL).
+func partOf(parent string) int {
+	h := sha256.Sum256([]byte(parent))
+	return int(h[0]) % noteParts
 }
 
-// noteWrite is one notification on its way to the outbox.
-type noteWrite struct {
-	member string
-	note   bgtask.Notification
-	body   []byte
-	err    error
-	done   chan struct{} // closed once written (or not: err)
-}
+// outboxNotifier is a Manager's notifier in a node with a Notifier: it
+// takes the Manager's notifications with their commits (NotesAtCommit),
+// so the Manager never calls Notify.
+type outboxNotifier struct{}
 
-func (o outboxNotifier) Notify(ctx context.Context, note bgtask.Notification) error {
-	if note.Kind == bgtask.NotifyAllComplete {
-		return nil // the ledger's own, made in the database
+// NotesAtCommit makes outboxNotifier a fleet.AtCommit.
+func (outboxNotifier) NotesAtCommit() {}
+
+// errNotAtCommit is what Notify answers: a Manager with a journal never
+// calls it.
+var errNotAtCommit = errors.New("pgledger: a notification came to the outbox outside its commit")
+
+func (outboxNotifier) Notify(context.Context, bgtask.Notification) error { return errNotAtCommit }
+
+// outboxNotes are the notifications one commit carries (fleet.NoteOf),
+// as bgtask_write takes them: each one's parent session, ID, kind, task
+// and JSON. A Manager's own all_complete is not among them: the ledger
+// makes each round's, from all of its members' tasks.
+type outboxNotes struct{ parent, id, kind, task, body []string }
+
+// add takes rec's notification, if it carries one.
+func (o *outboxNotes) add(rec *bgtask.Record) error {
+	if rec.Kind != "notification_produced" {
+		return nil
+	}
+	note, ok := fleet.NoteOf(rec).(*bgtask.Notification)
+	if !ok || note.Kind == bgtask.NotifyAllComplete {
+		return nil
 	}
 	body, err := json.Marshal(note)
 	if err != nil {
-		return fmt.Errorf("pgledger: encoding a notification: %w", err)
+		return fmt.Errorf("pgledger: encoding notification %s: %w", note.ID, err)
 	}
-	// A database that does not answer is asked again until it does (the
-	// Manager gives a notification up after a few refusals), as long as
-	// the member's journal lives: once it failed, the member's next life
-	// produces what is owed again.
-	err = untilAnswered(ctx, func() bool { return o.j.failedErr() != nil }, func() error { return o.write(ctx, note, body) })
-	if err != nil {
-		return dbErr("writing a notification to the outbox", err)
-	}
+	o.parent, o.id, o.kind = append(o.parent, note.ParentSessionID), append(o.id, note.ID), append(o.kind, string(note.Kind))
+	o.task, o.body = append(o.task, note.TaskID), append(o.body, string(body))
 	return nil
 }
 
-// write writes note to the outbox, once (idempotent on its ID): with the
-// node's other notifications of the moment, while its deliverer runs.
-func (o outboxNotifier) write(ctx context.Context, note bgtask.Notification, body []byte) error {
-	w := &noteWrite{member: o.member, note: note, body: body, done: make(chan struct{})}
-	if nw := o.n.notes.Load(); nw != nil && nw.add(w) {
+// noteWritten is what a member's journal tells the node once a commit
+// wrote notes to parts (a bit each): its deliverer looks at once, and if
+// it does not hold them all, the other nodes' are rung for.
+func (n *Node) noteWritten(parts uint32) {
+	n.wakeDeliverer()
+	if parts&^n.heldParts.Load() != 0 {
 		select {
-		case <-w.done:
-			return w.err
-		case <-ctx.Done():
-			return ctx.Err() // it may still be written: a repeat is one row
+		case n.rang <- struct{}{}:
+		default:
 		}
 	}
-	return o.n.writeNotes(ctx, []*noteWrite{w})
 }
 
-// writeNotes writes ws to the outbox in one statement, in their order,
-// and wakes the deliverers (this node's at once).
-func (n *Node) writeNotes(ctx context.Context, ws []*noteWrite) error {
-	members, ids, parents, kinds, tasks, bodies := make([]string, len(ws)), make([]string, len(ws)), make([]string, len(ws)),
-		make([]string, len(ws)), make([]string, len(ws)), make([]string, len(ws))
-	for i, w := range ws {
-		members[i], ids[i], parents[i], kinds[i], tasks[i], bodies[i] = w.member, w.note.ID, w.note.ParentSessionID, string(w.note.Kind), w.note.TaskID, string(w.body)
-	}
-	var sumParents, sumTasks []string // the final summaries' parents and tasks: their rounds' all_complete may now be ready
-	for _, w := range ws {
-		if w.note.Kind == bgtask.NotifyFinalSummary {
-			sumParents, sumTasks = append(sumParents, w.note.ParentSessionID), append(sumTasks, w.note.TaskID)
-		}
-	}
-	_, err := n.pool.Exec(ctx, writeNotesSQL, n.o.Ledger, members, ids, parents, kinds, tasks, bodies, outboxChannel,
-		slices.Compact(slices.Sorted(slices.Values(sumParents))), sumTasks)
-	if err == nil {
-		n.wakeDeliverer()
-	}
-	return err
-}
-
-// writeNotesSQL is writeNotes' statement: $1 the ledger, $2–$7 the rows,
-// $8 the channel to wake deliverers on, $9 the parents of the final
-// summaries among the rows, $10 their tasks. It marks ready each pending
-// all_complete of those parents whose round's summaries are now all
-// written: those of $10 (written here, or before), and those in the
-// outbox (written before: this statement does not see the rows it
-// inserts). A row a deliverer holds is left as it is (SKIP LOCKED: no
-// deadlock with its marks), and so is one whose last summaries two
-// processes write at once, neither seeing the other's: the deliverer
-// counts those rounds' summaries itself.
-const writeNotesSQL = `WITH ins AS (
-  INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, task_id, body)
-  SELECT $1, r.member, r.id, r.parent, r.kind, r.task, r.body::jsonb
-    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS r(member, id, parent, kind, task, body, o)
-   ORDER BY r.o
-  ON CONFLICT (ledger, member, note_id) DO NOTHING RETURNING 1),
-ready AS (
-  UPDATE bgtask_outbox a SET ready = true
-    FROM unnest($9::text[]) AS p(parent) CROSS JOIN LATERAL (
-      -- A subquery with FOR UPDATE is not flattened: each parent's rows
-      -- are looked up by the parent.
-      SELECT w.id FROM bgtask_outbox w
-       WHERE w.ledger = $1 AND w.parent_session = p.parent AND w.delivered_at IS NULL AND w.kind = 'all_complete' AND NOT w.ready
-         AND NOT EXISTS (SELECT 1 FROM unnest(w.round_tasks) t(task)
-                          WHERE t.task <> ALL($10::text[])
-                            AND NOT EXISTS (SELECT 1 FROM bgtask_outbox s
-                                             WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = t.task))
-       FOR UPDATE SKIP LOCKED) r
-   WHERE a.id = r.id)
-SELECT pg_notify($8, $1) WHERE EXISTS (SELECT 1 FROM ins)`
-
-// noteWriter writes the notifications of a node's Managers to the outbox:
-// those that come while a write is in flight go together in the next
-// (each Manager's calls for one parent come one at a time, so the order
-// of a parent's rows is the order of its calls).
-type noteWriter struct {
-	n      *Node
-	loop   context.Context // the node's: once it ended, a write is bounded by closeGrace
-	mu     sync.Mutex
-	queue  []*noteWrite
-	closed bool          // from then on, each call writes its own
-	wake   chan struct{} // something was queued
-}
-
-// add queues w, unless the writer has stopped (false).
-func (q *noteWriter) add(w *noteWrite) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return false
-	}
-	q.queue = append(q.queue, w)
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
-	return true
-}
-
-// run writes what is queued, a batch at a time, until stop is closed;
-// then it writes what was queued before it stopped taking more.
-func (q *noteWriter) run(stop <-chan struct{}) {
+// bell wakes the ledger's deliverers (NOTIFY) when rung, bellEvery at
+// most, until ctx ends: one statement for the commits of that while.
+func (n *Node) bell(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
 	for {
-		q.mu.Lock()
-		batch := q.queue
-		q.queue = nil
-		q.mu.Unlock()
-		if len(batch) == 0 {
-			select {
-			case <-q.wake:
-				continue
-			case <-stop:
-			}
-			q.mu.Lock()
-			q.closed = true // later calls write their own
-			batch = q.queue
-			q.queue = nil
-			q.mu.Unlock()
-			q.write(batch)
+		select {
+		case <-ctx.Done():
 			return
+		case <-n.rang:
 		}
-		q.write(batch)
+		c, cancel := context.WithTimeout(ctx, markFor)
+		_, err := n.pool.Exec(c, `SELECT pg_notify($1, $2)`, outboxChannel, n.o.Ledger)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			n.o.Logger.Debug("pgledger: waking the deliverers", "err", err) // they poll
+		}
+		t.Reset(bellEvery)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 
-// write writes batch (bounded by markCtx: it is every caller's, not one
-// caller's) and tells each caller how it went.
-func (q *noteWriter) write(batch []*noteWrite) {
-	if len(batch) == 0 {
-		return
-	}
-	ctx, cancel := q.n.markCtx(q.loop)
-	defer cancel()
-	err := q.n.writeNotes(ctx, batch)
-	if err != nil && !transient(err) && len(batch) > 1 {
-		// Refused: each is written on its own, so that one the database
-		// refuses fails alone.
-		for _, w := range batch {
-			w.err = q.n.writeNotes(ctx, []*noteWrite{w})
-			close(w.done)
-		}
-		return
-	}
-	for _, w := range batch {
-		w.err = err
-		close(w.done)
-	}
-}
-
-// markCtx is the context of one of the deliverer's own writes (marks, a
-// batch of the Managers' notifications): markFor long, and closeGrace at
-// most once loop (the node's, nil: none) ends. What was delivered as the
-// node closes is still marked, but a database that does not answer holds
-// Close up for closeGrace at most.
+// markCtx is the context of one of the deliverer's statements: markFor
+// long, and closeGrace at most once loop (the node's, nil: none) ends.
+// What was delivered as the node closes is still marked, but a database
+// that does not answer holds Close up for closeGrace at most.
 func (n *Node) markCtx(loop context.Context) (context.Context, context.CancelFunc) {
 	d := markFor
 	if n.o.markFor > 0 {
@@ -280,46 +168,53 @@ func (n *Node) wakeDeliverer() {
 const maxBackoff = time.Minute
 
 // backoff is a parent's wait after a failed delivery (the deliverer's
-// own: only its dispatching goroutine, deliverLoop's, uses n.backoff).
+// own: only deliverLoop's goroutine uses n.backoff).
 type backoff struct {
 	wait time.Duration
 	next time.Time
 }
 
-// outboxRow is one pending row of the outbox.
-type outboxRow struct {
-	id     int64
-	noteID string
-	kind   string
-	task   string
-	body   []byte
-	round  []string
-	age    time.Duration
-	sent   bool // delivered by this claim
+// noteRow is one row of the outbox.
+type noteRow struct {
+	id                 int64
+	noteID, kind, body string
 }
 
-// parentRun is one parent claimed by this node: its pending rows, and
-// what of them was delivered and is not yet marked. A worker has it while
-// it delivers, the dispatcher before and after.
+// parentRun is one parent's rows of one round, delivered in order by a
+// worker: sent are those delivered (to be deleted by the next round).
 type parentRun struct {
 	parent  string
-	rows    []outboxRow // as claimed, oldest first
-	full    bool        // the claim read rowsPerParent rows: more may be pending
-	renewed time.Time   // when the claim was last taken or renewed (asked): it holds claimFor from then
-	sent    []int       // rows delivered and not yet marked, in the order delivered
-	told    int         // rows delivered under this claim
-	failed  bool        // a delivery failed: the parent waits out a backoff
-	stopped bool        // the claim could not be renewed: nothing more is delivered under it
+	part    int
+	gen     int64     // the part's generation the rows were read under
+	until   time.Time // deliver nothing past this: the claim may need renewing first
+	rows    []noteRow
+	sent    []int64
+	failed  bool // a delivery failed: the parent waits out a backoff
+	stopped bool // until came: the rest is delivered after the next round renews the claim
 }
 
-// deliverer is deliverLoop's state: the parents this node holds claims
-// on, and those delivered and waiting for their marks.
+// heldPart is a part this node holds a claim on.
+type heldPart struct {
+	gen     int64
+	renewed time.Time // when the claim was taken or last renewed (asked): it holds claimFor from then
+}
+
+// sentRow is a row delivered under a part's generation, not deleted yet.
+type sentRow struct {
+	part int
+	gen  int64
+	id   int64
+	note string // its notification's ID (the marked hook)
+}
+
+// deliverer is deliverLoop's state.
 type deliverer struct {
 	n       *Node
-	jobs    chan *parentRun       // to the workers
-	results chan *parentRun       // from the workers
-	active  map[string]*parentRun // claimed, not yet released
-	done    []*parentRun          // back from the workers, not yet marked
+	jobs    chan *parentRun // to the workers
+	results chan *parentRun // from the workers
+	parts   map[int]*heldPart
+	busy    map[string]*parentRun // parents a worker has
+	done    []sentRow             // delivered, not yet deleted
 	warned  bool                  // a statement failed, and it was logged: the next failures are not, until one succeeds
 }
 
@@ -334,47 +229,61 @@ func (d *deliverer) trouble(what string, err error) {
 	}
 }
 
+func newDeliverer(n *Node) *deliverer {
+	return &deliverer{n: n, jobs: make(chan *parentRun, deliverWorkers), results: make(chan *parentRun, deliverWorkers),
+		parts: map[int]*heldPart{}, busy: map[string]*parentRun{}}
+}
+
 // deliverLoop delivers the outbox until ctx ends: at once when woken,
-// and every Poll. It owns the node's note writer and the delivery
-// workers, and joins them before it returns, once it has marked what
-// they delivered and released its claims.
+// and every Poll. It owns the bell and the delivery workers, and joins
+// them before it returns, once it has deleted what they delivered and
+// released its claims.
 func (n *Node) deliverLoop(ctx context.Context) {
 	defer n.done.Done()
-	nw := &noteWriter{n: n, loop: ctx, wake: make(chan struct{}, 1)}
-	stopWriter, writerDone := make(chan struct{}), make(chan struct{})
-	go func() { defer close(writerDone); nw.run(stopWriter) }()
-	n.notes.Store(nw)
-	defer func() {
-		n.notes.Store(nil)
-		close(stopWriter)
-		<-writerDone
-	}()
+	rung := make(chan struct{})
+	go func() { defer close(rung); n.bell(ctx) }()
+	defer func() { <-rung }()
 
-	d := &deliverer{n: n, jobs: make(chan *parentRun, maxActive), results: make(chan *parentRun, maxActive), active: map[string]*parentRun{}}
-	var workers sync.WaitGroup
+	d := newDeliverer(n)
+	workers := make(chan struct{})
 	for range deliverWorkers {
-		workers.Add(1)
 		go func() {
-			defer workers.Done()
+			defer func() { workers <- struct{}{} }()
 			for r := range d.jobs {
 				n.deliverRun(ctx, r)
 				d.results <- r
 			}
 		}()
 	}
+	queue := []*parentRun{} // runs waiting for a worker
 	defer func() {
 		close(d.jobs)
-		workers.Wait() // ctx ended: each run they have stops at once
-		for len(d.active) > len(d.done) {
+		for left := deliverWorkers; left > 0; { // ctx ended: each run they have stops at once
+			select {
+			case <-workers:
+				left--
+			case r := <-d.results:
+				d.finished(r)
+			}
+		}
+		for len(d.results) > 0 {
 			d.finished(<-d.results)
 		}
-		d.round(ctx) // marks, and releases every claim; claims nothing
+		for _, r := range queue {
+			delete(d.busy, r.parent)
+		}
+		d.round(ctx, nil) // deletes what was delivered, and releases every claim; claims nothing
 	}()
 
 	t := time.NewTicker(n.o.Poll)
 	defer t.Stop()
 	for {
-		for ctx.Err() == nil && d.round(ctx) {
+		for ctx.Err() == nil {
+			more, runs := d.round(ctx, queue)
+			queue = d.dispatch(ctx, runs)
+			if !more && len(d.done) == 0 { // what was delivered meanwhile is deleted at once
+				break
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -387,238 +296,300 @@ func (n *Node) deliverLoop(ctx context.Context) {
 	}
 }
 
-// round is one statement and what follows it. The statement marks what
-// the finished runs delivered and releases their claims, and claims what
-// there is room for (nothing once ctx ended); the workers deliver what it
-// claimed, and round waits for them (straggleAfter at most: the
-// stragglers are marked once they are done). It reports whether to go on
-// at once: there are marks to write, claims were released, or a parent
-// has more rows than its claim read. A parent with nothing to deliver yet
-// is looked at again when the deliverer is woken, or at the next Poll.
-func (d *deliverer) round(ctx context.Context) bool {
-	n := d.n
-	room := 0
-	var skip []string
-	if ctx.Err() == nil {
-		room = min(claimBatch, maxActive-len(d.active))
-		skip = make([]string, 0, len(d.active)+len(n.backoff))
-		for p := range d.active {
-			skip = append(skip, p)
-		}
-		now := time.Now()
-		for p, b := range n.backoff {
-			switch {
-			case now.Before(b.next):
-				skip = append(skip, p)
-			case now.Sub(b.next) > maxBackoff:
-				delete(n.backoff, p) // another process delivered it, most likely
-			}
-		}
-	}
-	if len(d.done) == 0 && room <= 0 {
-		return false
-	}
-	c, cancel := n.markCtx(ctx)
-	held, claimed, err := n.exchange(c, n.pool, d.done, true, skip, max(room, 0))
-	cancel()
-	d.trouble("marking notifications delivered and claiming parents", err)
-	more := false
-	if err != nil {
-		// Kept, however long the database takes to answer: their marks
-		// apply while no other process took their parents' claims over
-		// (an expired claim that nobody took is still this node's), so
-		// that a stall delivers nothing twice. Their parents stay active:
-		// this node claims none of them again meanwhile.
-		return false
-	}
-	for _, r := range d.done {
-		delete(d.active, r.parent) // marked and released, or the claim was lost: whoever holds it goes on
-		more = more || (held[r.parent] && r.full && !r.failed && !r.stopped)
-	}
-	d.done = d.done[:0]
-
-	ours := make(map[*parentRun]bool, len(claimed))
-	for _, r := range claimed {
-		d.active[r.parent] = r
-		ours[r] = true
-		d.jobs <- r // room for every active run
+// dispatch hands runs to the workers and waits for them, straggleAfter
+// at most (the stragglers are marked once they are done); it returns
+// the runs no worker took yet (none: the workers' queue holds a run per
+// worker, and a round reads no parent a worker has).
+func (d *deliverer) dispatch(ctx context.Context, runs []*parentRun) []*parentRun {
+	if len(runs) == 0 {
+		return nil
 	}
 	wait := time.NewTimer(straggleAfter)
 	defer wait.Stop()
-	for len(ours) > 0 {
+	out := len(runs)
+	for len(runs) > 0 || out > 0 {
+		var jobs chan *parentRun
+		var next *parentRun
+		if len(runs) > 0 {
+			jobs, next = d.jobs, runs[0]
+		}
 		select {
+		case jobs <- next:
+			runs = runs[1:]
 		case r := <-d.results:
 			d.finished(r)
-			delete(ours, r)
+			out--
 		case <-wait.C:
-			clear(ours)
+			if len(runs) == 0 {
+				return nil
+			}
+			wait.Reset(straggleAfter) // the rest still goes out, each in turn
 		case <-ctx.Done():
-			clear(ours)
+			return runs
 		}
 	}
-	// Once claims were released, one more look: rows written while this
-	// node held them were not for any deliverer to claim then.
-	return len(d.done) > 0 || more || len(held) > 0
+	return nil
 }
 
-// finished takes r back from a worker: its backoff follows how it went.
-// A parent that had rows but nothing it could deliver yet (an all_complete
-// whose summary is further than its claim read) is left alone until the
-// next Poll, rather than claimed again at once.
+// finished takes r back from a worker: what it delivered waits for its
+// delete, and its parent's backoff follows how it went.
 func (d *deliverer) finished(r *parentRun) {
 	n := d.n
-	switch {
-	case r.failed:
+	delete(d.busy, r.parent)
+	for _, id := range r.sent {
+		note := ""
+		for _, row := range r.rows {
+			if row.id == id {
+				note = row.noteID
+				break
+			}
+		}
+		d.done = append(d.done, sentRow{part: r.part, gen: r.gen, id: id, note: note})
+	}
+	if r.stopped {
+		n.wakeDeliverer() // the next round renews its claim, and reads the rest
+	}
+	if r.failed {
 		b := n.backoff[r.parent]
 		b.wait = min(max(2*b.wait, n.o.Poll), maxBackoff)
 		b.next = time.Now().Add(b.wait)
 		n.backoff[r.parent] = b
-	case r.told == 0 && len(r.rows) > 0 && !r.stopped:
-		b := n.backoff[r.parent]
-		b.next = time.Now().Add(n.o.Poll)
-		n.backoff[r.parent] = b
-	default:
+	} else {
 		delete(n.backoff, r.parent)
 	}
-	d.done = append(d.done, r)
 }
 
-// deliverRun delivers r's rows in order, and stops at a failed delivery
-// (r.failed: the order is kept; it is tried again after a backoff). An
-// all_complete waiting for its round's summaries lets only those
-// summaries past it, wherever they are behind it: a summary may be
-// written after the next round's rows (its round's all_complete comes
-// first), and nothing else passes the waiting all_complete. A summary
-// that passes it makes it ready, and it is told in the next pass.
-func (n *Node) deliverRun(ctx context.Context, r *parentRun) {
-	for progress := true; progress; {
-		progress = false
-		var waiting map[string]bool // the round tasks of an all_complete that waits
-		for i := range r.rows {
-			row := &r.rows[i]
-			if row.sent {
-				continue
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			if waiting != nil && !(row.kind == string(bgtask.NotifyFinalSummary) && waiting[row.task]) {
-				continue // after the waiting all_complete: not yet
-			}
-			note, ok, err := n.noteOf(ctx, r, row)
-			if err != nil {
-				r.failed = true
-				return
-			}
-			if !ok {
-				if waiting == nil {
-					waiting = map[string]bool{}
-				}
-				for _, id := range row.round {
-					waiting[id] = true
-				}
-				continue
-			}
-			if time.Since(r.renewed) > n.claimFor()/3 && !n.renewRun(ctx, r) {
-				r.stopped = true // whoever holds the claim now goes on
-				return
-			}
-			if err := n.notify(ctx, note); err != nil {
-				n.o.Logger.Warn("pgledger: delivering a notification failed; it is tried again", "parent", r.parent, "id", note.ID, "err", err)
-				r.failed = true
-				return
-			}
-			row.sent = true
-			r.sent = append(r.sent, i)
-			r.told++
-			progress = true
+// round is one statement (roundSQL): it deletes what was delivered,
+// renews the claims that are due (or, once ctx ended, releases them all
+// and claims nothing), and reads the rows of the parts held, but for the
+// parents of queue and of the runs still out. It returns the runs to
+// deliver, a parent each, and whether to go again at once (deletes were
+// written, a part had more rows than it read, a run stopped for its
+// claim's renewal).
+func (d *deliverer) round(ctx context.Context, queue []*parentRun) (bool, []*parentRun) {
+	n := d.n
+	closing := ctx.Err() != nil
+	if closing && len(d.done) == 0 && len(d.parts) == 0 {
+		return false, nil
+	}
+	heldParts, heldGens := []int32{}, []int64{}
+	var renew []int32
+	now := time.Now()
+	for p, h := range d.parts {
+		heldParts, heldGens = append(heldParts, int32(p)), append(heldGens, h.gen)
+		if now.Sub(h.renewed) > n.claimFor()/3 {
+			renew = append(renew, int32(p))
 		}
 	}
-}
-
-// renewRun writes what r delivered so far and renews its claim; false if
-// the claim is no longer this node's (or the database did not answer).
-func (n *Node) renewRun(loop context.Context, r *parentRun) bool {
-	ctx, cancel := n.markCtx(loop)
+	delParts, delIDs := []int32{}, []int64{}
+	for _, s := range d.done {
+		if h := d.parts[s.part]; h != nil && h.gen == s.gen {
+			delParts, delIDs = append(delParts, int32(s.part)), append(delIDs, s.id)
+		}
+	}
+	skip := []string{}
+	for p := range d.busy {
+		skip = append(skip, p)
+	}
+	for _, r := range queue {
+		skip = append(skip, r.parent)
+	}
+	for p, b := range n.backoff {
+		switch {
+		case now.Before(b.next):
+			skip = append(skip, p)
+		case now.Sub(b.next) > maxBackoff:
+			delete(n.backoff, p) // another process delivered it, most likely
+		}
+	}
+	limit := noteParts - len(d.parts)
+	if closing {
+		limit = 0
+	}
+	c, cancel := n.markCtx(ctx)
 	defer cancel()
-	held, err := n.markRuns(ctx, []*parentRun{r}, false)
+	asked := time.Now()
+	rows, err := n.pool.Query(c, roundSQL, n.o.Ledger, n.o.Member, heldParts, heldGens, delParts, delIDs, renew, n.claimFor(),
+		closing, limit, skip, rowsPerPart)
 	if err != nil {
-		n.o.Logger.Warn("pgledger: renewing a parent's claim", "parent", r.parent, "err", err)
+		d.trouble("delivering notifications", err)
+		// What was delivered is kept, however long the database takes to
+		// answer: its delete applies while no other process took its part
+		// over (an expired claim that nobody took is still this node's,
+		// under the same generation), so that a stall delivers nothing twice.
+		return false, nil
 	}
-	return err == nil && held[r.parent]
-}
-
-// noteOf is the notification row tells: its body, or for an all_complete
-// the round's tasks as their final summaries show them — once each of
-// those was delivered (false until then, for up to claimGrace: the
-// round's last summary is written after the commit that made the
-// all_complete). The summaries delivered by this claim are r's; those
-// delivered before are read from the outbox, where they stay until their
-// round's all_complete is told.
-func (n *Node) noteOf(ctx context.Context, r *parentRun, row *outboxRow) (bgtask.Notification, bool, error) {
-	var note bgtask.Notification
-	if row.kind != string(bgtask.NotifyAllComplete) {
-		err := json.Unmarshal(row.body, &note)
-		return note, err == nil, err
-	}
-	round := slices.Compact(slices.Sorted(slices.Values(row.round)))
-	bodies := map[string][]byte{} // task → the body of its delivered summary
-	coming := false               // a summary of the round is among r's rows, not yet delivered
-	for _, o := range r.rows {
-		if o.kind != string(bgtask.NotifyFinalSummary) || !slices.Contains(round, o.task) {
+	held := map[int]int64{}
+	var runs []*parentRun
+	full := map[int]int{}
+	for rows.Next() {
+		var what, part int32
+		var num int64
+		var parent, noteID, kind, body *string
+		if err := rows.Scan(&what, &part, &num, &parent, &noteID, &kind, &body); err != nil {
+			rows.Close()
+			d.trouble("delivering notifications", err)
+			return false, nil
+		}
+		if what == 0 {
+			held[int(part)] = num
 			continue
 		}
-		if !o.sent {
-			coming = true
-		} else if _, ok := bodies[o.task]; !ok {
-			bodies[o.task] = o.body
+		full[int(part)]++
+		if len(runs) == 0 || runs[len(runs)-1].parent != *parent || runs[len(runs)-1].part != int(part) {
+			// A parent's rows come together: ordered by part, parent, id.
+			runs = append(runs, &parentRun{parent: *parent, part: int(part), gen: held[int(part)]})
+		}
+		r := runs[len(runs)-1]
+		r.rows = append(r.rows, noteRow{id: num, noteID: *noteID, kind: *kind, body: *body})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		d.trouble("delivering notifications", err)
+		return false, nil
+	}
+	d.trouble("", nil)
+	// The deletes applied to the parts still held under their generation;
+	// the rest were another process's to deliver again.
+	for _, s := range d.done {
+		if h := d.parts[s.part]; h != nil && h.gen == s.gen && held[s.part] == s.gen && n.o.marked != nil {
+			n.o.marked(s.note)
 		}
 	}
-	if coming && row.age < claimGrace {
-		return note, false, nil // it passes this all_complete first
+	wrote := len(d.done) > 0
+	d.done = d.done[:0]
+	renewed := map[int32]bool{}
+	for _, p := range renew {
+		renewed[p] = true
 	}
-	var before []string
-	for _, id := range round {
-		if _, ok := bodies[id]; !ok {
-			before = append(before, id)
+	var mask uint32
+	for p := range d.parts {
+		if _, ok := held[p]; !ok || held[p] != d.parts[p].gen {
+			delete(d.parts, p) // lost: whoever holds it goes on
 		}
 	}
-	if len(before) > 0 {
-		rows, err := n.pool.Query(ctx, `SELECT DISTINCT ON (task_id) task_id, body::text FROM bgtask_outbox
- WHERE ledger = $1 AND kind = 'final_summary' AND task_id = ANY($2) AND delivered_at IS NOT NULL ORDER BY task_id, id`, n.o.Ledger, before)
+	for p, gen := range held {
+		h := d.parts[p]
+		if h == nil {
+			h = &heldPart{renewed: asked} // claimed by this round
+			d.parts[p] = h
+		} else if renewed[int32(p)] {
+			h.renewed = asked
+		}
+		h.gen = gen
+		mask |= 1 << p
+	}
+	n.heldParts.Store(mask)
+	more := wrote
+	for _, k := range full {
+		more = more || k >= rowsPerPart
+	}
+	for _, r := range runs {
+		r.gen = d.parts[r.part].gen
+		r.until = d.parts[r.part].renewed.Add(n.claimFor() / 3)
+		d.busy[r.parent] = r
+	}
+	return more, runs
+}
+
+// roundSQL is round's statement: $1 ledger, $2 member; $3/$4 the parts
+// this node holds and their generations; $5/$6 the rows delivered (part,
+// id); $7 the held parts whose claims are due for renewal, $8 claimFor;
+// $9 closing (release every claim: nobody need wait for it to expire);
+// $10 how many parts to claim at most; $11 the parents not to read; $12
+// rowsPerPart. Its rows are the parts held (0, part, generation), then
+// their rows (1, part, id, parent, note id, kind, body), by part, parent
+// and id.
+//
+// A part's claim is taken over only by a write of its row, which bumps
+// its generation; the deletes lock the rows of the parts they are for,
+// and apply only while each still names this member under the
+// generation the node holds (expired or not: an expired claim nobody
+// took is still this node's), so that what this node delivered under a
+// claim was delivered once. Claimers skip a part row another process has
+// locked (SKIP LOCKED): processes looking at once share the parts out.
+const roundSQL = `WITH mine AS (
+  SELECT p.part, p.gen FROM bgtask_parts p
+   WHERE p.ledger = $1 AND p.member = $2
+     AND (p.part, p.gen) IN (SELECT h.part, h.gen FROM unnest($3::int[], $4::bigint[]) AS h(part, gen))
+   ORDER BY p.part FOR UPDATE),
+gone AS (
+  DELETE FROM bgtask_notes n USING unnest($5::int[], $6::bigint[]) AS d(part, id)
+   WHERE n.ledger = $1 AND n.part = d.part AND n.id = d.id AND d.part IN (SELECT part FROM mine)),
+kept AS (
+  UPDATE bgtask_parts p SET until = CASE WHEN $9 THEN '-infinity'::timestamptz ELSE now() + $8::interval END
+    FROM mine m WHERE p.ledger = $1 AND p.part = m.part AND ($9 OR p.part = ANY($7::int[]))),
+free AS (
+  SELECT p.part FROM bgtask_parts p
+   WHERE p.ledger = $1 AND p.part <> ALL($3::int[]) AND (p.until < now() OR p.member = $2)
+     AND EXISTS (SELECT 1 FROM bgtask_notes n WHERE n.ledger = $1 AND n.part = p.part)
+   ORDER BY p.part LIMIT $10 FOR UPDATE SKIP LOCKED),
+took AS (
+  UPDATE bgtask_parts p SET member = $2, gen = p.gen + (p.member <> $2)::int, until = now() + $8::interval
+    FROM free f WHERE p.ledger = $1 AND p.part = f.part
+  RETURNING p.part, p.gen),
+held AS (SELECT part, gen FROM mine WHERE NOT $9 UNION ALL SELECT part, gen FROM took)
+SELECT 0, h.part, h.gen, NULL::text, NULL::text, NULL::text, NULL::text FROM held h
+UNION ALL
+SELECT 1, r.part, r.id, r.parent_session, r.note_id, r.kind, r.body
+  FROM held h CROSS JOIN LATERAL (
+    SELECT n.part, n.id, n.parent_session, n.note_id, n.kind, n.body FROM bgtask_notes n
+     WHERE n.ledger = $1 AND n.part = h.part AND n.id <> ALL($6::bigint[]) AND n.parent_session <> ALL($11::text[])
+     ORDER BY n.id LIMIT $12) r
+ ORDER BY 1, 2, 4, 3`
+
+// deliverRun delivers r's rows in order, and stops at a failed delivery
+// (r.failed: the order is kept; it is tried again after a backoff), or
+// once the claim needs renewing before another Notify call (r.stopped),
+// so that a call always ends under the claim.
+func (n *Node) deliverRun(ctx context.Context, r *parentRun) {
+	for _, row := range r.rows {
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Now().After(r.until) {
+			r.stopped = true
+			return
+		}
+		note, err := noteOf(r.parent, row)
 		if err != nil {
-			return note, false, err
+			// Not a notification this package wrote: it cannot be told, and
+			// it must not hold its parent's later ones up for good.
+			n.o.Logger.Error("pgledger: a notification in the outbox cannot be read; it is dropped", "parent", r.parent, "id", row.noteID, "err", err)
+			r.sent = append(r.sent, row.id)
+			continue
 		}
-		var task, body string
-		_, err = pgx.ForEachRow(rows, []any{&task, &body}, func() error {
-			bodies[task] = []byte(body)
-			return nil
-		})
-		if err != nil {
-			return note, false, err
+		if err := n.notify(ctx, note); err != nil {
+			n.o.Logger.Warn("pgledger: delivering a notification failed; it is tried again", "parent", r.parent, "id", note.ID, "err", err)
+			r.failed = true
+			return
+		}
+		r.sent = append(r.sent, row.id)
+	}
+}
+
+// noteOf is the notification row tells: its JSON, or for an all_complete
+// one made of its round's final summaries (a JSON array of them, in the
+// order the round's tasks were launched).
+func noteOf(parent string, row noteRow) (bgtask.Notification, error) {
+	var note bgtask.Notification
+	if row.kind != string(bgtask.NotifyAllComplete) {
+		err := json.Unmarshal([]byte(row.body), &note)
+		return note, err
+	}
+	var sums []bgtask.Notification
+	if err := json.Unmarshal([]byte(row.body), &sums); err != nil {
+		return note, err
+	}
+	tasks := make([]bgtask.Task, 0, len(sums))
+	for _, s := range sums {
+		if !slices.ContainsFunc(tasks, func(t bgtask.Task) bool { return t.ID == s.Task.ID }) {
+			tasks = append(tasks, s.Task)
 		}
 	}
-	if len(bodies) < len(round) && row.age < claimGrace {
-		return note, false, nil
-	}
-	byID := map[string]bgtask.Task{}
-	for _, b := range bodies {
-		var s bgtask.Notification
-		if json.Unmarshal(b, &s) == nil {
-			byID[s.TaskID] = s.Task
-		}
-	}
-	tasks := make([]bgtask.Task, 0, len(row.round))
-	seen := map[string]bool{}
-	for _, id := range row.round { // in the order the round's tasks were launched
-		if t, ok := byID[id]; ok && !seen[id] {
-			seen[id] = true
-			tasks = append(tasks, t)
-		}
-	}
-	note = fleet.AllComplete(r.parent, tasks).(bgtask.Notification)
+	note = fleet.AllComplete(parent, tasks).(bgtask.Notification)
 	note.ID = row.noteID
-	return note, true, nil
+	return note, nil
 }
 
 // notify hands note to the Notifier, bounded by notifyFor: the call runs
@@ -661,212 +632,13 @@ func (n *Node) callNotifier(ctx context.Context, note bgtask.Notification) (err 
 	return err
 }
 
-// querier is a pool or a transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// markRuns marks what runs delivered and releases their claims (with
-// release) or renews them, in one statement: exchange, claiming nothing.
-func (n *Node) markRuns(ctx context.Context, runs []*parentRun, release bool) (map[string]bool, error) {
-	held, _, err := n.exchange(ctx, n.pool, runs, release, nil, 0)
-	return held, err
-}
-
-// claimFor is how long a parent's claim holds once taken or renewed. A
-// run renews it before a delivery once it is a third as old (writing
-// what was delivered so far), so a Notify call (notifyFor at most)
-// always ends under the claim.
+// claimFor is how long a part's claim holds once taken or renewed. A run
+// delivers nothing once its claim is a third as old, until a round
+// renewed it, so a Notify call (notifyFor at most) always ends under the
+// claim.
 func (n *Node) claimFor() time.Duration {
 	if n.o.claimFor > 0 {
 		return n.o.claimFor
 	}
 	return claimFor
 }
-
-// exchange is a round's one statement. It marks the rows each of done
-// delivered and has not marked yet, and releases their parents' claims
-// (with release) or renews them — each parent's only while this node
-// still holds its claim: it returns those parents (held). A final summary
-// stays (as delivered) until its round's all_complete is told; an
-// all_complete takes its round's summaries with it; any other row goes.
-// The marked rows of the held parents are no longer the runs' to mark.
-//
-// And it claims up to limit parents that have something to deliver —
-// their oldest pending row is not an all_complete still waiting for its
-// round's summaries — whose claim is free, expired or already this
-// node's, and which neither skip nor done names, oldest first; and reads
-// their pending rows (claimed). A parent another process is claiming at
-// this moment is skipped, not waited for: the claimers take a
-// transaction lock per parent with pg_try_advisory_xact_lock, which is
-// SKIP LOCKED for a lock that is not a row's. So processes looking at
-// once share the parents out, and none writes a claim it does not get (a
-// claim row is inserted only where there is none, and updated only where
-// it is expired or already this node's). A claimer locks the outbox rows
-// of the parents it got only, after their claim rows, as the marks do,
-// and both take the claim rows of one statement in one order (a parent's
-// name): the marks of one process and the claims of another never wait
-// on each other crosswise (but for a claim that expires in between).
-func (n *Node) exchange(ctx context.Context, q querier, done []*parentRun, release bool, skip []string, limit int) (map[string]bool, []*parentRun, error) {
-	var parents, keepParent, goneParent, sweepParent, sweepTask []string
-	var keepID, goneID []int64
-	for _, r := range done {
-		parents = append(parents, r.parent)
-		// From the last delivered back: a summary whose round's all_complete
-		// was delivered after it goes with it.
-		told := map[string]bool{}
-		for k := len(r.sent) - 1; k >= 0; k-- {
-			row := &r.rows[r.sent[k]]
-			switch row.kind {
-			case string(bgtask.NotifyAllComplete):
-				goneID, goneParent = append(goneID, row.id), append(goneParent, r.parent)
-				for _, t := range row.round {
-					if !told[t] {
-						told[t] = true
-						sweepTask, sweepParent = append(sweepTask, t), append(sweepParent, r.parent)
-					}
-				}
-			case string(bgtask.NotifyFinalSummary):
-				if told[row.task] {
-					goneID, goneParent = append(goneID, row.id), append(goneParent, r.parent)
-				} else {
-					keepID, keepParent = append(keepID, row.id), append(keepParent, r.parent)
-				}
-			default:
-				goneID, goneParent = append(goneID, row.id), append(goneParent, r.parent)
-			}
-		}
-	}
-	skip = append(append([]string{}, skip...), parents...) // never nil: <> ALL(NULL) is never true
-	asked := time.Now()
-	rows, err := q.Query(ctx, exchangeSQL, n.o.Ledger, n.o.Member, parents, n.claimFor(), keepID, keepParent, goneID, goneParent,
-		sweepParent, sweepTask, release, skip, limit, 4*limit, claimGrace, rowsPerParent)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer rows.Close()
-	held := map[string]bool{}
-	var claimed []*parentRun
-	for rows.Next() {
-		var what int
-		var parent string
-		var id *int64
-		var r outboxRow
-		var noteID, kind, task, body *string
-		var age *time.Duration
-		if err := rows.Scan(&what, &parent, &id, &noteID, &kind, &task, &body, &r.round, &age); err != nil {
-			return nil, nil, err
-		}
-		if what == 0 {
-			held[parent] = true
-			continue
-		}
-		if len(claimed) == 0 || claimed[len(claimed)-1].parent != parent {
-			claimed = append(claimed, &parentRun{parent: parent, renewed: asked})
-		}
-		if id == nil { // claimed, and nothing left to deliver: released with the next marks
-			continue
-		}
-		r.id, r.noteID, r.kind, r.task, r.body, r.age = *id, *noteID, *kind, *task, []byte(*body), *age
-		run := claimed[len(claimed)-1]
-		run.rows = append(run.rows, r)
-		run.full = len(run.rows) == rowsPerParent
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, err
-	}
-	for _, r := range done {
-		if !held[r.parent] {
-			continue
-		}
-		if !release {
-			r.renewed = asked
-		}
-		for _, i := range r.sent {
-			if n.o.marked != nil {
-				n.o.marked(r.rows[i].noteID)
-			}
-		}
-		r.sent = r.sent[:0]
-	}
-	return held, claimed, nil
-}
-
-// exchangeSQL is exchange's statement: $1 ledger, $2 member; the marks:
-// $3 the parents, $4 claimFor, $5/$6 the rows that stay (marked) and
-// their parents, $7/$8 those that go, $9/$10 the parents and tasks of the
-// rounds told, $11 release; the claim: $12 the parents to skip, $13 how
-// many to claim, $14 how many oldest rows to look at for them, $15
-// claimGrace, $16 rowsPerParent. Its rows are the held parents (0, the
-// parent), then the claimed parents' rows (1, the parent, the row; nulls
-// for a parent with none left), by parent and id.
-const exchangeSQL = `WITH held AS (
-  -- Expired or not: a claim is taken over only by a write of its row
-  -- (which the lock here waits for, and then sees), so a row that still
-  -- names this member was nobody else's meanwhile, and what this member
-  -- delivered under it was delivered once.
-  SELECT parent_session FROM bgtask_claims
-   WHERE ledger = $1 AND member = $2 AND parent_session = ANY($3::text[])
-   ORDER BY parent_session FOR UPDATE),
-freed AS (
-  DELETE FROM bgtask_claims c USING held h
-   WHERE c.ledger = $1 AND c.parent_session = h.parent_session AND $11),
-renewed AS (
-  UPDATE bgtask_claims c SET until = now() + $4::interval FROM held h
-   WHERE c.ledger = $1 AND c.parent_session = h.parent_session AND NOT $11),
-kept AS (
-  UPDATE bgtask_outbox o SET delivered_at = now() FROM unnest($5::bigint[], $6::text[]) AS k(id, parent)
-   WHERE o.id = k.id AND k.parent IN (SELECT parent_session FROM held)),
-gone AS (
-  DELETE FROM bgtask_outbox o USING unnest($7::bigint[], $8::text[]) AS g(id, parent)
-   WHERE o.id = g.id AND g.parent IN (SELECT parent_session FROM held)),
-swept AS (
-  DELETE FROM bgtask_outbox o USING unnest($9::text[], $10::text[]) AS s(parent, task)
-   WHERE o.ledger = $1 AND o.kind = 'final_summary' AND o.task_id = s.task AND o.parent_session = s.parent
-     AND o.delivered_at IS NOT NULL AND s.parent IN (SELECT parent_session FROM held)),
-picked AS MATERIALIZED (
-  SELECT c.parent_session FROM (
-    SELECT o.parent_session FROM bgtask_outbox o
-     WHERE o.ledger = $1 AND o.delivered_at IS NULL AND o.parent_session <> ALL($12::text[])
-       -- the parent's oldest pending row (no older one: an ORDER BY id
-       -- LIMIT 1 here let the planner walk all pending rows in id order)
-       AND NOT EXISTS (SELECT 1 FROM bgtask_outbox e WHERE e.ledger = $1 AND e.parent_session = o.parent_session
-                        AND e.delivered_at IS NULL AND e.id < o.id)
-       -- and not an all_complete that waits for a summary not written yet
-       -- (marked ready by the write of its last summary, else its tasks'
-       -- summaries looked up by key, together)
-       AND (o.kind <> 'all_complete' OR o.ready OR o.made <= now() - $15::interval
-            OR (SELECT count(DISTINCT s.task_id) FROM bgtask_outbox s
-                 WHERE s.ledger = $1 AND s.kind = 'final_summary' AND s.task_id = ANY(o.round_tasks))
-               -- a task may be in its round twice (it lived again after a crash)
-               >= (SELECT count(DISTINCT t) FROM unnest(o.round_tasks) t))
-       AND NOT EXISTS (SELECT 1 FROM bgtask_claims k WHERE k.ledger = $1 AND k.parent_session = o.parent_session
-                       AND k.until > now() AND k.member <> $2)
-     ORDER BY o.id LIMIT $14) c
-   -- Tried row by row, oldest first, until $13 parents are locked (the
-   -- subquery's LIMIT keeps the call from being pushed down into it).
-   WHERE pg_try_advisory_xact_lock(hashtextextended('bgtask claim ' || $1 || chr(31) || c.parent_session, 0))
-   LIMIT $13),
-ins AS (
-  INSERT INTO bgtask_claims (ledger, parent_session, member, until)
-  SELECT $1, p.parent_session, $2, now() + $4::interval FROM picked p
-   WHERE NOT EXISTS (SELECT 1 FROM bgtask_claims c WHERE c.ledger = $1 AND c.parent_session = p.parent_session)
-   ORDER BY p.parent_session
-  ON CONFLICT (ledger, parent_session) DO NOTHING
-  RETURNING parent_session),
-upd AS (
-  UPDATE bgtask_claims c SET member = $2, until = now() + $4::interval FROM picked p
-   WHERE c.ledger = $1 AND c.parent_session = p.parent_session AND (c.until <= now() OR c.member = $2)
-  RETURNING c.parent_session),
-claimed AS (SELECT parent_session FROM ins UNION ALL SELECT parent_session FROM upd)
-SELECT 0, h.parent_session, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text[], NULL::interval FROM held h
-UNION ALL
-SELECT 1, p.parent_session, r.id, r.note_id, r.kind, r.task_id, coalesce(r.body::text, ''), coalesce(r.round_tasks, '{}'), now() - r.made
-  FROM claimed p LEFT JOIN LATERAL (
-    SELECT * FROM bgtask_outbox o WHERE o.ledger = $1 AND o.parent_session = p.parent_session AND o.delivered_at IS NULL
-     ORDER BY o.id LIMIT $16
-     -- Locked, each row is read as it is now: the claim may have been
-     -- another process's, released (its marks with it) after this
-     -- statement's snapshot was taken.
-     FOR UPDATE) r ON true
- ORDER BY 1, 2, 3`

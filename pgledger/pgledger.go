@@ -69,6 +69,9 @@ type Options struct {
 	beat func()           // tests: called after each heartbeat that renewed the lease
 	away func(error)      // tests: called with each error of the database's absence
 	now  func() time.Time // tests: the clock this process keeps its lease by (nil: time.Now)
+	// wrote is called after each commit that wrote notes to the outbox,
+	// with their parts (a bit each): a Node's, to wake their deliverers.
+	wrote func(parts uint32)
 }
 
 // Errors a Journal's writes fail with (wrapped in the Manager's
@@ -102,7 +105,8 @@ func (e *LeaseHeldError) Error() string {
 // are group-committed: the batches queued while a commit is in flight
 // are written together by the next, in one round trip.
 type Journal struct {
-	rounds bool // Options.Rounds
+	rounds bool               // Options.Rounds
+	wrote  func(parts uint32) // Options.wrote
 	pool   *pgxpool.Pool
 	ledger string
 	member string
@@ -239,7 +243,7 @@ func newJournal(pool *pgxpool.Pool, o Options) *Journal {
 	if now == nil {
 		now = time.Now
 	}
-	return &Journal{ops: ops, opsEnd: end, now: now, pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds, onAway: o.away,
+	return &Journal{ops: ops, opsEnd: end, now: now, pool: pool, ledger: o.Ledger, member: o.Member, holder: o.Holder, lease: o.Lease, rounds: o.Rounds, wrote: o.wrote, onAway: o.away,
 		wake: make(chan struct{}, 1), lost: make(chan struct{}), stop: make(chan struct{})}
 }
 
@@ -560,8 +564,20 @@ func (j *Journal) appendGroup(ctx context.Context, group []*commit) (err error) 
 			j.renewed(asked)
 		}
 	}()
-	_, err = j.pool.Exec(ctx, appendSQL, j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, parent, data, j.rounds,
-		use[0], use[1], use[2], use[3], use[4])
+	var notes outboxNotes
+	for _, c := range group {
+		for i := range c.recs {
+			if err := notes.add(&c.recs[i]); err != nil {
+				return err
+			}
+		}
+	}
+	var parts int32
+	err = j.pool.QueryRow(ctx, appendSQL, j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, parent, data, j.rounds,
+		use[0], use[1], use[2], use[3], use[4], notes.parent, notes.id, notes.kind, notes.task, notes.body).Scan(&parts)
+	if err == nil && parts != 0 && j.wrote != nil {
+		j.wrote(uint32(parts))
+	}
 	return err
 }
 

@@ -49,9 +49,7 @@ import (
 //     logged).
 //   - launches left in flight (bgtask_launching) by a member whose lease
 //     has ended (none of them can land), of a task that landed (a fence
-//     check that ran late left it), or for longer than launchStale,
-//     and claims on parents (bgtask_claims) expired for longer than
-//     claimStale.
+//     check that ran late left it), or for longer than launchStale.
 
 // DefaultRetainFor is how long the ledger keeps, by default, the change of
 // a task that ended, a closure that ended, the row of a parent with
@@ -65,7 +63,6 @@ const (
 	pruneFor       = 30 * time.Second // one pass's work at most: the rest waits for the next pass
 	memberPruneMax = 200_000          // the records of a dead member pruned at once at most
 	launchStale    = time.Hour        // a launch in flight for longer is left over
-	claimStale     = time.Hour        // a claim expired for longer is left over
 	pruneEvery     = time.Minute      // how often a node offers to prune its ledger
 )
 
@@ -104,7 +101,7 @@ func (r retention) ageArg() any {
 type pruned struct {
 	Changes, Closures, Stops, Parents, Members int // rows deleted (Members: members whose data went)
 	Closed, Idled                              int // closures of dead openers closed; dead members found idle
-	Launching, Claims                          int // left-over launches and claims deleted
+	Launching                                  int // left-over launches deleted
 }
 
 func (p pruned) any() bool { return p != pruned{} }
@@ -192,7 +189,6 @@ func pruneLedger(ctx context.Context, pool *pgxpool.Pool, ledger string, r reten
 			return err
 		},
 		func() error { return batches(&p.Launching, pruneBatch, pruneLaunching, launchStale) },
-		func() error { return batches(&p.Claims, pruneBatch, pruneClaims, claimStale) },
 		func() error { return pruneChanges(ctx, pool, ledger, r, &p.Changes) },
 	}
 	if r.age > 0 {
@@ -253,17 +249,6 @@ const pruneLaunching = `WITH d AS (
            OR EXISTS (SELECT 1 FROM bgtask_tasks t WHERE t.ledger = l.ledger AND t.task_id = l.task_id))
      LIMIT $2 FOR UPDATE SKIP LOCKED) x
    WHERE d.ledger = $1 AND d.task_id = x.task_id
-  RETURNING 1)
-SELECT count(*) FROM d`
-
-// pruneClaims deletes (at most $2 of) ledger $1's claims on parents
-// expired for longer than $3 (an expired claim is nobody's).
-const pruneClaims = `WITH d AS (
-  DELETE FROM bgtask_claims d USING (
-    SELECT c.parent_session FROM bgtask_claims c
-     WHERE c.ledger = $1 AND c.until < now() - $3::interval
-     LIMIT $2 FOR UPDATE SKIP LOCKED) x
-   WHERE d.ledger = $1 AND d.parent_session = x.parent_session
   RETURNING 1)
 SELECT count(*) FROM d`
 

@@ -263,7 +263,7 @@ func lifecycle(t *testing.T, j *Journal, seq uint64, task string, parent string)
 
 func (f *fixture) allComplete() []string {
 	f.t.Helper()
-	rows, err := f.pool.Query(ctx(f.t), `SELECT note_id FROM bgtask_outbox WHERE ledger = $1 AND kind = 'all_complete' ORDER BY id`, f.ledger)
+	rows, err := f.pool.Query(ctx(f.t), `SELECT note_id FROM bgtask_notes WHERE ledger = $1 AND kind = 'all_complete' ORDER BY id`, f.ledger)
 	require.NoError(f.t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(f.t, err)
@@ -380,7 +380,7 @@ func TestRetentionPrunesTheDataOfDeadMembers(t *testing.T) {
 	require.NoError(t, again.Replay(func(bgtask.Record) error { n++; return nil }))
 	assert.Zero(t, n)
 	_, err := f.pool.Exec(ctx(t), `SELECT bgtask_write($1, 'gone', $2, '15 seconds', '{1}', '{task_launched}', '{t-x}', '{a}', '{r}', '{s}', '{chat}', '{"\\x01"}', false,
- '{0}', '{0}', '{0}', '{0}', '{0}')`,
+ '{0}', '{0}', '{0}', '{0}', '{0}', '{}', '{}', '{}', '{}', '{}')`,
 		f.ledger, gone.Fence())
 	assert.ErrorIs(t, classify(err), ErrLeaseLost)
 }

@@ -1,26 +1,97 @@
 package pgledger
 
-// writeFunction is migration 10: bgtask_write, what a journal's commit
-// is written with from then on. It does what bgtask_append_budgets did
-// (the lease, the identity checks, the parent rounds, the keys, the
-// records, the budgets), with a statement per kind of work rather than
-// per record: a commit of many records costs about what one costs.
+// writeFunction is migration 10. It makes the outbox a part of the
+// commit, and the commit one statement per kind of work.
+//
+// The outbox. A Manager of a node with a Notifier produces each
+// notification in the commit that decides it (fleet.AtCommit), and
+// bgtask_write writes it, in that commit, to bgtask_notes: append-only,
+// in 16 parts by a hash of the parent session (bgtask_part, partOf), each
+// row's id from one sequence. A notification is durable exactly when its
+// cause is, is written once (a commit is written once), and costs no
+// statement and no commit of its own. A round's all_complete is made in
+// the commit that ends its last live task, after that commit's summaries,
+// with the final summary of each of its tasks — that commit's, or kept in
+// bgtask_finals from the commits that ended the others — so it is whole
+// when written, and comes after every summary of its round in its part:
+// a commit that ended another of the round's tasks committed before this
+// one could end the round (both move the parent's row). A node delivers a
+// part at a time (bgtask_parts: who holds it, until when, and a
+// generation that changes when another member takes it): see outbox.go.
+// bgtask_outbox and bgtask_claims, and the functions that wrote them,
+// are gone; the notifications they still held are moved over.
+//
+// The commit. bgtask_write does what bgtask_append_budgets did (the
+// lease, the identity checks, the parent rounds, the keys, the records,
+// the budgets) with a statement per kind of work rather than per record:
+// a commit of many records costs about what one costs.
 //
 //   - The checks. A record on a task is checked against the attempt
 //     current when the record was made: the last attempt_created before it
 //     in the commit, or else the task's row as the commit found it. The
 //     first record (in the commit's order) that disagrees raises, with the
 //     error the per-record append raised for it.
-//   - The tasks. Each task the commit launched is inserted; each task an
-//     attempt_created or attempt_finalized moved is updated once, to the
-//     last attempt the commit created and to whether the last of those
-//     records ended it.
+//   - The tasks. A task the commit launched is inserted as the commit
+//     leaves it; each other task an attempt_created or attempt_finalized
+//     moved is updated once, to the last attempt the commit created and to
+//     whether the last of those records ended it.
 //   - The budgets. A commit none of whose tasks spends from a budget (no
 //     bgtask_spends row: the common case, and every commit of a ledger
 //     that has no budget) skips them in one index probe; the others go
 //     through bgtask_spend, record by record as before, since the holders'
 //     rows they move must be locked and moved in the records' order.
+//
+// It returns the parts it wrote notes to, a bit each, so that the writer
+// can wake their deliverers.
 const writeFunction = `
+-- bgtask_part is the part of the outbox a parent's notifications go to
+-- (partOf is the same in Go).
+CREATE FUNCTION bgtask_part(p_parent text) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+	SELECT get_byte(sha256(convert_to(p_parent, 'UTF8')), 0) & 15
+$$;
+CREATE SEQUENCE bgtask_notes_id;
+CREATE TABLE bgtask_notes (
+	ledger         text   NOT NULL,
+	part           int    NOT NULL,
+	id             bigint NOT NULL DEFAULT nextval('bgtask_notes_id'),
+	parent_session text   NOT NULL,
+	note_id        text   NOT NULL,
+	kind           text   NOT NULL,
+	body           text   NOT NULL, -- the Notification's JSON; an all_complete's: its round's final summaries, a JSON array
+	PRIMARY KEY (ledger, part, id)
+);
+ALTER SEQUENCE bgtask_notes_id OWNED BY bgtask_notes.id;
+CREATE TABLE bgtask_parts (
+	ledger text        NOT NULL,
+	part   int         NOT NULL,
+	member text        NOT NULL DEFAULT '',
+	gen    bigint      NOT NULL DEFAULT 0,
+	until  timestamptz NOT NULL DEFAULT '-infinity',
+	PRIMARY KEY (ledger, part)
+);
+CREATE TABLE bgtask_finals (
+	ledger         text NOT NULL,
+	parent_session text NOT NULL,
+	task_id        text NOT NULL,
+	body           text NOT NULL,
+	PRIMARY KEY (ledger, parent_session, task_id)
+);
+-- What the outbox still held: each pending row, in its order; an
+-- all_complete with its round's summaries (delivered or not).
+INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body)
+SELECT o.ledger, bgtask_part(o.parent_session), o.parent_session, o.note_id, o.kind,
+       CASE WHEN o.kind = 'all_complete' THEN '[' || coalesce((
+         SELECT string_agg(s.body::text, ',' ORDER BY s.id) FROM bgtask_outbox s
+          WHERE s.ledger = o.ledger AND s.kind = 'final_summary' AND s.task_id = ANY(o.round_tasks)), '') || ']'
+       ELSE coalesce(o.body::text, '{}') END
+  FROM bgtask_outbox o WHERE o.delivered_at IS NULL ORDER BY o.id;
+DROP FUNCTION bgtask_append_budgets(text, text, bigint, interval, bigint[], text[], text[], text[], text[], text[], text[], bytea[], boolean,
+	bigint[], bigint[], bigint[], bigint[], bigint[]);
+DROP FUNCTION bgtask_append(text, text, bigint, interval, bigint[], text[], text[], text[], text[], text[], text[], bytea[], boolean);
+DROP TABLE bgtask_outbox;
+DROP TABLE bgtask_claims;
+
 CREATE FUNCTION bgtask_spend(
 	p_ledger text, p_kind text[], p_task text[],
 	p_input bigint[], p_output bigint[], p_cached bigint[], p_requests bigint[], p_cost bigint[]
@@ -77,13 +148,16 @@ CREATE FUNCTION bgtask_write(
 	p_ledger text, p_member text, p_fence bigint, p_lease interval,
 	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
 	p_session text[], p_parent text[], p_data bytea[], p_rounds boolean,
-	p_input bigint[], p_output bigint[], p_cached bigint[], p_requests bigint[], p_cost bigint[]
-) RETURNS void LANGUAGE plpgsql AS $$
+	p_input bigint[], p_output bigint[], p_cached bigint[], p_requests bigint[], p_cost bigint[],
+	p_note_parent text[], p_note_id text[], p_note_kind text[], p_note_task text[], p_note_body text[]
+) RETURNS int LANGUAGE plpgsql AS $$
 DECLARE
 	bad record;
 	before jsonb;
-	rounds jsonb; -- the parent rounds the commit ended
-	parents text[]; -- their parents
+	born text[] := '{}'; -- the tasks the commit launched
+	rounds jsonb;        -- the parent rounds the commit ended
+	parents text[];      -- their parents
+	parts int := 0;      -- the parts the commit wrote notes to, a bit each
 BEGIN
 	UPDATE bgtask_members SET expires_at = now() + p_lease
 	 WHERE ledger = p_ledger AND member = p_member AND fence = p_fence AND expires_at > now();
@@ -92,13 +166,13 @@ BEGIN
 			USING ERRCODE = 'BT001';
 	END IF;
 	IF coalesce(cardinality(p_seq), 0) = 0 THEN
-		RETURN;
+		RETURN 0;
 	END IF;
 	-- A commit tried again after its outcome was lost with its connection:
 	-- if it landed (its first record is here: records of one member are
 	-- written only under its fence, in sequence), it is not written twice.
 	IF EXISTS (SELECT 1 FROM bgtask_records WHERE ledger = p_ledger AND member = p_member AND seq = p_seq[1]) THEN
-		RETURN;
+		RETURN 0;
 	END IF;
 	-- Which of the commit's tasks were live before it: its end moves
 	-- their parents' live counts.
@@ -106,21 +180,32 @@ BEGIN
 		SELECT coalesce(jsonb_object_agg(task_id, NOT ended), '{}') INTO before
 		  FROM bgtask_tasks WHERE ledger = p_ledger AND task_id = ANY(p_task);
 	END IF;
-	-- The tasks the commit launched: no longer in flight, and the member's.
+	-- The tasks the commit launched: no longer in flight, and the member's,
+	-- inserted as the commit leaves them (the attempt it created last, and
+	-- ended if the last of its attempt_created and attempt_finalized ended
+	-- it).
 	IF 'task_launched' = ANY(p_kind) THEN
 		DELETE FROM bgtask_launching WHERE ledger = p_ledger
 		   AND task_id = ANY(ARRAY(SELECT u.t FROM unnest(p_kind, p_task) AS u(k, t) WHERE u.k = 'task_launched'));
-		INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session)
-		SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p
-		  FROM unnest(p_kind, p_task, p_parent) WITH ORDINALITY AS u(k, t, p, o)
-		 WHERE u.k = 'task_launched' ORDER BY u.t, u.o
-		ON CONFLICT (ledger, task_id) DO NOTHING;
+		WITH f AS (
+			SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc,
+			       max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
+			  FROM unnest(p_kind, p_task) WITH ORDINALITY AS u(k, t, o) GROUP BY u.t),
+		ins AS (
+			INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended)
+			SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p, coalesce(p_attempt[f.lc::int], ''), coalesce(p_token[f.lc::int], ''),
+			       coalesce(f.lf, 0) > coalesce(f.lc, 0)
+			  FROM unnest(p_kind, p_task, p_parent) WITH ORDINALITY AS u(k, t, p, o) JOIN f ON f.t = u.t
+			 WHERE u.k = 'task_launched' ORDER BY u.t, u.o
+			ON CONFLICT (ledger, task_id) DO NOTHING
+			RETURNING task_id)
+		SELECT coalesce(array_agg(task_id), '{}') INTO born FROM ins;
 	END IF;
 	-- The first record that does not agree with the tasks: each is checked
 	-- against the attempt the last attempt_created before it in the commit
-	-- made current, or else against the task's row as the commit found it
-	-- (its launch inserted above, if it was in the commit).
-	SELECT r.o, r.k, r.t, r.a, r.r, x.member, x.attempt_id, x.token, r.prev INTO bad
+	-- made current, or else against the task as the commit found it (none
+	-- yet, for a task it launched).
+	SELECT r.o, r.k, r.t, r.a, r.r, x.member INTO bad
 	  FROM (SELECT u.o, u.k, u.t, u.a, u.r,
 	               max(u.o) FILTER (WHERE u.k = 'attempt_created')
 	                 OVER (PARTITION BY u.t ORDER BY u.o ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
@@ -129,8 +214,8 @@ BEGIN
 	  LEFT JOIN bgtask_tasks x ON x.ledger = p_ledger AND x.task_id = r.t
 	 WHERE x.member IS DISTINCT FROM p_member
 	    OR (r.k NOT IN ('task_launched', 'attempt_created')
-	        AND (CASE WHEN r.prev IS NULL THEN x.attempt_id ELSE p_attempt[r.prev::int] END IS DISTINCT FROM r.a
-	             OR CASE WHEN r.prev IS NULL THEN x.token ELSE p_token[r.prev::int] END IS DISTINCT FROM r.r))
+	        AND (CASE WHEN r.prev IS NOT NULL THEN p_attempt[r.prev::int] WHEN r.t = ANY(born) THEN '' ELSE x.attempt_id END IS DISTINCT FROM r.a
+	             OR CASE WHEN r.prev IS NOT NULL THEN p_token[r.prev::int] WHEN r.t = ANY(born) THEN '' ELSE x.token END IS DISTINCT FROM r.r))
 	 ORDER BY r.o LIMIT 1;
 	IF FOUND THEN
 		IF bad.k = 'task_launched' THEN
@@ -144,9 +229,7 @@ BEGIN
 			bad.k, bad.a, bad.r, bad.t
 			USING ERRCODE = 'BT003';
 	END IF;
-	-- Each task the commit moved: to the last attempt it created, ended if
-	-- the last of its attempt_created and attempt_finalized ended it (a
-	-- retry's attempt_created makes it live again).
+	-- Each task launched before that the commit moved, likewise.
 	UPDATE bgtask_tasks t
 	   SET attempt_id = CASE WHEN f.lc IS NULL THEN t.attempt_id ELSE p_attempt[f.lc::int] END,
 	       token = CASE WHEN f.lc IS NULL THEN t.token ELSE p_token[f.lc::int] END,
@@ -154,7 +237,7 @@ BEGIN
 	  FROM (SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc,
 	               max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
 	          FROM unnest(p_kind, p_task) WITH ORDINALITY AS u(k, t, o)
-	         WHERE u.k IN ('attempt_created', 'attempt_finalized') GROUP BY u.t) f
+	         WHERE u.k IN ('attempt_created', 'attempt_finalized') AND u.t <> ALL(born) GROUP BY u.t) f
 	 WHERE t.ledger = p_ledger AND t.task_id = f.t;
 	-- The sessions the commit bound (the last binding of each, should one
 	-- be bound twice); one another member holds raises.
@@ -176,9 +259,23 @@ BEGIN
 				USING ERRCODE = 'BT004';
 		END IF;
 	END IF;
+	-- The notifications the commit produced, in its order: each in its
+	-- parent's part of the outbox (bgtask_part), before any all_complete
+	-- the commit makes below, which comes after its round's summaries.
+	IF coalesce(cardinality(p_note_id), 0) > 0 THEN
+		WITH ins AS (
+			INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body)
+			SELECT p_ledger, bgtask_part(u.p), u.p, u.i, u.k, u.b
+			  FROM unnest(p_note_parent, p_note_id, p_note_kind, p_note_body) WITH ORDINALITY AS u(p, i, k, b, o)
+			 ORDER BY u.o
+			RETURNING part)
+		SELECT coalesce(bit_or(1 << part), 0) INTO parts FROM ins;
+	END IF;
 	-- Each parent whose live count the commit moved, in a fixed order (two
 	-- commits never wait on each other's rows crosswise); a round whose
-	-- last task ended makes its all_complete.
+	-- last task ended makes its all_complete, with the final summary of
+	-- each of its tasks: kept in bgtask_finals from the commits that ended
+	-- them, or this commit's.
 	IF p_rounds THEN
 		WITH m AS (
 			SELECT t.parent_session AS parent,
@@ -200,15 +297,38 @@ BEGIN
 		SELECT jsonb_agg(jsonb_build_object('p', up.parent_session, 'r', up.round, 't', up.round_tasks) ORDER BY up.parent_session),
 		       array_agg(up.parent_session)
 		  INTO rounds, parents FROM up WHERE up.live <= 0 AND cardinality(up.round_tasks) > 0;
+		-- A summary of a round that goes on waits for the round's end.
+		IF 'final_summary' = ANY(p_note_kind) THEN
+			INSERT INTO bgtask_finals AS f (ledger, parent_session, task_id, body)
+			SELECT DISTINCT ON (u.p, u.t) p_ledger, u.p, u.t, u.b
+			  FROM unnest(p_note_parent, p_note_kind, p_note_task, p_note_body) WITH ORDINALITY AS u(p, k, t, b, o)
+			  JOIN bgtask_parents x ON x.ledger = p_ledger AND x.parent_session = u.p AND u.t = ANY(x.round_tasks)
+			 WHERE u.k = 'final_summary' AND u.p <> ALL(coalesce(parents, '{}'))
+			 ORDER BY u.p, u.t, u.o DESC
+			ON CONFLICT (ledger, parent_session, task_id) DO UPDATE SET body = EXCLUDED.body;
+		END IF;
 		IF rounds IS NOT NULL THEN
-			INSERT INTO bgtask_outbox (ledger, member, note_id, parent_session, kind, round_tasks)
-			SELECT p_ledger, '', 'all_complete:' || e.p || ':' || e.r, e.p, 'all_complete', e.t
-			  FROM jsonb_to_recordset(rounds) AS e(p text, r bigint, t text[]) ORDER BY e.p;
+			WITH ins AS (
+				INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body)
+				SELECT p_ledger, bgtask_part(e.p), e.p, 'all_complete:' || e.p || ':' || e.r, 'all_complete',
+				       '[' || coalesce((
+				         SELECT string_agg(c.b, ',' ORDER BY array_position(e.t, c.t)) FROM (
+				           SELECT DISTINCT ON (a.t) a.t, a.b FROM (
+				             SELECT u.t, u.b, 0 AS pri, u.o
+				               FROM unnest(p_note_parent, p_note_kind, p_note_task, p_note_body) WITH ORDINALITY AS u(p, k, t, b, o)
+				              WHERE u.p = e.p AND u.k = 'final_summary' AND u.t = ANY(e.t)
+				             UNION ALL
+				             SELECT f.task_id, f.body, 1, 0 FROM bgtask_finals f
+				              WHERE f.ledger = p_ledger AND f.parent_session = e.p AND f.task_id = ANY(e.t)) a
+				            ORDER BY a.t, a.pri, a.o DESC) c), '') || ']'
+				  FROM jsonb_to_recordset(rounds) AS e(p text, r bigint, t text[]) ORDER BY e.p
+				RETURNING part)
+			SELECT parts | coalesce(bit_or(1 << part), 0) INTO parts FROM ins;
+			DELETE FROM bgtask_finals WHERE ledger = p_ledger AND parent_session = ANY(parents);
 			-- (rows this transaction moved and holds: their round is the one
 			-- that ended)
 			UPDATE bgtask_parents SET live = 0, round = round + 1, round_tasks = '{}'
 			 WHERE ledger = p_ledger AND parent_session = ANY(parents);
-			PERFORM pg_notify('bgtask_outbox', p_ledger);
 		END IF;
 	END IF;
 	-- A task that ended in this commit gives its key up (a retry in the
@@ -224,9 +344,11 @@ BEGIN
 	IF EXISTS (SELECT 1 FROM bgtask_spends WHERE ledger = p_ledger AND task_id = ANY(p_task)) THEN
 		PERFORM bgtask_spend(p_ledger, p_kind, p_task, p_input, p_output, p_cached, p_requests, p_cost);
 	END IF;
+	RETURN parts;
 END
 $$;
 `
 
 // appendSQL is how a journal writes a commit (bgtask_write).
-const appendSQL = `SELECT bgtask_write($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`
+const appendSQL = `SELECT bgtask_write($1, $2, $3, $4::interval, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+ $19, $20, $21, $22, $23)`

@@ -13,3 +13,18 @@ var AllComplete func(parent string, tasks any) any
 // for parent, of a closure of task taskID's branch (snap, a bgtask.Task,
 // as it was) that ended as rec (a bgtask.ClosureReport) says.
 var BranchClosed func(parent, taskID string, snap, rec any) any
+
+// AtCommit is a Notifier that takes a Manager's notifications with the
+// commits that produce them, rather than one by one as the lanes deliver
+// them: a journal that writes each notification's record also writes
+// the notification (NoteOf), in the same commit, and something else
+// delivers it from there. A Manager with a journal and such a Notifier
+// calls it for nothing: a notification is delivered, for the Manager,
+// once its commit is durable (so it writes no notification_delivered
+// record, and a restart owes none of them again).
+type AtCommit interface{ NotesAtCommit() }
+
+// NoteOf is the notification a record (a *bgtask.Record, of kind
+// notification_produced) carries to an AtCommit journal — a
+// *bgtask.Notification, or nil.
+var NoteOf func(rec any) any

@@ -409,7 +409,7 @@ func (c *chaos) settle(ctx context.Context) error {
 	for {
 		var left int
 		err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM bgtask_tasks WHERE ledger = $1 AND NOT ended)
-     + (SELECT count(*) FROM bgtask_outbox WHERE ledger = $1)
+     + (SELECT count(*) FROM bgtask_notes WHERE ledger = $1)
      + (SELECT count(*) FROM bgtask_inbox WHERE ledger = $1)
      + (SELECT count(*) FROM bgtask_launching WHERE ledger = $1)`, c.cfg.Ledger).Scan(&left)
 		if err != nil {
@@ -423,7 +423,7 @@ func (c *chaos) settle(ctx context.Context) error {
 			_ = conn.QueryRow(ctx, `SELECT concat_ws('; ',
   (SELECT 'live tasks: ' || string_agg(t.task_id || ' of ' || t.member || coalesce(' (lease ' || CASE WHEN m.expires_at > now() THEN 'held by ' || m.holder ELSE 'expired' END || ')', ''), ', ')
      FROM bgtask_tasks t LEFT JOIN bgtask_members m ON m.ledger = t.ledger AND m.member = t.member WHERE t.ledger = $1 AND NOT t.ended),
-  (SELECT 'outbox: ' || string_agg(kind || ' ' || note_id || CASE WHEN delivered_at IS NULL THEN '' ELSE ' (delivered)' END, ', ') FROM bgtask_outbox WHERE ledger = $1),
+  (SELECT 'outbox: ' || string_agg(kind || ' ' || note_id, ', ') FROM bgtask_notes WHERE ledger = $1),
   (SELECT 'inbox: ' || count(*) || ' for ' || string_agg(DISTINCT member, ', ') FROM bgtask_inbox WHERE ledger = $1 HAVING count(*) > 0),
   (SELECT 'launching: ' || string_agg(task_id || ' of ' || member, ', ') FROM bgtask_launching WHERE ledger = $1))`, c.cfg.Ledger).Scan(&what)
 			return fmt.Errorf("the fleet did not settle in 90s: %s", what)
