@@ -322,7 +322,7 @@ func TestALaunchOfTextTheDatabaseRefuses(t *testing.T) {
 		bad.ParentSessionID = parent
 		_, err := n.Launch(ctx(t), bad)
 		require.Error(t, err, "parent %q", parent)
-		assert.ErrorContains(t, err, "admitting a launch to its budget") // the first statement a launch with a parent makes
+		assert.ErrorContains(t, err, "checking the fence") // the first statement a launch with a parent makes
 	}
 	good := spec
 	good.ParentSessionID = "chat-1"

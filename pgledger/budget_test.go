@@ -6,9 +6,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -122,4 +124,36 @@ func TestTwoProcessesRaceTheLastSpawns(t *testing.T) {
 	s, _, err := ns[1].Budget(ctx(t), root.ID)
 	require.NoError(t, err)
 	assert.Equal(t, int64(3), s.Spawned+s.Reserved)
+}
+
+// A launch from a branch that spends from no budget makes no budget
+// statement: its fence check tells it there is none. A launch from a
+// budget's tree is admitted to the budget first, as before — also one
+// whose own budget is none (c2) — and refused by it once it is spent.
+func TestALaunchOutsideEveryBudgetMakesNoBudgetStatement(t *testing.T) {
+	f := newFixture(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	var admits atomic.Int64
+	cfg.ConnConfig.Tracer = statementsLike{sql: `SELECT r_by, r_limit, r_max, r_spent, r_reserved, r_grant FROM bgtask_budget_admit($1, $2, $3, $4)`, n: &admits}
+	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	n, err := Join(ctx(t), pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 100 * time.Millisecond})
+	require.NoError(t, err)
+	closeAtEnd(t, n)
+
+	free := runningSpec(t, n, bgtask.Spec{ParentSessionID: "chat"})
+	runningSpec(t, n, bgtask.Spec{ParentSessionID: free.SessionID})
+	assert.Zero(t, admits.Load(), "no budget anywhere: no budget statement")
+
+	root := runningSpec(t, n, bgtask.Spec{ParentSessionID: "chat-2", Budget: &bgtask.Budget{Spawns: 1}})
+	assert.Equal(t, int64(1), admits.Load(), "a launch with a budget of its own is admitted to it")
+	runningSpec(t, n, bgtask.Spec{ParentSessionID: root.SessionID})
+	assert.Equal(t, int64(2), admits.Load(), "a launch in a budget's tree is admitted to it")
+	_, err = n.Launch(ctx(t), bgtask.Spec{ParentSessionID: root.SessionID, Prompt: "one more", Models: spec.Models})
+	var be *bgtask.BudgetError
+	require.ErrorAs(t, err, &be, "its one spawn is spent")
+	assert.Equal(t, "spawns", be.Limit)
+	assert.Equal(t, 0, f.count("bgtask_launching", "parent_session = $2", root.SessionID), "a refused launch leaves nothing in flight")
 }

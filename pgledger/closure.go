@@ -65,20 +65,29 @@ func (e *UnstoppedError) Unwrap() error { return e.Err }
 
 // admit checks a launch from parent against the fence of every open
 // closure and, if no closure's branch holds parent, records the launch as
-// in flight (bgtask_append clears it when its task_launched lands): under
+// in flight (bgtask_write clears it when its task_launched lands): under
 // the fence lock, shared, in one statement with the launches that come
-// with it (bgtask_admit_all).
-func (n *Node) admit(ctx context.Context, member, id, parent string) error {
+// with it (bgtask_admit_launches). Unless checked (its budget admitted
+// it), a launch from a session of a task that spends from a budget is
+// answered errBudgetFirst instead, unchecked.
+func (n *Node) admit(ctx context.Context, member, id, parent string, checked bool) error {
 	until, _ := ctx.Deadline()
-	closure, err := n.admits.do(ctx, admission{task: id, parent: parent, member: member, until: until})
+	closure, err := n.admits.do(ctx, admission{task: id, parent: parent, member: member, until: until, checked: checked})
 	if err != nil {
 		return dbErr("checking the fence", err)
 	}
-	if closure != nil {
-		return fmt.Errorf("%w: session %s is inside the branch closure %d is closing", bgtask.ErrBranchClosing, parent, *closure)
+	switch {
+	case closure == nil:
+		return nil
+	case *closure < 0:
+		return errBudgetFirst
 	}
-	return nil
+	return fmt.Errorf("%w: session %s is inside the branch closure %d is closing", bgtask.ErrBranchClosing, parent, *closure)
 }
+
+// errBudgetFirst is admit's answer for a launch whose budget must admit
+// it first.
+var errBudgetFirst = errors.New("pgledger: the launch's budget admits it first")
 
 // admission is a launch's fence check: its task, the session it is
 // launched from and the member it launches on, and until when its caller
@@ -86,6 +95,7 @@ func (n *Node) admit(ctx context.Context, member, id, parent string) error {
 type admission struct {
 	task, parent, member string
 	until                time.Time
+	checked              bool // its budget admitted it (bgtask_admit_launches)
 }
 
 // alone reports whether q must be sent alone: the database refuses text
@@ -103,7 +113,7 @@ func (q admission) alone() bool {
 // admitAll is the admits' statement: a closure's id for each launch a
 // fence holds, nil for each admitted.
 func (n *Node) admitAll(ctx context.Context, qs []admission) ([]*int64, error) {
-	task, parent, member := make([]string, len(qs)), make([]string, len(qs)), make([]string, len(qs))
+	task, parent, member, checked := make([]string, len(qs)), make([]string, len(qs)), make([]string, len(qs)), make([]bool, len(qs))
 	// The statement may take as long as its longest-waiting caller, and
 	// no longer than the batch's bound; past that, what it did is rolled
 	// back, even if the server goes on with it after its connection was
@@ -114,7 +124,7 @@ func (n *Node) admitAll(ctx context.Context, qs []admission) ([]*int64, error) {
 	}
 	longest := time.Duration(0)
 	for i, q := range qs {
-		task[i], parent[i], member[i] = q.task, q.parent, q.member
+		task[i], parent[i], member[i], checked[i] = q.task, q.parent, q.member, q.checked
 		if q.until.IsZero() {
 			longest = within
 		} else {
@@ -123,7 +133,7 @@ func (n *Node) admitAll(ctx context.Context, qs []admission) ([]*int64, error) {
 	}
 	within = max(min(within, longest), 0)
 	var out []*int64
-	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit_all($1, $2, $3, $4, $5::interval)`, n.o.Ledger, task, parent, member, within).Scan(&out); err != nil {
+	if err := n.pool.QueryRow(ctx, `SELECT bgtask_admit_launches($1, $2, $3, $4, $5, $6::interval)`, n.o.Ledger, task, parent, member, checked, within).Scan(&out); err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -180,7 +180,7 @@ func TestAClosureNamesTheRunsThatDidNotStop(t *testing.T) {
 func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 	_, svc, ns, br := chain(t, 2, 1)
 	a := br[0]
-	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, "late", a.SessionID)) // past the check
+	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, "late", a.SessionID, false)) // past the check
 	g := svc.hold(a.SessionID)
 	done := make(chan error, 1)
 	var rep bgtask.ClosureReport
@@ -225,7 +225,7 @@ func TestALaunchInFlightIsWaitedForAndStopped(t *testing.T) {
 func TestALaunchLeftInFlightByADeadProcessIsCleared(t *testing.T) {
 	f, svc, ns, br := chain(t, 2, 1)
 	a := br[0]
-	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, "ghost", a.SessionID))
+	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, "ghost", a.SessionID, false))
 	ns[1].kill()
 	f.expire("w1")
 	again, err := Join(ctx(t), f.pool, NodeOptions{Ledger: f.ledger, Member: "w1", Host: svc, Poll: 50 * time.Millisecond})
@@ -248,7 +248,7 @@ func TestAFenceCheckAfterItsLaunchLandedLeavesNothingInFlight(t *testing.T) {
 	f, _, ns, br := chain(t, 2, 1)
 	a := br[0]
 	landed := running(t, ns[1], a.SessionID)
-	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, landed.ID, a.SessionID), "the late check")
+	require.NoError(t, ns[1].admit(ctx(t), ns[1].o.Member, landed.ID, a.SessionID, false), "the late check")
 	assert.Equal(t, 0, f.count("bgtask_launching", ""), "no launch in flight for a task that landed")
 
 	f.exec(`INSERT INTO bgtask_launching (ledger, task_id, parent_session, member) VALUES ($1, $2, $3, 'w1')`, landed.ID, a.SessionID)

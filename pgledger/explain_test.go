@@ -230,8 +230,13 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "health: the fleet's cooldowns", sql: cooldownsSQL, args: s("'big'")},
 
 		// Closures: the fence, the scope, the stops, the record.
-		{name: "admit (bgtask_admit_all)", sql: `SELECT bgtask_admit_all($1, $2, $3, $4, $5::interval)`,
-			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-43210', 's-77']", "ARRAY['m-0', 'm-1']", "'10 seconds'")},
+		{name: "admit (bgtask_admit_launches)", sql: `SELECT bgtask_admit_launches($1, $2, $3, $4, $5, $6::interval)`,
+			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-43210', 's-77']", "ARRAY['m-0', 'm-1']", "ARRAY[false, false]", "'10 seconds'")},
+		{name: "admit: the launches a budget admits first", from: `SELECT array_agg(u.o::int ORDER BY u.o) INTO keep FROM unnest(p_parent, p_checked) WITH ORDINALITY AS u(p, c, o)`,
+			sql: `SELECT array_agg(u.o::int ORDER BY u.o) FROM unnest($2::text[], $3::boolean[]) WITH ORDINALITY AS u(p, c, o)
+ WHERE u.c OR NOT EXISTS (SELECT 1 FROM bgtask_sessions s JOIN bgtask_spends sp ON sp.ledger = s.ledger AND sp.task_id = s.task_id
+                           WHERE s.ledger = $1::text AND s.session_id = u.p)`,
+			args: s("'big'", "ARRAY['s-500', 's-77']", "ARRAY[false, true]")},
 		{name: "start gate (bgtask_start_fenced_all)", sql: `SELECT bgtask_start_fenced_all($1, $2, $3)`,
 			args: s("'big'", "ARRAY['t-500', 't-77']", "ARRAY['s-50', 's-7']")},
 		{name: "admitted: a launch that failed", sql: `DELETE FROM bgtask_launching WHERE ledger = $1 AND task_id = $2`, args: s("'big'", "'t-new'")},

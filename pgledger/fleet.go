@@ -449,17 +449,34 @@ func (n *Node) Launch(ctx context.Context, spec bgtask.Spec) (task bgtask.Task, 
 		spec.ID = uuid.NewString()
 	}
 	// The budget first: a launch into a spent budget's branch is refused
-	// by the budget, also while the closure that stops the branch runs.
-	grant, err := n.admitBudget(ctx, spec.ID, spec.ParentSessionID, spec.Budget)
-	if err != nil {
-		return bgtask.Task{}, err
+	// by the budget, also while the closure that stops the branch runs. A
+	// launch that brings a budget of its own is admitted to its budgets
+	// here; one from a session of a budget's tree is told so by the fence
+	// check (errBudgetFirst), which checks nothing else for it then; any
+	// other has no budget to be admitted to.
+	checked := spec.Budget != nil
+	if checked {
+		grant, err := n.admitBudget(ctx, spec.ID, spec.ParentSessionID, spec.Budget)
+		if err != nil {
+			return bgtask.Task{}, err
+		}
+		spec.Budget = grant
 	}
-	spec.Budget = grant
 	if spec.ParentSessionID != "" {
 		n.launchBegins(spec.ID)
 		defer func() { n.launchEnds(spec.ID, err != nil) }()
-		if err := n.admit(ctx, mb.name, spec.ID, spec.ParentSessionID); err != nil {
-			n.cleanUp(ctx, "launch", func(c context.Context) error { return n.undoBudget(c, spec.ID) })
+		err := n.admit(ctx, mb.name, spec.ID, spec.ParentSessionID, checked)
+		if errors.Is(err, errBudgetFirst) {
+			checked = true
+			if spec.Budget, err = n.admitBudget(ctx, spec.ID, spec.ParentSessionID, nil); err != nil {
+				return bgtask.Task{}, err
+			}
+			err = n.admit(ctx, mb.name, spec.ID, spec.ParentSessionID, true)
+		}
+		if err != nil {
+			if checked {
+				n.cleanUp(ctx, "launch", func(c context.Context) error { return n.undoBudget(c, spec.ID) })
+			}
 			return bgtask.Task{}, err
 		}
 	}

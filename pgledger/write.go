@@ -144,6 +144,42 @@ BEGIN
 END
 $$;
 
+-- bgtask_admit_launches is bgtask_admit_all, but for a launch from a
+-- session of a task that spends from a budget (bgtask_spends), unless
+-- p_checked says its budget admitted it already: that one is answered -1
+-- (admit it to its budget first, then here again), with no fence check
+-- and nothing in flight. A launch into a spent budget's branch is so
+-- refused by the budget, also while the closure that stops the branch
+-- runs; and a launch from a branch with no budget — every launch of a
+-- ledger with none — costs no budget statement at all.
+CREATE FUNCTION bgtask_admit_launches(p_ledger text, p_task text[], p_parent text[], p_member text[], p_checked boolean[],
+	p_within interval) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+	keep int[];
+	sub bigint[];
+	out bigint[];
+	i int;
+BEGIN
+	SELECT array_agg(u.o::int ORDER BY u.o) INTO keep
+	  FROM unnest(p_parent, p_checked) WITH ORDINALITY AS u(p, c, o)
+	 WHERE u.c OR NOT EXISTS (SELECT 1 FROM bgtask_sessions s JOIN bgtask_spends sp ON sp.ledger = s.ledger AND sp.task_id = s.task_id
+	                           WHERE s.ledger = p_ledger AND s.session_id = u.p);
+	IF cardinality(keep) = cardinality(p_task) THEN
+		RETURN bgtask_admit_all(p_ledger, p_task, p_parent, p_member, p_within);
+	END IF;
+	out := array_fill(-1::bigint, ARRAY[cardinality(p_task)]);
+	IF keep IS NOT NULL THEN
+		sub := bgtask_admit_all(p_ledger, ARRAY(SELECT p_task[k] FROM unnest(keep) k), ARRAY(SELECT p_parent[k] FROM unnest(keep) k),
+			ARRAY(SELECT p_member[k] FROM unnest(keep) k), p_within);
+		FOR i IN 1 .. cardinality(keep) LOOP
+			out[keep[i]] := sub[i];
+		END LOOP;
+	END IF;
+	RETURN out;
+END
+$$;
+
 CREATE FUNCTION bgtask_write(
 	p_ledger text, p_member text, p_fence bigint, p_lease interval,
 	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
