@@ -81,6 +81,7 @@ func (counting) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData)
 // and benchCount's, and CPU time.
 type dbCounts struct {
 	xids, stmts, xacts int64
+	wal                int64 // the server's WAL position, in bytes
 	busy, all          int64         // the machine's CPU time, busy and in all (/proc/stat, in ticks; 0 elsewhere)
 	self               time.Duration // this process's CPU time
 	db                 time.Duration // the server's CPU time, if it runs on this machine (-1 if not)
@@ -157,7 +158,8 @@ func countsNow(b *testing.B, pool *pgxpool.Pool) dbCounts {
 	var c dbCounts
 	// pg_snapshot_xmax of a fresh snapshot is the next id to be handed
 	// out; reading it hands none out.
-	if err := pool.QueryRow(context.Background(), `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&c.xids); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint`).Scan(&c.xids, &c.wal); err != nil {
 		b.Fatal(err)
 	}
 	c.stmts, c.xacts = benchCount.stmts.Load(), benchCount.xacts.Load()
@@ -173,11 +175,15 @@ func countsNow(b *testing.B, pool *pgxpool.Pool) dbCounts {
 // report reports, per op (n of them), what the run cost between from and
 // to: write transactions (writes/op: each a commit the server makes
 // durable), all the transactions the benchmark's pools began (xacts/op:
-// read-only ones too) and their statements (stmts/op), and CPU time.
+// read-only ones too) and their statements (stmts/op), WAL bytes, and
+// CPU time.
 func (to dbCounts) report(b *testing.B, from dbCounts, n int) {
 	b.ReportMetric(float64(to.xids-from.xids)/float64(n), "writes/op")
 	b.ReportMetric(float64(to.xacts-from.xacts)/float64(n), "xacts/op")
 	b.ReportMetric(float64(to.stmts-from.stmts)/float64(n), "stmts/op")
+	// The WAL the server wrote meanwhile (whoever's: the benchmarks run
+	// alone on the package's server).
+	b.ReportMetric(float64(to.wal-from.wal)/float64(n), "wal-B/op")
 	if to.all > from.all {
 		// The whole machine's (this process, the server, anyone else's).
 		b.ReportMetric(100*float64(to.busy-from.busy)/float64(to.all-from.all), "cpu-busy-%")

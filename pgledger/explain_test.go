@@ -277,7 +277,7 @@ ON CONFLICT (closure_id, token) DO UPDATE SET status = EXCLUDED.status, err = EX
 		// Statistics (statistics.go): the server's views, a row per table.
 		{name: "statistics: tables behind", sql: staleSQL, args: s("1000")},
 		// The outbox.
-		{name: "outbox: a round", sql: roundSQL, args: s("'big'", "'m-0'", "ARRAY[1, 2]", "ARRAY[1, 1]::bigint[]", "ARRAY[1, 1]",
+		{name: "outbox: a round", sql: roundSQL, args: s("'big'", "'m-0'", "ARRAY[1, 2]", "ARRAY[1, 1]",
 			"ARRAY[101, 102]::bigint[]", "ARRAY[2]", "'30 seconds'", "false", "14", "ARRAY['s-7']::text[]", "256"), reads: 600},
 		{name: "Join: the outbox's parts", sql: `INSERT INTO bgtask_parts (ledger, part) SELECT $1, g FROM generate_series(0, $2::int - 1) g
 ON CONFLICT (ledger, part) DO NOTHING`, args: s("'big'", "16")},
@@ -676,8 +676,8 @@ SELECT 'big', 's-' || j, CASE WHEN j % 100 = 0 THEN 1 ELSE 0 END, 2, CASE WHEN j
        now() - j * (interval '2 days' / $P)
   FROM generate_series(1, $P) j`,
 		`ALTER TABLE bgtask_parents ENABLE TRIGGER bgtask_parents_row`,
-		`INSERT INTO bgtask_parts (ledger, part, member, gen, until)
-SELECT 'big', j, 'm-' || (j % 8), 1, now() + (j - 8) * interval '1 minute' FROM generate_series(0, 15) j`,
+		`INSERT INTO bgtask_parts (ledger, part, member, until)
+SELECT 'big', j, 'm-' || (j % 8), now() + (j - 8) * interval '1 minute' FROM generate_series(0, 15) j`,
 		`INSERT INTO bgtask_changes (ledger, member, task_id, body, ended_at)
 SELECT ledger, member, task_id, jsonb_build_object('id', task_id, 'status', CASE WHEN ended THEN 'completed' ELSE 'running' END),
        CASE WHEN ended THEN now() - ($N - substr(task_id, 3)::bigint) * (interval '2 days' / $N) END

@@ -23,6 +23,13 @@ func TestMain(m *testing.M) {
 	if fleetdemo.IsWorker() {
 		fleetdemo.WorkerMain()
 	}
+	if os.Getenv(pgledger.CrashChildEnv) != "" { // TestACrashAtEachPointOfDelivery's child
+		if err := pgledger.CrashChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "crash child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(benchWorkerEnv) != "" {
 		if err := benchWorker(); err != nil {
 			fmt.Fprintln(os.Stderr, "bench worker:", err)

@@ -26,18 +26,19 @@ const outboxChannel = "bgtask_outbox"
 //
 // The node's deliverer hands the rows to the Notifier: per parent session
 // in the order they were written, one process per part at a time (a claim
-// on the part, with an expiry and a generation), exactly once without a
-// crash, at least once across one, each with its stable ID. It works in
-// rounds of one statement each (roundSQL): the statement deletes what the
-// last round delivered, from the parts this node still holds under the
-// generation it delivered them in; renews the claims that are due, or
-// releases them all as the node closes; claims the parts that have rows
-// and whose claim is free, expired or this node's already, skipping
-// those another process is claiming at that moment; and reads up to
-// rowsPerPart rows of each part held, but for the parents still being
-// delivered or waiting out a failure. deliverWorkers goroutines deliver
-// them, several parents side by side, each parent's rows in order; the
-// next round deletes them.
+// on the part, with an expiry), exactly once without a crash, at least
+// once across one, each with its stable ID. It works in rounds of one
+// statement each (roundSQL): the statement deletes what the last round
+// delivered (a row this node delivered goes whoever holds its part now:
+// the sooner it goes, the likelier a process that took the part over
+// after a stall does not deliver it again); renews the claims that are
+// due, or releases them all as the node closes; claims the parts that
+// have rows and whose claim is free, expired or this node's already,
+// skipping those another process is claiming at that moment; and reads
+// up to rowsPerPart rows of each part held, but for the parents still
+// being delivered or waiting out a failure. deliverWorkers goroutines
+// deliver them, several parents side by side, each parent's rows in
+// order; the next round deletes them.
 const (
 	noteParts     = 16               // the outbox's parts (bgtask_part): a part is delivered by one process at a time
 	claimFor      = 30 * time.Second // a part's claim, renewed once a third as old
@@ -185,7 +186,6 @@ type noteRow struct {
 type parentRun struct {
 	parent  string
 	part    int
-	gen     int64     // the part's generation the rows were read under
 	until   time.Time // deliver nothing past this: the claim may need renewing first
 	rows    []noteRow
 	sent    []int64
@@ -195,14 +195,12 @@ type parentRun struct {
 
 // heldPart is a part this node holds a claim on.
 type heldPart struct {
-	gen     int64
 	renewed time.Time // when the claim was taken or last renewed (asked): it holds claimFor from then
 }
 
-// sentRow is a row delivered under a part's generation, not deleted yet.
+// sentRow is a row delivered, not deleted yet.
 type sentRow struct {
 	part int
-	gen  int64
 	id   int64
 	note string // its notification's ID (the marked hook)
 }
@@ -216,6 +214,7 @@ type deliverer struct {
 	busy    map[string]*parentRun // parents a worker has
 	done    []sentRow             // delivered, not yet deleted
 	warned  bool                  // a statement failed, and it was logged: the next failures are not, until one succeeds
+	made    bool                  // the ledger's rows of bgtask_parts are there
 }
 
 // trouble logs err, the first of an outage (nil: the database answered).
@@ -344,7 +343,7 @@ func (d *deliverer) finished(r *parentRun) {
 				break
 			}
 		}
-		d.done = append(d.done, sentRow{part: r.part, gen: r.gen, id: id, note: note})
+		d.done = append(d.done, sentRow{part: r.part, id: id, note: note})
 	}
 	if r.stopped {
 		n.wakeDeliverer() // the next round renews its claim, and reads the rest
@@ -372,20 +371,18 @@ func (d *deliverer) round(ctx context.Context, queue []*parentRun) (bool, []*par
 	if closing && len(d.done) == 0 && len(d.parts) == 0 {
 		return false, nil
 	}
-	heldParts, heldGens := []int32{}, []int64{}
+	heldParts := []int32{}
 	var renew []int32
 	now := time.Now()
 	for p, h := range d.parts {
-		heldParts, heldGens = append(heldParts, int32(p)), append(heldGens, h.gen)
+		heldParts = append(heldParts, int32(p))
 		if now.Sub(h.renewed) > n.claimFor()/3 {
 			renew = append(renew, int32(p))
 		}
 	}
 	delParts, delIDs := []int32{}, []int64{}
 	for _, s := range d.done {
-		if h := d.parts[s.part]; h != nil && h.gen == s.gen {
-			delParts, delIDs = append(delParts, int32(s.part)), append(delIDs, s.id)
-		}
+		delParts, delIDs = append(delParts, int32(s.part)), append(delIDs, s.id)
 	}
 	skip := []string{}
 	for p := range d.busy {
@@ -408,18 +405,27 @@ func (d *deliverer) round(ctx context.Context, queue []*parentRun) (bool, []*par
 	}
 	c, cancel := n.markCtx(ctx)
 	defer cancel()
+	if !d.made {
+		// The outbox's parts, each a row its claims are written to.
+		if _, err := n.pool.Exec(c, `INSERT INTO bgtask_parts (ledger, part) SELECT $1, g FROM generate_series(0, $2::int - 1) g
+ON CONFLICT (ledger, part) DO NOTHING`, n.o.Ledger, noteParts); err != nil {
+			d.trouble("making the outbox's parts", err)
+			return false, nil
+		}
+		d.made = true
+	}
 	asked := time.Now()
-	rows, err := n.pool.Query(c, roundSQL, n.o.Ledger, n.o.Member, heldParts, heldGens, delParts, delIDs, renew, n.claimFor(),
+	rows, err := n.pool.Query(c, roundSQL, n.o.Ledger, n.o.Member, heldParts, delParts, delIDs, renew, n.claimFor(),
 		closing, limit, skip, rowsPerPart)
 	if err != nil {
 		d.trouble("delivering notifications", err)
 		// What was delivered is kept, however long the database takes to
-		// answer: its delete applies while no other process took its part
-		// over (an expired claim that nobody took is still this node's,
-		// under the same generation), so that a stall delivers nothing twice.
+		// answer, and deleted once it does: an expired claim that nobody
+		// took over is still this node's, so that a stall delivers nothing
+		// twice.
 		return false, nil
 	}
-	held := map[int]int64{}
+	held := map[int]bool{}
 	var runs []*parentRun
 	full := map[int]int{}
 	for rows.Next() {
@@ -432,13 +438,13 @@ func (d *deliverer) round(ctx context.Context, queue []*parentRun) (bool, []*par
 			return false, nil
 		}
 		if what == 0 {
-			held[int(part)] = num
+			held[int(part)] = true
 			continue
 		}
 		full[int(part)]++
 		if len(runs) == 0 || runs[len(runs)-1].parent != *parent || runs[len(runs)-1].part != int(part) {
 			// A parent's rows come together: ordered by part, parent, id.
-			runs = append(runs, &parentRun{parent: *parent, part: int(part), gen: held[int(part)]})
+			runs = append(runs, &parentRun{parent: *parent, part: int(part)})
 		}
 		r := runs[len(runs)-1]
 		r.rows = append(r.rows, noteRow{id: num, noteID: *noteID, kind: *kind, body: *body})
@@ -449,10 +455,8 @@ func (d *deliverer) round(ctx context.Context, queue []*parentRun) (bool, []*par
 		return false, nil
 	}
 	d.trouble("", nil)
-	// The deletes applied to the parts still held under their generation;
-	// the rest were another process's to deliver again.
 	for _, s := range d.done {
-		if h := d.parts[s.part]; h != nil && h.gen == s.gen && held[s.part] == s.gen && n.o.marked != nil {
+		if n.o.marked != nil {
 			n.o.marked(s.note)
 		}
 	}
@@ -464,11 +468,11 @@ func (d *deliverer) round(ctx context.Context, queue []*parentRun) (bool, []*par
 	}
 	var mask uint32
 	for p := range d.parts {
-		if _, ok := held[p]; !ok || held[p] != d.parts[p].gen {
+		if !held[p] {
 			delete(d.parts, p) // lost: whoever holds it goes on
 		}
 	}
-	for p, gen := range held {
+	for p := range held {
 		h := d.parts[p]
 		if h == nil {
 			h = &heldPart{renewed: asked} // claimed by this round
@@ -476,7 +480,6 @@ func (d *deliverer) round(ctx context.Context, queue []*parentRun) (bool, []*par
 		} else if renewed[int32(p)] {
 			h.renewed = asked
 		}
-		h.gen = gen
 		mask |= 1 << p
 	}
 	n.heldParts.Store(mask)
@@ -485,57 +488,52 @@ func (d *deliverer) round(ctx context.Context, queue []*parentRun) (bool, []*par
 		more = more || k >= rowsPerPart
 	}
 	for _, r := range runs {
-		r.gen = d.parts[r.part].gen
 		r.until = d.parts[r.part].renewed.Add(n.claimFor() / 3)
 		d.busy[r.parent] = r
 	}
 	return more, runs
 }
 
-// roundSQL is round's statement: $1 ledger, $2 member; $3/$4 the parts
-// this node holds and their generations; $5/$6 the rows delivered (part,
-// id); $7 the held parts whose claims are due for renewal, $8 claimFor;
-// $9 closing (release every claim: nobody need wait for it to expire);
-// $10 how many parts to claim at most; $11 the parents not to read; $12
-// rowsPerPart. Its rows are the parts held (0, part, generation), then
-// their rows (1, part, id, parent, note id, kind, body), by part, parent
-// and id.
+// roundSQL is round's statement: $1 ledger, $2 member; $3 the parts
+// this node holds; $4/$5 the rows delivered (part, id); $6 the held parts
+// whose claims are due for renewal, $7 claimFor; $8 closing (release
+// every claim: nobody need wait for it to expire); $9 how many parts to
+// claim at most; $10 the parents not to read; $11 rowsPerPart. Its rows
+// are the parts held (0, part), then their rows (1, part, id, parent,
+// note id, kind, body), by part, parent and id.
 //
-// A part's claim is taken over only by a write of its row, which bumps
-// its generation; the deletes lock the rows of the parts they are for,
-// and apply only while each still names this member under the
-// generation the node holds (expired or not: an expired claim nobody
-// took is still this node's), so that what this node delivered under a
-// claim was delivered once. Claimers skip a part row another process has
-// locked (SKIP LOCKED): processes looking at once share the parts out.
+// A part's claim is this node's while its row names this member, expired
+// or not: it is taken over only by a write of its row, once expired,
+// which the lock here waits for and then sees. Claimers skip a part row
+// another process has locked (SKIP LOCKED): processes looking at once
+// share the parts out.
 const roundSQL = `WITH mine AS (
-  SELECT p.part, p.gen FROM bgtask_parts p
-   WHERE p.ledger = $1 AND p.member = $2
-     AND (p.part, p.gen) IN (SELECT h.part, h.gen FROM unnest($3::int[], $4::bigint[]) AS h(part, gen))
+  SELECT p.part FROM bgtask_parts p
+   WHERE p.ledger = $1 AND p.member = $2 AND p.part = ANY($3::int[])
    ORDER BY p.part FOR UPDATE),
 gone AS (
-  DELETE FROM bgtask_notes n USING unnest($5::int[], $6::bigint[]) AS d(part, id)
-   WHERE n.ledger = $1 AND n.part = d.part AND n.id = d.id AND d.part IN (SELECT part FROM mine)),
+  DELETE FROM bgtask_notes n USING unnest($4::int[], $5::bigint[]) AS d(part, id)
+   WHERE n.ledger = $1 AND n.part = d.part AND n.id = d.id),
 kept AS (
-  UPDATE bgtask_parts p SET until = CASE WHEN $9 THEN '-infinity'::timestamptz ELSE now() + $8::interval END
-    FROM mine m WHERE p.ledger = $1 AND p.part = m.part AND ($9 OR p.part = ANY($7::int[]))),
+  UPDATE bgtask_parts p SET until = CASE WHEN $8 THEN '-infinity'::timestamptz ELSE now() + $7::interval END
+    FROM mine m WHERE p.ledger = $1 AND p.part = m.part AND ($8 OR p.part = ANY($6::int[]))),
 free AS (
   SELECT p.part FROM bgtask_parts p
    WHERE p.ledger = $1 AND p.part <> ALL($3::int[]) AND (p.until < now() OR p.member = $2)
      AND EXISTS (SELECT 1 FROM bgtask_notes n WHERE n.ledger = $1 AND n.part = p.part)
-   ORDER BY p.part LIMIT $10 FOR UPDATE SKIP LOCKED),
+   ORDER BY p.part LIMIT $9 FOR UPDATE SKIP LOCKED),
 took AS (
-  UPDATE bgtask_parts p SET member = $2, gen = p.gen + (p.member <> $2)::int, until = now() + $8::interval
+  UPDATE bgtask_parts p SET member = $2, until = now() + $7::interval
     FROM free f WHERE p.ledger = $1 AND p.part = f.part
-  RETURNING p.part, p.gen),
-held AS (SELECT part, gen FROM mine WHERE NOT $9 UNION ALL SELECT part, gen FROM took)
-SELECT 0, h.part, h.gen, NULL::text, NULL::text, NULL::text, NULL::text FROM held h
+  RETURNING p.part),
+held AS (SELECT part FROM mine WHERE NOT $8 UNION ALL SELECT part FROM took)
+SELECT 0, h.part, 0::bigint, NULL::text, NULL::text, NULL::text, NULL::text FROM held h
 UNION ALL
 SELECT 1, r.part, r.id, r.parent_session, r.note_id, r.kind, r.body
   FROM held h CROSS JOIN LATERAL (
     SELECT n.part, n.id, n.parent_session, n.note_id, n.kind, n.body FROM bgtask_notes n
-     WHERE n.ledger = $1 AND n.part = h.part AND n.id <> ALL($6::bigint[]) AND n.parent_session <> ALL($11::text[])
-     ORDER BY n.id LIMIT $12) r
+     WHERE n.ledger = $1 AND n.part = h.part AND n.id <> ALL($5::bigint[]) AND n.parent_session <> ALL($10::text[])
+     ORDER BY n.id LIMIT $11) r
  ORDER BY 1, 2, 4, 3`
 
 // deliverRun delivers r's rows in order, and stops at a failed delivery

@@ -16,8 +16,7 @@ package pgledger
 // when written, and comes after every summary of its round in its part:
 // a commit that ended another of the round's tasks committed before this
 // one could end the round (both move the parent's row). A node delivers a
-// part at a time (bgtask_parts: who holds it, until when, and a
-// generation that changes when another member takes it): see outbox.go.
+// part at a time (bgtask_parts: who holds it, until when): see outbox.go.
 // bgtask_outbox and bgtask_claims, and the functions that wrote them,
 // are gone; the notifications they still held are moved over.
 //
@@ -66,7 +65,6 @@ CREATE TABLE bgtask_parts (
 	ledger text        NOT NULL,
 	part   int         NOT NULL,
 	member text        NOT NULL DEFAULT '',
-	gen    bigint      NOT NULL DEFAULT 0,
 	until  timestamptz NOT NULL DEFAULT '-infinity',
 	PRIMARY KEY (ledger, part)
 );
