@@ -161,13 +161,6 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
 	n.admits, n.gates = newBatch(n.admitAll, n.admitDropped), newBatch(n.gateAll, nil)
 	n.admits.alone, n.gates.alone = admission.alone, admission.alone
-	if o.Notifier != nil {
-		// The outbox's parts, each a row its claims are written to.
-		if _, err := pool.Exec(ctx, `INSERT INTO bgtask_parts (ledger, part) SELECT $1, g FROM generate_series(0, $2::int - 1) g
-ON CONFLICT (ledger, part) DO NOTHING`, o.Ledger, noteParts); err != nil {
-			return nil, dbErr("making the outbox's parts", err)
-		}
-	}
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
 		return nil, err
