@@ -279,7 +279,7 @@ ON CONFLICT (closure_id, token) DO UPDATE SET status = EXCLUDED.status, err = EX
 		// The outbox.
 		{name: "outbox: a round", sql: roundSQL, args: s("'big'", "'m-0'", "ARRAY[1, 2]", "ARRAY[1, 1]",
 			"ARRAY[101, 102]::bigint[]", "ARRAY[2]", "'30 seconds'", "false", "14", "ARRAY['s-7']::text[]", "256"), reads: 600},
-		{name: "Join: the outbox's parts", sql: `INSERT INTO bgtask_parts (ledger, part) SELECT $1, g FROM generate_series(0, $2::int - 1) g
+		{name: "deliverer: the outbox's parts, made", sql: `INSERT INTO bgtask_parts (ledger, part) SELECT $1, g FROM generate_series(0, $2::int - 1) g
 ON CONFLICT (ledger, part) DO NOTHING`, args: s("'big'", "16")},
 
 		// The change stream.
