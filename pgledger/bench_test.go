@@ -81,7 +81,7 @@ func (counting) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData)
 // and benchCount's, and CPU time.
 type dbCounts struct {
 	xids, stmts, xacts int64
-	wal                int64 // the server's WAL position, in bytes
+	wal                int64         // the server's WAL position, in bytes
 	busy, all          int64         // the machine's CPU time, busy and in all (/proc/stat, in ticks; 0 elsewhere)
 	self               time.Duration // this process's CPU time
 	db                 time.Duration // the server's CPU time, if it runs on this machine (-1 if not)
