@@ -286,28 +286,92 @@ $$;
 
 // admitBudget admits the launch of task under parent, bringing own, into
 // the budgets of its tree: it returns the budget to launch it with (own
-// as granted, or nil), or the *bgtask.BudgetError that refuses it.
+// as granted, or nil), or the *bgtask.BudgetError that refuses it. The
+// admissions that come together go in one statement (budgetAll).
 func (n *Node) admitBudget(ctx context.Context, task, parent string, own *bgtask.Budget) (*bgtask.Budget, error) {
-	var ownArg []int64
-	if own != nil {
-		ownArg = []int64{own.Tokens, int64(own.Cost), own.Requests, own.Spawns, int64(own.SoftPercent)}
+	a, err := n.budgets.do(ctx, budgetAsk{task: task, parent: parent, own: own})
+	switch {
+	case err != nil:
+		return nil, dbErr("admitting a launch to its budget", err)
+	case a.err != "":
+		return nil, dbErr("admitting a launch to its budget", errors.New(a.err))
+	case a.refused != nil:
+		return nil, a.refused
 	}
-	var by, limit string
+	return a.grant, nil
+}
+
+// budgetAsk is a launch's budget admission: its task, the session it is
+// launched from, and the budget it brings (nil: none).
+type budgetAsk struct {
+	task, parent string
+	own          *bgtask.Budget
+}
+
+// alone reports whether q must be sent alone (as admission.alone).
+func (q budgetAsk) alone() bool { return admission{task: q.task, parent: q.parent}.alone() }
+
+// budgetAnswer is an admission's answer: refused, or granted (grant: the
+// launch's own budget as granted, nil if it brings none), or err, the
+// database's refusal of this one launch.
+type budgetAnswer struct {
+	refused *bgtask.BudgetError
+	grant   *bgtask.Budget
+	err     string
+}
+
+// budgetAdmitSQL is budgetAll's statement.
+const budgetAdmitSQL = `SELECT r_i, r_by, r_limit, r_max, r_spent, r_reserved, r_grant, r_err
+  FROM bgtask_budget_admit_all($1, $2, $3, $4, $5)`
+
+// budgetAll is the budget admissions' statement (bgtask_budget_admit_all).
+func (n *Node) budgetAll(ctx context.Context, qs []budgetAsk) ([]budgetAnswer, error) {
+	task, parent, has, own := make([]string, len(qs)), make([]string, len(qs)), make([]bool, len(qs)), make([]int64, 0, 5*len(qs))
+	for i, q := range qs {
+		task[i], parent[i] = q.task, q.parent
+		if q.own != nil {
+			has[i] = true
+			own = append(own, q.own.Tokens, int64(q.own.Cost), q.own.Requests, q.own.Spawns, int64(q.own.SoftPercent))
+		} else {
+			own = append(own, 0, 0, 0, 0, 0)
+		}
+	}
+	rows, err := n.pool.Query(ctx, budgetAdmitSQL, n.o.Ledger, task, parent, has, own)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]budgetAnswer, len(qs))
+	var i int
+	var by, limit, msg string
 	var maxv, spent, reserved int64
 	var grant []int64
-	err := n.pool.QueryRow(ctx, `SELECT r_by, r_limit, r_max, r_spent, r_reserved, r_grant FROM bgtask_budget_admit($1, $2, $3, $4)`,
-		n.o.Ledger, task, parent, ownArg).Scan(&by, &limit, &maxv, &spent, &reserved, &grant)
+	_, err = pgx.ForEachRow(rows, []any{&i, &by, &limit, &maxv, &spent, &reserved, &grant, &msg}, func() error {
+		if i < 1 || i > len(out) {
+			return fmt.Errorf("pgledger: an answer for launch %d of %d", i, len(out))
+		}
+		a := &out[i-1]
+		switch {
+		case msg != "":
+			a.err = msg
+		case by != "":
+			a.refused = &bgtask.BudgetError{TaskID: by, Limit: limit, Max: maxv, Spent: spent, Reserved: reserved}
+		case len(grant) == 5:
+			a.grant = &bgtask.Budget{Tokens: grant[0], Cost: bgtask.Cost(grant[1]), Requests: grant[2], Spawns: grant[3], SoftPercent: int(grant[4])}
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, dbErr("admitting a launch to its budget", err)
+		return nil, err
 	}
-	if by != "" {
-		return nil, &bgtask.BudgetError{TaskID: by, Limit: limit, Max: maxv, Spent: spent, Reserved: reserved}
+	return out, nil
+}
+
+// budgetDropped takes back the admission of a launch whose caller left
+// before its answer came.
+func (n *Node) budgetDropped(ctx context.Context, q budgetAsk, a budgetAnswer) {
+	if a.refused == nil && a.err == "" {
+		n.cleanUp(ctx, "launch's budget admission", func(c context.Context) error { return n.undoBudget(c, q.task) })
 	}
-	if len(grant) != 5 {
-		return nil, nil
-	}
-	g := bgtask.Budget{Tokens: grant[0], Cost: bgtask.Cost(grant[1]), Requests: grant[2], Spawns: grant[3], SoftPercent: int(grant[4])}
-	return &g, nil
 }
 
 // undoBudget takes back the admission of a launch that did not happen.

@@ -135,7 +135,7 @@ func TestALaunchOutsideEveryBudgetMakesNoBudgetStatement(t *testing.T) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	require.NoError(t, err)
 	var admits atomic.Int64
-	cfg.ConnConfig.Tracer = statementsLike{sql: `SELECT r_by, r_limit, r_max, r_spent, r_reserved, r_grant FROM bgtask_budget_admit($1, $2, $3, $4)`, n: &admits}
+	cfg.ConnConfig.Tracer = statementsLike{sql: budgetAdmitSQL, n: &admits}
 	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -156,4 +156,72 @@ func TestALaunchOutsideEveryBudgetMakesNoBudgetStatement(t *testing.T) {
 	require.ErrorAs(t, err, &be, "its one spawn is spent")
 	assert.Equal(t, "spawns", be.Limit)
 	assert.Equal(t, 0, f.count("bgtask_launching", "parent_session = $2", root.SessionID), "a refused launch leaves nothing in flight")
+}
+
+// The budget admissions that come together go in one statement: twenty
+// launches at once into a tree of ten spawns make a few statements, not
+// twenty; exactly ten are admitted and the others refused by the budget,
+// each on its own; and one the database refuses (its task admitted
+// already) is refused alone.
+func TestBudgetAdmissionsAreBatched(t *testing.T) {
+	f := newFixture(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	var admits atomic.Int64
+	cfg.ConnConfig.Tracer = statementsLike{sql: budgetAdmitSQL, n: &admits}
+	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	n, err := Join(ctx(t), pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 100 * time.Millisecond})
+	require.NoError(t, err)
+	closeAtEnd(t, n)
+	root := runningSpec(t, n, bgtask.Spec{ParentSessionID: "chat", Budget: &bgtask.Budget{Spawns: 10}})
+	admits.Store(0)
+	// The first admission waits for the budget's row, held here, until
+	// every other one is queued behind it.
+	tx, err := f.pool.Begin(ctx(t))
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx(t), `SELECT 1 FROM bgtask_budgets WHERE ledger = $1 AND holder = $2 FOR UPDATE`, f.ledger, root.ID)
+	require.NoError(t, err)
+	queued := make(chan struct{}, 20)
+	n.budgets.enqueued = func() { queued <- struct{}{} }
+
+	var wg sync.WaitGroup
+	var launched, refused atomic.Int64
+	start := make(chan struct{})
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: root.SessionID, Prompt: "do it", Models: spec.Models})
+			var be *bgtask.BudgetError
+			switch {
+			case err == nil:
+				launched.Add(1)
+			case errors.As(err, &be):
+				refused.Add(1)
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	close(start)
+	for range 20 {
+		recv(t, queued, "an admission queued")
+	}
+	require.NoError(t, tx.Rollback(ctx(t)))
+	wg.Wait()
+	assert.Equal(t, int64(10), launched.Load(), "the spawns the budget has")
+	assert.Equal(t, int64(10), refused.Load())
+	assert.Equal(t, int64(2), admits.Load(), "the first, and the nineteen queued behind it in one statement")
+
+	answers, err := n.budgetAll(ctx(t), []budgetAsk{{task: "twice", parent: "chat-2", own: &bgtask.Budget{Tokens: 3}}, {task: "twice", parent: "chat-2", own: &bgtask.Budget{Tokens: 5}},
+		{task: "other", parent: "chat-2", own: &bgtask.Budget{Tokens: 7}}})
+	require.NoError(t, err)
+	assert.Empty(t, answers[0].err)
+	assert.Contains(t, answers[1].err, "admitted to a budget already", "refused alone")
+	require.NotNil(t, answers[2].grant, "the launch after it is admitted")
+	assert.Equal(t, int64(7), answers[2].grant.Tokens)
 }

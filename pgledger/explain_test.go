@@ -312,8 +312,12 @@ ON CONFLICT (ledger, part) DO NOTHING`, args: s("'big'", "16")},
 				"ARRAY[100]::bigint[]", "ARRAY[20]::bigint[]", "ARRAY[0]::bigint[]", "ARRAY[1]::bigint[]", "ARRAY[5]::bigint[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]", "ARRAY[]::text[]")},
 
 		// Budgets (budget.go).
-		{name: "budget: admit a launch", sql: `SELECT r_by, r_limit, r_max, r_spent, r_reserved, r_grant FROM bgtask_budget_admit($1, $2, $3, $4)`,
-			args: s("'big'", "'t-new'", "'s-500'", "ARRAY[1000, 0, 0, 3, 0]::bigint[]")},
+		{name: "budget: admit launches", sql: budgetAdmitSQL,
+			args: s("'big'", "ARRAY['t-new', 't-new2']", "ARRAY['s-500', 's-7']", "ARRAY[true, false]", "ARRAY[1000, 0, 0, 3, 0, 0, 0, 0, 0, 0]::bigint[]")},
+		{name: "budget: the chains a batch locks", from: `SELECT sp.holder FROM unnest(p_parent) AS u(p) JOIN bgtask_sessions s ON s.ledger = p_ledger AND s.session_id = u.p JOIN bgtask_spends sp ON sp.ledger = s.ledger AND sp.task_id = s.task_id`,
+			sql: `SELECT sp.holder FROM unnest($2::text[]) AS u(p)
+  JOIN bgtask_sessions s ON s.ledger = $1::text AND s.session_id = u.p
+  JOIN bgtask_spends sp ON sp.ledger = s.ledger AND sp.task_id = s.task_id`, args: s("'big'", "ARRAY['s-500', 's-7']")},
 		{name: "budget: a launch taken back", sql: `SELECT bgtask_budget_undo($1, $2)`, args: s("'big'", "'t-new'")},
 		{name: "budget: read one", sql: `SELECT up, lim_tokens, lim_cost, lim_requests, lim_spawns, spent_input, spent_output, spent_cached,
        spent_requests, spent_cost, spawned, reserved, over FROM bgtask_budgets WHERE ledger = $1 AND holder = $2`, args: s("'big'", "'t-5'")},

@@ -100,16 +100,17 @@ type Node struct {
 	inflight map[string]int
 	leftover atomic.Bool
 
-	taking    atomic.Bool               // a takeover is running (takeOverAside)
-	stops     stopper                   // the runs closures asked this node to stop
-	wake      chan struct{}             // the deliverer looks at the outbox now
-	backoff   map[string]backoff        // the deliverer's: parents whose delivery failed
-	rang      chan struct{}             // the bell: the ledger's deliverers are to be woken
-	heldParts atomic.Uint32             // the outbox's parts the deliverer holds, a bit each
-	stray     sync.WaitGroup            // Notifier calls (user code that may ignore its context)
-	observe   sync.WaitGroup            // Manager.Observe calls an Observe's context let go of
-	admits    *batch[admission, *int64] // launches' fence checks, batched (admit)
-	gates     *batch[admission, *int64] // starts' fence checks, batched (gateStart)
+	taking    atomic.Bool                     // a takeover is running (takeOverAside)
+	stops     stopper                         // the runs closures asked this node to stop
+	wake      chan struct{}                   // the deliverer looks at the outbox now
+	backoff   map[string]backoff              // the deliverer's: parents whose delivery failed
+	rang      chan struct{}                   // the bell: the ledger's deliverers are to be woken
+	heldParts atomic.Uint32                   // the outbox's parts the deliverer holds, a bit each
+	stray     sync.WaitGroup                  // Notifier calls (user code that may ignore its context)
+	observe   sync.WaitGroup                  // Manager.Observe calls an Observe's context let go of
+	admits    *batch[admission, *int64]       // launches' fence checks, batched (admit)
+	gates     *batch[admission, *int64]       // starts' fence checks, batched (gateStart)
+	budgets   *batch[budgetAsk, budgetAnswer] // launches' budget admissions, batched (admitBudget)
 
 	changesMu sync.Mutex
 	changed   chan struct{}   // closed and replaced when NOTIFY tells of changes
@@ -161,6 +162,8 @@ func Join(ctx context.Context, pool *pgxpool.Pool, o NodeOptions) (*Node, error)
 	n.stops.asked, n.stops.results = map[int64]map[string]bool{}, make(chan stopResult, 64)
 	n.admits, n.gates = newBatch(n.admitAll, n.admitDropped), newBatch(n.gateAll, nil)
 	n.admits.alone, n.gates.alone = admission.alone, admission.alone
+	n.budgets = newBatch(n.budgetAll, n.budgetDropped)
+	n.budgets.alone = budgetAsk.alone
 	own, err := n.open(ctx, o.Member)
 	if err != nil {
 		return nil, err
@@ -1090,6 +1093,7 @@ func (n *Node) Close(ctx context.Context) error {
 	n.observe.Wait() // its Managers shut down: each Observe they held has returned
 	n.admits.close()
 	n.gates.close()
+	n.budgets.close()
 	return errors.Join(append(errs, shut...)...)
 }
 

@@ -178,6 +178,36 @@ BEGIN
 END
 $$;
 
+-- bgtask_budget_admit_all is bgtask_budget_admit of many launches, in
+-- order, in one statement: every budget chain the launches reach is
+-- locked first, at once, in holder order (bgtask_budget_lock: two batches
+-- never wait on each other crosswise), then each launch is admitted or
+-- refused as bgtask_budget_admit does it. A launch refused by the
+-- database (admitted already: BT002) is answered with its error and
+-- undoes nothing of the others. p_has says which launch brings a budget
+-- of its own (p_own: five figures a launch, flattened).
+CREATE FUNCTION bgtask_budget_admit_all(p_ledger text, p_task text[], p_parent text[], p_has boolean[], p_own bigint[])
+RETURNS TABLE (r_i int, r_by text, r_limit text, r_max bigint, r_spent bigint, r_reserved bigint, r_grant bigint[], r_err text)
+LANGUAGE plpgsql AS $$
+DECLARE
+	i int;
+BEGIN
+	PERFORM bgtask_budget_lock(p_ledger, ARRAY(
+		SELECT sp.holder FROM unnest(p_parent) AS u(p)
+		  JOIN bgtask_sessions s ON s.ledger = p_ledger AND s.session_id = u.p
+		  JOIN bgtask_spends sp ON sp.ledger = s.ledger AND sp.task_id = s.task_id));
+	FOR i IN 1 .. coalesce(cardinality(p_task), 0) LOOP
+		BEGIN
+			RETURN QUERY SELECT i, a.r_by, a.r_limit, a.r_max, a.r_spent, a.r_reserved, a.r_grant, ''::text
+			  FROM bgtask_budget_admit(p_ledger, p_task[i], p_parent[i],
+			       CASE WHEN p_has[i] THEN p_own[5 * i - 4 : 5 * i] END) a;
+		EXCEPTION WHEN SQLSTATE 'BT002' THEN
+			RETURN QUERY SELECT i, ''::text, ''::text, 0::bigint, 0::bigint, 0::bigint, NULL::bigint[], SQLERRM;
+		END;
+	END LOOP;
+END
+$$;
+
 CREATE FUNCTION bgtask_write(
 	p_ledger text, p_member text, p_fence bigint, p_lease interval,
 	p_seq bigint[], p_kind text[], p_task text[], p_attempt text[], p_token text[],
