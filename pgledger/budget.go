@@ -41,7 +41,7 @@ import (
 // stop is recorded: the notification's latency (Poll at most) plus the
 // closure's.
 
-// budgetChannel is what bgtask_append_budgets notifies when a budget
+// budgetChannel is what bgtask_write (bgtask_spend) notifies when a budget
 // became over.
 const budgetChannel = "bgtask_budget"
 

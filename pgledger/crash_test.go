@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -76,7 +77,7 @@ func TestACrashAtEachPointOfDelivery(t *testing.T) {
 			box.mu.Lock()
 			after := make([]delivery, 0, len(box.got))
 			for _, n := range box.got {
-				after = append(after, delivery{ID: n.ID, Kind: string(n.Kind), Task: n.TaskID, Parent: n.ParentSessionID})
+				after = append(after, deliveryOf(n))
 			}
 			box.mu.Unlock()
 
@@ -86,7 +87,7 @@ func TestACrashAtEachPointOfDelivery(t *testing.T) {
 			for _, d := range append(append([]delivery{}, before...), after...) {
 				key := d.Kind + " " + d.Task
 				if d.Kind == string(bgtask.NotifyAllComplete) {
-					key = d.Kind + " " + d.Parent
+					key = d.Kind + " " + d.Parent + " " + strings.Join(d.Tasks, ",") // a round: its parent and tasks
 				}
 				if id, ok := byKey[key]; ok {
 					assert.Equal(t, id, d.ID, "%s is delivered under one ID", key)
@@ -98,9 +99,15 @@ func TestACrashAtEachPointOfDelivery(t *testing.T) {
 			landed, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Task, Parent string }])
 			require.NoError(t, err)
 			require.NotEmpty(t, landed)
+			rounds := map[string]bool{} // parent and task, in a delivered all_complete
+			for _, d := range append(append([]delivery{}, before...), after...) {
+				for _, task := range d.Tasks {
+					rounds[d.Parent+" "+task] = true
+				}
+			}
 			for _, l := range landed {
 				assert.Contains(t, byKey, "final_summary "+l.Task, "the summary of a landed task")
-				assert.Contains(t, byKey, "all_complete "+l.Parent, "the all_complete of its parent")
+				assert.True(t, rounds[l.Parent+" "+l.Task], "task %s is in an all_complete of its parent %s", l.Task, l.Parent)
 			}
 			// Twice only what the child delivered before it died.
 			told := map[string]bool{}
@@ -129,8 +136,20 @@ func TestACrashAtEachPointOfDelivery(t *testing.T) {
 }
 
 // delivery is one notification a Notifier was given, as the child writes
-// it down.
-type delivery struct{ ID, Kind, Task, Parent string }
+// it down (Tasks: an all_complete's).
+type delivery struct {
+	ID, Kind, Task, Parent string
+	Tasks                  []string
+}
+
+// deliveryOf is n as the child writes it down.
+func deliveryOf(n bgtask.Notification) delivery {
+	d := delivery{ID: n.ID, Kind: string(n.Kind), Task: n.TaskID, Parent: n.ParentSessionID}
+	for _, t := range n.Tasks {
+		d.Tasks = append(d.Tasks, t.ID)
+	}
+	return d
+}
 
 func readDeliveries(t *testing.T, path string) []delivery {
 	t.Helper()
@@ -211,7 +230,7 @@ func CrashChild() error {
 		if point == "mid-delivery" && told == crashAfter {
 			die()
 		}
-		line, _ := json.Marshal(delivery{ID: n.ID, Kind: string(n.Kind), Task: n.TaskID, Parent: n.ParentSessionID})
+		line, _ := json.Marshal(deliveryOf(n))
 		if _, err := file.Write(append(line, '\n')); err != nil {
 			return err
 		}
@@ -230,12 +249,18 @@ func CrashChild() error {
 		return err
 	}
 	host.m.Store(node.Manager())
-	for i := 0; ; i++ { // until the crash
-		if _, err := node.Launch(ctx, bgtask.Spec{ParentSessionID: "p-" + strconv.Itoa(i), Prompt: "do it", Models: spec.Models}); err != nil {
-			return fmt.Errorf("launch %d: %w", i, err)
+	for i := 0; ; i++ { // until the crash: three tasks a parent, launched together (a round of one to three)
+		errs := make(chan error, 3)
+		for range 3 {
+			go func() {
+				_, err := node.Launch(ctx, bgtask.Spec{ParentSessionID: "p-" + strconv.Itoa(i), Prompt: "do it", Models: spec.Models})
+				errs <- err
+			}()
 		}
-		if i%8 == 7 {
-			time.Sleep(5 * time.Millisecond) // a few commits at a time: a crash finds some delivered, some not
+		for range 3 {
+			if err := <-errs; err != nil {
+				return fmt.Errorf("launch %d: %w", i, err)
+			}
 		}
 	}
 }

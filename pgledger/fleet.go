@@ -57,11 +57,11 @@ type NodeOptions struct {
 
 	took     func(member string) // tests: called after each takeover
 	pass     func()              // tests: called after each poll pass of the loop
-	claimFor time.Duration       // tests: a parent's claim (0: claimFor)
+	claimFor time.Duration       // tests: an outbox part's claim (0: claimFor)
 	markFor  time.Duration       // tests: the deliverer's own writes' bound (0: markFor)
 	drained  func(member string) // tests: called after applied events left a member's inbox
 	stopped  func(task string)   // tests: called once what a stop of a run of task came to is written
-	marked   func(note string)   // tests: called once a delivered notification is marked so
+	marked   func(note string)   // tests: called once a delivered notification is deleted from the outbox
 	beat     func()              // tests: Options.beat of every member's journal
 	away     func(error)         // tests: Options.away of every member's journal
 	now      func() time.Time    // tests: Options.now of every member's journal

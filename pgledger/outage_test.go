@@ -402,7 +402,7 @@ func TestACommitTriedAgainLandsOnce(t *testing.T) {
 	j := f.open("w1", Options{})
 	batch := []bgtask.Record{rec(1, "note", "", "", "", ""), rec(2, "note", "", "", "", "")}
 	require.NoError(t, j.Append(batch).Wait())
-	require.NoError(t, j.appendGroup(ctx(t), []*commit{{recs: batch}}), "the same commit again")
+	require.NoError(t, j.appendGroup(ctx(t), []*commit{{recs: batch}}, &outboxNotes{}), "the same commit again")
 	assert.Equal(t, 2, f.count("bgtask_records", "member = 'w1'"))
 	require.NoError(t, j.Append([]bgtask.Record{rec(3, "note", "", "", "", "")}).Wait())
 	assert.Equal(t, 3, f.count("bgtask_records", "member = 'w1'"))

@@ -46,7 +46,7 @@ const (
 	markFor       = 10 * time.Second // one statement of the deliverer's
 	rowsPerPart   = 256              // the rows of a part a round reads at most
 	bellEvery     = 5 * time.Millisecond
-	straggleAfter = 100 * time.Millisecond // a round waits this long for its slowest parents; they are marked once done
+	straggleAfter = 100 * time.Millisecond // a round waits this long for its slowest parents; what they deliver is deleted once they are done
 
 	deliverWorkers = 8 // a node's goroutines that call the Notifier, each for one parent at a time
 )
@@ -138,7 +138,7 @@ func (n *Node) bell(ctx context.Context) {
 
 // markCtx is the context of one of the deliverer's statements: markFor
 // long, and closeGrace at most once loop (the node's, nil: none) ends.
-// What was delivered as the node closes is still marked, but a database
+// What was delivered as the node closes is still deleted, but a database
 // that does not answer holds Close up for closeGrace at most.
 func (n *Node) markCtx(loop context.Context) (context.Context, context.CancelFunc) {
 	d := markFor
@@ -215,10 +215,12 @@ type deliverer struct {
 	done    []sentRow             // delivered, not yet deleted
 	warned  bool                  // a statement failed, and it was logged: the next failures are not, until one succeeds
 	made    bool                  // the ledger's rows of bgtask_parts are there
+	failed  bool                  // the last round's statement failed: the next waits for a wake-up or Poll
 }
 
 // trouble logs err, the first of an outage (nil: the database answered).
 func (d *deliverer) trouble(what string, err error) {
+	d.failed = err != nil
 	switch {
 	case err == nil:
 		d.warned = false
@@ -280,7 +282,9 @@ func (n *Node) deliverLoop(ctx context.Context) {
 		for ctx.Err() == nil {
 			more, runs := d.round(ctx, queue)
 			queue = d.dispatch(ctx, runs)
-			if !more && len(d.done) == 0 { // what was delivered meanwhile is deleted at once
+			// What was delivered meanwhile is deleted at once — unless the
+			// database did not answer: then at the next wake-up or Poll.
+			if !more && (len(d.done) == 0 || d.failed) {
 				break
 			}
 		}
@@ -296,7 +300,7 @@ func (n *Node) deliverLoop(ctx context.Context) {
 }
 
 // dispatch hands runs to the workers and waits for them, straggleAfter
-// at most (the stragglers are marked once they are done); it returns
+// at most (what the stragglers deliver is deleted once they are done); it returns
 // the runs no worker took yet (none: the workers' queue holds a run per
 // worker, and a round reads no parent a worker has).
 func (d *deliverer) dispatch(ctx context.Context, runs []*parentRun) []*parentRun {
@@ -526,14 +530,23 @@ took AS (
   UPDATE bgtask_parts p SET member = $2, until = now() + $7::interval
     FROM free f WHERE p.ledger = $1 AND p.part = f.part
   RETURNING p.part),
-held AS (SELECT part FROM mine WHERE NOT $8 UNION ALL SELECT part FROM took)
-SELECT 0, h.part, 0::bigint, NULL::text, NULL::text, NULL::text, NULL::text FROM held h
+kept_parts AS (SELECT part FROM mine WHERE NOT $8)
+SELECT 0, h.part, 0::bigint, NULL::text, NULL::text, NULL::text, NULL::text FROM (SELECT part FROM kept_parts UNION ALL SELECT part FROM took) h
 UNION ALL
 SELECT 1, r.part, r.id, r.parent_session, r.note_id, r.kind, r.body
-  FROM held h CROSS JOIN LATERAL (
+  FROM kept_parts h CROSS JOIN LATERAL (
     SELECT n.part, n.id, n.parent_session, n.note_id, n.kind, n.body FROM bgtask_notes n
      WHERE n.ledger = $1 AND n.part = h.part AND n.id <> ALL($5::bigint[]) AND n.parent_session <> ALL($10::text[])
      ORDER BY n.id LIMIT $11) r
+UNION ALL
+-- A part just taken over is read locked, each row as it is now: the
+-- process that held it may have deleted rows (and released it) after
+-- this statement's snapshot was taken.
+SELECT 1, r.part, r.id, r.parent_session, r.note_id, r.kind, r.body
+  FROM took h CROSS JOIN LATERAL (
+    SELECT n.part, n.id, n.parent_session, n.note_id, n.kind, n.body FROM bgtask_notes n
+     WHERE n.ledger = $1 AND n.part = h.part AND n.parent_session <> ALL($10::text[])
+     ORDER BY n.id LIMIT $11 FOR UPDATE) r
  ORDER BY 1, 2, 4, 3`
 
 // deliverRun delivers r's rows in order, and stops at a failed delivery

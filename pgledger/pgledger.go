@@ -367,8 +367,20 @@ func (j *Journal) writer() {
 // batches wait, and so do the Manager's commits behind them.
 func (j *Journal) write(group []*commit) {
 	err := j.failedErr()
+	var notes outboxNotes
 	if err == nil {
-		err = j.persist(0, func(ctx context.Context) error { return j.appendGroup(ctx, group) })
+		// The notifications the group carries, encoded once for all tries;
+		// one that cannot be is no outage: the journal fails with it.
+		for _, c := range group {
+			for i := range c.recs {
+				if e := notes.add(&c.recs[i]); e != nil && err == nil {
+					err = j.fail(e)
+				}
+			}
+		}
+	}
+	if err == nil {
+		err = j.persist(0, func(ctx context.Context) error { return j.appendGroup(ctx, group, &notes) })
 	}
 	for _, c := range group {
 		c.err = err
@@ -520,10 +532,11 @@ func (j *Journal) leaseLost(format string, args ...any) error {
 	return fmt.Errorf("%w: member %s (fence %d): %s", ErrLeaseLost, j.member, j.fence, fmt.Sprintf(format, args...))
 }
 
-// appendGroup writes the records of group through bgtask_append, which
-// is idempotent: a group that landed already (its first record is in the
-// table, under this fence) is not written again.
-func (j *Journal) appendGroup(ctx context.Context, group []*commit) (err error) {
+// appendGroup writes the records of group, and the notifications they
+// carry (notes), through bgtask_write, which is idempotent: a group that
+// landed already (its first record is in the table, under this fence) is
+// not written again.
+func (j *Journal) appendGroup(ctx context.Context, group []*commit, notes *outboxNotes) (err error) {
 	n := 0
 	for _, c := range group {
 		n += len(c.recs)
@@ -564,14 +577,6 @@ func (j *Journal) appendGroup(ctx context.Context, group []*commit) (err error) 
 			j.renewed(asked)
 		}
 	}()
-	var notes outboxNotes
-	for _, c := range group {
-		for i := range c.recs {
-			if err := notes.add(&c.recs[i]); err != nil {
-				return err
-			}
-		}
-	}
 	var parts int32
 	err = j.pool.QueryRow(ctx, appendSQL, j.ledger, j.member, j.fence, j.lease, seq, kind, task, attempt, token, session, parent, data, j.rounds,
 		use[0], use[1], use[2], use[3], use[4], notes.parent, notes.id, notes.kind, notes.task, notes.body).Scan(&parts)

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The package's queue tables (the outbox, claims, launches, the inbox)
+// The package's queue tables (the outbox, its parts, launches, the inbox)
 // are empty most of the time and fill in bursts. PostgreSQL's autovacuum
 // analyzes a table once a tenth of it changed, looking at most once a
 // minute (autovacuum_naptime), so the statistics it last took are those

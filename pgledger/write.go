@@ -76,14 +76,23 @@ CREATE TABLE bgtask_finals (
 	PRIMARY KEY (ledger, parent_session, task_id)
 );
 -- What the outbox still held: each pending row, in its order; an
--- all_complete with its round's summaries (delivered or not).
+-- all_complete with its round's summaries (delivered or not, the latest
+-- of each task).
 INSERT INTO bgtask_notes (ledger, part, parent_session, note_id, kind, body)
 SELECT o.ledger, bgtask_part(o.parent_session), o.parent_session, o.note_id, o.kind,
        CASE WHEN o.kind = 'all_complete' THEN '[' || coalesce((
-         SELECT string_agg(s.body::text, ',' ORDER BY s.id) FROM bgtask_outbox s
-          WHERE s.ledger = o.ledger AND s.kind = 'final_summary' AND s.task_id = ANY(o.round_tasks)), '') || ']'
+         SELECT string_agg(x.b, ',' ORDER BY x.id) FROM (
+           SELECT DISTINCT ON (s.task_id) s.id, s.body::text AS b FROM bgtask_outbox s
+            WHERE s.ledger = o.ledger AND s.kind = 'final_summary' AND s.task_id = ANY(o.round_tasks)
+            ORDER BY s.task_id, s.id DESC) x), '') || ']'
        ELSE coalesce(o.body::text, '{}') END
   FROM bgtask_outbox o WHERE o.delivered_at IS NULL ORDER BY o.id;
+-- The summaries of the tasks of rounds still open, for their all_complete.
+INSERT INTO bgtask_finals (ledger, parent_session, task_id, body)
+SELECT DISTINCT ON (s.ledger, s.parent_session, s.task_id) s.ledger, s.parent_session, s.task_id, s.body::text
+  FROM bgtask_outbox s JOIN bgtask_parents p ON p.ledger = s.ledger AND p.parent_session = s.parent_session
+ WHERE s.kind = 'final_summary' AND s.body IS NOT NULL AND s.task_id = ANY(p.round_tasks)
+ ORDER BY s.ledger, s.parent_session, s.task_id, s.id DESC;
 DROP FUNCTION bgtask_append_budgets(text, text, bigint, interval, bigint[], text[], text[], text[], text[], text[], text[], bytea[], boolean,
 	bigint[], bigint[], bigint[], bigint[], bigint[]);
 DROP FUNCTION bgtask_append(text, text, bigint, interval, bigint[], text[], text[], text[], text[], text[], text[], bytea[], boolean);
