@@ -602,3 +602,25 @@ func TestAStallLongerThanAClaimDeliversNothingTwice(t *testing.T) {
 		assert.Equal(t, 1, times, "notification %s delivered once", id)
 	}
 }
+
+// A round whose statement the database does not answer leaves what it
+// was to delete for later, and the deliverer waits for a wake-up or Poll
+// before it asks again, rather than ask at once, round after round, for
+// as long as the database is away.
+func TestADelivererWaitsOutADatabaseAway(t *testing.T) {
+	o := newOutage(t)
+	n := o.node(newService(), longLease) // no Notifier: the test runs the rounds
+	d := newDeliverer(n)
+	d.done = []sentRow{{part: 3, id: 42, note: "n-42"}}
+	require.False(t, d.idle(false), "something to delete: at once")
+	require.NoError(t, o.srv.Halt())
+	more, runs := d.round(ctx(t), nil)
+	require.NoError(t, o.srv.Resume())
+	assert.False(t, more)
+	assert.Empty(t, runs)
+	assert.Len(t, d.done, 1, "kept for the next round")
+	assert.True(t, d.idle(more), "the next round waits")
+	_, _ = d.round(ctx(t), nil)
+	assert.Empty(t, d.done, "deleted once the database answers")
+	assert.False(t, d.failed)
+}

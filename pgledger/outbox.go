@@ -282,9 +282,7 @@ func (n *Node) deliverLoop(ctx context.Context) {
 		for ctx.Err() == nil {
 			more, runs := d.round(ctx, queue)
 			queue = d.dispatch(ctx, runs)
-			// What was delivered meanwhile is deleted at once — unless the
-			// database did not answer: then at the next wake-up or Poll.
-			if !more && (len(d.done) == 0 || d.failed) {
+			if d.idle(more) {
 				break
 			}
 		}
@@ -297,6 +295,15 @@ func (n *Node) deliverLoop(ctx context.Context) {
 			d.finished(r)
 		}
 	}
+}
+
+// idle reports whether the deliverer waits for a wake-up or Poll after a
+// round that found no more (more): what was delivered meanwhile is
+// deleted at once — unless the database did not answer that round, which
+// must not be asked again at once, round after round, for as long as it
+// is away.
+func (d *deliverer) idle(more bool) bool {
+	return !more && (len(d.done) == 0 || d.failed)
 }
 
 // dispatch hands runs to the workers and waits for them, straggleAfter
