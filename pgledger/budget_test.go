@@ -132,16 +132,7 @@ func TestTwoProcessesRaceTheLastSpawns(t *testing.T) {
 // whose own budget is none (c2) — and refused by it once it is spent.
 func TestALaunchOutsideEveryBudgetMakesNoBudgetStatement(t *testing.T) {
 	f := newFixture(t)
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	require.NoError(t, err)
-	var admits atomic.Int64
-	cfg.ConnConfig.Tracer = statementsLike{sql: budgetAdmitSQL, n: &admits}
-	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	n, err := Join(ctx(t), pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 100 * time.Millisecond})
-	require.NoError(t, err)
-	closeAtEnd(t, n)
+	n, admits := f.admitsCounted()
 
 	free := runningSpec(t, n, bgtask.Spec{ParentSessionID: "chat"})
 	runningSpec(t, n, bgtask.Spec{ParentSessionID: free.SessionID})
@@ -151,7 +142,7 @@ func TestALaunchOutsideEveryBudgetMakesNoBudgetStatement(t *testing.T) {
 	assert.Equal(t, int64(1), admits.Load(), "a launch with a budget of its own is admitted to it")
 	runningSpec(t, n, bgtask.Spec{ParentSessionID: root.SessionID})
 	assert.Equal(t, int64(2), admits.Load(), "a launch in a budget's tree is admitted to it")
-	_, err = n.Launch(ctx(t), bgtask.Spec{ParentSessionID: root.SessionID, Prompt: "one more", Models: spec.Models})
+	_, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: root.SessionID, Prompt: "one more", Models: spec.Models})
 	var be *bgtask.BudgetError
 	require.ErrorAs(t, err, &be, "its one spawn is spent")
 	assert.Equal(t, "spawns", be.Limit)
@@ -165,16 +156,7 @@ func TestALaunchOutsideEveryBudgetMakesNoBudgetStatement(t *testing.T) {
 // already) is refused alone.
 func TestBudgetAdmissionsAreBatched(t *testing.T) {
 	f := newFixture(t)
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	require.NoError(t, err)
-	var admits atomic.Int64
-	cfg.ConnConfig.Tracer = statementsLike{sql: budgetAdmitSQL, n: &admits}
-	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	n, err := Join(ctx(t), pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 100 * time.Millisecond})
-	require.NoError(t, err)
-	closeAtEnd(t, n)
+	n, admits := f.admitsCounted()
 	root := runningSpec(t, n, bgtask.Spec{ParentSessionID: "chat", Budget: &bgtask.Budget{Spawns: 10}})
 	admits.Store(0)
 	// The first admission waits for the budget's row, held here, until
@@ -224,4 +206,21 @@ func TestBudgetAdmissionsAreBatched(t *testing.T) {
 	assert.Contains(t, answers[1].err, "admitted to a budget already", "refused alone")
 	require.NotNil(t, answers[2].grant, "the launch after it is admitted")
 	assert.Equal(t, int64(7), answers[2].grant.Tokens)
+}
+
+// admitsCounted joins a node of the fixture's ledger on a pool of its
+// own, whose budget admission statements (budgetAdmitSQL) it counts.
+func (f *fixture) admitsCounted() (*Node, *atomic.Int64) {
+	f.t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(f.t, err)
+	admits := &atomic.Int64{}
+	cfg.ConnConfig.Tracer = statementsLike{sql: budgetAdmitSQL, n: admits}
+	pool, err := pgxpool.NewWithConfig(ctx(f.t), cfg)
+	require.NoError(f.t, err)
+	f.t.Cleanup(pool.Close)
+	n, err := Join(ctx(f.t), pool, NodeOptions{Ledger: f.ledger, Member: "w0", Host: newService(), Poll: 100 * time.Millisecond})
+	require.NoError(f.t, err)
+	closeAtEnd(f.t, n)
+	return n, admits
 }

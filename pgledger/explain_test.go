@@ -608,7 +608,15 @@ func checkCoverage(t *testing.T, cases []explainCase) {
 // pool whose connections work in it; it is dropped at the test's end.
 func explainSchema(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	const schema = "bgtask_explain"
+	pool := ownSchema(t, "bgtask_explain")
+	require.NoError(t, Migrate(ctx(t), pool))
+	return pool
+}
+
+// ownSchema makes schema afresh, empty, and returns a pool whose
+// connections work in it; it is dropped at the test's end.
+func ownSchema(t *testing.T, schema string) *pgxpool.Pool {
+	t.Helper()
 	admin, err := pgxpool.New(ctx(t), dbURL)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
@@ -624,7 +632,6 @@ func explainSchema(t *testing.T) *pgxpool.Pool {
 	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	require.NoError(t, Migrate(ctx(t), pool))
 	return pool
 }
 

@@ -1,13 +1,10 @@
 package pgledger
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -18,25 +15,10 @@ import (
 // go to bgtask_finals, so that the round's all_complete, made after the
 // upgrade, has them.
 func TestMigration10MovesTheOutbox(t *testing.T) {
-	const schema = "bgtask_migrate10"
-	admin, err := pgxpool.New(ctx(t), dbURL)
-	require.NoError(t, err)
-	t.Cleanup(admin.Close)
-	_, err = admin.Exec(ctx(t), `DROP SCHEMA IF EXISTS `+schema+` CASCADE; CREATE SCHEMA `+schema)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = admin.Exec(c, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
-	})
-	cfg := admin.Config().Copy()
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx(t), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := ownSchema(t, "bgtask_migrate10")
 
 	// Version 9, by hand, as a fleet of the previous release left it.
-	_, err = pool.Exec(ctx(t), `CREATE TABLE bgtask_schema (version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)
+	_, err := pool.Exec(ctx(t), `CREATE TABLE bgtask_schema (version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(t, err)
 	for v := range 9 {
 		_, err = pool.Exec(ctx(t), migrations[v])
