@@ -2,7 +2,6 @@ package pgledger
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,14 +49,6 @@ const (
 
 	deliverWorkers = 8 // a node's goroutines that call the Notifier, each for one parent at a time
 )
-
-// partOf is the part of the outbox a parent's notifications go to: the
-// first byte of the SHA-256 of its name, mod noteParts (bgtask_part is
-// the same in SQL).
-func partOf(parent string) int {
-	h := sha256.Sum256([]byte(parent))
-	return int(h[0]) % noteParts
-}
 
 // outboxNotifier is a Manager's notifier in a node with a Notifier: it
 // takes the Manager's notifications with their commits (NotesAtCommit),

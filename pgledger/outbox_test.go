@@ -2,6 +2,7 @@ package pgledger
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -405,6 +406,14 @@ func TestANotificationIsWrittenWithItsCommit(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []row{{"final_summary", ended}, {"all_complete", ended}}, got, "in the commit that ended the task, in that order")
 	assert.Equal(t, 0, f.count("bgtask_records", "kind = 'notification_delivered'"))
+}
+
+// partOf is the part of the outbox a parent's notifications go to, as
+// bgtask_part makes it: the first byte of the SHA-256 of its name, mod
+// noteParts. The tests place rows by it.
+func partOf(parent string) int {
+	h := sha256.Sum256([]byte(parent))
+	return int(h[0]) % noteParts
 }
 
 // The outbox's parts are the same in Go (partOf) and in SQL

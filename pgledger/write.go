@@ -6,7 +6,7 @@ package pgledger
 // The outbox. A Manager of a node with a Notifier produces each
 // notification in the commit that decides it (fleet.AtCommit), and
 // bgtask_write writes it, in that commit, to bgtask_notes: append-only,
-// in 16 parts by a hash of the parent session (bgtask_part, partOf), each
+// in 16 parts by a hash of the parent session (bgtask_part), each
 // row's id from one sequence. A notification is durable exactly when its
 // cause is, is written once (a commit is written once), and costs no
 // statement and no commit of its own. A round's all_complete is made in
@@ -44,7 +44,7 @@ package pgledger
 // can wake their deliverers.
 const writeFunction = `
 -- bgtask_part is the part of the outbox a parent's notifications go to
--- (partOf is the same in Go).
+-- (the tests' partOf is the same in Go).
 CREATE FUNCTION bgtask_part(p_parent text) RETURNS int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 	SELECT get_byte(sha256(convert_to(p_parent, 'UTF8')), 0) & 15
