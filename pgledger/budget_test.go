@@ -224,3 +224,68 @@ func (f *fixture) admitsCounted() (*Node, *atomic.Int64) {
 	closeAtEnd(f.t, n)
 	return n, admits
 }
+
+// A commit's spending is applied as if record by record: each usage
+// report counts against every budget from its task's up, and a budget
+// becomes over at the first report (in the commit's order) that takes it
+// to a limit, checked tokens, then cost, then requests. A task's first
+// binding moves its reservation to a spawn once, however often the commit
+// binds it; a reserved task that ends gives its reservation back.
+func TestABudgetedCommitIsSpentRecordByRecord(t *testing.T) {
+	f := newFixture(t)
+	j := f.open("w1", Options{})
+	require.NoError(t, j.Append([]bgtask.Record{
+		rec(1, "task_launched", "t1", "", "", ""),
+		rec(2, "attempt_created", "t1", "a1", "r1", ""),
+		rec(3, "task_launched", "t2", "", "", ""),
+		rec(4, "attempt_created", "t2", "a2", "r2", ""),
+		rec(5, "task_launched", "t3", "", "", ""),
+		rec(6, "attempt_created", "t3", "a3", "r3", ""),
+	}).Wait())
+	// R: the tree's budget, 50 tokens and a cost of 100; t1 has a budget
+	// of its own under R (30 tokens) and t2 spends from R; both are
+	// reserved under R, neither has started. t3 spends from R and has
+	// started: its spawn is counted.
+	_, err := f.pool.Exec(ctx(t), `INSERT INTO bgtask_budgets (ledger, holder, up, lim_tokens, lim_cost, reserved, spawned) VALUES
+	  ($1, 'R', '', 50, 100, 2, 1), ($1, 't1', 'R', 30, 0, 0, 0)`, f.ledger)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(ctx(t), `INSERT INTO bgtask_spends (ledger, task_id, holder, reserved, started) VALUES
+	  ($1, 't1', 't1', true, false), ($1, 't2', 'R', true, false), ($1, 't3', 'R', false, true)`, f.ledger)
+	require.NoError(t, err)
+
+	used := func(seq uint64, task, attempt, token string, u bgtask.Usage) bgtask.Record {
+		r := rec(seq, "usage", task, attempt, token, "")
+		r.Usage = &u
+		return r
+	}
+	require.NoError(t, j.Append([]bgtask.Record{
+		used(7, "t1", "a1", "r1", bgtask.Usage{InputTokens: 10, Requests: 1, Cost: 20}), // R: 10 tokens, cost 20; t1: 10 tokens
+		used(8, "t2", "a2", "r2", bgtask.Usage{InputTokens: 5, Requests: 1, Cost: 85}),  // R: 15, cost 105: over by cost, first
+		used(9, "t1", "a1", "r1", bgtask.Usage{OutputTokens: 40, Requests: 1}),          // R: 55 tokens (over already); t1: 50 ≥ 30: tokens
+		used(10, "nobody", "", "", bgtask.Usage{InputTokens: 1000, Cost: 1000}),         // spends from no budget
+		rec(11, "session_bound", "t2", "a2", "r2", "s2"),
+		rec(12, "session_bound", "t2", "a2", "r2", "s3"),
+		rec(13, "session_bound", "t3", "a3", "r3", "s4"), // started before: no spawn
+		rec(14, "attempt_finalized", "t1", "a1", "r1", ""),
+	}).Wait())
+
+	type row struct {
+		Tokens, Cost, Requests, Spawned, Reserved int64
+		Over                                      string
+	}
+	read := func(holder string) row {
+		t.Helper()
+		var r row
+		require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT spent_input + spent_output, spent_cost, spent_requests, spawned, reserved, over
+		  FROM bgtask_budgets WHERE ledger = $1 AND holder = $2`, f.ledger, holder).Scan(&r.Tokens, &r.Cost, &r.Requests, &r.Spawned, &r.Reserved, &r.Over))
+		return r
+	}
+	assert.Equal(t, row{Tokens: 55, Cost: 105, Requests: 3, Spawned: 2, Reserved: 0, Over: "cost"}, read("R"),
+		"every report counted up the chain; over by the limit its reports reached first; t2's spawn counted once, t1's reservation given back")
+	assert.Equal(t, row{Tokens: 50, Cost: 20, Requests: 2, Over: "tokens"}, read("t1"), "a task's reports count against its own budget too")
+	var started, reserved []bool
+	require.NoError(t, f.pool.QueryRow(ctx(t), `SELECT array_agg(started ORDER BY task_id), array_agg(reserved ORDER BY task_id)
+	  FROM bgtask_spends WHERE ledger = $1`, f.ledger).Scan(&started, &reserved))
+	assert.Equal(t, []bool{false, true, true}, started, "t2 started, t1 never did")
+	assert.Equal(t, []bool{false, false, false}, reserved)
+}

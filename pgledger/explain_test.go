@@ -477,6 +477,14 @@ SELECT coalesce(bit_or(1 << part), 0) FROM ins`,
 		{name: "write: the next rounds", from: `UPDATE bgtask_parents SET live = 0, round = round + 1, round_tasks = '{}' WHERE ledger = p_ledger AND parent_session = ANY(parents);`,
 			sql:  `UPDATE bgtask_parents SET live = 0, round = round + 1, round_tasks = '{}' WHERE ledger = $1::text AND parent_session = ANY($2::text[])`,
 			args: s("'big'", "ARRAY['s-50']")},
+		{name: "spend: the reservations a commit moves", from: `LEFT JOIN bgtask_tasks t ON t.ledger = sp.ledger AND t.task_id = sp.task_id WHERE sp.ledger = p_ledger AND sp.task_id = ANY(p_task)`,
+			sql: `SELECT sp.task_id, sp.holder, sp.reserved, NOT sp.started AND b.t IS NOT NULL
+  FROM bgtask_spends sp
+  LEFT JOIN (SELECT DISTINCT x.t FROM unnest($2::text[], $3::text[]) AS x(k, t) WHERE x.k = 'session_bound') b ON b.t = sp.task_id
+  LEFT JOIN bgtask_tasks t ON t.ledger = sp.ledger AND t.task_id = sp.task_id
+ WHERE sp.ledger = $1::text AND sp.task_id = ANY($3::text[])
+   AND ((NOT sp.started AND b.t IS NOT NULL) OR (sp.reserved AND t.ended))`,
+			args: s("'big'", "ARRAY['session_bound', 'attempt_finalized']", "ARRAY['t-500', 't-501']")},
 		{name: "write: does a task spend from a budget?", from: `IF EXISTS (SELECT 1 FROM bgtask_spends WHERE ledger = p_ledger AND task_id = ANY(p_task)) THEN`,
 			sql: `SELECT EXISTS (SELECT 1 FROM bgtask_spends WHERE ledger = $1::text AND task_id = ANY($2::text[]))`, args: s("'big'", "ARRAY['t-500', 't-501']")},
 

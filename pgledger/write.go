@@ -37,8 +37,9 @@ package pgledger
 //   - The budgets. A commit none of whose tasks spends from a budget (no
 //     bgtask_spends row: the common case, and every commit of a ledger
 //     that has no budget) skips them in one index probe; the others go
-//     through bgtask_spend, record by record as before, since the holders'
-//     rows they move must be locked and moved in the records' order.
+//     through bgtask_spend, which locks the budgets' chains in holder
+//     order and moves them in a statement for the usage and one for the
+//     reservations, with the outcome of moving them record by record.
 //
 // It returns the parts it wrote notes to, a bit each, so that the writer
 // can wake their deliverers.
@@ -99,55 +100,87 @@ DROP FUNCTION bgtask_append(text, text, bigint, interval, bigint[], text[], text
 DROP TABLE bgtask_outbox;
 DROP TABLE bgtask_claims;
 
+-- bgtask_spend moves the budgets a commit's records spend from, in a few
+-- statements whatever the commit's size, with the outcome of moving them
+-- record by record: every usage report counts against each budget from
+-- its task's holder up, and a budget becomes over at the first report, in
+-- the commit's order, that takes it to a limit (tokens, then cost, then
+-- requests, as each report is checked); a task's first binding turns its
+-- reservation into a spawn above its own budget, once; a task that ended
+-- reserved gives its reservation back.
 CREATE FUNCTION bgtask_spend(
 	p_ledger text, p_kind text[], p_task text[],
 	p_input bigint[], p_output bigint[], p_cached bigint[], p_requests bigint[], p_cost bigint[]
 ) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-	i int;
-	s bgtask_spends;
-	h text;
-	n int;
-	crossed boolean := false;
-	x boolean;
+	crossed boolean;
 BEGIN
 	PERFORM bgtask_budget_lock(p_ledger, ARRAY(
 		SELECT sp.holder FROM bgtask_spends sp WHERE sp.ledger = p_ledger AND sp.task_id = ANY(p_task)));
-	FOR i IN 1 .. cardinality(p_kind) LOOP
-		CONTINUE WHEN p_kind[i] <> 'usage' AND p_kind[i] <> 'session_bound';
-		SELECT * INTO s FROM bgtask_spends WHERE ledger = p_ledger AND task_id = p_task[i] FOR UPDATE;
-		CONTINUE WHEN NOT FOUND;
-		IF p_kind[i] = 'usage' THEN
-			h := s.holder;
-			n := 0;
-			WHILE h <> '' AND n < 1000 LOOP
-				UPDATE bgtask_budgets SET spent_input = spent_input + p_input[i], spent_output = spent_output + p_output[i],
-				       spent_cached = spent_cached + p_cached[i], spent_requests = spent_requests + p_requests[i],
-				       spent_cost = spent_cost + p_cost[i],
-				       over = CASE WHEN over <> '' THEN over
-				                   WHEN lim_tokens > 0 AND spent_input + spent_output + p_input[i] + p_output[i] >= lim_tokens THEN 'tokens'
-				                   WHEN lim_cost > 0 AND spent_cost + p_cost[i] >= lim_cost THEN 'cost'
-				                   WHEN lim_requests > 0 AND spent_requests + p_requests[i] >= lim_requests THEN 'requests'
-				                   ELSE '' END
-				 WHERE ledger = p_ledger AND holder = h RETURNING up, over <> '' AND NOT closed AND closing_at IS NULL INTO h, x;
-				EXIT WHEN NOT FOUND;
-				crossed := crossed OR coalesce(x, false);
-				n := n + 1;
-			END LOOP;
-		ELSIF NOT s.started THEN
-			UPDATE bgtask_spends SET started = true, reserved = false WHERE ledger = p_ledger AND task_id = p_task[i];
-			PERFORM bgtask_budget_move(p_ledger, bgtask_budget_above(p_ledger, p_task[i], s.holder),
-				CASE WHEN s.reserved THEN -1 ELSE 0 END, 1);
+	IF 'usage' = ANY(p_kind) THEN
+		WITH RECURSIVE u AS (
+			SELECT x.o, sp.holder, x.i, x.ou, x.c, x.r, x.co
+			  FROM unnest(p_kind, p_task, p_input, p_output, p_cached, p_requests, p_cost) WITH ORDINALITY AS x(k, t, i, ou, c, r, co, o)
+			  JOIN bgtask_spends sp ON sp.ledger = p_ledger AND sp.task_id = x.t
+			 WHERE x.k = 'usage'),
+		-- each holder's chain: the budgets from it up, while they are there
+		c(start, holder, n) AS (
+			SELECT DISTINCT b.holder, b.holder, 0 FROM u JOIN bgtask_budgets b ON b.ledger = p_ledger AND b.holder = u.holder
+			UNION
+			SELECT c.start, b.up, c.n + 1 FROM c JOIN bgtask_budgets b ON b.ledger = p_ledger AND b.holder = c.holder
+			 WHERE b.up <> '' AND c.n < 1000),
+		-- each budget's reports in the commit's order, with what it had spent
+		-- after each
+		run AS (
+			SELECT b.holder, u.o, u.i, u.ou, u.c, u.r, u.co,
+			       CASE WHEN b.over <> '' THEN ''
+			            WHEN b.lim_tokens > 0 AND b.spent_input + b.spent_output + sum(u.i + u.ou) OVER w >= b.lim_tokens THEN 'tokens'
+			            WHEN b.lim_cost > 0 AND b.spent_cost + sum(u.co) OVER w >= b.lim_cost THEN 'cost'
+			            WHEN b.lim_requests > 0 AND b.spent_requests + sum(u.r) OVER w >= b.lim_requests THEN 'requests'
+			            ELSE '' END AS reached
+			  FROM (SELECT DISTINCT start, holder FROM c) h
+			  JOIN u ON u.holder = h.start
+			  JOIN bgtask_budgets b ON b.ledger = p_ledger AND b.holder = h.holder
+			WINDOW w AS (PARTITION BY b.holder ORDER BY u.o)),
+		d AS (
+			SELECT run.holder, sum(run.i) AS i, sum(run.ou) AS ou, sum(run.c) AS c, sum(run.r) AS r, sum(run.co) AS co,
+			       coalesce((array_agg(run.reached ORDER BY run.o) FILTER (WHERE run.reached <> ''))[1], '') AS reached
+			  FROM run GROUP BY run.holder),
+		up AS (
+			UPDATE bgtask_budgets b SET spent_input = b.spent_input + d.i, spent_output = b.spent_output + d.ou,
+			       spent_cached = b.spent_cached + d.c, spent_requests = b.spent_requests + d.r, spent_cost = b.spent_cost + d.co,
+			       over = CASE WHEN b.over <> '' THEN b.over ELSE d.reached END
+			  FROM d WHERE b.ledger = p_ledger AND b.holder = d.holder
+			RETURNING b.over <> '' AND NOT b.closed AND b.closing_at IS NULL AS x)
+		SELECT coalesce(bool_or(x), false) INTO crossed FROM up;
+		IF crossed THEN
+			PERFORM pg_notify('bgtask_budget', p_ledger);
 		END IF;
-	END LOOP;
-	FOR s IN SELECT sp.* FROM bgtask_spends sp JOIN bgtask_tasks t ON t.ledger = sp.ledger AND t.task_id = sp.task_id
-	          WHERE sp.ledger = p_ledger AND sp.task_id = ANY(p_task) AND sp.reserved AND t.ended FOR UPDATE OF sp LOOP
-		UPDATE bgtask_spends SET reserved = false WHERE ledger = p_ledger AND task_id = s.task_id;
-		PERFORM bgtask_budget_move(p_ledger, bgtask_budget_above(p_ledger, s.task_id, s.holder), -1, 0);
-	END LOOP;
-	IF crossed THEN
-		PERFORM pg_notify('bgtask_budget', p_ledger);
 	END IF;
+	-- The reservations: a task bound for the first time starts (its
+	-- reservation, if it has one, becomes a spawn); a task that ended
+	-- reserved gives it back. Each moves every budget above its own.
+	WITH RECURSIVE s AS (
+		UPDATE bgtask_spends sp SET started = sp.started OR m.bound, reserved = false
+		  FROM (SELECT sp.task_id, sp.holder, sp.reserved AS was, NOT sp.started AND b.t IS NOT NULL AS bound
+		          FROM bgtask_spends sp
+		          LEFT JOIN (SELECT DISTINCT x.t FROM unnest(p_kind, p_task) AS x(k, t) WHERE x.k = 'session_bound') b ON b.t = sp.task_id
+		          LEFT JOIN bgtask_tasks t ON t.ledger = sp.ledger AND t.task_id = sp.task_id
+		         WHERE sp.ledger = p_ledger AND sp.task_id = ANY(p_task)
+		           AND ((NOT sp.started AND b.t IS NOT NULL) OR (sp.reserved AND t.ended))) m
+		 WHERE sp.ledger = p_ledger AND sp.task_id = m.task_id
+		RETURNING bgtask_budget_above(p_ledger, m.task_id, m.holder) AS above,
+		          CASE WHEN m.was THEN -1 ELSE 0 END AS dr, m.bound::int AS ds),
+		c(start, holder, n) AS (
+			SELECT DISTINCT s.above, s.above, 0 FROM s WHERE s.above <> ''
+			UNION
+			SELECT c.start, b.up, c.n + 1 FROM c JOIN bgtask_budgets b ON b.ledger = p_ledger AND b.holder = c.holder
+			 WHERE b.up <> '' AND c.n < 1000),
+		d AS (
+			SELECT h.holder, sum(s.dr) AS dr, sum(s.ds) AS ds
+			  FROM (SELECT DISTINCT start, holder FROM c) h JOIN s ON s.above = h.start GROUP BY h.holder)
+	UPDATE bgtask_budgets b SET reserved = greatest(b.reserved + d.dr, 0), spawned = b.spawned + d.ds
+	  FROM d WHERE b.ledger = p_ledger AND b.holder = d.holder AND (d.dr <> 0 OR d.ds <> 0);
 END
 $$;
 
