@@ -293,6 +293,7 @@ func (m *Manager) setProgress(e *entry, p string) {
 	}
 	if p = textbound.OneLine(p, maxProgressRunes); e.output().progress != p {
 		e.output().progress = p
+		m.keepProgress(e, p)
 		m.publish(e)
 	}
 }

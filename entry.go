@@ -99,6 +99,7 @@ type local struct {
 	valueTok string
 	err      error // the error value that ended run errTok
 	errTok   string
+	lines    []progressLine // the latest lines of progress (History), progressKept at most
 }
 
 // values is the Launch context whose values e's calls carry, or nil.

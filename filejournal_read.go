@@ -34,7 +34,10 @@ type JournalView struct {
 
 // RecordView is one journal record as ReadFileJournal shows it.
 type RecordView struct {
-	// Seq is the record's sequence number; Kind its kind ("session_bound").
+	// Seq is the record's sequence number; Kind its kind ("session_bound";
+	// "progress" for a line of progress a run reported, which
+	// Manager.History adds from memory: no journal holds one, and its Seq
+	// is 0).
 	Seq  uint64 `json:"seq"`
 	Kind string `json:"kind"`
 	// TaskID and AttemptID name what it is about ("" for a manager-wide
@@ -139,11 +142,17 @@ func (v JournalView) RecordsOf(t Task) []RecordView {
 	}
 	var out []RecordView
 	for _, r := range recs[first : last+1] {
-		if r.TaskID == t.ID || (r.TaskID == "" && (r.Kind == "epoch" || (r.ParentSessionID != "" && r.ParentSessionID == t.ParentSessionID))) {
+		if tells(r, t.ID, t.ParentSessionID) {
 			out = append(out, r)
 		}
 	}
 	return out
+}
+
+// tells reports whether r tells of task id, launched under parent: it
+// is the task's, a process life's epoch, or about its parent session.
+func tells(r RecordView, id, parent string) bool {
+	return r.TaskID == id || (r.TaskID == "" && (r.Kind == "epoch" || (r.ParentSessionID != "" && r.ParentSessionID == parent)))
 }
 
 // recordView is rec as an operator reads it.

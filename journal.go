@@ -75,11 +75,24 @@ type Journal interface {
 	// its deadline; it returns ctx's error, or one that wraps it, once
 	// ctx ends.
 	Replay(fn func(Record) error) error
+	// A journal that can read one task's records back also has a method
+	// TaskRecords(ctx context.Context, taskID string) ([]Record, error):
+	// the task's durable records, in order, with the records of no task
+	// (TaskID "") that lie between its first and its last; none (and no
+	// error) for a task it holds no record of. Manager.History reads a
+	// task's history from it. The file journal has it, and pgledger's.
+	//
 	// Compact replaces the journal's records with keep (in order), as one
 	// atomic step.
 	Compact(keep []Record) error
 	// Close releases the journal.
 	Close() error
+}
+
+// taskReader is a Journal that reads one task's records back (see
+// Journal.Replay).
+type taskReader interface {
+	TaskRecords(ctx context.Context, taskID string) ([]Record, error)
 }
 
 // contextReplayer is a Journal whose replay a context can end (see
@@ -452,6 +465,35 @@ func guardDecode(f func() error) (err error) {
 		}
 	}()
 	return f()
+}
+
+// TaskRecords reads the log as it is on disk (what was written so far)
+// and returns the records of task id, with the records of no task
+// between its first and its last (Journal.Replay).
+func (j *fileJournal) TaskRecords(ctx context.Context, id string) ([]Record, error) {
+	payloads, err := j.l.Read()
+	if err != nil {
+		return nil, corruptError(err)
+	}
+	var out []Record
+	last := -1 // in out: the task's last record
+	for i, p := range payloads {
+		if i%1024 == 0 && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		r, _, err := unpackRecord(p)
+		if err != nil {
+			return nil, j.placed(i, p, err)
+		}
+		switch {
+		case r.TaskID == id:
+			out = append(out, r)
+			last = len(out) - 1
+		case r.TaskID == "" && last >= 0:
+			out = append(out, r)
+		}
+	}
+	return out[:last+1], nil
 }
 
 func (j *fileJournal) Compact(keep []Record) error {

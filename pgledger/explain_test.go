@@ -326,6 +326,7 @@ ON CONFLICT (ledger, part) DO NOTHING`, args: s("'big'", "16")},
  RETURNING holder, over`, args: s("'big'", "'1 minute'")},
 		{name: "budget: its branch closed", sql: `UPDATE bgtask_budgets SET closed = true WHERE ledger = $1 AND holder = $2`, args: s("'big'", "'t-5'")},
 		{name: "budget: a closure's cause", sql: `SELECT coalesce((SELECT over FROM bgtask_budgets WHERE ledger = $1 AND holder = $2), '')`, args: s("'big'", "'t-5'")},
+		{name: "History: a task's records", sql: taskRecordsSQL, args: s("'big'", "'t-500'")},
 		{name: "replay", sql: `SELECT seq, kind, task_id, attempt_id, token, data FROM bgtask_records
  WHERE ledger = $1 AND member = $2 ORDER BY seq`, args: s("'big'", "'m-15'")},
 		{name: "compact: the records", sql: `DELETE FROM bgtask_records WHERE ledger = $1 AND member = $2`, args: s("'big'", "'m-15'")},
@@ -364,21 +365,21 @@ ON CONFLICT (ledger) DO UPDATE SET pruned_at = now() WHERE r.pruned_at <= now() 
 		{name: "write: launches no longer in flight", from: `DELETE FROM bgtask_launching WHERE ledger = p_ledger AND task_id = ANY(ARRAY(SELECT u.t FROM unnest(p_kind, p_task) AS u(k, t) WHERE u.k = 'task_launched'));`,
 			sql:  `DELETE FROM bgtask_launching WHERE ledger = $1::text AND task_id = ANY(ARRAY(SELECT u.t FROM unnest($2::text[], $3::text[]) AS u(k, t) WHERE u.k = 'task_launched'))`,
 			args: s("'big'", "ARRAY['task_launched', 'attempt_created']", "ARRAY['t-new', 't-new']")},
-		{name: "write: the tasks launched", from: `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended) SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p,`,
+		{name: "write: the tasks launched", from: `INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended, first_seq, last_seq) SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p,`,
 			sql: `WITH f AS (
-	SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc, max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
-	  FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS u(k, t, o) GROUP BY u.t),
+	SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc, max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf, max(u.s) AS ls
+	  FROM unnest($3::text[], $4::text[], $8::bigint[]) WITH ORDINALITY AS u(k, t, s, o) GROUP BY u.t),
 ins AS (
-	INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended)
+	INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended, first_seq, last_seq)
 	SELECT DISTINCT ON (u.t) $1::text, u.t, $2::text, u.p, coalesce(($6::text[])[f.lc::int], ''), coalesce(($7::text[])[f.lc::int], ''),
-	       coalesce(f.lf, 0) > coalesce(f.lc, 0)
-	  FROM unnest($3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS u(k, t, p, o) JOIN f ON f.t = u.t
+	       coalesce(f.lf, 0) > coalesce(f.lc, 0), u.s, f.ls
+	  FROM unnest($3::text[], $4::text[], $5::text[], $8::bigint[]) WITH ORDINALITY AS u(k, t, p, s, o) JOIN f ON f.t = u.t
 	 WHERE u.k = 'task_launched' ORDER BY u.t, u.o
 	ON CONFLICT (ledger, task_id) DO NOTHING
 	RETURNING task_id)
 SELECT coalesce(array_agg(task_id), '{}') FROM ins`,
 			args: s("'big'", "'m-0'", "ARRAY['task_launched', 'attempt_created']", "ARRAY['t-new', 't-new']", "ARRAY['s-500', '']",
-				"ARRAY['', 'a-new']", "ARRAY['', 'r-new']")},
+				"ARRAY['', 'a-new']", "ARRAY['', 'r-new']", "ARRAY[9000001, 9000002]::bigint[]")},
 		{name: "write: the first record that disagrees", from: `LEFT JOIN bgtask_tasks x ON x.ledger = p_ledger AND x.task_id = r.t WHERE x.member IS DISTINCT FROM p_member`,
 			sql: `SELECT r.o, r.k, r.t, r.a, r.r, x.member, x.attempt_id, x.token, r.prev
   FROM (SELECT u.o, u.k, u.t, u.a, u.r,
@@ -397,13 +398,15 @@ SELECT coalesce(array_agg(task_id), '{}') FROM ins`,
 			sql: `UPDATE bgtask_tasks t
    SET attempt_id = CASE WHEN f.lc IS NULL THEN t.attempt_id ELSE ($4::text[])[f.lc::int] END,
        token = CASE WHEN f.lc IS NULL THEN t.token ELSE ($5::text[])[f.lc::int] END,
-       ended = coalesce(f.lf, 0) > coalesce(f.lc, 0)
+       ended = coalesce(f.lf, 0) > coalesce(f.lc, 0),
+       last_seq = f.ls
   FROM (SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc,
-               max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
-          FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(k, t, o)
-         WHERE u.k IN ('attempt_created', 'attempt_finalized') GROUP BY u.t) f
+               max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf, max(u.s) AS ls
+          FROM unnest($2::text[], $3::text[], $6::bigint[]) WITH ORDINALITY AS u(k, t, s, o)
+         GROUP BY u.t HAVING count(*) FILTER (WHERE u.k IN ('attempt_created', 'attempt_finalized')) > 0) f
  WHERE t.ledger = $1::text AND t.task_id = f.t`,
-			args: s("'big'", "ARRAY['attempt_finalized', 'attempt_created']", "ARRAY['t-500', 't-500']", "ARRAY['a-500', 'a-x']", "ARRAY['r-500', 'r-x']")},
+			args: s("'big'", "ARRAY['attempt_finalized', 'attempt_created']", "ARRAY['t-500', 't-500']", "ARRAY['a-500', 'a-x']", "ARRAY['r-500', 'r-x']",
+				"ARRAY[9000003, 9000004]::bigint[]")},
 		{name: "write: the sessions bound", from: `INSERT INTO bgtask_sessions AS s (ledger, session_id, member, task_id, attempt_id) SELECT DISTINCT ON (u.s) p_ledger, u.s, p_member, u.t, u.a`,
 			sql: `INSERT INTO bgtask_sessions AS s (ledger, session_id, member, task_id, attempt_id)
 SELECT DISTINCT ON (u.s) $1::text, u.s, $2::text, u.t, u.a

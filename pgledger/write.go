@@ -44,6 +44,14 @@ package pgledger
 // It returns the parts it wrote notes to, a bit each, so that the writer
 // can wake their deliverers.
 const writeFunction = `
+-- Where a task's records lie among its member's (Journal.TaskRecords):
+-- from its first record's seq to its last's as of the commit that last
+-- moved it (read to the end while it is live).
+ALTER TABLE bgtask_tasks ADD COLUMN first_seq bigint, ADD COLUMN last_seq bigint;
+UPDATE bgtask_tasks t SET first_seq = r.f, last_seq = r.l
+  FROM (SELECT ledger, member, task_id, min(seq) AS f, max(seq) AS l FROM bgtask_records WHERE task_id <> ''
+         GROUP BY ledger, member, task_id) r
+ WHERE r.ledger = t.ledger AND r.member = t.member AND r.task_id = t.task_id;
 -- bgtask_part is the part of the outbox a parent's notifications go to
 -- (the tests' partOf is the same in Go).
 CREATE FUNCTION bgtask_part(p_parent text) RETURNS int
@@ -295,13 +303,13 @@ BEGIN
 		   AND task_id = ANY(ARRAY(SELECT u.t FROM unnest(p_kind, p_task) AS u(k, t) WHERE u.k = 'task_launched'));
 		WITH f AS (
 			SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc,
-			       max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
-			  FROM unnest(p_kind, p_task) WITH ORDINALITY AS u(k, t, o) GROUP BY u.t),
+			       max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf, max(u.s) AS ls
+			  FROM unnest(p_kind, p_task, p_seq) WITH ORDINALITY AS u(k, t, s, o) GROUP BY u.t),
 		ins AS (
-			INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended)
+			INSERT INTO bgtask_tasks (ledger, task_id, member, parent_session, attempt_id, token, ended, first_seq, last_seq)
 			SELECT DISTINCT ON (u.t) p_ledger, u.t, p_member, u.p, coalesce(p_attempt[f.lc::int], ''), coalesce(p_token[f.lc::int], ''),
-			       coalesce(f.lf, 0) > coalesce(f.lc, 0)
-			  FROM unnest(p_kind, p_task, p_parent) WITH ORDINALITY AS u(k, t, p, o) JOIN f ON f.t = u.t
+			       coalesce(f.lf, 0) > coalesce(f.lc, 0), u.s, f.ls
+			  FROM unnest(p_kind, p_task, p_parent, p_seq) WITH ORDINALITY AS u(k, t, p, s, o) JOIN f ON f.t = u.t
 			 WHERE u.k = 'task_launched' ORDER BY u.t, u.o
 			ON CONFLICT (ledger, task_id) DO NOTHING
 			RETURNING task_id)
@@ -339,11 +347,13 @@ BEGIN
 	UPDATE bgtask_tasks t
 	   SET attempt_id = CASE WHEN f.lc IS NULL THEN t.attempt_id ELSE p_attempt[f.lc::int] END,
 	       token = CASE WHEN f.lc IS NULL THEN t.token ELSE p_token[f.lc::int] END,
-	       ended = coalesce(f.lf, 0) > coalesce(f.lc, 0)
+	       ended = coalesce(f.lf, 0) > coalesce(f.lc, 0),
+	       last_seq = f.ls
 	  FROM (SELECT u.t, max(u.o) FILTER (WHERE u.k = 'attempt_created') AS lc,
-	               max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf
-	          FROM unnest(p_kind, p_task) WITH ORDINALITY AS u(k, t, o)
-	         WHERE u.k IN ('attempt_created', 'attempt_finalized') AND u.t <> ALL(born) GROUP BY u.t) f
+	               max(u.o) FILTER (WHERE u.k = 'attempt_finalized') AS lf, max(u.s) AS ls
+	          FROM unnest(p_kind, p_task, p_seq) WITH ORDINALITY AS u(k, t, s, o)
+	         WHERE u.t <> ALL(born) GROUP BY u.t
+	        HAVING count(*) FILTER (WHERE u.k IN ('attempt_created', 'attempt_finalized')) > 0) f
 	 WHERE t.ledger = p_ledger AND t.task_id = f.t;
 	-- The sessions the commit bound (the last binding of each, should one
 	-- be bound twice); one another member holds raises.

@@ -28,3 +28,8 @@ type AtCommit interface{ NotesAtCommit() }
 // notification_produced) carries to an AtCommit journal — a
 // *bgtask.Notification, or nil.
 var NoteOf func(rec any) any
+
+// History is the history (a []bgtask.RecordView, as Manager.History
+// gives it) that recs (a []bgtask.Record: a journal's TaskRecords of task
+// id) tell, for a task no Manager of the process holds.
+var History func(recs any, id string) (any, error)

@@ -570,6 +570,13 @@ func ReadOnly(dir string, opts Options) (recs [][]byte, torn *Torn, err error) {
 	}
 }
 
+// Read reads the log's records as ReadOnly reads its directory, while
+// the log is open: what was written so far (a torn tail is left out).
+func (l *Log) Read() ([][]byte, error) {
+	recs, _, err := ReadOnly(l.dir, l.opts)
+	return recs, err
+}
+
 // readAll reads the records as load does, changing nothing.
 func (l *Log) readAll() (recs [][]byte, torn *Torn, err error) {
 	segs, _, err := l.readSegments()
