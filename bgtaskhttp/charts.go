@@ -201,7 +201,7 @@ func (s *svg) begin(title string, top float64, unit string) {
 	for i := 0; i <= 4; i++ {
 		y := plotT + plotH - plotH*i/4
 		s.f(`<line class="grid" x1="%d" x2="%d" y1="%d" y2="%d"/>`, plotL, plotL+plotW, y, y)
-		s.f(`<text class="tick" x="%d" y="%d" text-anchor="end">%s</text>`, plotL-4, y+4, esc(short(top*float64(i)/4)+unit))
+		s.f(`<text class="tick" x="%d" y="%d" text-anchor="end">%s</text>`, plotL-4, y+4, esc(sig3(top*float64(i)/4)+unit))
 	}
 	for m := 0; m <= chartBuckets; m += 15 {
 		x := plotL + int(float64(m)*colW)
@@ -251,7 +251,7 @@ func stacked(title, unit string, names []string, m map[string][]float64) templat
 			h := v / top * plotH
 			y -= h
 			s.f(`<rect class="c%d" x="%.1f" y="%.1f" width="%.1f" height="%.1f"><title>%s: %s%s</title></rect>`,
-				i%8, float64(plotL)+float64(b)*colW, y, max(colW-1, 1), h, esc(name), esc(short(v)), esc(unit))
+				i%8, float64(plotL)+float64(b)*colW, y, max(colW-1, 1), h, esc(name), esc(sig3(v)), esc(unit))
 		}
 	}
 	s.legend(names)
@@ -343,8 +343,8 @@ func roundUp(v float64) float64 {
 	return 10 * p
 }
 
-// short is v with at most three significant digits.
-func short(v float64) string {
+// sig3 is v with at most three significant digits.
+func sig3(v float64) string {
 	return strconv.FormatFloat(v, 'g', 3, 64)
 }
 
