@@ -1,6 +1,7 @@
 package bgtask
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -104,7 +105,7 @@ type BudgetState struct {
 	Spawned  int64 `json:"spawned"`
 	Reserved int64 `json:"reserved,omitempty"`
 	// Left is what may still be spent, the budgets above it counted: a
-	// figure no budget limits is -1.
+	// figure no budget limits is -1 (null in JSON; see MarshalJSON).
 	Left Budget `json:"left"`
 	// Exceeded names the hard limit reached ("" while none is): the
 	// branch was stopped.
@@ -112,6 +113,68 @@ type BudgetState struct {
 	// SoftReached: a figure reached the soft threshold (the parent was
 	// told).
 	SoftReached bool `json:"softReached,omitempty"`
+}
+
+// MarshalJSON writes s with each figure of Left as a number, or null when
+// no budget limits it (-1 in Left): "left": {"tokens": 0, "cost": null,
+// "requests": 3, "spawns": null}. All four are always written, so that 0
+// (nothing left) and null (no limit) are never confused with an absent
+// figure, which is how earlier versions wrote 0.
+func (s BudgetState) MarshalJSON() ([]byte, error) {
+	type plain BudgetState // no methods: no recursion
+	limited := func(n int64) *int64 {
+		if n < 0 {
+			return nil
+		}
+		return &n
+	}
+	return json.Marshal(struct {
+		plain
+		Left budgetLeftJSON `json:"left"`
+	}{plain(s), budgetLeftJSON{Tokens: limited(s.Left.Tokens), Cost: limited(int64(s.Left.Cost)),
+		Requests: limited(s.Left.Requests), Spawns: limited(s.Left.Spawns)}})
+}
+
+// budgetLeftJSON is BudgetState.Left on the wire: nil (null) for a figure
+// no budget limits.
+type budgetLeftJSON struct {
+	Tokens   *int64 `json:"tokens"`
+	Cost     *int64 `json:"cost"`
+	Requests *int64 `json:"requests"`
+	Spawns   *int64 `json:"spawns"`
+}
+
+// UnmarshalJSON reads a BudgetState as MarshalJSON writes it, and as
+// earlier versions did (what a pgledger ledger may still hold): Left's
+// figures as numbers with -1 for no limit, and a figure left out for 0.
+func (s *BudgetState) UnmarshalJSON(data []byte) error {
+	type plain BudgetState
+	var j struct {
+		plain
+		Left map[string]json.RawMessage `json:"left"`
+	}
+	if err := json.Unmarshal(data, &j); err != nil {
+		return err
+	}
+	*s = BudgetState(j.plain)
+	s.Left = Budget{}
+	for name, to := range map[string]*int64{LimitTokens: &s.Left.Tokens, LimitCost: (*int64)(&s.Left.Cost),
+		LimitRequests: &s.Left.Requests, LimitSpawns: &s.Left.Spawns} {
+		raw, ok := j.Left[name]
+		switch {
+		case !ok: // an earlier version's 0
+		case string(raw) == "null":
+			*to = -1
+		default:
+			if err := json.Unmarshal(raw, to); err != nil {
+				return fmt.Errorf("budget: left: %s: %w", name, err)
+			}
+			if *to < 0 {
+				*to = -1
+			}
+		}
+	}
+	return nil
 }
 
 func (b Budget) validate(field string) error {
@@ -540,7 +603,7 @@ func (m *Manager) budgetCrossed() {
 // The fences go up at once; the passes run on goroutines the Manager
 // owns. m.mu is held.
 func (m *Manager) stopBudget(b *budget) {
-	cs := []*closure{m.openClosure(sessionOf(b.owner), b.owner, closedByBudget)}
+	cs := []*closure{m.openClosure(sessionOf(b.owner), b.owner, closedByBudget, "")}
 	now := m.now()
 	for _, e := range m.order {
 		if e.terminal() || e.acct == nil || !spendsFrom(e.acct.bud, b) {
@@ -550,7 +613,7 @@ func (m *Manager) stopBudget(b *budget) {
 		// Fence fails for its run from here on, before any abort.
 		m.wantStop(e, budgetNote(e), now)
 		if !m.taskInBranch(e, cs[0]) {
-			c := m.openClosure(sessionOf(e), e, closedByBudget)
+			c := m.openClosure(sessionOf(e), e, closedByBudget, "")
 			c.quiet = true
 			cs = append(cs, c)
 		}

@@ -64,6 +64,9 @@ type ClosureReport struct {
 	// Stop returned early (its context ended, or ErrStopPending).
 	Stopping []StoppedRun `json:"stopping,omitempty"`
 	Passes   int          `json:"passes"` // scans until a scan found nothing runnable
+	// Actor is who acted, when the stop's caller named them
+	// (Target.Actor).
+	Actor string `json:"actor,omitempty"`
 }
 
 // clone copies r, its slices included.
@@ -153,6 +156,7 @@ type closure struct {
 	detached bool      // Target.NoWait: its caller does not wait past the first pass
 	quiet    bool      // notify the parent only if something was in the branch
 	by       string    // what began it (ClosureSummary.By: closedBy...)
+	actor    string    // who acted (Target.Actor; ClosureReport.Actor), if named
 	began    time.Time // when its fence went up
 	horizon  uint64    // the last session start issued when the closure opened
 	opened   uint64    // the sequence of its opening record (0: not recorded)
@@ -325,13 +329,14 @@ var (
 	stopBySessionDeleted = &recordExt{stop: StatusCancelled, note: noteSessionDeleted}
 )
 
-// stopBy is the stop a closure of root (or of task, closed as a unit) asks.
-func stopBy(root string, task *entry) *recordExt {
-	by := noteClosureOf + root
+// stopBy is the stop a closure of root (or of task, closed as a unit)
+// asks, for actor ("": none named).
+func stopBy(root string, task *entry, actor string) *recordExt {
+	c := StopCause{Kind: StopClosure, Root: root, Actor: actor}
 	if task != nil { // a task closed as a unit: the cause names the task
-		by = noteClosureOfTask + task.id
+		c.Root, c.TaskID = "", task.id
 	}
-	return &recordExt{stop: StatusCancelled, note: by}
+	return &recordExt{stop: StatusCancelled, note: c.note()}
 }
 
 // walk visits the branch's tasks, found from the ledger's edges: the task
@@ -370,13 +375,13 @@ func (m *Manager) walk(c *closure, visit func(*entry)) {
 // closeBranch closes the branch beneath sessionID (Stop with
 // Target.Session), begun by by (closedBy...); with noWait its caller does
 // not wait past the fence and the first pass.
-func (m *Manager) closeBranch(ctx context.Context, sessionID, by string, noWait bool) (ClosureReport, error) {
+func (m *Manager) closeBranch(ctx context.Context, sessionID, by, actor string, noWait bool) (ClosureReport, error) {
 	m.mu.Lock()
 	if !m.sessionKnown(sessionID) && len(m.calls.inflight) == 0 {
 		m.unlock()
 		return ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, sessionID)
 	}
-	return m.closeOpened(ctx, m.openClosure(sessionID, nil, by), noWait)
+	return m.closeOpened(ctx, m.openClosure(sessionID, nil, by, actor), noWait)
 }
 
 // closeTask closes the branch of the task with id as a unit (Stop with
@@ -384,7 +389,7 @@ func (m *Manager) closeBranch(ctx context.Context, sessionID, by string, noWait 
 // its sessions, recursively. by is who began it (closedBy...):
 // closedByCaller asks its stops as the caller of task id
 // (Spec.CancelWithCaller), not as a closure.
-func (m *Manager) closeTask(ctx context.Context, id, by string, noWait bool) (ClosureReport, error) {
+func (m *Manager) closeTask(ctx context.Context, id, by, actor string, noWait bool) (ClosureReport, error) {
 	m.mu.Lock()
 	e := m.led.tasks[id]
 	if e == nil {
@@ -392,7 +397,7 @@ func (m *Manager) closeTask(ctx context.Context, id, by string, noWait bool) (Cl
 		m.unlock()
 		return ClosureReport{}, err
 	}
-	return m.closeOpened(ctx, m.openClosure(sessionOf(e), e, by), noWait)
+	return m.closeOpened(ctx, m.openClosure(sessionOf(e), e, by, actor), noWait)
 }
 
 // closeOpened runs closure c, just opened with m.mu held, which it
@@ -452,16 +457,17 @@ const (
 )
 
 // openClosure raises the fence of a closure of root (and, when task is
-// not nil, of task as a unit: Stop with Tree), begun by by. m.mu is held.
-func (m *Manager) openClosure(root string, task *entry, by string) *closure {
-	stop := stopBy(root, task)
+// not nil, of task as a unit: Stop with Tree), begun by by, for actor
+// (Target.Actor; "" if none was named). m.mu is held.
+func (m *Manager) openClosure(root string, task *entry, by, actor string) *closure {
+	stop := stopBy(root, task, actor)
 	switch by {
 	case closedByCaller:
 		stop = &recordExt{stop: StatusCancelled, note: noteCallerOf + task.id}
 	case closedByBudget:
 		stop = budgetNote(task)
 	}
-	c := &closure{root: root, task: task, stop: stop, by: by, began: m.now(), starting: map[string]bool{}, failed: map[string]StoppedRun{}, horizon: m.calls.startSeq, ctx: m.life.ctx}
+	c := &closure{root: root, task: task, stop: stop, by: by, actor: actor, began: m.now(), starting: map[string]bool{}, failed: map[string]StoppedRun{}, horizon: m.calls.startSeq, ctx: m.life.ctx}
 	taskID := ""
 	if task != nil {
 		taskID = task.id
@@ -711,7 +717,7 @@ func (m *Manager) report(c *closure, passes int) ClosureReport {
 // so they never change, and the closure record keeps them instead of a copy
 // of the report. m.mu is held.
 func (m *Manager) reportLocked(c *closure, passes int) (rep ClosureReport) {
-	rep = ClosureReport{SessionID: c.root, Passes: passes}
+	rep = ClosureReport{SessionID: c.root, Actor: c.actor, Passes: passes}
 	if owner := m.rootTask(c); owner != nil {
 		rep.TaskID = owner.id
 	}
@@ -758,7 +764,7 @@ func (m *Manager) finishClosure(c *closure, passes int, cause error) (rep Closur
 		// The root was a session no start in flight turned out to create:
 		// nothing to record, nobody to tell.
 		m.led.emit(record{kind: recClosureDropped, at: m.now(), recordExt: &recordExt{opened: c.opened}})
-		rep = ClosureReport{SessionID: c.root, Passes: passes}
+		rep = ClosureReport{SessionID: c.root, Actor: c.actor, Passes: passes}
 		err = fmt.Errorf("%w: %q is no task's session and no task's parent", ErrUnknownSession, c.root)
 		m.closureEnded(c, rep, true, err)
 		return rep, err

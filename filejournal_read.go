@@ -256,7 +256,11 @@ func describe(rec *record) string {
 	case recSessionOrphan:
 		return "session " + x.session + " of superseded " + n + " orphaned (aborted)"
 	case recStopRequested:
-		return "stop requested by " + x.note + ": it ends " + string(x.stop)
+		note, actor, _ := strings.Cut(x.note, noteActor)
+		if actor != "" {
+			note += " (" + actor + ")"
+		}
+		return "stop requested by " + note + ": it ends " + string(x.stop)
 	case recStopWithdrawn:
 		return "stop withdrawn, the abort failed: " + textbound.OneLine(x.note, 120)
 	case recAbortRequested:

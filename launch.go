@@ -217,7 +217,7 @@ func (m *Manager) callerDone(id string) {
 		if !live {
 			return
 		}
-		if _, err := m.closeTask(m.life.ctx, id, closedByCaller, false); err != nil && !errors.Is(err, ErrShutdown) {
+		if _, err := m.closeTask(m.life.ctx, id, closedByCaller, "", false); err != nil && !errors.Is(err, ErrShutdown) {
 			m.logAttrs(slog.LevelWarn, "stopping a task whose caller's context ended failed",
 				slog.String("task", id), slog.String("err", safeText(err)))
 		}
@@ -478,7 +478,7 @@ func (m *Manager) Run(ctx context.Context, spec Spec) (Task, error) {
 	}
 	cause := ctx.Err()
 	bg := context.WithoutCancel(ctx)
-	if _, serr := m.closeTask(bg, t.ID, closedByCaller, false); serr != nil && !errors.Is(serr, ErrStopPending) {
+	if _, serr := m.closeTask(bg, t.ID, closedByCaller, "", false); serr != nil && !errors.Is(serr, ErrStopPending) {
 		now, terr := m.Task(t.ID)
 		if terr != nil {
 			now = done

@@ -288,9 +288,9 @@ func (m *Manager) recover(ctx context.Context) error {
 		c := rv.closing[seq]
 		var err error
 		if c.task != "" {
-			_, err = m.closeTask(ctx, c.task, m.restartedBy(c.task), false)
+			_, err = m.closeTask(ctx, c.task, m.restartedBy(c.task), "", false)
 		} else {
-			_, err = m.closeBranch(ctx, c.root, closedByRestart, false)
+			_, err = m.closeBranch(ctx, c.root, closedByRestart, "", false)
 		}
 		if errors.Is(err, ErrUnknownSession) || errors.Is(err, ErrUnknownTask) {
 			continue

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/bgtask/bgtask/internal/callq"
 )
@@ -307,7 +309,15 @@ type Target struct {
 	// ends cancelled, whatever its kind. A closure (Tree, Session) records
 	// its own cause: Cause is refused with them.
 	Cause *StopCause
+	// Actor, when set, names who acted (an operator's identity: bgtaskhttp
+	// sets the one its Authorize accepted). It is recorded with the stop:
+	// StopCause.Actor of each task it stops, and ClosureReport.Actor of a
+	// closure. One line of printable text, at most 200 bytes.
+	Actor string
 }
+
+// maxActor bounds Target.Actor.
+const maxActor = 200
 
 // Validate says what is wrong with t, if anything (ErrInvalidArgument):
 // the rules Manager.Stop, pgledger's Node.Stop and bgtaskhttp's
@@ -334,6 +344,10 @@ func (t Target) Validate() error {
 		return fmt.Errorf("%w: Target.Task is blank", ErrInvalidArgument)
 	case t.Run != (RunRef{}) && (blank(t.Run.TaskID) || blank(t.Run.Token)):
 		return fmt.Errorf("%w: Target.Run needs its TaskID and Token", ErrInvalidArgument)
+	case len(t.Actor) > maxActor:
+		return fmt.Errorf("%w: Target.Actor is %d bytes long; at most %d", ErrInvalidArgument, len(t.Actor), maxActor)
+	case strings.IndexFunc(t.Actor, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 || (t.Actor != "" && blank(t.Actor)):
+		return fmt.Errorf("%w: Target.Actor %q is not one line of printable text", ErrInvalidArgument, t.Actor)
 	}
 	return nil
 }
@@ -364,11 +378,18 @@ func (m *Manager) Stop(ctx context.Context, t Target) (ClosureReport, error) {
 	if err := t.Validate(); err != nil {
 		return ClosureReport{}, err
 	}
+	if t.Actor != "" && t.Session == "" && !t.Tree {
+		c := StopCause{Kind: StopCancel}
+		if t.Cause != nil {
+			c = *t.Cause
+		}
+		c.Actor, t.Cause = t.Actor, &c
+	}
 	switch {
 	case t.Session != "":
-		return m.closeBranch(ctx, t.Session, closedByStopSession, t.NoWait)
+		return m.closeBranch(ctx, t.Session, closedByStopSession, t.Actor, t.NoWait)
 	case t.Tree:
-		return m.closeTask(ctx, t.Task, closedByStopTree, t.NoWait)
+		return m.closeTask(ctx, t.Task, closedByStopTree, t.Actor, t.NoWait)
 	case t.NoWait:
 		id, token := t.Task, ""
 		if id == "" {
@@ -505,7 +526,7 @@ func (m *Manager) onStop(in *stopIn) reply {
 // Observe never waits for them. Its record is kept; the parent hears of it
 // only if anything was running below. m.mu is held.
 func (m *Manager) cascadeDelete(sessionID string) {
-	c := m.openClosure(sessionID, nil, closedBySessionDeleted)
+	c := m.openClosure(sessionID, nil, closedBySessionDeleted, "")
 	c.quiet = true
 	if !m.effect(effect{kind: fxCascade, closure: c, session: sessionID}) {
 		// After Shutdown nothing runs its passes: the fence comes down

@@ -55,10 +55,19 @@ type StopCause struct {
 	Limit string `json:"limit,omitempty"`
 	// Note is what the journal said, for StopOther.
 	Note string `json:"note,omitempty"`
+	// Actor is who acted, when the stop's caller named them
+	// (Target.Actor): an operator's identity, as bgtaskhttp's Authorize
+	// accepted it.
+	Actor string `json:"actor,omitempty"`
 }
 
 // String says who asked, for people and parent models.
 func (c StopCause) String() string {
+	if c.Actor != "" {
+		a := c
+		a.Actor = ""
+		return a.String() + " (" + c.Actor + ")"
+	}
 	switch c.Kind {
 	case StopCancel:
 		return "the caller cancelled"
@@ -94,8 +103,17 @@ const (
 	noteBudgetOf       = " of task " // see noteBudget
 )
 
+// noteActor separates a stop record's note from the actor that follows
+// it (Target.Actor), if any: a byte no note and no actor has.
+const noteActor = "\x1f"
+
 // stopCauseOf reads who asked from a stop record's note.
 func stopCauseOf(note string) StopCause {
+	if base, actor, ok := strings.Cut(note, noteActor); ok {
+		c := stopCauseOf(base)
+		c.Actor = actor
+		return c
+	}
 	switch {
 	case note == noteCancel:
 		return StopCause{Kind: StopCancel}
@@ -149,9 +167,9 @@ func (e *StopError) Is(target error) bool {
 }
 
 // stopAskedBy is the stop record a stop that c asked carries: nil for a
-// plain cancel (nil c).
+// plain cancel (nil c, or a cancel no actor asked).
 func stopAskedBy(c *StopCause) *recordExt {
-	if c == nil || c.Kind == StopCancel {
+	if c == nil || (c.Kind == StopCancel && c.Actor == "") {
 		return nil
 	}
 	return &recordExt{stop: StatusCancelled, note: c.note()}
@@ -159,6 +177,11 @@ func stopAskedBy(c *StopCause) *recordExt {
 
 // note is c as a stop record says it (stopCauseOf reads it back).
 func (c StopCause) note() string {
+	if c.Actor != "" {
+		a := c
+		a.Actor = ""
+		return a.note() + noteActor + c.Actor
+	}
 	switch c.Kind {
 	case StopCancel:
 		return noteCancel

@@ -4,6 +4,7 @@
 //	GET  /snapshot                every task, as of a sequence (bgtask.Snapshot)
 //	GET  /tasks                   a page: ?parent= &root= &status= (repeatable) &after= &limit=
 //	GET  /tasks/{id}              one task
+//	GET  /tasks/{id}/history      its history, oldest first (Manager.History: []bgtask.RecordView)
 //	GET  /events                  the change stream, as server-sent events
 //	POST /tasks/{id}/cancel       Stop of the task (Target.Task; ?token=: only that run, Target.Run)
 //	POST /tasks/{id}/close        Stop with Tree: the task and everything beneath it
@@ -65,8 +66,10 @@
 // not_running, key_held, unsupported (errors.ErrUnsupported: what the
 // Manager's host cannot do), prompt_refused, branch_not_stopped,
 // stop_pending and not_cooling; 400 invalid_argument (any bad argument: a
-// Spec, an invocation, a query); 401 unauthorized; 403 host_not_allowed,
-// cross_origin and read_only; 413 too_large; 408 canceled; 504
+// Spec, an invocation, a query — an unknown status, a limit out of range
+// —, a body that is not one JSON object of the route's fields); 401
+// unauthorized; 403 host_not_allowed, cross_origin and read_only; 413
+// too_large; 408 canceled; 504
 // deadline_exceeded; 503 shutdown, journal and too_many_streams; 500
 // internal otherwise. The Client turns the sentinels' codes back into
 // errors that match them with errors.Is.
@@ -82,6 +85,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/statusarg"
 )
 
 // Options configure a Handler.
@@ -123,10 +127,6 @@ type Options struct {
 	Keepalive time.Duration
 	// Page is served at "GET /"; nil: the live view (View).
 	Page http.Handler
-	// Records, when set, gives the live view's detail page the ledger
-	// records of a task, with their times (FileJournalRecords reads them
-	// from a file journal); nil: the page shows what the Manager holds.
-	Records func(ctx context.Context, taskID string) ([]bgtask.RecordView, error)
 
 	streamNote func(event string) // tests: what the event streams do
 }
@@ -230,7 +230,7 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		}
 		p, err := m.Tasks(q)
 		if errors.Is(err, bgtask.ErrInvalidArgument) {
-			err = fmt.Errorf("%w: %v", bgtask.ErrInvalidArgument, err) // a cursor of an unknown task is a bad argument, not a missing task
+			err = badArgument{err} // a cursor of an unknown task is a bad argument, not a missing task
 		}
 		if err != nil {
 			writeError(w, err)
@@ -240,6 +240,17 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 			p.Tasks = []bgtask.Task{}
 		}
 		writeJSON(w, http.StatusOK, pageJSON{Tasks: p.Tasks, Next: p.Next})
+	})
+	mux.HandleFunc("GET /tasks/{id}/history", func(w http.ResponseWriter, r *http.Request) {
+		h, err := m.History(r.Context(), r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if h == nil {
+			h = []bgtask.RecordView{}
+		}
+		writeJSON(w, http.StatusOK, h)
 	})
 	mux.HandleFunc("GET /tasks/{id}", func(w http.ResponseWriter, r *http.Request) {
 		t, err := m.Task(r.PathValue("id"))
@@ -337,12 +348,26 @@ type pageJSON struct {
 	Next  string        `json:"next,omitempty"`
 }
 
-// queryOf reads a Query from the URL.
+// badArgument is an error that is a bad argument and nothing else: its
+// text as it is (it says "invalid argument" once already), matching
+// bgtask.ErrInvalidArgument alone — not, say, the ErrUnknownTask of a
+// cursor that names no task.
+type badArgument struct{ err error }
+
+func (e badArgument) Error() string        { return e.err.Error() }
+func (e badArgument) Is(target error) bool { return target == bgtask.ErrInvalidArgument }
+
+// queryOf reads a Query from the URL; an unknown status is refused, as
+// the command line refuses it (statusarg).
 func queryOf(r *http.Request) (bgtask.Query, error) {
 	v := r.URL.Query()
 	q := bgtask.Query{Parent: v.Get("parent"), Root: v.Get("root"), After: v.Get("after")}
 	for _, s := range v["status"] {
-		q.Statuses = append(q.Statuses, bgtask.Status(s))
+		st, err := statusarg.Parse(s)
+		if err != nil {
+			return q, fmt.Errorf("%w: %v", bgtask.ErrInvalidArgument, err)
+		}
+		q.Statuses = append(q.Statuses, st)
 	}
 	if l := v.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)

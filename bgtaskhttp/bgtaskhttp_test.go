@@ -239,7 +239,7 @@ func TestTheAPIRefusesCrossSiteRequestsAndBadBodies(t *testing.T) {
 	assert.Panics(t, func() { bgtaskhttp.Handler(nil, bgtaskhttp.Options{}) })
 	bad := &bgtaskhttp.Client{Base: ""}
 	var mir mirror.Mirror
-	assert.ErrorContains(t, bad.Follow(s.ctx, &mir, nil), "not an http(s) URL")
+	assert.ErrorContains(t, bad.Follow(s.ctx, &mir, nil), "is not an http:// or https:// URL")
 }
 
 func TestFollowStopsOnARefusal(t *testing.T) {

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/mirror"
@@ -30,6 +32,15 @@ type Client struct {
 	// return soon. A tool that must report a dead address at once returns
 	// err when the first snapshot never came (ready not closed yet).
 	Reconnect func(err error, wait time.Duration) error
+	// Reconnected, if set, is called by Follow once a stream it opened
+	// again (after a stream ended, lagged or could not be had) took up
+	// where it had left off: snapshot is false when the service sent what
+	// followed the last event applied (its id is after, "epoch:seq"), true
+	// when it sent a new snapshot instead (it no longer held what
+	// followed, it is another process, or no event was applied yet:
+	// after is ""). It is called on Follow's goroutine, so it should
+	// return soon.
+	Reconnected func(after string, snapshot bool)
 	// IdleTimeout, if not 0, is how long Follow lets the stream send
 	// nothing — not even the keepalive the service sends while no change
 	// flows (Options.Keepalive) — before it takes the connection for dead
@@ -41,20 +52,30 @@ type Client struct {
 var (
 	errLagged     = errors.New("bgtaskhttp: the stream lagged behind the service; resyncing from a new snapshot")
 	errIdle       = errors.New("bgtaskhttp: the stream sent nothing for longer than Client.IdleTimeout")
-	errNotAStream = errors.New("bgtaskhttp: the answer to GET /events is not an event stream")
+	errNotAStream = errors.New("not an event stream")
 )
 
 // Error is an error the service answered with. It matches the bgtask
 // sentinel its Code names (errors.Is(err, bgtask.ErrUnknownTask)).
+//
+// An answer no bgtask service gives (not its JSON error: another server
+// at the address, a proxy's error page) is an Error with Code "http" and,
+// as Message, a short excerpt of its body; its text names the server and
+// what it answered.
 type Error struct {
 	Status  int
 	Code    string
 	Message string
 	// Report is the closure's report when Code is branch_not_stopped.
 	Report *bgtask.ClosureReport
+
+	foreign string // what answered, when it is no bgtask service ("" if it is)
 }
 
 func (e *Error) Error() string {
+	if e.foreign != "" {
+		return "bgtaskhttp: " + e.foreign
+	}
 	return fmt.Sprintf("bgtaskhttp: %d %s: %s", e.Status, e.Code, e.Message)
 }
 
@@ -80,14 +101,105 @@ func errorOf(resp *http.Response) *Error {
 	var eb errorBody
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if json.Unmarshal(b, &eb) != nil || eb.Code == "" {
-		eb = errorBody{Error: strings.TrimSpace(string(b)), Code: "http"}
+		ex := excerpt(b, resp.Header.Get("Content-Type"))
+		return &Error{Status: resp.StatusCode, Code: "http", Message: ex, foreign: foreign(resp, ex, "")}
 	}
 	return &Error{Status: resp.StatusCode, Code: eb.Code, Message: eb.Error, Report: eb.Report}
+}
+
+// foreign says that the server that gave resp is no bgtask service: its
+// address, the request, the status and content type it answered with, why
+// (if why is not ""), and an excerpt of what it said (if ex is not "").
+func foreign(resp *http.Response, ex, why string) string {
+	server, what := "", ""
+	if r := resp.Request; r != nil && r.URL != nil {
+		server, what = r.URL.Scheme+"://"+r.URL.Host, r.Method+" "+r.URL.Path+": "
+	}
+	ctype := resp.Header.Get("Content-Type")
+	if ctype == "" {
+		ctype = "none"
+	}
+	s := fmt.Sprintf("the server at %s did not answer as a bgtask server (%s%s, Content-Type %s)", server, what, resp.Status, ctype)
+	if why != "" {
+		s += ": " + why
+	}
+	if ex != "" {
+		s += ": " + strconv.Quote(ex)
+	}
+	return s
+}
+
+// excerptLen bounds what an error quotes of a foreign answer, in runes.
+const excerptLen = 100
+
+// excerpt is the start of body as text, for an error to quote: an HTML
+// page's text without its tags, scripts and styles, spaces collapsed, at
+// most excerptLen runes.
+func excerpt(body []byte, ctype string) string {
+	s := strings.ToValidUTF8(string(body), "\uFFFD")
+	if strings.Contains(strings.ToLower(ctype), "html") || strings.HasPrefix(strings.TrimSpace(s), "<") {
+		s = pageText(s)
+	}
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) > excerptLen {
+		r := []rune(s)
+		s = string(r[:excerptLen]) + "…"
+	}
+	return s
+}
+
+// pageText is the text of an HTML page, roughly: its tags, and what its
+// scripts and styles hold, left out; its entities decoded.
+func pageText(s string) string {
+	var b strings.Builder
+	lower := strings.ToLower(s)
+	for i := 0; i < len(s); {
+		lt := strings.IndexByte(s[i:], '<')
+		if lt < 0 {
+			b.WriteString(s[i:])
+			break
+		}
+		b.WriteString(s[i : i+lt])
+		b.WriteByte(' ')
+		i += lt
+		for _, skip := range []string{"script", "style"} {
+			if strings.HasPrefix(lower[i:], "<"+skip) {
+				if end := strings.Index(lower[i:], "</"+skip); end >= 0 {
+					i += end
+				}
+			}
+		}
+		gt := strings.IndexByte(s[i:], '>')
+		if gt < 0 {
+			break
+		}
+		i += gt + 1
+	}
+	return html.UnescapeString(b.String())
+}
+
+// checkBase says what is wrong with base as a service's address, if
+// anything: it must be an http:// or https:// URL with a host.
+func checkBase(base string) error {
+	if u, err := url.Parse(base); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {
+		return nil
+	}
+	msg := fmt.Sprintf("bgtaskhttp: the service's address %q is not an http:// or https:// URL", base)
+	switch b := strings.TrimSpace(base); {
+	case b == "":
+		msg += ": write it as http://host:port"
+	case !strings.Contains(b, "://") && !strings.ContainsAny(b, " \t"):
+		msg += ": write http://" + b
+	}
+	return errors.New(msg)
 }
 
 // call sends a request (body, if not nil, as JSON) and decodes a 2xx
 // answer into out (if not nil); any other answer is an *Error.
 func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
+	if err := checkBase(c.Base); err != nil {
+		return err
+	}
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -158,10 +270,25 @@ func (c *Client) Tasks(ctx context.Context, q bgtask.Query) (bgtask.Page, error)
 	return bgtask.Page{Tasks: p.Tasks, Next: p.Next}, nil
 }
 
+// errNoID is the error of a call that names no task.
+var errNoID = fmt.Errorf("%w: a task id is required", bgtask.ErrInvalidArgument)
+
 // Task returns one task (GET /tasks/{id}).
 func (c *Client) Task(ctx context.Context, id string) (bgtask.Task, error) {
+	if strings.TrimSpace(id) == "" {
+		return bgtask.Task{}, errNoID
+	}
 	var t bgtask.Task
 	return t, c.call(ctx, http.MethodGet, "/tasks/"+url.PathEscape(id), nil, &t)
+}
+
+// History is Manager.History over HTTP: GET /tasks/{id}/history.
+func (c *Client) History(ctx context.Context, id string) ([]bgtask.RecordView, error) {
+	if strings.TrimSpace(id) == "" {
+		return nil, errNoID
+	}
+	var h []bgtask.RecordView
+	return h, c.call(ctx, http.MethodGet, "/tasks/"+url.PathEscape(id)+"/history", nil, &h)
 }
 
 // Stop is Manager.Stop over HTTP: POST /tasks/{id}/cancel (a task, or
@@ -173,6 +300,9 @@ func (c *Client) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureRepor
 	}
 	if t.Cause != nil { // the server records its caller's stop as a cancel: a cause would be lost
 		return bgtask.ClosureReport{}, fmt.Errorf("%w: Target.Cause cannot be sent over HTTP", bgtask.ErrInvalidArgument)
+	}
+	if t.Actor != "" { // the server names who acted: the identity its Authorize accepted
+		return bgtask.ClosureReport{}, fmt.Errorf("%w: Target.Actor cannot be sent over HTTP: the server records the caller its Authorize accepted", bgtask.ErrInvalidArgument)
 	}
 	var path string
 	q := url.Values{}
@@ -203,6 +333,9 @@ func (c *Client) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureRepor
 
 // Extend sends a supplemental prompt and returns its invocation number.
 func (c *Client) Extend(ctx context.Context, id, prompt string) (int, error) {
+	if strings.TrimSpace(id) == "" {
+		return 0, errNoID
+	}
 	var out struct {
 		Invocation int `json:"invocation"`
 	}
@@ -222,16 +355,17 @@ func (c *Client) Extend(ctx context.Context, id, prompt string) (int, error) {
 // the first line), so a stream that keeps ending soon after it began is
 // retried less and less often rather than pulling a new snapshot every
 // 100ms. ready, if not nil, is closed once the first snapshot is applied.
-// It returns ctx's error, an error the service answered with that
-// retrying cannot help (4xx), the error Reconnect returned, or a Base that
-// is not an http(s) URL.
+// Once a stream opened again has taken up where the last left off, it
+// tells Reconnected, if set. It returns ctx's error, an error the service
+// answered with that retrying cannot help (4xx), the error Reconnect
+// returned, or a Base that is not an http(s) URL.
 func (c *Client) Follow(ctx context.Context, mir *mirror.Mirror, ready chan<- struct{}) error {
-	if u, err := url.Parse(c.Base); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("bgtaskhttp: Client.Base %q is not an http(s) URL", c.Base)
+	if err := checkBase(c.Base); err != nil {
+		return err
 	}
 	last, wait := "", 100*time.Millisecond
-	for {
-		lasted, err := c.follow(ctx, mir, &last, &ready)
+	for again := false; ; again = true {
+		lasted, err := c.follow(ctx, mir, &last, &ready, again)
 		var he *Error
 		switch {
 		case ctx.Err() != nil:
@@ -260,9 +394,10 @@ func (c *Client) Follow(ctx context.Context, mir *mirror.Mirror, ready chan<- st
 	}
 }
 
-// follow reads one connection of the stream; lasted is how long it was
-// read, from the service's answer to its end (0: there was no stream).
-func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, ready *chan<- struct{}) (lasted time.Duration, err error) {
+// follow reads one connection of the stream, the first (again false) or
+// one opened again; lasted is how long it was read, from the service's
+// answer to its end (0: there was no stream).
+func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, ready *chan<- struct{}, again bool) (lasted time.Duration, err error) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	alive := func() {} // the stream said something: the idle clock starts again
@@ -294,11 +429,19 @@ func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, r
 		return 0, errorOf(resp)
 	}
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-		return 0, fmt.Errorf("%w (Content-Type %q): is %s a bgtaskhttp service?", errNotAStream, ct, c.Base)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10)) // enough to quote its start
+		return 0, &foreignStream{foreign(resp, excerpt(b, ct), errNotAStream.Error())}
 	}
 	began := time.Now()
 	rd := bufio.NewReader(resp.Body)
 	event, data, id := "", "", ""
+	after := *last // what this stream takes up from
+	resumed := func(snapshot bool) {
+		if again && c.Reconnected != nil {
+			c.Reconnected(after, snapshot)
+		}
+		again = false // once per stream
+	}
 	for {
 		line, err := rd.ReadString('\n')
 		if err != nil {
@@ -313,6 +456,8 @@ func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, r
 			data = strings.TrimPrefix(line, "data: ")
 		case strings.HasPrefix(line, "id: "):
 			id = strings.TrimPrefix(line, "id: ")
+		case line == ": resumed" && after != "":
+			resumed(false) // nothing was missed: what follows the last event comes next
 		case line == "" && event == "lagged":
 			return time.Since(began), errLagged // reconnect: the service sends a new snapshot
 		case line == "" && event == "snapshot":
@@ -326,6 +471,7 @@ func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, r
 				close(*ready)
 				*ready = nil
 			}
+			resumed(true)
 			event, data = "", ""
 		case line == "" && event == "change":
 			var ch bgtask.Change
@@ -338,3 +484,10 @@ func (c *Client) follow(ctx context.Context, mir *mirror.Mirror, last *string, r
 		}
 	}
 }
+
+// foreignStream is the error of an answer to GET /events that is no event
+// stream: it matches errNotAStream.
+type foreignStream struct{ msg string }
+
+func (e *foreignStream) Error() string        { return "bgtaskhttp: " + e.msg }
+func (e *foreignStream) Is(target error) bool { return target == errNotAStream }

@@ -155,7 +155,7 @@ func TestClientFollowSaysWhenTheAddressIsNoEventStream(t *testing.T) {
 	rc := &reconnects{errs: make(chan error, 1), stop: make(chan struct{})}
 	close(rc.stop)
 	err := (&bgtaskhttp.Client{Base: srv.URL, Reconnect: rc.hook}).Follow(context.Background(), &mirror.Mirror{}, nil)
-	assert.ErrorContains(t, err, `not an event stream (Content-Type "text/html")`)
+	assert.ErrorContains(t, err, `did not answer as a bgtask server (GET /events: 200 OK, Content-Type text/html): not an event stream: "some other server"`)
 	assert.ErrorIs(t, sent(t, rc.errs), err, "Reconnect was told why")
 }
 

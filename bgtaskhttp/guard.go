@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -144,7 +146,8 @@ func late(ctx context.Context, err error) error {
 }
 
 // readJSON reads an action's JSON body into v: at most 1 MiB, one value
-// and nothing after it, read before the action's deadline.
+// with no field v does not have ({"promt": …} is refused, not read as no
+// prompt) and nothing after it, read before the action's deadline.
 func readJSON(ctx context.Context, w http.ResponseWriter, r *http.Request, v any) error {
 	if ct, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";"); strings.TrimSpace(ct) != "application/json" {
 		return fmt.Errorf("%w: the body must be application/json", bgtask.ErrInvalidArgument)
@@ -156,6 +159,7 @@ func readJSON(ctx context.Context, w http.ResponseWriter, r *http.Request, v any
 		}
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {
 		if dec.Decode(&struct{}{}) != io.EOF {
@@ -171,5 +175,26 @@ func readJSON(ctx context.Context, w http.ResponseWriter, r *http.Request, v any
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return fmt.Errorf("%w: the body did not arrive within Options.ActionTimeout", context.DeadlineExceeded)
 	}
+	if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok { // encoding/json's words: it has no type for it
+		return fmt.Errorf("%w: the body has an unknown field %s; this route takes %s", bgtask.ErrInvalidArgument, field, strings.Join(fieldsOf(v), ", "))
+	}
 	return fmt.Errorf("%w: body: %v", bgtask.ErrInvalidArgument, err)
+}
+
+// fieldsOf lists the JSON fields of the struct v points to, quoted.
+func fieldsOf(v any) []string {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Struct {
+		return nil
+	}
+	var names []string
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			names = append(names, strconv.Quote(name))
+		}
+	}
+	return names
 }

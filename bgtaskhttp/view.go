@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/statusarg"
 )
 
 // The live view: the page is rendered here, on the server, so a plain
@@ -46,26 +47,39 @@ const viewCSP = "default-src 'none'; script-src 'self'; style-src 'self'; connec
 	"base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 
 var viewTemplates = template.Must(template.New("view").Funcs(template.FuncMap{
-	"clock":    clock,
-	"stamp":    stamp,
 	"since":    since,
+	"at":       at,
+	"when":     whenOf,
 	"bound":    bound,
 	"statuses": func() []bgtask.Status { return allStatuses },
 	"has":      func(set []bgtask.Status, s bgtask.Status) bool { return slices.Contains(set, s) },
+	"cost":     costText,
+	"took":     durationText,
+	"statusesOf": func(v url.Values) []bgtask.Status {
+		out := make([]bgtask.Status, 0, len(v["status"]))
+		for _, s := range v["status"] {
+			out = append(out, bgtask.Status(s))
+		}
+		return out
+	},
 }).ParseFS(viewFiles, "view.tmpl"))
 
-var allStatuses = []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning, bgtask.StatusCompleted,
-	bgtask.StatusError, bgtask.StatusCancelled, bgtask.StatusInterrupt}
+// allStatuses are the statuses the page filters by: those a URL may name
+// (statusarg, which GET /tasks and cmd/bgtask read them with too).
+var allStatuses = statusarg.All
 
 // View serves the live view of m at "/", with the task detail pages under
 // "/view/": the tasks as a tree (each nested under the task whose session
 // launched it), running first, with filters by status and parent, a
 // search by id, id prefix, description and metadata, each task's usage
-// and the budget it spends from (a spent budget as a warning), and a
-// detail page per task (attempts, usage per attempt, budget, timeline,
-// ledger records when o.Records is set, outcome, envelope). The page is rendered on the server and refreshed from
-// /events; its actions (unless o.ReadOnly) ask for confirmation and post
-// to the Handler's action routes. Handler serves it unless Options.Page is
+// and the budget it spends from (a spent budget as a warning), what a top
+// row's whole tree used, times in UTC with how long ago (or for how long),
+// and a detail page per task (attempts, usage per attempt, budget,
+// timeline, its history (Manager.History), outcome, envelope). The
+// page is rendered on the server and refreshed from /events (its header
+// says whether it follows them); its actions (unless o.ReadOnly) ask for
+// confirmation and post to the Handler's action routes — extend only on a
+// task that runs. Handler serves it unless Options.Page is
 // set; View alone serves no API, so its page's live refresh and actions
 // need the Handler's routes beside it.
 func View(m *bgtask.Manager, o Options) http.Handler {
@@ -83,6 +97,8 @@ func viewMux(m *bgtask.Manager, o Options) *http.ServeMux {
 	mux.HandleFunc("GET /{$}", v.page)
 	mux.HandleFunc("GET /view/task", v.detail) // ?id=: any id, even "..", is a query value
 	mux.HandleFunc("GET /view/children", v.children)
+	mux.HandleFunc("GET /view/table", v.table)
+	mux.HandleFunc("GET /view/charts", v.charts)
 	for _, name := range []string{"view.js", "view.css"} {
 		b, _ := viewFiles.ReadFile(name)
 		ctype := "text/javascript; charset=utf-8"
@@ -110,6 +126,10 @@ type node struct {
 	kids []*node
 	size int  // tasks below it
 	live bool // it or a task below it is pending or running
+	// tree is what it and every task below it used; used says whether any
+	// of them reported usage.
+	tree bgtask.Usage
+	used bool
 }
 
 // forest is a snapshot as a tree.
@@ -216,8 +236,9 @@ func uncycle(tasks []bgtask.Task, byID map[string]*node) {
 	}
 }
 
-// settle counts n's subtree, marks it live if anything in it is, and
-// orders each level. It walks with a stack: a tree may be deep.
+// settle counts n's subtree, marks it live if anything in it is, sums
+// what it used, and orders each level. It walks with a stack: a tree may
+// be deep.
 func settle(root *node) {
 	var post []*node
 	stack := []*node{root}
@@ -229,9 +250,15 @@ func settle(root *node) {
 	}
 	for i := len(post) - 1; i >= 0; i-- {
 		n := post[i]
+		if u := n.t.Usage; u != nil {
+			n.tree, n.used = u.Total, true
+		}
 		for _, k := range n.kids {
 			n.size += 1 + k.size
 			n.live = n.live || k.live
+			if k.used {
+				n.tree, n.used = n.tree.Add(k.tree), true
+			}
 		}
 		order(n.kids)
 	}
@@ -292,11 +319,12 @@ func readFilter(r *http.Request) (filter, error) {
 		if s == "" {
 			continue
 		}
-		if !slices.Contains(allStatuses, bgtask.Status(s)) {
-			return f, fmt.Errorf("%w: unknown status %q", bgtask.ErrInvalidArgument, s)
+		st, err := statusarg.Parse(s)
+		if err != nil {
+			return f, fmt.Errorf("%w: %v", bgtask.ErrInvalidArgument, err)
 		}
-		if !slices.Contains(f.Statuses, bgtask.Status(s)) {
-			f.Statuses = append(f.Statuses, bgtask.Status(s))
+		if !slices.Contains(f.Statuses, st) {
+			f.Statuses = append(f.Statuses, st)
 		}
 	}
 	if p := v.Get("page"); p != "" {
@@ -344,14 +372,17 @@ type row struct {
 	Stop     string
 	Now      time.Time
 	Acts     bool        // the page offers actions (not ReadOnly)
+	Extend   bool        // … and extend is one: the task runs, with a session, and is not being stopped
 	From     bool        // no task launched it: name the session that did
 	Usage    *usageView  // what its attempts used; nil if none reported any
+	Tree     *treeView   // what its tree used, on a top row with tasks below it; nil otherwise
 	Budget   *budgetView // the budget it spends from; nil if none
 }
 
 // pageData is what the page template renders.
 type pageData struct {
 	Title    string
+	Now      time.Time // when the page was rendered: what its relative times count from
 	Epoch    uint64
 	Seq      uint64
 	Total    int
@@ -366,7 +397,10 @@ type pageData struct {
 	ReadOnly bool
 	Error    string
 	Detail   *detailData
-	Health   []healthRow // model and provider health, on the first page of all tasks
+	Health   []healthRow     // model and provider health, on the first page of all tasks
+	Mode     string          // the page's view: "" (the tree), "table" or "charts"
+	Table    *tableData      // the table page's
+	Charts   []template.HTML // the chart page's (SVG, drawn on the server)
 }
 
 // healthRow is one line of the page's model health.
@@ -413,7 +447,7 @@ type statusCount struct {
 }
 
 func (v *view) header(f *forest, title string) pageData {
-	d := pageData{Title: title, Epoch: f.snap.Epoch, Seq: f.snap.Seq, Total: len(f.snap.Tasks), ReadOnly: v.o.ReadOnly}
+	d := pageData{Title: title, Now: time.Now(), Epoch: f.snap.Epoch, Seq: f.snap.Seq, Total: len(f.snap.Tasks), ReadOnly: v.o.ReadOnly}
 	for _, s := range allStatuses {
 		d.Counts = append(d.Counts, statusCount{s, f.counts[s]})
 	}
@@ -426,20 +460,33 @@ type paint struct {
 	acts bool
 }
 
-// flat renders n alone, its children collapsed.
+// flat renders n alone, its children collapsed, as a top row.
 func (p paint) flat(n *node) row {
 	r := row{T: n.t, Live: !n.t.Status.Terminal(), LiveKids: n.live, Now: p.now, Acts: p.acts, Closed: n.size, From: n.up == nil}
 	if n.t.Stop != nil {
 		r.Stop = n.t.Stop.String()
 	}
+	r.Extend = p.acts && extendable(n.t)
 	r.Usage, r.Budget = usageOf(n.t), budgetOf(n.t)
+	r.Tree = treeOf(n)
 	return r
+}
+
+// extendable says whether t can take another prompt now (Manager.Extend):
+// it runs, on a session, and no stop was asked. Whether the Manager's host
+// can prompt a session at all (bgtask.Prompter) the Manager does not say:
+// an Extend tells, with errors.ErrUnsupported (409 unsupported).
+func extendable(t *bgtask.Task) bool {
+	return t.Status == bgtask.StatusRunning && t.SessionID != "" && t.Stop == nil
 }
 
 // rowOf renders n, its children to openLevels, and the rest collapsed.
 func (p paint) rowOf(n *node, depth int) row {
 	r := p.flat(n)
 	r.Depth, r.Closed = depth, 0
+	if depth > 0 { // the tree's usage is its top row's
+		r.Tree = nil
+	}
 	if depth+1 >= openLevels {
 		r.Closed = n.size
 		return r
@@ -463,7 +510,7 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	tree := grow(v.m.Snapshot())
 	d := v.header(tree, "bgtask")
 	d.Filter = f
-	pt := paint{now: time.Now(), acts: !v.o.ReadOnly}
+	pt := paint{now: d.Now, acts: !v.o.ReadOnly}
 	var list []*node
 	switch {
 	case f.Parent != "":
@@ -556,8 +603,8 @@ func (v *view) children(w http.ResponseWriter, r *http.Request) {
 		v.fail(w, http.StatusNotFound, fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, r.URL.Query().Get("id")))
 		return
 	}
-	pt := paint{now: time.Now(), acts: !v.o.ReadOnly}
 	d := v.header(tree, "")
+	pt := paint{now: d.Now, acts: !v.o.ReadOnly}
 	for i, k := range n.kids {
 		if i == kidsShown {
 			d.Shown = fmt.Sprintf("%d more", len(n.kids)-i)
@@ -571,19 +618,18 @@ func (v *view) children(w http.ResponseWriter, r *http.Request) {
 
 // detailData is a task's detail page.
 type detailData struct {
-	Row        row
-	Sessions   string // the task's sessions, space-separated: what its children name
-	Kids       []row
-	More       int
-	Path       []*bgtask.Task
-	Prompt     string
-	Timeline   string
-	Envelope   string
-	Outcome    string
-	Records    []recordRow
-	RecordErr  string
-	HasJournal bool
-	Closures   []bgtask.ClosureReport
+	Row       row
+	Sessions  string // the task's sessions, space-separated: what its children name
+	Kids      []row
+	More      int
+	Path      []*bgtask.Task
+	Prompt    string
+	Timeline  string
+	Envelope  string
+	Outcome   string
+	Records   []recordRow
+	RecordErr string
+	Closures  []bgtask.ClosureReport
 }
 
 // recordRow is a ledger record on the detail page.
@@ -602,7 +648,7 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 	}
 	t := n.t
 	d := v.header(tree, "bgtask · "+t.ID)
-	pt := paint{now: time.Now(), acts: !v.o.ReadOnly}
+	pt := paint{now: d.Now, acts: !v.o.ReadOnly}
 	dd := &detailData{Row: pt.rowOf(n, 0), Prompt: bound(t.Prompt, detailPrompt), Timeline: bgtask.Timeline(*t)}
 	dd.Kids, dd.More = dd.Row.Kids, dd.Row.More
 	dd.Row.Kids, dd.Row.More, dd.Row.Closed = nil, 0, 0
@@ -611,8 +657,7 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 		dd.Envelope = bgtask.Envelope(*t)
 	}
 	if t.Outcome != nil {
-		b, _ := json.MarshalIndent(t.Outcome, "", "  ")
-		dd.Outcome = string(b)
+		dd.Outcome = readableJSON(t.Outcome)
 	}
 	sessions := map[string]bool{}
 	for _, a := range t.Attempts {
@@ -631,15 +676,12 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 	v.render(w, http.StatusOK, "detail", d)
 }
 
-// records fills dd's ledger records from Options.Records, if set.
+// records fills dd's history of task id (Manager.History: its journal's
+// records, or what the Manager holds, with its lines of progress).
 func (v *view) records(ctx context.Context, dd *detailData, id string) {
-	if v.o.Records == nil {
-		return
-	}
-	dd.HasJournal = true
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	recs, err := v.o.Records(ctx, id)
+	recs, err := v.m.History(ctx, id)
 	if err != nil {
 		dd.RecordErr = strings.TrimPrefix(err.Error(), "bgtask: ")
 	}
@@ -657,7 +699,7 @@ func (v *view) gone(w http.ResponseWriter, r *http.Request, tree *forest, id str
 	}
 	d := v.header(tree, "bgtask · "+id)
 	d.Error = strings.TrimPrefix(err.Error(), "bgtask: ")
-	if errors.Is(err, bgtask.ErrForgotten) && v.o.Records != nil {
+	if errors.Is(err, bgtask.ErrForgotten) {
 		dd := &detailData{}
 		v.records(r.Context(), dd, id)
 		d.Detail = dd
@@ -713,7 +755,7 @@ func markOf(rec bgtask.RecordView) string {
 
 // fail renders an error page with status.
 func (v *view) fail(w http.ResponseWriter, status int, err error) {
-	d := pageData{Title: "bgtask", Error: strings.TrimPrefix(err.Error(), "bgtask: "), ReadOnly: v.o.ReadOnly}
+	d := pageData{Title: "bgtask", Now: time.Now(), Error: strings.TrimPrefix(err.Error(), "bgtask: "), ReadOnly: v.o.ReadOnly}
 	v.render(w, status, "page", d)
 }
 
@@ -732,20 +774,77 @@ func (v *view) render(w http.ResponseWriter, status int, name string, d pageData
 	_, _ = w.Write([]byte(b.String()))
 }
 
-// clock is a time as the page shows it (UTC, to the second); "" for none.
-func clock(t time.Time) string {
-	if t.IsZero() {
-		return ""
+// readableJSON is v as indented JSON for a person to read: "<" stays
+// "<" (not \u003c), for the page's template escapes it as HTML.
+func readableJSON(v any) string {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return "(" + err.Error() + ")"
 	}
-	return t.UTC().Format("2006-01-02 15:04:05Z")
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
-// stamp is a time in full, for a title attribute.
-func stamp(t time.Time) string {
+// when is a time as the page shows it: absolute, the same wherever it is
+// read (UTC, to the second), machine-readable (a <time datetime>), and
+// relative to the page's render (a script moves it on): "3 min ago", and
+// for how long since, "3 min".
+type when struct {
+	At  string // RFC 3339, UTC, to the millisecond (HTML's datetime); "" for none
+	Abs string // "2026-12-07 10:00:05 UTC"
+	Ago string // "3 min ago", "just now", "in 40 s"
+	For string // the span since it, "3 min" ("0 s" for a time to come)
+}
+
+// at is t without a relative part; zero for none.
+func at(t time.Time) when {
 	if t.IsZero() {
-		return ""
+		return when{}
 	}
-	return t.UTC().Format(time.RFC3339Nano)
+	u := t.UTC()
+	return when{At: u.Format("2006-01-02T15:04:05.000Z"), Abs: u.Format("2006-01-02 15:04:05") + " UTC"}
+}
+
+// whenOf is t, relative to now too.
+func whenOf(t, now time.Time) when {
+	w := at(t)
+	if w.At == "" {
+		return w
+	}
+	d := now.Sub(t)
+	switch {
+	case d <= -time.Second:
+		w.Ago = "in " + span(-d)
+	case d < time.Second:
+		w.Ago = "just now"
+	default:
+		w.Ago = span(d) + " ago"
+	}
+	w.For = span(max(d, 0))
+	return w
+}
+
+// span is d to the unit that reads at a glance, cut, not rounded: "45 s",
+// "3 min", "2 h 5 min", "3 d 4 h". view.js says it the same way.
+func span(d time.Duration) string {
+	unit := func(n time.Duration, name string) string { return strconv.FormatInt(int64(n), 10) + " " + name }
+	two := func(a time.Duration, an string, b time.Duration, bn string) string {
+		if b == 0 {
+			return unit(a, an)
+		}
+		return unit(a, an) + " " + unit(b, bn)
+	}
+	switch {
+	case d < time.Minute:
+		return unit(d/time.Second, "s")
+	case d < time.Hour:
+		return unit(d/time.Minute, "min")
+	case d < 24*time.Hour:
+		return two(d/time.Hour, "h", d%time.Hour/time.Minute, "min")
+	}
+	return two(d/(24*time.Hour), "d", d%(24*time.Hour)/time.Hour, "h")
 }
 
 // since is the time from a to b (b zero: to now), rounded for reading.
@@ -779,28 +878,4 @@ func bound(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + fmt.Sprintf("… (%d more bytes)", len(s)-cut)
-}
-
-// FileJournalRecords is an Options.Records that reads the file journal in
-// dir (bgtask.ReadFileJournal: without its lock and without changing a
-// byte, so it may be the served Manager's own journal) and gives a task's
-// records with the restarts (epochs) and its parent's records between
-// them (JournalView.RecordsOf). It reads the whole journal on each call:
-// it is for an operator's detail page, not for a loop.
-func FileJournalRecords(dir string) func(ctx context.Context, taskID string) ([]bgtask.RecordView, error) {
-	return func(ctx context.Context, id string) ([]bgtask.RecordView, error) {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		v, err := bgtask.ReadFileJournal(dir)
-		if err != nil {
-			return nil, err
-		}
-		for i := range v.Tasks {
-			if v.Tasks[i].ID == id {
-				return v.RecordsOf(v.Tasks[i]), nil
-			}
-		}
-		return nil, fmt.Errorf("%w: %s is not in the journal at %s (forgotten, and compacted away?)", bgtask.ErrUnknownTask, id, dir)
-	}
 }

@@ -24,6 +24,7 @@ async function refresh() {
       const open = $$("details.sub[open]").map(d => d.dataset.lazy);
       $("#counts").replaceWith($("#counts", doc));
       $("#main").replaceWith($("#main", doc));
+      serverClock();
       for (const id of open) {
         const d = $(`details.sub[data-lazy="${CSS.escape(id)}"]`);
         if (d) { d.open = true; }
@@ -47,22 +48,83 @@ function concerns(e) {
   } catch (err) { return true; }
 }
 
+// The header says how the page follows the service: "connecting…" until
+// the stream opens, "live" while it is open, "reconnecting…" while the
+// browser opens it again, "disconnected" between refusals, and "static"
+// once it cannot follow: no EventSource here, or the service refused the
+// stream refusalsForGood times in a row. The page's HTML says "static":
+// what a page whose script does not run is.
+const refusalsForGood = 3;
+let refusals = 0;
+
+function connState(text, cls, title) {
+  const conn = $("#conn");
+  if (!conn) return;
+  conn.textContent = text;
+  conn.className = cls;
+  conn.title = title;
+}
+
 function follow() {
   const main = $("#main");
-  if (!main || !window.EventSource) return;
-  const conn = $("#conn");
+  if (!main || !window.EventSource) {
+    connState("static", "static", "live updates off: this browser cannot follow the event stream");
+    return;
+  }
+  connState("connecting…", "connecting", "live updates: connecting to the service's event stream");
   const es = new EventSource(`/events?lastEventId=${encodeURIComponent(main.dataset.epoch + ":" + main.dataset.seq)}`);
-  es.addEventListener("open", () => { conn.textContent = "live"; conn.className = "live"; });
+  es.addEventListener("open", () => { refusals = 0; connState("live", "live", "live updates: on"); });
   es.addEventListener("error", () => {
-    if (es.readyState === EventSource.CLOSED) { // refused (too many streams, shut down, not authorised): try again later
-      conn.textContent = "disconnected"; conn.className = "down";
-      setTimeout(follow, 5000);
+    if (es.readyState === EventSource.CLOSED) { // refused (too many streams, shut down, not authorised)
+      es.close();
+      if (++refusals >= refusalsForGood) {
+        connState("static", "static", `live updates off: the service refused the event stream ${refusals} times in a row; reload the page to try again`);
+        return;
+      }
+      connState("disconnected", "down", "live updates: the service refused the event stream; trying again");
+      setTimeout(follow, 1000 * 2 ** (refusals - 1));
       return;
     }
-    conn.textContent = "reconnecting…"; conn.className = "down";
+    connState("reconnecting…", "down", "live updates: the connection dropped; the browser reconnects");
   });
   es.addEventListener("snapshot", schedule);
   es.addEventListener("change", (e) => { if (concerns(e)) schedule(); });
+}
+
+// Relative times move on between refreshes: each <time class="rel"> is
+// said again from its datetime every 15 s, as the server said it when it
+// rendered the page (span in view.go), from the server's clock (the
+// render's time, data-now on #main, against the browser's then).
+let skew = 0; // the server's clock less the browser's
+
+function serverClock() {
+  const main = $("#main");
+  const now = main ? Date.parse(main.dataset.now || "") : NaN;
+  if (!isNaN(now)) { skew = now - Date.now(); }
+}
+
+function span(ms) {
+  const s = Math.floor(ms / 1000), m = Math.floor(s / 60), h = Math.floor(m / 60), d = Math.floor(h / 24);
+  const two = (a, an, b, bn) => b === 0 ? `${a} ${an}` : `${a} ${an} ${b} ${bn}`;
+  if (s < 60) return `${s} s`;
+  if (m < 60) return `${m} min`;
+  if (h < 24) return two(h, "h", m % 60, "min");
+  return two(d, "d", h % 24, "h");
+}
+
+function ago(ms) {
+  if (ms <= -1000) return `in ${span(-ms)}`;
+  if (ms < 1000) return "just now";
+  return `${span(ms)} ago`;
+}
+
+function relTimes() {
+  const now = Date.now() + skew;
+  for (const el of $$("time.rel")) {
+    const t = Date.parse(el.getAttribute("datetime") || "");
+    if (isNaN(t)) continue;
+    el.textContent = el.dataset.form === "for" ? span(Math.max(now - t, 0)) : ago(now - t);
+  }
 }
 
 // A collapsed subtree is loaded when it is opened.
@@ -135,5 +197,7 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   });
   $(".no", dlg).addEventListener("click", () => { pending = null; });
+  serverClock();
+  setInterval(relTimes, 15000);
   follow();
 });

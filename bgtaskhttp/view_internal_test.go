@@ -119,3 +119,29 @@ func TestUsageAndBudgetOfATask(t *testing.T) {
 	assert.Nil(t, usageOf(&bgtask.Task{}))
 	assert.Nil(t, budgetOf(&bgtask.Task{}))
 }
+
+// A time on the page: absolute in UTC whatever the time's zone, in HTML's
+// datetime form to the millisecond, and relative to the render, cut to
+// the unit that reads at a glance.
+func TestATimeIsAbsoluteAndRelative(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	paris := time.FixedZone("CET", 3600)
+	w := whenOf(now.Add(-(3*time.Minute + 59*time.Second)).In(paris), now)
+	assert.Equal(t, when{At: "2026-12-07T11:56:01.000Z", Abs: "2026-12-07 11:56:01 UTC", Ago: "3 min ago", For: "3 min"}, w)
+	for d, want := range map[time.Duration]string{
+		0:                             "just now",
+		999 * time.Millisecond:        "just now",
+		45 * time.Second:              "45 s ago",
+		time.Hour:                     "1 h ago",
+		2*time.Hour + 5*time.Minute:   "2 h 5 min ago",
+		26*time.Hour + 59*time.Minute: "1 d 2 h ago",
+		72 * time.Hour:                "3 d ago",
+		-40 * time.Second:             "in 40 s",
+		-90 * time.Minute:             "in 1 h 30 min",
+	} {
+		assert.Equal(t, want, whenOf(now.Add(-d), now).Ago, d)
+	}
+	assert.Equal(t, "0 s", whenOf(now.Add(time.Minute), now).For, "no span to a time to come")
+	assert.Equal(t, when{}, whenOf(time.Time{}, now), "no time, nothing shown")
+	assert.Equal(t, "2026-12-07T12:00:00.123Z", at(now.Add(123456789*time.Nanosecond)).At, "HTML's datetime takes three digits at most")
+}

@@ -34,8 +34,7 @@ func usageOf(t *bgtask.Task) *usageView {
 		return nil
 	}
 	u := t.Usage.Total
-	v := &usageView{Full: u.String(),
-		Short: count(u.Tokens(), "token") + " · " + count(u.Requests, "request") + " · cost " + u.Cost.String()}
+	v := &usageView{Full: u.String(), Short: usageShort(u)}
 	for i, a := range t.Usage.ByAttempt {
 		if len(t.Usage.ByAttempt) > 1 && !a.IsZero() { // one attempt's is the total
 			v.ByAttempt = append(v.ByAttempt, "attempt "+strconv.Itoa(i+1)+": "+a.String())
@@ -55,10 +54,32 @@ func budgetOf(t *bgtask.Task) *budgetView {
 		Exceeded: s.Exceeded, Soft: s.SoftReached}
 }
 
+// usageShort is u as a row says it: "1500 tokens · 3 requests · cost 2.25".
+func usageShort(u bgtask.Usage) string {
+	return count(u.Tokens(), "token") + " · " + count(u.Requests, "request") + " · cost " + u.Cost.String()
+}
+
 // count is n and its noun, plural unless n is 1: "3 requests".
 func count(n int64, noun string) string {
 	if n != 1 {
 		noun += "s"
 	}
 	return strconv.FormatInt(n, 10) + " " + noun
+}
+
+// treeView is what a task and every task below it used, as a top row and
+// a detail page show it, budget or not.
+type treeView struct {
+	Tasks int    // the tasks it sums: the task and those below it
+	Short string // "1500 tokens · 3 requests · cost 2.25"
+	Full  string // bgtask.Usage.String
+}
+
+// treeOf is n's tree's usage for the page; nil when no task is below n,
+// or none in its tree reported usage.
+func treeOf(n *node) *treeView {
+	if n.size == 0 || !n.used {
+		return nil
+	}
+	return &treeView{Tasks: n.size + 1, Short: usageShort(n.tree), Full: n.tree.String()}
 }

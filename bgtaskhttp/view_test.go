@@ -325,21 +325,11 @@ func TestThePageIsPaged(t *testing.T) {
 	assert.Len(t, seen, len(all))
 }
 
-// The detail page: the task's facts, attempts, timeline, its ledger
-// records with restarts and closures marked (given Records), the
-// outcome, the envelope, and what it launched.
+// The detail page: the task's facts, attempts, timeline, its history
+// (Manager.History: here what the Manager holds, with its lines of
+// progress), the outcome, the envelope, and what it launched.
 func TestTheDetailPage(t *testing.T) {
-	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
-	var asked string
-	s := newSvc(t, bgtaskhttp.Options{Records: func(_ context.Context, id string) ([]bgtask.RecordView, error) {
-		asked = id
-		return []bgtask.RecordView{
-			{Seq: 1, Kind: "task_launched", TaskID: id, At: at, Change: "launched"},
-			{Seq: 2, Kind: "epoch", At: at.Add(time.Second), Change: "the journal was opened again (epoch 2)"},
-			{Seq: 3, Kind: "branch_closed", At: at.Add(2 * time.Second), Change: "closure of chat-1 recorded"},
-			{Seq: 4, Kind: "epoch", At: at.Add(3 * time.Second), Change: "the journal was compacted here; process life 2 goes on"},
-		}, nil
-	}})
+	s := newSvc(t, bgtaskhttp.Options{})
 	task := s.launchUnder(t, "chat-1", "flaky <b>bold</b>", map[string]string{"ticket": "T-1"})
 	require.NoError(t, s.host.Fail(task.SessionID, errors.New("429 Too Many Requests")))
 	second, err := bgtasktest.WaitFor(s.ctx, s.m, task.ID, func(t bgtask.Task) bool { return len(t.Attempts) == 2 && t.Status == bgtask.StatusRunning })
@@ -352,7 +342,6 @@ func TestTheDetailPage(t *testing.T) {
 
 	code, body, h := s.get(t, "/view/task?id="+url.QueryEscape(task.ID))
 	require.Equal(t, http.StatusOK, code)
-	assert.Equal(t, task.ID, asked)
 	assert.Contains(t, h.Get("Content-Security-Policy"), "script-src 'self'")
 	assert.Contains(t, body, "flaky &lt;b&gt;bold&lt;/b&gt;", "escaped")
 	assert.NotContains(t, body, "<b>bold</b>")
@@ -363,9 +352,9 @@ func TestTheDetailPage(t *testing.T) {
 		require.NoError(t, xml.EscapeText(&esc, []byte(part)))
 		assert.Contains(t, strings.ReplaceAll(body, "&#39;", "'"), strings.ReplaceAll(strings.ReplaceAll(esc.String(), "&#39;", "'"), "&#xA;", "\n"))
 	}
-	assert.Regexp(t, `<tr class="record restart" data-kind="epoch">`, body)
-	assert.Regexp(t, `<tr class="record closure" data-kind="branch_closed">`, body)
-	assert.Regexp(t, `<tr class="record compaction" data-kind="epoch">`, body)
+	assert.Contains(t, body, "attempt 1 created on ", "its history: the fallback")
+	assert.Contains(t, body, "attempt 2 created on ")
+	assert.Contains(t, body, `data-kind="attempt_finalized"`)
 	assert.Contains(t, body, `id="outcome"`)
 	rows := rowsOf(t, body)
 	require.Len(t, rows, 2, "the task, and what it launched")
@@ -376,21 +365,31 @@ func TestTheDetailPage(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, code)
 }
 
-// Without Records, the detail page says how to get them; a failing
-// Records is shown, not fatal.
-func TestTheDetailPageWithoutRecords(t *testing.T) {
-	s := newSvc(t, bgtaskhttp.Options{})
-	task := s.launchUnder(t, "chat-1", "x", nil)
-	_, body, _ := s.get(t, "/view/task?id="+url.QueryEscape(task.ID))
-	assert.Contains(t, body, "Options.Records")
-
-	s2 := newSvc(t, bgtaskhttp.Options{Records: func(context.Context, string) ([]bgtask.RecordView, error) {
-		return nil, errors.New("journal unreadable")
-	}})
-	task = s2.launchUnder(t, "chat-1", "x", nil)
-	code, body, _ := s2.get(t, "/view/task?id="+url.QueryEscape(task.ID))
+// A history that cannot be read is said on the page, which is served.
+func TestTheDetailPageWithAnUnreadableHistory(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j, err := bgtask.OpenFileJournal(t.TempDir())
+	require.NoError(t, err)
+	host := bgtasktest.NewHost()
+	m, err := bgtask.Open(ctx, host, bgtask.WithJournal(unreadable{j}))
+	require.NoError(t, err)
+	host.Attach(m)
+	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
+	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Prompt: "p", Models: []bgtask.Model{{ID: "m"}}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{}))
+	defer srv.Close()
+	code, body := fetch(t, srv, "/view/task?id="+url.QueryEscape(task.ID))
 	assert.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, "journal unreadable")
+}
+
+// unreadable is a journal whose records of a task cannot be read back.
+type unreadable struct{ bgtask.Journal }
+
+func (unreadable) TaskRecords(context.Context, string) ([]bgtask.Record, error) {
+	return nil, errors.New("journal unreadable")
 }
 
 // Actions are offered only where they apply, and not at all read-only.
@@ -403,7 +402,7 @@ func TestThePageOffersActionsWhereTheyApply(t *testing.T) {
 	r, _ := find(rowsOf(t, body), live.ID)
 	assert.Equal(t, []string{"cancel", "close", "extend"}, r.Buttons)
 	r, _ = find(rowsOf(t, body), done.ID)
-	assert.Equal(t, []string{"extend"}, r.Buttons)
+	assert.Empty(t, r.Buttons, "an ended task can be neither stopped nor extended")
 	assert.Contains(t, body, `<dialog id="confirm">`, "actions ask first")
 
 	ro := newSvc(t, bgtaskhttp.Options{ReadOnly: true})
@@ -477,8 +476,9 @@ func (d *discard) Header() http.Header         { return d.h }
 func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discard) WriteHeader(code int)        { d.code = code }
 
-// FileJournalRecords gives the detail page a task's records from the
-// journal, with the restart between its start and its end marked.
+// With a file journal, the detail page shows a task's records from the
+// journal (Manager.History), with the restart between its start and its
+// end marked; GET /tasks/{id}/history and Client.History give the same.
 func TestTheDetailPageShowsTheJournalsRecordsAcrossARestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -505,7 +505,7 @@ func TestTheDetailPageShowsTheJournalsRecordsAcrossARestart(t *testing.T) {
 	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
 	_, err = m.Wait(ctx, task.ID)
 	require.NoError(t, err)
-	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Records: bgtaskhttp.FileJournalRecords(dir)}))
+	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{}))
 	defer srv.Close()
 	code, body := fetch(t, srv, "/view/task?id="+url.QueryEscape(task.ID))
 	require.Equal(t, http.StatusOK, code)
@@ -516,10 +516,22 @@ func TestTheDetailPageShowsTheJournalsRecordsAcrossARestart(t *testing.T) {
 	assert.Less(t, launched, restart)
 	assert.Less(t, restart, finalized, "the restart is between the task's start and its end")
 
-	_, err = bgtaskhttp.FileJournalRecords(dir)(ctx, "no-such-task")
+	c := &bgtaskhttp.Client{Base: srv.URL}
+	h, err := c.History(ctx, task.ID)
+	require.NoError(t, err)
+	want, err := m.History(ctx, task.ID)
+	require.NoError(t, err)
+	require.Len(t, h, len(want))
+	for i := range want {
+		assert.Equal(t, want[i].Seq, h[i].Seq)
+		assert.Equal(t, want[i].Kind, h[i].Kind)
+		assert.Equal(t, want[i].Change, h[i].Change)
+		assert.True(t, want[i].At.Equal(h[i].At))
+	}
+	_, err = c.History(ctx, "no-such-task")
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
-	_, err = bgtaskhttp.FileJournalRecords(t.TempDir())(ctx, task.ID)
-	assert.Error(t, err, "not a journal")
+	_, err = c.History(ctx, " ")
+	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
 }
 
 // Ids are the caller's: one that looks like a path, a query or a script
@@ -579,7 +591,9 @@ func TestViewAloneIsGuarded(t *testing.T) {
 // still holds of it.
 func TestTheDetailPageOfAForgottenTask(t *testing.T) {
 	host := bgtasktest.NewHost()
-	m := testkit.MustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithRetention(bgtask.Retention{MaxEnded: 1}))
+	j, err := bgtask.OpenFileJournal(t.TempDir())
+	require.NoError(t, err)
+	m := testkit.MustOpen(host, bgtask.WithJournal(j), bgtask.WithIDs(bgtask.SequentialIDs()), bgtask.WithRetention(bgtask.Retention{MaxEnded: 1}))
 	host.Attach(m)
 	defer func() { assert.NoError(t, m.Shutdown(context.Background())) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -597,16 +611,14 @@ func TestTheDetailPageOfAForgottenTask(t *testing.T) {
 			first = task
 		}
 	}
-	_, err := m.Task(first.ID)
+	_, err = m.Task(first.ID)
 	require.ErrorIs(t, err, bgtask.ErrForgotten)
-	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{Records: func(_ context.Context, id string) ([]bgtask.RecordView, error) {
-		return []bgtask.RecordView{{Seq: 7, Kind: "task_launched", TaskID: id, Change: "launched, long ago"}}, nil
-	}}))
+	srv := httptest.NewServer(bgtaskhttp.Handler(m, bgtaskhttp.Options{}))
 	defer srv.Close()
 	code, body := fetch(t, srv, "/view/task?id="+url.QueryEscape(first.ID))
 	assert.Equal(t, http.StatusNotFound, code)
 	assert.Contains(t, body, "forgotten")
-	assert.Contains(t, body, "launched, long ago")
+	assert.Contains(t, body, `data-kind="task_launched"`, "its records, from the journal")
 }
 
 // Matches are listed in the tree's order: each parent before its
@@ -640,7 +652,7 @@ func TestThePageShowsUsageAndBudgets(t *testing.T) {
 
 	_, body, _ := s.get(t, "/")
 	r, _ := find(rowsOf(t, body), root.ID)
-	assert.Equal(t, "budget: spent tokens 500 of 1000, cost 0.25, requests 1, spawns 1 of 5 · left tokens 500, spawns 4", r.Spend,
+	assert.Equal(t, "tree of 2 tasks: 500 tokens · 1 request · cost 0.25 budget: spent tokens 500 of 1000, cost 0.25, requests 1, spawns 1 of 5 · left tokens 500, spawns 4", r.Spend,
 		"the branch's spending, on the row of the task that holds the budget (which used nothing itself)")
 	assert.False(t, r.Warn)
 	k, _ := find(rowsOf(t, body), kid.ID)
@@ -658,7 +670,7 @@ func TestThePageShowsUsageAndBudgets(t *testing.T) {
 	_, body, _ = s.get(t, "/")
 	rows := rowsOf(t, body)
 	r, _ = find(rows, root.ID)
-	assert.Equal(t, "600 tokens · 2 requests · cost 1.00 budget: spent tokens 1100 of 1000, cost 1.25, requests 3, spawns 1 of 5 · left tokens 0, spawns 4 · exceeded: tokens (branch stopped, launches refused)", r.Spend)
+	assert.Equal(t, "600 tokens · 2 requests · cost 1.00 tree of 2 tasks: 1100 tokens · 3 requests · cost 1.25 budget: spent tokens 1100 of 1000, cost 1.25, requests 3, spawns 1 of 5 · left tokens 0, spawns 4 · exceeded: tokens (branch stopped, launches refused)", r.Spend)
 	assert.True(t, r.Warn, "an exceeded budget warns")
 	k, _ = find(rows, kid.ID)
 	assert.True(t, k.Warn, "on every row that spends from it")

@@ -453,13 +453,16 @@ func (n *Node) closeSpent(ctx context.Context) {
 	for _, s := range claimed {
 		if !n.goOwned(func() {
 			_, err := n.Stop(n.loopCtx, bgtask.Target{Task: s.holder, Tree: true}) // its stops name the budget (stopCauseOf)
-			if err != nil && !errors.Is(err, context.Canceled) {
+			switch {
+			case n.loopCtx.Err() != nil:
+				return // the node closes: the branch is not known closed, and once the claim expires another node closes it
+			case err != nil && !errors.Is(err, context.Canceled):
 				n.o.Logger.Warn("pgledger: closing a spent budget's branch", "task", s.holder, "err", err)
 				return
 			}
-			if _, err := n.pool.Exec(n.loopCtx, `UPDATE bgtask_budgets SET closed = true WHERE ledger = $1 AND holder = $2`, n.o.Ledger, s.holder); err != nil {
+			if _, err := n.pool.Exec(n.loopCtx, `UPDATE bgtask_budgets SET closed = true WHERE ledger = $1 AND holder = $2`, n.o.Ledger, s.holder); err != nil && n.loopCtx.Err() == nil {
 				n.o.Logger.Warn("pgledger: recording a spent budget's branch closed", "task", s.holder, "err", err)
-			}
+			} // a node that closes meanwhile leaves it unrecorded: the next claim stops the branch again (nothing left to stop) and records it
 		}) {
 			return
 		}
@@ -497,7 +500,7 @@ func (n *Node) stopCauseOf(ctx context.Context, k openClosure) bgtask.StopCause 
 	if over := n.budgetOver(ctx, k); over != "" {
 		return bgtask.StopCause{Kind: bgtask.StopBudget, TaskID: k.task, Limit: over}
 	}
-	by := bgtask.StopCause{Kind: bgtask.StopClosure, Root: k.root, TaskID: k.task}
+	by := bgtask.StopCause{Kind: bgtask.StopClosure, Root: k.root, TaskID: k.task, Actor: k.actor}
 	if k.task == "" || k.root != "" {
 		by.TaskID = "" // a closure of a session, or of a task by its session: the session names it
 	}

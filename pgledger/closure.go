@@ -329,6 +329,7 @@ func (n *Node) scope(ctx context.Context, k openClosure, members []string) ([]sc
 type openClosure struct {
 	id         int64
 	root, task string
+	actor      string // who acted (Target.Actor), if named
 }
 
 // Stop stops what t names, as Manager.Stop does, and reaches across the
@@ -384,9 +385,9 @@ func (n *Node) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport,
 	}
 	switch {
 	case t.Session != "":
-		return n.closeBranch(ctx, t.Session, t.NoWait)
+		return n.closeBranch(ctx, t.Session, t.Actor, t.NoWait)
 	case t.Tree:
-		return n.closeTask(ctx, t.Task, t.NoWait)
+		return n.closeTask(ctx, t.Task, t.Actor, t.NoWait)
 	}
 	id := t.Task
 	if id == "" {
@@ -400,7 +401,7 @@ func (n *Node) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport,
 	return bgtask.ClosureReport{}, fmt.Errorf("%w: %q is no task of this process (a Target with Tree reaches every process)", bgtask.ErrUnknownTask, id)
 }
 
-func (n *Node) closeBranch(ctx context.Context, sessionID string, noWait bool) (bgtask.ClosureReport, error) {
+func (n *Node) closeBranch(ctx context.Context, sessionID, actor string, noWait bool) (bgtask.ClosureReport, error) {
 	if strings.TrimSpace(sessionID) == "" {
 		return bgtask.ClosureReport{}, fmt.Errorf("%w: Target.Session is blank", bgtask.ErrInvalidArgument)
 	}
@@ -417,13 +418,13 @@ func (n *Node) closeBranch(ctx context.Context, sessionID string, noWait bool) (
 	if !known {
 		return bgtask.ClosureReport{SessionID: sessionID}, fmt.Errorf("%w: %q is no task's session and no task's parent in ledger %s", bgtask.ErrUnknownSession, sessionID, n.o.Ledger)
 	}
-	return n.close(ctx, openClosure{root: sessionID, task: task}, noWait)
+	return n.close(ctx, openClosure{root: sessionID, task: task, actor: actor}, noWait)
 }
 
 // closeTask closes the branch of task id as a unit — its live run, and
 // what any of its sessions launched — as closeBranch does. It returns
 // bgtask.ErrUnknownTask if no member of the ledger has the task.
-func (n *Node) closeTask(ctx context.Context, id string, noWait bool) (bgtask.ClosureReport, error) {
+func (n *Node) closeTask(ctx context.Context, id, actor string, noWait bool) (bgtask.ClosureReport, error) {
 	if strings.TrimSpace(id) == "" {
 		return bgtask.ClosureReport{}, fmt.Errorf("%w: Target.Task is blank", bgtask.ErrInvalidArgument)
 	}
@@ -437,7 +438,7 @@ func (n *Node) closeTask(ctx context.Context, id string, noWait bool) (bgtask.Cl
 	if err != nil {
 		return bgtask.ClosureReport{}, fmt.Errorf("pgledger: stop: %w", err)
 	}
-	return n.close(ctx, openClosure{root: root, task: id}, noWait)
+	return n.close(ctx, openClosure{root: root, task: id, actor: actor}, noWait)
 }
 
 // closeWait bounds how long a closure waits between looks at its scope.
@@ -459,8 +460,8 @@ func (n *Node) close(ctx context.Context, k openClosure, noWait bool) (bgtask.Cl
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, fenceLock(n.o.Ledger)); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, `INSERT INTO bgtask_closures (ledger, root_session, task_id, member) VALUES ($1, $2, $3, $4) RETURNING id`,
-			n.o.Ledger, k.root, k.task, n.o.Member).Scan(&k.id); err != nil {
+		if err := tx.QueryRow(ctx, `INSERT INTO bgtask_closures (ledger, root_session, task_id, member, actor) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+			n.o.Ledger, k.root, k.task, n.o.Member, k.actor).Scan(&k.id); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, closureChannel, n.o.Ledger+"\x1f"+strconv.FormatInt(k.id, 10))
@@ -469,7 +470,7 @@ func (n *Node) close(ctx context.Context, k openClosure, noWait bool) (bgtask.Cl
 	if err != nil {
 		return bgtask.ClosureReport{SessionID: k.root}, fmt.Errorf("pgledger: raising the fence: %w", err)
 	}
-	rep := bgtask.ClosureReport{SessionID: k.root, TaskID: k.task}
+	rep := bgtask.ClosureReport{SessionID: k.root, TaskID: k.task, Actor: k.actor}
 	if noWait {
 		if !n.goOwned(func() { _, _ = n.closeFenced(n.loopCtx, k, rep) }) {
 			return rep, bgtask.ErrShutdown
@@ -628,7 +629,7 @@ func (n *Node) finish(caller context.Context, k openClosure, rep bgtask.ClosureR
 			unstopped = append(unstopped, UnstoppedRun{StoppedRun: run, Member: r.member, Holder: r.holder, Reason: reason})
 		}
 	}
-	rec := bgtask.ClosureReport{SessionID: k.root, TaskID: k.task, At: time.Now(), Stopped: rep.Stopped, Failed: rep.Failed, Stopping: rep.Stopping, Passes: rep.Passes}
+	rec := bgtask.ClosureReport{SessionID: k.root, TaskID: k.task, At: time.Now(), Stopped: rep.Stopped, Failed: rep.Failed, Stopping: rep.Stopping, Passes: rep.Passes, Actor: k.actor}
 	if rerr := n.record(ctx, k, rec); rerr != nil {
 		err = errors.Join(err, rerr)
 		if !n.goOwned(func() { _ = n.record(n.loopCtx, k, rec) }) {
@@ -700,14 +701,14 @@ type stopper struct {
 
 // serveAll stops this node's runs of every open closure.
 func (n *Node) serveAll(ctx context.Context) {
-	rows, err := n.pool.Query(ctx, `SELECT id, root_session, task_id FROM bgtask_closures
+	rows, err := n.pool.Query(ctx, `SELECT id, root_session, task_id, actor FROM bgtask_closures
  WHERE ledger = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, n.o.Ledger)
 	if err != nil {
 		return
 	}
 	open, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (openClosure, error) {
 		var k openClosure
-		err := row.Scan(&k.id, &k.root, &k.task)
+		err := row.Scan(&k.id, &k.root, &k.task, &k.actor)
 		return k, err
 	})
 	if err != nil {
@@ -739,8 +740,8 @@ func (n *Node) serveFor(ctx context.Context, payload string) {
 		return
 	}
 	var k openClosure
-	err := n.pool.QueryRow(ctx, `SELECT id, root_session, task_id FROM bgtask_closures
- WHERE id = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, id).Scan(&k.id, &k.root, &k.task)
+	err := n.pool.QueryRow(ctx, `SELECT id, root_session, task_id, actor FROM bgtask_closures
+ WHERE id = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, id).Scan(&k.id, &k.root, &k.task, &k.actor)
 	if err == nil {
 		n.serve(ctx, k)
 	}
@@ -754,7 +755,9 @@ func (n *Node) serve(ctx context.Context, k openClosure) {
 	members := n.Members()
 	runs, err := n.scope(ctx, k, members)
 	if err != nil {
-		n.o.Logger.Warn("pgledger: looking for runs to stop", "closure", k.id, "err", err)
+		if ctx.Err() == nil { // else the caller gave up, or the node closes: the closure is served by whoever goes on
+			n.o.Logger.Warn("pgledger: looking for runs to stop", "closure", k.id, "err", err)
+		}
 		return
 	}
 	type stop struct {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -359,4 +360,22 @@ func TestARetryInAClosingBranchDoesNotStart(t *testing.T) {
 	require.Len(t, got.Attempts, 2)
 	assert.ErrorContains(t, errors.New(got.Attempts[1].Error), "is inside the branch closure")
 	assert.Empty(t, svc.sessionOf(got.Attempts[1].ID), "no session was started for the retry")
+}
+
+// A closure across the fleet says who acted, when its caller named them:
+// on its report and record, and on each task it stopped, in whichever
+// process owns it.
+func TestAFleetClosureRecordsWhoActed(t *testing.T) {
+	_, _, ns, tasks := chain(t, 2, 2)
+	rep, err := ns[0].Stop(ctx(t), bgtask.Target{Task: tasks[0].ID, Tree: true, Actor: "carol"})
+	require.NoError(t, err)
+	assert.Equal(t, "carol", rep.Actor)
+	kid, err := bgtasktest.WaitStatus(ctx(t), ns[1].Manager(), tasks[1].ID, bgtask.StatusCancelled)
+	require.NoError(t, err)
+	require.NotNil(t, kid.Stop)
+	assert.Equal(t, "carol", kid.Stop.Actor, "the other process's stop names who acted")
+	snap, err := ns[1].Snapshot(ctx(t))
+	require.NoError(t, err)
+	require.NotEmpty(t, snap.Closures)
+	assert.Equal(t, "carol", snap.Closures[len(snap.Closures)-1].Actor, "the closure's record")
 }

@@ -251,8 +251,8 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		{name: "Stop with Tree: its root", sql: `SELECT coalesce((SELECT s.session_id FROM bgtask_sessions s
   WHERE s.ledger = t.ledger AND s.task_id = t.task_id ORDER BY s.attempt_id = t.attempt_id DESC LIMIT 1), '')
   FROM bgtask_tasks t WHERE t.ledger = $1 AND t.task_id = $2`, args: s("'big'", "'t-4321'")},
-		{name: "close: the fence up", sql: `INSERT INTO bgtask_closures (ledger, root_session, task_id, member) VALUES ($1, $2, $3, $4) RETURNING id`,
-			args: s("'big'", "'s-4321'", "'t-4321'", "'m-0'")},
+		{name: "close: the fence up", sql: `INSERT INTO bgtask_closures (ledger, root_session, task_id, member, actor) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+			args: s("'big'", "'s-4321'", "'t-4321'", "'m-0'", "'alice'")},
 		{name: "stopsOf", sql: `SELECT task_id, attempt_id, session_id, token, status, member, err FROM bgtask_stops
  WHERE closure_id = $1 ORDER BY seq`, args: s("5")},
 		{name: "record: the fence down", sql: `UPDATE bgtask_closures SET closed_at = now(), record = $2 WHERE id = $1 AND record IS NULL`, args: s("5", "'{}'")},
@@ -263,9 +263,9 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 			args: s("'small'")},
 		{name: "Snapshot's Closures (big ledger: all of them)", sql: `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`,
 			args: s("'big'"), whole: true},
-		{name: "serveAll: open closures", sql: `SELECT id, root_session, task_id FROM bgtask_closures
+		{name: "serveAll: open closures", sql: `SELECT id, root_session, task_id, actor FROM bgtask_closures
  WHERE ledger = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, args: s("'big'")},
-		{name: "serveFor: a closure", sql: `SELECT id, root_session, task_id FROM bgtask_closures
+		{name: "serveFor: a closure", sql: `SELECT id, root_session, task_id, actor FROM bgtask_closures
  WHERE id = $1 AND closed_at IS NULL AND bgtask_closure_live(ledger, member)`, args: s("5")},
 		{name: "insertStops", sql: `INSERT INTO bgtask_stops (closure_id, task_id, attempt_id, session_id, token, member, status, err)
 SELECT u.* FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])

@@ -64,11 +64,13 @@ func TestFleetOfProcesses(t *testing.T) {
 	ledger := fmt.Sprintf("fleet-%s-%d", t.Name(), fleetRuns.Add(1))
 	rep, err := fleetdemo.Run(c, fleetdemo.Config{DB: *pgledger.DBURL, Ledger: ledger, Worker: os.Args[0], Lease: time.Second, Out: logWriter{t}})
 	require.NoError(t, err)
-	assert.Equal(t, 13, rep.Tasks)
+	assert.Equal(t, 17, rep.Tasks, "12 answered or stopped, 2 on a budget, 3 barriers")
 	assert.Equal(t, 9, rep.Completed, "6 answered through another process, 3 of the killed one's")
 	assert.Equal(t, 3, rep.TakenOver)
 	assert.Equal(t, 3, rep.Cancelled, "the branch across the three")
 	assert.Equal(t, 2, rep.BudgetStopped, "a tree spent by two processes: both runs stopped by its budget")
+	assert.Equal(t, 3, rep.Interrupted+rep.Live, "the barriers: running, or the killed one's start cut")
+	assert.Equal(t, rep.Tasks, rep.Completed+rep.Cancelled+rep.BudgetStopped+rep.Interrupted+rep.Live, "every task counted once, by how it ended")
 	assert.Equal(t, 1, rep.BudgetRefused)
 }
 

@@ -569,7 +569,9 @@ func (n *Node) deliverRun(ctx context.Context, r *parentRun) {
 			continue
 		}
 		if err := n.notify(ctx, note); err != nil {
-			n.o.Logger.Warn("pgledger: delivering a notification failed; it is tried again", "parent", r.parent, "id", note.ID, "err", err)
+			if ctx.Err() == nil { // else the node closes: the row stays, for whoever delivers it next
+				n.o.Logger.Warn("pgledger: delivering a notification failed; it is tried again", "parent", r.parent, "id", note.ID, "err", err)
+			}
 			r.failed = true
 			return
 		}

@@ -48,6 +48,9 @@ const writeFunction = `
 -- from its first record's seq to its last's as of the commit that last
 -- moved it (read to the end while it is live).
 ALTER TABLE bgtask_tasks ADD COLUMN first_seq bigint, ADD COLUMN last_seq bigint;
+-- Who acted, when a closure's caller named them (Target.Actor): its
+-- owners' stops say so.
+ALTER TABLE bgtask_closures ADD COLUMN actor text NOT NULL DEFAULT '';
 UPDATE bgtask_tasks t SET first_seq = r.f, last_seq = r.l
   FROM (SELECT ledger, member, task_id, min(seq) AS f, max(seq) AS l FROM bgtask_records WHERE task_id <> ''
          GROUP BY ledger, member, task_id) r

@@ -2,8 +2,8 @@
 // live bgtaskhttp service.
 //
 //	bgtask tasks DIR [-status S,...] [-parent SESSION] [-json]   list the tasks
-//	bgtask task DIR ID [-json]        one task: timeline, usage and budget, records (restarts included), outcome, envelope
-//	bgtask records DIR [ID] [-json]   every record in order, or one task's with the restarts and its parent's records
+//	bgtask task DIR|URL ID [-json]        one task: timeline, usage and budget, records (restarts included), outcome, envelope
+//	bgtask records DIR|URL [ID] [-json]   every record in order, or one task's with the restarts and its parent's records
 //	bgtask closures DIR [-json]       the branch closures recorded
 //	bgtask follow URL [-json]         print a live service's tasks as they change (JSON: a task per line)
 //	bgtask repair DIR [-n] [-json]    cut a corrupt journal at its damage, keeping a copy, after saying what it drops
@@ -30,6 +30,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -41,6 +42,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
+	"github.com/bgtask/bgtask/internal/statusarg"
 	"github.com/bgtask/bgtask/mirror"
 )
 
@@ -90,9 +92,9 @@ live bgtaskhttp service; and repairs a corrupt journal.
 
 Usage:
   bgtask tasks DIR [-status S,...] [-parent SESSION] [-json]   list the tasks
-  bgtask task DIR ID [-json]        one task: timeline, usage and budget, records,
-                                    outcome, envelope
-  bgtask records DIR [ID] [-json]   every record in order (restarts, parents' and
+  bgtask task DIR|URL ID [-json]    one task: timeline, usage and budget, records
+                                    (a live service's: its history), outcome, envelope
+  bgtask records DIR|URL [ID] [-json]  every record in order (restarts, parents' and
                                     closures' records included), or one task's
   bgtask closures DIR [-json]       the branch closures recorded
   bgtask follow URL [-json]         a live service's tasks as they change
@@ -138,21 +140,21 @@ var commands = map[string]*command{
 		example: "bgtask tasks ./journal -status running,pending -parent chat-1",
 		min:     1, max: 1,
 		flags: func(fs *flag.FlagSet) {
-			fs.String("status", "", "only tasks in these statuses, comma-separated: "+statusList)
+			fs.String("status", "", "only tasks in these statuses, comma-separated: "+statusarg.Names)
 			fs.String("parent", "", "only tasks launched from this parent session")
 		},
 		run: tasksCmd,
 	},
 	"task": {
-		args:    "DIR ID",
-		about:   "Shows one task: its state, its timeline (with its usage), the budget it spends\nfrom (spent, left, a limit reached), its records in order with the restarts\n(epochs) and its parent's records between them, its outcome and envelope.\nID may be a prefix of the task's id that names one task.",
+		args:    "DIR|URL ID",
+		about:   "Shows one task: its state, its timeline (with its usage), the budget it spends\nfrom (spent, left, a limit reached), its records in order with the restarts\n(epochs) and its parent's records between them, its outcome and envelope.\nID may be a prefix of the task's id that names one task. With the http:// or\nhttps:// URL of a live bgtaskhttp service instead of a journal, the service's\ntask and its history (GET /tasks/{id}/history: with its lines of progress),\nby its whole id.",
 		example: "bgtask task ./journal task-7",
 		min:     2, max: 2,
 		run: taskCmd,
 	},
 	"records": {
-		args:    "DIR [ID]",
-		about:   "Prints every record of the journal in order: sequence, time, kind, task,\nattempt and what it changed — the restarts (epoch), the parent-level records\n(all_complete) and the closures included. With ID, the task's records and the\nepochs and records of its parent session from its first record to its last\n(to the end, for a live task): a restart between a run's start and its end shows.",
+		args:    "DIR|URL [ID]",
+		about:   "Prints every record of the journal in order: sequence, time, kind, task,\nattempt and what it changed — the restarts (epoch), the parent-level records\n(all_complete) and the closures included. With ID, the task's records and the\nepochs and records of its parent session from its first record to its last\n(to the end, for a live task): a restart between a run's start and its end shows.\nWith a live service's URL, a task's history (ID is then needed, whole).",
 		example: "bgtask records ./journal task-7",
 		min:     1, max: 2,
 		run: recordsCmd,
@@ -185,7 +187,7 @@ var commands = map[string]*command{
 	},
 	"follow": {
 		args:    "URL",
-		about:   "Follows a live bgtaskhttp service: prints its tasks, then a line for each task\nthat changes (with its usage, and its budget once spent; the timeline and the\nbudget once it ends), until interrupted. An address that\ncannot be reached or is no bgtask service is an error at once; one that does\nnot answer within 5s, an error then. Once following, a dropped connection is\nsaid on stderr and retried with backoff. With -json, one JSON task per line.",
+		about:   "Follows a live bgtaskhttp service: prints its tasks, then a line for each task\nthat changes (with its usage, and its budget once spent; the timeline and the\nbudget once it ends), until interrupted. URL is the service's http:// or\nhttps:// address. An address that cannot be reached or is no bgtask service is\nan error at once; one that does not answer within 5s, an error then. Once\nfollowing, a dropped connection is said on stderr and retried with backoff, and\nso is the reconnection: resumed after the last change seen, or a new snapshot.\nWith -json, one JSON task per line.",
 		example: "bgtask follow http://127.0.0.1:8080",
 		min:     1, max: 1,
 		run: followCmd,
@@ -271,27 +273,17 @@ func commandUsage(name string, cmd *command) string {
 	return b.String()
 }
 
-// statuses are the task statuses -status takes.
-var statuses = []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning, bgtask.StatusCompleted, bgtask.StatusError, bgtask.StatusCancelled, bgtask.StatusInterrupt}
-
-var statusList = func() string {
-	var s []string
-	for _, st := range statuses {
-		s = append(s, string(st))
-	}
-	return strings.Join(s, ", ")
-}()
-
-// parseStatuses reads -status's comma-separated list.
+// parseStatuses reads -status's comma-separated list, each status as
+// GET /tasks?status= reads it (statusarg).
 func parseStatuses(s string) ([]bgtask.Status, error) {
 	if s == "" {
 		return nil, nil
 	}
 	var out []bgtask.Status
 	for _, f := range strings.Split(s, ",") {
-		st := bgtask.Status(strings.TrimSpace(f))
-		if !slices.Contains(statuses, st) {
-			return nil, usagef("bgtask tasks", "tasks: unknown status %q in -status: the statuses are %s", f, statusList)
+		st, err := statusarg.Parse(strings.TrimSpace(f))
+		if err != nil {
+			return nil, usagef("bgtask tasks", "tasks: -status: %v", err)
 		}
 		out = append(out, st)
 	}
@@ -380,16 +372,41 @@ func find(v bgtask.JournalView, id, dir string) (bgtask.Task, error) {
 	return bgtask.Task{}, fmt.Errorf("task id prefix %q is ambiguous: %d tasks match: %s%s", id, len(matches), strings.Join(ids, ", "), more)
 }
 
-func taskCmd(_ context.Context, c *call) error {
+// remote reports whether c's first argument is a live service's URL
+// rather than a journal's directory.
+func (c *call) remote() bool {
+	return strings.HasPrefix(c.args[0], "http://") || strings.HasPrefix(c.args[0], "https://")
+}
+
+// history is task id (a prefix, in a journal) and its history: from the
+// journal in c's first argument, or from the live service at its URL
+// (Client.Task and Client.History, by the whole id).
+func (c *call) history(ctx context.Context, id string) (bgtask.Task, []bgtask.RecordView, error) {
+	if c.remote() {
+		client := &bgtaskhttp.Client{Base: c.args[0]}
+		t, err := client.Task(ctx, id)
+		if err != nil {
+			return bgtask.Task{}, nil, err
+		}
+		recs, err := client.History(ctx, id)
+		return t, recs, err
+	}
 	v, err := c.read()
 	if err != nil {
-		return err
+		return bgtask.Task{}, nil, err
 	}
-	t, err := find(v, c.args[1], c.args[0])
+	t, err := find(v, id, c.args[0])
+	if err != nil {
+		return bgtask.Task{}, nil, err
+	}
+	return t, v.RecordsOf(t), nil
+}
+
+func taskCmd(ctx context.Context, c *call) error {
+	t, recs, err := c.history(ctx, c.args[1])
 	if err != nil {
 		return err
 	}
-	recs := v.RecordsOf(t)
 	if c.json {
 		return c.printJSON(struct {
 			Task    bgtask.Task         `json:"task"`
@@ -472,18 +489,22 @@ func change(r bgtask.RecordView) string {
 	return r.Change
 }
 
-func recordsCmd(_ context.Context, c *call) error {
-	v, err := c.read()
-	if err != nil {
-		return err
-	}
-	recs := v.Records
-	if len(c.args) == 2 {
-		t, err := find(v, c.args[1], c.args[0])
+func recordsCmd(ctx context.Context, c *call) error {
+	var recs []bgtask.RecordView
+	switch {
+	case len(c.args) == 2:
+		var err error
+		if _, recs, err = c.history(ctx, c.args[1]); err != nil {
+			return err
+		}
+	case c.remote():
+		return usagef("bgtask records", "records: a live service's records are read a task at a time: bgtask records %s ID", c.args[0])
+	default:
+		v, err := c.read()
 		if err != nil {
 			return err
 		}
-		recs = v.RecordsOf(t)
+		recs = v.Records
 	}
 	if c.json {
 		if recs == nil {
@@ -556,9 +577,24 @@ var dialTimeout = 5 * time.Second
 
 const streamTimeout = 45 * time.Second
 
+// serviceURL says what is wrong with u as the address of a service to
+// follow, as a usage error: it must be an http:// or https:// URL.
+func serviceURL(u string) error {
+	if p, err := neturl.Parse(u); err == nil && (p.Scheme == "http" || p.Scheme == "https") && p.Host != "" {
+		return nil
+	}
+	if !strings.Contains(u, "://") && !strings.ContainsAny(u, " \t") {
+		return usagef("bgtask follow", "follow: %q is not a URL: write http://%s", u, u)
+	}
+	return usagef("bgtask follow", "follow: %q is not an http:// or https:// URL (like http://127.0.0.1:8080)", u)
+}
+
 // followCmd prints a live service's tasks as they change, until ctx ends.
 func followCmd(ctx context.Context, c *call) error {
 	url := c.args[0]
+	if err := serviceURL(url); err != nil {
+		return err
+	}
 	ready := make(chan struct{})
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
@@ -573,6 +609,13 @@ func followCmd(ctx context.Context, c *call) error {
 			}
 			fmt.Fprintf(c.stderr, "bgtask: connection lost: %v; reconnecting in %s\n", err, wait.Round(time.Millisecond))
 			return nil
+		},
+		Reconnected: func(after string, snapshot bool) {
+			if snapshot {
+				fmt.Fprintln(c.stderr, "bgtask: reconnected; took a new snapshot")
+				return
+			}
+			fmt.Fprintf(c.stderr, "bgtask: reconnected; resumed after %s\n", after)
 		}}
 	var mir mirror.Mirror
 	var ferr error // Follow's, once joined is closed

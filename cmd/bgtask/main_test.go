@@ -327,20 +327,22 @@ func TestEveryMistakeIsAnErrorSaidOnce(t *testing.T) {
 		{[]string{"tasks", filepath.Join(empty, "nope")}, 1, "is not a journal: open " + filepath.Join(empty, "nope") + ": no such file or directory"},
 		{[]string{"tasks", empty}, 1, empty + " is not a journal: it holds no journal segment"},
 		{[]string{"records", empty}, 1, "is not a journal"},
-		{[]string{"tasks", dir, "-status", "runing"}, 2, `unknown status "runing" in -status: the statuses are pending, running, completed, error, cancelled, interrupt`},
+		{[]string{"tasks", dir, "-status", "runing"}, 2, `tasks: -status: unknown status "runing": the statuses are pending, running, completed, error, cancelled, interrupt`},
 		{[]string{"tasks", dir, "-status", "running,"}, 2, `unknown status ""`},
 		{[]string{"tasks", dir, "-statuss", "running"}, 2, "tasks: flag provided but not defined: -statuss"},
 		{[]string{"task", "-json=maybe", dir, "task-1"}, 2, `invalid boolean value "maybe" for -json`},
 		{[]string{"tasks"}, 2, "tasks: missing DIR (usage: bgtask tasks DIR)"},
-		{[]string{"task", dir}, 2, "task: missing ID (usage: bgtask task DIR ID)"},
+		{[]string{"task", dir}, 2, "task: missing ID (usage: bgtask task DIR|URL ID)"},
 		{[]string{"closures", dir, "x"}, 2, `closures: unexpected argument "x"`},
 		{[]string{"follow"}, 2, "follow: missing URL"},
-		{[]string{"task", dir, ""}, 2, "task: ID is blank (usage: bgtask task DIR ID)"},
+		{[]string{"task", dir, ""}, 2, "task: ID is blank (usage: bgtask task DIR|URL ID)"},
 		{[]string{"repair", " "}, 2, "repair: DIR is blank (usage: bgtask repair DIR)"},
 		{[]string{"task", dir, "nope"}, 1, `unknown task: no task of ` + dir + ` has an id that is or begins with "nope" (3 tasks`},
 		{[]string{"frobnicate", dir}, 2, `unknown command "frobnicate"`},
 		{nil, 2, "no command given"},
-		{[]string{"follow", "not a url"}, 1, `Client.Base "not a url" is not an http(s) URL`},
+		{[]string{"follow", "not a url"}, 2, `follow: "not a url" is not an http:// or https:// URL (like http://127.0.0.1:8080)`},
+		{[]string{"follow", "localhost:8080"}, 2, `follow: "localhost:8080" is not a URL: write http://localhost:8080`},
+		{[]string{"follow", "ftp://localhost:8080"}, 2, `follow: "ftp://localhost:8080" is not an http:// or https:// URL`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -358,7 +360,7 @@ func TestEveryMistakeIsAnErrorSaidOnce(t *testing.T) {
 
 func TestHelpSaysHowToUseEachCommand(t *testing.T) {
 	top := ok(t, "-h")
-	for _, want := range []string{"Usage:", "bgtask tasks DIR", "bgtask task DIR ID", "bgtask records DIR [ID]", "bgtask closures DIR", "bgtask follow URL", "Examples:"} {
+	for _, want := range []string{"Usage:", "bgtask tasks DIR", "bgtask task DIR|URL ID", "bgtask records DIR|URL [ID]", "bgtask closures DIR", "bgtask follow URL", "Examples:"} {
 		assert.Contains(t, top, want)
 	}
 	assert.Equal(t, top, ok(t, "help"))
@@ -522,6 +524,7 @@ func TestFollowPrintsTasksAndReconnectsWhenTheConnectionDrops(t *testing.T) {
 
 	srv.CloseClientConnections() // the connection drops mid-stream
 	f.stderr.await(t, ctx, `bgtask: connection lost: .+; reconnecting in 100ms\n`)
+	f.stderr.await(t, ctx, `bgtask: connection lost: .+; reconnecting in 100ms\nbgtask: reconnected; resumed after \d+:\d+\n`) // it missed nothing
 	require.NoError(t, host.Idle(running.SessionID, "ok"))
 	f.stdout.await(t, ctx, "task-1 completed attempts=1")
 	f.stdout.await(t, ctx, "Attempt 1 — COMPLETED — openai/gpt-5 — ses-1")
@@ -532,6 +535,41 @@ func TestFollowPrintsTasksAndReconnectsWhenTheConnectionDrops(t *testing.T) {
 	// 200ms Follow was at (it starts again from 100ms then), before these.
 	f.stderr.await(t, ctx, `connection refused; reconnecting in 400ms\n`)
 	f.stderr.await(t, ctx, `connection refused; reconnecting in 800ms\n`)
+	assert.Equal(t, 0, f.interrupt(t), f.stderr.String())
+}
+
+// A service that no longer holds what followed the last change the
+// command saw sends a new snapshot when it reconnects: the command says so.
+func TestFollowSaysItTookANewSnapshotAfterAReconnect(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var conns sync.Mutex
+	n := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conns.Lock()
+		n++
+		first := n == 1
+		conns.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		task := bgtask.Task{ID: "task-1", Status: bgtask.StatusRunning, Revision: 1}
+		if !first {
+			task.Revision, task.Progress = 2, "halfway"
+		}
+		b, _ := json.Marshal(bgtask.Snapshot{Epoch: 7, Seq: 1, Tasks: []bgtask.Task{task}})
+		fmt.Fprintf(w, "id: 7:1\nevent: snapshot\ndata: %s\n\n", b)
+		w.(http.Flusher).Flush()
+		if first {
+			return // the stream ends: the command reconnects with 7:1, and gets a snapshot
+		}
+		<-r.Context().Done()
+	}))
+	defer func() {
+		srv.CloseClientConnections()
+		srv.Close()
+	}()
+	f := follow(t, ctx, srv.URL)
+	f.stdout.await(t, ctx, "task-1 running attempts=0 +halfway")
+	f.stderr.await(t, ctx, `bgtask: connection lost: .+; reconnecting in 100ms\nbgtask: reconnected; took a new snapshot\n`)
 	assert.Equal(t, 0, f.interrupt(t), f.stderr.String())
 }
 
@@ -565,14 +603,22 @@ func TestFollowOfADeadOrWrongAddressFailsAtOnce(t *testing.T) {
 		_, _ = w.Write([]byte("<p>some other service</p>"))
 	}))
 	defer page.Close()
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusBadGateway)
+		_, _ = w.Write([]byte("<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1></center>" +
+			strings.Repeat("<!-- a padding comment that proxies add -->\n", 500) + "<hr><center>nginx</center></body></html>"))
+	}))
+	defer proxy.Close()
 	for url, want := range map[string]string{
 		refused:      "bgtask: cannot follow " + refused + ": Get \"" + refused + "/events\": dial tcp " + refused[len("http://"):] + ": connect: connection refused\n",
-		notFound.URL: "bgtask: cannot follow " + notFound.URL + ": bgtaskhttp: 404 http: 404 page not found\n",
-		page.URL:     `not an event stream (Content-Type "text/html")`,
+		notFound.URL: "bgtask: cannot follow " + notFound.URL + ": bgtaskhttp: the server at " + notFound.URL + " did not answer as a bgtask server (GET /events: 404 Not Found, Content-Type text/plain; charset=utf-8): \"404 page not found\"\n",
+		page.URL:     "bgtask: cannot follow " + page.URL + ": bgtaskhttp: the server at " + page.URL + " did not answer as a bgtask server (GET /events: 200 OK, Content-Type text/html): not an event stream: \"some other service\"\n",
+		proxy.URL:    "bgtask: cannot follow " + proxy.URL + ": bgtaskhttp: the server at " + proxy.URL + " did not answer as a bgtask server (GET /events: 502 Bad Gateway, Content-Type text/html): \"502 Bad Gateway 502 Bad Gateway nginx\"\n",
 	} {
 		r := cli(t, "follow", url)
 		assert.Equal(t, 1, r.code, url)
-		assert.Contains(t, r.stderr, want)
+		assert.Equal(t, want, r.stderr, "one line: what answered, not its page")
 		assert.Empty(t, r.stdout)
 	}
 }
@@ -845,4 +891,42 @@ func TestACorruptJournalIsRefusedThenRepaired(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "not corrupt")
 	assert.Contains(t, r.stdout, "earlier repairs cut is kept in "+filepath.Dir(copies[0]))
+}
+
+// task and records read a live service too: its task and its history
+// (GET /tasks/{id}/history), lines of progress included; a service's
+// records are read a task at a time.
+func TestTaskAndRecordsOfALiveService(t *testing.T) {
+	m, host, srv := service(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: "chat", Prompt: "p", Models: []bgtask.Model{{Provider: "a", ID: "1"}, {Provider: "b", ID: "2"}}})
+	require.NoError(t, err)
+	running, err := bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, host.Fail(running.SessionID, errors.New("429 Too Many Requests")))
+	retried, err := bgtasktest.WaitFor(ctx, m, task.ID, func(t bgtask.Task) bool { return len(t.Attempts) == 2 && t.Status == bgtask.StatusRunning })
+	require.NoError(t, err)
+	require.NoError(t, m.Observe(bgtask.Event{SessionID: retried.SessionID, Kind: bgtask.SessionBusy, Progress: "reading the code"}))
+
+	r := cli(t, "task", srv.URL, task.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "attempt 1 created on a/1")
+	assert.Contains(t, r.stdout, "attempt 2 created on b/2")
+	assert.Contains(t, r.stdout, "reading the code", "its line of progress")
+
+	r = cli(t, "records", srv.URL, task.ID, "-json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var recs []bgtask.RecordView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &recs))
+	want, err := m.History(ctx, task.ID)
+	require.NoError(t, err)
+	assert.Len(t, recs, len(want))
+
+	r = cli(t, "records", srv.URL)
+	assert.Equal(t, 2, r.code, "a usage error")
+	assert.Contains(t, r.stderr, "a task at a time")
+	r = cli(t, "task", srv.URL, "no-such-task")
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, "no-such-task")
 }

@@ -245,8 +245,7 @@ func serve(ctx context.Context, addr, journal string, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		opts = append(opts, bgtask.WithJournal(j))
-		view.Records = bgtaskhttp.FileJournalRecords(journal) // the detail page shows each record
+		opts = append(opts, bgtask.WithJournal(j)) // the detail page shows each of a task's records (Manager.History)
 	}
 	m, err := bgtask.Open(ctx, bgtask.NewFuncHost(subagent(work)), opts...)
 	if err != nil {

@@ -8,7 +8,9 @@
 //	cd pgledger && go run ./examples/fleet
 //
 // It starts a throwaway PostgreSQL server (the Debian postgresql package's
-// initdb and pg_ctl), or uses BGTASK_PG_URL.
+// initdb and pg_ctl), or uses BGTASK_PG_URL: the database it names, as it
+// is (the demo migrates it and plays on a ledger of its own), or, if it
+// names none, a database bgtask_fleet it makes afresh on that server.
 package main
 
 import (
@@ -33,13 +35,17 @@ func main() {
 }
 
 func run() error {
-	srv, err := pgtest.Start("bgtask_fleet")
+	srv, err := server()
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
 	return demo(srv.URL, os.Stdout)
 }
+
+// server is where the demo plays: BGTASK_PG_URL's database, if it names
+// one, or a fresh one (pgtest.Open).
+func server() (*pgtest.Server, error) { return pgtest.Open("bgtask_fleet") }
 
 // demo plays the scenario on database url, telling out what it does.
 func demo(url string, out io.Writer) error {

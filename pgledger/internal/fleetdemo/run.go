@@ -30,17 +30,26 @@ type Config struct {
 	Out       io.Writer // where the scenario tells what it does
 }
 
-// Report is what a run saw.
+// Report is what a run saw. Every task launched is counted once, by how
+// it ended, or as still live: Completed + Cancelled + BudgetStopped +
+// Interrupted + Live is Tasks.
 type Report struct {
-	Tasks      int // tasks launched
+	Tasks      int // tasks launched (a launch refused is none)
 	Completed  int // ended completed, each with the answer its session gave
 	Cancelled  int // stopped by the closure
-	TakenOver  int // runs of the killed worker another process finished
+	TakenOver  int // of Completed, runs of the killed worker another process finished
 	Duplicates int // final summaries delivered again after the crash (same ID)
-	// BudgetStopped counts the runs of the tree whose budget two processes
-	// spent, stopped by it; BudgetRefused the launches in it refused after.
+	// BudgetStopped counts the tasks of the tree whose budget two
+	// processes spent, stopped by it; BudgetRefused the launches in it
+	// refused after.
 	BudgetStopped, BudgetRefused int
-	Took                         time.Duration // the whole scenario
+	// Interrupted is 1 when the kill cut the start of the barrier w1
+	// launched last (the takeover cannot tell whether its session began:
+	// "start outcome unknown after restart"), 0 when its session had
+	// started; Live counts the barriers still running at the end (never
+	// answered).
+	Interrupted, Live int
+	Took              time.Duration // the whole scenario
 }
 
 // proc is one worker process.
@@ -160,7 +169,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	// Every binding is durable before the kill: the tasks' next step is a
 	// launch of w1 that returned.
-	if _, err := sc.launch(ws[1], "barrier"); err != nil {
+	if _, err := sc.launch(ws[1], barrier); err != nil {
 		return rep, err
 	}
 	ws[1].kill()
@@ -193,11 +202,35 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err := sc.budget(ws[0], ws[2], &rep); err != nil {
 		return rep, err
 	}
-	say("a tree in w0 and w2 spent its budget: %d runs stopped by it, %d launch refused after", rep.BudgetStopped, rep.BudgetRefused)
+	say("a tree in w0 and w2 spent its budget: its %d runs stopped by it, %d launch refused after", len(sc.budgeted), rep.BudgetRefused)
 
-	// 4. Every task ended with its evidence; every final summary once.
-	all := append(slices.Clone(answered), root, kid, leaf)
-	rep.Tasks = len(all) + 1                                        // and the barrier
+	// The barriers (launches whose return says only that what came before
+	// them is in the database) are left running, unanswered: w1's, whose
+	// start the kill may have cut, is live once its session is found, or
+	// ended (interrupt: the takeover cannot tell whether it began).
+	var live []string
+	for _, id := range sc.barriers {
+		var ses string
+		if err := svc.await(ctx, "the session or the end of barrier "+id, func() bool {
+			ses, _, _ = svc.sessionOf(id)
+			return ses != "" || len(svc.summaries(id)) > 0
+		}); err != nil {
+			return rep, err
+		}
+		if ses != "" {
+			live = append(live, id)
+		}
+	}
+
+	// 4. Every task but the live barriers ended with its evidence; every
+	// final summary once.
+	rep.Tasks, rep.Live = len(sc.launched), len(live)
+	var all []string
+	for _, id := range sc.launched {
+		if !slices.Contains(live, id) {
+			all = append(all, id)
+		}
+	}
 	rounds := map[string]int{"chat-a": 6, "chat-b": 1, "chat-c": 3} // each parent's round: its tasks
 	if err := svc.await(ctx, "every final summary and all_complete", func() bool {
 		for _, id := range all {
@@ -235,6 +268,15 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 				return rep, fmt.Errorf("task %s: %s (aborted %v), want cancelled and its session aborted", id, t.Status, svc.sessions[ses].aborted)
 			}
 			rep.Cancelled++
+		case slices.Contains(sc.budgeted, id):
+			if t.Status != bgtask.StatusCancelled || t.Stop == nil || t.Stop.Kind != bgtask.StopBudget || !svc.sessions[ses].aborted {
+				return rep, fmt.Errorf("task %s: %s (stop %v, aborted %v), want cancelled by its budget and its session aborted", id, t.Status, t.Stop, svc.sessions[ses].aborted)
+			}
+			rep.BudgetStopped++
+		case slices.Contains(sc.barriers, id) && t.Status == bgtask.StatusInterrupt && len(t.Attempts) == 1 && t.Attempts[0].SessionID == "":
+			rep.Interrupted++ // w1's barrier, its start cut by the kill: the takeover cannot tell whether a session began
+		case !slices.Contains(answered, id):
+			return rep, fmt.Errorf("task %s: %s, and the scenario neither answered nor stopped it", id, t.Status)
 		case t.Status != bgtask.StatusCompleted || t.Result != "answer of "+ses:
 			return rep, fmt.Errorf("task %s: %s with %q, want completed with %q", id, t.Status, t.Result, "answer of "+ses)
 		default:
@@ -256,8 +298,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			rep.Duplicates++
 		}
 	}
-	say("%d tasks: %d completed with their answers (%d of them finished by another process after the kill), %d cancelled by the closure; every final summary and all_complete delivered once (%d again after the crash, same ID)",
-		rep.Tasks, rep.Completed, rep.TakenOver, rep.Cancelled, rep.Duplicates)
+	if n := rep.Completed + rep.Cancelled + rep.BudgetStopped + rep.Interrupted + rep.Live; n != rep.Tasks {
+		return rep, fmt.Errorf("%d tasks launched, %d counted by how they ended", rep.Tasks, n)
+	}
+	say("%d tasks: %d completed with their answers (%d of them finished by another process after the kill), %d cancelled by the closure, %d by their tree's spent budget, %d interrupted (a barrier whose start the kill cut), %d still running (the barriers, never answered: %s); every final summary and all_complete delivered once (%d again after the crash, same ID)",
+		rep.Tasks, rep.Completed, rep.TakenOver, rep.Cancelled, rep.BudgetStopped, rep.Interrupted, rep.Live, strings.Join(live, ", "), rep.Duplicates)
 	rep.Took = time.Since(began)
 	return rep, nil
 }
@@ -358,6 +403,10 @@ type scenario struct {
 	svc  *service
 	ws   []*proc
 	http *http.Client
+	// launched are the tasks launched, in order; of them, barriers are
+	// the launches made only to know that what came before is in the
+	// database, and budgeted the tree the budget stops.
+	launched, barriers, budgeted []string
 }
 
 func (sc *scenario) call(w *proc, path string, in any) (answer, error) {
@@ -376,8 +425,15 @@ func (sc *scenario) launch(w *proc, parent string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("launching at %s: %w", w.member, err)
 	}
+	sc.launched = append(sc.launched, a.Task.ID)
+	if parent == barrier {
+		sc.barriers = append(sc.barriers, a.Task.ID)
+	}
 	return a.Task.ID, nil
 }
+
+// barrier is the parent of the barriers (scenario.barriers).
+const barrier = "barrier"
 
 // session waits for task id's session and returns it and its owner.
 func (sc *scenario) session(id string) (ses, owner string, err error) {
@@ -439,6 +495,8 @@ func (sc *scenario) budget(a, b *proc, rep *Report) error {
 		return fmt.Errorf("launching the budgeted root: %w", err)
 	}
 	root := ans.Task.ID
+	sc.launched = append(sc.launched, root)
+	sc.budgeted = append(sc.budgeted, root)
 	rootSes, _, err := sc.session(root)
 	if err != nil {
 		return err
@@ -446,18 +504,19 @@ func (sc *scenario) budget(a, b *proc, rep *Report) error {
 	// A launch from a session is admitted to its tree's budget once the
 	// session's binding is in the database: a later launch of the same
 	// process says it is (its commits land in order).
-	if _, err := sc.launch(a, "barrier"); err != nil {
+	if _, err := sc.launch(a, barrier); err != nil {
 		return err
 	}
 	kid, err := sc.launch(b, rootSes)
 	if err != nil {
 		return err
 	}
+	sc.budgeted = append(sc.budgeted, kid)
 	kidSes, _, err := sc.session(kid)
 	if err != nil {
 		return err
 	}
-	if _, err := sc.launch(b, "barrier"); err != nil {
+	if _, err := sc.launch(b, barrier); err != nil {
 		return err
 	}
 	spend := func(w *proc, ses string, tokens int64) error {
@@ -482,7 +541,6 @@ func (sc *scenario) budget(a, b *proc, rep *Report) error {
 	}); err != nil {
 		return err
 	}
-	rep.BudgetStopped += 2
 	return nil
 }
 

@@ -3,14 +3,29 @@
 // when the tests run as root, since PostgreSQL refuses root), listening on
 // a Unix socket in that directory only, and one database for the package.
 //
-// BGTASK_PG_URL, if set, names a server to use instead (a database is
-// still created in it for the package).
+// BGTASK_PG_URL, if set, names a server to use instead (a postgres:// URL
+// or a key=value string, as pgx reads them). Every test binary still gets
+// a fresh database of its own there — several run at once, and each
+// drops what an earlier run of it left — created by Start (Main):
+//
+//   - if the URL names no database (and PGDATABASE names none), it is
+//     named after the package: Start("fleet") makes "fleet";
+//   - if it names one, say "ci_42", the package's is named after it:
+//     "ci_42_fleet". The database the URL names is connected to, to
+//     create that one, and never changed or dropped. A name that would be
+//     longer than PostgreSQL's 63 bytes is refused: name a shorter one.
+//
+// The rest of the URL (user, password, TLS, options) is kept in the
+// package's URL. A program that needs no fresh database (the fleet
+// example: a fresh ledger each run) calls Open, which uses the database
+// the URL names as it is.
 package pgtest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -52,15 +67,73 @@ func postgresUser() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-// Start starts a server (or uses BGTASK_PG_URL) and creates database db.
+// EnvURL is the variable that names a server to use instead of one of
+// the package's own.
+const EnvURL = "BGTASK_PG_URL"
+
+// Start starts a server and creates database db in it, or, when EnvURL
+// is set, creates a database for db in that server: db, or the name of
+// the database the URL names followed by "_" and db (see the package
+// doc). An earlier run's database of that name is dropped first.
 func Start(db string) (*Server, error) {
-	if url := os.Getenv("BGTASK_PG_URL"); url != "" {
-		s := &Server{}
-		u, err := createDB(url, db)
-		s.URL = u
-		return s, err
+	if url := os.Getenv(EnvURL); url != "" {
+		name, err := dbFor(url, db)
+		if err != nil {
+			return nil, err
+		}
+		u, err := createDB(url, name)
+		if err != nil {
+			return nil, err
+		}
+		return &Server{URL: u}, nil
 	}
 	return StartOwn(db)
+}
+
+// Open is Start for a program that needs no fresh database: when EnvURL
+// names a database, that database is used as it is — nothing is created
+// or dropped; otherwise it is Start(db).
+func Open(db string) (*Server, error) {
+	if url := os.Getenv(EnvURL); url != "" {
+		named, err := namedDB(url)
+		if err != nil {
+			return nil, err
+		}
+		if named != "" {
+			return &Server{URL: url}, nil
+		}
+	}
+	return Start(db)
+}
+
+// namedDB is the database url connects to, if it names one (or
+// PGDATABASE does, for a URL that names none, as libpq reads them); ""
+// if neither does.
+func namedDB(url string) (string, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "", fmt.Errorf("pgtest: %s is not a connection string pgx reads: %w", EnvURL, err)
+	}
+	return cfg.Database, nil
+}
+
+// maxName is the longest name PostgreSQL keeps whole (NAMEDATALEN - 1):
+// a longer one is cut, and two cut names could meet.
+const maxName = 63
+
+// dbFor is the name of the database a test binary that asks for db gets
+// on the server url names: db, or the database url names followed by "_"
+// and db.
+func dbFor(url, db string) (string, error) {
+	named, err := namedDB(url)
+	if err != nil || named == "" {
+		return db, err
+	}
+	name := named + "_" + db
+	if len(name) > maxName {
+		return "", fmt.Errorf("pgtest: %s names database %q: the tests' database %q would be longer than PostgreSQL's %d bytes; name a shorter database", EnvURL, named, name, maxName)
+	}
+	return name, nil
 }
 
 // StartOwn starts a server of its own (whatever BGTASK_PG_URL says), for a
@@ -299,7 +372,8 @@ func binDir() (string, error) {
 }
 
 // createDB creates database db on the server at url (dropping one left
-// by an earlier run) and returns its URL.
+// by an earlier run) and returns its URL: url with db for its database.
+// It refuses to drop the database url connects to.
 func createDB(url, db string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -308,6 +382,13 @@ func createDB(url, db string) (string, error) {
 		return "", fmt.Errorf("pgtest: connecting to %s: %w", url, err)
 	}
 	defer conn.Close(ctx)
+	var current string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&current); err != nil {
+		return "", err
+	}
+	if current == db {
+		return "", fmt.Errorf("pgtest: will not drop database %q: it is the one %s connects to", db, EnvURL)
+	}
 	name := pgx.Identifier{db}.Sanitize()
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 		return "", err
@@ -315,12 +396,26 @@ func createDB(url, db string) (string, error) {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		return "", err
 	}
-	cfg := conn.Config()
-	q := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User, db)
-	if cfg.Password != "" {
-		q += " password=" + quoteValue(cfg.Password)
+	return withDB(url, db)
+}
+
+// withDB is url with db for its database: a postgres:// URL's path, or a
+// key=value string's dbname (a later key wins).
+func withDB(url, db string) (string, error) {
+	if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
+		u, err := neturl.Parse(url)
+		if err != nil {
+			return "", fmt.Errorf("pgtest: %w", err)
+		}
+		u.Path, u.RawPath = "/"+db, ""
+		if q := u.Query(); q.Has("dbname") || q.Has("database") {
+			q.Del("dbname")
+			q.Del("database")
+			u.RawQuery = q.Encode()
+		}
+		return u.String(), nil
 	}
-	return q, nil
+	return url + " dbname=" + quoteValue(db), nil
 }
 
 func quoteValue(v string) string {

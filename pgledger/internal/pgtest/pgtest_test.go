@@ -3,6 +3,8 @@ package pgtest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,5 +108,119 @@ func TestFreezeAndReadOnly(t *testing.T) {
 	defer rw.Close(context.Background())
 	if _, err := rw.Exec(ctx, "INSERT INTO t VALUES (3)"); err != nil {
 		t.Fatalf("writable again: %v", err)
+	}
+}
+
+// currentDB is the database url connects to.
+func currentDB(t *testing.T, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", url, err)
+	}
+	defer conn.Close(context.Background())
+	var db string
+	if err := conn.QueryRow(ctx, "select current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// run runs sql on url.
+func run(t *testing.T, url, sql string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", url, err)
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// The database BGTASK_PG_URL names is honoured and never dropped: each
+// test binary's fresh database is named after it, and made afresh on
+// each Start; Open uses it as it is. A URL that names none gets the
+// package's name; one too long to name after is refused.
+func TestTheDatabaseTheURLNamesIsHonoured(t *testing.T) {
+	srv, err := StartOwn("userdb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	if err := run(t, srv.URL, "CREATE TABLE keep (x int)"); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv(EnvURL, srv.URL)
+	first, err := Start("pkg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db := currentDB(t, first.URL); db != "userdb_pkg" {
+		t.Fatalf("the package's database is %q, want userdb_pkg: named after the URL's", db)
+	}
+	if err := run(t, first.URL, "CREATE TABLE leftover (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Start("pkg") // the next run of the same test binary
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, again.URL, "SELECT * FROM leftover"); err == nil {
+		t.Fatal("the package's database was not made afresh")
+	}
+	if err := run(t, srv.URL, "SELECT * FROM keep"); err != nil {
+		t.Fatalf("the database the URL names was changed: %v", err)
+	}
+	opened, err := Open("pkg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opened.URL != srv.URL || currentDB(t, opened.URL) != "userdb" {
+		t.Fatalf("Open: %s, want the URL's own database as it is", opened.URL)
+	}
+
+	cfg, err := pgx.ParseConfig(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := fmt.Sprintf("host=%s port=%d user=%s dbname=userdb sslmode=disable", cfg.Host, cfg.Port, cfg.User)
+	t.Setenv(EnvURL, kv)
+	keyed, err := Start("kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db := currentDB(t, keyed.URL); db != "userdb_kv" {
+		t.Fatalf("a key=value URL: database %q, want userdb_kv", db)
+	}
+
+	t.Setenv("PGDATABASE", "")
+	t.Setenv(EnvURL, fmt.Sprintf("host=%s port=%d user=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User))
+	unnamed, err := Start("bare")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db := currentDB(t, unnamed.URL); db != "bare" {
+		t.Fatalf("a URL that names no database: %q, want the package's name, bare", db)
+	}
+
+	long := strings.Repeat("d", 60)
+	if err := run(t, srv.URL, "CREATE DATABASE "+long); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvURL, kv+" dbname="+long)
+	if _, err := Start("pkg"); err == nil || !strings.Contains(err.Error(), "63 bytes") {
+		t.Fatalf("a name too long to derive from: %v, want it refused", err)
+	}
+	if _, err := createDB(srv.URL, "userdb"); err == nil {
+		t.Fatal("createDB dropped the database it connects to")
+	}
+	if err := run(t, srv.URL, "SELECT * FROM keep"); err != nil {
+		t.Fatalf("the database the URL names was changed: %v", err)
 	}
 }
