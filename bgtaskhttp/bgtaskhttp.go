@@ -91,10 +91,15 @@ import (
 // Options configure a Handler.
 type Options struct {
 	// Authorize, if set, is asked about every request (page, reads,
-	// stream, actions) once its Host passed: non-nil refuses it, 401
-	// unauthorized (the error is not sent). nil: every request is
-	// allowed — see the package doc for what that exposes.
-	Authorize func(r *http.Request) error
+	// stream, actions) once its Host passed: a non-nil error refuses it,
+	// 401 unauthorized (the error is not sent). Otherwise actor names who
+	// asks ("": no one in particular), and the stops the request makes
+	// record it (bgtask.Target.Actor: Task.Stop.Actor, a closure's
+	// ClosureReport.Actor); a name that is not one line of printable text
+	// is made one (its other characters dropped, cut at 200 bytes). nil:
+	// every request is allowed — see the package doc for what that
+	// exposes.
+	Authorize func(r *http.Request) (actor string, err error)
 	// ReadOnly turns the actions (cancel, close, extend) off: they answer
 	// 403 read_only, and the page offers none.
 	ReadOnly bool
@@ -261,7 +266,7 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		writeJSON(w, http.StatusOK, t)
 	})
 	mux.HandleFunc("POST /tasks/{id}/cancel", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
-		t := bgtask.Target{Task: r.PathValue("id"), NoWait: noWait(r)}
+		t := bgtask.Target{Task: r.PathValue("id"), NoWait: noWait(r), Actor: actorOf(r)}
 		if token := r.URL.Query().Get("token"); token != "" {
 			t.Run, t.Task = bgtask.RunRef{TaskID: t.Task, Token: token}, ""
 		}
@@ -283,11 +288,11 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		}
 	}
 	mux.HandleFunc("POST /tasks/{id}/close", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
-		rep, err := m.Stop(ctx, bgtask.Target{Task: r.PathValue("id"), Tree: true, NoWait: noWait(r)})
+		rep, err := m.Stop(ctx, bgtask.Target{Task: r.PathValue("id"), Tree: true, NoWait: noWait(r), Actor: actorOf(r)})
 		closed(ctx, w, rep, err)
 	}))
 	mux.HandleFunc("POST /sessions/{id}/close", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
-		rep, err := m.Stop(ctx, bgtask.Target{Session: r.PathValue("id"), NoWait: noWait(r)})
+		rep, err := m.Stop(ctx, bgtask.Target{Session: r.PathValue("id"), NoWait: noWait(r), Actor: actorOf(r)})
 		closed(ctx, w, rep, err)
 	}))
 	mux.HandleFunc("POST /tasks/{id}/extend", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {

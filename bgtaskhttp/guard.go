@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/bgtask/bgtask"
 )
@@ -32,7 +34,7 @@ var (
 // Authorize — and sets the security headers on every answer.
 type guard struct {
 	next      http.Handler
-	authorize func(*http.Request) error
+	authorize func(*http.Request) (string, error)
 	anyHost   bool
 	hosts     map[string]bool // nil: the loopback names
 }
@@ -62,11 +64,44 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: %q is not in Options.Hosts (nil: loopback names only); set Options.Hosts to the names this service is reached by", errHostNotAllowed, name))
 		return
 	}
-	if g.authorize != nil && g.authorize(r) != nil {
-		writeError(w, errUnauthorized) // the reason stays on the server
-		return
+	if g.authorize != nil {
+		actor, err := g.authorize(r)
+		if err != nil {
+			writeError(w, errUnauthorized) // the reason stays on the server
+			return
+		}
+		if actor = actorText(actor); actor != "" {
+			r = r.WithContext(context.WithValue(r.Context(), actorKey{}, actor))
+		}
 	}
 	g.next.ServeHTTP(w, r)
+}
+
+// actorKey keys the actor Authorize named in a request's context.
+type actorKey struct{}
+
+// actorOf is who asks request r, as Options.Authorize named them ("":
+// no one named).
+func actorOf(r *http.Request) string {
+	a, _ := r.Context().Value(actorKey{}).(string)
+	return a
+}
+
+// actorText is a, made one line of printable text of 200 bytes at most
+// (bgtask.Target.Actor's rule): its other characters dropped, spaces
+// trimmed, cut at a character's boundary.
+func actorText(a string) string {
+	a = strings.TrimSpace(strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return -1
+		}
+		return r
+	}, a))
+	for len(a) > 200 {
+		_, n := utf8.DecodeLastRuneInString(a)
+		a = a[:len(a)-n]
+	}
+	return strings.TrimSpace(a)
 }
 
 // allows reports whether a request to the host name may be served.

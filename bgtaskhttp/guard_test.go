@@ -80,13 +80,13 @@ func routes(id, session string) []struct{ method, path, body string } {
 func TestAuthorizeIsAskedAboutEveryRequest(t *testing.T) {
 	var asked atomic.Int64
 	token := []byte("s3cret")
-	s := newSvc(t, bgtaskhttp.Options{Keepalive: time.Millisecond, Authorize: func(r *http.Request) error {
+	s := newSvc(t, bgtaskhttp.Options{Keepalive: time.Millisecond, Authorize: func(r *http.Request) (string, error) {
 		asked.Add(1)
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), token) != 1 {
-			return errors.New("the token was wrong: s3cret expected")
+			return "", errors.New("the token was wrong: s3cret expected")
 		}
-		return nil
+		return "", nil
 	}})
 	a := s.running(t, "chat")
 	for _, rt := range routes(a.ID, "chat") {
@@ -223,11 +223,11 @@ func TestOverTLSTheOriginIsHTTPS(t *testing.T) {
 // Every answer forbids framing and sniffing and sends no Referer: pages,
 // data, streams and refusals.
 func TestEveryAnswerCarriesTheSecurityHeaders(t *testing.T) {
-	s := newSvc(t, bgtaskhttp.Options{Authorize: func(r *http.Request) error {
+	s := newSvc(t, bgtaskhttp.Options{Authorize: func(r *http.Request) (string, error) {
 		if r.URL.Query().Has("deny") {
-			return errors.New("no")
+			return "", errors.New("no")
 		}
-		return nil
+		return "", nil
 	}})
 	a := s.running(t, "chat")
 	for _, rt := range append(routes(a.ID, "chat")[:7], struct{ method, path, body string }{"GET", "/snapshot?deny", ""}) {
@@ -316,4 +316,51 @@ func TestBadArgumentsAre400(t *testing.T) {
 	}
 	got := s.send(t, "POST", "/tasks/"+a.ID+"/extend", "", h, "{\"prompt\":\"x\"}\n\t ")
 	assert.Equal(t, "unsupported", got.code, "white space after the object is fine")
+}
+
+// The actor Authorize names is who acted on every stop the request makes:
+// a cancel, a close, a session's close; a name that is not one line of
+// printable text is made one.
+func TestTheActorAuthorizeNamesIsRecordedOnStops(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{Authorize: func(r *http.Request) (string, error) {
+		return strings.ReplaceAll(r.Header.Get("X-User"), "<bell>", "\a\n "), nil // a name no header carries
+	}})
+	post := func(path, user string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.srv.URL+path, nil)
+		require.NoError(t, err)
+		if user != "" {
+			req.Header.Set("X-User", user)
+		}
+		res, err := s.srv.Client().Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, string(b)
+	}
+	a := s.running(t, "chat-1")
+	code, body := post("/tasks/"+a.ID+"/cancel", "alice")
+	require.Equal(t, http.StatusOK, code, body)
+	ended, err := bgtasktest.WaitStatus(s.ctx, s.m, a.ID, bgtask.StatusCancelled)
+	require.NoError(t, err)
+	require.NotNil(t, ended.Stop)
+	assert.Equal(t, bgtask.StopCause{Kind: bgtask.StopCancel, Actor: "alice"}, *ended.Stop)
+
+	b := s.running(t, "chat-2")
+	code, body = post("/tasks/"+b.ID+"/close", "bob<bell>")
+	require.Equal(t, http.StatusOK, code, body)
+	var rep bgtask.ClosureReport
+	require.NoError(t, json.Unmarshal([]byte(body), &rep))
+	assert.Equal(t, "bob", rep.Actor, "the bell, the line feed and the space dropped")
+	ended, err = bgtasktest.WaitStatus(s.ctx, s.m, b.ID, bgtask.StatusCancelled)
+	require.NoError(t, err)
+	assert.Equal(t, "bob", ended.Stop.Actor)
+
+	c := s.running(t, "chat-3")
+	code, body = post("/sessions/chat-3/close", "")
+	require.Equal(t, http.StatusOK, code, body)
+	ended, err = bgtasktest.WaitStatus(s.ctx, s.m, c.ID, bgtask.StatusCancelled)
+	require.NoError(t, err)
+	assert.Empty(t, ended.Stop.Actor, "no one named")
 }

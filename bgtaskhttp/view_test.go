@@ -567,7 +567,7 @@ func TestErrorPagesKeepThePagesPolicy(t *testing.T) {
 func TestViewAloneIsGuarded(t *testing.T) {
 	s := newSvc(t, bgtaskhttp.Options{})
 	s.launchUnder(t, "chat", "secret work", nil)
-	for _, o := range []bgtaskhttp.Options{{}, {Authorize: func(*http.Request) error { return errors.New("no") }}} {
+	for _, o := range []bgtaskhttp.Options{{}, {Authorize: func(*http.Request) (string, error) { return "", errors.New("no") }}} {
 		h := bgtaskhttp.View(s.m, o)
 		req := httptest.NewRequest(http.MethodGet, "http://evil.example/", nil)
 		w := httptest.NewRecorder()
