@@ -9,6 +9,7 @@
 //	POST /tasks/{id}/cancel       Stop of the task (Target.Task; ?token=: only that run, Target.Run)
 //	POST /tasks/{id}/close        Stop with Tree: the task and everything beneath it
 //	POST /sessions/{id}/close     Stop of a session: everything it started (Target.Session)
+//	POST /tasks/cancel, /tasks/close  the same of every task a table's filters select (?status=…&model=…&expect=N: bulk.go)
 //	POST /tasks/{id}/extend       Extend, with {"prompt": "..."} ({"invocation": n})
 //	GET  /health                  model and provider health ({"kept": bool, "health": [...]})
 //	POST /health/reset            ResetHealth, with {"key": "provider/id" or "provider"} (204)
@@ -65,7 +66,9 @@
 // unknown_task, unknown_session and forgotten; 409 branch_closing,
 // not_running, key_held, unsupported (errors.ErrUnsupported: what the
 // Manager's host cannot do), prompt_refused, branch_not_stopped,
-// stop_pending and not_cooling; 400 invalid_argument (any bad argument: a
+// stop_pending, not_cooling and selection_changed (a bulk action whose
+// filters select another count than confirmed); 400 invalid_argument (any
+// bad argument: a
 // Spec, an invocation, a query — an unknown status, a limit out of range
 // —, a body that is not one JSON object of the route's fields); 401
 // unauthorized; 403 host_not_allowed, cross_origin and read_only; 413
@@ -176,14 +179,18 @@ type errorBody struct {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	status, code := http.StatusInternalServerError, "internal"
+	status, code := statusOf(err)
+	writeJSON(w, status, errorBody{Error: err.Error(), Code: code})
+}
+
+// statusOf is err's HTTP status and wire code (codes).
+func statusOf(err error) (int, string) {
 	for _, c := range codes {
 		if errors.Is(err, c.err) {
-			status, code = c.status, c.code
-			break
+			return c.status, c.code
 		}
 	}
-	writeJSON(w, status, errorBody{Error: err.Error(), Code: code})
+	return http.StatusInternalServerError, "internal"
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -287,6 +294,8 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 			writeJSON(w, http.StatusOK, rep)
 		}
 	}
+	mux.HandleFunc("POST /tasks/cancel", action(o, bulk(m, false)))
+	mux.HandleFunc("POST /tasks/close", action(o, bulk(m, true)))
 	mux.HandleFunc("POST /tasks/{id}/close", action(o, func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 		rep, err := m.Stop(ctx, bgtask.Target{Task: r.PathValue("id"), Tree: true, NoWait: noWait(r), Actor: actorOf(r)})
 		closed(ctx, w, rep, err)

@@ -145,6 +145,8 @@ const asks = {
   close: id => `Close the branch of task ${id}? The task and every task it launched, at any depth, are stopped, and no new task may start in it while it closes.`,
   extend: id => `Send task ${id} another prompt? Its answer is delivered once, in order.`,
   reset: key => `End the cooldown of ${key} by hand? Tasks waiting for it look again at once; the reset is recorded.`,
+  "bulk-cancel": (q, n) => `Cancel ${n} live task${n === "1" ? "" : "s"}, every one the filters select? Each child session is aborted; a task shows cancelled once its child has stopped.`,
+  "bulk-close": (q, n) => `Close the branches of ${n} task${n === "1" ? "" : "s"}, every one the filters select? Each task and every task it launched, at any depth, are stopped.`,
 };
 const paths = { cancel: "cancel", close: "close", extend: "extend" };
 let pending = null;
@@ -152,9 +154,9 @@ let pending = null;
 document.addEventListener("click", (e) => {
   const b = e.target.closest("button[data-action]");
   if (!b) return;
-  pending = { action: b.dataset.action, id: b.dataset.id };
+  pending = { action: b.dataset.action, id: b.dataset.id, count: b.dataset.count };
   const dlg = $("#confirm");
-  $(".ask", dlg).textContent = asks[pending.action](pending.id);
+  $(".ask", dlg).textContent = asks[pending.action](pending.id, pending.count);
   $(".answer", dlg).textContent = "";
   const prompt = $("textarea", dlg);
   prompt.value = "";
@@ -169,10 +171,13 @@ document.addEventListener("DOMContentLoaded", () => {
   $(".yes", dlg).addEventListener("click", async (e) => {
     e.preventDefault();
     if (!pending) { dlg.close(); return; }
-    const { action, id } = pending;
+    const { action, id, count } = pending;
     const init = { method: "POST", headers: {} };
     let url = `/tasks/${encodeURIComponent(id)}/${paths[action]}`;
-    if (action === "extend") {
+    if (action === "bulk-cancel" || action === "bulk-close") {
+      // the count confirmed goes with it: a selection that changed meanwhile is refused
+      url = `/tasks/${action === "bulk-cancel" ? "cancel" : "close"}?${id}${id ? "&" : ""}expect=${encodeURIComponent(count)}`;
+    } else if (action === "extend") {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify({ prompt: $("textarea", dlg).value });
     } else if (action === "reset") {
@@ -183,6 +188,16 @@ document.addEventListener("DOMContentLoaded", () => {
     $(".answer", dlg).textContent = "working…";
     try {
       const r = await fetch(url, init);
+      if (r.ok && action.startsWith("bulk-")) {
+        const rep = await r.json();
+        if (rep.refused && rep.refused.length) {
+          $(".answer", dlg).textContent = `${rep.asked.length} asked; ${rep.refused.length} refused: ` +
+            rep.refused.slice(0, 5).map(x => `${x.taskID}: ${x.error}`).join("; ");
+          pending = null;
+          schedule();
+          return;
+        }
+      }
       if (r.ok) {
         pending = null;
         dlg.close();

@@ -27,6 +27,12 @@ type tableData struct {
 	Models  []string   // the values the filters offer (datalists)
 	Agents  []string
 	Classes []string
+	// The bulk actions on what the filters select (unless read-only):
+	// their filters, and how many tasks a cancel (the live ones) and a
+	// close (all) would stop, which the confirmation states.
+	Acts bool
+	Bulk string
+	Live int
 }
 
 // column is a sortable column's header.
@@ -123,6 +129,12 @@ func (v *view) table(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	td.Models, td.Agents, td.Classes = sortedKeys(models), sortedKeys(agents), sortedKeys(classes)
+	if !v.o.ReadOnly && total > 0 {
+		td.Acts, td.Bulk = true, bulkQuery(vals).Encode()
+		if live, err := bulkTargets(snap, bulkQuery(vals), false, now); err == nil {
+			td.Live = len(live)
+		}
+	}
 	d.Table = td
 	v.render(w, http.StatusOK, "table", d)
 }

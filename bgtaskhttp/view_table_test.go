@@ -3,6 +3,7 @@ package bgtaskhttp_test
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -104,4 +105,76 @@ func TestTheChartPage(t *testing.T) {
 	}
 	assert.NotContains(t, body, "style=")
 	assert.NotContains(t, body, "<script>")
+}
+
+// A bulk action stops what a table's filters select, once its count is
+// confirmed: a cancel the live tasks, a close every task's branch, each
+// with the actor Authorize named; a selection that changed since the
+// count was stated stops nothing; the page offers both, with the counts.
+func TestBulkActionsOnWhatAFilterSelects(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{Authorize: func(*http.Request) (string, error) { return "carol", nil }})
+	done := s.launchUnder(t, "chat-1", "done", nil)
+	s.complete(t, done)
+	a := s.running(t, "chat-2")
+	b := s.running(t, "chat-3")
+	post := func(path string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.srv.URL+path, nil)
+		require.NoError(t, err)
+		res, err := s.srv.Client().Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		var sb strings.Builder
+		_, err = io.Copy(&sb, res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, sb.String()
+	}
+
+	_, body, _ := s.get(t, "/view/table")
+	assert.Contains(t, body, `data-action="bulk-cancel"`)
+	assert.Contains(t, body, `data-count="2">cancel the 2 live</button>`, "the live ones of the three")
+	assert.Contains(t, body, `data-count="3">close the 3 branches</button>`)
+
+	code, body := post("/tasks/cancel?expect=3")
+	assert.Equal(t, http.StatusConflict, code, "three confirmed, two live now")
+	assert.Contains(t, body, `"code":"selection_changed"`)
+	assert.Contains(t, body, "select 2 tasks now")
+	code, _ = post("/tasks/cancel")
+	assert.Equal(t, http.StatusBadRequest, code, "no count confirmed")
+	code, _ = post("/tasks/cancel?status=bogus&expect=0")
+	assert.Equal(t, http.StatusBadRequest, code)
+	for _, id := range []string{a.ID, b.ID} {
+		got, err := s.m.Task(id)
+		require.NoError(t, err)
+		assert.Equal(t, bgtask.StatusRunning, got.Status, "nothing was stopped")
+	}
+
+	code, body = post("/tasks/cancel?status=running&expect=2")
+	require.Equal(t, http.StatusOK, code, body)
+	var rep bgtaskhttp.BulkReport
+	require.NoError(t, json.Unmarshal([]byte(body), &rep))
+	assert.ElementsMatch(t, []string{a.ID, b.ID}, rep.Asked)
+	assert.Empty(t, rep.Refused)
+	for _, id := range []string{a.ID, b.ID} {
+		got, err := bgtasktest.WaitStatus(s.ctx, s.m, id, bgtask.StatusCancelled)
+		require.NoError(t, err)
+		assert.Equal(t, "carol", got.Stop.Actor, "who acted")
+	}
+	got, err := s.m.Task(done.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCompleted, got.Status, "an ended task is no cancel's")
+
+	c := s.running(t, "chat-4")
+	kid := s.running(t, c.SessionID)
+	code, body = post("/tasks/close?" + url.Values{"status": {"running"}, "expect": {"2"}}.Encode())
+	require.Equal(t, http.StatusOK, code, body)
+	for _, id := range []string{c.ID, kid.ID} {
+		_, err := bgtasktest.WaitStatus(s.ctx, s.m, id, bgtask.StatusCancelled)
+		require.NoError(t, err)
+	}
+
+	ro := newSvc(t, bgtaskhttp.Options{ReadOnly: true})
+	ro.running(t, "chat-5")
+	_, body, _ = ro.get(t, "/view/table")
+	assert.NotContains(t, body, `data-action="bulk-cancel"`, "read-only: no action offered")
 }
