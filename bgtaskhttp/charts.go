@@ -205,11 +205,11 @@ func (s *svg) begin(title string, top float64, unit string) {
 	}
 	for m := 0; m <= chartBuckets; m += 15 {
 		x := plotL + int(float64(m)*colW)
-		label := "now"
+		label, anchor := "now", "end"
 		if m < chartBuckets {
-			label = "-" + strconv.Itoa(chartBuckets-m) + "m"
+			label, anchor = "-"+strconv.Itoa(chartBuckets-m)+"m", "middle"
 		}
-		s.f(`<text class="tick" x="%d" y="%d" text-anchor="middle">%s</text>`, x, plotT+plotH+14, label)
+		s.f(`<text class="tick" x="%d" y="%d" text-anchor="%s">%s</text>`, x, plotT+plotH+14, anchor, label)
 	}
 }
 
@@ -218,9 +218,29 @@ func (s *svg) legend(names []string) {
 	x := plotL
 	for i, name := range names {
 		s.f(`<rect class="c%d" x="%d" y="%d" width="10" height="10"/><text class="tick" x="%d" y="%d">%s</text>`,
-			i%8, x, svgH-12, x+14, svgH-3, esc(name))
+			colourOf(name, i), x, svgH-12, x+14, svgH-3, esc(name))
 		x += 24 + 7*len([]rune(name))
 	}
+}
+
+// colourOf is the colour class of series name, the i-th drawn: a
+// status's own (green for completed, red for an error, amber for
+// cancelled, grey for interrupt; blue for launches), else the i-th of
+// the palette.
+func colourOf(name string, i int) int {
+	switch name {
+	case "launched":
+		return 0
+	case "ended " + string(bgtask.StatusCompleted):
+		return 2
+	case "ended " + string(bgtask.StatusError):
+		return 1
+	case "ended " + string(bgtask.StatusCancelled):
+		return 3
+	case "ended " + string(bgtask.StatusInterrupt):
+		return 7
+	}
+	return i % 8
 }
 
 func (s *svg) end() template.HTML {
@@ -251,7 +271,7 @@ func stacked(title, unit string, names []string, m map[string][]float64) templat
 			h := v / top * plotH
 			y -= h
 			s.f(`<rect class="c%d" x="%.1f" y="%.1f" width="%.1f" height="%.1f"><title>%s: %s%s</title></rect>`,
-				i%8, float64(plotL)+float64(b)*colW, y, max(colW-1, 1), h, esc(name), esc(sig3(v)), esc(unit))
+				colourOf(name, i), float64(plotL)+float64(b)*colW, y, max(colW-1, 1), h, esc(name), esc(sig3(v)), esc(unit))
 		}
 	}
 	s.legend(names)
@@ -275,10 +295,10 @@ func lines(title, unit string, names []string, m map[string][]float64) template.
 		var pts []string
 		flush := func() {
 			if len(pts) > 1 {
-				s.f(`<polyline class="line c%d" points="%s"/>`, i%8, strings.Join(pts, " "))
+				s.f(`<polyline class="line c%d" points="%s"/>`, colourOf(name, i), strings.Join(pts, " "))
 			} else if len(pts) == 1 {
 				xy := strings.Split(pts[0], ",")
-				s.f(`<circle class="c%d" cx="%s" cy="%s" r="2"/>`, i%8, xy[0], xy[1])
+				s.f(`<circle class="c%d" cx="%s" cy="%s" r="2"/>`, colourOf(name, i), xy[0], xy[1])
 			}
 			pts = pts[:0]
 		}
