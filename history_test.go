@@ -95,7 +95,8 @@ func TestHistoryWithoutAJournalIsWhatTheManagerHolds(t *testing.T) {
 	_, err := h.m.Stop(context.Background(), Target{Task: task.ID})
 	require.NoError(t, err)
 
-	views, err := h.m.History(nil, task.ID) //nolint:staticcheck // a nil context is taken as Background
+	//lint:ignore SA1012 a nil context is taken as Background, and this says so
+	views, err := h.m.History(nil, task.ID)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"task_launched", "attempt_created", "session_bound", "progress:attempt 1 at work", "attempt_finalized",
 		"attempt_created", "session_bound", "progress:waiting to be stopped", "attempt_finalized", "stop_requested"}, kindsOf(views))
