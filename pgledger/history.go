@@ -13,7 +13,10 @@ import (
 
 // taskRecordsSQL reads task $2's records from its member's, where they
 // lie (bgtask_tasks.first_seq to last_seq; to the end while it is live),
-// with the member's records of no task among them.
+// with the member's records of no task among them. There is no index by
+// task (it would cost every record a write): an ended task's read is
+// bounded by the records its member wrote while it lived, a live task's
+// by those since its first.
 const taskRecordsSQL = `SELECT r.seq, r.kind, r.task_id, r.attempt_id, r.token, r.data
   FROM bgtask_tasks t JOIN bgtask_records r ON r.ledger = t.ledger AND r.member = t.member
    AND r.seq >= coalesce(t.first_seq, 0) AND (NOT t.ended OR r.seq <= t.last_seq OR t.last_seq IS NULL)
