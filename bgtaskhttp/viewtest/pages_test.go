@@ -124,5 +124,5 @@ func TestTheTableChartsAndHistoryInABrowser(t *testing.T) {
 	kinds := run(t, tab, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#records tr.record')].map(r => r.dataset.kind)`))
 	assert.Contains(t, kinds, "attempt_created")
 	assert.Contains(t, kinds, "attempt_finalized")
-	shot(t, tab, "detail.png")
+	shot(t, tab, "history.png")
 }
