@@ -85,6 +85,11 @@ func TestATargetsActorIsOneLine(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidArgument, "%q", actor)
 	}
 	assert.NoError(t, Target{Task: "t", Actor: "Zoë Müller <zoe@example.com>"}.Validate())
+	// A cause whose note or actor would read back as another actor.
+	for _, c := range []*StopCause{{Kind: StopOther, Note: "x\x1fmallory"}, {Kind: StopCancel, Actor: "a\x1fb"}, {Kind: StopCancel, Actor: "two\nlines"}} {
+		assert.ErrorIs(t, Target{Task: "t", Cause: c}.Validate(), ErrInvalidArgument, "%+v", *c)
+	}
+	assert.NoError(t, Target{Task: "t", Cause: &StopCause{Kind: StopOther, Note: "maintenance", Actor: "ops"}}.Validate())
 	assert.NoError(t, Target{Session: "s", Actor: strings.Repeat("x", 200)}.Validate())
 }
 

@@ -348,6 +348,10 @@ func (t Target) Validate() error {
 		return fmt.Errorf("%w: Target.Actor is %d bytes long; at most %d", ErrInvalidArgument, len(t.Actor), maxActor)
 	case strings.IndexFunc(t.Actor, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 || (t.Actor != "" && blank(t.Actor)):
 		return fmt.Errorf("%w: Target.Actor %q is not one line of printable text", ErrInvalidArgument, t.Actor)
+	case t.Cause != nil && (strings.Contains(t.Cause.Note, noteActor) || strings.Contains(t.Cause.Actor, noteActor)):
+		return fmt.Errorf("%w: Target.Cause holds the byte 0x1f, which separates a stop's note from its actor", ErrInvalidArgument)
+	case t.Cause != nil && t.Cause.Actor != "" && (Target{Task: "t", Actor: t.Cause.Actor}).Validate() != nil:
+		return fmt.Errorf("%w: Target.Cause.Actor %q is not one line of printable text of 200 bytes at most", ErrInvalidArgument, t.Cause.Actor)
 	}
 	return nil
 }
