@@ -159,7 +159,7 @@ func heldHistory(t *Task) []RecordView {
 		}
 	}
 	if t.Stop != nil {
-		out = append(out, v("stop_requested", t.CurrentAttemptID, cmp.Or(t.CompletedAt, time.Time{}), "stopped: "+t.Stop.String()))
+		out = append(out, v("stop_requested", t.CurrentAttemptID, t.CompletedAt, "stopped: "+t.Stop.String()))
 	}
 	return out
 }

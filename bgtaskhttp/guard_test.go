@@ -326,18 +326,10 @@ func TestTheActorAuthorizeNamesIsRecordedOnStops(t *testing.T) {
 		return strings.ReplaceAll(r.Header.Get("X-User"), "<bell>", "\a\n "), nil // a name no header carries
 	}})
 	post := func(path, user string) (int, string) {
-		t.Helper()
-		req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.srv.URL+path, nil)
-		require.NoError(t, err)
-		if user != "" {
-			req.Header.Set("X-User", user)
+		if user == "" {
+			return s.postWith(t, path, nil)
 		}
-		res, err := s.srv.Client().Do(req)
-		require.NoError(t, err)
-		defer res.Body.Close()
-		b, err := io.ReadAll(res.Body)
-		require.NoError(t, err)
-		return res.StatusCode, string(b)
+		return s.postWith(t, path, map[string]string{"X-User": user})
 	}
 	a := s.running(t, "chat-1")
 	code, body := post("/tasks/"+a.ID+"/cancel", "alice")

@@ -117,18 +117,7 @@ func TestBulkActionsOnWhatAFilterSelects(t *testing.T) {
 	s.complete(t, done)
 	a := s.running(t, "chat-2")
 	b := s.running(t, "chat-3")
-	post := func(path string) (int, string) {
-		t.Helper()
-		req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.srv.URL+path, nil)
-		require.NoError(t, err)
-		res, err := s.srv.Client().Do(req)
-		require.NoError(t, err)
-		defer res.Body.Close()
-		var sb strings.Builder
-		_, err = io.Copy(&sb, res.Body)
-		require.NoError(t, err)
-		return res.StatusCode, sb.String()
-	}
+	post := func(path string) (int, string) { return s.postWith(t, path, nil) }
 
 	_, body, _ := s.get(t, "/view/table")
 	assert.Contains(t, body, `data-action="bulk-cancel"`)
@@ -177,4 +166,21 @@ func TestBulkActionsOnWhatAFilterSelects(t *testing.T) {
 	ro.running(t, "chat-5")
 	_, body, _ = ro.get(t, "/view/table")
 	assert.NotContains(t, body, `data-action="bulk-cancel"`, "read-only: no action offered")
+}
+
+// postWith posts no body to path with headers, and returns the status and
+// the body of the answer.
+func (s *svc) postWith(t *testing.T, path string, headers map[string]string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.srv.URL+path, nil)
+	require.NoError(t, err)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	res, err := s.srv.Client().Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, string(b)
 }
