@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/bgtask/bgtask/internal/feed"
+	"github.com/bgtask/bgtask/internal/fleet"
 )
 
 // Change is one applied mutation: the task as it is after it, and the
@@ -75,8 +75,9 @@ type Subscription struct {
 	// then ErrLagged).
 	C <-chan Change
 
-	sub *feed.Sub[Change]
-	m   *Manager
+	done  <-chan struct{}
+	err   func() error // why C was closed
+	close func()       // ends it
 }
 
 // defaultSubscriptionBuffer is the buffer of Subscribe(ctx, 0).
@@ -111,21 +112,34 @@ func (m *Manager) Subscribe(ctx context.Context, buffer int) (*Subscription, err
 		m.changes.subs.End(sub, ErrShutdown)
 		return nil, ErrShutdown
 	}
-	return &Subscription{C: sub.C(), sub: sub, m: m}, nil
+	return &Subscription{C: sub.C(), done: sub.Done(),
+		err: func() error {
+			m.mu.Lock()
+			defer m.unlock()
+			return sub.Err()
+		},
+		close: func() {
+			m.mu.Lock()
+			m.changes.subs.End(sub, nil)
+			m.unlock()
+		}}, nil
 }
+
+// Done is closed when the subscription has ended, as C is once what it
+// holds was received: a consumer that is not reading C can wait on it, and
+// Err then says why.
+func (s *Subscription) Done() <-chan struct{} { return s.done }
 
 // Err says why C was closed; nil while it is open.
-func (s *Subscription) Err() error {
-	s.m.mu.Lock()
-	defer s.m.unlock()
-	return s.sub.Err()
-}
+func (s *Subscription) Err() error { return s.err() }
 
 // Close ends the subscription.
-func (s *Subscription) Close() {
-	s.m.mu.Lock()
-	s.m.changes.subs.End(s.sub, nil)
-	s.m.unlock()
+func (s *Subscription) Close() { s.close() }
+
+func init() {
+	fleet.Subscription = func(c any, done <-chan struct{}, err func() error, close func()) any {
+		return &Subscription{C: c.(<-chan Change), done: done, err: err, close: close}
+	}
 }
 
 func (m *Manager) closeSubscriptions(err error) {

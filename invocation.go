@@ -675,3 +675,22 @@ func (m *Manager) inClosingBranch(e *entry) bool {
 	}
 	return false
 }
+
+// Extendable reports whether an Extend of task id can be admitted now:
+// the task runs, on a session, no stop was asked of it, and what runs it
+// takes prompts (a Host that is a Prompter, or the task's own function,
+// Spec.Run). A page offers extend where it is true; Extend says why where
+// it is not.
+func (m *Manager) Extendable(id string) bool {
+	m.mu.Lock()
+	defer m.unlock()
+	e := m.led.tasks[id]
+	if e == nil || e.terminal() {
+		return false
+	}
+	if t := e.project(); t.Status != StatusRunning || t.SessionID == "" || t.Stop != nil {
+		return false
+	}
+	_, ok := m.hosts.main.(Prompter)
+	return ok || e.info.inProcess
+}

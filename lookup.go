@@ -56,12 +56,9 @@ type Page struct {
 // task in memory at once, with the change sequence it was taken at, use
 // Snapshot.
 func (m *Manager) Tasks(q Query) (Page, error) {
-	limit := q.Limit
-	switch {
-	case limit == 0:
-		limit = 100
-	case limit < 0 || limit > 1000:
-		return Page{}, fmt.Errorf("%w: Query.Limit %d is not in 1..1000", ErrInvalidArgument, q.Limit)
+	limit, err := q.limit()
+	if err != nil {
+		return Page{}, err
 	}
 	m.mu.Lock()
 	defer m.unlock()
@@ -92,6 +89,48 @@ func (m *Manager) Tasks(q Query) (Page, error) {
 	return p, nil
 }
 
+// limit is q's page size, or why it is none.
+func (q *Query) limit() (int, error) {
+	switch {
+	case q.Limit == 0:
+		return 100, nil
+	case q.Limit < 0 || q.Limit > 1000:
+		return 0, fmt.Errorf("%w: Query.Limit %d is not in 1..1000", ErrInvalidArgument, q.Limit)
+	}
+	return q.Limit, nil
+}
+
+// Select returns the page q selects from tasks, taken in the order given
+// (a Snapshot's: launch order): what Manager.Tasks does over the tasks a
+// Manager holds, for tasks held elsewhere — a mirror, a fleet's view.
+// Its errors are those of Manager.Tasks: a Limit out of range, a cursor
+// that names none of tasks (ErrInvalidArgument, with ErrUnknownTask).
+func (q Query) Select(tasks []Task) (Page, error) {
+	limit, err := q.limit()
+	if err != nil {
+		return Page{}, err
+	}
+	start := 0
+	if q.After != "" {
+		start = 1 + slices.IndexFunc(tasks, func(t Task) bool { return t.ID == q.After })
+		if start == 0 {
+			return Page{}, fmt.Errorf("%w: cursor: %w: %q", ErrInvalidArgument, ErrUnknownTask, q.After)
+		}
+	}
+	var p Page
+	for _, t := range tasks[start:] {
+		if !q.selects(t.ParentSessionID, t.Root, t.Status, t.Metadata) {
+			continue
+		}
+		if len(p.Tasks) == limit {
+			p.Next = p.Tasks[len(p.Tasks)-1].ID
+			break
+		}
+		p.Tasks = append(p.Tasks, t)
+	}
+	return p, nil
+}
+
 // candidates returns the tasks q can select from, in launch order: the
 // smallest index q names, or every task. m.mu is held.
 func (m *Manager) candidates(q *Query) []*entry {
@@ -115,16 +154,22 @@ func (m *Manager) candidates(q *Query) []*entry {
 
 // matches reports whether q selects e. m.mu is held.
 func (q *Query) matches(e *entry) bool {
+	return q.selects(e.info.parent, e.info.root, e.cur().Status, e.info.metadata)
+}
+
+// selects reports whether q selects a task of that parent, root, status
+// and metadata.
+func (q *Query) selects(parent, root string, status Status, metadata map[string]string) bool {
 	switch {
-	case q.Parent != "" && e.info.parent != q.Parent:
+	case q.Parent != "" && parent != q.Parent:
 		return false
-	case q.Root != "" && e.info.root != q.Root:
+	case q.Root != "" && root != q.Root:
 		return false
-	case len(q.Statuses) > 0 && !slices.Contains(q.Statuses, e.cur().Status):
+	case len(q.Statuses) > 0 && !slices.Contains(q.Statuses, status):
 		return false
 	}
 	for k, v := range q.Metadata {
-		if got, ok := e.info.metadata[k]; !ok || got != v {
+		if got, ok := metadata[k]; !ok || got != v {
 			return false
 		}
 	}

@@ -1,4 +1,5 @@
-// Package bgtaskhttp serves a bgtask Manager over HTTP, and is the Go
+// Package bgtaskhttp serves a bgtask Manager over HTTP — or a whole
+// pgledger fleet, through any Source (pgledger/fleetview) — and is the Go
 // client of what it serves:
 //
 //	GET  /snapshot                every task, as of a sequence (bgtask.Snapshot)
@@ -12,6 +13,7 @@
 //	POST /tasks/cancel, /tasks/close  the same of every task a table's filters select (?status=…&model=…&expect=N: bulk.go)
 //	POST /tasks/{id}/extend       Extend, with {"prompt": "..."} ({"invocation": n})
 //	GET  /health                  model and provider health ({"kept": bool, "health": [...]})
+//	GET  /processes               a Fleet's processes ({"fleet": bool, "processes": [...]})
 //	POST /health/reset            ResetHealth, with {"key": "provider/id" or "provider"} (204)
 //	GET  /                        the live view (View)
 //	GET  /view/...                the live view's detail pages and assets
@@ -74,7 +76,9 @@
 // unauthorized; 403 host_not_allowed, cross_origin and read_only; 413
 // too_large; 408 canceled; 504
 // deadline_exceeded; 503 shutdown, journal and too_many_streams; 500
-// internal otherwise. The Client turns the sentinels' codes back into
+// internal otherwise; a Source's own error may name its code and status
+// (a fleet's 503 owner_gone: the process that owns the task is gone).
+// The Client turns the sentinels' codes back into
 // errors that match them with errors.Is.
 package bgtaskhttp
 
@@ -84,11 +88,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 	"time"
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/internal/statusarg"
+	"github.com/bgtask/bgtask/internal/wirecode"
 )
 
 // Options configure a Handler.
@@ -139,35 +145,15 @@ type Options struct {
 	streamNote func(event string) // tests: what the event streams do
 }
 
-// codes maps the sentinels to their wire names and statuses, most
-// specific first.
-var codes = []struct {
-	err    error
-	code   string
-	status int
-}{
-	{bgtask.ErrUnknownTask, "unknown_task", http.StatusNotFound},
-	{bgtask.ErrUnknownSession, "unknown_session", http.StatusNotFound},
-	{errTooLarge, "too_large", http.StatusRequestEntityTooLarge},
-	{errCrossOrigin, "cross_origin", http.StatusForbidden},
-	{errUnauthorized, "unauthorized", http.StatusUnauthorized},
-	{errHostNotAllowed, "host_not_allowed", http.StatusForbidden},
-	{errReadOnly, "read_only", http.StatusForbidden},
-	{errTooManyStreams, "too_many_streams", http.StatusServiceUnavailable},
-	{bgtask.ErrForgotten, "forgotten", http.StatusNotFound},
-	{bgtask.ErrBranchClosing, "branch_closing", http.StatusConflict},
-	{bgtask.ErrNotRunning, "not_running", http.StatusConflict},
-	{bgtask.ErrKeyHeld, "key_held", http.StatusConflict},
-	{errors.ErrUnsupported, "unsupported", http.StatusConflict},
-	{bgtask.ErrPromptRefused, "prompt_refused", http.StatusConflict},
-	{bgtask.ErrInvalidArgument, "invalid_argument", http.StatusBadRequest},
-	{bgtask.ErrBranchNotStopped, "branch_not_stopped", http.StatusConflict},
-	{bgtask.ErrStopPending, "stop_pending", http.StatusConflict},
-	{bgtask.ErrNotCooling, "not_cooling", http.StatusConflict},
-	{bgtask.ErrShutdown, "shutdown", http.StatusServiceUnavailable},
-	{bgtask.ErrJournal, "journal", http.StatusServiceUnavailable},
-	{context.DeadlineExceeded, "deadline_exceeded", http.StatusGatewayTimeout},
-	{context.Canceled, "canceled", http.StatusRequestTimeout},
+// codes maps the handler's own refusals to their wire names and
+// statuses; bgtask's sentinels have theirs in wirecode.
+var codes = []wirecode.Sentinel{
+	{Err: errTooLarge, Code: "too_large", Status: http.StatusRequestEntityTooLarge},
+	{Err: errCrossOrigin, Code: "cross_origin", Status: http.StatusForbidden},
+	{Err: errUnauthorized, Code: "unauthorized", Status: http.StatusUnauthorized},
+	{Err: errHostNotAllowed, Code: "host_not_allowed", Status: http.StatusForbidden},
+	{Err: errReadOnly, Code: "read_only", Status: http.StatusForbidden},
+	{Err: errTooManyStreams, Code: "too_many_streams", Status: http.StatusServiceUnavailable},
 }
 
 // errorBody is an error on the wire.
@@ -186,9 +172,12 @@ func writeError(w http.ResponseWriter, err error) {
 // statusOf is err's HTTP status and wire code (codes).
 func statusOf(err error) (int, string) {
 	for _, c := range codes {
-		if errors.Is(err, c.err) {
-			return c.status, c.code
+		if errors.Is(err, c.Err) {
+			return c.Status, c.Code
 		}
+	}
+	if code, status, ok := wirecode.Of(err); ok {
+		return status, code
 	}
 	return http.StatusInternalServerError, "internal"
 }
@@ -199,12 +188,32 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// Handler serves m; see the package doc for what, and for who may call
+// Source is what a Handler serves: a *bgtask.Manager — one process's
+// tasks — or a fleet's view of every process's (pgledger's Node.View).
+// Its methods are the Manager's, and do what the Manager's do.
+type Source interface {
+	Snapshot() bgtask.Snapshot
+	// Subscribe delivers every change after the Snapshot taken next: a
+	// Handler subscribes, then takes the Snapshot it starts from.
+	Subscribe(ctx context.Context, buffer int) (*bgtask.Subscription, error)
+	Task(id string) (bgtask.Task, error)
+	Tasks(q bgtask.Query) (bgtask.Page, error)
+	History(ctx context.Context, id string) ([]bgtask.RecordView, error)
+	Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport, error)
+	Extend(ctx context.Context, id, prompt string) (int, error)
+	// Extendable says whether the page offers extend on task id.
+	Extendable(id string) bool
+	Health() []bgtask.Health
+	ResetHealth(ctx context.Context, key string) error
+}
+
+// Handler serves src; see the package doc for what, and for who may call
 // it. Extend takes only a JSON body.
-func Handler(m *bgtask.Manager, o Options) http.Handler {
-	if m == nil {
-		panic("bgtaskhttp: Handler of a nil Manager")
+func Handler(src Source, o Options) http.Handler {
+	if nilSource(src) {
+		panic("bgtaskhttp: Handler of a nil Source")
 	}
+	m := src
 	if o.Keepalive <= 0 {
 		o.Keepalive = 15 * time.Second
 	}
@@ -319,6 +328,18 @@ func Handler(m *bgtask.Manager, o Options) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]int{"invocation": n})
 	}))
+	mux.HandleFunc("GET /processes", func(w http.ResponseWriter, r *http.Request) {
+		v := ProcessesView{Processes: []Process{}}
+		if f, ok := m.(Fleet); ok {
+			ps, err := f.Processes(r.Context())
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			v.Fleet, v.Processes = true, append(v.Processes, ps...)
+		}
+		writeJSON(w, http.StatusOK, v)
+	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, healthOf(m))
 	})
@@ -347,7 +368,7 @@ type HealthView struct {
 	Health []bgtask.Health `json:"health"`
 }
 
-func healthOf(m *bgtask.Manager) HealthView {
+func healthOf(m Source) HealthView {
 	h := m.Health()
 	v := HealthView{Kept: h != nil, Health: h}
 	if v.Health == nil {
@@ -397,4 +418,43 @@ func queryOf(r *http.Request) (bgtask.Query, error) {
 func noWait(r *http.Request) bool {
 	v := r.URL.Query().Get("nowait")
 	return v == "1" || v == "true"
+}
+
+// nilSource reports whether src is nil, or a nil pointer in an interface.
+func nilSource(src Source) bool {
+	if src == nil {
+		return true
+	}
+	v := reflect.ValueOf(src)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// Fleet is a Source that serves the tasks of several processes
+// (pgledger/fleetview's View): the page lists its processes, and GET
+// /processes answers them.
+type Fleet interface {
+	Source
+	Processes(ctx context.Context) ([]Process, error)
+}
+
+// ProcessesView is GET /processes' answer: whether the Source is a Fleet
+// and, if so, its processes.
+type ProcessesView struct {
+	Fleet     bool      `json:"fleet"`
+	Processes []Process `json:"processes"`
+}
+
+// Process is one process of a Fleet: a member of a pgledger ledger, and
+// the process that holds its lease.
+type Process struct {
+	Member  string    `json:"member"`
+	Holder  string    `json:"holder"`
+	Expires time.Time `json:"expires"`
+	// Live says its lease has not lapsed; Idle, that it was given back
+	// with nothing live. One that is neither is gone: its tasks wait for
+	// another process to take it over, and actions on them answer 503
+	// owner_gone.
+	Live    bool `json:"live"`
+	Idle    bool `json:"idle"`
+	Running int  `json:"running"` // its tasks that have not ended
 }

@@ -35,8 +35,23 @@ type svc struct {
 
 func newSvc(t *testing.T, o bgtaskhttp.Options) *svc {
 	t.Helper()
+	return newSvcOf(t, o, false)
+}
+
+// prompting is a test host that takes prompts (bgtask.Prompter).
+type prompting struct{ *bgtasktest.Host }
+
+func (prompting) PromptSession(context.Context, bgtask.PromptRequest) error { return nil }
+
+// newSvcOf is newSvc; with prompts its host takes prompts (Extend).
+func newSvcOf(t *testing.T, o bgtaskhttp.Options, prompts bool) *svc {
+	t.Helper()
 	s := &svc{host: bgtasktest.NewHost()}
-	s.m = testkit.MustOpen(s.host, bgtask.WithIDs(bgtask.SequentialIDs()))
+	var h bgtask.Host = s.host
+	if prompts {
+		h = prompting{s.host}
+	}
+	s.m = testkit.MustOpen(h, bgtask.WithIDs(bgtask.SequentialIDs()))
 	s.host.Attach(s.m)
 	s.srv = httptest.NewServer(bgtaskhttp.Handler(s.m, o))
 	s.c = &bgtaskhttp.Client{Base: s.srv.URL, HTTP: s.srv.Client()}

@@ -77,7 +77,7 @@ func bulkQuery(vals url.Values) url.Values {
 }
 
 // bulk serves POST /tasks/cancel (tree false) and /tasks/close (true).
-func bulk(m *bgtask.Manager, tree bool) func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+func bulk(m Source, tree bool) func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 	return func(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 		vals := r.URL.Query()
 		expect, err := strconv.Atoi(vals.Get("expect"))

@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/wirecode"
 	"github.com/bgtask/bgtask/mirror"
 )
 
@@ -82,11 +83,11 @@ func (e *Error) Error() string {
 // Is reports whether target is the sentinel e's Code names.
 func (e *Error) Is(target error) bool {
 	for _, c := range codes {
-		if c.code == e.Code {
-			return target == c.err
+		if c.Code == e.Code {
+			return target == c.Err
 		}
 	}
-	return false
+	return target != nil && wirecode.SentinelOf(e.Code) == target
 }
 
 func (c *Client) http() *http.Client {
@@ -233,6 +234,13 @@ func (c *Client) call(ctx context.Context, method, path string, body, out any) e
 func (c *Client) Health(ctx context.Context) (HealthView, error) {
 	var v HealthView
 	return v, c.call(ctx, http.MethodGet, "/health", nil, &v)
+}
+
+// Processes are the processes of the fleet the service serves (GET
+// /processes); Fleet is false when it serves one Manager.
+func (c *Client) Processes(ctx context.Context) (ProcessesView, error) {
+	var v ProcessesView
+	return v, c.call(ctx, http.MethodGet, "/processes", nil, &v)
 }
 
 // ResetHealth ends a cooldown by hand (POST /health/reset), as

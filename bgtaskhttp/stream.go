@@ -90,7 +90,7 @@ func (e *entry) frame(h *hub, f *feed) ([]byte, error) {
 
 // hub serves the event stream of one Handler.
 type hub struct {
-	m            *bgtask.Manager
+	m            Source
 	buffer       int // the feed's subscription buffer
 	window       int // bytes of changes kept
 	max          int // streams at once
@@ -103,7 +103,7 @@ type hub struct {
 	cur     *feed // the feed a client joins; nil: none runs
 }
 
-func newHub(m *bgtask.Manager, o Options) *hub {
+func newHub(m Source, o Options) *hub {
 	return &hub{m: m, buffer: o.Buffer, window: o.StreamBuffer, max: o.MaxStreams,
 		keepalive: o.Keepalive, writeTimeout: o.StreamWriteTimeout, note: o.streamNote}
 }

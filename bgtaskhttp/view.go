@@ -82,16 +82,17 @@ var allStatuses = statusarg.All
 // task that runs. Handler serves it unless Options.Page is
 // set; View alone serves no API, so its page's live refresh and actions
 // need the Handler's routes beside it.
-func View(m *bgtask.Manager, o Options) http.Handler {
-	if m == nil {
-		panic("bgtaskhttp: View of a nil Manager")
+func View(src Source, o Options) http.Handler {
+	if nilSource(src) {
+		panic("bgtaskhttp: View of a nil Source")
 	}
+	m := src
 	return newGuard(viewMux(m, o), o)
 }
 
 // viewMux serves the view's routes, unguarded: Handler guards it with
 // the API, View alone.
-func viewMux(m *bgtask.Manager, o Options) *http.ServeMux {
+func viewMux(m Source, o Options) *http.ServeMux {
 	v := &view{m: m, o: o}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", v.page)
@@ -115,7 +116,7 @@ func viewMux(m *bgtask.Manager, o Options) *http.ServeMux {
 }
 
 type view struct {
-	m *bgtask.Manager
+	m Source
 	o Options
 }
 
@@ -372,7 +373,7 @@ type row struct {
 	Stop     string
 	Now      time.Time
 	Acts     bool        // the page offers actions (not ReadOnly)
-	Extend   bool        // … and extend is one: the task runs, with a session, and is not being stopped
+	Extend   bool        // … and extend is one (Source.Extendable)
 	From     bool        // no task launched it: name the session that did
 	Usage    *usageView  // what its attempts used; nil if none reported any
 	Tree     *treeView   // what its tree used, on a top row with tasks below it; nil otherwise
@@ -397,10 +398,14 @@ type pageData struct {
 	ReadOnly bool
 	Error    string
 	Detail   *detailData
-	Health   []healthRow     // model and provider health, on the first page of all tasks
-	Mode     string          // the page's view: "" (the tree), "table" or "charts"
-	Table    *tableData      // the table page's
-	Charts   []template.HTML // the chart page's (SVG, drawn on the server)
+	Health   []healthRow // model and provider health, on the first page of all tasks
+	// Processes are a Fleet's, on the first page of all tasks;
+	// ProcessErr says why they could not be read.
+	Processes  []Process
+	ProcessErr string
+	Mode       string          // the page's view: "" (the tree), "table" or "charts"
+	Table      *tableData      // the table page's
+	Charts     []template.HTML // the chart page's (SVG, drawn on the server)
 }
 
 // healthRow is one line of the page's model health.
@@ -413,7 +418,7 @@ type healthRow struct {
 
 // healthRows are m's model and provider health for the page: those that
 // cool or wait for their probe first, at most healthShown.
-func healthRows(m *bgtask.Manager, now time.Time, acts bool) []healthRow {
+func healthRows(m Source, now time.Time, acts bool) []healthRow {
 	var rows []healthRow
 	for _, h := range m.Health() {
 		r := healthRow{Health: h, Key: h.Key(), Acts: acts && h.State != bgtask.HealthHealthy}
@@ -426,6 +431,34 @@ func healthRows(m *bgtask.Manager, now time.Time, acts bool) []healthRow {
 		return cmp.Compare(healthRank(a.State), healthRank(b.State))
 	})
 	return rows[:min(len(rows), healthShown)]
+}
+
+// processes are the Fleet's processes, gone ones first, if v serves a
+// Fleet, or why they could not be read.
+func (v *view) processes(ctx context.Context) ([]Process, string) {
+	f, ok := v.m.(Fleet)
+	if !ok {
+		return nil, ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ps, err := f.Processes(ctx)
+	if err != nil {
+		return nil, err.Error()
+	}
+	slices.SortStableFunc(ps, func(a, b Process) int { return cmp.Compare(processRank(a), processRank(b)) })
+	return ps, ""
+}
+
+// processRank orders processes: gone, live, idle.
+func processRank(p Process) int {
+	switch {
+	case !p.Live && !p.Idle:
+		return 0
+	case p.Live:
+		return 1
+	}
+	return 2
 }
 
 // healthShown bounds the health rows on the page (GET /health has all).
@@ -458,6 +491,7 @@ func (v *view) header(f *forest, title string) pageData {
 type paint struct {
 	now  time.Time
 	acts bool
+	src  Source // whether it offers extend (Extendable)
 }
 
 // flat renders n alone, its children collapsed, as a top row.
@@ -466,18 +500,10 @@ func (p paint) flat(n *node) row {
 	if n.t.Stop != nil {
 		r.Stop = n.t.Stop.String()
 	}
-	r.Extend = p.acts && extendable(n.t)
+	r.Extend = p.acts && p.src.Extendable(n.t.ID)
 	r.Usage, r.Budget = usageOf(n.t), budgetOf(n.t)
 	r.Tree = treeOf(n)
 	return r
-}
-
-// extendable says whether t can take another prompt now (Manager.Extend):
-// it runs, on a session, and no stop was asked. Whether the Manager's host
-// can prompt a session at all (bgtask.Prompter) the Manager does not say:
-// an Extend tells, with errors.ErrUnsupported (409 unsupported).
-func extendable(t *bgtask.Task) bool {
-	return t.Status == bgtask.StatusRunning && t.SessionID != "" && t.Stop == nil
 }
 
 // rowOf renders n, its children to openLevels, and the rest collapsed.
@@ -510,7 +536,7 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	tree := grow(v.m.Snapshot())
 	d := v.header(tree, "bgtask")
 	d.Filter = f
-	pt := paint{now: d.Now, acts: !v.o.ReadOnly}
+	pt := paint{now: d.Now, acts: !v.o.ReadOnly, src: v.m}
 	var list []*node
 	switch {
 	case f.Parent != "":
@@ -572,6 +598,7 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	}
 	if !f.active() && f.Parent == "" && f.Page == 0 {
 		d.Health = healthRows(v.m, pt.now, pt.acts)
+		d.Processes, d.ProcessErr = v.processes(r.Context())
 	}
 	v.render(w, http.StatusOK, "page", d)
 }
@@ -604,7 +631,7 @@ func (v *view) children(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := v.header(tree, "")
-	pt := paint{now: d.Now, acts: !v.o.ReadOnly}
+	pt := paint{now: d.Now, acts: !v.o.ReadOnly, src: v.m}
 	for i, k := range n.kids {
 		if i == kidsShown {
 			d.Shown = fmt.Sprintf("%d more", len(n.kids)-i)
@@ -648,7 +675,7 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 	}
 	t := n.t
 	d := v.header(tree, "bgtask · "+t.ID)
-	pt := paint{now: d.Now, acts: !v.o.ReadOnly}
+	pt := paint{now: d.Now, acts: !v.o.ReadOnly, src: v.m}
 	dd := &detailData{Row: pt.rowOf(n, 0), Prompt: bound(t.Prompt, detailPrompt), Timeline: bgtask.Timeline(*t)}
 	dd.Kids, dd.More = dd.Row.Kids, dd.Row.More
 	dd.Row.Kids, dd.Row.More, dd.Row.Closed = nil, 0, 0
@@ -666,7 +693,7 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 			dd.Sessions = strings.TrimSpace(dd.Sessions + " " + a.SessionID)
 		}
 	}
-	for _, c := range v.m.Snapshot().Closures {
+	for _, c := range tree.snap.Closures {
 		if c.TaskID == t.ID || sessions[c.SessionID] || c.SessionID == t.ParentSessionID || touches(c, t.ID) {
 			dd.Closures = append(dd.Closures, c)
 		}

@@ -3,6 +3,7 @@ package bgtaskhttp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"html"
 	"net/http/httptest"
 	"net/url"
@@ -33,10 +34,10 @@ func extendsOn(rows []shownTask) map[string]bool {
 }
 
 // Extend is offered only on a task that could take a prompt now: one
-// that runs, on a session, and is not being stopped; never on one that
-// ended, and never read-only.
+// that runs, on a session, and is not being stopped, on a host that takes
+// prompts; never on one that ended, and never read-only.
 func TestExtendIsOfferedOnlyOnATaskThatRuns(t *testing.T) {
-	s := newSvc(t, bgtaskhttp.Options{})
+	s := newSvcOf(t, bgtaskhttp.Options{}, true)
 	running := s.launchUnder(t, "chat-1", "running", nil)
 	done := s.launchUnder(t, "chat-2", "done", nil)
 	s.complete(t, done)
@@ -54,6 +55,15 @@ func TestExtendIsOfferedOnlyOnATaskThatRuns(t *testing.T) {
 	_, body, _ = s.get(t, "/view/task?id="+url.QueryEscape(done.ID))
 	assert.False(t, extendsOn(rowsOf(t, body))[done.ID], "nor on its detail page")
 	s.host.Release()
+
+	// A host that takes no prompts: extend would answer 409 unsupported,
+	// so none is offered.
+	deaf := newSvc(t, bgtaskhttp.Options{})
+	running = deaf.launchUnder(t, "chat-1", "running", nil)
+	_, body, _ = deaf.get(t, "/")
+	assert.Equal(t, map[string]bool{running.ID: false}, extendsOn(rowsOf(t, body)))
+	_, err = deaf.c.Extend(deaf.ctx, running.ID, "more")
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
 }
 
 // The outcome on the detail page is the JSON a person reads: what the

@@ -394,7 +394,7 @@ func (unreadable) TaskRecords(context.Context, string) ([]bgtask.Record, error) 
 
 // Actions are offered only where they apply, and not at all read-only.
 func TestThePageOffersActionsWhereTheyApply(t *testing.T) {
-	s := newSvc(t, bgtaskhttp.Options{})
+	s := newSvcOf(t, bgtaskhttp.Options{}, true)
 	live := s.launchUnder(t, "chat-1", "live", nil)
 	done := s.launchUnder(t, "chat-1", "done", nil)
 	s.complete(t, done)

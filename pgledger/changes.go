@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/internal/fleet"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -192,11 +193,7 @@ func (n *Node) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 		if err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`, n.o.Ledger)
-		if err != nil {
-			return err
-		}
-		snap.Closures, err = pgx.CollectRows(rows, pgx.RowTo[bgtask.ClosureReport])
+		snap.Closures, err = n.closures(ctx, tx)
 		return err
 	})
 	if err != nil {
@@ -205,37 +202,33 @@ func (n *Node) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 	return snap, nil
 }
 
-// Changes is a subscription to the ledger's changes (Node.Subscribe).
-type Changes struct {
-	// C delivers the changes in sequence order. It is closed when ctx
-	// ends, on Close, when the node closes, or when the buffer overflows
-	// (Err is then bgtask.ErrLagged: resync from a Snapshot).
-	C <-chan bgtask.Change
-
-	cancel context.CancelFunc
-	done   chan struct{}
-	mu     sync.Mutex
-	err    error
+// Closures are the records of the ledger's closures that have ended, in
+// the order they were opened: a Snapshot's Closures, alone.
+func (n *Node) Closures(ctx context.Context) ([]bgtask.ClosureReport, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	c, err := n.closures(ctx, n.pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgledger: closures: %w", err)
+	}
+	return c, nil
 }
 
-// Done is closed when the subscription has ended, just before C is: a
-// consumer that is not reading C can wait on it, and Err then says why.
-func (c *Changes) Done() <-chan struct{} { return c.done }
-
-// Err says why C was closed; nil while it is open.
-func (c *Changes) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
+func (n *Node) closures(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) ([]bgtask.ClosureReport, error) {
+	rows, err := q.Query(ctx, `SELECT record FROM bgtask_closures WHERE ledger = $1 AND closed_at IS NOT NULL AND record IS NOT NULL ORDER BY id`, n.o.Ledger)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[bgtask.ClosureReport])
 }
-
-// Close ends the subscription.
-func (c *Changes) Close() { c.cancel() }
 
 // Subscribe delivers the ledger's changes from now on, whichever process
 // made them. Subscribe before taking the Snapshot you start from, as with
 // bgtask.Manager.Subscribe. buffer 0 is 1024, as for Manager.Subscribe.
-func (n *Node) Subscribe(ctx context.Context, buffer int) (*Changes, error) {
+func (n *Node) Subscribe(ctx context.Context, buffer int) (*bgtask.Subscription, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -248,12 +241,14 @@ func (n *Node) Subscribe(ctx context.Context, buffer int) (*Changes, error) {
 	}
 	ch := make(chan bgtask.Change, buffer)
 	sctx, cancel := context.WithCancel(ctx)
-	c := &Changes{C: ch, cancel: cancel, done: make(chan struct{})}
+	var mu sync.Mutex
+	var ended error
+	done := make(chan struct{})
 	end := func(err error) {
-		c.mu.Lock()
-		c.err = err
-		c.mu.Unlock()
-		close(c.done)
+		mu.Lock()
+		ended = err
+		mu.Unlock()
+		close(done)
 		close(ch)
 	}
 	if !n.goOwned(func() {
@@ -264,7 +259,16 @@ func (n *Node) Subscribe(ctx context.Context, buffer int) (*Changes, error) {
 		cancel()
 		return nil, ErrClosed
 	}
-	return c, nil
+	return subscription(ch, done, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return ended
+	}, cancel), nil
+}
+
+// subscription is a *bgtask.Subscription whose C is ch.
+func subscription(ch <-chan bgtask.Change, done <-chan struct{}, err func() error, close func()) *bgtask.Subscription {
+	return fleet.Subscription(ch, done, err, close).(*bgtask.Subscription)
 }
 
 // follow sends the changes after id from to ch until ctx ends (nil) or

@@ -342,10 +342,13 @@ type openClosure struct {
 //     — found in the database, so a branch may span processes.
 //   - t.Task with t.Tree stops that task as a unit across the fleet: its
 //     live run, and what any of its sessions launched, in the same scope.
-//   - t.Task, or t.Run, without Tree is stopped by the member of this
-//     process that has the task, as Manager.Stop stops it; a task no member
-//     of this process has is bgtask.ErrUnknownTask (stop it with Tree, which
-//     reaches every process).
+//   - t.Task, or t.Run, without Tree is stopped by the member that has the
+//     task, as Manager.Stop stops it: here, or, for another process's
+//     task, by its owner, asked through its inbox (it records the stop and
+//     answers; this waits, unless t.NoWait, until the run has ended in the
+//     ledger). A task no member of the ledger has is bgtask.ErrUnknownTask;
+//     one whose owner's lease lapsed, with no process taking it over yet,
+//     matches ErrOwnerGone, and nothing is asked.
 //
 // A closure (Session, or Task with Tree) returns once each run in its scope
 // is terminal in the database. The fence is raised in the database as the
@@ -398,7 +401,7 @@ func (n *Node) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport,
 			return m.Stop(ctx, t)
 		}
 	}
-	return bgtask.ClosureReport{}, fmt.Errorf("%w: %q is no task of this process (a Target with Tree reaches every process)", bgtask.ErrUnknownTask, id)
+	return n.stopElsewhere(ctx, id, t)
 }
 
 func (n *Node) closeBranch(ctx context.Context, sessionID, actor string, noWait bool) (bgtask.ClosureReport, error) {

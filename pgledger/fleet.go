@@ -2,7 +2,6 @@ package pgledger
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,6 +65,7 @@ type NodeOptions struct {
 	away     func(error)         // tests: Options.away of every member's journal
 	now      func() time.Time    // tests: Options.now of every member's journal
 	prune    *pruneHook          // tests: the node's pruning passes
+	keepOut  bool                // tests: the node takes no member over
 }
 
 // Node is one process of a fleet on one ledger: its own member's Manager,
@@ -99,6 +99,7 @@ type Node struct {
 	// clears those once they are older than the lease.
 	inflight map[string]int
 	leftover atomic.Bool
+	asks     map[string]chan wireAnswer // the actions this node asked of other processes, by id (ask.go)
 
 	taking    atomic.Bool                     // a takeover is running (takeOverAside)
 	stops     stopper                         // the runs closures asked this node to stop
@@ -725,6 +726,10 @@ type wireEvent struct {
 	Invocation  int              `json:"invocation,omitempty"`
 	Progress    string           `json:"progress,omitempty"`
 	Usage       bgtask.Usage     `json:"usage,omitzero"`
+	// Ask, when set, is no event: an action asked of the member's owner
+	// (ask.go); Answer is the answer to one this member's node asked.
+	Ask    *wireAsk    `json:"ask,omitempty"`
+	Answer *wireAnswer `json:"answer,omitempty"`
 }
 
 func toWire(ev bgtask.Event) (w wireEvent, err error) {
@@ -764,19 +769,8 @@ func (n *Node) route(ctx context.Context, owner string, ev bgtask.Event) error {
 	if err != nil {
 		return err
 	}
-	body, err := json.Marshal(w)
-	if err != nil {
-		return err
-	}
-	err = pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO bgtask_inbox (ledger, member, event) VALUES ($1, $2, $3)`, n.o.Ledger, owner, body); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, inboxChannel, n.o.Ledger+"\x1f"+owner)
-		return err
-	})
-	if err != nil {
-		return dbErr("routing an event to member "+owner, err)
+	if err := n.send(ctx, owner, w); err != nil {
+		return fmt.Errorf("routing an event: %w", err)
 	}
 	return nil
 }
@@ -801,7 +795,9 @@ func (n *Node) run(ctx context.Context) {
 		}
 		if !time.Now().Before(next) {
 			n.drainAll(ctx)
-			n.takeOverAside(ctx)
+			if !n.o.keepOut {
+				n.takeOverAside(ctx)
+			}
 			n.serveAll(ctx)
 			n.closeSpent(ctx)
 			n.sweepLaunching(ctx)
@@ -903,6 +899,16 @@ func (n *Node) drain(ctx context.Context, mb *member) {
 		}
 		applied := ids[:0]
 		for i, w := range evs {
+			switch {
+			case w.Ask != nil:
+				n.answerAsk(mb, *w.Ask)
+				applied = append(applied, ids[i])
+				continue
+			case w.Answer != nil:
+				n.answered(*w.Answer)
+				applied = append(applied, ids[i])
+				continue
+			}
 			if err := mb.m.Observe(w.event()); errors.Is(err, bgtask.ErrJournal) {
 				break // not durable: left for whoever owns the member next
 			}

@@ -53,7 +53,7 @@ func taskIDs(tasks []bgtask.Task) []string {
 }
 
 // untilChange reads changes from sub until want says it has seen enough.
-func untilChange(t *testing.T, sub *Changes, want func(bgtask.Change) bool, what string) {
+func untilChange(t *testing.T, sub *bgtask.Subscription, want func(bgtask.Change) bool, what string) {
 	t.Helper()
 	for {
 		c, ok := recvOrClosed(t, sub.C, what)

@@ -19,6 +19,7 @@ type service struct {
 	sessions map[string]*session
 	byAtt    map[string]string
 	gates    map[string]*gate // sessions whose abort waits
+	prompts  []bgtask.PromptRequest
 }
 
 // gate holds the abort of one session until release is closed (or the
@@ -125,4 +126,28 @@ func (s *service) aborted(id string) bool {
 	defer s.mu.Unlock()
 	ses := s.sessions[id]
 	return ses != nil && ses.aborted
+}
+
+// PromptSession takes a prompt for a live session (bgtask.Prompter).
+func (s *service) PromptSession(ctx context.Context, req bgtask.PromptRequest) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if se := s.sessions[req.SessionID]; se == nil || se.state != bgtask.SessionStateAlive {
+		return fmt.Errorf("session %s is not alive", req.SessionID)
+	}
+	s.prompts = append(s.prompts, req)
+	return nil
+}
+
+// promptsTo are the prompts session id was given, in order.
+func (s *service) promptsTo(id string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, p := range s.prompts {
+		if p.SessionID == id {
+			out = append(out, p.Prompt)
+		}
+	}
+	return out
 }

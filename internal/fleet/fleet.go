@@ -33,3 +33,8 @@ var NoteOf func(rec any) any
 // gives it) that recs (a []bgtask.Record: a journal's TaskRecords of task
 // id) tell, for a task no Manager of the process holds.
 var History func(recs any, id string) (any, error)
+
+// Subscription is a *bgtask.Subscription whose C is c (a <-chan
+// bgtask.Change), whose Done, Err and Close are done, err and close: a
+// fleet's change stream, served as the type Manager.Subscribe serves.
+var Subscription func(c any, done <-chan struct{}, err func() error, close func()) any

@@ -1,0 +1,279 @@
+package fleetview_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtaskhttp"
+	"github.com/bgtask/bgtask/bgtasktest"
+	"github.com/bgtask/bgtask/mirror"
+	"github.com/bgtask/bgtask/pgledger"
+	"github.com/bgtask/bgtask/pgledger/fleetview"
+	"github.com/bgtask/bgtask/pgledger/internal/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var url string
+
+func TestMain(m *testing.M) { pgtest.Main(m, "fleetview", &url) }
+
+var _ bgtaskhttp.Fleet = (*fleetview.View)(nil)
+
+var ledgers atomic.Int64
+
+// process is one process of a test's fleet: its node and its host.
+type process struct {
+	node *pgledger.Node
+	host *bgtasktest.Host
+}
+
+// fleet joins n processes (members w0, w1, …) of a fresh ledger, closed
+// at the test's end.
+func fleet(t *testing.T, n int) (*pgxpool.Pool, string, []process) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pgledger.Migrate(context.Background(), pool))
+	ledger := fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1))
+	out := make([]process, n)
+	for i := range out {
+		h := bgtasktest.NewHost()
+		member := fmt.Sprintf("w%d", i)
+		node, err := pgledger.Join(context.Background(), pool, pgledger.NodeOptions{Ledger: ledger, Member: member, Host: named{h, member + "-"}, Poll: 50 * time.Millisecond})
+		require.NoError(t, err)
+		h.Attach(node.Manager())
+		t.Cleanup(func() {
+			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = node.Close(c)
+		})
+		out[i] = process{node, h}
+	}
+	return pool, ledger, out
+}
+
+// named is a host whose session ids start with its process's name:
+// every process of a fleet talks to one session service.
+type named struct {
+	*bgtasktest.Host
+	prefix string
+}
+
+func (n named) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	id, err := n.Host.StartSession(ctx, req)
+	if err != nil {
+		return "", err
+	}
+	return n.prefix + id, nil
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+var models = []bgtask.Model{{Provider: "a", ID: "1"}}
+
+// running launches a task at p from parent and returns it once it runs
+// and its binding is durable (a later commit of the member is).
+func running(t *testing.T, p process, parent string) bgtask.Task {
+	t.Helper()
+	task, err := p.node.Launch(ctx(t), bgtask.Spec{ParentSessionID: parent, Prompt: "do it", Models: models})
+	require.NoError(t, err)
+	got, err := bgtasktest.WaitStatus(ctx(t), p.node.Manager(), task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	_, err = p.node.Launch(ctx(t), bgtask.Spec{ParentSessionID: "barrier", Prompt: "barrier", Models: models})
+	require.NoError(t, err)
+	return got
+}
+
+// view opens a View of p's node and serves it, closed at the test's end.
+func view(t *testing.T, p process, o bgtaskhttp.Options) (*fleetview.View, *httptest.Server) {
+	t.Helper()
+	v, err := fleetview.Open(ctx(t), p.node)
+	require.NoError(t, err)
+	srv := httptest.NewServer(bgtaskhttp.Handler(v, o))
+	t.Cleanup(func() {
+		srv.Close()
+		require.NoError(t, v.Close())
+	})
+	return v, srv
+}
+
+// One page serves every process's tasks: the snapshot, a task, the
+// event stream that follows them (a mirror through the Client), the
+// processes, and the page itself.
+func TestOnePageShowsEveryProcesssTasks(t *testing.T) {
+	_, _, ps := fleet(t, 2)
+	a := running(t, ps[0], "chat-a")
+	b := running(t, ps[1], "chat-b")
+	v, srv := view(t, ps[0], bgtaskhttp.Options{})
+	c := &bgtaskhttp.Client{Base: srv.URL}
+
+	var mir mirror.Mirror
+	ready := make(chan struct{})
+	follow, stop := context.WithCancel(ctx(t))
+	followed := make(chan error, 1)
+	go func() { followed <- c.Follow(follow, &mir, ready) }()
+	defer func() {
+		stop()
+		<-followed
+	}()
+	<-ready
+	for _, want := range []bgtask.Task{a, b} {
+		got, err := c.Task(ctx(t), want.ID)
+		require.NoError(t, err, "task %s", want.ID)
+		assert.Equal(t, bgtask.StatusRunning, got.Status)
+		_, err = mir.Task(want.ID)
+		require.NoError(t, err, "the stream's snapshot has %s", want.ID)
+	}
+
+	// w1's task ends at w1: the stream tells the page's client.
+	require.NoError(t, ps[1].host.Idle(b.SessionID, "done at w1"))
+	require.NoError(t, mir.Wait(ctx(t), func(ts []bgtask.Task) bool {
+		for _, t := range ts {
+			if t.ID == b.ID {
+				return t.Status == bgtask.StatusCompleted
+			}
+		}
+		return false
+	}))
+	got, err := v.Task(b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "done at w1", got.Attempts[0].Result)
+
+	p, err := c.Tasks(ctx(t), bgtask.Query{Statuses: []bgtask.Status{bgtask.StatusCompleted}})
+	require.NoError(t, err)
+	require.Len(t, p.Tasks, 1)
+	assert.Equal(t, b.ID, p.Tasks[0].ID)
+
+	procs, err := c.Processes(ctx(t))
+	require.NoError(t, err)
+	require.True(t, procs.Fleet)
+	require.Len(t, procs.Processes, 2)
+	for i, pr := range procs.Processes {
+		assert.Equal(t, fmt.Sprintf("w%d", i), pr.Member)
+		assert.True(t, pr.Live)
+	}
+	assert.Equal(t, 2, procs.Processes[0].Running, "its task and its barrier")
+	assert.Equal(t, 1, procs.Processes[1].Running, "its barrier")
+
+	resp, err := http.Get(srv.URL + "/")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(body)
+	assert.Contains(t, page, a.ID)
+	assert.Contains(t, page, b.ID)
+	assert.Contains(t, page, `<section id="processes">`)
+	assert.Contains(t, page, `data-member="w1"`)
+
+	h, err := c.History(ctx(t), b.ID)
+	require.NoError(t, err)
+	require.NotEmpty(t, h, "w1's task's history, read from the ledger")
+}
+
+// An action on another process's task is made by its owner, and records
+// who asked; one that the owner refuses says why, as the owner said it.
+func TestAnActionReachesTheProcessThatOwnsTheTask(t *testing.T) {
+	_, _, ps := fleet(t, 2)
+	b := running(t, ps[1], "chat-b")
+	_, srv := view(t, ps[0], bgtaskhttp.Options{Authorize: func(*http.Request) (string, error) { return "ops@example", nil }})
+	c := &bgtaskhttp.Client{Base: srv.URL}
+
+	_, err := c.Extend(ctx(t), b.ID, "more")
+	assert.ErrorIs(t, err, errors.ErrUnsupported, "w1's host takes no prompts: w1 said so")
+
+	rep, err := c.Stop(ctx(t), bgtask.Target{Task: b.ID})
+	require.NoError(t, err)
+	require.Len(t, rep.Stopped, 1)
+	assert.Equal(t, bgtask.StatusCancelled, rep.Stopped[0].Status)
+	got, err := ps[1].node.Manager().Task(b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCancelled, got.Status)
+	require.NotNil(t, got.Stop)
+	assert.Equal(t, "ops@example", got.Stop.Actor, "the actor Authorize named, recorded at the owner")
+	assert.Equal(t, []string{b.SessionID}, ps[1].host.Aborts())
+}
+
+// A closure made from the fleet's page reaches every process, and the
+// View reads its record once it ended.
+func TestAClosureFromThePageIsInTheView(t *testing.T) {
+	_, _, ps := fleet(t, 2)
+	a := running(t, ps[0], "chat")
+	b := running(t, ps[1], a.SessionID)
+	v, srv := view(t, ps[0], bgtaskhttp.Options{})
+	c := &bgtaskhttp.Client{Base: srv.URL}
+	rep, err := c.Stop(ctx(t), bgtask.Target{Task: a.ID, Tree: true})
+	require.NoError(t, err)
+	assert.Len(t, rep.Stopped, 2)
+	for len(v.Snapshot().Closures) == 0 { // read again after a change showed one
+		select {
+		case <-fleetview.ClosuresRead(v):
+		case <-ctx(t).Done():
+			t.Fatal("the closure's record never reached the view")
+		}
+	}
+	cl := v.Snapshot().Closures
+	require.Len(t, cl, 1)
+	assert.Equal(t, a.ID, cl[0].TaskID)
+	got, err := v.Task(b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, bgtask.StatusCancelled, got.Status)
+}
+
+// The View's own subscription is a bgtask.Subscription: it ends when its
+// context does, and when the View closes.
+func TestAViewsSubscriptionEnds(t *testing.T) {
+	_, _, ps := fleet(t, 1)
+	v, err := fleetview.Open(ctx(t), ps[0].node)
+	require.NoError(t, err)
+	c, cancel := context.WithCancel(ctx(t))
+	sub, err := v.Subscribe(c, 0)
+	require.NoError(t, err)
+	cancel()
+	<-sub.Done()
+	assert.ErrorIs(t, sub.Err(), context.Canceled)
+	other, err := v.Subscribe(ctx(t), 0)
+	require.NoError(t, err)
+	require.NoError(t, v.Close())
+	<-other.Done()
+	assert.ErrorIs(t, other.Err(), bgtask.ErrShutdown)
+	_, err = v.Subscribe(ctx(t), 0)
+	assert.ErrorIs(t, err, bgtask.ErrShutdown)
+	_, err = fleetview.Open(ctx(t), nil)
+	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
+}
+
+// The snapshot served is the fleet's: both processes' tasks, in the
+// ledger's epoch.
+func TestTheSnapshotIsTheFleets(t *testing.T) {
+	_, ledger, ps := fleet(t, 2)
+	a := running(t, ps[0], "chat-a")
+	b := running(t, ps[1], "chat-b")
+	_, srv := view(t, ps[1], bgtaskhttp.Options{})
+	resp, err := http.Get(srv.URL + "/snapshot")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var snap bgtask.Snapshot
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&snap))
+	ids := map[string]bool{}
+	for _, t := range snap.Tasks {
+		ids[t.ID] = true
+	}
+	assert.True(t, ids[a.ID] && ids[b.ID], "both processes' tasks: %v", ids)
+	assert.Equal(t, pgledger.LedgerEpoch(ledger), snap.Epoch)
+}
