@@ -89,6 +89,19 @@ func retentionOf(r bgtask.Retention) retention {
 	return out
 }
 
+// Retention is what the ledger keeps of the tasks that ended, as the
+// node reads NodeOptions.Retention, in bgtask.Retention's terms: MaxAge
+// the age bound (0: none), MaxEnded the count bound (-1: none). A
+// fleet's view (fleetview) keeps what the ledger keeps.
+func (n *Node) Retention() bgtask.Retention {
+	r := retentionOf(n.o.Retention)
+	out := bgtask.Retention{MaxAge: r.age, MaxEnded: r.maxEnded}
+	if out.MaxEnded == 0 {
+		out.MaxEnded = -1
+	}
+	return out
+}
+
 // ageArg is the age bound as a statement's argument: nil for none.
 func (r retention) ageArg() any {
 	if r.age <= 0 {

@@ -65,6 +65,10 @@ const retry = time.Second
 // again.
 const closuresEvery = 2 * time.Second
 
+// pruneEvery is how often the View lets go of the ended tasks the
+// ledger no longer keeps (Node.Retention).
+const pruneEvery = time.Minute
+
 // Open takes a snapshot of node's ledger and follows its changes until
 // Close (or until the node closes). ctx bounds the first snapshot.
 func Open(ctx context.Context, node *pgledger.Node) (*View, error) {
@@ -153,12 +157,17 @@ func (v *View) follow(ctx context.Context, sub *bgtask.Subscription) {
 // apply applies sub's changes, and reads the closures again now and then,
 // until sub or ctx ends; it returns why sub ended.
 func (v *View) apply(ctx context.Context, sub *bgtask.Subscription, tick <-chan time.Time) error {
+	pruned := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-tick:
+		case now := <-tick:
 			v.readClosures(ctx)
+			if now.Sub(pruned) >= pruneEvery {
+				v.prune(now)
+				pruned = now
+			}
 		case c, open := <-sub.C:
 			if !open {
 				if err := sub.Err(); err != nil {
@@ -189,6 +198,50 @@ func (v *View) change(c bgtask.Change) {
 		v.dirty = true
 	}
 	v.subs.Publish(c)
+}
+
+// prune lets go of the ended tasks the ledger keeps no longer: ended
+// longer ago than its MaxAge, or older than its MaxEnded newest ended.
+func (v *View) prune(now time.Time) {
+	r := v.node.Retention()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.tasks = retained(v.tasks, r, now)
+	clear(v.at)
+	for i, t := range v.tasks {
+		v.at[t.ID] = i
+	}
+}
+
+// retained are the tasks r keeps at now, in their order.
+func retained(tasks []bgtask.Task, r bgtask.Retention, now time.Time) []bgtask.Task {
+	var ended []time.Time
+	for _, t := range tasks {
+		if t.Status.Terminal() {
+			ended = append(ended, t.CompletedAt)
+		}
+	}
+	var edge time.Time // an ended task that ended before it goes
+	if r.MaxAge > 0 {
+		edge = now.Add(-r.MaxAge)
+	}
+	if r.MaxEnded >= 0 && len(ended) > r.MaxEnded {
+		slices.SortFunc(ended, func(a, b time.Time) int { return b.Compare(a) })
+		if e := ended[r.MaxEnded]; e.After(edge) {
+			edge = e.Add(time.Nanosecond) // the MaxEnded newest stay
+		}
+	}
+	if edge.IsZero() {
+		return tasks
+	}
+	out := tasks[:0]
+	for _, t := range tasks {
+		if !t.Status.Terminal() || !t.CompletedAt.Before(edge) {
+			out = append(out, t)
+		}
+	}
+	clear(tasks[len(out):]) // let the dropped go
+	return out
 }
 
 // readClosures reads the closures' records again if a change showed one
