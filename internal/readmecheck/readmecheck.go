@@ -81,6 +81,7 @@ var importTable = map[string]string{
 	"bgtasktest":  RootModule + "/bgtasktest",
 	"mirror":      RootModule + "/mirror",
 	"pgledger":    RootModule + "/pgledger",
+	"fleetview":   RootModule + "/pgledger/fleetview",
 	"otelmetrics": RootModule + "/otelmetrics",
 	"pgx":         "github.com/jackc/pgx/v5",
 	"pgxpool":     "github.com/jackc/pgx/v5/pgxpool",

@@ -91,10 +91,9 @@ func Open(ctx context.Context, node *pgledger.Node) (*View, error) {
 
 // Close stops following the ledger and ends the View's subscriptions. It
 // does not close the node.
-func (v *View) Close() error {
+func (v *View) Close() {
 	v.cancel()
 	<-v.done
-	return nil
 }
 
 // sync subscribes to the ledger and replaces what the View holds with a
