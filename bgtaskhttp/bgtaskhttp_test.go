@@ -2,7 +2,9 @@ package bgtaskhttp_test
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -286,4 +288,37 @@ func TestClientStopRefusesATargetTheManagerWouldRefuse(t *testing.T) {
 	got, err := s.c.Task(s.ctx, a.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusRunning, got.Status, "nothing was stopped")
+}
+
+// What may be large is gzipped for a client that takes it — the Client
+// does, and reads it back — and plain for one that does not.
+func TestLargeAnswersAreGzippedForWhoTakesThem(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	for range 3 {
+		s.running(t, "chat")
+	}
+	for _, path := range []string{"/snapshot", "/tasks", "/view/table?format=json"} {
+		req, err := http.NewRequestWithContext(s.ctx, http.MethodGet, s.srv.URL+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Accept-Encoding", "br, gzip;q=0.8")
+		resp, err := http.DefaultTransport.RoundTrip(req) // the transport does not unzip what it did not ask for
+		require.NoError(t, err)
+		assert.Equal(t, "gzip", resp.Header.Get("Content-Encoding"), path)
+		z, err := gzip.NewReader(resp.Body)
+		require.NoError(t, err, path)
+		var v map[string]any
+		require.NoError(t, json.NewDecoder(z).Decode(&v), path)
+		resp.Body.Close()
+		assert.NotEmpty(t, v, path)
+
+		req.Header.Set("Accept-Encoding", "gzip;q=0, identity")
+		resp, err = http.DefaultTransport.RoundTrip(req)
+		require.NoError(t, err)
+		assert.Empty(t, resp.Header.Get("Content-Encoding"), "%s: refused gzip", path)
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&v), path)
+		resp.Body.Close()
+	}
+	snap, err := s.c.Snapshot(s.ctx)
+	require.NoError(t, err)
+	assert.Len(t, snap.Tasks, 3, "the Client reads it back")
 }

@@ -43,6 +43,8 @@ const (
 	// unencodedCost is what a change counts in the window until it is
 	// encoded (about what one encodes to); then it counts its bytes.
 	unencodedCost = 1 << 10
+	// maxDepth bounds the walk up a task's tree (digest.note).
+	maxDepth = 1000
 )
 
 // frame is the encoded snapshot: its seq and its bytes, shared.
@@ -60,10 +62,68 @@ type entry struct {
 	counts atomic.Int64
 
 	mu  sync.Mutex
-	c   *bgtask.Change // until encoded
-	b   []byte         // the SSE frame, once encoded
+	c   *marked // until encoded
+	b   []byte  // the SSE frame, once encoded
 	err error
 }
+
+// marked is a change as the stream sends it: with what a page needs to
+// tell whether it shows it (view.js), which the feed knows (digest).
+type marked struct {
+	*bgtask.Change
+	// Was is the status the task had before ("" for a task the feed had
+	// not seen: new); Top, the task at the top of its tree (its own id
+	// for a task launched from no task's session).
+	Was bgtask.Status `json:"was,omitempty"`
+	Top string        `json:"top,omitempty"`
+}
+
+// digest is what a feed knows of every task: its status and parent, and
+// which task each session is. It lets the stream say of each change the
+// status the task had and the top of its tree, without a snapshot.
+type digest struct {
+	tasks map[string]mark   // by task id
+	owner map[string]string // session → task id
+	limit int               // past this many tasks, it is taken again from a snapshot
+}
+
+type mark struct {
+	status bgtask.Status
+	parent string
+}
+
+// digestOf is the digest of s.
+func digestOf(s bgtask.Snapshot) *digest {
+	d := &digest{tasks: make(map[string]mark, len(s.Tasks)), owner: map[string]string{}, limit: max(2*len(s.Tasks), 100_000)}
+	for i := range s.Tasks {
+		d.note(&s.Tasks[i])
+	}
+	return d
+}
+
+// note takes t's change in, and returns the status t had and its top.
+func (d *digest) note(t *bgtask.Task) (was bgtask.Status, top string) {
+	was = d.tasks[t.ID].status
+	d.tasks[t.ID] = mark{status: t.Status, parent: t.ParentSessionID}
+	for _, a := range t.Attempts {
+		if a.SessionID != "" {
+			d.owner[a.SessionID] = t.ID
+		}
+	}
+	top = t.ID
+	for steps, up := 0, t.ParentSessionID; steps < maxDepth; steps++ {
+		id, ok := d.owner[up]
+		if !ok || id == top {
+			break
+		}
+		top, up = id, d.tasks[id].parent
+	}
+	return was, top
+}
+
+// full says the digest has grown past its bound (tasks the Manager forgot
+// are still in it): the feed takes it again from a snapshot.
+func (d *digest) full() bool { return len(d.tasks) > d.limit }
 
 // frame returns e's SSE frame, encoding it if no client did yet.
 func (e *entry) frame(h *hub, f *feed) ([]byte, error) {
@@ -108,7 +168,8 @@ func newHub(m Source, o Options) *hub {
 		keepalive: o.Keepalive, writeTimeout: o.StreamWriteTimeout, note: o.streamNote}
 }
 
-// tell tells a test what the streams do: "snapshot" (one is taken),
+// tell tells a test what the streams do: "digest" (a feed reads a
+// snapshot for its digest), "snapshot" (one is taken for a client),
 // "changed" (a change entered the window), "encoded" (a change was),
 // "writing" (a stream writes its first event), "flushed" (a stream sent
 // what it wrote), "ended" (a feed is about to end), "left" (a stream
@@ -213,13 +274,15 @@ func (h *hub) run(ctx context.Context, f *feed) {
 		return
 	}
 	defer sub.Close()
-	snap, err := h.snapshot() // after subscribing: every later change is on sub.C
-	if err != nil {
-		fail(err)
-		return
-	}
-	f.epoch, f.snap = snap.epoch, snap.frame
-	f.window.Store(&window{dropped: snap.seq, seq: snap.seq, more: make(chan struct{})})
+	// After subscribing: every later change is on sub.C. It is not encoded
+	// (a client that needs a snapshot takes one: most resume): it is only
+	// where the window starts, and the digest.
+	h.tell("digest")
+	snap := h.m.Snapshot()
+	d := digestOf(snap)
+	f.epoch = snap.Epoch
+	f.window.Store(&window{dropped: snap.Seq, seq: snap.Seq, more: make(chan struct{})})
+	snap = bgtask.Snapshot{}
 	close(f.ready)
 
 	for {
@@ -233,7 +296,15 @@ func (h *hub) run(ctx context.Context, f *feed) {
 		// burst.
 		for k := 1; open; k++ {
 			change := c // each entry its own
-			e := &entry{seq: c.Seq, c: &change}
+			if d.full() {
+				// The Manager forgot what the digest still holds. (The
+				// changes between the new snapshot and this one are noted
+				// twice: their Was may be their own status.)
+				h.tell("digest")
+				d = digestOf(h.m.Snapshot())
+			}
+			was, top := d.note(&change.Task)
+			e := &entry{seq: c.Seq, c: &marked{Change: &change, Was: was, Top: top}}
 			e.counts.Store(unencodedCost)
 			f.bytes.Add(unencodedCost)
 			next.entries = append(next.entries, e) // after the end of every window published: none sees it
@@ -309,7 +380,7 @@ func (h *hub) start(ctx context.Context, f *feed, epoch, seq uint64, resume bool
 		case resume && epoch == f.epoch && seq >= w.dropped && seq <= max(w.seq, f.snap.seq):
 			f.mu.Unlock()
 			return nil, w.base, seq, nil
-		case f.snap.seq >= w.dropped: // the kept snapshot and the window are every change
+		case f.snap.b != nil && f.snap.seq >= w.dropped: // the kept snapshot and the window are every change
 			first, last = f.snap.b, f.snap.seq
 			f.mu.Unlock()
 			return first, w.base, last, nil

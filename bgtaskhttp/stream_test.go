@@ -630,3 +630,48 @@ func TestAStreamOutlivesTheServersTimeouts(t *testing.T) {
 		require.NoError(t, err, "after %v", time.Since(began))
 	}
 }
+
+// Each change says the status its task had ("" when new to the stream)
+// and the task at the top of its tree, so a page can tell whether it
+// shows it, and keep its counts, without asking the server.
+func TestAChangeSaysWhatItsTaskWasAndItsTop(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	root := s.launchUnder(t, "chat", "root", nil)
+	kid := s.launchUnder(t, root.SessionID, "kid", nil)
+	st := s.openStream(t, "/events", nil)
+	defer st.close()
+	require.Equal(t, "snapshot", st.mustNext(t).kind)
+
+	grandkid := s.launchUnder(t, kid.SessionID, "grandkid", nil)
+	s.complete(t, grandkid)
+	s.complete(t, kid)
+	type said struct {
+		Task struct {
+			ID     string        `json:"id"`
+			Status bgtask.Status `json:"status"`
+		} `json:"task"`
+		Was bgtask.Status `json:"was"`
+		Top string        `json:"top"`
+	}
+	var got []said
+	for len(got) == 0 || got[len(got)-1].Task.ID != kid.ID || got[len(got)-1].Task.Status != bgtask.StatusCompleted {
+		e := st.mustNext(t)
+		if e.kind != "change" {
+			continue
+		}
+		var c said
+		require.NoError(t, json.Unmarshal([]byte(e.data), &c))
+		got = append(got, c)
+	}
+	first := got[0]
+	assert.Equal(t, grandkid.ID, first.Task.ID)
+	assert.Empty(t, first.Was, "new to the stream")
+	for _, c := range got {
+		assert.Equal(t, root.ID, c.Top, "%s's top is the root", c.Task.ID)
+		if c.Task.ID == grandkid.ID && c.Task.Status == bgtask.StatusCompleted {
+			assert.Equal(t, bgtask.StatusRunning, c.Was)
+		}
+	}
+	last := got[len(got)-1]
+	assert.Equal(t, bgtask.StatusRunning, last.Was, "the kid was running before it completed")
+}

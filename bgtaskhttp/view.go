@@ -31,10 +31,11 @@ var viewFiles embed.FS
 // as at 10: a page of roots, each with a bounded number of children shown
 // (a link to the rest), and levels past the second loaded when opened.
 const (
-	rootsPerPage  = 30
-	kidsShown     = 12
+	rootsPerPage = 30
+	kidsShown    = 12  // children shown under a row at most…
+	rowsPerPage  = 240 // … fewer when the roots shown would make more rows than this
+
 	matchesShown  = 100
-	promptShown   = 240
 	errorShown    = 200
 	detailPrompt  = 8 << 10
 	openLevels    = 2 // levels shown open: the roots and their children
@@ -492,6 +493,7 @@ type paint struct {
 	now  time.Time
 	acts bool
 	src  Source // whether it offers extend (Extendable)
+	kids int    // children shown under a row (0: kidsShown)
 }
 
 // flat renders n alone, its children collapsed, as a top row.
@@ -517,8 +519,12 @@ func (p paint) rowOf(n *node, depth int) row {
 		r.Closed = n.size
 		return r
 	}
+	shown := p.kids
+	if shown <= 0 {
+		shown = kidsShown
+	}
 	for i, k := range n.kids {
-		if i == kidsShown {
+		if i == shown {
 			r.More = len(n.kids) - i
 			break
 		}
@@ -568,6 +574,9 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	if f.Page > 0 && from == len(list) {
 		v.fail(w, http.StatusNotFound, fmt.Errorf("%w: there is no page %d (%d on it)", bgtask.ErrInvalidArgument, f.Page, len(list)))
 		return
+	}
+	if n := to - from; n > 0 { // the page's rows stay within rowsPerPage
+		pt.kids = max(1, min(kidsShown, (rowsPerPage-n)/n))
 	}
 	for _, n := range list[from:to] {
 		var rw row

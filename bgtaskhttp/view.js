@@ -6,10 +6,15 @@
 const $ = (sel, root = document) => root.querySelector(sel);
 const $$ = (sel, root = document) => [...root.querySelectorAll(sel)];
 
-// Live refresh: any change on the stream re-renders the page as the
-// server sees it, at most once a second, keeping opened subtrees open.
+// Live refresh: a change the page shows re-renders it as the server sees
+// it, at most once a second, keeping opened subtrees open. A change it
+// does not show costs the server nothing: the page tells from the change
+// itself (its task, the status it had, the top of its tree) and moves its
+// counts on by itself.
 let timer = 0, inflight = false, again = false;
 function schedule() {
+  const html = document.documentElement; // counts the refreshes asked for: what a test reads
+  html.dataset.asked = String(Number(html.dataset.asked || 0) + 1);
   if (timer || inflight) { again = true; return; }
   timer = setTimeout(refresh, 1000);
 }
@@ -35,17 +40,74 @@ async function refresh() {
   if (again) { again = false; schedule(); }
 }
 
-// concerns says whether a change may show on this page: any change on
-// the tree; on a task's detail page, only the task's own changes and
-// those of the tasks its sessions launched (a detail page may read the
-// whole journal: it is not refreshed for others).
+// counted moves the header's counts on by one change the page was not
+// rendered with: the status its task left, and the one it took.
+function counted(c, t) {
+  const main = $("#main");
+  if (!main || !(c.seq > Number(main.dataset.seq)) || c.was === t.status) return;
+  const bump = (status, by) => {
+    const b = status && $(`#counts a.count.${CSS.escape(status)} b`);
+    if (b) { b.textContent = String(Number(b.textContent) + by); }
+  };
+  bump(c.was, -1);
+  bump(t.status, 1);
+  const total = $("#counts .total");
+  if (!c.was && total) { total.textContent = `${parseInt(total.textContent, 10) + 1} tasks`; }
+}
+
+// shows says whether the page shows a task of this id (a row), or one
+// whose session is this one.
+const shows = id => !!id && !!$(`[data-id="${CSS.escape(id)}"]`);
+const showsSession = s => !!s && !!$(`li.task[data-session="${CSS.escape(s)}"]`);
+let chartsAt = 0;
+
+// concerns says whether a change may show on this page. The tree: a
+// change of a task it shows, of one launched from a session it shows, of
+// one in the tree of a top row it shows; a new top row (or one whose
+// status changed: the order is by status); with filters, a task entering
+// or leaving them. A task's detail page: the task's own changes and those
+// of the tasks its sessions launched (it may read the whole journal: it is
+// not refreshed for others). The table: a row it shows, a new task, a
+// status changed (its sorting and filters). The charts: at most every ten
+// seconds.
 function concerns(e) {
   const main = $("#main");
-  if (!main || !main.dataset.task) return true;
-  try {
-    const t = JSON.parse(e.data).task || {};
+  if (!main) return false;
+  let c, t;
+  try { c = JSON.parse(e.data); t = c.task || {}; } catch (err) { return true; }
+  counted(c, t);
+  if (main.dataset.task) {
     return t.id === main.dataset.task || (main.dataset.sessions || "").split(" ").includes(t.parentSessionID);
-  } catch (err) { return true; }
+  }
+  switch (main.dataset.mode) {
+    case "charts":
+      if (Date.now() - chartsAt < 10000) return false;
+      chartsAt = Date.now();
+      return true;
+    case "table":
+      return shows(t.id) || !c.was || c.was !== t.status;
+    case "tree":
+      break;
+    default:
+      return true;
+  }
+  if (shows(t.id) || shows(c.top) || showsSession(t.parentSessionID)) return true;
+  const d = main.dataset;
+  if (d.parent) return t.parentSessionID === d.parent || t.id === d.parent;
+  if (d.statuses || d.q) {
+    const st = (d.statuses || "").split(" ");
+    if (d.statuses && !st.includes(t.status) && !st.includes(c.was)) return false;
+    return !d.q || matches(t, d.q);
+  }
+  return (t.depth || 1) <= 1 && c.was !== t.status; // a new top row, or one that moves
+}
+
+// matches is the search's test (the server's filter.matches): an id or
+// its prefix, or the text in the description or a metadata value.
+function matches(t, q) {
+  const l = q.toLowerCase(), has = s => (s || "").toLowerCase().includes(l);
+  return (t.id || "").toLowerCase().startsWith(l) || has(t.description) || has(t.agent) ||
+    Object.entries(t.metadata || {}).some(([k, v]) => has(k) || has(v) || `${k}=${v}`.toLowerCase() === l);
 }
 
 // The header says how the page follows the service: "connecting…" until
@@ -134,7 +196,12 @@ document.addEventListener("toggle", async (e) => {
   d.dataset.loaded = "1";
   try {
     const r = await fetch(`/view/children?id=${encodeURIComponent(d.dataset.lazy)}`);
-    if (r.ok) { $("ul.kids", d).innerHTML = await r.text(); }
+    if (r.ok) {
+      const kids = document.createElement("ul");
+      kids.className = "kids";
+      kids.innerHTML = await r.text();
+      ($("a.more", d) || $("ul.kids", d) || d.lastChild).replaceWith(kids);
+    }
     else { delete d.dataset.loaded; }
   } catch (err) { delete d.dataset.loaded; }
 }, true);
@@ -154,7 +221,9 @@ let pending = null;
 document.addEventListener("click", (e) => {
   const b = e.target.closest("button[data-action]");
   if (!b) return;
-  pending = { action: b.dataset.action, id: b.dataset.id, count: b.dataset.count };
+  // A row's buttons name no task: theirs is the row's.
+  const id = b.dataset.id ?? b.closest("li.task")?.dataset.id;
+  pending = { action: b.dataset.action, id, count: b.dataset.count };
   const dlg = $("#confirm");
   $(".ask", dlg).textContent = asks[pending.action](pending.id, pending.count);
   $(".answer", dlg).textContent = "";

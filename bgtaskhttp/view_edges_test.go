@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"html"
 	"net/http/httptest"
 	"net/url"
@@ -157,4 +158,30 @@ func TestARootShowsWhatItsTreeUsed(t *testing.T) {
 	assert.Equal(t, "tree of 2 tasks: 1200 tokens · 2 requests · cost 2.00", k.Spend)
 	_, body, _ = s.get(t, "/view/task?id="+url.QueryEscape(root.ID))
 	assert.True(t, strings.Contains(body, `<dt>tree usage</dt><dd class="tree-usage">1310 tokens (1100 in, 210 out), 3 requests, cost 2.10, of 3 tasks`), body)
+}
+
+// A page renders a bounded number of rows, whatever the tasks: with a
+// full page of roots, each shows fewer children (and a link to the
+// rest); with few roots, each shows up to twelve.
+func TestAPageRendersABoundedNumberOfRows(t *testing.T) {
+	s := newSvc(t, bgtaskhttp.Options{})
+	var roots []bgtask.Task
+	for r := range 30 {
+		root := s.launchUnder(t, fmt.Sprint("chat-", r), fmt.Sprint("root ", r), nil)
+		roots = append(roots, root)
+		for k := range 12 {
+			s.launchUnder(t, root.SessionID, fmt.Sprintf("kid %d.%d", r, k), nil)
+		}
+	}
+	_, body, _ := s.get(t, "/")
+	rows := rowsOf(t, body)
+	assert.LessOrEqual(t, len(rows), 240)
+	assert.Equal(t, 30+30*7, len(rows), "7 children of each of 30 roots")
+	assert.Equal(t, 30, strings.Count(body, ">5 more</a>"), "each root links to the rest")
+
+	_, body, _ = s.get(t, "/?parent="+roots[0].SessionID) // one task's children: a flat page of them
+	assert.Len(t, rowsOf(t, body), 12)
+	_, body, _ = s.get(t, "/view/task?id="+roots[0].ID)
+	assert.Contains(t, body, roots[0].ID)
+	assert.Equal(t, 12, strings.Count(body, `data-depth="1"`), "a task's own page shows its twelve children")
 }

@@ -70,7 +70,7 @@ func (v *view) table(w http.ResponseWriter, r *http.Request) {
 			out.Tasks[i] = *row.Task
 		}
 		w.Header().Set("Content-Disposition", `attachment; filename="bgtask-tasks.json"`)
-		writeJSON(w, http.StatusOK, out)
+		writeBig(w, r, out)
 		return
 	}
 	rows, total := tableOf(snap.Tasks, q, now)

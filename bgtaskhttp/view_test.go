@@ -425,57 +425,6 @@ func TestThePageAssetsAreServed(t *testing.T) {
 	}
 }
 
-// BenchmarkThePageAt10000Tasks renders the first page of a tree of
-// 10,000 tasks (100 roots, each with 9 children of 10 each).
-func BenchmarkThePageAt10000Tasks(b *testing.B) {
-	host := bgtasktest.NewHost()
-	m := testkit.MustOpen(host, bgtask.WithIDs(bgtask.SequentialIDs()))
-	host.Attach(m)
-	defer func() { _ = m.Shutdown(context.Background()) }()
-	h := bgtaskhttp.Handler(m, bgtaskhttp.Options{})
-	ctx := context.Background()
-	launch := func(parent string) bgtask.Task {
-		task, err := m.Launch(ctx, bgtask.Spec{ParentSessionID: parent, Prompt: "work", Models: []bgtask.Model{{ID: "m"}}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		task, err = bgtasktest.WaitStatus(ctx, m, task.ID, bgtask.StatusRunning)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return task
-	}
-	for r := range 100 {
-		root := launch(fmt.Sprint("chat-", r))
-		for range 9 {
-			kid := launch(root.SessionID)
-			for range 10 {
-				launch(kid.SessionID)
-			}
-		}
-	}
-	if n := len(m.Snapshot().Tasks); n != 10_000 {
-		b.Fatalf("%d tasks", n)
-	}
-	b.ResetTimer()
-	for b.Loop() {
-		w := &discard{h: http.Header{}}
-		h.ServeHTTP(w, &http.Request{Method: http.MethodGet, URL: &url.URL{Path: "/"}, Host: "127.0.0.1", Header: http.Header{}})
-		if w.code != http.StatusOK && w.code != 0 {
-			b.Fatalf("status %d", w.code)
-		}
-	}
-}
-
-type discard struct {
-	h    http.Header
-	code int
-}
-
-func (d *discard) Header() http.Header         { return d.h }
-func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discard) WriteHeader(code int)        { d.code = code }
-
 // With a file journal, the detail page shows a task's records from the
 // journal (Manager.History), with the restart between its start and its
 // end marked; GET /tasks/{id}/history and Client.History give the same.
