@@ -109,6 +109,15 @@ func (n *Node) Extend(ctx context.Context, id, prompt string) (int, error) {
 	return a.Invocation, err
 }
 
+// TakesPrompts says whether this process's Host takes prompts
+// (bgtask.Prompter): what Extend needs. A fleet's processes run one kind
+// of host, so a fleet's view offers extend on another process's running
+// task where this one's host takes prompts (the owner says, if not).
+func (n *Node) TakesPrompts() bool {
+	_, ok := n.o.Host.(bgtask.Prompter)
+	return ok
+}
+
 // stopElsewhere is Node.Stop of one task or run that no Manager of this
 // node holds: the owner records the stop, and this waits, unless
 // t.NoWait, until the run it stopped has ended.

@@ -5,10 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,42 +15,10 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
+	"github.com/bgtask/bgtask/bgtaskhttp/viewtest/browser"
 	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/bgtask/bgtask/internal/testkit"
 )
-
-// chromium finds the browser to drive.
-func chromium(t testing.TB) string {
-	for _, p := range []string{os.Getenv("BGTASK_CHROMIUM"), "chromium", "chromium-browser"} {
-		if p == "" {
-			continue
-		}
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	if os.Getenv("BGTASK_BROWSER_TEST") == "1" {
-		t.Fatal("no Chromium found (BGTASK_CHROMIUM, chromium, chromium-browser), and BGTASK_BROWSER_TEST=1")
-	}
-	t.Skip("no Chromium: set BGTASK_CHROMIUM, or install chromium")
-	return ""
-}
-
-// openTab starts a headless browser (flags that keep it off the network)
-// and returns a tab of it, both closed when the test ends.
-func openTab(t testing.TB, ctx context.Context, browser string) context.Context {
-	alloc, stopAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Headless, chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.NoFirstRun,
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1200, 900))...)
-	tab, closeTab := chromedp.NewContext(alloc)
-	t.Cleanup(func() {
-		closeTab()
-		stopAlloc()
-	})
-	return tab
-}
 
 // serve starts a Manager on a scripted host and serves it with o, all
 // stopped when the test ends.
@@ -71,33 +35,18 @@ func serve(t testing.TB, o bgtaskhttp.Options) (*bgtask.Manager, *bgtasktest.Hos
 	return m, host, srv
 }
 
-// run runs one browser action and returns its result.
+// The browser's helpers, by their short names.
+var (
+	chromium   = browser.Chromium
+	openTab    = browser.OpenTab
+	shot       = browser.Shot
+	firstPaint = browser.FirstPaint
+)
+
+// run runs one browser action and returns its result (browser.Run).
 func run[T any](t testing.TB, tab context.Context, a chromedp.Action[T]) T {
 	t.Helper()
-	v, err := chromedp.Run(tab, a)
-	require.NoError(t, err)
-	return v
-}
-
-// shot saves a screenshot of the tab as an artifact (BGTASK_ARTIFACTS, or
-// the test's directory).
-func shot(t testing.TB, tab context.Context, name string) {
-	t.Helper()
-	var png []byte
-	if strings.HasPrefix(name, "screen-") { // what the window shows, as a PNG
-		png = run(t, tab, chromedp.CaptureScreenshot())
-	} else { // the whole page, as a JPEG
-		png = run(t, tab, chromedp.FullScreenshot(85))
-		name = strings.TrimSuffix(name, ".png") + ".jpg"
-	}
-	dir := os.Getenv("BGTASK_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	path := filepath.Join(dir, name)
-	require.NoError(t, os.WriteFile(path, png, 0o644))
-	t.Logf("screenshot: %s (%d bytes)", path, len(png))
-	assert.Greater(t, len(png), 10_000, "a page, not a blank")
+	return browser.Run(t, tab, a)
 }
 
 // row is the CSS selector of a task's row.
@@ -328,47 +277,6 @@ func TestTheLiveViewAt10000Tasks(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 90+9, stopped)
-}
-
-// BenchmarkFirstPaintAt10000Tasks loads the live view of 10,000 tasks in
-// headless Chromium, once per iteration, and reports the browser's first
-// contentful paint (ms/paint: the mean; min-ms/paint: the fastest load,
-// the page's own cost, since what else the machine runs only adds time).
-// The target is under a second on a quiet two-core machine:
-//
-//	cd bgtaskhttp/viewtest && go test -run '^$' -bench FirstPaint -benchtime 5x .
-func BenchmarkFirstPaintAt10000Tasks(b *testing.B) {
-	p := tenThousand(b, 10*time.Minute)
-	tab, srv := p.tab, p.srv
-	run(b, tab, chromedp.Navigate(srv.URL+"/")) // the renderer starts: not counted
-	var paints []float64
-	b.ResetTimer()
-	for b.Loop() {
-		run(b, tab, chromedp.Navigate(srv.URL+"/"))
-		paints = append(paints, run(b, tab, firstPaint()))
-	}
-	var sum float64
-	for _, p := range paints {
-		sum += p
-	}
-	b.ReportMetric(sum/float64(len(paints)), "ms/paint")
-	b.ReportMetric(slices.Min(paints), "min-ms/paint")
-}
-
-// firstPaint is the page's first contentful paint (ms from its
-// navigation), as the browser measured it: it waits for the browser to
-// report it, which may come after the load that chromedp.Navigate waits
-// for.
-func firstPaint() chromedp.Action[float64] {
-	return chromedp.Evaluate[float64](`new Promise(resolve => {
-		const fcp = list => list.find(e => e.name === "first-contentful-paint");
-		const seen = fcp(performance.getEntriesByType("paint"));
-		if (seen) return resolve(seen.startTime);
-		new PerformanceObserver((list, o) => {
-			const e = fcp(list.getEntries());
-			if (e) { o.disconnect(); resolve(e.startTime); }
-		}).observe({type: "paint", buffered: true});
-	})`, chromedp.EvalAwaitPromise)
 }
 
 func mustTask(t testing.TB, m *bgtask.Manager, id string) bgtask.Task {

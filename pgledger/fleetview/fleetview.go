@@ -349,8 +349,8 @@ func (v *View) Extend(ctx context.Context, id, prompt string) (int, error) {
 
 // Extendable says whether task id could take a prompt now: its owner's
 // Manager says so for a task of this process; another process's task
-// must run, on a session, with no stop asked (whether its host takes
-// prompts, its owner answers).
+// must run, on a session, with no stop asked, and this process's host
+// take prompts (Node.TakesPrompts: a fleet runs one kind of host).
 func (v *View) Extendable(id string) bool {
 	for _, m := range v.node.Managers() {
 		if _, err := m.Task(id); err == nil {
@@ -358,7 +358,7 @@ func (v *View) Extendable(id string) bool {
 		}
 	}
 	t, err := v.Task(id)
-	return err == nil && t.Status == bgtask.StatusRunning && t.SessionID != "" && t.Stop == nil
+	return err == nil && t.Status == bgtask.StatusRunning && t.SessionID != "" && t.Stop == nil && v.node.TakesPrompts()
 }
 
 // Health is the node's own Manager's.

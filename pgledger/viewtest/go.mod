@@ -1,0 +1,31 @@
+module github.com/bgtask/bgtask/pgledger/viewtest
+
+go 1.25.0
+
+replace (
+	github.com/bgtask/bgtask => ../..
+	github.com/bgtask/bgtask/bgtaskhttp/viewtest => ../../bgtaskhttp/viewtest
+	github.com/bgtask/bgtask/pgledger => ..
+)
+
+require (
+	github.com/bgtask/bgtask v0.0.0
+	github.com/bgtask/bgtask/bgtaskhttp/viewtest v0.0.0-00010101000000-000000000000
+	github.com/bgtask/bgtask/pgledger v0.0.0-00010101000000-000000000000
+	github.com/chromedp/chromedp v0.24.0
+	github.com/jackc/pgx/v5 v5.13.0
+	github.com/stretchr/testify v1.12.1
+)
+
+require (
+	github.com/chromedp/cdproto v0.160.1 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/google/uuid v1.3.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
