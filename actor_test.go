@@ -105,3 +105,65 @@ func TestAnActorWithACause(t *testing.T) {
 		assert.True(t, strings.HasSuffix(c.String(), "("+c.Actor+")"), c.String())
 	}
 }
+
+// The context names who acts for calls that take no Target: Extend
+// records the actor with the invocation (across a restart), and Stop
+// with no Target.Actor records the context's. An actor that is not one
+// line of printable text is made one.
+func TestTheContextNamesWhoActs(t *testing.T) {
+	assert.Equal(t, "carol", ActorOf(WithActor(context.Background(), " carol\n")))
+	assert.Equal(t, "a b", ActorOf(WithActor(context.Background(), "a\x1f\x00 b")), "the separator and controls dropped")
+	long := ActorOf(WithActor(context.Background(), strings.Repeat("é", 150)))
+	assert.Len(t, long, 200, "cut at a character's boundary")
+	assert.Equal(t, strings.Repeat("é", 100), long)
+	assert.Empty(t, ActorOf(context.Background()))
+	//lint:ignore SA1012 a nil context names no one
+	assert.Empty(t, ActorOf(nil))
+
+	dir := t.TempDir()
+	answer := func(ctx context.Context, run Run) (string, error) {
+		for {
+			select {
+			case <-run.Prompts(): // taken: admitted
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		}
+	}
+	j1, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	m1, err := Open(context.Background(), NewFuncHost(answer), WithJournal(j1))
+	require.NoError(t, err)
+	task, err := m1.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}})
+	require.NoError(t, err)
+	waitStatus(t, m1, task.ID, StatusRunning)
+	n, err := m1.Extend(WithActor(context.Background(), "dave"), task.ID, "and this")
+	require.NoError(t, err)
+	got, err := m1.Task(task.ID)
+	require.NoError(t, err)
+	require.Len(t, got.Invocations, 2)
+	assert.Equal(t, n, got.Invocations[1].N)
+	assert.Equal(t, "dave", got.Invocations[1].Actor)
+	assert.Empty(t, got.Invocations[0].Actor, "the launch prompt: no one in particular")
+	require.NoError(t, m1.Shutdown(context.Background()))
+
+	j2, err := OpenFileJournal(dir)
+	require.NoError(t, err)
+	m2, err := Open(context.Background(), NewFuncHost(answer), WithJournal(j2))
+	require.NoError(t, err)
+	defer func() { _ = m2.Shutdown(context.Background()) }()
+	got, err = m2.Task(task.ID)
+	require.NoError(t, err)
+	require.Len(t, got.Invocations, 2)
+	assert.Equal(t, "dave", got.Invocations[1].Actor, "across a restart")
+
+	other, err := m2.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}})
+	require.NoError(t, err)
+	waitStatus(t, m2, other.ID, StatusRunning)
+	_, err = m2.Stop(WithActor(context.Background(), "erin"), Target{Task: other.ID})
+	require.NoError(t, err)
+	got, err = m2.Task(other.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.Stop)
+	assert.Equal(t, "erin", got.Stop.Actor, "the context's actor, as no Target named one")
+}

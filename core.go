@@ -76,6 +76,7 @@ type (
 		e       *entry
 		prompt  string
 		notice  string // rides the invocation's answer
+		actor   string // who asked (WithActor)
 		done    bool
 		hostErr error
 		req     PromptRequest      // admit: what to send

@@ -82,7 +82,7 @@ func (m *Manager) extend(ctx context.Context, taskID, prompt, notice string) (in
 	if ctx.Done() != nil { // a caller that can give up
 		defer context.AfterFunc(ctx, cancel)()
 	}
-	in := extendIn{e: e, prompt: prompt, notice: notice, cancel: cancel}
+	in := extendIn{e: e, prompt: prompt, notice: notice, actor: ActorOf(ctx), cancel: cancel}
 	if err := m.step(&in); err != nil { // it records nothing: the admission is recorded once the host took the prompt
 		return 0, err
 	}
@@ -639,7 +639,7 @@ func (m *Manager) onExtend(in *extendIn) (int, error) {
 	case e.terminal() || a.Token != in.req.Token:
 		return 0, fmt.Errorf("%w: the run of task %s ended before the prompt was admitted", ErrNotRunning, e.id)
 	}
-	inv := Invocation{N: in.req.Invocation, Prompt: in.prompt, AdmittedAt: now, Notice: in.notice}
+	inv := Invocation{N: in.req.Invocation, Prompt: in.prompt, AdmittedAt: now, Notice: in.notice, Actor: in.actor}
 	if !m.commit(e, record{kind: recInvocationAdmitted, task: e.id, at: now, attempt: *a, inv: &inv}) {
 		return 0, fmt.Errorf("%w: the ledger refused the invocation", ErrNotRunning)
 	}

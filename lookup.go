@@ -32,6 +32,7 @@ type Query struct {
 	Parent string // only tasks launched from this session; "": any
 	Root   string // only tasks of the tree under this session (Task.Root), at any depth; "": any
 	// Statuses, if set, keeps tasks in any of these statuses; none: any.
+	// A value that is no status is ErrInvalidArgument.
 	Statuses []Status
 	// Metadata keeps tasks whose Spec.Metadata has every one of these
 	// key/value pairs.
@@ -89,8 +90,14 @@ func (m *Manager) Tasks(q Query) (Page, error) {
 	return p, nil
 }
 
-// limit is q's page size, or why it is none.
+// limit is q's page size, or what is wrong with q: a Limit out of
+// range, or a status that is none (it would select nothing, silently).
 func (q *Query) limit() (int, error) {
+	for _, s := range q.Statuses {
+		if !s.Live() && !s.Terminal() {
+			return 0, fmt.Errorf("%w: Query.Statuses: %q is no status (pending, running, completed, error, cancelled, interrupt)", ErrInvalidArgument, s)
+		}
+	}
 	switch {
 	case q.Limit == 0:
 		return 100, nil

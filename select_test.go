@@ -72,7 +72,7 @@ func TestSelectPagesAsTasksDoes(t *testing.T) {
 		}
 		assert.Equal(t, want, got, "%+v: every task it selects, once, in launch order", q)
 	}
-	for _, bad := range []bgtask.Query{{Limit: -1}, {Limit: 1001}, {After: "no-such-task"}} {
+	for _, bad := range []bgtask.Query{{Limit: -1}, {Limit: 1001}, {After: "no-such-task"}, {Statuses: []bgtask.Status{bgtask.StatusRunning, "bogus"}}, {Statuses: []bgtask.Status{""}}} {
 		_, err := bad.Select(snap.Tasks)
 		assert.ErrorIs(t, err, bgtask.ErrInvalidArgument, "%+v", bad)
 		_, err2 := m.Tasks(bad)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/bgtask/bgtask/internal/callq"
 )
@@ -309,8 +310,9 @@ type Target struct {
 	// ends cancelled, whatever its kind. A closure (Tree, Session) records
 	// its own cause: Cause is refused with them.
 	Cause *StopCause
-	// Actor, when set, names who acted (an operator's identity: bgtaskhttp
-	// sets the one its Authorize accepted). It is recorded with the stop:
+	// Actor, when set, names who acted (an operator's identity); "": the
+	// actor Stop's context names (WithActor: bgtaskhttp names the one its
+	// Authorize accepted so), if any. It is recorded with the stop:
 	// StopCause.Actor of each task it stops, and ClosureReport.Actor of a
 	// closure. One line of printable text, at most 200 bytes.
 	Actor string
@@ -318,6 +320,37 @@ type Target struct {
 
 // maxActor bounds Target.Actor.
 const maxActor = 200
+
+type actorKey struct{}
+
+// WithActor returns ctx naming who acts — an operator's identity — for
+// the calls made with it: Extend records the actor (Invocation.Actor),
+// and Stop when its Target names none (Target.Actor). bgtaskhttp names so
+// the actor its Authorize accepted. An actor that is not one line of
+// printable text of at most 200 bytes is made one: its other characters
+// dropped, cut at a character's boundary.
+func WithActor(ctx context.Context, actor string) context.Context {
+	actor = strings.TrimSpace(strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return -1
+		}
+		return r
+	}, actor))
+	for len(actor) > maxActor {
+		_, n := utf8.DecodeLastRuneInString(actor)
+		actor = actor[:len(actor)-n]
+	}
+	return context.WithValue(orBackground(ctx), actorKey{}, strings.TrimSpace(actor))
+}
+
+// ActorOf is the actor ctx names (WithActor), or "".
+func ActorOf(ctx context.Context) string {
+	if ctx == nil {
+		return ""
+	}
+	a, _ := ctx.Value(actorKey{}).(string)
+	return a
+}
 
 // Validate says what is wrong with t, if anything (ErrInvalidArgument):
 // the rules Manager.Stop, pgledger's Node.Stop and bgtaskhttp's
@@ -379,6 +412,9 @@ func (t Target) Validate() error {
 // context is no such case.
 func (m *Manager) Stop(ctx context.Context, t Target) (ClosureReport, error) {
 	ctx = orBackground(ctx)
+	if t.Actor == "" {
+		t.Actor = ActorOf(ctx)
+	}
 	if err := t.Validate(); err != nil {
 		return ClosureReport{}, err
 	}

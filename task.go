@@ -138,6 +138,9 @@ type Invocation struct {
 	// Notice is a fact of its admission that rides its answer (a Launch
 	// whose key the task held, made an Extend by ExtendLive).
 	Notice string `json:"notice,omitempty"`
+	// Actor is who asked for it, when the Extend's context named them
+	// (WithActor): an operator's identity.
+	Actor string `json:"actor,omitempty"`
 	// Answer is set once the invocation was answered; answers are released
 	// in invocation order, each exactly once.
 	Answer *Answer `json:"answer,omitempty"`

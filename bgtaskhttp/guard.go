@@ -14,8 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/bgtask/bgtask"
 )
@@ -70,39 +68,16 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, errUnauthorized) // the reason stays on the server
 			return
 		}
-		if actor = actorText(actor); actor != "" {
-			r = r.WithContext(context.WithValue(r.Context(), actorKey{}, actor))
+		if ctx := bgtask.WithActor(r.Context(), actor); bgtask.ActorOf(ctx) != "" {
+			r = r.WithContext(ctx) // every action records it: a stop's Target.Actor, an Extend's Invocation.Actor
 		}
 	}
 	g.next.ServeHTTP(w, r)
 }
 
-// actorKey keys the actor Authorize named in a request's context.
-type actorKey struct{}
-
 // actorOf is who asks request r, as Options.Authorize named them ("":
-// no one named).
-func actorOf(r *http.Request) string {
-	a, _ := r.Context().Value(actorKey{}).(string)
-	return a
-}
-
-// actorText is a, made one line of printable text of 200 bytes at most
-// (bgtask.Target.Actor's rule): its other characters dropped, spaces
-// trimmed, cut at a character's boundary.
-func actorText(a string) string {
-	a = strings.TrimSpace(strings.Map(func(r rune) rune {
-		if !unicode.IsPrint(r) {
-			return -1
-		}
-		return r
-	}, a))
-	for len(a) > 200 {
-		_, n := utf8.DecodeLastRuneInString(a)
-		a = a[:len(a)-n]
-	}
-	return strings.TrimSpace(a)
-}
+// no one in particular), made one line of printable text (WithActor).
+func actorOf(r *http.Request) string { return bgtask.ActorOf(r.Context()) }
 
 // allows reports whether a request to the host name may be served.
 func (g *guard) allows(name string) bool {

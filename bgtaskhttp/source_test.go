@@ -99,3 +99,15 @@ func TestANilSourceIsRefused(t *testing.T) {
 	assert.PanicsWithValue(t, "bgtaskhttp: Handler of a nil Source", func() { bgtaskhttp.Handler(m, bgtaskhttp.Options{}) })
 	assert.PanicsWithValue(t, "bgtaskhttp: View of a nil Source", func() { bgtaskhttp.View(m, bgtaskhttp.Options{}) })
 }
+
+// An extend made over HTTP records who asked: the actor Authorize named.
+func TestAnExtendRecordsWhoAsked(t *testing.T) {
+	s := newSvcOf(t, bgtaskhttp.Options{Authorize: func(*http.Request) (string, error) { return "ops@example\n", nil }}, true)
+	task := s.running(t, "chat")
+	n, err := s.c.Extend(s.ctx, task.ID, "one more thing")
+	require.NoError(t, err)
+	got, err := s.m.Task(task.ID)
+	require.NoError(t, err)
+	require.Len(t, got.Invocations, n)
+	assert.Equal(t, "ops@example", got.Invocations[n-1].Actor)
+}

@@ -78,6 +78,7 @@ type wireTarget struct {
 type wireExtend struct {
 	Task   string `json:"task"`
 	Prompt string `json:"prompt"`
+	Actor  string `json:"actor,omitempty"` // who asked (bgtask.WithActor)
 }
 
 // wireAnswer is the owner's answer to an ask.
@@ -105,7 +106,7 @@ func (n *Node) Extend(ctx context.Context, id, prompt string) (int, error) {
 	if id == "" || prompt == "" {
 		return n.Manager().Extend(ctx, id, prompt) // its own refusal of a blank argument
 	}
-	a, err := n.ask(ctx, id, wireAsk{Extend: &wireExtend{Task: id, Prompt: prompt}})
+	a, err := n.ask(ctx, id, wireAsk{Extend: &wireExtend{Task: id, Prompt: prompt, Actor: bgtask.ActorOf(ctx)}})
 	return a.Invocation, err
 }
 
@@ -221,7 +222,7 @@ func (n *Node) act(ctx context.Context, mb *member, a wireAsk) wireAnswer {
 	case a.Stop != nil:
 		out.Report, err = mb.m.Stop(ctx, bgtask.Target{Task: a.Stop.Task, Run: a.Stop.Run, Cause: a.Stop.Cause, Actor: a.Stop.Actor, NoWait: true})
 	case a.Extend != nil:
-		out.Invocation, err = mb.m.Extend(ctx, a.Extend.Task, a.Extend.Prompt)
+		out.Invocation, err = mb.m.Extend(bgtask.WithActor(ctx, a.Extend.Actor), a.Extend.Task, a.Extend.Prompt)
 	default:
 		err = fmt.Errorf("%w: an ask of nothing this node knows", bgtask.ErrInvalidArgument)
 	}

@@ -383,6 +383,9 @@ func (n *Node) Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport,
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	if t.Actor == "" {
+		t.Actor = bgtask.ActorOf(ctx)
+	}
 	if err := t.Validate(); err != nil {
 		return bgtask.ClosureReport{}, err
 	}

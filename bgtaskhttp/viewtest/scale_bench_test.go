@@ -25,15 +25,18 @@ import (
 //   - ms/paint, min-ms/paint: the browser's first contentful paint (the
 //     mean, and the fastest load: the page's own cost, since what else
 //     the machine runs only adds time). Target: under a second.
+//
 //   - html-bytes: the page's HTML. Target: at most 300 KB.
+//
 //   - renders/change: the page renders the server made while 1,000
 //     changes of tasks the page does not show went by (each a line of
 //     progress of a task of a tree on another page). Target: none.
+//
 //   - µs/change/page: the server's CPU for each such change with the
 //     page open, less what it costs with no page open (the stream's
 //     share). Target: at most 2 ms.
 //
-//	cd bgtaskhttp/viewtest && go test -run '^$' -bench TheViewAtScale -benchtime 5x -timeout 30m .
+//     cd bgtaskhttp/viewtest && go test -run '^$' -bench TheViewAtScale -benchtime 5x -timeout 30m .
 func BenchmarkTheViewAtScale(b *testing.B) {
 	browser := chromium(b)
 	for _, roots := range []int{100, 1000} {

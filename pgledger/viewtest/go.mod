@@ -12,13 +12,13 @@ require (
 	github.com/bgtask/bgtask v0.0.0
 	github.com/bgtask/bgtask/bgtaskhttp/viewtest v0.0.0-00010101000000-000000000000
 	github.com/bgtask/bgtask/pgledger v0.0.0-00010101000000-000000000000
-	github.com/chromedp/chromedp v0.24.0
-	github.com/jackc/pgx/v5 v5.13.0
+	github.com/chromedp/chromedp v0.23.0
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1
 )
 
 require (
-	github.com/chromedp/cdproto v0.160.1 // indirect
+	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/google/uuid v1.3.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

@@ -1,0 +1,149 @@
+package viewtest
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bgtask/bgtask"
+	"github.com/bgtask/bgtask/bgtaskhttp"
+	"github.com/bgtask/bgtask/bgtaskhttp/viewtest/browser"
+	"github.com/bgtask/bgtask/bgtasktest"
+)
+
+var fleetRoots = flag.Int("fleet.roots", 1000, "BenchmarkTheFleetViewAt100000Tasks's trees (of 100 tasks each)")
+
+// BenchmarkTheFleetViewAt100000Tasks serves a fleet of three processes
+// on one PostgreSQL ledger, 100,000 tasks in trees of 100 that span the
+// processes (a root at one, its 9 children at the next, their 10 children
+// each at the third), through one fleet view, and reports what
+// bgtaskhttp/viewtest's BenchmarkTheViewAtScale does of one Manager:
+// ms/paint and min-ms/paint (first contentful paint, target under a
+// second), html-bytes (target at most 300 KB), renders/change and
+// µs/change/page (the changes of tasks the page does not show: targets
+// none, and at most 2 ms), and open-ms: how long the view took to read
+// the ledger when it opened.
+//
+//	cd pgledger/viewtest && go test -run '^$' -bench FleetViewAt -benchtime 5x -timeout 60m .
+func BenchmarkTheFleetViewAt100000Tasks(b *testing.B) {
+	path := browser.Chromium(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
+	defer cancel()
+	ps := fleet(b, 3)
+	roots := *fleetRoots
+	var mu sync.Mutex
+	var grandkids []struct {
+		p  process
+		id string
+	}
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range work {
+				root := launch(b, ctx, ps[r%3], fmt.Sprint("chat-", r%10), fmt.Sprint("root ", r), true)
+				for k := range 9 {
+					kid := launch(b, ctx, ps[(r+1)%3], root.SessionID, fmt.Sprintf("kid %d.%d", r, k), true)
+					for g := range 10 {
+						gk := launch(b, ctx, ps[(r+2)%3], kid.SessionID, fmt.Sprintf("grandkid %d.%d.%d", r, k, g), false)
+						if r < roots/2 { // the older half: on pages the first does not show
+							mu.Lock()
+							grandkids = append(grandkids, struct {
+								p  process
+								id string
+							}{ps[(r+2)%3], gk.ID})
+							mu.Unlock()
+						}
+					}
+				}
+			}
+		}()
+	}
+	for r := range roots {
+		work <- r
+	}
+	close(work)
+	wg.Wait()
+	opened := time.Now()
+	srv, pages := serveView(b, ctx, ps[0], bgtaskhttp.Options{})
+	openMS := float64(time.Since(opened).Milliseconds())
+	tab := browser.OpenTab(b, ctx, path)
+	browser.Run(b, tab, chromedp.Navigate(srv.URL+"/"))
+	var paints []float64
+	b.ResetTimer()
+	for b.Loop() {
+		browser.Run(b, tab, chromedp.Navigate(srv.URL+"/"))
+		paints = append(paints, browser.Run(b, tab, browser.FirstPaint()))
+	}
+	b.StopTimer()
+	var sum float64
+	for _, p := range paints {
+		sum += p
+	}
+	b.ReportMetric(sum/float64(len(paints)), "ms/paint")
+	b.ReportMetric(slices.Min(paints), "min-ms/paint")
+	b.ReportMetric(openMS, "open-ms")
+	resp, err := http.Get(srv.URL + "/")
+	require.NoError(b, err)
+	html, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	b.ReportMetric(float64(len(html)), "html-bytes")
+
+	// Progress of grandchildren the first page does not show, each at its
+	// owner; then one of them ends: once the page counted it, it had every
+	// change before.
+	const changes = 1000
+	var sessions []struct {
+		p  process
+		id string
+	}
+	for _, g := range grandkids[:200] {
+		t, err := bgtasktest.WaitStatus(ctx, g.p.node.Manager(), g.id, bgtask.StatusRunning)
+		require.NoError(b, err)
+		sessions = append(sessions, struct {
+			p  process
+			id string
+		}{g.p, t.SessionID})
+	}
+	burst := func(from int) {
+		for i := range changes {
+			s := sessions[(from+i)%(len(sessions)-1)]
+			require.NoError(b, s.p.host.Emit(bgtask.Event{SessionID: s.id, Kind: bgtask.SessionBusy, Progress: fmt.Sprint("step ", from+i)}))
+		}
+	}
+	browser.Run(b, tab, chromedp.Navigate("about:blank"))
+	before := cpu()
+	burst(0)
+	alone := cpu() - before
+	browser.Run(b, tab, chromedp.Navigate(srv.URL+"/"))
+	browser.Run(b, tab, chromedp.WaitVisible(`#conn.live`))
+	rendered := pages.Load()
+	completed := browser.Run(b, tab, chromedp.Text(`#counts a.count.completed b`))
+	before = cpu()
+	burst(changes)
+	last := sessions[len(sessions)-1]
+	require.NoError(b, last.p.host.Idle(last.id, "done"))
+	browser.Run(b, tab, chromedp.Poll[bool](`document.querySelector("#counts a.count.completed b").textContent !== "`+completed+`"`, chromedp.WithPollingTimeout(2*time.Minute)))
+	open := cpu() - before
+	b.ReportMetric(float64(pages.Load()-rendered)/changes, "renders/change")
+	b.ReportMetric(float64(max(open-alone, 0).Microseconds())/changes, "µs/change/page")
+}
+
+// cpu is the CPU time this process used so far (user and system).
+func cpu() time.Duration {
+	var u syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &u)
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+}
