@@ -47,7 +47,10 @@
 // The event stream first sends an "event: snapshot" (a bgtask.Snapshot),
 // taken after the subscription began, then an "event: change" for every
 // change (a bgtask.Change) after it, in order, each with the id
-// "epoch:seq". A client that reconnects with that id in Last-Event-ID (or
+// "epoch:seq". A change also says "was", the status its task had before
+// (absent for a task new to the stream), and "top", the task at the top
+// of its tree: what a page needs to tell by itself whether it shows the
+// change, and to keep its counts. A client that reconnects with that id in Last-Event-ID (or
 // in ?lastEventId=, which a page that rendered a snapshot can name on its
 // first connection) gets ": resumed" and no snapshot when it missed
 // nothing the server still holds, and a snapshot when it did (a

@@ -179,8 +179,8 @@ func (n *Node) ask(ctx context.Context, id string, a wireAsk) (wireAnswer, error
 	case !live:
 		return wireAnswer{}, ownerGoneError{task: id, member: owner, since: expires}
 	}
-	if mb := n.live(owner); mb != nil { // taken over by this node since it looked
-		return n.act(ctx, mb, a), nil
+	if mb := n.live(owner); mb != nil { // this node's (taken over since it looked, say)
+		return n.act(ctx, mb, a)
 	}
 	a.ID, a.From = uuid.NewString(), n.o.Member
 	answer := make(chan wireAnswer, 1)
@@ -214,8 +214,8 @@ func (a wireAnswer) err() error {
 	return &wirecode.Error{Text: a.Err, Code: a.Code}
 }
 
-// act makes ask a on mb's Manager, and is its answer.
-func (n *Node) act(ctx context.Context, mb *member, a wireAsk) wireAnswer {
+// act makes ask a on mb's Manager: its answer, and the Manager's error.
+func (n *Node) act(ctx context.Context, mb *member, a wireAsk) (wireAnswer, error) {
 	out := wireAnswer{ID: a.ID}
 	var err error
 	switch {
@@ -230,7 +230,7 @@ func (n *Node) act(ctx context.Context, mb *member, a wireAsk) wireAnswer {
 		out.Err = err.Error()
 		out.Code, _, _ = wirecode.Of(err)
 	}
-	return out
+	return out, err
 }
 
 // answerAsk acts on a, asked of mb, on a goroutine the node owns, and
@@ -239,7 +239,7 @@ func (n *Node) answerAsk(mb *member, a wireAsk) {
 	n.goOwned(func() {
 		ctx, cancel := context.WithTimeout(n.loopCtx, askFor)
 		defer cancel()
-		out := n.act(ctx, mb, a)
+		out, _ := n.act(ctx, mb, a) // the error travels in the answer
 		if err := n.send(ctx, a.From, wireEvent{Answer: &out}); err != nil {
 			n.o.Logger.Warn("pgledger: answering an action asked by another process", "member", a.From, "err", err)
 		}

@@ -206,7 +206,7 @@ func tenThousand(t testing.TB, d time.Duration) bigPage {
 
 // 10,000 tasks in trees: the page paints, and the tree, the filters, the
 // search, the detail page and an action with its confirmation all work
-// at that size. How fast it paints is BenchmarkFirstPaintAt10000Tasks's
+// at that size. How fast it paints is BenchmarkTheViewAtScale's
 // to say: a timed assertion here would fail on a busy machine.
 func TestTheLiveViewAt10000Tasks(t *testing.T) {
 	p := tenThousand(t, 3*time.Minute)

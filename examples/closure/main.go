@@ -82,8 +82,9 @@ func run(ctx context.Context, w io.Writer) error {
 	}
 	defer m.Shutdown(context.Background())
 
+	var early string // task/0's id
 	for i := range 2 {
-		_, err := m.Launch(ctx, bgtask.Spec{
+		t, err := m.Launch(ctx, bgtask.Spec{
 			ParentSessionID: "ses_chat",
 			Description:     fmt.Sprintf("task/%d", i),
 			Prompt:          fmt.Sprintf("task/%d", i),
@@ -92,8 +93,16 @@ func run(ctx context.Context, w io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if i == 0 {
+			early = t.ID
+		}
 	}
 	started.Wait()
+	// task/0 gave up once its children were launched: the closure comes
+	// after its end (else it might be the one to stop it).
+	if _, err := m.Wait(ctx, early); err != nil {
+		return err
+	}
 
 	rep, err := m.Stop(ctx, bgtask.Target{Session: "ses_chat"})
 	if err != nil {

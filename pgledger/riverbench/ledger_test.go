@@ -28,7 +28,7 @@ func runLedger(nodes int) func(ctx context.Context, s *server, p plan) (figures,
 		c := &counter{}
 		pools := make([]*pgxpool.Pool, nodes)
 		for i := range pools {
-			pool, err := s.pool(ctx, ledgerDB, p.conns, c)
+			pool, err := s.pool(ctx, ledgerDB(), p.conns, c)
 			if err != nil {
 				return figures{}, err
 			}

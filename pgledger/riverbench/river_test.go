@@ -39,7 +39,7 @@ func (nothingWorker) Work(context.Context, *river.Job[nothingArgs]) error { retu
 func runRiver(t riverTuning) func(ctx context.Context, s *server, p plan) (figures, error) {
 	return func(ctx context.Context, s *server, p plan) (_ figures, rerr error) {
 		c := &counter{}
-		pool, err := s.pool(ctx, riverDB, p.conns, c)
+		pool, err := s.pool(ctx, riverDB(), p.conns, c)
 		if err != nil {
 			return figures{}, err
 		}

@@ -17,13 +17,23 @@ import (
 
 // dbURL is the database pgtest made for this binary, on the server
 // TestMain started: the floor's. River and pgledger each have a database
-// of their own on the same server (riverDB, ledgerDB).
+// of their own on the same server (riverDB, ledgerDB), named after it,
+// so that runs on one server (BGTASK_PG_URL) keep to their own.
 var dbURL string
 
-const (
-	riverDB  = "riverbench_river"
-	ledgerDB = "riverbench_pgledger"
-)
+// riverDB and ledgerDB are River's and pgledger's databases: the floor's
+// name with _river and _pgledger (pgtest keeps the floor's well under
+// PostgreSQL's 63 bytes).
+func riverDB() string  { return floorDB() + "_river" }
+func ledgerDB() string { return floorDB() + "_pgledger" }
+
+func floorDB() string {
+	cfg, err := pgx.ParseConfig(dbURL)
+	if err != nil || cfg.Database == "" {
+		return "riverbench"
+	}
+	return cfg.Database
+}
 
 // server is the one server of the run, as the measurements see it: an
 // uncounted connection (the probe) that reads the WAL position and runs
@@ -49,7 +59,11 @@ func openServer(ctx context.Context) (*server, error) {
 	}
 	s := &server{probe: probe}
 	created.once.Do(func() {
-		for _, db := range []string{riverDB, ledgerDB} {
+		for _, db := range []string{riverDB(), ledgerDB()} {
+			if len(db) > 63 { // PostgreSQL would cut it, and two could meet
+				created.err = fmt.Errorf("database name %q is over PostgreSQL's 63 bytes: name a shorter database in BGTASK_PG_URL", db)
+				return
+			}
 			name := pgx.Identifier{db}.Sanitize()
 			if _, err := probe.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 				created.err = err
@@ -101,7 +115,7 @@ func (s *server) pool(ctx context.Context, db string, conns int32, c *counter) (
 // right after a checkpoint).
 func (s *server) quiesce(ctx context.Context) error {
 	cfg := s.probe.Config().Copy()
-	for _, db := range []string{cfg.Database, riverDB, ledgerDB} {
+	for _, db := range []string{cfg.Database, riverDB(), ledgerDB()} {
 		one := cfg.Copy()
 		one.Database = db
 		conn, err := pgx.ConnectConfig(ctx, one)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -28,8 +29,14 @@ func TestServerAnswers(t *testing.T) {
 	if err := conn.QueryRow(ctx, "select current_database()").Scan(&db); err != nil {
 		t.Fatal(err)
 	}
-	if db != "pgtest" {
-		t.Fatalf("database %q, want pgtest", db)
+	want := "pgtest" // or, on the server BGTASK_PG_URL names, named after its database
+	if env := os.Getenv(EnvURL); env != "" {
+		if want, err = dbFor(env, "pgtest"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if db != want {
+		t.Fatalf("database %q, want %q", db, want)
 	}
 }
 
