@@ -143,9 +143,7 @@ func (n *Node) untilEnded(ctx context.Context, id string) (bgtask.Status, error)
 	t := time.NewTicker(n.o.Poll)
 	defer t.Stop()
 	for {
-		n.changesMu.Lock()
-		wake := n.changed
-		n.changesMu.Unlock()
+		wake := n.nextChange()
 		var status bgtask.Status
 		err := n.pool.QueryRow(ctx, `SELECT coalesce((SELECT body->>'status' FROM bgtask_changes WHERE ledger = $1 AND task_id = $2 ORDER BY id DESC LIMIT 1), '')`,
 			n.o.Ledger, id).Scan(&status)

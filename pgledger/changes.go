@@ -278,9 +278,7 @@ func (n *Node) follow(ctx context.Context, from int64, ch chan<- bgtask.Change) 
 	t := time.NewTicker(n.o.Poll)
 	defer t.Stop()
 	for {
-		n.changesMu.Lock()
-		wake := n.changed
-		n.changesMu.Unlock()
+		wake := n.nextChange()
 		rows, err := n.pool.Query(ctx, `SELECT id, body FROM bgtask_changes WHERE ledger = $1 AND id > $2 ORDER BY id LIMIT 1000`, n.o.Ledger, from)
 		if err == nil {
 			var id int64
@@ -305,6 +303,14 @@ func (n *Node) follow(ctx context.Context, from int64, ch chan<- bgtask.Change) 
 		case <-t.C:
 		}
 	}
+}
+
+// nextChange is closed when NOTIFY next tells of changes: take it before
+// reading them, so that none told of meanwhile is missed.
+func (n *Node) nextChange() <-chan struct{} {
+	n.changesMu.Lock()
+	defer n.changesMu.Unlock()
+	return n.changed
 }
 
 // tellChanged wakes the subscriptions of this node.

@@ -3,7 +3,6 @@ package viewtest
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
@@ -16,25 +15,20 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskhttp"
+	"github.com/bgtask/bgtask/bgtaskhttp/viewtest/browser"
 	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/bgtask/bgtask/internal/testkit"
 )
 
 // counted serves m, counting the renders of the tree page.
 func counted(t testing.TB, m *bgtask.Manager) (*httptest.Server, *atomic.Int64) {
-	h := bgtaskhttp.Handler(m, bgtaskhttp.Options{Keepalive: time.Second})
-	var pages atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/" {
-			pages.Add(1)
-		}
-		h.ServeHTTP(w, r)
-	}))
+	h, pages := browser.Counted(bgtaskhttp.Handler(m, bgtaskhttp.Options{Keepalive: time.Second}))
+	srv := httptest.NewServer(h)
 	t.Cleanup(func() {
 		srv.CloseClientConnections()
 		srv.Close()
 	})
-	return srv, &pages
+	return srv, pages
 }
 
 // A change the tree page does not show costs the server nothing: the

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,8 +17,8 @@ import (
 	"github.com/bgtask/bgtask/mirror"
 	"github.com/bgtask/bgtask/pgledger"
 	"github.com/bgtask/bgtask/pgledger/fleetview"
+	"github.com/bgtask/bgtask/pgledger/internal/fleettest"
 	"github.com/bgtask/bgtask/pgledger/internal/pgtest"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,54 +29,11 @@ func TestMain(m *testing.M) { pgtest.Main(m, "fleetview", &url) }
 
 var _ bgtaskhttp.Fleet = (*fleetview.View)(nil)
 
-var ledgers atomic.Int64
+// process is one process of a test's fleet.
+type process = fleettest.Process
 
-// process is one process of a test's fleet: its node and its host.
-type process struct {
-	node *pgledger.Node
-	host *bgtasktest.Host
-}
-
-// fleet joins n processes (members w0, w1, …) of a fresh ledger, closed
-// at the test's end.
-func fleet(t *testing.T, n int) (*pgxpool.Pool, string, []process) {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, pgledger.Migrate(context.Background(), pool))
-	ledger := fmt.Sprintf("%s-%d", t.Name(), ledgers.Add(1))
-	out := make([]process, n)
-	for i := range out {
-		h := bgtasktest.NewHost()
-		member := fmt.Sprintf("w%d", i)
-		node, err := pgledger.Join(context.Background(), pool, pgledger.NodeOptions{Ledger: ledger, Member: member, Host: named{h, member + "-"}, Poll: 50 * time.Millisecond})
-		require.NoError(t, err)
-		h.Attach(node.Manager())
-		t.Cleanup(func() {
-			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = node.Close(c)
-		})
-		out[i] = process{node, h}
-	}
-	return pool, ledger, out
-}
-
-// named is a host whose session ids start with its process's name:
-// every process of a fleet talks to one session service.
-type named struct {
-	*bgtasktest.Host
-	prefix string
-}
-
-func (n named) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
-	id, err := n.Host.StartSession(ctx, req)
-	if err != nil {
-		return "", err
-	}
-	return n.prefix + id, nil
-}
+// fleet joins n processes (members w0, w1, …) of a fresh ledger.
+func fleet(t *testing.T, n int) []process { return fleettest.Join(t, url, n, pgledger.NodeOptions{}) }
 
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -91,11 +47,11 @@ var models = []bgtask.Model{{Provider: "a", ID: "1"}}
 // and its binding is durable (a later commit of the member is).
 func running(t *testing.T, p process, parent string) bgtask.Task {
 	t.Helper()
-	task, err := p.node.Launch(ctx(t), bgtask.Spec{ParentSessionID: parent, Prompt: "do it", Models: models})
+	task, err := p.Node.Launch(ctx(t), bgtask.Spec{ParentSessionID: parent, Prompt: "do it", Models: models})
 	require.NoError(t, err)
-	got, err := bgtasktest.WaitStatus(ctx(t), p.node.Manager(), task.ID, bgtask.StatusRunning)
+	got, err := bgtasktest.WaitStatus(ctx(t), p.Node.Manager(), task.ID, bgtask.StatusRunning)
 	require.NoError(t, err)
-	_, err = p.node.Launch(ctx(t), bgtask.Spec{ParentSessionID: "barrier", Prompt: "barrier", Models: models})
+	_, err = p.Node.Launch(ctx(t), bgtask.Spec{ParentSessionID: "barrier", Prompt: "barrier", Models: models})
 	require.NoError(t, err)
 	return got
 }
@@ -103,7 +59,7 @@ func running(t *testing.T, p process, parent string) bgtask.Task {
 // view opens a View of p's node and serves it, closed at the test's end.
 func view(t *testing.T, p process, o bgtaskhttp.Options) (*fleetview.View, *httptest.Server) {
 	t.Helper()
-	v, err := fleetview.Open(ctx(t), p.node)
+	v, err := fleetview.Open(ctx(t), p.Node)
 	require.NoError(t, err)
 	srv := httptest.NewServer(bgtaskhttp.Handler(v, o))
 	t.Cleanup(func() {
@@ -117,7 +73,7 @@ func view(t *testing.T, p process, o bgtaskhttp.Options) (*fleetview.View, *http
 // event stream that follows them (a mirror through the Client), the
 // processes, and the page itself.
 func TestOnePageShowsEveryProcesssTasks(t *testing.T) {
-	_, _, ps := fleet(t, 2)
+	ps := fleet(t, 2)
 	a := running(t, ps[0], "chat-a")
 	b := running(t, ps[1], "chat-b")
 	v, srv := view(t, ps[0], bgtaskhttp.Options{})
@@ -142,7 +98,7 @@ func TestOnePageShowsEveryProcesssTasks(t *testing.T) {
 	}
 
 	// w1's task ends at w1: the stream tells the page's client.
-	require.NoError(t, ps[1].host.Idle(b.SessionID, "done at w1"))
+	require.NoError(t, ps[1].Host.Idle(b.SessionID, "done at w1"))
 	require.NoError(t, mir.Wait(ctx(t), func(ts []bgtask.Task) bool {
 		for _, t := range ts {
 			if t.ID == b.ID {
@@ -189,7 +145,7 @@ func TestOnePageShowsEveryProcesssTasks(t *testing.T) {
 // An action on another process's task is made by its owner, and records
 // who asked; one that the owner refuses says why, as the owner said it.
 func TestAnActionReachesTheProcessThatOwnsTheTask(t *testing.T) {
-	_, _, ps := fleet(t, 2)
+	ps := fleet(t, 2)
 	b := running(t, ps[1], "chat-b")
 	_, srv := view(t, ps[0], bgtaskhttp.Options{Authorize: func(*http.Request) (string, error) { return "ops@example", nil }})
 	c := &bgtaskhttp.Client{Base: srv.URL}
@@ -201,18 +157,18 @@ func TestAnActionReachesTheProcessThatOwnsTheTask(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rep.Stopped, 1)
 	assert.Equal(t, bgtask.StatusCancelled, rep.Stopped[0].Status)
-	got, err := ps[1].node.Manager().Task(b.ID)
+	got, err := ps[1].Node.Manager().Task(b.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusCancelled, got.Status)
 	require.NotNil(t, got.Stop)
 	assert.Equal(t, "ops@example", got.Stop.Actor, "the actor Authorize named, recorded at the owner")
-	assert.Equal(t, []string{b.SessionID}, ps[1].host.Aborts())
+	assert.Equal(t, []string{b.SessionID}, ps[1].Host.Aborts())
 }
 
 // A closure made from the fleet's page reaches every process, and the
 // View reads its record once it ended.
 func TestAClosureFromThePageIsInTheView(t *testing.T) {
-	_, _, ps := fleet(t, 2)
+	ps := fleet(t, 2)
 	a := running(t, ps[0], "chat")
 	b := running(t, ps[1], a.SessionID)
 	v, srv := view(t, ps[0], bgtaskhttp.Options{})
@@ -238,8 +194,8 @@ func TestAClosureFromThePageIsInTheView(t *testing.T) {
 // The View's own subscription is a bgtask.Subscription: it ends when its
 // context does, and when the View closes.
 func TestAViewsSubscriptionEnds(t *testing.T) {
-	_, _, ps := fleet(t, 1)
-	v, err := fleetview.Open(ctx(t), ps[0].node)
+	ps := fleet(t, 1)
+	v, err := fleetview.Open(ctx(t), ps[0].Node)
 	require.NoError(t, err)
 	c, cancel := context.WithCancel(ctx(t))
 	sub, err := v.Subscribe(c, 0)
@@ -261,7 +217,7 @@ func TestAViewsSubscriptionEnds(t *testing.T) {
 // The snapshot served is the fleet's: both processes' tasks, in the
 // ledger's epoch.
 func TestTheSnapshotIsTheFleets(t *testing.T) {
-	_, ledger, ps := fleet(t, 2)
+	ps := fleet(t, 2)
 	a := running(t, ps[0], "chat-a")
 	b := running(t, ps[1], "chat-b")
 	_, srv := view(t, ps[1], bgtaskhttp.Options{})
@@ -275,5 +231,7 @@ func TestTheSnapshotIsTheFleets(t *testing.T) {
 		ids[t.ID] = true
 	}
 	assert.True(t, ids[a.ID] && ids[b.ID], "both processes' tasks: %v", ids)
-	assert.Equal(t, pgledger.LedgerEpoch(ledger), snap.Epoch)
+	own, err := ps[0].Node.Snapshot(ctx(t))
+	require.NoError(t, err)
+	assert.Equal(t, own.Epoch, snap.Epoch, "the ledger's epoch")
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/bgtask/bgtask/pgledger"
 	"github.com/bgtask/bgtask/pgledger/fleetview"
+	"github.com/bgtask/bgtask/pgledger/internal/fleettest"
 	"github.com/bgtask/bgtask/pgledger/internal/pgtest"
 )
 
@@ -27,67 +27,26 @@ var url string
 
 func TestMain(m *testing.M) { pgtest.Main(m, "fleetviewtest", &url) }
 
-var ledgers atomic.Int64
+// process is one process of a test's fleet.
+type process = fleettest.Process
 
-// process is one process of a fleet: its node and its host.
-type process struct {
-	node *pgledger.Node
-	host *bgtasktest.Host
-}
-
-// named is a host whose session ids start with its process's name: the
-// processes of a fleet talk to one session service.
-type named struct {
-	*bgtasktest.Host
-	prefix string
-}
-
-func (n named) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
-	id, err := n.Host.StartSession(ctx, req)
-	if err != nil {
-		return "", err
-	}
-	return n.prefix + id, nil
-}
-
-// fleet joins n processes (members w0, w1, …) of a fresh ledger, closed
-// when the test ends.
+// fleet joins n processes (members w0, w1, …) of a fresh ledger, which
+// keeps every ended task.
 func fleet(tb testing.TB, n int) []process {
-	tb.Helper()
-	pool, err := pgxpool.New(context.Background(), url)
-	require.NoError(tb, err)
-	tb.Cleanup(pool.Close)
-	require.NoError(tb, pgledger.Migrate(context.Background(), pool))
-	ledger := fmt.Sprintf("fleet-%d", ledgers.Add(1))
-	out := make([]process, n)
-	for i := range out {
-		h := bgtasktest.NewHost()
-		member := fmt.Sprintf("w%d", i)
-		node, err := pgledger.Join(context.Background(), pool, pgledger.NodeOptions{Ledger: ledger, Member: member, Host: named{h, member + "-"},
-			Poll: 100 * time.Millisecond, Retention: bgtask.Retention{MaxEnded: -1}})
-		require.NoError(tb, err)
-		h.Attach(node.Manager())
-		tb.Cleanup(func() {
-			c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = node.Close(c)
-		})
-		out[i] = process{node, h}
-	}
-	return out
+	return fleettest.Join(tb, url, n, pgledger.NodeOptions{Poll: 100 * time.Millisecond, Retention: bgtask.Retention{MaxEnded: -1}})
 }
 
 // launch launches a task at p from parent; with running, it returns it
 // once it runs.
 func launch(tb testing.TB, ctx context.Context, p process, parent, desc string, running bool) bgtask.Task {
 	tb.Helper()
-	task, err := p.node.Launch(ctx, bgtask.Spec{ParentSessionID: parent, Description: desc, Prompt: "Research " + desc + " and report back.",
+	task, err := p.Node.Launch(ctx, bgtask.Spec{ParentSessionID: parent, Description: desc, Prompt: "Research " + desc + " and report back.",
 		Models: []bgtask.Model{{Provider: "openai", ID: "gpt-5"}, {ID: "backup"}}})
 	require.NoError(tb, err)
 	if !running {
 		return task
 	}
-	got, err := bgtasktest.WaitStatus(ctx, p.node.Manager(), task.ID, bgtask.StatusRunning)
+	got, err := bgtasktest.WaitStatus(ctx, p.Node.Manager(), task.ID, bgtask.StatusRunning)
 	require.NoError(tb, err)
 	return got
 }
@@ -96,22 +55,16 @@ func launch(tb testing.TB, ctx context.Context, p process, parent, desc string, 
 // counting the renders of the tree page.
 func serveView(tb testing.TB, ctx context.Context, p process, o bgtaskhttp.Options) (*httptest.Server, *atomic.Int64) {
 	tb.Helper()
-	v, err := fleetview.Open(ctx, p.node)
+	v, err := fleetview.Open(ctx, p.Node)
 	require.NoError(tb, err)
-	h := bgtaskhttp.Handler(v, o)
-	var pages atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/" {
-			pages.Add(1)
-		}
-		h.ServeHTTP(w, r)
-	}))
+	h, pages := browser.Counted(bgtaskhttp.Handler(v, o))
+	srv := httptest.NewServer(h)
 	tb.Cleanup(func() {
 		srv.CloseClientConnections()
 		srv.Close()
 		v.Close()
 	})
-	return srv, &pages
+	return srv, pages
 }
 
 // One page shows the whole fleet: every process's tasks, in trees that
@@ -133,7 +86,7 @@ func TestTheFleetViewInABrowser(t *testing.T) {
 			kids = append(kids, kid)
 		}
 	}
-	require.NoError(t, ps[1].host.Idle(kids[0].SessionID, "found it"))
+	require.NoError(t, ps[1].Host.Idle(kids[0].SessionID, "found it"))
 	srv, _ := serveView(t, ctx, ps[0], bgtaskhttp.Options{Authorize: func(*http.Request) (string, error) { return "ops@example", nil }})
 	tab := browser.OpenTab(t, ctx, path)
 	browser.Run(t, tab, chromedp.Navigate(srv.URL+"/"))
@@ -153,7 +106,7 @@ func TestTheFleetViewInABrowser(t *testing.T) {
 	browser.Run(t, tab, chromedp.WaitVisible(`#confirm .yes`))
 	browser.Run(t, tab, chromedp.Click(`#confirm .yes`))
 	browser.Run(t, tab, chromedp.WaitVisible(`li.task[data-id="`+victim.ID+`"][data-status="cancelled"]`))
-	got, err := ps[2].node.Manager().Task(victim.ID)
+	got, err := ps[2].Node.Manager().Task(victim.ID)
 	require.NoError(t, err)
 	assert.Equal(t, bgtask.StatusCancelled, got.Status, "cancelled by its owner")
 	require.NotNil(t, got.Stop)

@@ -4,15 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
-	"slices"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bgtask/bgtask"
@@ -80,70 +75,26 @@ func BenchmarkTheFleetViewAt100000Tasks(b *testing.B) {
 	srv, pages := serveView(b, ctx, ps[0], bgtaskhttp.Options{})
 	openMS := float64(time.Since(opened).Milliseconds())
 	tab := browser.OpenTab(b, ctx, path)
-	browser.Run(b, tab, chromedp.Navigate(srv.URL+"/"))
-	var paints []float64
-	b.ResetTimer()
-	for b.Loop() {
-		browser.Run(b, tab, chromedp.Navigate(srv.URL+"/"))
-		paints = append(paints, browser.Run(b, tab, browser.FirstPaint()))
-	}
-	b.StopTimer()
-	var sum float64
-	for _, p := range paints {
-		sum += p
-	}
-	b.ReportMetric(sum/float64(len(paints)), "ms/paint")
-	b.ReportMetric(slices.Min(paints), "min-ms/paint")
+	browser.ReportPaints(b, tab, srv.URL+"/") // resets the timer, and the metrics reported before
 	b.ReportMetric(openMS, "open-ms")
-	resp, err := http.Get(srv.URL + "/")
-	require.NoError(b, err)
-	html, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	b.ReportMetric(float64(len(html)), "html-bytes")
 
 	// Progress of grandchildren the first page does not show, each at its
-	// owner; then one of them ends: once the page counted it, it had every
-	// change before.
-	const changes = 1000
-	var sessions []struct {
-		p  process
-		id string
+	// owner; then one of them ends.
+	type run struct {
+		p       process
+		session string
 	}
+	var runs []run
 	for _, g := range grandkids[:200] {
-		t, err := bgtasktest.WaitStatus(ctx, g.p.node.Manager(), g.id, bgtask.StatusRunning)
+		t, err := bgtasktest.WaitStatus(ctx, g.p.Node.Manager(), g.id, bgtask.StatusRunning)
 		require.NoError(b, err)
-		sessions = append(sessions, struct {
-			p  process
-			id string
-		}{g.p, t.SessionID})
+		runs = append(runs, run{g.p, t.SessionID})
 	}
-	burst := func(from int) {
-		for i := range changes {
-			s := sessions[(from+i)%(len(sessions)-1)]
-			require.NoError(b, s.p.host.Emit(bgtask.Event{SessionID: s.id, Kind: bgtask.SessionBusy, Progress: fmt.Sprint("step ", from+i)}))
-		}
-	}
-	browser.Run(b, tab, chromedp.Navigate("about:blank"))
-	before := cpu()
-	burst(0)
-	alone := cpu() - before
-	browser.Run(b, tab, chromedp.Navigate(srv.URL+"/"))
-	browser.Run(b, tab, chromedp.WaitVisible(`#conn.live`))
-	rendered := pages.Load()
-	completed := browser.Run(b, tab, chromedp.Text(`#counts a.count.completed b`))
-	before = cpu()
-	burst(changes)
-	last := sessions[len(sessions)-1]
-	require.NoError(b, last.p.host.Idle(last.id, "done"))
-	browser.Run(b, tab, chromedp.Poll[bool](`document.querySelector("#counts a.count.completed b").textContent !== "`+completed+`"`, chromedp.WithPollingTimeout(2*time.Minute)))
-	open := cpu() - before
-	b.ReportMetric(float64(pages.Load()-rendered)/changes, "renders/change")
-	b.ReportMetric(float64(max(open-alone, 0).Microseconds())/changes, "µs/change/page")
-}
-
-// cpu is the CPU time this process used so far (user and system).
-func cpu() time.Duration {
-	var u syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &u)
-	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+	browser.ReportUnshown(b, tab, srv.URL+"/", pages, 1000, func(i int) {
+		r := runs[i%(len(runs)-1)]
+		require.NoError(b, r.p.Host.Emit(bgtask.Event{SessionID: r.session, Kind: bgtask.SessionBusy, Progress: fmt.Sprint("step ", i)}))
+	}, func() {
+		last := runs[len(runs)-1]
+		require.NoError(b, last.p.Host.Idle(last.session, "done"))
+	})
 }
