@@ -174,8 +174,14 @@ func writeError(w http.ResponseWriter, err error) {
 	writeJSON(w, status, errorBody{Error: err.Error(), Code: code})
 }
 
-// statusOf is err's HTTP status and wire code (codes).
-func statusOf(err error) (int, string) {
+// statusOf is err's HTTP status and wire code (codes): 500 internal for
+// an error that names none, or whose own methods panic.
+func statusOf(err error) (status int, code string) {
+	defer func() {
+		if recover() != nil {
+			status, code = http.StatusInternalServerError, "internal"
+		}
+	}()
 	for _, c := range codes {
 		if errors.Is(err, c.Err) {
 			return c.Status, c.Code

@@ -383,23 +383,26 @@ type row struct {
 
 // pageData is what the page template renders.
 type pageData struct {
-	Title    string
-	Now      time.Time // when the page was rendered: what its relative times count from
-	Epoch    uint64
-	Seq      uint64
-	Total    int
-	Counts   []statusCount
-	Filter   filter
-	Rows     []row
-	Shown    string // "roots 1–30 of 812"
-	Prev     string
-	Next     string
-	Parent   *bgtask.Task // the task whose children are shown
-	Session  string       // the session whose children are shown
-	ReadOnly bool
-	Error    string
-	Detail   *detailData
-	Health   []healthRow // model and provider health, on the first page of all tasks
+	Title  string
+	Now    time.Time // when the page was rendered: what its relative times count from
+	Epoch  uint64
+	Seq    uint64
+	Total  int
+	Counts []statusCount
+	Filter filter
+	Rows   []row
+	Shown  string // "roots 1–30 of 812"
+	Prev   string
+	Next   string
+	Parent *bgtask.Task // the task whose children are shown
+	// ParentSessions are its sessions, space-separated: what its children
+	// name as their parent (the script reads them).
+	ParentSessions string
+	Session        string // the session whose children are shown
+	ReadOnly       bool
+	Error          string
+	Detail         *detailData
+	Health         []healthRow // model and provider health, on the first page of all tasks
 	// Processes are a Fleet's, on the first page of all tasks;
 	// ProcessErr says why they could not be read.
 	Processes  []Process
@@ -548,6 +551,7 @@ func (v *view) page(w http.ResponseWriter, r *http.Request) {
 	case f.Parent != "":
 		if n := tree.byID[f.Parent]; n != nil {
 			d.Parent, list = n.t, n.kids
+			d.ParentSessions = sessionsOf(n.t)
 		} else {
 			d.Session = f.Parent
 			for _, n := range tree.byID {
@@ -695,12 +699,10 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 	if t.Outcome != nil {
 		dd.Outcome = readableJSON(t.Outcome)
 	}
+	dd.Sessions = sessionsOf(t)
 	sessions := map[string]bool{}
 	for _, a := range t.Attempts {
-		if a.SessionID != "" && !sessions[a.SessionID] {
-			sessions[a.SessionID] = true
-			dd.Sessions = strings.TrimSpace(dd.Sessions + " " + a.SessionID)
-		}
+		sessions[a.SessionID] = a.SessionID != ""
 	}
 	for _, c := range tree.snap.Closures {
 		if c.TaskID == t.ID || sessions[c.SessionID] || c.SessionID == t.ParentSessionID || touches(c, t.ID) {
@@ -710,6 +712,17 @@ func (v *view) detail(w http.ResponseWriter, r *http.Request) {
 	v.records(r.Context(), dd, t.ID)
 	d.Detail = dd
 	v.render(w, http.StatusOK, "detail", d)
+}
+
+// sessionsOf is t's sessions, space-separated, each once, in order.
+func sessionsOf(t *bgtask.Task) string {
+	var out []string
+	for _, a := range t.Attempts {
+		if a.SessionID != "" && !slices.Contains(out, a.SessionID) {
+			out = append(out, a.SessionID)
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // records fills dd's history of task id (Manager.History: its journal's

@@ -29,6 +29,10 @@ async function refresh() {
       const open = $$("details.sub[open]").map(d => d.dataset.lazy);
       $("#counts").replaceWith($("#counts", doc));
       $("#main").replaceWith($("#main", doc));
+      // The changes that came while it was rendered, or after: the new
+      // counts are as of the render's seq.
+      const seq = Number($("#main").dataset.seq);
+      for (const m of moves) { if (m.seq > seq) move(m.was, m.status); }
       serverClock();
       for (const id of open) {
         const d = $(`details.sub[data-lazy="${CSS.escape(id)}"]`);
@@ -41,25 +45,34 @@ async function refresh() {
 }
 
 // counted moves the header's counts on by one change the page was not
-// rendered with: the status its task left, and the one it took.
+// rendered with: the status its task left, and the one it took. The
+// latest moves are kept, for a render that comes back older than they
+// are (refresh).
+const moves = [];
 function counted(c, t) {
   const main = $("#main");
-  if (!main || !(c.seq > Number(main.dataset.seq)) || c.was === t.status) return;
-  const bump = (status, by) => {
-    const b = status && $(`#counts a.count.${CSS.escape(status)} b`);
+  if (!main || c.was === t.status) return;
+  moves.push({ seq: c.seq, was: c.was, status: t.status });
+  if (moves.length > 2000) moves.shift();
+  if (c.seq > Number(main.dataset.seq)) move(c.was, t.status);
+}
+
+function move(was, status) {
+  const bump = (s, by) => {
+    const b = s && $(`#counts a.count.${CSS.escape(s)} b`);
     if (b) { b.textContent = String(Number(b.textContent) + by); }
   };
-  bump(c.was, -1);
-  bump(t.status, 1);
+  bump(was, -1);
+  bump(status, 1);
   const total = $("#counts .total");
-  if (!c.was && total) { total.textContent = `${parseInt(total.textContent, 10) + 1} tasks`; }
+  if (!was && total) { total.textContent = `${parseInt(total.textContent, 10) + 1} tasks`; }
 }
 
 // shows says whether the page shows a task of this id (a row), or one
 // whose session is this one.
 const shows = id => !!id && !!$(`[data-id="${CSS.escape(id)}"]`);
 const showsSession = s => !!s && !!$(`li.task[data-session="${CSS.escape(s)}"]`);
-let chartsAt = 0;
+let chartsAt = 0, chartsLater = 0;
 
 // concerns says whether a change may show on this page. The tree: a
 // change of a task it shows, of one launched from a session it shows, of
@@ -68,7 +81,8 @@ let chartsAt = 0;
 // or leaving them. A task's detail page: the task's own changes and those
 // of the tasks its sessions launched (it may read the whole journal: it is
 // not refreshed for others). The table: a row it shows, a new task, a
-// status changed (its sorting and filters). The charts: at most every ten
+// status changed, any change when sorted by a figure a run moves, one
+// that matches its model or agent filter. The charts: at most every ten
 // seconds.
 function concerns(e) {
   const main = $("#main");
@@ -80,12 +94,22 @@ function concerns(e) {
     return t.id === main.dataset.task || (main.dataset.sessions || "").split(" ").includes(t.parentSessionID);
   }
   switch (main.dataset.mode) {
-    case "charts":
-      if (Date.now() - chartsAt < 10000) return false;
-      chartsAt = Date.now();
-      return true;
-    case "table":
-      return shows(t.id) || !c.was || c.was !== t.status;
+    case "charts": { // at most every ten seconds, and the last change drawn too
+      const wait = 10000 - (Date.now() - chartsAt);
+      if (wait <= 0) { chartsAt = Date.now(); return true; }
+      if (!chartsLater) {
+        chartsLater = setTimeout(() => { chartsLater = 0; chartsAt = Date.now(); schedule(); }, wait);
+      }
+      return false;
+    }
+    case "table": {
+      if (shows(t.id) || !c.was || c.was !== t.status) return true;
+      const d = main.dataset;
+      if (["tokens", "cost", "duration"].includes(d.sort)) return true; // a live task's figures move it
+      const has = (s, q) => (s || "").toLowerCase().includes(q.toLowerCase());
+      return (!!d.model && has(`${(t.model || {}).providerID}/${(t.model || {}).modelID}`, d.model)) ||
+        (!!d.agent && has(t.agent, d.agent)); // it may have entered them
+    }
     case "tree":
       break;
     default:
@@ -93,7 +117,9 @@ function concerns(e) {
   }
   if (shows(t.id) || shows(c.top) || showsSession(t.parentSessionID)) return true;
   const d = main.dataset;
-  if (d.parent) return t.parentSessionID === d.parent || t.id === d.parent;
+  if (d.parent) {
+    return t.parentSessionID === d.parent || t.id === d.parent || (d.parentSessions || "").split(" ").includes(t.parentSessionID);
+  }
   if (d.statuses || d.q) {
     const st = (d.statuses || "").split(" ");
     if (d.statuses && !st.includes(t.status) && !st.includes(c.was)) return false;

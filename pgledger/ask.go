@@ -61,6 +61,9 @@ func (e ownerGoneError) Status() int          { return ErrOwnerGone.Status() }
 type wireAsk struct {
 	ID   string `json:"id"`   // the asker's, to match the answer
 	From string `json:"from"` // the member the answer goes to
+	// Until is when the asker stops waiting: an owner that takes the ask
+	// later (it was away, or took the member over) does not act on it.
+	Until time.Time `json:"until"`
 	// Stop is a stop of one task or run (never NoWait: the owner records
 	// it and answers, and the asker waits, if its caller does).
 	Stop *wireTarget `json:"stop,omitempty"`
@@ -133,6 +136,9 @@ func (n *Node) stopElsewhere(ctx context.Context, id string, t bgtask.Target) (b
 		rep.Stopping, rep.Stopped = rep.Stopped, nil
 		return rep, fmt.Errorf("%w: the stop of task %s is recorded, and its run had not stopped when the wait ended: %w", bgtask.ErrStopPending, id, err)
 	}
+	if status != bgtask.StatusCancelled { // it ended by itself first: the stop stopped nothing (as Manager.Stop says)
+		return bgtask.ClosureReport{}, nil
+	}
 	rep.Stopped[0].Status = status
 	return rep, nil
 }
@@ -164,16 +170,20 @@ func (n *Node) ask(ctx context.Context, id string, a wireAsk) (wireAnswer, error
 	ctx, cancel := context.WithTimeout(ctx, askFor)
 	defer cancel()
 	var owner string
-	var live bool
+	var live, ended bool
 	var expires time.Time
-	err := n.pool.QueryRow(ctx, `SELECT t.member, coalesce(m.expires_at > now(), false), coalesce(m.expires_at, now())
+	err := n.pool.QueryRow(ctx, `SELECT t.member, t.ended, coalesce(m.expires_at > now(), false), coalesce(m.expires_at, now())
   FROM bgtask_tasks t LEFT JOIN bgtask_members m ON m.ledger = t.ledger AND m.member = t.member
- WHERE t.ledger = $1 AND t.task_id = $2`, n.o.Ledger, id).Scan(&owner, &live, &expires)
+ WHERE t.ledger = $1 AND t.task_id = $2`, n.o.Ledger, id).Scan(&owner, &ended, &live, &expires)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return wireAnswer{}, fmt.Errorf("%w: %q: no member of ledger %s has it", bgtask.ErrUnknownTask, id, n.o.Ledger)
 	case err != nil:
 		return wireAnswer{}, dbErr("finding the owner of task "+id, err)
+	case ended && a.Extend != nil: // whoever owned it, and whether or not it is there
+		return wireAnswer{}, fmt.Errorf("%w: task %s has ended", bgtask.ErrNotRunning, id)
+	case ended: // a stop of an ended task stops nothing, as Manager.Stop says
+		return wireAnswer{}, nil
 	case !live:
 		return wireAnswer{}, ownerGoneError{task: id, member: owner, since: expires}
 	}
@@ -181,6 +191,9 @@ func (n *Node) ask(ctx context.Context, id string, a wireAsk) (wireAnswer, error
 		return n.act(ctx, mb, a)
 	}
 	a.ID, a.From = uuid.NewString(), n.o.Member
+	if d, ok := ctx.Deadline(); ok {
+		a.Until = d
+	}
 	answer := make(chan wireAnswer, 1)
 	n.mu.Lock()
 	if n.asks == nil {
@@ -217,6 +230,8 @@ func (n *Node) act(ctx context.Context, mb *member, a wireAsk) (wireAnswer, erro
 	out := wireAnswer{ID: a.ID}
 	var err error
 	switch {
+	case !a.Until.IsZero() && time.Now().After(a.Until):
+		err = fmt.Errorf("%w: the ask reached task %s's owner after its asker had stopped waiting: nothing was done", context.DeadlineExceeded, a.target())
 	case a.Stop != nil:
 		out.Report, err = mb.m.Stop(ctx, bgtask.Target{Task: a.Stop.Task, Run: a.Stop.Run, Cause: a.Stop.Cause, Actor: a.Stop.Actor, NoWait: true})
 	case a.Extend != nil:
@@ -231,13 +246,42 @@ func (n *Node) act(ctx context.Context, mb *member, a wireAsk) (wireAnswer, erro
 	return out, err
 }
 
+// target is the task an ask is about.
+func (a wireAsk) target() string {
+	switch {
+	case a.Extend != nil:
+		return a.Extend.Task
+	case a.Stop != nil && a.Stop.Task != "":
+		return a.Stop.Task
+	case a.Stop != nil:
+		return a.Stop.Run.TaskID
+	}
+	return ""
+}
+
 // answerAsk acts on a, asked of mb, on a goroutine the node owns, and
-// sends the answer to the asker.
+// sends the answer to the asker. The Manager's call (a Host's prompt, an
+// abort asked) runs beside it, as a Notifier call does (n.stray): one
+// that ignores its context holds up neither the answer, which says so
+// at askFor, nor the node's Close beyond its context.
 func (n *Node) answerAsk(mb *member, a wireAsk) {
 	n.goOwned(func() {
 		ctx, cancel := context.WithTimeout(n.loopCtx, askFor)
 		defer cancel()
-		out, _ := n.act(ctx, mb, a) // the error travels in the answer
+		done := make(chan wireAnswer, 1)
+		n.stray.Add(1)
+		go func() {
+			defer n.stray.Done()
+			out, _ := n.act(ctx, mb, a) // the error travels in the answer
+			done <- out
+		}()
+		var out wireAnswer
+		select {
+		case out = <-done:
+		case <-ctx.Done():
+			out = wireAnswer{ID: a.ID, Code: "deadline_exceeded",
+				Err: fmt.Sprintf("pgledger: member %s did not finish the action on task %s in time (it may still take effect)", mb.name, a.target())}
+		}
 		if err := n.send(ctx, a.From, wireEvent{Answer: &out}); err != nil {
 			n.o.Logger.Warn("pgledger: answering an action asked by another process", "member", a.From, "err", err)
 		}
@@ -258,13 +302,21 @@ func (n *Node) answered(a wireAnswer) {
 }
 
 // send puts w in member's inbox and wakes its owner, in one transaction.
+// An answer goes only to a member whose lease is live: no one waits for
+// it otherwise, and it would be left in an inbox no one drains.
 func (n *Node) send(ctx context.Context, member string, w wireEvent) error {
 	body, err := json.Marshal(w)
 	if err != nil {
 		return err
 	}
 	err = pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO bgtask_inbox (ledger, member, event) VALUES ($1, $2, $3)`, n.o.Ledger, member, body); err != nil {
+		if w.Answer != nil {
+			tag, err := tx.Exec(ctx, `INSERT INTO bgtask_inbox (ledger, member, event) SELECT $1, $2, $3
+ WHERE EXISTS (SELECT 1 FROM bgtask_members WHERE ledger = $1 AND member = $2 AND expires_at > now())`, n.o.Ledger, member, body)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err
+			}
+		} else if _, err := tx.Exec(ctx, `INSERT INTO bgtask_inbox (ledger, member, event) VALUES ($1, $2, $3)`, n.o.Ledger, member, body); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, inboxChannel, n.o.Ledger+"\x1f"+member)

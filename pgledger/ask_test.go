@@ -148,3 +148,75 @@ func TestAnAskNobodyAnswersEndsWithItsContext(t *testing.T) {
 	assert.Equal(t, 1, f.count("bgtask_inbox", "member = 'silent'"), "the ask waits in the silent member's inbox")
 	assert.Equal(t, bgtask.StatusRunning, mustTask(t, ns[1], task.ID).Status)
 }
+
+// A task that ended needs no owner: a stop of it stops nothing and an
+// extend is refused as not running, even once its process is gone.
+func TestAnActionOnAnEndedTaskNeedsNoOwner(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	task := running(t, ns[1], "chat")
+	require.NoError(t, ns[1].Observe(ctx(t), bgtask.Event{SessionID: task.SessionID, Kind: bgtask.SessionIdle, Text: "done"}))
+	_, err := ns[1].Manager().Wait(ctx(t), task.ID)
+	require.NoError(t, err)
+	require.NoError(t, ns[1].Close(ctx(t))) // its lease ends now: it is gone, and no one takes an idle member over
+
+	rep, err := ns[0].Stop(ctx(t), bgtask.Target{Task: task.ID})
+	require.NoError(t, err, "not owner_gone: there is nothing to stop")
+	assert.Empty(t, rep.Stopped)
+	_, err = ns[0].Extend(ctx(t), task.ID, "more")
+	assert.ErrorIs(t, err, bgtask.ErrNotRunning)
+	assert.Equal(t, 0, f.count("bgtask_inbox", ""), "nothing was asked")
+}
+
+// A run that ends by itself while its stop is on the way was not
+// stopped: the report says nothing stopped, as Manager.Stop's does.
+func TestARunThatEndedByItselfWasNotStopped(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	task := running(t, ns[1], "chat")
+	g := svc.hold(task.SessionID)
+	type result struct {
+		rep bgtask.ClosureReport
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := ns[0].Stop(ctx(t), bgtask.Target{Task: task.ID})
+		done <- result{rep, err}
+	}()
+	recv(t, g.asked, "the owner to abort the run")
+	require.NoError(t, ns[1].Observe(ctx(t), bgtask.Event{SessionID: task.SessionID, Kind: bgtask.SessionIdle, Text: "finished first"}))
+	close(g.release)
+	r := recv(t, done, "the stop to return")
+	require.NoError(t, r.err)
+	got := mustTask(t, ns[1], task.ID)
+	if got.Status == bgtask.StatusCancelled { // the abort won after all: then it was stopped, and says so
+		require.Len(t, r.rep.Stopped, 1)
+		return
+	}
+	assert.Equal(t, bgtask.StatusCompleted, got.Status)
+	assert.Empty(t, r.rep.Stopped, "it ended by itself")
+}
+
+// An ask that reaches its owner after the asker stopped waiting is not
+// acted on: the owner answers that it did nothing.
+func TestAnAskPastItsTimeIsNotActedOn(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	ns := f.nodes(svc, 2, 0)
+	task := running(t, ns[1], "chat")
+	late := wireAsk{ID: "late", From: "w0", Until: time.Now().Add(-time.Minute), Stop: &wireTarget{Task: task.ID}}
+	answer := make(chan wireAnswer, 1)
+	ns[0].mu.Lock()
+	ns[0].asks = map[string]chan wireAnswer{"late": answer}
+	ns[0].mu.Unlock()
+	require.NoError(t, ns[0].send(ctx(t), "w1", wireEvent{Ask: &late}))
+	got := recv(t, answer, "the owner's answer")
+	assert.ErrorIs(t, got.err(), context.DeadlineExceeded)
+	assert.Contains(t, got.Err, "nothing was done")
+	assert.Equal(t, bgtask.StatusRunning, mustTask(t, ns[1], task.ID).Status)
+	assert.False(t, svc.aborted(task.SessionID))
+	inboxesEmpty(t, f)
+}

@@ -212,11 +212,14 @@ SELECT m.member FROM bgtask_members m
 		{name: "releaseIdle: nothing live", sql: `SELECT NOT EXISTS (SELECT 1 FROM bgtask_tasks WHERE ledger = $1 AND member = $2 AND NOT ended)
    AND NOT EXISTS (SELECT 1 FROM bgtask_inbox WHERE ledger = $1 AND member = $2)`, args: s("'big'", "'m-3'")},
 		// Actions asked of another process (ask.go), and the processes.
-		{name: "ask: the owner and its lease", sql: `SELECT t.member, coalesce(m.expires_at > now(), false), coalesce(m.expires_at, now())
+		{name: "ask: the owner and its lease", sql: `SELECT t.member, t.ended, coalesce(m.expires_at > now(), false), coalesce(m.expires_at, now())
   FROM bgtask_tasks t LEFT JOIN bgtask_members m ON m.ledger = t.ledger AND m.member = t.member
  WHERE t.ledger = $1 AND t.task_id = $2`, args: s("'big'", "'t-500'")},
 		{name: "ask: until the run ended", sql: `SELECT coalesce((SELECT body->>'status' FROM bgtask_changes WHERE ledger = $1 AND task_id = $2 ORDER BY id DESC LIMIT 1), '')`,
 			args: s("'big'", "'t-500'")},
+		{name: "drain: an ask taken", sql: `DELETE FROM bgtask_inbox WHERE id = $1`, args: s("7")},
+		{name: "answer: into a live member's inbox", sql: `INSERT INTO bgtask_inbox (ledger, member, event) SELECT $1, $2, $3
+ WHERE EXISTS (SELECT 1 FROM bgtask_members WHERE ledger = $1 AND member = $2 AND expires_at > now())`, args: s("'big'", "'m-1'", `'{"answer":{"id":"x"}}'`)},
 		// It counts every live task, by member: by design, a page of a
 		// fleet's processes reads them all (by the index of live tasks).
 		{name: "Processes", prefix: `SELECT m.member, m.holder, m.expires_at, m.expires_at > now(), m.idle,`, args: s("'big'"), whole: true},

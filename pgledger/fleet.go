@@ -901,8 +901,12 @@ func (n *Node) drain(ctx context.Context, mb *member) {
 		for i, w := range evs {
 			switch {
 			case w.Ask != nil:
-				n.answerAsk(mb, *w.Ask)
-				applied = append(applied, ids[i])
+				// Taken out first: an ask is acted on at most once, even
+				// if this node dies before it answers (the asker's wait
+				// then ends with its context, saying so).
+				if tag, err := n.pool.Exec(ctx, `DELETE FROM bgtask_inbox WHERE id = $1`, ids[i]); err == nil && tag.RowsAffected() == 1 {
+					n.answerAsk(mb, *w.Ask)
+				}
 				continue
 			case w.Answer != nil:
 				n.answered(*w.Answer)

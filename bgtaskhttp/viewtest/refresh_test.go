@@ -104,4 +104,12 @@ func TestThePageRendersOnlyWhatItShows(t *testing.T) {
 	run(t, tab, chromedp.WaitVisible(`li.task[data-id="`+fresh.ID+`"][data-status="running"]`))
 	assert.GreaterOrEqual(t, pages.Load(), int64(3))
 	assert.Equal(t, 120-6+1, count("running"), "a new task counted")
+
+	// One task's children, named by the task's id: a new child names the
+	// task's session, and is shown.
+	run(t, tab, chromedp.Navigate(srv.URL+"/?parent="+trees[39].root.ID))
+	run(t, tab, chromedp.WaitVisible(`#conn.live`))
+	run(t, tab, chromedp.WaitVisible(`li.task[data-id="`+trees[39].kid.ID+`"]`))
+	kid := launch(trees[39].root.SessionID, "a new child")
+	run(t, tab, chromedp.WaitVisible(`li.task[data-id="`+kid.ID+`"][data-status="running"]`))
 }

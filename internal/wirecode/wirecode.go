@@ -48,8 +48,15 @@ type Coded interface {
 }
 
 // Of is the code and status of err: its first sentinel's, else those of
-// the Coded error it wraps; ok is false if it has neither.
+// the Coded error it wraps; ok is false if it has neither. An error's own
+// methods (Is, Unwrap, Code, Status: a Host's code) that panic, or a
+// status that is no HTTP status, count as none.
 func Of(err error) (code string, status int, ok bool) {
+	defer func() {
+		if recover() != nil {
+			code, status, ok = "", 0, false
+		}
+	}()
 	for _, s := range Sentinels {
 		if errors.Is(err, s.Err) {
 			return s.Code, s.Status, true
@@ -57,7 +64,9 @@ func Of(err error) (code string, status int, ok bool) {
 	}
 	var c Coded
 	if errors.As(err, &c) {
-		return c.Code(), c.Status(), true
+		if code, status = c.Code(), c.Status(); status >= 400 && status <= 599 && code != "" {
+			return code, status, true
+		}
 	}
 	return "", 0, false
 }

@@ -46,3 +46,31 @@ func TestACodeReadsBackAsItsSentinel(t *testing.T) {
 	code, _, _ = Of(fmt.Errorf("%w: cursor: %w", bgtask.ErrInvalidArgument, bgtask.ErrUnknownTask))
 	assert.Equal(t, "unknown_task", code)
 }
+
+type panicky struct{}
+
+func (panicky) Error() string { return "panicky" }
+func (panicky) Is(error) bool { panic("Is") }
+func (panicky) Code() string  { return "x" }
+func (panicky) Status() int   { return 503 }
+
+type odd struct{ status int }
+
+func (odd) Error() string { return "odd" }
+func (odd) Code() string  { return "odd" }
+func (o odd) Status() int { return o.status }
+
+// An error whose own methods panic, or that names no error status, has
+// no code: the caller answers 500 internal, and nothing crashes.
+func TestAHostileErrorHasNoCode(t *testing.T) {
+	_, _, ok := Of(fmt.Errorf("wrapped: %w", panicky{}))
+	assert.False(t, ok)
+	for _, st := range []int{0, 99, 200, 302, 600, 1000} {
+		_, _, ok := Of(odd{st})
+		assert.False(t, ok, "status %d", st)
+	}
+	code, st, ok := Of(odd{409})
+	assert.True(t, ok)
+	assert.Equal(t, "odd", code)
+	assert.Equal(t, 409, st)
+}

@@ -79,11 +79,14 @@ func Open(ctx context.Context, node *pgledger.Node) (*View, error) {
 		ctx = context.Background()
 	}
 	v := &View{node: node, at: map[string]int{}, subs: feed.New[bgtask.Change](bgtask.ErrLagged), done: make(chan struct{})}
-	sub, err := v.sync(ctx)
+	// The View follows the ledger until Close, whatever becomes of ctx:
+	// ctx bounds the first snapshot only.
+	loop, cancel := context.WithCancel(context.Background())
+	sub, err := v.sync(loop, ctx)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	loop, cancel := context.WithCancel(context.Background())
 	v.cancel = cancel
 	go v.follow(loop, sub) // owned by the View: Close ends and joins it
 	return v, nil
@@ -96,11 +99,12 @@ func (v *View) Close() {
 	<-v.done
 }
 
-// sync subscribes to the ledger and replaces what the View holds with a
-// snapshot taken after; a subscriber of the View is ended (lagged) if the
-// View missed changes it would have had.
-func (v *View) sync(ctx context.Context) (*bgtask.Subscription, error) {
-	sub, err := v.node.Subscribe(ctx, 1<<16)
+// sync subscribes to the ledger, for as long as loop lasts, and replaces
+// what the View holds with a snapshot taken after, within ctx; a
+// subscriber of the View is ended (lagged) if the View missed changes it
+// would have had.
+func (v *View) sync(loop, ctx context.Context) (*bgtask.Subscription, error) {
+	sub, err := v.node.Subscribe(loop, 1<<16)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +141,7 @@ func (v *View) follow(ctx context.Context, sub *bgtask.Subscription) {
 			select {
 			case <-ctx.Done():
 			case <-time.After(retry):
-				sub, err = v.sync(ctx)
+				sub, err = v.sync(ctx, ctx)
 			}
 		}
 		if sub == nil {

@@ -235,3 +235,31 @@ func TestTheSnapshotIsTheFleets(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, own.Epoch, snap.Epoch, "the ledger's epoch")
 }
+
+// The context Open is given bounds its first snapshot only: the View
+// follows the ledger after it ended.
+func TestAViewOutlivesTheContextItOpenedWith(t *testing.T) {
+	ps := fleet(t, 1)
+	opening, cancel := context.WithCancel(ctx(t))
+	v, err := fleetview.Open(opening, ps[0].Node)
+	require.NoError(t, err)
+	defer v.Close()
+	cancel()
+	sub, err := v.Subscribe(ctx(t), 0)
+	require.NoError(t, err, "still following")
+	defer sub.Close()
+	task := running(t, ps[0], "chat")
+	for {
+		select {
+		case c := <-sub.C:
+			if c.Task.ID == task.ID && c.Task.Status == bgtask.StatusRunning {
+				got, err := v.Task(task.ID)
+				require.NoError(t, err)
+				assert.Equal(t, bgtask.StatusRunning, got.Status)
+				return
+			}
+		case <-sub.Done():
+			t.Fatalf("the View stopped following: %v", sub.Err())
+		}
+	}
+}
