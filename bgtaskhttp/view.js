@@ -120,7 +120,8 @@ function concerns(e) {
   if (d.parent) {
     return t.parentSessionID === d.parent || t.id === d.parent || (d.parentSessions || "").split(" ").includes(t.parentSessionID);
   }
-  if (d.statuses || d.q) {
+  if (d.statuses || d.q) { // what matches moves only as a task comes, or changes status
+    if (c.was === t.status) return false;
     const st = (d.statuses || "").split(" ");
     if (d.statuses && !st.includes(t.status) && !st.includes(c.was)) return false;
     return !d.q || matches(t, d.q);
