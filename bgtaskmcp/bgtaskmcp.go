@@ -1,0 +1,123 @@
+// Package bgtaskmcp serves a bgtask Manager's background tasks to any
+// Model Context Protocol client, as tools, on the official Go SDK
+// (github.com/modelcontextprotocol/go-sdk):
+//
+//	launch_task   launch a task; the harness's Options.Launch says what it runs
+//	get_task      one task: status, timeline, envelope, usage
+//	wait_task     wait for one to end, bounded
+//	list_tasks    the caller's tasks, a page at a time
+//	cancel_task   stop a task (it reads cancelled once its child stopped)
+//	close_task    stop a task and everything it launched, as a closure
+//	extend_task   send a running task another prompt
+//
+// Each tool has an input and an output JSON schema; a result carries the
+// task's envelope (or a line of status) as text for the model, and the
+// task as structured content for the client.
+//
+// A task belongs to the caller that launched it — the identity an HTTP
+// transport's bearer token names (auth.TokenInfo.UserID), else the MCP
+// session — and no other caller sees or stops it: a task of another
+// reads as unknown. Task ids are the Manager's (random UUIDs unless the
+// harness chose otherwise). Options.MaxPerClient caps the tasks a caller
+// has live at once.
+//
+// It is a module of its own so that the root module never requires the
+// SDK.
+package bgtaskmcp
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Launch makes the Spec of a task a caller asked for: the harness
+	// decides what it runs (its models, its agent, its own function). It
+	// is given the caller and the tool's arguments; an error refuses the
+	// launch, and its text is what the caller reads. Required.
+	Launch func(ctx context.Context, c Caller, in LaunchInput) (bgtask.Spec, error)
+	// MaxPerClient caps the tasks one caller has pending or running at
+	// once (0: 8); past it, launch_task is refused.
+	MaxPerClient int
+	// MaxWait bounds wait_task (0: 5 minutes).
+	MaxWait time.Duration
+	// Name and Version name the server to its clients (default "bgtask").
+	Name, Version string
+}
+
+// Caller is who called a tool: the identity its transport authenticated,
+// or its MCP session.
+type Caller struct {
+	// ID is the identity a task is bound to: "user:" and the bearer
+	// token's user id, or "session:" and the MCP session's id, or "stdio"
+	// for the one client of a stdio server.
+	ID string
+}
+
+// clientKey is the metadata key a task's caller is kept under.
+const clientKey = "bgtaskmcp.client"
+
+// New returns an MCP server with the task tools, serving m.
+func New(m *bgtask.Manager, o Options) (*mcp.Server, error) {
+	if m == nil {
+		return nil, fmt.Errorf("%w: bgtaskmcp.New of a nil Manager", bgtask.ErrInvalidArgument)
+	}
+	if o.Launch == nil {
+		return nil, fmt.Errorf("%w: bgtaskmcp.Options.Launch is required: it says what a task runs", bgtask.ErrInvalidArgument)
+	}
+	o.MaxPerClient = cmp.Or(o.MaxPerClient, 8)
+	o.MaxWait = cmp.Or(o.MaxWait, 5*time.Minute)
+	s := mcp.NewServer(&mcp.Implementation{Name: cmp.Or(o.Name, "bgtask"), Version: cmp.Or(o.Version, "v0")}, nil)
+	t := &tools{m: m, o: o}
+	mcp.AddTool(s, &mcp.Tool{Name: "launch_task", Description: "Launch a background task: a subagent that works on the prompt while you go on. Returns at once with the task's id; get_task or wait_task read its answer."}, t.launch)
+	mcp.AddTool(s, &mcp.Tool{Name: "get_task", Description: "Read one of your tasks: its status, attempts, and, once it ended, its answer (the envelope)."}, t.get)
+	mcp.AddTool(s, &mcp.Tool{Name: "wait_task", Description: "Wait until one of your tasks ends, at most the seconds given, and read it."}, t.wait)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_tasks", Description: "List your tasks, a page at a time, optionally by status."}, t.list)
+	mcp.AddTool(s, &mcp.Tool{Name: "cancel_task", Description: "Stop one of your tasks. It reads cancelled once its subagent really stopped."}, t.cancel)
+	mcp.AddTool(s, &mcp.Tool{Name: "close_task", Description: "Stop one of your tasks and every task it launched, at any depth."}, t.close)
+	mcp.AddTool(s, &mcp.Tool{Name: "extend_task", Description: "Send one of your running tasks another prompt; its answer comes with the task's."}, t.extend)
+	return s, nil
+}
+
+// tools are the tools' handlers.
+type tools struct {
+	m *bgtask.Manager
+	o Options
+}
+
+// callerOf is who made req.
+func callerOf(req *mcp.CallToolRequest) Caller {
+	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil && req.Extra.TokenInfo.UserID != "" {
+		return Caller{ID: "user:" + req.Extra.TokenInfo.UserID}
+	}
+	if req != nil && req.Session != nil && req.Session.ID() != "" {
+		return Caller{ID: "session:" + req.Session.ID()}
+	}
+	return Caller{ID: "stdio"}
+}
+
+// errUnknown is what a caller reads of a task that is not theirs, is
+// none, or was forgotten: the same, so that ids of others cannot be
+// probed.
+func errUnknown(id string) error {
+	return fmt.Errorf("unknown task %q: no task of yours has this id (a task that ended long ago may have been forgotten)", id)
+}
+
+// own returns task id if it is c's.
+func (t *tools) own(c Caller, id string) (bgtask.Task, error) {
+	if id == "" {
+		return bgtask.Task{}, errors.New("id is required: the task's id, as launch_task or list_tasks gave it")
+	}
+	task, err := t.m.Task(id)
+	if err != nil || task.Metadata[clientKey] != c.ID {
+		return bgtask.Task{}, errUnknown(id)
+	}
+	return task, nil
+}

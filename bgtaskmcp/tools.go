@@ -1,0 +1,248 @@
+package bgtaskmcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// LaunchInput is launch_task's arguments.
+type LaunchInput struct {
+	Prompt      string `json:"prompt" jsonschema:"what the task is to do: the subagent's instructions"`
+	Description string `json:"description,omitempty" jsonschema:"a few words that name the task for people"`
+	Agent       string `json:"agent,omitempty" jsonschema:"the kind of subagent to run, if the server offers several"`
+}
+
+// IDInput names one task.
+type IDInput struct {
+	ID string `json:"id" jsonschema:"the task's id, as launch_task or list_tasks gave it"`
+}
+
+// WaitInput is wait_task's arguments.
+type WaitInput struct {
+	ID      string `json:"id" jsonschema:"the task's id"`
+	Seconds int    `json:"seconds,omitempty" jsonschema:"how long to wait at most (default 30; the server bounds it)"`
+}
+
+// ListInput is list_tasks' arguments.
+type ListInput struct {
+	Status []string `json:"status,omitempty" jsonschema:"only tasks in these statuses: pending, running, completed, error, cancelled, interrupt"`
+	After  string   `json:"after,omitempty" jsonschema:"the cursor of the previous page (its next)"`
+	Limit  int      `json:"limit,omitempty" jsonschema:"at most this many tasks (1 to 100; default 20)"`
+}
+
+// ExtendInput is extend_task's arguments.
+type ExtendInput struct {
+	ID     string `json:"id" jsonschema:"the task's id"`
+	Prompt string `json:"prompt" jsonschema:"the prompt to send the running task"`
+}
+
+// TaskView is a task as a client reads it.
+type TaskView struct {
+	ID          string `json:"id"`
+	Status      string `json:"status" jsonschema:"pending, running, completed, error, cancelled or interrupt"`
+	Description string `json:"description,omitempty"`
+	Model       string `json:"model,omitempty" jsonschema:"the model of its current attempt"`
+	Attempts    int    `json:"attempts"`
+	Progress    string `json:"progress,omitempty" jsonschema:"its latest line of progress, while it runs"`
+	Timeline    string `json:"timeline" jsonschema:"its attempts, one a line, and how it ended"`
+	// Envelope is what a parent model reads of an ended task: its answer
+	// or why it has none.
+	Envelope string  `json:"envelope,omitempty"`
+	Tokens   int64   `json:"tokens,omitempty"`
+	Cost     float64 `json:"cost,omitempty"`
+}
+
+// viewOf is t as a client reads it.
+func viewOf(t bgtask.Task) TaskView {
+	v := TaskView{ID: t.ID, Status: string(t.Status), Description: t.Description, Attempts: len(t.Attempts),
+		Progress: t.Progress, Timeline: bgtask.Timeline(t)}
+	if t.Model.ID != "" {
+		v.Model = t.Model.String()
+	}
+	if t.Status.Terminal() {
+		v.Envelope = bgtask.Envelope(t)
+	}
+	if t.Usage != nil {
+		v.Tokens, v.Cost = t.Usage.Total.Tokens(), float64(t.Usage.Total.Cost)/float64(bgtask.CostUnit)
+	}
+	return v
+}
+
+// said is the text a model reads of v: the envelope of an ended task, or
+// a line of its status.
+func said(v TaskView) *mcp.CallToolResult {
+	text := v.Envelope
+	if text == "" {
+		text = fmt.Sprintf("task %s is %s", v.ID, v.Status)
+		if v.Progress != "" {
+			text += ": " + v.Progress
+		}
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+}
+
+func (t *tools) launch(ctx context.Context, req *mcp.CallToolRequest, in LaunchInput) (*mcp.CallToolResult, TaskView, error) {
+	c := callerOf(req)
+	if strings.TrimSpace(in.Prompt) == "" {
+		return nil, TaskView{}, errors.New("prompt is required: what the task is to do")
+	}
+	live, err := t.m.Tasks(bgtask.Query{Metadata: map[string]string{clientKey: c.ID}, Statuses: []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning}, Limit: t.o.MaxPerClient})
+	if err != nil {
+		return nil, TaskView{}, err
+	}
+	if len(live.Tasks) >= t.o.MaxPerClient {
+		return nil, TaskView{}, fmt.Errorf("you have %d tasks live, the most this server runs for one client: wait for one to end, or cancel one", len(live.Tasks))
+	}
+	spec, err := t.o.Launch(ctx, c, in)
+	if err != nil {
+		return nil, TaskView{}, err
+	}
+	if spec.Metadata == nil {
+		spec.Metadata = map[string]string{}
+	}
+	spec.Metadata[clientKey] = c.ID
+	if spec.ParentSessionID == "" {
+		spec.ParentSessionID = c.ID
+	}
+	task, err := t.m.Launch(ctx, spec)
+	if err != nil {
+		return nil, TaskView{}, err
+	}
+	v := viewOf(task)
+	return said(v), v, nil
+}
+
+func (t *tools) get(_ context.Context, req *mcp.CallToolRequest, in IDInput) (*mcp.CallToolResult, TaskView, error) {
+	task, err := t.own(callerOf(req), in.ID)
+	if err != nil {
+		return nil, TaskView{}, err
+	}
+	v := viewOf(task)
+	return said(v), v, nil
+}
+
+func (t *tools) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitInput) (*mcp.CallToolResult, TaskView, error) {
+	if _, err := t.own(callerOf(req), in.ID); err != nil {
+		return nil, TaskView{}, err
+	}
+	if in.Seconds < 0 {
+		return nil, TaskView{}, fmt.Errorf("seconds is %d: it must be positive", in.Seconds)
+	}
+	d := min(time.Duration(in.Seconds)*time.Second, t.o.MaxWait)
+	if in.Seconds == 0 {
+		d = min(30*time.Second, t.o.MaxWait)
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	task, err := t.m.Wait(wctx, in.ID)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		task, err = t.m.Task(in.ID) // not ended yet: as it is
+	}
+	if err != nil {
+		return nil, TaskView{}, err
+	}
+	v := viewOf(task)
+	return said(v), v, nil
+}
+
+// ListOutput is list_tasks' result.
+type ListOutput struct {
+	Tasks []TaskView `json:"tasks"`
+	Next  string     `json:"next,omitempty" jsonschema:"the cursor of the next page; absent on the last"`
+}
+
+func (t *tools) list(_ context.Context, req *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
+	c := callerOf(req)
+	q := bgtask.Query{Metadata: map[string]string{clientKey: c.ID}, Limit: in.Limit}
+	if q.Limit == 0 {
+		q.Limit = 20
+	}
+	if q.Limit < 0 || q.Limit > 100 {
+		return nil, ListOutput{}, fmt.Errorf("limit is %d: it must be between 1 and 100", in.Limit)
+	}
+	for _, s := range in.Status {
+		q.Statuses = append(q.Statuses, bgtask.Status(s))
+	}
+	if in.After != "" {
+		if _, err := t.own(c, in.After); err != nil {
+			return nil, ListOutput{}, fmt.Errorf("after: %w", err)
+		}
+		q.After = in.After
+	}
+	p, err := t.m.Tasks(q)
+	if err != nil {
+		return nil, ListOutput{}, err
+	}
+	out := ListOutput{Tasks: []TaskView{}, Next: p.Next}
+	var lines []string
+	for _, task := range p.Tasks {
+		v := viewOf(task)
+		v.Timeline, v.Envelope = "", "" // get_task has them
+		out.Tasks = append(out.Tasks, v)
+		lines = append(lines, fmt.Sprintf("%s %s %s", v.ID, v.Status, v.Description))
+	}
+	text := strings.Join(lines, "\n")
+	if text == "" {
+		text = "no task"
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
+}
+
+// StopOutput is what cancel_task and close_task did.
+type StopOutput struct {
+	Stopped []string `json:"stopped" jsonschema:"the tasks whose runs stopped"`
+	Task    TaskView `json:"task"`
+}
+
+func (t *tools) stop(ctx context.Context, req *mcp.CallToolRequest, id string, tree bool) (*mcp.CallToolResult, StopOutput, error) {
+	c := callerOf(req)
+	if _, err := t.own(c, id); err != nil {
+		return nil, StopOutput{}, err
+	}
+	rep, err := t.m.Stop(bgtask.WithActor(ctx, c.ID), bgtask.Target{Task: id, Tree: tree})
+	if err != nil {
+		return nil, StopOutput{}, err
+	}
+	out := StopOutput{Stopped: []string{}}
+	for _, r := range rep.Stopped {
+		out.Stopped = append(out.Stopped, r.TaskID)
+	}
+	task, err := t.m.Task(id)
+	if err != nil {
+		return nil, StopOutput{}, err
+	}
+	out.Task = viewOf(task)
+	res := said(out.Task)
+	return res, out, nil
+}
+
+func (t *tools) cancel(ctx context.Context, req *mcp.CallToolRequest, in IDInput) (*mcp.CallToolResult, StopOutput, error) {
+	return t.stop(ctx, req, in.ID, false)
+}
+
+func (t *tools) close(ctx context.Context, req *mcp.CallToolRequest, in IDInput) (*mcp.CallToolResult, StopOutput, error) {
+	return t.stop(ctx, req, in.ID, true)
+}
+
+// ExtendOutput is extend_task's result.
+type ExtendOutput struct {
+	Invocation int `json:"invocation" jsonschema:"the prompt's number: the launch prompt is 1"`
+}
+
+func (t *tools) extend(ctx context.Context, req *mcp.CallToolRequest, in ExtendInput) (*mcp.CallToolResult, ExtendOutput, error) {
+	c := callerOf(req)
+	if _, err := t.own(c, in.ID); err != nil {
+		return nil, ExtendOutput{}, err
+	}
+	n, err := t.m.Extend(bgtask.WithActor(ctx, c.ID), in.ID, in.Prompt)
+	if err != nil {
+		return nil, ExtendOutput{}, err
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("task %s took the prompt as invocation %d", in.ID, n)}}}, ExtendOutput{Invocation: n}, nil
+}
