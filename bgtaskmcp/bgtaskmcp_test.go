@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/signal"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,7 +24,52 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain runs the tests, or, when a test re-executed this binary as an
+// MCP server over stdio (serveEnv names its journal), that server.
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(serveEnv); dir != "" {
+		if err := serveStdio(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// serveEnv names the journal directory of a server this binary runs.
+const serveEnv = "BGTASKMCP_TEST_SERVE"
+
+// serveStdio serves, over stdio, a Manager with a file journal in dir
+// whose subagents answer a prompt that says "quick" at once, and work on
+// any other until they are stopped.
+func serveStdio(dir string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	j, err := bgtask.OpenFileJournal(dir)
+	if err != nil {
+		return err
+	}
+	work := func(ctx context.Context, run bgtask.Run) (string, error) {
+		if strings.Contains(run.Prompt, "quick") {
+			return "done: " + run.Prompt, nil
+		}
+		<-ctx.Done()
+		return "", ctx.Err()
+	}
+	m, err := bgtask.Open(ctx, bgtask.NewFuncHost(work), bgtask.WithJournal(j))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = m.Shutdown(context.Background()) }()
+	s, err := bgtaskmcp.New(m, bgtaskmcp.Options{Launch: func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
+		return bgtask.Spec{Prompt: in.Prompt, Models: []bgtask.Model{{Provider: "local", ID: "worker"}}}, nil
+	}})
+	if err != nil {
+		return err
+	}
+	return s.Run(ctx, &mcp.StdioTransport{})
+}
 
 // served is a Manager on a scripted host, served over streamable HTTP.
 type served struct {
@@ -180,4 +230,132 @@ func TestBadArgumentsAreToolErrors(t *testing.T) {
 	text, isErr := call(t, cs, s.ctx, "launch_task", map[string]any{"prompt": "one too many"}, nil)
 	assert.True(t, isErr)
 	assert.Contains(t, text, "the most this server runs for one client")
+}
+
+// A running task's lines of progress reach a client that waits for it,
+// as MCP progress notifications of its call.
+func TestProgressReachesTheClient(t *testing.T) {
+	s := serve(t)
+	heard := make(chan string, 16)
+	c := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) { heard <- req.Params.Message },
+	})
+	cs, err := c.Connect(s.ctx, &mcp.StreamableClientTransport{Endpoint: s.url}, nil)
+	require.NoError(t, err)
+	defer cs.Close()
+	var task bgtaskmcp.TaskView
+	_, isErr := call(t, cs, s.ctx, "launch_task", map[string]any{"prompt": "work"}, &task)
+	require.False(t, isErr)
+	running, err := bgtasktest.WaitStatus(s.ctx, s.m, task.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, s.host.Emit(bgtask.Event{SessionID: running.SessionID, Kind: bgtask.SessionBusy, Progress: "reading parse.go"}))
+
+	params := &mcp.CallToolParams{Name: "wait_task", Arguments: map[string]any{"id": task.ID, "seconds": 20}}
+	params.SetProgressToken("wait-1")
+	result := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := cs.CallTool(s.ctx, params)
+		assert.NoError(t, err)
+		result <- res
+	}()
+	select {
+	case msg := <-heard:
+		assert.Equal(t, "reading parse.go", msg)
+	case <-s.ctx.Done():
+		t.Fatal("no progress notification")
+	}
+	require.NoError(t, s.host.Idle(running.SessionID, "found it"))
+	res := <-result
+	require.NotNil(t, res)
+	assert.False(t, res.IsError)
+}
+
+// stdio starts this binary as an MCP server over stdio, on the journal in
+// dir, and connects a client to it; closing the session ends the server.
+func stdio(t *testing.T, ctx context.Context, dir string) *mcp.ClientSession {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), serveEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	c := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil)
+	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	require.NoError(t, err)
+	return cs
+}
+
+// Over stdio, with the server a process of its own and a file journal: a
+// task launched, then the server restarted, and the client goes on
+// polling its task ids — the ended one has its answer, the one the
+// restart cut says how it ended — and launches anew.
+func TestAClientGoesOnPollingAcrossARestartOverStdio(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	cs := stdio(t, ctx, dir)
+	var quick, long bgtaskmcp.TaskView
+	_, isErr := call(t, cs, ctx, "launch_task", map[string]any{"prompt": "a quick one"}, &quick)
+	require.False(t, isErr)
+	_, isErr = call(t, cs, ctx, "launch_task", map[string]any{"prompt": "a long one"}, &long)
+	require.False(t, isErr)
+	var done bgtaskmcp.TaskView
+	_, isErr = call(t, cs, ctx, "wait_task", map[string]any{"id": quick.ID, "seconds": 20}, &done)
+	require.False(t, isErr)
+	require.Equal(t, "completed", done.Status)
+	require.NoError(t, cs.Close()) // the server process ends
+
+	again := stdio(t, ctx, dir)
+	defer again.Close()
+	var after bgtaskmcp.TaskView
+	text, isErr := call(t, again, ctx, "get_task", map[string]any{"id": quick.ID}, &after)
+	require.False(t, isErr, text)
+	assert.Equal(t, "completed", after.Status)
+	assert.Contains(t, after.Envelope, "done: a quick one")
+	text, isErr = call(t, again, ctx, "get_task", map[string]any{"id": long.ID}, &after)
+	require.False(t, isErr, "the task the restart cut is still the client's: %s", text)
+	assert.NotEmpty(t, after.Timeline)
+	var fresh bgtaskmcp.TaskView
+	_, isErr = call(t, again, ctx, "launch_task", map[string]any{"prompt": "quick, after the restart"}, &fresh)
+	require.False(t, isErr)
+	_, isErr = call(t, again, ctx, "wait_task", map[string]any{"id": fresh.ID, "seconds": 20}, &done)
+	require.False(t, isErr)
+	assert.Equal(t, "completed", done.Status)
+}
+
+// A harness's launch function that fails, or panics, refuses the launch
+// with its words; the server goes on serving.
+func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
+	host := bgtasktest.NewHost()
+	m, err := bgtask.Open(context.Background(), host)
+	require.NoError(t, err)
+	defer func() { _ = m.Shutdown(context.Background()) }()
+	s, err := bgtaskmcp.New(m, bgtaskmcp.Options{Launch: func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
+		if in.Agent == "panic" {
+			panic("a bug in the harness")
+		}
+		return bgtask.Spec{}, errors.New("no agent named " + in.Agent)
+	}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := s.Connect(ctx, st, nil)
+	require.NoError(t, err)
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	require.NoError(t, err)
+	defer cs.Close()
+	text, isErr := call(t, cs, ctx, "launch_task", map[string]any{"prompt": "p", "agent": "ghost"}, nil)
+	assert.True(t, isErr)
+	assert.Contains(t, text, "no agent named ghost")
+	text, isErr = call(t, cs, ctx, "launch_task", map[string]any{"prompt": "p", "agent": "panic"}, nil)
+	assert.True(t, isErr)
+	assert.Contains(t, text, "a bug in the harness")
+	text, isErr = call(t, cs, ctx, "list_tasks", map[string]any{}, nil)
+	assert.False(t, isErr, "still serving: %s", text)
+	assert.Empty(t, m.Snapshot().Tasks, "nothing launched")
+
+	_, err = bgtaskmcp.New(nil, bgtaskmcp.Options{})
+	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
+	_, err = bgtaskmcp.New(m, bgtaskmcp.Options{})
+	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument, "Launch is required")
 }

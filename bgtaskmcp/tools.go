@@ -50,7 +50,7 @@ type TaskView struct {
 	Model       string `json:"model,omitempty" jsonschema:"the model of its current attempt"`
 	Attempts    int    `json:"attempts"`
 	Progress    string `json:"progress,omitempty" jsonschema:"its latest line of progress, while it runs"`
-	Timeline    string `json:"timeline" jsonschema:"its attempts, one a line, and how it ended"`
+	Timeline    string `json:"timeline,omitempty" jsonschema:"its attempts, one a line, and how it ended (get_task and wait_task)"`
 	// Envelope is what a parent model reads of an ended task: its answer
 	// or why it has none.
 	Envelope string  `json:"envelope,omitempty"`
@@ -99,7 +99,7 @@ func (t *tools) launch(ctx context.Context, req *mcp.CallToolRequest, in LaunchI
 	if len(live.Tasks) >= t.o.MaxPerClient {
 		return nil, TaskView{}, fmt.Errorf("you have %d tasks live, the most this server runs for one client: wait for one to end, or cancel one", len(live.Tasks))
 	}
-	spec, err := t.o.Launch(ctx, c, in)
+	spec, err := t.launchSpec(ctx, c, in)
 	if err != nil {
 		return nil, TaskView{}, err
 	}
@@ -116,6 +116,17 @@ func (t *tools) launch(ctx context.Context, req *mcp.CallToolRequest, in LaunchI
 	}
 	v := viewOf(task)
 	return said(v), v, nil
+}
+
+// launchSpec is Options.Launch's Spec, or its error; a Launch that
+// panics refuses the launch, and the server goes on.
+func (t *tools) launchSpec(ctx context.Context, c Caller, in LaunchInput) (spec bgtask.Spec, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("the server could not launch the task: its launch function failed (%v)", r)
+		}
+	}()
+	return t.o.Launch(ctx, c, in)
 }
 
 func (t *tools) get(_ context.Context, req *mcp.CallToolRequest, in IDInput) (*mcp.CallToolResult, TaskView, error) {
@@ -140,6 +151,13 @@ func (t *tools) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitInput
 	}
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
+		forwarded := t.progress(wctx, req.Session, tok, in.ID)
+		defer func() {
+			cancel()
+			<-forwarded
+		}()
+	}
 	task, err := t.m.Wait(wctx, in.ID)
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		task, err = t.m.Task(in.ID) // not ended yet: as it is
@@ -149,6 +167,39 @@ func (t *tools) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitInput
 	}
 	v := viewOf(task)
 	return said(v), v, nil
+}
+
+// progress sends the task's lines of progress to the caller, as MCP
+// progress notifications of the request whose token is tok, until ctx
+// ends; the channel it returns is closed once it stopped.
+func (t *tools) progress(ctx context.Context, ss *mcp.ServerSession, tok any, id string) <-chan struct{} {
+	done := make(chan struct{})
+	sub, err := t.m.Subscribe(ctx, 0)
+	if err != nil {
+		close(done)
+		return done
+	}
+	go func() { // joined by the wait that started it
+		defer close(done)
+		defer sub.Close()
+		last, n := "", 0
+		if task, err := t.m.Task(id); err == nil && task.Progress != "" { // where it is now, first
+			last, n = task.Progress, 1
+			if ss.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Message: last, Progress: 1}) != nil {
+				return
+			}
+		}
+		for c := range sub.C {
+			if c.Task.ID != id || c.Task.Progress == "" || c.Task.Progress == last {
+				continue
+			}
+			last, n = c.Task.Progress, n+1
+			if ss.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Message: last, Progress: float64(n)}) != nil {
+				return
+			}
+		}
+	}()
+	return done
 }
 
 // ListOutput is list_tasks' result.
