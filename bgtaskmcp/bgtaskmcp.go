@@ -92,15 +92,21 @@ type tools struct {
 	o Options
 }
 
-// callerOf is who made req.
-func callerOf(req *mcp.CallToolRequest) Caller {
+// callerOf is who made req. A request over HTTP with neither an
+// authenticated user nor a session (a stateless server with no token
+// verifier) has no caller to bind a task to: it is refused, so that no
+// two clients share one.
+func callerOf(req *mcp.CallToolRequest) (Caller, error) {
 	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil && req.Extra.TokenInfo.UserID != "" {
-		return Caller{ID: "user:" + req.Extra.TokenInfo.UserID}
+		return Caller{ID: "user:" + req.Extra.TokenInfo.UserID}, nil
 	}
 	if req != nil && req.Session != nil && req.Session.ID() != "" {
-		return Caller{ID: "session:" + req.Session.ID()}
+		return Caller{ID: "session:" + req.Session.ID()}, nil
 	}
-	return Caller{ID: "stdio"}
+	if req != nil && req.Extra != nil && req.Extra.Header != nil {
+		return Caller{}, errors.New("this server binds each task to its caller, and this request names none: serve HTTP with sessions, or with a bearer-token verifier that names the user (auth.TokenInfo.UserID)")
+	}
+	return Caller{ID: "stdio"}, nil
 }
 
 // errUnknown is what a caller reads of a task that is not theirs, is
@@ -110,8 +116,12 @@ func errUnknown(id string) error {
 	return fmt.Errorf("unknown task %q: no task of yours has this id (a task that ended long ago may have been forgotten)", id)
 }
 
-// own returns task id if it is c's.
-func (t *tools) own(c Caller, id string) (bgtask.Task, error) {
+// own returns task id if it is the caller's of req.
+func (t *tools) own(req *mcp.CallToolRequest, id string) (bgtask.Task, error) {
+	c, err := callerOf(req)
+	if err != nil {
+		return bgtask.Task{}, err
+	}
 	if id == "" {
 		return bgtask.Task{}, errors.New("id is required: the task's id, as launch_task or list_tasks gave it")
 	}

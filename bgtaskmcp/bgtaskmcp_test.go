@@ -359,3 +359,29 @@ func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
 	_, err = bgtaskmcp.New(m, bgtaskmcp.Options{})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument, "Launch is required")
 }
+
+// A stateless HTTP server with no token verifier has no caller to bind a
+// task to: its tools refuse, rather than let every client share one.
+func TestAStatelessServerWithoutIdentitiesRefuses(t *testing.T) {
+	host := bgtasktest.NewHost()
+	m, err := bgtask.Open(context.Background(), host)
+	require.NoError(t, err)
+	defer func() { _ = m.Shutdown(context.Background()) }()
+	s, err := bgtaskmcp.New(m, bgtaskmcp.Options{Launch: func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
+		return bgtask.Spec{Prompt: in.Prompt, Models: []bgtask.Model{{ID: "m"}}}, nil
+	}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL}, nil)
+	require.NoError(t, err)
+	defer cs.Close()
+	for tool, args := range map[string]map[string]any{"launch_task": {"prompt": "p"}, "list_tasks": {}, "get_task": {"id": "x"}, "cancel_task": {"id": "x"}} {
+		text, isErr := call(t, cs, ctx, tool, args, nil)
+		assert.True(t, isErr, tool)
+		assert.Contains(t, text, "names none", tool)
+	}
+	assert.Empty(t, m.Snapshot().Tasks)
+}

@@ -88,7 +88,10 @@ func said(v TaskView) *mcp.CallToolResult {
 }
 
 func (t *tools) launch(ctx context.Context, req *mcp.CallToolRequest, in LaunchInput) (*mcp.CallToolResult, TaskView, error) {
-	c := callerOf(req)
+	c, err := callerOf(req)
+	if err != nil {
+		return nil, TaskView{}, err
+	}
 	if strings.TrimSpace(in.Prompt) == "" {
 		return nil, TaskView{}, errors.New("prompt is required: what the task is to do")
 	}
@@ -130,7 +133,7 @@ func (t *tools) launchSpec(ctx context.Context, c Caller, in LaunchInput) (spec 
 }
 
 func (t *tools) get(_ context.Context, req *mcp.CallToolRequest, in IDInput) (*mcp.CallToolResult, TaskView, error) {
-	task, err := t.own(callerOf(req), in.ID)
+	task, err := t.own(req, in.ID)
 	if err != nil {
 		return nil, TaskView{}, err
 	}
@@ -139,7 +142,7 @@ func (t *tools) get(_ context.Context, req *mcp.CallToolRequest, in IDInput) (*m
 }
 
 func (t *tools) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitInput) (*mcp.CallToolResult, TaskView, error) {
-	if _, err := t.own(callerOf(req), in.ID); err != nil {
+	if _, err := t.own(req, in.ID); err != nil {
 		return nil, TaskView{}, err
 	}
 	if in.Seconds < 0 {
@@ -209,7 +212,10 @@ type ListOutput struct {
 }
 
 func (t *tools) list(_ context.Context, req *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
-	c := callerOf(req)
+	c, err := callerOf(req)
+	if err != nil {
+		return nil, ListOutput{}, err
+	}
 	q := bgtask.Query{Metadata: map[string]string{clientKey: c.ID}, Limit: in.Limit}
 	if q.Limit == 0 {
 		q.Limit = 20
@@ -221,7 +227,7 @@ func (t *tools) list(_ context.Context, req *mcp.CallToolRequest, in ListInput) 
 		q.Statuses = append(q.Statuses, bgtask.Status(s))
 	}
 	if in.After != "" {
-		if _, err := t.own(c, in.After); err != nil {
+		if _, err := t.own(req, in.After); err != nil {
 			return nil, ListOutput{}, fmt.Errorf("after: %w", err)
 		}
 		q.After = in.After
@@ -252,8 +258,11 @@ type StopOutput struct {
 }
 
 func (t *tools) stop(ctx context.Context, req *mcp.CallToolRequest, id string, tree bool) (*mcp.CallToolResult, StopOutput, error) {
-	c := callerOf(req)
-	if _, err := t.own(c, id); err != nil {
+	c, err := callerOf(req)
+	if err != nil {
+		return nil, StopOutput{}, err
+	}
+	if _, err := t.own(req, id); err != nil {
 		return nil, StopOutput{}, err
 	}
 	rep, err := t.m.Stop(bgtask.WithActor(ctx, c.ID), bgtask.Target{Task: id, Tree: tree})
@@ -287,8 +296,11 @@ type ExtendOutput struct {
 }
 
 func (t *tools) extend(ctx context.Context, req *mcp.CallToolRequest, in ExtendInput) (*mcp.CallToolResult, ExtendOutput, error) {
-	c := callerOf(req)
-	if _, err := t.own(c, in.ID); err != nil {
+	c, err := callerOf(req)
+	if err != nil {
+		return nil, ExtendOutput{}, err
+	}
+	if _, err := t.own(req, in.ID); err != nil {
 		return nil, ExtendOutput{}, err
 	}
 	n, err := t.m.Extend(bgtask.WithActor(ctx, c.ID), in.ID, in.Prompt)
