@@ -167,6 +167,10 @@ func TestHistoryTellsARestart(t *testing.T) {
 	task, err := m1.Launch(context.Background(), Spec{ParentSessionID: "p", Models: []Model{{Provider: "a", ID: "1"}}})
 	require.NoError(t, err)
 	waitStatus(t, m1, task.ID, StatusRunning)
+	// Its binding is durable before the crash: a later launch returns once
+	// its own record is, and records land in order.
+	barrier, err := m1.Launch(context.Background(), Spec{ParentSessionID: "barrier", Models: []Model{{Provider: "a", ID: "1"}}})
+	require.NoError(t, err)
 	crash(t, m1, j1)
 
 	j2, err := OpenFileJournal(dir)
@@ -177,6 +181,11 @@ func TestHistoryTellsARestart(t *testing.T) {
 	waitStatus(t, m2, task.ID, StatusRunning)
 	require.NoError(t, m2.Observe(Event{SessionID: "s-" + task.CurrentAttemptID, Kind: SessionIdle, Text: "after"}))
 	waitStatus(t, m2, task.ID, StatusCompleted)
+	for _, id := range []string{barrier.ID} { // ended too, so that Shutdown has nothing to stop
+		b := waitStatus(t, m2, id, StatusRunning)
+		require.NoError(t, m2.Observe(Event{SessionID: "s-" + b.CurrentAttemptID, Kind: SessionIdle}))
+		waitStatus(t, m2, id, StatusCompleted)
+	}
 
 	views, err := m2.History(context.Background(), task.ID)
 	require.NoError(t, err)
