@@ -79,23 +79,35 @@ type served struct {
 	ctx  context.Context
 }
 
-func serve(t *testing.T) *served {
+// server is a Manager on a scripted host, shut down when the test ends,
+// and an MCP server of it with o; o.Launch nil launches the prompt on two
+// models.
+func server(t *testing.T, o bgtaskmcp.Options) (*bgtask.Manager, *bgtasktest.Host, *mcp.Server) {
 	t.Helper()
 	host := bgtasktest.NewHost()
 	m, err := bgtask.Open(context.Background(), host)
 	require.NoError(t, err)
 	host.Attach(m)
-	s, err := bgtaskmcp.New(m, bgtaskmcp.Options{MaxPerClient: 2, Launch: func(_ context.Context, c bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
-		return bgtask.Spec{Prompt: in.Prompt, Description: in.Description, Models: []bgtask.Model{{Provider: "a", ID: "one"}, {Provider: "b", ID: "two"}}}, nil
-	}})
+	t.Cleanup(func() { _ = m.Shutdown(context.Background()) })
+	if o.Launch == nil {
+		o.Launch = func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
+			return bgtask.Spec{Prompt: in.Prompt, Description: in.Description, Models: []bgtask.Model{{Provider: "a", ID: "one"}, {Provider: "b", ID: "two"}}}, nil
+		}
+	}
+	s, err := bgtaskmcp.New(m, o)
 	require.NoError(t, err)
+	return m, host, s
+}
+
+func serve(t *testing.T) *served {
+	t.Helper()
+	m, host, s := server(t, bgtaskmcp.Options{MaxPerClient: 2})
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before the Manager's shutdown: cleanups run last first
 		cancel()
 		srv.CloseClientConnections()
 		srv.Close()
-		_ = m.Shutdown(context.Background())
 	})
 	return &served{m: m, host: host, url: srv.URL, ctx: ctx}
 }
@@ -324,17 +336,12 @@ func TestAClientGoesOnPollingAcrossARestartOverStdio(t *testing.T) {
 // A harness's launch function that fails, or panics, refuses the launch
 // with its words; the server goes on serving.
 func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
-	host := bgtasktest.NewHost()
-	m, err := bgtask.Open(context.Background(), host)
-	require.NoError(t, err)
-	defer func() { _ = m.Shutdown(context.Background()) }()
-	s, err := bgtaskmcp.New(m, bgtaskmcp.Options{Launch: func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
+	m, _, s := server(t, bgtaskmcp.Options{Launch: func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
 		if in.Agent == "panic" {
 			panic("a bug in the harness")
 		}
 		return bgtask.Spec{}, errors.New("no agent named " + in.Agent)
 	}})
-	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, ct := mcp.NewInMemoryTransports()
@@ -363,14 +370,7 @@ func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
 // A stateless HTTP server with no token verifier has no caller to bind a
 // task to: its tools refuse, rather than let every client share one.
 func TestAStatelessServerWithoutIdentitiesRefuses(t *testing.T) {
-	host := bgtasktest.NewHost()
-	m, err := bgtask.Open(context.Background(), host)
-	require.NoError(t, err)
-	defer func() { _ = m.Shutdown(context.Background()) }()
-	s, err := bgtaskmcp.New(m, bgtaskmcp.Options{Launch: func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
-		return bgtask.Spec{Prompt: in.Prompt, Models: []bgtask.Model{{ID: "m"}}}, nil
-	}})
-	require.NoError(t, err)
+	m, _, s := server(t, bgtaskmcp.Options{})
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
