@@ -132,7 +132,7 @@ func TestTwoProcessesRaceTheLastSpawns(t *testing.T) {
 // whose own budget is none (c2) — and refused by it once it is spent.
 func TestALaunchOutsideEveryBudgetMakesNoBudgetStatement(t *testing.T) {
 	f := newFixture(t)
-	n, admits := f.admitsCounted()
+	n, admits := f.admitsCounted(nil)
 
 	free := runningSpec(t, n, bgtask.Spec{ParentSessionID: "chat"})
 	runningSpec(t, n, bgtask.Spec{ParentSessionID: free.SessionID})
@@ -156,8 +156,12 @@ func TestALaunchOutsideEveryBudgetMakesNoBudgetStatement(t *testing.T) {
 // already) is refused alone.
 func TestBudgetAdmissionsAreBatched(t *testing.T) {
 	f := newFixture(t)
-	n, admits := f.admitsCounted()
+	started := make(chan struct{}, 64)
+	n, admits := f.admitsCounted(started)
 	root := runningSpec(t, n, bgtask.Spec{ParentSessionID: "chat", Budget: &bgtask.Budget{Spawns: 10}})
+	for len(started) > 0 {
+		<-started
+	}
 	admits.Store(0)
 	// The first admission waits for the budget's row, held here, until
 	// every other one is queued behind it.
@@ -171,12 +175,10 @@ func TestBudgetAdmissionsAreBatched(t *testing.T) {
 
 	var wg sync.WaitGroup
 	var launched, refused atomic.Int64
-	start := make(chan struct{})
-	for range 20 {
+	launch := func() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			<-start
 			_, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: root.SessionID, Prompt: "do it", Models: spec.Models})
 			var be *bgtask.BudgetError
 			switch {
@@ -189,8 +191,15 @@ func TestBudgetAdmissionsAreBatched(t *testing.T) {
 			}
 		}()
 	}
-	close(start)
-	for range 20 {
+	// The first is in flight, waiting for the row, before the others
+	// come: they queue behind its statement, and go in the next.
+	launch()
+	recv(t, queued, "the first admission queued")
+	recv(t, started, "the first admission's statement sent")
+	for range 19 {
+		launch()
+	}
+	for range 19 {
 		recv(t, queued, "an admission queued")
 	}
 	require.NoError(t, tx.Rollback(ctx(t)))
@@ -210,12 +219,13 @@ func TestBudgetAdmissionsAreBatched(t *testing.T) {
 
 // admitsCounted joins a node of the fixture's ledger on a pool of its
 // own, whose budget admission statements (budgetAdmitSQL) it counts.
-func (f *fixture) admitsCounted() (*Node, *atomic.Int64) {
+// Each statement's start is told on started, if it is not nil.
+func (f *fixture) admitsCounted(started chan<- struct{}) (*Node, *atomic.Int64) {
 	f.t.Helper()
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	require.NoError(f.t, err)
 	admits := &atomic.Int64{}
-	cfg.ConnConfig.Tracer = statementsLike{sql: budgetAdmitSQL, n: admits}
+	cfg.ConnConfig.Tracer = statementsLike{sql: budgetAdmitSQL, n: admits, started: started}
 	pool, err := pgxpool.NewWithConfig(ctx(f.t), cfg)
 	require.NoError(f.t, err)
 	f.t.Cleanup(pool.Close)

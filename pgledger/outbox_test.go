@@ -339,13 +339,17 @@ func TestParentsAreDeliveredSideBySide(t *testing.T) {
 
 // statementsLike counts the statements that are sql.
 type statementsLike struct {
-	sql string
-	n   *atomic.Int64
+	sql     string
+	n       *atomic.Int64
+	started chan<- struct{} // nil, or told of each one as it starts
 }
 
 func (s statementsLike) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if d.SQL == s.sql {
 		s.n.Add(1)
+		if s.started != nil {
+			s.started <- struct{}{}
+		}
 	}
 	return ctx
 }
