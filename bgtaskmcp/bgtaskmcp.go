@@ -30,6 +30,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"reflect"
+	"sync"
 	"time"
 
 	"github.com/bgtask/bgtask"
@@ -50,6 +53,9 @@ type Options struct {
 	MaxWait time.Duration
 	// Name and Version name the server to its clients (default "bgtask").
 	Name, Version string
+	// PollInterval is how often a client of the tasks extension is asked
+	// to poll a task (0: 2 seconds).
+	PollInterval time.Duration
 }
 
 // Caller is who called a tool: the identity its transport authenticated,
@@ -64,18 +70,63 @@ type Caller struct {
 // clientKey is the metadata key a task's caller is kept under.
 const clientKey = "bgtaskmcp.client"
 
-// New returns an MCP server with the task tools, serving m.
-func New(m *bgtask.Manager, o Options) (*mcp.Server, error) {
-	if m == nil {
-		return nil, fmt.Errorf("%w: bgtaskmcp.New of a nil Manager", bgtask.ErrInvalidArgument)
+// Source is what a Server serves: the tasks of a *bgtask.Manager, or of a
+// whole pgledger fleet (fleetview.View), where any process answers for
+// any task. It is bgtaskhttp.Source's task methods, and Launch.
+type Source interface {
+	// Launch launches spec and returns once the task is durable, and
+	// Task finds it: the tasks extension's durable creation.
+	Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error)
+	Task(id string) (bgtask.Task, error)
+	Tasks(q bgtask.Query) (bgtask.Page, error)
+	// Subscribe delivers every change after it is called.
+	Subscribe(ctx context.Context, buffer int) (*bgtask.Subscription, error)
+	Stop(ctx context.Context, t bgtask.Target) (bgtask.ClosureReport, error)
+	Extend(ctx context.Context, id, prompt string) (int, error)
+}
+
+// Server is an MCP server of a Source's tasks: the SDK's server, with the
+// task tools, and the task methods taken in front of it (see the package
+// doc). Serve it with its Run, Connect or Handler: they add those
+// methods, which the SDK alone refuses as unknown.
+type Server struct {
+	*mcp.Server
+	t *tools
+}
+
+// Run serves one client over transport (stdio, say) until ctx ends or
+// the client leaves, as mcp.Server.Run does, with the task methods.
+func (s *Server) Run(ctx context.Context, transport mcp.Transport) error {
+	return s.Server.Run(ctx, Transport(transport))
+}
+
+// Connect is mcp.Server.Connect, with the task methods.
+func (s *Server) Connect(ctx context.Context, transport mcp.Transport, opts *mcp.ServerSessionOptions) (*mcp.ServerSession, error) {
+	return s.Server.Connect(ctx, Transport(transport), opts)
+}
+
+// Handler serves s over streamable HTTP (mcp.NewStreamableHTTPHandler,
+// with o), with the task methods.
+func (s *Server) Handler(o *mcp.StreamableHTTPOptions) http.Handler {
+	return Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.Server }, o), o)
+}
+
+// New returns an MCP server with the task tools, serving src.
+func New(src Source, o Options) (*Server, error) {
+	if src == nil || reflect.ValueOf(src).Kind() == reflect.Pointer && reflect.ValueOf(src).IsNil() {
+		return nil, fmt.Errorf("%w: bgtaskmcp.New of a nil Source", bgtask.ErrInvalidArgument)
 	}
 	if o.Launch == nil {
 		return nil, fmt.Errorf("%w: bgtaskmcp.Options.Launch is required: it says what a task runs", bgtask.ErrInvalidArgument)
 	}
 	o.MaxPerClient = cmp.Or(o.MaxPerClient, 8)
 	o.MaxWait = cmp.Or(o.MaxWait, 5*time.Minute)
-	s := mcp.NewServer(&mcp.Implementation{Name: cmp.Or(o.Name, "bgtask"), Version: cmp.Or(o.Version, "v0")}, nil)
-	t := &tools{m: m, o: o}
+	o.PollInterval = cmp.Or(o.PollInterval, 2*time.Second)
+	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}} // the SDK's default, and the extension
+	caps.AddExtension(Extension, nil)
+	s := mcp.NewServer(&mcp.Implementation{Name: cmp.Or(o.Name, "bgtask"), Version: cmp.Or(o.Version, "v0")}, &mcp.ServerOptions{Capabilities: caps})
+	t := &tools{m: src, o: o}
+	s.AddReceivingMiddleware(t.native)
 	mcp.AddTool(s, &mcp.Tool{Name: "launch_task", Description: "Launch a background task: a subagent that works on the prompt while you go on. Returns at once with the task's id; get_task or wait_task read its answer."}, t.launch)
 	mcp.AddTool(s, &mcp.Tool{Name: "get_task", Description: "Read one of your tasks: its status, attempts, and, once it ended, its answer (the envelope)."}, t.get)
 	mcp.AddTool(s, &mcp.Tool{Name: "wait_task", Description: "Wait until one of your tasks ends, at most the seconds given, and read it."}, t.wait)
@@ -83,13 +134,15 @@ func New(m *bgtask.Manager, o Options) (*mcp.Server, error) {
 	mcp.AddTool(s, &mcp.Tool{Name: "cancel_task", Description: "Stop one of your tasks. It reads cancelled once its subagent really stopped."}, t.cancel)
 	mcp.AddTool(s, &mcp.Tool{Name: "close_task", Description: "Stop one of your tasks and every task it launched, at any depth."}, t.close)
 	mcp.AddTool(s, &mcp.Tool{Name: "extend_task", Description: "Send one of your running tasks another prompt; its answer comes with the task's."}, t.extend)
-	return s, nil
+	return &Server{Server: s, t: t}, nil
 }
 
 // tools are the tools' handlers.
 type tools struct {
-	m *bgtask.Manager
+	m Source
 	o Options
+	mu        sync.Mutex
+	launching map[string]int // by caller: launches between hold and release
 }
 
 // callerOf is who made req. A request over HTTP with neither an

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -82,7 +81,7 @@ type served struct {
 // server is a Manager on a scripted host, shut down when the test ends,
 // and an MCP server of it with o; o.Launch nil launches the prompt on two
 // models.
-func server(t *testing.T, o bgtaskmcp.Options) (*bgtask.Manager, *bgtasktest.Host, *mcp.Server) {
+func server(t *testing.T, o bgtaskmcp.Options) (*bgtask.Manager, *bgtasktest.Host, *bgtaskmcp.Server) {
 	t.Helper()
 	host := bgtasktest.NewHost()
 	m, err := bgtask.Open(context.Background(), host)
@@ -102,7 +101,7 @@ func server(t *testing.T, o bgtaskmcp.Options) (*bgtask.Manager, *bgtasktest.Hos
 func serve(t *testing.T) *served {
 	t.Helper()
 	m, host, s := server(t, bgtaskmcp.Options{MaxPerClient: 2})
-	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	srv := httptest.NewServer(s.Handler(nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(func() { // before the Manager's shutdown: cleanups run last first
 		cancel()
@@ -371,7 +370,7 @@ func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
 // task to: its tools refuse, rather than let every client share one.
 func TestAStatelessServerWithoutIdentitiesRefuses(t *testing.T) {
 	m, _, s := server(t, bgtaskmcp.Options{})
-	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
+	srv := httptest.NewServer(s.Handler(&mcp.StreamableHTTPOptions{Stateless: true}))
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -95,13 +95,11 @@ func (t *tools) launch(ctx context.Context, req *mcp.CallToolRequest, in LaunchI
 	if strings.TrimSpace(in.Prompt) == "" {
 		return nil, TaskView{}, errors.New("prompt is required: what the task is to do")
 	}
-	live, err := t.m.Tasks(bgtask.Query{Metadata: map[string]string{clientKey: c.ID}, Statuses: []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning}, Limit: t.o.MaxPerClient})
+	release, err := t.hold(c)
 	if err != nil {
 		return nil, TaskView{}, err
 	}
-	if len(live.Tasks) >= t.o.MaxPerClient {
-		return nil, TaskView{}, fmt.Errorf("you have %d tasks live, the most this server runs for one client: wait for one to end, or cancel one", len(live.Tasks))
-	}
+	defer release()
 	spec, err := t.launchSpec(ctx, c, in)
 	if err != nil {
 		return nil, TaskView{}, err
@@ -119,6 +117,34 @@ func (t *tools) launch(ctx context.Context, req *mcp.CallToolRequest, in LaunchI
 	}
 	v := viewOf(task)
 	return said(v), v, nil
+}
+
+// hold takes one of c's places under Options.MaxPerClient for a launch,
+// or says why there is none. A place is counted from the check until
+// release, so that launches at once cannot together pass the cap; a
+// launch that ended counts until then as its task too (never more).
+// No lock is held across the launch.
+func (t *tools) hold(c Caller) (release func(), err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	live, err := t.m.Tasks(bgtask.Query{Metadata: map[string]string{clientKey: c.ID}, Statuses: []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning}, Limit: t.o.MaxPerClient})
+	if err != nil {
+		return nil, err
+	}
+	if n := len(live.Tasks) + t.launching[c.ID]; n >= t.o.MaxPerClient {
+		return nil, fmt.Errorf("you have %d tasks live or launching, the most this server runs for one client: wait for one to end, or cancel one", n)
+	}
+	if t.launching == nil {
+		t.launching = map[string]int{}
+	}
+	t.launching[c.ID]++
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.launching[c.ID]--; t.launching[c.ID] <= 0 {
+			delete(t.launching, c.ID)
+		}
+	}, nil
 }
 
 // launchSpec is Options.Launch's Spec, or its error; a Launch that
@@ -161,7 +187,7 @@ func (t *tools) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitInput
 			<-forwarded
 		}()
 	}
-	task, err := t.m.Wait(wctx, in.ID)
+	task, err := t.waitEnd(wctx, in.ID)
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		task, err = t.m.Task(in.ID) // not ended yet: as it is
 	}

@@ -1,0 +1,589 @@
+package bgtaskmcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/bgtask/bgtask"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Native tasks. A client that speaks MCP tasks gets launch_task's answer
+// as a task of the protocol's, and follows it with the protocol's task
+// methods, in one of two forms:
+//
+//   - the tasks extension (Extension, MCP 2026-07-28): a tools/call
+//     whose _meta declares the extension is answered with a
+//     CreateTaskResult (resultType "task"); tasks/get (the result inline
+//     once it ended), tasks/update and tasks/cancel follow it;
+//   - the 2025-11-25 experimental form: a tools/call with params.task is
+//     answered with {task}; tasks/get, tasks/result, tasks/list and
+//     tasks/cancel follow it.
+//
+// The SDK (v1.8.0) refuses a method it does not know before any of its
+// middleware runs. So a layer in front of it — Transport for a
+// connection, Handler for HTTP — renames a request of a task method into
+// a tools/call of a tool of that method's name (no tools/list shows it),
+// and the server's middleware (native) answers it: the SDK's session,
+// authentication and protocol checks run on it as on any call.
+
+// Extension is the MCP tasks extension's identifier, which a Server
+// declares in its capabilities.
+const Extension = "io.modelcontextprotocol/tasks"
+
+// taskMethods are the methods the layer in front of the SDK renames.
+var taskMethods = map[string]bool{"tasks/get": true, "tasks/update": true, "tasks/cancel": true, "tasks/result": true, "tasks/list": true}
+
+// metaTask is the _meta key a 2025-11-25 tools/call's params.task is
+// moved to (the SDK keeps _meta, and drops fields it does not know).
+const metaTask = "bgtaskmcp/task"
+
+// extVersion is the protocol version that has the extension in place of
+// the 2025-11-25 form.
+const extVersion = "2026-07-28"
+
+// rename makes a request of a task method a tools/call the SDK takes,
+// and moves a tools/call's params.task into its _meta; it reports
+// whether it changed req. Params it cannot read are left for the SDK to
+// refuse.
+func rename(req *jsonrpc.Request) bool {
+	if !taskMethods[req.Method] && req.Method != "tools/call" {
+		return false
+	}
+	var p map[string]json.RawMessage
+	if len(req.Params) > 0 && json.Unmarshal(req.Params, &p) != nil {
+		return false
+	}
+	if p == nil {
+		p = map[string]json.RawMessage{}
+	}
+	var meta map[string]json.RawMessage
+	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
+		return false
+	}
+	if req.Method == "tools/call" {
+		task, ok := p["task"]
+		if !ok {
+			return false
+		}
+		if meta == nil {
+			meta = map[string]json.RawMessage{}
+		}
+		meta[metaTask] = task
+		delete(p, "task")
+	} else {
+		args := map[string]json.RawMessage{}
+		for k, v := range p {
+			if k != "_meta" {
+				args[k] = v
+			}
+		}
+		a, _ := json.Marshal(args)
+		n, _ := json.Marshal(req.Method)
+		p = map[string]json.RawMessage{"name": n, "arguments": a}
+		req.Method = "tools/call"
+	}
+	if meta != nil {
+		p["_meta"], _ = json.Marshal(meta)
+	}
+	req.Params, _ = json.Marshal(p)
+	return true
+}
+
+// Transport is t with the task methods: a Server's Run and Connect wrap
+// their transport in it.
+func Transport(t mcp.Transport) mcp.Transport {
+	if t == nil {
+		return nil
+	}
+	if _, ok := t.(transport); ok {
+		return t
+	}
+	return transport{t}
+}
+
+type transport struct{ mcp.Transport }
+
+func (t transport) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := t.Transport.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return conn{c}, nil
+}
+
+type conn struct{ mcp.Connection }
+
+func (c conn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	m, err := c.Connection.Read(ctx)
+	if req, ok := m.(*jsonrpc.Request); ok && err == nil {
+		rename(req)
+	}
+	return m, err
+}
+
+// Handler is next, a streamable HTTP handler of a Server's (o its
+// options, or nil), with the task methods. A request of tasks/get,
+// tasks/update or tasks/cancel under the 2026-07-28 protocol must carry
+// the header Mcp-Name with its task's id, as the extension says, so that
+// a load balancer can route by it; any process of a fleet (a Source of a
+// fleetview.View) answers for any task.
+func Handler(next http.Handler, o *mcp.StreamableHTTPOptions) http.Handler {
+	limit := int64(mcp.DefaultMaxRequestBodyBytes)
+	if o != nil && o.MaxRequestBodyBytes != 0 {
+		limit = o.MaxRequestBodyBytes
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.Body == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, max(limit, 0)+1))
+		if err != nil {
+			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if limit > 0 && int64(len(body)) > limit {
+			http.Error(w, fmt.Sprintf("the request is over %d bytes", limit), http.StatusRequestEntityTooLarge)
+			return
+		}
+		if msg, err := jsonrpc.DecodeMessage(body); err == nil {
+			if req, ok := msg.(*jsonrpc.Request); ok {
+				method := req.Method
+				if err := routed(r.Header, req); err != nil {
+					writeError(w, req.ID, mcp.CodeHeaderMismatch, err.Error(), http.StatusBadRequest)
+					return
+				}
+				if rename(req) {
+					if b, err := jsonrpc.EncodeMessage(req); err == nil {
+						body = b
+						if r.Header.Get("Mcp-Method") != "" {
+							r.Header.Set("Mcp-Method", req.Method)
+							if method != req.Method {
+								r.Header.Set("Mcp-Name", method)
+							}
+						}
+					}
+				}
+			}
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// routed checks the routing header of a request of a task method: under
+// the 2026-07-28 protocol, Mcp-Name is its params.taskId.
+func routed(h http.Header, req *jsonrpc.Request) error {
+	if req.Method != "tasks/get" && req.Method != "tasks/update" && req.Method != "tasks/cancel" {
+		return nil
+	}
+	if v := h.Get("Mcp-Protocol-Version"); v == "" || v < extVersion {
+		return nil
+	}
+	var p struct {
+		TaskID string `json:"taskId"`
+	}
+	_ = json.Unmarshal(req.Params, &p)
+	if got := h.Get("Mcp-Name"); got != p.TaskID {
+		return fmt.Errorf("header mismatch: Mcp-Name is %q and params.taskId %q: a request of %s names its task in both", got, p.TaskID, req.Method)
+	}
+	return nil
+}
+
+// writeError answers id with a JSON-RPC error, at HTTP status.
+func writeError(w http.ResponseWriter, id jsonrpc.ID, code int64, msg string, status int) {
+	b, err := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: code, Message: msg}})
+	if err != nil {
+		http.Error(w, msg, status)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// native is the server's middleware: it answers the task methods, makes
+// launch_task's answer a task for a client that asked for one, and
+// declares the 2025-11-25 form where the SDK has no field for it.
+func (t *tools) native(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		switch method {
+		case "tools/call":
+			r, ok := req.(*mcp.CallToolRequest)
+			if !ok || r.Params == nil {
+				break
+			}
+			if taskMethods[r.Params.Name] {
+				return t.taskMethod(ctx, r)
+			}
+			_, old := r.Params.Meta[metaTask]
+			ext := declares(r.Params.Meta)
+			if !old && !ext {
+				break
+			}
+			if r.Params.Name != "launch_task" {
+				if old {
+					return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("tool %s does not run as a task: only launch_task does", r.Params.Name)}
+				}
+				break
+			}
+			return t.asTask(ctx, method, r, next, ext)
+		case "initialize":
+			res, err := next(ctx, method, req)
+			if err != nil {
+				return res, err
+			}
+			return patched(res, func(m map[string]any) {
+				if caps, ok := m["capabilities"].(map[string]any); ok {
+					caps["tasks"] = map[string]any{"list": map[string]any{}, "cancel": map[string]any{}, "requests": map[string]any{"tools": map[string]any{"call": map[string]any{}}}}
+				}
+			})
+		case "tools/list":
+			res, err := next(ctx, method, req)
+			if err != nil {
+				return res, err
+			}
+			return patched(res, func(m map[string]any) {
+				tools, _ := m["tools"].([]any)
+				for _, tool := range tools {
+					if tm, ok := tool.(map[string]any); ok && tm["name"] == "launch_task" {
+						tm["execution"] = map[string]any{"taskSupport": "optional"}
+					}
+				}
+			})
+		}
+		return next(ctx, method, req)
+	}
+}
+
+// declares says whether a request's _meta declares the tasks extension.
+func declares(meta map[string]any) bool {
+	v, ok := meta[mcp.MetaKeyClientCapabilities]
+	if !ok {
+		return false
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	var caps struct {
+		Extensions map[string]json.RawMessage `json:"extensions"`
+	}
+	if json.Unmarshal(b, &caps) != nil {
+		return false
+	}
+	_, ok = caps.Extensions[Extension]
+	return ok
+}
+
+// rawResult is a result the SDK has no type for, as a JSON object.
+type rawResult struct {
+	mcp.ResultBase
+	fields map[string]any
+}
+
+func (r *rawResult) MarshalJSON() ([]byte, error) {
+	m := make(map[string]any, len(r.fields)+1)
+	for k, v := range r.fields {
+		m[k] = v
+	}
+	if len(r.Meta) > 0 {
+		m["_meta"] = r.Meta
+	}
+	return json.Marshal(m)
+}
+
+// patched is res with edit applied to its JSON; res as it is if it
+// cannot be read back.
+func patched(res mcp.Result, edit func(map[string]any)) (mcp.Result, error) {
+	b, err := json.Marshal(res)
+	if err != nil {
+		return res, nil
+	}
+	var m map[string]any
+	if json.Unmarshal(b, &m) != nil {
+		return res, nil
+	}
+	edit(m)
+	out := &rawResult{fields: m}
+	if meta, ok := m["_meta"].(map[string]any); ok {
+		out.Meta = meta
+		delete(m, "_meta")
+	}
+	return out, nil
+}
+
+// A protoTask is a task as either form carries it: the extension's names
+// (ttlMs, pollIntervalMs) or the 2025-11-25 form's (ttl, pollInterval).
+type protoTask struct {
+	TaskID        string `json:"taskId"`
+	Status        string `json:"status"`
+	StatusMessage string `json:"statusMessage,omitempty"`
+	CreatedAt     string `json:"createdAt"`
+	LastUpdatedAt string `json:"lastUpdatedAt"`
+}
+
+// extTask is the extension's Task, and a DetailedTask's result.
+type extTask struct {
+	mcp.ResultBase
+	ResultType string `json:"resultType"`
+	protoTask
+	TTLMs          *int64              `json:"ttlMs"`
+	PollIntervalMs int64               `json:"pollIntervalMs"`
+	Result         *mcp.CallToolResult `json:"result,omitempty"`
+}
+
+// oldTask is the 2025-11-25 form's Task.
+type oldTask struct {
+	protoTask
+	TTL          *int64 `json:"ttl"`
+	PollInterval int64  `json:"pollInterval"`
+}
+
+// oldTaskResult is a 2025-11-25 tasks/get or tasks/cancel result.
+type oldTaskResult struct {
+	mcp.ResultBase
+	oldTask
+}
+
+// oldCreated is the 2025-11-25 form's CreateTaskResult.
+type oldCreated struct {
+	mcp.ResultBase
+	Task oldTask `json:"task"`
+}
+
+// oldList is the 2025-11-25 form's tasks/list result.
+type oldList struct {
+	mcp.ResultBase
+	Tasks      []oldTask `json:"tasks"`
+	NextCursor string    `json:"nextCursor,omitempty"`
+}
+
+// ack is the extension's empty acknowledgement.
+type ack struct {
+	mcp.ResultBase
+	ResultType string `json:"resultType"`
+}
+
+// protoOf is task as a protocol's task: its status and times.
+func protoOf(task bgtask.Task) protoTask {
+	p := protoTask{TaskID: task.ID, Status: "working", StatusMessage: task.Progress}
+	switch task.Status {
+	case bgtask.StatusCancelled:
+		p.Status, p.StatusMessage = "cancelled", "cancelled"
+	case bgtask.StatusCompleted, bgtask.StatusError, bgtask.StatusInterrupt:
+		p.Status, p.StatusMessage = "completed", string(task.Status)
+	}
+	last := task.LaunchedAt
+	for _, a := range task.Attempts {
+		for _, at := range []time.Time{a.StartedAt, a.CompletedAt} {
+			if at.After(last) {
+				last = at
+			}
+		}
+	}
+	p.CreatedAt, p.LastUpdatedAt = stamp(task.LaunchedAt), stamp(last)
+	return p
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// toolResult is the tool result a task's protocol task ends with: its
+// envelope for the model, the task for the client, an error for a task
+// that ended in one (an answer of the tool's, not of the protocol).
+func toolResult(task bgtask.Task) *mcp.CallToolResult {
+	v := viewOf(task)
+	res := said(v)
+	res.StructuredContent = v
+	res.IsError = task.Status != bgtask.StatusCompleted
+	return res
+}
+
+func (t *tools) ext(task bgtask.Task, resultType string) *extTask {
+	e := &extTask{ResultType: resultType, protoTask: protoOf(task), PollIntervalMs: t.o.PollInterval.Milliseconds()}
+	if task.Status.Terminal() && task.Status != bgtask.StatusCancelled {
+		e.Result = toolResult(task)
+	}
+	return e
+}
+
+func (t *tools) old(task bgtask.Task) oldTask {
+	return oldTask{protoTask: protoOf(task), PollInterval: t.o.PollInterval.Milliseconds()}
+}
+
+// asTask runs launch_task, and answers a client that asked for a task
+// with its task, once it is durable.
+func (t *tools) asTask(ctx context.Context, method string, r *mcp.CallToolRequest, next mcp.MethodHandler, ext bool) (mcp.Result, error) {
+	res, err := next(ctx, method, r)
+	if err != nil {
+		return res, err
+	}
+	tr, ok := res.(*mcp.CallToolResult)
+	if !ok || tr.IsError {
+		return res, nil // refused: the tool's error, as it is
+	}
+	b, err := json.Marshal(tr.StructuredContent)
+	var v TaskView
+	if err == nil {
+		err = json.Unmarshal(b, &v)
+	}
+	if err != nil || v.ID == "" {
+		return res, nil
+	}
+	task, err := t.m.Task(v.ID)
+	if err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the task launched, and cannot be read: " + err.Error()}
+	}
+	if ext {
+		return t.ext(task, "task"), nil
+	}
+	return &oldCreated{Task: t.old(task)}, nil
+}
+
+// errParams is the JSON-RPC error of a request's bad or unknown task.
+func errParams(err error) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: err.Error()}
+}
+
+// taskMethod answers a request of a task method (renamed a tools/call).
+func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Result, error) {
+	method := r.Params.Name
+	ext := declares(r.Params.Meta)
+	if !ext {
+		if v := r.ProtocolVersion(); v == "" || v >= extVersion {
+			data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{Extension: map[string]any{}}}})
+			return nil, &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability: " + method + " is the tasks extension's, and this request does not declare it", Data: data}
+		}
+	}
+	if ext && (method == "tasks/result" || method == "tasks/list") || !ext && method == "tasks/update" {
+		form := "the 2025-11-25 form's, which the tasks extension replaced"
+		if !ext {
+			form = "the tasks extension's (declare it in the request's _meta)"
+		}
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("%s is %s", method, form)}
+	}
+	var in struct {
+		TaskID string `json:"taskId"`
+		Cursor string `json:"cursor"`
+	}
+	if len(r.Params.Arguments) > 0 {
+		if err := json.Unmarshal(r.Params.Arguments, &in); err != nil {
+			return nil, errParams(fmt.Errorf("%s: params: %v", method, err))
+		}
+	}
+	if method == "tasks/list" {
+		return t.listOld(r, in.Cursor)
+	}
+	if in.TaskID == "" {
+		return nil, errParams(fmt.Errorf("%s: taskId is required", method))
+	}
+	task, err := t.own(r, in.TaskID)
+	if err != nil {
+		return nil, errParams(err)
+	}
+	c, _ := callerOf(r)
+	switch method {
+	case "tasks/get":
+		if ext {
+			return t.ext(task, "complete"), nil
+		}
+		return &oldTaskResult{oldTask: t.old(task)}, nil
+	case "tasks/update":
+		return &ack{ResultType: "complete"}, nil // no task of bgtask asks its client for input
+	case "tasks/cancel":
+		if ext { // cooperative: asked, not awaited
+			if _, err := t.m.Stop(bgtask.WithActor(ctx, c.ID), bgtask.Target{Task: task.ID, NoWait: true}); err != nil {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+			}
+			return &ack{ResultType: "complete"}, nil
+		}
+		if task.Status.Terminal() {
+			return nil, errParams(fmt.Errorf("task %s has ended (%s): there is nothing to cancel", task.ID, task.Status))
+		}
+		if _, err := t.m.Stop(bgtask.WithActor(ctx, c.ID), bgtask.Target{Task: task.ID}); err != nil && ctx.Err() == nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+		}
+		if now, err := t.m.Task(task.ID); err == nil {
+			task = now
+		}
+		return &oldTaskResult{oldTask: t.old(task)}, nil
+	default: // tasks/result: once it ended
+		done, err := t.waitEnd(ctx, task.ID)
+		if err != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+		}
+		res := toolResult(done)
+		res.Meta = mcp.Meta{"io.modelcontextprotocol/related-task": map[string]any{"taskId": done.ID}}
+		return res, nil
+	}
+}
+
+// listOld is the 2025-11-25 form's tasks/list: the caller's tasks, a
+// page at a time.
+func (t *tools) listOld(r *mcp.CallToolRequest, cursor string) (mcp.Result, error) {
+	c, err := callerOf(r)
+	if err != nil {
+		return nil, errParams(err)
+	}
+	q := bgtask.Query{Metadata: map[string]string{clientKey: c.ID}, Limit: 50}
+	if cursor != "" {
+		if _, err := t.own(r, cursor); err != nil {
+			return nil, errParams(fmt.Errorf("cursor: %w", err))
+		}
+		q.After = cursor
+	}
+	p, err := t.m.Tasks(q)
+	if err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+	}
+	out := &oldList{Tasks: []oldTask{}, NextCursor: p.Next}
+	for _, task := range p.Tasks {
+		out.Tasks = append(out.Tasks, t.old(task))
+	}
+	return out, nil
+}
+
+// waitEnd waits until task id ended, or ctx ends: the task then, or
+// ctx's error.
+func (t *tools) waitEnd(ctx context.Context, id string) (bgtask.Task, error) {
+	for {
+		sub, err := t.m.Subscribe(ctx, 0)
+		if err != nil {
+			return bgtask.Task{}, err
+		}
+		task, err := t.m.Task(id)
+		if err != nil || task.Status.Terminal() {
+			sub.Close()
+			return task, err
+		}
+		for c := range sub.C {
+			if c.Task.ID == id && c.Task.Status.Terminal() {
+				sub.Close()
+				return c.Task, nil
+			}
+		}
+		sub.Close()
+		if err := ctx.Err(); err != nil {
+			return bgtask.Task{}, err
+		}
+		if !errors.Is(sub.Err(), bgtask.ErrLagged) {
+			return bgtask.Task{}, fmt.Errorf("waiting for task %s: %w", id, cmpErr(sub.Err(), errors.New("the source closed")))
+		}
+	}
+}
+
+func cmpErr(err, or error) error {
+	if err != nil {
+		return err
+	}
+	return or
+}
