@@ -139,8 +139,8 @@ func New(src Source, o Options) (*Server, error) {
 
 // tools are the tools' handlers.
 type tools struct {
-	m Source
-	o Options
+	m         Source
+	o         Options
 	mu        sync.Mutex
 	launching map[string]int // by caller: launches between hold and release
 }
