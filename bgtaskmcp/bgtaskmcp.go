@@ -122,7 +122,7 @@ func New(src Source, o Options) (*Server, error) {
 	o.MaxPerClient = cmp.Or(o.MaxPerClient, 8)
 	o.MaxWait = cmp.Or(o.MaxWait, 5*time.Minute)
 	o.PollInterval = cmp.Or(o.PollInterval, 2*time.Second)
-	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}} // the SDK's default, and the extension
+	caps := &mcp.ServerCapabilities{} // the tools are added, and the extension
 	caps.AddExtension(Extension, nil)
 	s := mcp.NewServer(&mcp.Implementation{Name: cmp.Or(o.Name, "bgtask"), Version: cmp.Or(o.Version, "v0")}, &mcp.ServerOptions{Capabilities: caps})
 	t := &tools{m: src, o: o}

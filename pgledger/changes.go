@@ -202,6 +202,27 @@ func (n *Node) Snapshot(ctx context.Context) (bgtask.Snapshot, error) {
 	return snap, nil
 }
 
+// Published is task id as the ledger last published it, whichever
+// process owns it: what every process's fleet view holds once the change
+// reaches it, read from the database. It keeps what Snapshot keeps; a
+// task it has none of wraps bgtask.ErrUnknownTask.
+func (n *Node) Published(ctx context.Context, id string) (bgtask.Task, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var task bgtask.Task
+	err := n.pool.QueryRow(ctx, `SELECT body FROM bgtask_changes
+ WHERE ledger = $1 AND task_id = $2 AND (ended_at IS NULL OR $3::interval IS NULL OR ended_at >= now() - $3::interval) ORDER BY id DESC LIMIT 1`,
+		n.o.Ledger, id, retentionOf(n.o.Retention).ageArg()).Scan(&task)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return bgtask.Task{}, fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, id)
+	}
+	if err != nil {
+		return bgtask.Task{}, fmt.Errorf("pgledger: task %q: %w", id, err)
+	}
+	return task, nil
+}
+
 // Closures are the records of the ledger's closures that have ended, in
 // the order they were opened: a Snapshot's Closures, alone.
 func (n *Node) Closures(ctx context.Context) ([]bgtask.ClosureReport, error) {

@@ -319,14 +319,80 @@ func (v *View) Subscribe(ctx context.Context, buffer int) (*bgtask.Subscription,
 	}).(*bgtask.Subscription), nil
 }
 
-// Task is task id as the View holds it, or bgtask.ErrUnknownTask.
+// Task is task id as the View holds it; one it does not hold yet (its
+// change is on the way) is read from the ledger (Node.Published), so
+// that a task launched at any process is found at every one once its
+// Launch returned. Else the error wraps bgtask.ErrUnknownTask.
 func (v *View) Task(id string) (bgtask.Task, error) {
+	if t, ok := v.held(id); ok {
+		return t, nil
+	}
+	if id == "" {
+		return bgtask.Task{}, fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readFor)
+	defer cancel()
+	return v.node.Published(ctx, id)
+}
+
+// readFor bounds a read of one task from the ledger.
+const readFor = 10 * time.Second
+
+// held is task id as the View holds it.
+func (v *View) held(id string) (bgtask.Task, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if i, ok := v.at[id]; ok {
-		return v.tasks[i], nil
+		return v.tasks[i], true
 	}
-	return bgtask.Task{}, fmt.Errorf("%w: %q", bgtask.ErrUnknownTask, id)
+	return bgtask.Task{}, false
+}
+
+// Launch is Node.Launch, at this process, and returns once the ledger
+// has published the task and this View holds it: a Task of it at any
+// process of the fleet then finds it (the MCP tasks extension's durable
+// creation, bgtaskmcp.Source). If ctx ends first, the task was launched
+// (and runs): the error says so and names it.
+func (v *View) Launch(ctx context.Context, spec bgtask.Spec) (bgtask.Task, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	sub, err := v.Subscribe(ctx, 0)
+	if err != nil {
+		return bgtask.Task{}, err
+	}
+	defer sub.Close()
+	task, err := v.node.Launch(ctx, spec)
+	if err != nil {
+		return task, err
+	}
+	for {
+		if t, ok := v.held(task.ID); ok {
+			return t, nil
+		}
+		select {
+		case _, open := <-sub.C:
+			if open {
+				continue
+			}
+			if t, err := v.node.Published(ctx, task.ID); err == nil { // the subscription ended: the ledger says
+				return t, nil
+			}
+			if ctx.Err() == nil {
+				return task, fmt.Errorf("fleetview: task %s was launched, and this view stopped following the ledger before it saw it: %w", task.ID, cmpErr(sub.Err()))
+			}
+		case <-ctx.Done():
+		}
+		return task, fmt.Errorf("fleetview: task %s was launched and runs, and the ledger had not published it yet: %w", task.ID, ctx.Err())
+	}
+}
+
+// cmpErr is err, or one that says there is none.
+func cmpErr(err error) error {
+	if err == nil {
+		return errors.New("the view closed")
+	}
+	return err
 }
 
 // Tasks is a page of the tasks q selects, in launch order (bgtask.Query.Select).

@@ -263,3 +263,35 @@ func TestAViewOutlivesTheContextItOpenedWith(t *testing.T) {
 		}
 	}
 }
+
+// A View's Launch returns once the View holds the task; a View that does
+// not hold a task another process launched (here one that stopped
+// following) reads it from the ledger; one the ledger has none of is
+// unknown.
+func TestALaunchedTaskIsFoundAtEveryProcess(t *testing.T) {
+	ps := fleet(t, 2)
+	a, err := fleetview.Open(ctx(t), ps[0].Node)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := fleetview.Open(ctx(t), ps[1].Node)
+	require.NoError(t, err)
+	b.Close() // it follows nothing now: only the ledger can answer it
+	task, err := a.Launch(ctx(t), bgtask.Spec{ParentSessionID: "chat", Prompt: "do it", Models: models, Metadata: map[string]string{"who": "alice"}})
+	require.NoError(t, err)
+	held := a.Snapshot()
+	ids := map[string]bool{}
+	for _, t := range held.Tasks {
+		ids[t.ID] = true
+	}
+	assert.True(t, ids[task.ID], "the launching view holds it once Launch returned")
+	got, err := b.Task(task.ID)
+	require.NoError(t, err, "read from the ledger")
+	assert.Equal(t, task.ID, got.ID)
+	assert.Equal(t, "alice", got.Metadata["who"])
+	_, err = b.Task("no-such-task")
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
+	_, err = b.Task("")
+	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
+	_, err = b.Launch(ctx(t), bgtask.Spec{ParentSessionID: "chat", Prompt: "x", Models: models})
+	assert.ErrorIs(t, err, bgtask.ErrShutdown, "a closed view launches nothing")
+}

@@ -1,0 +1,148 @@
+// Package wiretest is a client of an MCP server's task methods for
+// tests: it speaks JSON-RPC over streamable HTTP itself, as a client of
+// the tasks extension (2026-07-28, sessionless, named by its bearer
+// token) or of the 2025-11-25 form (in a session) does. The go-sdk
+// client has no task methods.
+package wiretest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/bgtask/bgtask/bgtaskmcp"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+)
+
+// Client is one client of an MCP endpoint.
+type Client struct {
+	TB  testing.TB
+	URL string
+	// Token is its bearer token ("" none).
+	Token string
+	// Version is the protocol version it speaks: "2026-07-28" sends the
+	// per-request _meta and the standard headers; an older one needs a
+	// session (Initialize).
+	Version string
+	// Extension declares the tasks extension on each request.
+	Extension bool
+	// Session is its Mcp-Session-Id, once a server gave it one.
+	Session string
+	// Header is added to each request.
+	Header http.Header
+	n       int
+}
+
+// Answer is one JSON-RPC answer, and its HTTP status.
+type Answer struct {
+	Status int
+	Result map[string]any
+	Err    *jsonrpc.Error
+}
+
+// Call sends method with params; name is the Mcp-Name header ("" none).
+func (c *Client) Call(ctx context.Context, method string, params map[string]any, name string) Answer {
+	c.TB.Helper()
+	if params == nil {
+		params = map[string]any{}
+	}
+	if c.Version >= "2026-07-28" {
+		caps := map[string]any{}
+		if c.Extension {
+			caps["extensions"] = map[string]any{bgtaskmcp.Extension: map[string]any{}}
+		}
+		params["_meta"] = map[string]any{mcp.MetaKeyProtocolVersion: c.Version, mcp.MetaKeyClientCapabilities: caps,
+			mcp.MetaKeyClientInfo: map[string]any{"name": "wiretest", "version": "v0"}}
+	}
+	c.n++
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.n, "method": method, "params": params})
+	require.NoError(c.TB, err)
+	req := c.request(ctx, http.MethodPost, body)
+	if c.Version >= "2026-07-28" {
+		req.Header.Set("Mcp-Method", method)
+	}
+	if name != "" {
+		req.Header.Set("Mcp-Name", name)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(c.TB, err)
+	defer resp.Body.Close()
+	if id := resp.Header.Get("Mcp-Session-Id"); id != "" {
+		c.Session = id
+	}
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(c.TB, err)
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		for _, line := range strings.Split(string(raw), "\n") { // the answer is the stream's data line that has an id
+			if d, ok := strings.CutPrefix(line, "data: "); ok && strings.Contains(d, `"id"`) {
+				raw = []byte(d)
+			}
+		}
+	}
+	var out struct {
+		Result map[string]any `json:"result"`
+		Error  *jsonrpc.Error `json:"error"`
+	}
+	require.NoError(c.TB, json.Unmarshal(raw, &out), "%d %s", resp.StatusCode, raw)
+	return Answer{Status: resp.StatusCode, Result: out.Result, Err: out.Error}
+}
+
+func (c *Client) request(ctx context.Context, method string, body []byte) *http.Request {
+	req, err := http.NewRequestWithContext(ctx, method, c.URL, bytes.NewReader(body))
+	require.NoError(c.TB, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", c.Version)
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	if c.Session != "" {
+		req.Header.Set("Mcp-Session-Id", c.Session)
+	}
+	for k, vs := range c.Header {
+		req.Header[k] = vs
+	}
+	return req
+}
+
+// Initialize opens a session of c.Version (before 2026-07-28): initialize,
+// then notifications/initialized. The session ends when the test ends.
+func (c *Client) Initialize(ctx context.Context) Answer {
+	c.TB.Helper()
+	a := c.Call(ctx, "initialize", map[string]any{"protocolVersion": c.Version, "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "wiretest", "version": "v0"}}, "")
+	require.Nil(c.TB, a.Err)
+	require.NotEmpty(c.TB, c.Session)
+	resp, err := http.DefaultClient.Do(c.request(ctx, http.MethodPost, fmt.Appendf(nil, `{"jsonrpc":"2.0","method":%q}`, "notifications/initialized")))
+	require.NoError(c.TB, err)
+	_ = resp.Body.Close()
+	require.Equal(c.TB, http.StatusAccepted, resp.StatusCode)
+	c.TB.Cleanup(func() { // a stateful server keeps a session until its client ends it
+		resp, err := http.DefaultClient.Do(c.request(context.Background(), http.MethodDelete, nil))
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+	})
+	return a
+}
+
+// Launch calls launch_task with prompt, and the params in extra.
+func (c *Client) Launch(ctx context.Context, prompt string, extra map[string]any) Answer {
+	params := map[string]any{"name": "launch_task", "arguments": map[string]any{"prompt": prompt}}
+	for k, v := range extra {
+		params[k] = v
+	}
+	return c.Call(ctx, "tools/call", params, "launch_task")
+}
+
+// Get is tasks/get of id, named in Mcp-Name as the extension asks.
+func (c *Client) Get(ctx context.Context, id string) Answer {
+	return c.Call(ctx, "tasks/get", map[string]any{"taskId": id}, id)
+}
