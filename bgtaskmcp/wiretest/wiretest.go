@@ -37,7 +37,7 @@ type Client struct {
 	Session string
 	// Header is added to each request.
 	Header http.Header
-	n       int
+	n      int
 }
 
 // Answer is one JSON-RPC answer, and its HTTP status.
