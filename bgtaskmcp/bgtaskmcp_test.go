@@ -16,6 +16,7 @@ import (
 
 	"github.com/bgtask/bgtask"
 	"github.com/bgtask/bgtask/bgtaskmcp"
+	"github.com/bgtask/bgtask/bgtaskmcp/wiretest"
 	"github.com/bgtask/bgtask/bgtasktest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
@@ -330,6 +331,59 @@ func TestAClientGoesOnPollingAcrossARestartOverStdio(t *testing.T) {
 	_, isErr = call(t, again, ctx, "wait_task", map[string]any{"id": fresh.ID, "seconds": 20}, &done)
 	require.False(t, isErr)
 	assert.Equal(t, "completed", done.Status)
+}
+
+// stdioConn starts the server as stdio does, and returns a raw
+// connection to it (a client of the task methods); closing it ends the
+// server.
+func stdioConn(t *testing.T, ctx context.Context, dir string) *wiretest.Conn {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), serveEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	conn, err := (&mcp.CommandTransport{Command: cmd}).Connect(ctx)
+	require.NoError(t, err)
+	return &wiretest.Conn{TB: t, C: conn}
+}
+
+// Over stdio, a client of the tasks extension persists its task ids and
+// goes on polling them across a restart of the server (a file journal):
+// the one that ended has its result inline, the one the restart cut has
+// ended with an error result that says so.
+func TestATaskClientPollsAcrossARestartOverStdio(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	c := stdioConn(t, ctx, dir)
+	launch := func(prompt string) string {
+		res, err := c.Call(ctx, "tools/call", map[string]any{"name": "launch_task", "arguments": map[string]any{"prompt": prompt}})
+		require.Nil(t, err)
+		require.Equal(t, "task", res["resultType"])
+		return res["taskId"].(string)
+	}
+	quick, long := launch("a quick one"), launch("a long one")
+	_, err := c.Call(ctx, "tools/call", map[string]any{"name": "wait_task", "arguments": map[string]any{"id": quick, "seconds": 20}})
+	require.Nil(t, err)
+	working, err := c.Call(ctx, "tasks/get", map[string]any{"taskId": long})
+	require.Nil(t, err)
+	assert.Equal(t, "working", working["status"])
+	require.NoError(t, c.C.Close()) // the server process ends
+
+	c = stdioConn(t, ctx, dir)
+	defer c.C.Close()
+	got, err := c.Call(ctx, "tasks/get", map[string]any{"taskId": quick})
+	require.Nil(t, err)
+	assert.Equal(t, "completed", got["status"])
+	res, _ := got["result"].(map[string]any)
+	require.NotNil(t, res)
+	assert.Contains(t, res["content"].([]any)[0].(map[string]any)["text"], "done: a quick one")
+	cut, err := c.Call(ctx, "tasks/get", map[string]any{"taskId": long})
+	require.Nil(t, err, "the task the restart cut is still the client's")
+	assert.Equal(t, "completed", cut["status"], "it ended: with a tool error, not a protocol one")
+	res, _ = cut["result"].(map[string]any)
+	require.NotNil(t, res)
+	assert.Equal(t, true, res["isError"])
+	assert.Equal(t, "interrupt", res["structuredContent"].(map[string]any)["status"])
 }
 
 // A harness's launch function that fails, or panics, refuses the launch

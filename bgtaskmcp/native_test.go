@@ -2,7 +2,6 @@ package bgtaskmcp_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -282,45 +281,25 @@ func TestTheTasksExtensionOverAConnection(t *testing.T) {
 	conn, err := ct.Connect(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
-	n := int64(0)
-	call := func(method string, params map[string]any) *jsonrpc.Response {
+	c := &wiretest.Conn{TB: t, C: conn}
+	decode := func(res map[string]any, err *jsonrpc.Error) map[string]any {
 		t.Helper()
-		params["_meta"] = map[string]any{mcp.MetaKeyProtocolVersion: "2026-07-28", mcp.MetaKeyClientInfo: map[string]any{"name": "conn", "version": "v0"},
-			mcp.MetaKeyClientCapabilities: map[string]any{"extensions": map[string]any{bgtaskmcp.Extension: map[string]any{}}}}
-		b, err := json.Marshal(params)
-		require.NoError(t, err)
-		n++
-		id, err := jsonrpc.MakeID(float64(n))
-		require.NoError(t, err)
-		require.NoError(t, conn.Write(ctx, &jsonrpc.Request{ID: id, Method: method, Params: b}))
-		for {
-			msg, err := conn.Read(ctx)
-			require.NoError(t, err)
-			if r, ok := msg.(*jsonrpc.Response); ok && r.ID == id {
-				return r
-			}
-		}
+		require.Nil(t, err)
+		return res
 	}
-	decode := func(r *jsonrpc.Response) map[string]any {
-		t.Helper()
-		require.NoError(t, r.Error)
-		var out map[string]any
-		require.NoError(t, json.Unmarshal(r.Result, &out))
-		return out
-	}
-	created := decode(call("tools/call", map[string]any{"name": "launch_task", "arguments": map[string]any{"prompt": "work"}}))
+	call := c.Call
+	created := decode(call(ctx, "tools/call", map[string]any{"name": "launch_task", "arguments": map[string]any{"prompt": "work"}}))
 	require.Equal(t, "task", created["resultType"])
 	id := created["taskId"].(string)
 	running, err := bgtasktest.WaitStatus(ctx, m, id, bgtask.StatusRunning)
 	require.NoError(t, err)
-	assert.Equal(t, "working", decode(call("tasks/get", map[string]any{"taskId": id}))["status"])
-	assert.Equal(t, "complete", decode(call("tasks/cancel", map[string]any{"taskId": id}))["resultType"])
+	assert.Equal(t, "working", decode(call(ctx, "tasks/get", map[string]any{"taskId": id}))["status"])
+	assert.Equal(t, "complete", decode(call(ctx, "tasks/cancel", map[string]any{"taskId": id}))["resultType"])
 	_, err = bgtasktest.WaitStatus(ctx, m, id, bgtask.StatusCancelled)
 	require.NoError(t, err)
-	assert.Equal(t, "cancelled", decode(call("tasks/get", map[string]any{"taskId": id}))["status"])
+	assert.Equal(t, "cancelled", decode(call(ctx, "tasks/get", map[string]any{"taskId": id}))["status"])
 	assert.Contains(t, host.Aborts(), running.SessionID, "the child was stopped")
-	r := call("tasks/get", map[string]any{"taskId": "nope"})
-	var werr *jsonrpc.Error
-	require.ErrorAs(t, r.Error, &werr)
+	_, werr := call(ctx, "tasks/get", map[string]any{"taskId": "nope"})
+	require.NotNil(t, werr)
 	assert.EqualValues(t, jsonrpc.CodeInvalidParams, werr.Code)
 }

@@ -146,3 +146,44 @@ func (c *Client) Launch(ctx context.Context, prompt string, extra map[string]any
 func (c *Client) Get(ctx context.Context, id string) Answer {
 	return c.Call(ctx, "tasks/get", map[string]any{"taskId": id}, id)
 }
+
+// Conn is a client of the tasks extension on a connection (stdio, or in
+// memory): it writes each request and reads until its answer.
+type Conn struct {
+	TB testing.TB
+	C  mcp.Connection
+	n  int64
+}
+
+// Call sends method with params, declaring the extension under the
+// 2026-07-28 protocol: the result, or the JSON-RPC error.
+func (c *Conn) Call(ctx context.Context, method string, params map[string]any) (map[string]any, *jsonrpc.Error) {
+	c.TB.Helper()
+	if params == nil {
+		params = map[string]any{}
+	}
+	params["_meta"] = map[string]any{mcp.MetaKeyProtocolVersion: "2026-07-28", mcp.MetaKeyClientInfo: map[string]any{"name": "wiretest", "version": "v0"},
+		mcp.MetaKeyClientCapabilities: map[string]any{"extensions": map[string]any{bgtaskmcp.Extension: map[string]any{}}}}
+	b, err := json.Marshal(params)
+	require.NoError(c.TB, err)
+	c.n++
+	id, err := jsonrpc.MakeID(float64(c.n))
+	require.NoError(c.TB, err)
+	require.NoError(c.TB, c.C.Write(ctx, &jsonrpc.Request{ID: id, Method: method, Params: b}))
+	for {
+		msg, err := c.C.Read(ctx)
+		require.NoError(c.TB, err)
+		r, ok := msg.(*jsonrpc.Response)
+		if !ok || r.ID != id {
+			continue
+		}
+		if r.Error != nil {
+			var werr *jsonrpc.Error
+			require.ErrorAs(c.TB, r.Error, &werr)
+			return nil, werr
+		}
+		var out map[string]any
+		require.NoError(c.TB, json.Unmarshal(r.Result, &out))
+		return out, nil
+	}
+}
