@@ -21,6 +21,16 @@
 // harness chose otherwise). Options.MaxPerClient caps the tasks a caller
 // has live at once.
 //
+// A client that speaks MCP's own tasks — the 2026-07-28 tasks extension
+// (Extension) or the 2025-11-25 experimental form — gets launch_task's
+// answer as a task of the protocol's, and follows it with tasks/get,
+// tasks/cancel and the rest, which a layer in front of the SDK takes
+// (Server's Run, Connect and Handler; see native.go and the README for
+// what is supported and why).
+//
+// New serves a Source: a *bgtask.Manager, or a pgledger fleet's
+// fleetview.View, where any process answers for any task.
+//
 // It is a module of its own so that the root module never requires the
 // SDK.
 package bgtaskmcp

@@ -243,7 +243,7 @@ func (t *tools) native(next mcp.MethodHandler) mcp.MethodHandler {
 				return res, err
 			}
 			return patched(res, func(m map[string]any) {
-				if caps, ok := m["capabilities"].(map[string]any); ok {
+				if caps, ok := m["capabilities"].(map[string]any); ok && m["protocolVersion"] == "2025-11-25" { // the form's version
 					caps["tasks"] = map[string]any{"list": map[string]any{}, "cancel": map[string]any{}, "requests": map[string]any{"tools": map[string]any{"call": map[string]any{}}}}
 				}
 			})
