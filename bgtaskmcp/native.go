@@ -145,7 +145,11 @@ func Handler(next http.Handler, o *mcp.StreamableHTTPOptions) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, max(limit, 0)+1))
+		var in io.Reader = r.Body
+		if limit > 0 {
+			in = io.LimitReader(r.Body, limit+1)
+		}
+		body, err := io.ReadAll(in)
 		if err != nil {
 			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
 			return
@@ -509,7 +513,11 @@ func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Res
 		if task.Status.Terminal() {
 			return nil, errParams(fmt.Errorf("task %s has ended (%s): there is nothing to cancel", task.ID, task.Status))
 		}
-		if _, err := t.m.Stop(bgtask.WithActor(ctx, c.ID), bgtask.Target{Task: task.ID}); err != nil && ctx.Err() == nil {
+		// It answers once the child stopped, or at MaxWait with the task as
+		// it is then (still working: honest, and the stop goes on).
+		sctx, cancel := context.WithTimeout(bgtask.WithActor(ctx, c.ID), t.o.MaxWait)
+		defer cancel()
+		if _, err := t.m.Stop(sctx, bgtask.Target{Task: task.ID}); err != nil && sctx.Err() == nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
 		}
 		if now, err := t.m.Task(task.ID); err == nil {

@@ -3,8 +3,10 @@ package bgtaskmcp_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -302,4 +304,41 @@ func TestTheTasksExtensionOverAConnection(t *testing.T) {
 	_, werr := call(ctx, "tasks/get", map[string]any{"taskId": "nope"})
 	require.NotNil(t, werr)
 	assert.EqualValues(t, jsonrpc.CodeInvalidParams, werr.Code)
+}
+
+// The layer in front of the SDK reads a request body only as far as the
+// handler's limit, and a task request it cannot read goes on to the SDK,
+// which refuses it: an error, never a crash.
+func TestTheLayerBoundsAndPassesOnWhatItCannotRead(t *testing.T) {
+	s := authed(t, &mcp.StreamableHTTPOptions{Stateless: true, MaxRequestBodyBytes: 1024})
+	post := func(body string) (int, string) {
+		req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.url, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer alice")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	status, _ := post(`{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"` + strings.Repeat("x", 2048) + `"}}`)
+	assert.Equal(t, http.StatusRequestEntityTooLarge, status)
+	for _, body := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":[1]}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":7}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"launch_task","task":{}, "_meta": 5}}`,
+		`[{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"x"}}]`,
+		`not json`,
+	} {
+		status, text := post(body)
+		assert.GreaterOrEqual(t, status, 200, body)
+		if status == http.StatusOK {
+			assert.Contains(t, text, `"error"`, body)
+		}
+	}
+	alice := &wiretest.Client{TB: t, URL: s.url, Token: "alice", Version: "2026-07-28", Extension: true}
+	assert.Nil(t, alice.Launch(s.ctx, "still serving", nil).Err)
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	neturl "net/url"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -39,7 +37,8 @@ type served struct {
 }
 
 // serve joins n processes, each an MCP server of a fleet view behind a
-// bearer token whose text is its user, and a balancer that sends each
+// bearer token whose text is its user (its handler: the processes share
+// this test's process), and a balancer that sends each
 // request to the next process in turn, whatever Mcp-Name says (or to the
 // one its header X-Process names): any one must answer for any task.
 func serve(t *testing.T, n int) *served {
@@ -49,7 +48,7 @@ func serve(t *testing.T, n int) *served {
 		return &auth.TokenInfo{UserID: token, Expiration: time.Now().Add(time.Hour)}, nil
 	}
 	s := &served{ps: ps}
-	var backends []*httputil.ReverseProxy
+	var backends []http.Handler
 	for _, p := range ps {
 		v, err := fleetview.Open(context.Background(), p.Node)
 		require.NoError(t, err)
@@ -58,15 +57,8 @@ func serve(t *testing.T, n int) *served {
 			return bgtask.Spec{Prompt: in.Prompt, Models: []bgtask.Model{{Provider: "a", ID: "one"}, {Provider: "b", ID: "two"}}}, nil
 		}})
 		require.NoError(t, err)
-		hs := httptest.NewServer(auth.RequireBearerToken(verify, nil)(srv.Handler(&mcp.StreamableHTTPOptions{Stateless: true})))
-		t.Cleanup(func() {
-			hs.CloseClientConnections()
-			hs.Close()
-			v.Close()
-		})
-		u, err := neturl.Parse(hs.URL)
-		require.NoError(t, err)
-		backends = append(backends, httputil.NewSingleHostReverseProxy(u))
+		backends = append(backends, auth.RequireBearerToken(verify, nil)(srv.Handler(&mcp.StreamableHTTPOptions{Stateless: true})))
+		t.Cleanup(v.Close)
 	}
 	var next atomic.Int64
 	lb := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -76,7 +68,10 @@ func serve(t *testing.T, n int) *served {
 		}
 		backends[i].ServeHTTP(w, r)
 	}))
-	t.Cleanup(lb.Close)
+	t.Cleanup(func() {
+		lb.CloseClientConnections()
+		lb.Close()
+	})
 	s.url = lb.URL
 	return s
 }
