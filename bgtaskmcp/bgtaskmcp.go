@@ -107,18 +107,25 @@ type Server struct {
 // Run serves one client over transport (stdio, say) until ctx ends or
 // the client leaves, as mcp.Server.Run does, with the task methods.
 func (s *Server) Run(ctx context.Context, transport mcp.Transport) error {
-	return s.Server.Run(ctx, Transport(transport))
+	return s.Server.Run(ctx, wrap(transport))
 }
 
 // Connect is mcp.Server.Connect, with the task methods.
 func (s *Server) Connect(ctx context.Context, transport mcp.Transport, opts *mcp.ServerSessionOptions) (*mcp.ServerSession, error) {
-	return s.Server.Connect(ctx, Transport(transport), opts)
+	return s.Server.Connect(ctx, wrap(transport), opts)
 }
 
 // Handler serves s over streamable HTTP (mcp.NewStreamableHTTPHandler,
-// with o), with the task methods.
+// with o), with the task methods. A call's handler ends when its client
+// leaves (o.PropagateRequestCancellation is set): a subscription to
+// tasks, or a wait, holds nothing for a client that is gone.
 func (s *Server) Handler(o *mcp.StreamableHTTPOptions) http.Handler {
-	return Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.Server }, o), o)
+	var opts mcp.StreamableHTTPOptions
+	if o != nil {
+		opts = *o
+	}
+	opts.PropagateRequestCancellation = true
+	return front(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.Server }, &opts), &opts)
 }
 
 // New returns an MCP server with the task tools, serving src.

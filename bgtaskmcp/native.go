@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/bgtask/bgtask"
@@ -49,12 +50,12 @@ const metaTask = "bgtaskmcp/task"
 // the 2025-11-25 form.
 const extVersion = "2026-07-28"
 
-// rename makes a request of a task method a tools/call the SDK takes,
-// and moves a tools/call's params.task into its _meta; it reports
-// whether it changed req. Params it cannot read are left for the SDK to
-// refuse.
+// rename makes a request of a task method — or a subscriptions/listen
+// that names tasks — a tools/call the SDK takes, and moves a tools/call's
+// params.task into its _meta; it reports whether it changed req. Params
+// it cannot read are left for the SDK to refuse.
 func rename(req *jsonrpc.Request) bool {
-	if !taskMethods[req.Method] && req.Method != "tools/call" {
+	if !taskMethods[req.Method] && req.Method != "tools/call" && req.Method != methodListen {
 		return false
 	}
 	var p map[string]json.RawMessage
@@ -79,11 +80,22 @@ func rename(req *jsonrpc.Request) bool {
 		meta[metaTask] = task
 		delete(p, "task")
 	} else {
+		if req.Method == methodListen {
+			var n struct {
+				Notifications map[string]json.RawMessage `json:"notifications"`
+			}
+			if json.Unmarshal(req.Params, &n) != nil || n.Notifications["taskIds"] == nil {
+				return false // the SDK's: no task in it
+			}
+		}
 		args := map[string]json.RawMessage{}
 		for k, v := range p {
 			if k != "_meta" {
 				args[k] = v
 			}
+		}
+		if req.Method == methodListen { // its notifications name it
+			args[argRequestID], _ = json.Marshal(req.ID.Raw())
 		}
 		a, _ := json.Marshal(args)
 		n, _ := json.Marshal(req.Method)
@@ -97,9 +109,53 @@ func rename(req *jsonrpc.Request) bool {
 	return true
 }
 
-// Transport is t with the task methods: a Server's Run and Connect wrap
-// their transport in it.
-func Transport(t mcp.Transport) mcp.Transport {
+// methodListen is the method a client subscribes with (2026-07-28).
+const methodListen = "subscriptions/listen"
+
+// argRequestID is the argument a renamed subscriptions/listen carries
+// its request's id in.
+const argRequestID = "bgtaskmcp/requestId"
+
+// metaNotify marks a progress notification of this package's that
+// carries a notification the SDK has no method for: its value is that
+// method, and the progress message its params. The layer in front of the
+// SDK (conn.Write, sseRewriter) unwraps it on the way out.
+const metaNotify = "bgtaskmcp/notify"
+
+// notify sends method with params on the stream of the request whose
+// context is ctx, through the SDK.
+func notify(ctx context.Context, ss *mcp.ServerSession, method string, params any) error {
+	b, err := json.Marshal(params)
+	if err != nil {
+		return err
+	}
+	return ss.NotifyProgress(ctx, &mcp.ProgressNotificationParams{Meta: mcp.Meta{metaNotify: method}, Message: string(b)})
+}
+
+// unwrap makes a progress notification that notify sent the
+// notification it carries; it reports whether it changed msg.
+func unwrap(msg *jsonrpc.Request) bool {
+	if msg.Method != "notifications/progress" || msg.ID.IsValid() {
+		return false
+	}
+	var p struct {
+		Meta    map[string]any `json:"_meta"`
+		Message string         `json:"message"`
+	}
+	if json.Unmarshal(msg.Params, &p) != nil {
+		return false
+	}
+	method, ok := p.Meta[metaNotify].(string)
+	if !ok || !json.Valid([]byte(p.Message)) {
+		return false
+	}
+	msg.Method, msg.Params = method, json.RawMessage(p.Message)
+	return true
+}
+
+// wrap is t with the task methods: a Server's Run and Connect wrap their
+// transport in it.
+func wrap(t mcp.Transport) mcp.Transport {
 	if t == nil {
 		return nil
 	}
@@ -129,20 +185,32 @@ func (c conn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	return m, err
 }
 
-// Handler is next, a streamable HTTP handler of a Server's (o its
-// options, or nil), with the task methods. A request of tasks/get,
-// tasks/update or tasks/cancel under the 2026-07-28 protocol must carry
-// the header Mcp-Name with its task's id, as the extension says, so that
-// a load balancer can route by it; any process of a fleet (a Source of a
+func (c conn) Write(ctx context.Context, m jsonrpc.Message) error {
+	if req, ok := m.(*jsonrpc.Request); ok {
+		out := *req
+		if unwrap(&out) {
+			m = &out
+		}
+	}
+	return c.Connection.Write(ctx, m)
+}
+
+// front is next, a streamable HTTP handler of a Server's (o its
+// options), with the task methods. A request of tasks/get, tasks/update
+// or tasks/cancel under the 2026-07-28 protocol must carry the header
+// Mcp-Name with its task's id, as the extension says, so that a load
+// balancer can route by it; any process of a fleet (a Source of a
 // fleetview.View) answers for any task.
-func Handler(next http.Handler, o *mcp.StreamableHTTPOptions) http.Handler {
+func front(next http.Handler, o *mcp.StreamableHTTPOptions) http.Handler {
 	limit := int64(mcp.DefaultMaxRequestBodyBytes)
 	if o != nil && o.MaxRequestBodyBytes != 0 {
 		limit = o.MaxRequestBodyBytes
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.Body == nil {
-			next.ServeHTTP(w, r)
+			sw := &sseRewriter{w: w}
+			next.ServeHTTP(sw, r)
+			sw.end()
 			return
 		}
 		var in io.Reader = r.Body
@@ -180,8 +248,89 @@ func Handler(next http.Handler, o *mcp.StreamableHTTPOptions) http.Handler {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
-		next.ServeHTTP(w, r)
+		sw := &sseRewriter{w: w}
+		next.ServeHTTP(sw, r)
+		sw.end()
 	})
+}
+
+// sseRewriter passes a response on, each server-sent event whole, with
+// the notifications notify wrapped unwrapped (a JSON answer as it is).
+type sseRewriter struct {
+	w    http.ResponseWriter
+	sse  bool   // decided at the first write
+	seen bool   // the first write came
+	buf  []byte // an event not whole yet
+}
+
+func (s *sseRewriter) Header() http.Header { return s.w.Header() }
+
+func (s *sseRewriter) WriteHeader(code int) {
+	s.decide()
+	s.w.WriteHeader(code)
+}
+
+func (s *sseRewriter) decide() {
+	if !s.seen {
+		s.seen = true
+		s.sse = strings.HasPrefix(s.w.Header().Get("Content-Type"), "text/event-stream")
+	}
+}
+
+func (s *sseRewriter) Write(p []byte) (int, error) {
+	s.decide()
+	if !s.sse {
+		return s.w.Write(p)
+	}
+	s.buf = append(s.buf, p...)
+	for {
+		i := bytes.Index(s.buf, []byte("\n\n"))
+		if i < 0 {
+			return len(p), nil
+		}
+		event := s.buf[:i+2]
+		if _, err := s.w.Write(unwrapEvent(event)); err != nil {
+			return 0, err
+		}
+		s.buf = s.buf[i+2:]
+	}
+}
+
+// Flush flushes the events that are whole.
+func (s *sseRewriter) Flush() {
+	_ = http.NewResponseController(s.w).Flush()
+}
+
+// Unwrap is for http.ResponseController.
+func (s *sseRewriter) Unwrap() http.ResponseWriter { return s.w }
+
+// end writes what is left: a last event that never ended.
+func (s *sseRewriter) end() {
+	if len(s.buf) > 0 {
+		_, _ = s.w.Write(s.buf)
+		s.buf = nil
+	}
+}
+
+// unwrapEvent is an event with its data, if a notification notify
+// wrapped, unwrapped.
+func unwrapEvent(event []byte) []byte {
+	lines := bytes.Split(event, []byte("\n"))
+	for i, l := range lines {
+		data, ok := bytes.CutPrefix(l, []byte("data: "))
+		if !ok {
+			continue
+		}
+		msg, err := jsonrpc.DecodeMessage(data)
+		req, isReq := msg.(*jsonrpc.Request)
+		if err != nil || !isReq || !unwrap(req) {
+			continue
+		}
+		if b, err := jsonrpc.EncodeMessage(req); err == nil {
+			lines[i] = append([]byte("data: "), b...)
+		}
+	}
+	return bytes.Join(lines, []byte("\n"))
 }
 
 // routed checks the routing header of a request of a task method: under
@@ -226,7 +375,7 @@ func (t *tools) native(next mcp.MethodHandler) mcp.MethodHandler {
 			if !ok || r.Params == nil {
 				break
 			}
-			if taskMethods[r.Params.Name] {
+			if taskMethods[r.Params.Name] || r.Params.Name == methodListen {
 				return t.taskMethod(ctx, r)
 			}
 			_, old := r.Params.Meta[metaTask]
@@ -339,7 +488,7 @@ type protoTask struct {
 // extTask is the extension's Task, and a DetailedTask's result.
 type extTask struct {
 	mcp.ResultBase
-	ResultType string `json:"resultType"`
+	ResultType string `json:"resultType,omitempty"` // none in a notification
 	protoTask
 	TTLMs          *int64              `json:"ttlMs"`
 	PollIntervalMs int64               `json:"pollIntervalMs"`
@@ -462,11 +611,16 @@ func errParams(err error) error {
 func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Result, error) {
 	method := r.Params.Name
 	ext := declares(r.Params.Meta)
-	if !ext {
-		if v := r.ProtocolVersion(); v == "" || v >= extVersion {
-			data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{Extension: map[string]any{}}}})
-			return nil, &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability: " + method + " is the tasks extension's, and this request does not declare it", Data: data}
+	if !ext && method == methodListen || !ext && (r.ProtocolVersion() == "" || r.ProtocolVersion() >= extVersion) {
+		data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{Extension: map[string]any{}}}})
+		what := method
+		if method == methodListen {
+			what = "a subscriptions/listen of taskIds"
 		}
+		return nil, &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability: " + what + " is the tasks extension's, and this request does not declare it", Data: data}
+	}
+	if method == methodListen {
+		return t.listen(ctx, r)
 	}
 	if ext && (method == "tasks/result" || method == "tasks/list") || !ext && method == "tasks/update" {
 		form := "the 2025-11-25 form's, which the tasks extension replaced"
@@ -532,6 +686,88 @@ func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Res
 		res := toolResult(done)
 		res.Meta = mcp.Meta{"io.modelcontextprotocol/related-task": map[string]any{"taskId": done.ID}}
 		return res, nil
+	}
+}
+
+// listen is a subscriptions/listen that names tasks: it acknowledges the
+// caller's tasks among them, sends each one's state as notifications/tasks
+// (what tasks/get would answer), then each change of its status or its
+// status message, until the client leaves (or the source closes). Other
+// kinds of notification asked in the same listen are not agreed to: a
+// client asks for them in a listen of their own.
+func (t *tools) listen(ctx context.Context, r *mcp.CallToolRequest) (mcp.Result, error) {
+	var in struct {
+		Notifications struct {
+			TaskIDs []string `json:"taskIds"`
+		} `json:"notifications"`
+		RequestID json.RawMessage `json:"bgtaskmcp/requestId"`
+	}
+	if err := json.Unmarshal(r.Params.Arguments, &in); err != nil {
+		return nil, errParams(fmt.Errorf("%s: params: %v", methodListen, err))
+	}
+	var rid any
+	_ = json.Unmarshal(in.RequestID, &rid)
+	meta := mcp.Meta{mcp.MetaKeySubscriptionID: rid}
+	agreed, watched := []string{}, map[string]bool{}
+	for _, id := range in.Notifications.TaskIDs {
+		if _, err := t.own(r, id); err == nil && !watched[id] {
+			agreed, watched[id] = append(agreed, id), true
+		}
+	}
+	sub, err := t.m.Subscribe(ctx, 0) // before the first states: no change between is missed
+	if err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+	}
+	defer func() { sub.Close() }()
+	if err := notify(ctx, r.Session, "notifications/subscriptions/acknowledged", map[string]any{"_meta": meta, "notifications": map[string]any{"taskIds": agreed}}); err != nil {
+		return nil, err
+	}
+	done := &ack{ResultType: "complete"}
+	done.Meta = meta
+	if len(agreed) == 0 {
+		return done, nil
+	}
+	sent := map[string]string{} // by task: the status and message sent last
+	send := func(task bgtask.Task) error {
+		e := t.ext(task, "")
+		if key := e.Status + "\x00" + e.StatusMessage; sent[task.ID] != key {
+			sent[task.ID] = key
+			e.Meta = meta
+			return notify(ctx, r.Session, "notifications/tasks", e)
+		}
+		return nil
+	}
+	states := func() error {
+		for _, id := range agreed {
+			if task, err := t.m.Task(id); err == nil {
+				if err := send(task); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := states(); err != nil {
+		return done, nil // the client is gone
+	}
+	for {
+		select {
+		case c, open := <-sub.C:
+			if open {
+				if watched[c.Task.ID] && send(c.Task) != nil {
+					return done, nil
+				}
+				continue
+			}
+			if !errors.Is(sub.Err(), bgtask.ErrLagged) || ctx.Err() != nil {
+				return done, nil
+			}
+			if sub, err = t.m.Subscribe(ctx, 0); err != nil || states() != nil { // lagged: from the states again
+				return done, nil
+			}
+		case <-ctx.Done():
+			return done, nil
+		}
 	}
 }
 

@@ -273,17 +273,7 @@ func TestThe2025FormOverHTTP(t *testing.T) {
 // the server through Transport: a client of the extension launches,
 // polls and cancels there too.
 func TestTheTasksExtensionOverAConnection(t *testing.T) {
-	m, host, s := server(t, bgtaskmcp.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, st, nil)
-	require.NoError(t, err)
-	defer ss.Close()
-	conn, err := ct.Connect(ctx)
-	require.NoError(t, err)
-	defer conn.Close()
-	c := &wiretest.Conn{TB: t, C: conn}
+	m, host, c, ctx := connected(t)
 	decode := func(res map[string]any, err *jsonrpc.Error) map[string]any {
 		t.Helper()
 		require.Nil(t, err)
@@ -341,4 +331,119 @@ func TestTheLayerBoundsAndPassesOnWhatItCannotRead(t *testing.T) {
 	}
 	alice := &wiretest.Client{TB: t, URL: s.url, Token: "alice", Version: "2026-07-28", Extension: true}
 	assert.Nil(t, alice.Launch(s.ctx, "still serving", nil).Err)
+}
+
+// recvMsg is the next message of a stream.
+func recvMsg(t *testing.T, ctx context.Context, c <-chan map[string]any) map[string]any {
+	t.Helper()
+	select {
+	case m, ok := <-c:
+		require.True(t, ok, "the stream ended")
+		return m
+	case <-ctx.Done():
+		require.FailNow(t, "no message came")
+		return nil
+	}
+}
+
+// notifications/tasks over HTTP: a subscriptions/listen that names tasks
+// is acknowledged with the caller's tasks among them (not another's,
+// not one that is none), then brings each one's state, then each change
+// to its end, with the result inline, as tasks/get answers it; a client
+// that did not declare the extension is refused (-32021); and the
+// server's handler ends when the client leaves (goleak checks).
+func TestTaskNotificationsOverHTTP(t *testing.T) {
+	s := authed(t, &mcp.StreamableHTTPOptions{Stateless: true})
+	alice := &wiretest.Client{TB: t, URL: s.url, Token: "alice", Version: "2026-07-28", Extension: true}
+	bob := &wiretest.Client{TB: t, URL: s.url, Token: "bob", Version: "2026-07-28", Extension: true}
+	id := alice.Launch(s.ctx, "watched", nil).Result["taskId"].(string)
+	bobs := bob.Launch(s.ctx, "bob's", nil).Result["taskId"].(string)
+	running, err := bgtasktest.WaitStatus(s.ctx, s.m, id, bgtask.StatusRunning)
+	require.NoError(t, err)
+
+	st := alice.Listen(s.ctx, []string{id, bobs, "no-such-task", id})
+	defer st.Close()
+	ack := recvMsg(t, s.ctx, st.C)
+	require.Equal(t, "notifications/subscriptions/acknowledged", ack["method"], "%v", ack)
+	params := ack["params"].(map[string]any)
+	assert.Equal(t, map[string]any{"taskIds": []any{id}}, params["notifications"], "only the caller's tasks, once")
+	assert.NotNil(t, params["_meta"].(map[string]any)[mcp.MetaKeySubscriptionID])
+
+	first := recvMsg(t, s.ctx, st.C)
+	require.Equal(t, "notifications/tasks", first["method"])
+	state := first["params"].(map[string]any)
+	assert.Equal(t, id, state["taskId"])
+	assert.Equal(t, "working", state["status"])
+	assert.NotContains(t, state, "resultType", "a notification is a task, not a result")
+
+	require.NoError(t, s.host.Emit(bgtask.Event{SessionID: running.SessionID, Kind: bgtask.SessionBusy, Progress: "reading parse.go"}))
+	moved := recvMsg(t, s.ctx, st.C)["params"].(map[string]any)
+	assert.Equal(t, "working", moved["status"])
+	assert.Equal(t, "reading parse.go", moved["statusMessage"])
+
+	require.NoError(t, s.host.Idle(running.SessionID, "it is in parse.go"))
+	end := recvMsg(t, s.ctx, st.C)["params"].(map[string]any)
+	assert.Equal(t, "completed", end["status"])
+	res := end["result"].(map[string]any)
+	assert.Contains(t, res["content"].([]any)[0].(map[string]any)["text"], "it is in parse.go", "the result inline, as tasks/get has it")
+	got := alice.Get(s.ctx, id).Result
+	delete(got, "resultType")
+	delete(got, "_meta")
+	delete(end, "_meta")
+	assert.Equal(t, got, end, "identical to what tasks/get answers")
+
+	undeclared := &wiretest.Client{TB: t, URL: s.url, Token: "alice", Version: "2026-07-28"}
+	refused := undeclared.Listen(s.ctx, []string{id})
+	defer refused.Close()
+	answer := recvMsg(t, s.ctx, refused.C)
+	require.Contains(t, answer, "error", "%v", answer)
+	assert.EqualValues(t, mcp.CodeMissingRequiredClientCapabilities, answer["error"].(map[string]any)["code"])
+}
+
+// notifications/tasks on a connection: the listen's stream is the
+// connection, and a cancel of the listen ends it with its result.
+func TestTaskNotificationsOverAConnection(t *testing.T) {
+	m, host, c, ctx := connected(t)
+	created, werr := c.Call(ctx, "tools/call", map[string]any{"name": "launch_task", "arguments": map[string]any{"prompt": "work"}})
+	require.Nil(t, werr)
+	id := created["taskId"].(string)
+	running, err := bgtasktest.WaitStatus(ctx, m, id, bgtask.StatusRunning)
+	require.NoError(t, err)
+	lid := c.Send(ctx, "subscriptions/listen", map[string]any{"notifications": map[string]any{"taskIds": []string{id}}})
+	next := func() *jsonrpc.Request {
+		t.Helper()
+		msg := c.Next(ctx)
+		req, ok := msg.(*jsonrpc.Request)
+		require.True(t, ok, "%#v", msg)
+		return req
+	}
+	assert.Equal(t, "notifications/subscriptions/acknowledged", next().Method)
+	assert.Equal(t, "notifications/tasks", next().Method)
+	require.NoError(t, host.Idle(running.SessionID, "done"))
+	end := next()
+	assert.Equal(t, "notifications/tasks", end.Method)
+	assert.Contains(t, string(end.Params), `"status":"completed"`)
+	c.Notify(ctx, "notifications/cancelled", map[string]any{"requestId": lid.Raw()})
+	msg := c.Next(ctx)
+	resp, ok := msg.(*jsonrpc.Response)
+	require.True(t, ok, "%#v", msg)
+	assert.Equal(t, lid, resp.ID, "the listen ends with its result")
+}
+
+// connected is a Manager on a scripted host, served on an in-memory
+// connection through Server.Connect, and a client of the task methods
+// on its other end; all closed when the test ends.
+func connected(t *testing.T) (*bgtask.Manager, *bgtasktest.Host, *wiretest.Conn, context.Context) {
+	t.Helper()
+	m, host, s := server(t, bgtaskmcp.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := s.Connect(ctx, st, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ss.Close() })
+	conn, err := ct.Connect(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return m, host, &wiretest.Conn{TB: t, C: conn}, ctx
 }

@@ -6,6 +6,7 @@
 package wiretest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -54,12 +55,7 @@ func (c *Client) Call(ctx context.Context, method string, params map[string]any,
 		params = map[string]any{}
 	}
 	if c.Version >= "2026-07-28" {
-		caps := map[string]any{}
-		if c.Extension {
-			caps["extensions"] = map[string]any{bgtaskmcp.Extension: map[string]any{}}
-		}
-		params["_meta"] = map[string]any{mcp.MetaKeyProtocolVersion: c.Version, mcp.MetaKeyClientCapabilities: caps,
-			mcp.MetaKeyClientInfo: map[string]any{"name": "wiretest", "version": "v0"}}
+		params["_meta"] = meta(c.Version, c.Extension)
 	}
 	c.n++
 	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.n, "method": method, "params": params})
@@ -159,16 +155,7 @@ type Conn struct {
 // 2026-07-28 protocol: the result, or the JSON-RPC error.
 func (c *Conn) Call(ctx context.Context, method string, params map[string]any) (map[string]any, *jsonrpc.Error) {
 	c.TB.Helper()
-	if params == nil {
-		params = map[string]any{}
-	}
-	params["_meta"] = map[string]any{mcp.MetaKeyProtocolVersion: "2026-07-28", mcp.MetaKeyClientInfo: map[string]any{"name": "wiretest", "version": "v0"},
-		mcp.MetaKeyClientCapabilities: map[string]any{"extensions": map[string]any{bgtaskmcp.Extension: map[string]any{}}}}
-	b, err := json.Marshal(params)
-	require.NoError(c.TB, err)
-	c.n++
-	id, err := jsonrpc.MakeID(float64(c.n))
-	require.NoError(c.TB, err)
+	id, b := c.request(method, params)
 	require.NoError(c.TB, c.C.Write(ctx, &jsonrpc.Request{ID: id, Method: method, Params: b}))
 	for {
 		msg, err := c.C.Read(ctx)
@@ -186,4 +173,116 @@ func (c *Conn) Call(ctx context.Context, method string, params map[string]any) (
 		require.NoError(c.TB, json.Unmarshal(r.Result, &out))
 		return out, nil
 	}
+}
+
+// Stream is a long-lived answer: the messages of a subscriptions/listen.
+type Stream struct {
+	// C delivers each message of the stream, decoded; it is closed when
+	// the stream ends.
+	C      <-chan map[string]any
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Close leaves the stream (the request is cancelled) and waits until
+// its reader stopped.
+func (s *Stream) Close() {
+	s.cancel()
+	<-s.done
+}
+
+// Listen sends subscriptions/listen of taskIDs and returns its stream.
+func (c *Client) Listen(ctx context.Context, taskIDs []string) *Stream {
+	c.TB.Helper()
+	params := map[string]any{"notifications": map[string]any{"taskIds": taskIDs}}
+	if c.Version >= "2026-07-28" {
+		params["_meta"] = meta(c.Version, c.Extension)
+	}
+	c.n++
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.n, "method": "subscriptions/listen", "params": params})
+	require.NoError(c.TB, err)
+	ctx, cancel := context.WithCancel(ctx)
+	req := c.request(ctx, http.MethodPost, body)
+	req.Header.Set("Mcp-Method", "subscriptions/listen")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		require.NoError(c.TB, err)
+	}
+	ch := make(chan map[string]any, 64)
+	s := &Stream{C: ch, cancel: cancel, done: make(chan struct{})}
+	go func() { // joined by Close
+		defer close(s.done)
+		defer close(ch)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if d, ok := strings.CutPrefix(line, "data: "); ok || (!strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && line != "") {
+				if !ok {
+					d = line
+				}
+				var m map[string]any
+				if json.Unmarshal([]byte(d), &m) == nil {
+					select {
+					case ch <- m:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}
+	}()
+	return s
+}
+
+// Send writes a request of method with params (declaring the extension
+// as Call does) and returns its id, without waiting for its answer: Next
+// reads what comes.
+func (c *Conn) Send(ctx context.Context, method string, params map[string]any) jsonrpc.ID {
+	c.TB.Helper()
+	id, b := c.request(method, params)
+	require.NoError(c.TB, c.C.Write(ctx, &jsonrpc.Request{ID: id, Method: method, Params: b}))
+	return id
+}
+
+// Notify writes a notification.
+func (c *Conn) Notify(ctx context.Context, method string, params map[string]any) {
+	c.TB.Helper()
+	b, err := json.Marshal(params)
+	require.NoError(c.TB, err)
+	require.NoError(c.TB, c.C.Write(ctx, &jsonrpc.Request{Method: method, Params: b}))
+}
+
+// Next reads the next message.
+func (c *Conn) Next(ctx context.Context) jsonrpc.Message {
+	c.TB.Helper()
+	msg, err := c.C.Read(ctx)
+	require.NoError(c.TB, err)
+	return msg
+}
+
+func (c *Conn) request(method string, params map[string]any) (jsonrpc.ID, json.RawMessage) {
+	if params == nil {
+		params = map[string]any{}
+	}
+	params["_meta"] = meta("2026-07-28", true)
+	b, err := json.Marshal(params)
+	require.NoError(c.TB, err)
+	c.n++
+	id, err := jsonrpc.MakeID(float64(c.n))
+	require.NoError(c.TB, err)
+	return id, b
+}
+
+// meta is the per-request _meta of a client of version, declaring the
+// tasks extension if ext.
+func meta(version string, ext bool) map[string]any {
+	caps := map[string]any{}
+	if ext {
+		caps["extensions"] = map[string]any{bgtaskmcp.Extension: map[string]any{}}
+	}
+	return map[string]any{mcp.MetaKeyProtocolVersion: version, mcp.MetaKeyClientCapabilities: caps,
+		mcp.MetaKeyClientInfo: map[string]any{"name": "wiretest", "version": "v0"}}
 }
