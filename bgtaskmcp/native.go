@@ -29,11 +29,14 @@ import (
 //     tasks/cancel follow it.
 //
 // The SDK (v1.8.0) refuses a method it does not know before any of its
-// middleware runs. So a layer in front of it — Transport for a
-// connection, Handler for HTTP — renames a request of a task method into
-// a tools/call of a tool of that method's name (no tools/list shows it),
-// and the server's middleware (native) answers it: the SDK's session,
-// authentication and protocol checks run on it as on any call.
+// middleware runs. So a layer in front of it — wrap for a connection,
+// front for HTTP — renames a request of a task method into a tools/call
+// of a tool of that method's name (no tools/list shows it), and the
+// server's middleware (native) answers it: the SDK's session,
+// authentication and protocol checks run on it as on any call. Nor can
+// the SDK send a notification it does not know: notify sends one as a
+// progress notification marked in its _meta, which the same layer
+// unwraps on the way out (unwrap).
 
 // Extension is the MCP tasks extension's identifier, which a Server
 // declares in its capabilities.
