@@ -416,6 +416,9 @@ func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
 
 	_, err = bgtaskmcp.New(nil, bgtaskmcp.Options{})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
+	var none *bgtask.Manager
+	_, err = bgtaskmcp.New(none, bgtaskmcp.Options{Launch: func(context.Context, bgtaskmcp.Caller, bgtaskmcp.LaunchInput) (bgtask.Spec, error) { return bgtask.Spec{}, nil }})
+	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument, "a nil *Manager is no Source")
 	_, err = bgtaskmcp.New(m, bgtaskmcp.Options{})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument, "Launch is required")
 }
@@ -437,4 +440,54 @@ func TestAStatelessServerWithoutIdentitiesRefuses(t *testing.T) {
 		assert.Contains(t, text, "names none", tool)
 	}
 	assert.Empty(t, m.Snapshot().Tasks)
+}
+
+// Launches at once from one caller pass its cap together no more than
+// one at a time would: with a cap of 2 and six launches whose launch
+// function holds them all, two launch and four are refused at once.
+func TestLaunchesAtOnceDoNotPassTheCap(t *testing.T) {
+	entered, release := make(chan struct{}, 6), make(chan struct{})
+	m, _, s := server(t, bgtaskmcp.Options{MaxPerClient: 2, Launch: func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
+		entered <- struct{}{}
+		<-release
+		return bgtask.Spec{Prompt: in.Prompt, Models: []bgtask.Model{{Provider: "a", ID: "one"}}}, nil
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := s.Connect(ctx, st, nil)
+	require.NoError(t, err)
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	require.NoError(t, err)
+	defer cs.Close()
+	type result struct {
+		text  string
+		isErr bool
+	}
+	results := make(chan result, 6)
+	for range 6 {
+		go func() {
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "launch_task", Arguments: map[string]any{"prompt": "work"}})
+			if err != nil {
+				results <- result{err.Error(), true}
+				return
+			}
+			results <- result{res.Content[0].(*mcp.TextContent).Text, res.IsError}
+		}()
+	}
+	for range 4 {
+		r := <-results
+		assert.True(t, r.isErr, r.text)
+		assert.Contains(t, r.text, "the most this server runs for one client")
+	}
+	for range 2 {
+		<-entered
+	}
+	close(release)
+	for range 2 {
+		r := <-results
+		assert.False(t, r.isErr, r.text)
+	}
+	assert.Len(t, m.Snapshot().Tasks, 2)
 }
