@@ -417,7 +417,9 @@ func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
 	_, err = bgtaskmcp.New(nil, bgtaskmcp.Options{})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
 	var none *bgtask.Manager
-	_, err = bgtaskmcp.New(none, bgtaskmcp.Options{Launch: func(context.Context, bgtaskmcp.Caller, bgtaskmcp.LaunchInput) (bgtask.Spec, error) { return bgtask.Spec{}, nil }})
+	_, err = bgtaskmcp.New(none, bgtaskmcp.Options{Launch: func(context.Context, bgtaskmcp.Caller, bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
+		return bgtask.Spec{}, nil
+	}})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument, "a nil *Manager is no Source")
 	_, err = bgtaskmcp.New(m, bgtaskmcp.Options{})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument, "Launch is required")
