@@ -82,7 +82,7 @@ type served struct {
 // server is a Manager on a scripted host, shut down when the test ends,
 // and an MCP server of it with o; o.Launch nil launches the prompt on two
 // models.
-func server(t *testing.T, o bgtaskmcp.Options) (*bgtask.Manager, *bgtasktest.Host, *bgtaskmcp.Server) {
+func server(t testing.TB, o bgtaskmcp.Options) (*bgtask.Manager, *bgtasktest.Host, *bgtaskmcp.Server) {
 	t.Helper()
 	host := bgtasktest.NewHost()
 	m, err := bgtask.Open(context.Background(), host)

@@ -24,7 +24,7 @@ import (
 
 // authed serves a Manager on a scripted host over streamable HTTP behind
 // a bearer token whose text is its user's name.
-func authed(t *testing.T, opts *mcp.StreamableHTTPOptions) *served {
+func authed(t testing.TB, opts *mcp.StreamableHTTPOptions) *served {
 	t.Helper()
 	m, host, s := server(t, bgtaskmcp.Options{MaxPerClient: 4})
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
