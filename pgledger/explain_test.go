@@ -217,6 +217,9 @@ SELECT m.member FROM bgtask_members m
  WHERE t.ledger = $1 AND t.task_id = $2`, args: s("'big'", "'t-500'")},
 		{name: "ask: until the run ended", sql: `SELECT coalesce((SELECT body->>'status' FROM bgtask_changes WHERE ledger = $1 AND task_id = $2 ORDER BY id DESC LIMIT 1), '')`,
 			args: s("'big'", "'t-500'")},
+		{name: "Published: one task as the ledger last published it", sql: `SELECT body FROM bgtask_changes
+ WHERE ledger = $1 AND task_id = $2 AND (ended_at IS NULL OR $3::interval IS NULL OR ended_at >= now() - $3::interval) ORDER BY id DESC LIMIT 1`,
+			args: s("'big'", "'t-500'", "'1 hour'")},
 		{name: "drain: an ask taken", sql: `DELETE FROM bgtask_inbox WHERE id = $1`, args: s("7")},
 		{name: "answer: into a live member's inbox", sql: `INSERT INTO bgtask_inbox (ledger, member, event) SELECT $1, $2, $3
  WHERE EXISTS (SELECT 1 FROM bgtask_members WHERE ledger = $1 AND member = $2 AND expires_at > now())`, args: s("'big'", "'m-1'", `'{"answer":{"id":"x"}}'`)},

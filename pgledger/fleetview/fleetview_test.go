@@ -77,6 +77,7 @@ func TestOnePageShowsEveryProcesssTasks(t *testing.T) {
 	a := running(t, ps[0], "chat-a")
 	b := running(t, ps[1], "chat-b")
 	v, srv := view(t, ps[0], bgtaskhttp.Options{})
+	holds(t, v, bgtask.StatusRunning, a.ID, b.ID)
 	c := &bgtaskhttp.Client{Base: srv.URL}
 
 	var mir mirror.Mirror
@@ -220,7 +221,8 @@ func TestTheSnapshotIsTheFleets(t *testing.T) {
 	ps := fleet(t, 2)
 	a := running(t, ps[0], "chat-a")
 	b := running(t, ps[1], "chat-b")
-	_, srv := view(t, ps[1], bgtaskhttp.Options{})
+	v, srv := view(t, ps[1], bgtaskhttp.Options{})
+	holds(t, v, "", a.ID, b.ID)
 	resp, err := http.Get(srv.URL + "/snapshot")
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -294,4 +296,29 @@ func TestALaunchedTaskIsFoundAtEveryProcess(t *testing.T) {
 	assert.ErrorIs(t, err, bgtask.ErrUnknownTask)
 	_, err = b.Launch(ctx(t), bgtask.Spec{ParentSessionID: "chat", Prompt: "x", Models: models})
 	assert.ErrorIs(t, err, bgtask.ErrShutdown, "a closed view launches nothing")
+}
+
+// holds waits until v holds tasks ids (from its snapshot or the changes
+// it followed since; not from the ledger, as Task may), in status if it
+// is not "" (a task's changes are published a moment after its records).
+func holds(t *testing.T, v *fleetview.View, status bgtask.Status, ids ...string) {
+	t.Helper()
+	sub, err := v.Subscribe(ctx(t), 0)
+	require.NoError(t, err)
+	defer sub.Close()
+	for {
+		held := map[string]bool{}
+		for _, task := range v.Snapshot().Tasks {
+			held[task.ID] = status == "" || task.Status == status
+		}
+		all := true
+		for _, id := range ids {
+			all = all && held[id]
+		}
+		if all {
+			return
+		}
+		_, open := <-sub.C
+		require.True(t, open, "the view's changes ended: %v", sub.Err())
+	}
 }
