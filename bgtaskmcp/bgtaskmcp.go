@@ -96,29 +96,31 @@ type Source interface {
 }
 
 // Server is an MCP server of a Source's tasks: the SDK's server, with the
-// task tools, and the task methods taken in front of it (see the package
-// doc). Serve it with its Run, Connect or Handler: they add those
-// methods, which the SDK alone refuses as unknown.
+// task tools and the task methods (see the package doc). Serve it with its Run, Connect or Handler: they put the layer in
+// front of the SDK that the 2025-11-25 form's creation and listens of
+// tasks need (wire.go); Run and Connect do so for stdio and an
+// mcp.IOTransport.
 type Server struct {
 	*mcp.Server
 	t *tools
 }
 
 // Run serves one client over transport (stdio, say) until ctx ends or
-// the client leaves, as mcp.Server.Run does, with the task methods.
+// the client leaves, as mcp.Server.Run does, with the layer.
 func (s *Server) Run(ctx context.Context, transport mcp.Transport) error {
 	return s.Server.Run(ctx, wrap(transport))
 }
 
-// Connect is mcp.Server.Connect, with the task methods.
+// Connect is mcp.Server.Connect, with the layer.
 func (s *Server) Connect(ctx context.Context, transport mcp.Transport, opts *mcp.ServerSessionOptions) (*mcp.ServerSession, error) {
 	return s.Server.Connect(ctx, wrap(transport), opts)
 }
 
 // Handler serves s over streamable HTTP (mcp.NewStreamableHTTPHandler,
-// with o), with the task methods. A call's handler ends when its client
-// leaves (o.PropagateRequestCancellation is set): a subscription to
-// tasks, or a wait, holds nothing for a client that is gone.
+// with o), with the layer in front of the SDK. A call of the 2026-07-28
+// protocol (sessionless) ends when its client leaves
+// (o.PropagateRequestCancellation is set): a wait holds nothing for a
+// client that is gone.
 func (s *Server) Handler(o *mcp.StreamableHTTPOptions) http.Handler {
 	var opts mcp.StreamableHTTPOptions
 	if o != nil {
@@ -144,6 +146,9 @@ func New(src Source, o Options) (*Server, error) {
 	s := mcp.NewServer(&mcp.Implementation{Name: cmp.Or(o.Name, "bgtask"), Version: cmp.Or(o.Version, "v0")}, &mcp.ServerOptions{Capabilities: caps})
 	t := &tools{m: src, o: o}
 	s.AddReceivingMiddleware(t.native)
+	if err := t.addTaskMethods(s); err != nil {
+		return nil, err
+	}
 	mcp.AddTool(s, &mcp.Tool{Name: "launch_task", Description: "Launch a background task: a subagent that works on the prompt while you go on. Returns at once with the task's id; get_task or wait_task read its answer."}, t.launch)
 	mcp.AddTool(s, &mcp.Tool{Name: "get_task", Description: "Read one of your tasks: its status, attempts, and, once it ended, its answer (the envelope)."}, t.get)
 	mcp.AddTool(s, &mcp.Tool{Name: "wait_task", Description: "Wait until one of your tasks ends, at most the seconds given, and read it."}, t.wait)
@@ -160,20 +165,27 @@ type tools struct {
 	o         Options
 	mu        sync.Mutex
 	launching map[string]int // by caller: launches between hold and release
+	listening map[string]int // by caller: listens of tasks open
 }
 
 // callerOf is who made req. A request over HTTP with neither an
 // authenticated user nor a session (a stateless server with no token
 // verifier) has no caller to bind a task to: it is refused, so that no
 // two clients share one.
-func callerOf(req *mcp.CallToolRequest) (Caller, error) {
-	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil && req.Extra.TokenInfo.UserID != "" {
-		return Caller{ID: "user:" + req.Extra.TokenInfo.UserID}, nil
+func callerOf(req mcp.Request) (Caller, error) {
+	var extra *mcp.RequestExtra
+	if req != nil {
+		extra = req.GetExtra()
 	}
-	if req != nil && req.Session != nil && req.Session.ID() != "" {
-		return Caller{ID: "session:" + req.Session.ID()}, nil
+	if extra != nil && extra.TokenInfo != nil && extra.TokenInfo.UserID != "" {
+		return Caller{ID: "user:" + extra.TokenInfo.UserID}, nil
 	}
-	if req != nil && req.Extra != nil && req.Extra.Header != nil {
+	if req != nil {
+		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss != nil && ss.ID() != "" {
+			return Caller{ID: "session:" + ss.ID()}, nil
+		}
+	}
+	if extra != nil && extra.Header != nil {
 		return Caller{}, errors.New("this server binds each task to its caller, and this request names none: serve HTTP with sessions, or with a bearer-token verifier that names the user (auth.TokenInfo.UserID)")
 	}
 	return Caller{ID: "stdio"}, nil
@@ -186,12 +198,8 @@ func errUnknown(id string) error {
 	return fmt.Errorf("unknown task %q: no task of yours has this id (a task that ended long ago may have been forgotten)", id)
 }
 
-// own returns task id if it is the caller's of req.
-func (t *tools) own(req *mcp.CallToolRequest, id string) (bgtask.Task, error) {
-	c, err := callerOf(req)
-	if err != nil {
-		return bgtask.Task{}, err
-	}
+// own returns task id if it is c's.
+func (t *tools) own(c Caller, id string) (bgtask.Task, error) {
 	if id == "" {
 		return bgtask.Task{}, errors.New("id is required: the task's id, as launch_task or list_tasks gave it")
 	}
@@ -200,4 +208,14 @@ func (t *tools) own(req *mcp.CallToolRequest, id string) (bgtask.Task, error) {
 		return bgtask.Task{}, errUnknown(id)
 	}
 	return task, nil
+}
+
+// mine is req's caller and its task id.
+func (t *tools) mine(req mcp.Request, id string) (Caller, bgtask.Task, error) {
+	c, err := callerOf(req)
+	if err != nil {
+		return Caller{}, bgtask.Task{}, err
+	}
+	task, err := t.own(c, id)
+	return c, task, err
 }

@@ -1,14 +1,10 @@
 package bgtaskmcp
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/bgtask/bgtask"
@@ -23,389 +19,104 @@ import (
 //   - the tasks extension (Extension, MCP 2026-07-28): a tools/call
 //     whose _meta declares the extension is answered with a
 //     CreateTaskResult (resultType "task"); tasks/get (the result inline
-//     once it ended), tasks/update and tasks/cancel follow it;
-//   - the 2025-11-25 experimental form: a tools/call with params.task is
-//     answered with {task}; tasks/get, tasks/result, tasks/list and
-//     tasks/cancel follow it.
+//     once it ended), tasks/update and tasks/cancel follow it, and a
+//     subscriptions/listen of taskIds brings notifications/tasks;
+//   - the 2025-11-25 experimental form, in a session of that version: a
+//     tools/call with params.task is answered with {task}; tasks/get,
+//     tasks/result, tasks/list and tasks/cancel follow it.
 //
-// The SDK (v1.8.0) refuses a method it does not know before any of its
-// middleware runs. So a layer in front of it — wrap for a connection,
-// front for HTTP — renames a request of a task method into a tools/call
-// of a tool of that method's name (no tools/list shows it), and the
-// server's middleware (native) answers it: the SDK's session,
-// authentication and protocol checks run on it as on any call. Nor can
-// the SDK send a notification it does not know: notify sends one as a
-// progress notification marked in its _meta, which the same layer
-// unwraps on the way out (unwrap).
+// The task methods are custom methods of the SDK's
+// (mcp.AddReceivingCustomMethod); the server's middleware (native) puts
+// each request's caller where they find it, answers launch_task with a
+// task, and takes a listen of tasks. What the SDK cannot carry goes
+// through the layer in wire.go.
 
 // Extension is the MCP tasks extension's identifier, which a Server
 // declares in its capabilities.
 const Extension = "io.modelcontextprotocol/tasks"
 
-// taskMethods are the methods the layer in front of the SDK renames.
-var taskMethods = map[string]bool{"tasks/get": true, "tasks/update": true, "tasks/cancel": true, "tasks/result": true, "tasks/list": true}
-
-// metaTask is the _meta key a 2025-11-25 tools/call's params.task is
-// moved to (the SDK keeps _meta, and drops fields it does not know).
-const metaTask = "bgtaskmcp/task"
-
-// extVersion is the protocol version that has the extension in place of
-// the 2025-11-25 form.
-const extVersion = "2026-07-28"
-
-// rename makes a request of a task method — or a subscriptions/listen
-// that names tasks — a tools/call the SDK takes, and moves a tools/call's
-// params.task into its _meta; it reports whether it changed req. Params
-// it cannot read are left for the SDK to refuse.
-func rename(req *jsonrpc.Request) bool {
-	if !taskMethods[req.Method] && req.Method != "tools/call" && req.Method != methodListen {
-		return false
-	}
-	var p map[string]json.RawMessage
-	if len(req.Params) > 0 && json.Unmarshal(req.Params, &p) != nil {
-		return false
-	}
-	if p == nil {
-		p = map[string]json.RawMessage{}
-	}
-	var meta map[string]json.RawMessage
-	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
-		return false
-	}
-	if req.Method == "tools/call" {
-		task, ok := p["task"]
-		if !ok {
-			return false
-		}
-		if meta == nil {
-			meta = map[string]json.RawMessage{}
-		}
-		meta[metaTask] = task
-		delete(p, "task")
-	} else {
-		if req.Method == methodListen {
-			var n struct {
-				Notifications map[string]json.RawMessage `json:"notifications"`
-			}
-			if json.Unmarshal(req.Params, &n) != nil || n.Notifications["taskIds"] == nil {
-				return false // the SDK's: no task in it
-			}
-		}
-		args := map[string]json.RawMessage{}
-		for k, v := range p {
-			if k != "_meta" {
-				args[k] = v
-			}
-		}
-		if req.Method == methodListen { // its notifications name it
-			args[argRequestID], _ = json.Marshal(req.ID.Raw())
-		}
-		a, _ := json.Marshal(args)
-		n, _ := json.Marshal(req.Method)
-		p = map[string]json.RawMessage{"name": n, "arguments": a}
-		req.Method = "tools/call"
-	}
-	if meta != nil {
-		p["_meta"], _ = json.Marshal(meta)
-	}
-	req.Params, _ = json.Marshal(p)
-	return true
-}
+// The protocol versions: the extension's, and the 2025-11-25 form's.
+const (
+	extVersion = "2026-07-28"
+	oldVersion = "2025-11-25"
+)
 
 // methodListen is the method a client subscribes with (2026-07-28).
 const methodListen = "subscriptions/listen"
 
-// argRequestID is the argument a renamed subscriptions/listen carries
-// its request's id in.
-const argRequestID = "bgtaskmcp/requestId"
+// taskMethods are the task methods, of either form.
+var taskMethods = []string{"tasks/get", "tasks/update", "tasks/cancel", "tasks/result", "tasks/list"}
 
-// metaNotify marks a progress notification of this package's that
-// carries a notification the SDK has no method for: its value is that
-// method, and the progress message its params. The layer in front of the
-// SDK (conn.Write, sseRewriter) unwraps it on the way out.
-const metaNotify = "bgtaskmcp/notify"
-
-// notify sends method with params on the stream of the request whose
-// context is ctx, through the SDK.
-func notify(ctx context.Context, ss *mcp.ServerSession, method string, params any) error {
-	b, err := json.Marshal(params)
-	if err != nil {
-		return err
-	}
-	return ss.NotifyProgress(ctx, &mcp.ProgressNotificationParams{Meta: mcp.Meta{metaNotify: method}, Message: string(b)})
+// taskParams are a task method's params.
+type taskParams struct {
+	mcp.ParamsBase
+	TaskID         string          `json:"taskId,omitempty"`
+	Cursor         string          `json:"cursor,omitempty"`
+	InputResponses json.RawMessage `json:"inputResponses,omitempty"`
 }
 
-// unwrap makes a progress notification that notify sent the
-// notification it carries; it reports whether it changed msg.
-func unwrap(msg *jsonrpc.Request) bool {
-	if msg.Method != "notifications/progress" || msg.ID.IsValid() {
-		return false
-	}
-	var p struct {
-		Meta    map[string]any `json:"_meta"`
-		Message string         `json:"message"`
-	}
-	if json.Unmarshal(msg.Params, &p) != nil {
-		return false
-	}
-	method, ok := p.Meta[metaNotify].(string)
-	if !ok || !json.Valid([]byte(p.Message)) {
-		return false
-	}
-	msg.Method, msg.Params = method, json.RawMessage(p.Message)
-	return true
-}
+// taskRequest is a task method's request, as the SDK made it.
+type taskRequest = mcp.ServerRequest[*taskParams]
 
-// wrap is t with the task methods: a Server's Run and Connect wrap their
-// transport in it.
-func wrap(t mcp.Transport) mcp.Transport {
-	if t == nil {
-		return nil
-	}
-	if _, ok := t.(transport); ok {
-		return t
-	}
-	return transport{t}
-}
+// requestKey is the context key of a task method's request (native puts
+// it there; the methods' handlers, given only its params, read it).
+type requestKey struct{}
 
-type transport struct{ mcp.Transport }
-
-func (t transport) Connect(ctx context.Context) (mcp.Connection, error) {
-	c, err := t.Transport.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return conn{c}, nil
-}
-
-type conn struct{ mcp.Connection }
-
-func (c conn) Read(ctx context.Context) (jsonrpc.Message, error) {
-	m, err := c.Connection.Read(ctx)
-	if req, ok := m.(*jsonrpc.Request); ok && err == nil {
-		rename(req)
-	}
-	return m, err
-}
-
-func (c conn) Write(ctx context.Context, m jsonrpc.Message) error {
-	if req, ok := m.(*jsonrpc.Request); ok {
-		out := *req
-		if unwrap(&out) {
-			m = &out
-		}
-	}
-	return c.Connection.Write(ctx, m)
-}
-
-// front is next, a streamable HTTP handler of a Server's (o its
-// options), with the task methods. A request of tasks/get, tasks/update
-// or tasks/cancel under the 2026-07-28 protocol must carry the header
-// Mcp-Name with its task's id, as the extension says, so that a load
-// balancer can route by it; any process of a fleet (a Source of a
-// fleetview.View) answers for any task.
-func front(next http.Handler, o *mcp.StreamableHTTPOptions) http.Handler {
-	limit := int64(mcp.DefaultMaxRequestBodyBytes)
-	if o != nil && o.MaxRequestBodyBytes != 0 {
-		limit = o.MaxRequestBodyBytes
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.Body == nil {
-			sw := &sseRewriter{w: w}
-			next.ServeHTTP(sw, r)
-			sw.end()
-			return
-		}
-		var in io.Reader = r.Body
-		if limit > 0 {
-			in = io.LimitReader(r.Body, limit+1)
-		}
-		body, err := io.ReadAll(in)
-		if err != nil {
-			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		if limit > 0 && int64(len(body)) > limit {
-			http.Error(w, fmt.Sprintf("the request is over %d bytes", limit), http.StatusRequestEntityTooLarge)
-			return
-		}
-		if msg, err := jsonrpc.DecodeMessage(body); err == nil {
-			if req, ok := msg.(*jsonrpc.Request); ok {
-				method := req.Method
-				if err := routed(r.Header, req); err != nil {
-					writeError(w, req.ID, mcp.CodeHeaderMismatch, err.Error(), http.StatusBadRequest)
-					return
-				}
-				if rename(req) {
-					if b, err := jsonrpc.EncodeMessage(req); err == nil {
-						body = b
-						if r.Header.Get("Mcp-Method") != "" {
-							r.Header.Set("Mcp-Method", req.Method)
-							if method != req.Method {
-								r.Header.Set("Mcp-Name", method)
-							}
-						}
-					}
-				}
+// addTaskMethods registers the task methods on s.
+func (t *tools) addTaskMethods(s *mcp.Server) error {
+	for _, method := range taskMethods {
+		err := mcp.AddReceivingCustomMethod(s, method, func(ctx context.Context, _ *mcp.ServerSession, _ *taskParams) (mcp.Result, error) {
+			r, ok := ctx.Value(requestKey{}).(*taskRequest)
+			if !ok {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: method + ": the server's middleware did not run"}
 			}
+			return t.taskMethod(ctx, method, r)
+		})
+		if err != nil {
+			return err
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.ContentLength = int64(len(body))
-		sw := &sseRewriter{w: w}
-		next.ServeHTTP(sw, r)
-		sw.end()
-	})
-}
-
-// sseRewriter passes a response on, each server-sent event whole, with
-// the notifications notify wrapped unwrapped (a JSON answer as it is).
-type sseRewriter struct {
-	w    http.ResponseWriter
-	sse  bool   // decided at the first write
-	seen bool   // the first write came
-	buf  []byte // an event not whole yet
-}
-
-func (s *sseRewriter) Header() http.Header { return s.w.Header() }
-
-func (s *sseRewriter) WriteHeader(code int) {
-	s.decide()
-	s.w.WriteHeader(code)
-}
-
-func (s *sseRewriter) decide() {
-	if !s.seen {
-		s.seen = true
-		s.sse = strings.HasPrefix(s.w.Header().Get("Content-Type"), "text/event-stream")
-	}
-}
-
-func (s *sseRewriter) Write(p []byte) (int, error) {
-	s.decide()
-	if !s.sse {
-		return s.w.Write(p)
-	}
-	s.buf = append(s.buf, p...)
-	for {
-		i := bytes.Index(s.buf, []byte("\n\n"))
-		if i < 0 {
-			return len(p), nil
-		}
-		event := s.buf[:i+2]
-		if _, err := s.w.Write(unwrapEvent(event)); err != nil {
-			return 0, err
-		}
-		s.buf = s.buf[i+2:]
-	}
-}
-
-// Flush flushes the events that are whole.
-func (s *sseRewriter) Flush() {
-	_ = http.NewResponseController(s.w).Flush()
-}
-
-// Unwrap is for http.ResponseController.
-func (s *sseRewriter) Unwrap() http.ResponseWriter { return s.w }
-
-// end writes what is left: a last event that never ended.
-func (s *sseRewriter) end() {
-	if len(s.buf) > 0 {
-		_, _ = s.w.Write(s.buf)
-		s.buf = nil
-	}
-}
-
-// unwrapEvent is an event with its data, if a notification notify
-// wrapped, unwrapped.
-func unwrapEvent(event []byte) []byte {
-	lines := bytes.Split(event, []byte("\n"))
-	for i, l := range lines {
-		data, ok := bytes.CutPrefix(l, []byte("data: "))
-		if !ok {
-			continue
-		}
-		msg, err := jsonrpc.DecodeMessage(data)
-		req, isReq := msg.(*jsonrpc.Request)
-		if err != nil || !isReq || !unwrap(req) {
-			continue
-		}
-		if b, err := jsonrpc.EncodeMessage(req); err == nil {
-			lines[i] = append([]byte("data: "), b...)
-		}
-	}
-	return bytes.Join(lines, []byte("\n"))
-}
-
-// routed checks the routing header of a request of a task method: under
-// the 2026-07-28 protocol, Mcp-Name is its params.taskId.
-func routed(h http.Header, req *jsonrpc.Request) error {
-	if req.Method != "tasks/get" && req.Method != "tasks/update" && req.Method != "tasks/cancel" {
-		return nil
-	}
-	if v := h.Get("Mcp-Protocol-Version"); v == "" || v < extVersion {
-		return nil
-	}
-	var p struct {
-		TaskID string `json:"taskId"`
-	}
-	_ = json.Unmarshal(req.Params, &p)
-	if got := h.Get("Mcp-Name"); got != p.TaskID {
-		return fmt.Errorf("header mismatch: Mcp-Name is %q and params.taskId %q: a request of %s names its task in both", got, p.TaskID, req.Method)
 	}
 	return nil
 }
 
-// writeError answers id with a JSON-RPC error, at HTTP status.
-func writeError(w http.ResponseWriter, id jsonrpc.ID, code int64, msg string, status int) {
-	b, err := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: code, Message: msg}})
-	if err != nil {
-		http.Error(w, msg, status)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-}
-
-// native is the server's middleware: it answers the task methods, makes
-// launch_task's answer a task for a client that asked for one, and
-// declares the 2025-11-25 form where the SDK has no field for it.
+// native is the server's middleware: it hands a task method its request,
+// makes launch_task's answer a task for a client that asked for one,
+// takes a listen of tasks, and declares the 2025-11-25 form where the
+// SDK has no field for it.
 func (t *tools) native(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		switch method {
-		case "tools/call":
-			r, ok := req.(*mcp.CallToolRequest)
-			if !ok || r.Params == nil {
-				break
+		switch r := req.(type) {
+		case *taskRequest:
+			return next(context.WithValue(ctx, requestKey{}, r), method, req)
+		case *mcp.SubscriptionsListenRequest:
+			if r.Params != nil {
+				if _, ok := r.Params.Meta[metaTaskIDs]; ok {
+					return t.listen(ctx, r)
+				}
 			}
-			if taskMethods[r.Params.Name] || r.Params.Name == methodListen {
-				return t.taskMethod(ctx, r)
-			}
-			_, old := r.Params.Meta[metaTask]
-			ext := declares(r.Params.Meta)
-			if !old && !ext {
-				break
-			}
-			if r.Params.Name != "launch_task" {
-				if old {
+		case *mcp.CallToolRequest:
+			if r.Params == nil || r.Params.Name != "launch_task" {
+				if r.Params != nil && r.Params.Meta[metaTask] != nil && r.ProtocolVersion() == oldVersion {
 					return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("tool %s does not run as a task: only launch_task does", r.Params.Name)}
 				}
 				break
 			}
-			return t.asTask(ctx, method, r, next, ext)
-		case "initialize":
+			if ext := declares(r.Params.Meta); ext || r.Params.Meta[metaTask] != nil && r.ProtocolVersion() == oldVersion {
+				return t.asTask(ctx, method, r, next, ext)
+			}
+		case *mcp.ServerRequest[*mcp.InitializeParams]:
 			res, err := next(ctx, method, req)
 			if err != nil {
 				return res, err
 			}
 			return patched(res, func(m map[string]any) {
-				if caps, ok := m["capabilities"].(map[string]any); ok && m["protocolVersion"] == "2025-11-25" { // the form's version
+				if caps, ok := m["capabilities"].(map[string]any); ok && m["protocolVersion"] == oldVersion {
 					caps["tasks"] = map[string]any{"list": map[string]any{}, "cancel": map[string]any{}, "requests": map[string]any{"tools": map[string]any{"call": map[string]any{}}}}
 				}
 			})
-		case "tools/list":
+		case *mcp.ListToolsRequest:
 			res, err := next(ctx, method, req)
-			if err != nil {
+			if err != nil || r.ProtocolVersion() != oldVersion {
 				return res, err
 			}
 			return patched(res, func(m map[string]any) {
@@ -597,7 +308,7 @@ func (t *tools) asTask(ctx context.Context, method string, r *mcp.CallToolReques
 	}
 	task, err := t.m.Task(v.ID)
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the task launched, and cannot be read: " + err.Error()}
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("task %s launched, and cannot be read: %v", v.ID, err)}
 	}
 	if ext {
 		return t.ext(task, "task"), nil
@@ -610,20 +321,35 @@ func errParams(err error) error {
 	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: err.Error()}
 }
 
-// taskMethod answers a request of a task method (renamed a tools/call).
-func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Result, error) {
-	method := r.Params.Name
-	ext := declares(r.Params.Meta)
-	if !ext && method == methodListen || !ext && (r.ProtocolVersion() == "" || r.ProtocolVersion() >= extVersion) {
-		data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{Extension: map[string]any{}}}})
-		what := method
-		if method == methodListen {
-			what = "a subscriptions/listen of taskIds"
-		}
-		return nil, &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability: " + what + " is the tasks extension's, and this request does not declare it", Data: data}
+// errInternal is the JSON-RPC error of a failure of the server's.
+func errInternal(err error) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+}
+
+// errUndeclared is the extension's error for a request that needs it
+// and does not declare it.
+func errUndeclared(what string) error {
+	data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{Extension: map[string]any{}}}})
+	return &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "Missing required client capability: " + what + " is the tasks extension's, and this request does not declare it", Data: data}
+}
+
+// taskMethod answers a request of a task method. The extension's form
+// is a request's that declares it; the 2025-11-25 form's, one of a
+// session of that version.
+func (t *tools) taskMethod(ctx context.Context, method string, r *taskRequest) (mcp.Result, error) {
+	p := r.Params
+	if p == nil {
+		p = &taskParams{}
 	}
-	if method == methodListen {
-		return t.listen(ctx, r)
+	ext := declares(p.Meta)
+	if !ext {
+		switch v := r.ProtocolVersion(); {
+		case v == oldVersion:
+		case v != "" && v < oldVersion:
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("%s: protocol version %s has no tasks", method, v)}
+		default:
+			return nil, errUndeclared(method)
+		}
 	}
 	if ext && (method == "tasks/result" || method == "tasks/list") || !ext && method == "tasks/update" {
 		form := "the 2025-11-25 form's, which the tasks extension replaced"
@@ -632,26 +358,20 @@ func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Res
 		}
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("%s is %s", method, form)}
 	}
-	var in struct {
-		TaskID string `json:"taskId"`
-		Cursor string `json:"cursor"`
-	}
-	if len(r.Params.Arguments) > 0 {
-		if err := json.Unmarshal(r.Params.Arguments, &in); err != nil {
-			return nil, errParams(fmt.Errorf("%s: params: %v", method, err))
-		}
-	}
-	if method == "tasks/list" {
-		return t.listOld(r, in.Cursor)
-	}
-	if in.TaskID == "" {
-		return nil, errParams(fmt.Errorf("%s: taskId is required", method))
-	}
-	task, err := t.own(r, in.TaskID)
+	c, err := callerOf(r)
 	if err != nil {
 		return nil, errParams(err)
 	}
-	c, _ := callerOf(r)
+	if method == "tasks/list" {
+		return t.listOld(c, p.Cursor)
+	}
+	if p.TaskID == "" {
+		return nil, errParams(fmt.Errorf("%s: taskId is required", method))
+	}
+	task, err := t.own(c, p.TaskID)
+	if err != nil {
+		return nil, errParams(err)
+	}
 	switch method {
 	case "tasks/get":
 		if ext {
@@ -663,7 +383,7 @@ func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Res
 	case "tasks/cancel":
 		if ext { // cooperative: asked, not awaited
 			if _, err := t.m.Stop(bgtask.WithActor(ctx, c.ID), bgtask.Target{Task: task.ID, NoWait: true}); err != nil {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+				return nil, errInternal(err)
 			}
 			return &ack{ResultType: "complete"}, nil
 		}
@@ -675,16 +395,21 @@ func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Res
 		sctx, cancel := context.WithTimeout(bgtask.WithActor(ctx, c.ID), t.o.MaxWait)
 		defer cancel()
 		if _, err := t.m.Stop(sctx, bgtask.Target{Task: task.ID}); err != nil && sctx.Err() == nil {
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+			return nil, errInternal(err)
 		}
 		if now, err := t.m.Task(task.ID); err == nil {
 			task = now
 		}
 		return &oldTaskResult{oldTask: t.old(task)}, nil
-	default: // tasks/result: once it ended
-		done, err := t.waitEnd(ctx, task.ID)
+	default: // tasks/result: once it ended, within MaxWait
+		wctx, cancel := context.WithTimeout(ctx, t.o.MaxWait)
+		defer cancel()
+		done, err := t.waitEnd(wctx, task.ID)
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return nil, errInternal(fmt.Errorf("task %s is still working after %s: ask tasks/result again", task.ID, t.o.MaxWait))
+		}
 		if err != nil {
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+			return nil, errInternal(err)
 		}
 		res := toolResult(done)
 		res.Meta = mcp.Meta{"io.modelcontextprotocol/related-task": map[string]any{"taskId": done.ID}}
@@ -692,34 +417,49 @@ func (t *tools) taskMethod(ctx context.Context, r *mcp.CallToolRequest) (mcp.Res
 	}
 }
 
-// listen is a subscriptions/listen that names tasks: it acknowledges the
-// caller's tasks among them, sends each one's state as notifications/tasks
-// (what tasks/get would answer), then each change of its status or its
-// status message, until the client leaves (or the source closes). Other
-// kinds of notification asked in the same listen are not agreed to: a
-// client asks for them in a listen of their own.
-func (t *tools) listen(ctx context.Context, r *mcp.CallToolRequest) (mcp.Result, error) {
-	var in struct {
-		Notifications struct {
-			TaskIDs []string `json:"taskIds"`
-		} `json:"notifications"`
-		RequestID json.RawMessage `json:"bgtaskmcp/requestId"`
+// maxListened bounds the tasks one listen names.
+const maxListened = 100
+
+// listen takes a subscriptions/listen that names tasks: it acknowledges
+// the caller's tasks among them, sends each one's state as
+// notifications/tasks (what tasks/get would answer), then each change of
+// its status or status message, until the listen ends (the client
+// leaves, or the session closes) or the source closes. Other kinds of
+// notification asked in the same listen are not agreed to: a client asks
+// for them in a listen of its own.
+func (t *tools) listen(ctx context.Context, r *mcp.SubscriptionsListenRequest) (mcp.Result, error) {
+	if !declares(r.Params.Meta) {
+		return nil, errUndeclared("a subscriptions/listen of taskIds")
 	}
-	if err := json.Unmarshal(r.Params.Arguments, &in); err != nil {
-		return nil, errParams(fmt.Errorf("%s: params: %v", methodListen, err))
+	c, err := callerOf(r)
+	if err != nil {
+		return nil, errParams(err)
 	}
-	var rid any
-	_ = json.Unmarshal(in.RequestID, &rid)
-	meta := mcp.Meta{mcp.MetaKeySubscriptionID: rid}
+	var ids []string
+	if b, err := json.Marshal(r.Params.Meta[metaTaskIDs]); err != nil || json.Unmarshal(b, &ids) != nil {
+		return nil, errParams(errors.New("subscriptions/listen: notifications.taskIds is a list of task ids"))
+	}
+	if len(ids) > maxListened {
+		return nil, errParams(fmt.Errorf("subscriptions/listen: %d taskIds, over the %d one listen may name", len(ids), maxListened))
+	}
+	meta := mcp.Meta{mcp.MetaKeySubscriptionID: r.Params.Meta[metaRequestID]}
 	agreed, watched := []string{}, map[string]bool{}
-	for _, id := range in.Notifications.TaskIDs {
-		if _, err := t.own(r, id); err == nil && !watched[id] {
+	for _, id := range ids {
+		if watched[id] {
+			continue
+		}
+		if _, err := t.own(c, id); err == nil {
 			agreed, watched[id] = append(agreed, id), true
 		}
 	}
+	release, err := t.holdListen(c)
+	if err != nil {
+		return nil, errParams(err)
+	}
+	defer release()
 	sub, err := t.m.Subscribe(ctx, 0) // before the first states: no change between is missed
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+		return nil, errInternal(err)
 	}
 	defer func() { sub.Close() }()
 	if err := notify(ctx, r.Session, "notifications/subscriptions/acknowledged", map[string]any{"_meta": meta, "notifications": map[string]any{"taskIds": agreed}}); err != nil {
@@ -730,15 +470,24 @@ func (t *tools) listen(ctx context.Context, r *mcp.CallToolRequest) (mcp.Result,
 	if len(agreed) == 0 {
 		return done, nil
 	}
-	sent := map[string]string{} // by task: the status and message sent last
+	type state struct {
+		rev uint64
+		key string
+	}
+	sent := map[string]state{} // by task: what was sent last
 	send := func(task bgtask.Task) error {
-		e := t.ext(task, "")
-		if key := e.Status + "\x00" + e.StatusMessage; sent[task.ID] != key {
-			sent[task.ID] = key
-			e.Meta = meta
-			return notify(ctx, r.Session, "notifications/tasks", e)
+		was, ok := sent[task.ID]
+		if ok && task.Revision < was.rev {
+			return nil // older than what was sent: a change the first read already had
 		}
-		return nil
+		e := t.ext(task, "")
+		key := e.Status + "\x00" + e.StatusMessage
+		sent[task.ID] = state{task.Revision, key}
+		if key == was.key {
+			return nil
+		}
+		e.Meta = meta
+		return notify(ctx, r.Session, "notifications/tasks", e)
 	}
 	states := func() error {
 		for _, id := range agreed {
@@ -750,14 +499,14 @@ func (t *tools) listen(ctx context.Context, r *mcp.CallToolRequest) (mcp.Result,
 		}
 		return nil
 	}
-	if err := states(); err != nil {
+	if states() != nil {
 		return done, nil // the client is gone
 	}
 	for {
 		select {
-		case c, open := <-sub.C:
+		case ch, open := <-sub.C:
 			if open {
-				if watched[c.Task.ID] && send(c.Task) != nil {
+				if watched[ch.Task.ID] && send(ch.Task) != nil {
 					return done, nil
 				}
 				continue
@@ -774,23 +523,19 @@ func (t *tools) listen(ctx context.Context, r *mcp.CallToolRequest) (mcp.Result,
 	}
 }
 
-// listOld is the 2025-11-25 form's tasks/list: the caller's tasks, a
-// page at a time.
-func (t *tools) listOld(r *mcp.CallToolRequest, cursor string) (mcp.Result, error) {
-	c, err := callerOf(r)
-	if err != nil {
-		return nil, errParams(err)
-	}
+// listOld is the 2025-11-25 form's tasks/list: the caller's tasks, 50 a
+// page.
+func (t *tools) listOld(c Caller, cursor string) (mcp.Result, error) {
 	q := bgtask.Query{Metadata: map[string]string{clientKey: c.ID}, Limit: 50}
 	if cursor != "" {
-		if _, err := t.own(r, cursor); err != nil {
+		if _, err := t.own(c, cursor); err != nil {
 			return nil, errParams(fmt.Errorf("cursor: %w", err))
 		}
 		q.After = cursor
 	}
 	p, err := t.m.Tasks(q)
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+		return nil, errInternal(err)
 	}
 	out := &oldList{Tasks: []oldTask{}, NextCursor: p.Next}
 	for _, task := range p.Tasks {

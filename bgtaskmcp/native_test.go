@@ -3,7 +3,9 @@ package bgtaskmcp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -430,20 +432,146 @@ func TestTaskNotificationsOverAConnection(t *testing.T) {
 	assert.Equal(t, lid, resp.ID, "the listen ends with its result")
 }
 
-// connected is a Manager on a scripted host, served on an in-memory
-// connection through Server.Connect, and a client of the task methods
-// on its other end; all closed when the test ends.
+// connected is a Manager on a scripted host, served through
+// Server.Connect on an mcp.IOTransport over an in-memory pipe (the layer
+// wraps it, as it does stdio), and a client of the task methods on its
+// other end; all closed when the test ends.
 func connected(t *testing.T) (*bgtask.Manager, *bgtasktest.Host, *wiretest.Conn, context.Context) {
 	t.Helper()
 	m, host, s := server(t, bgtaskmcp.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, st, nil)
+	a, b := net.Pipe()
+	ss, err := s.Connect(ctx, &mcp.IOTransport{Reader: a, Writer: a}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ss.Close() })
-	conn, err := ct.Connect(ctx)
+	conn, err := (&mcp.IOTransport{Reader: b, Writer: b}).Connect(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	return m, host, &wiretest.Conn{TB: t, C: conn}, ctx
+}
+
+// pausing is a Manager whose first read of a task after a subscription
+// waits until the test lets it go: a listen's first read of its tasks
+// then comes after changes its subscription already holds.
+type pausing struct {
+	*bgtask.Manager
+	subscribed chan struct{} // closed at the first Subscribe
+	reading    chan struct{} // told when that read waits
+	release    chan struct{}
+	once, read sync.Once
+}
+
+func (p *pausing) Subscribe(ctx context.Context, buffer int) (*bgtask.Subscription, error) {
+	sub, err := p.Manager.Subscribe(ctx, buffer)
+	p.once.Do(func() { close(p.subscribed) })
+	return sub, err
+}
+
+func (p *pausing) Task(id string) (bgtask.Task, error) {
+	select {
+	case <-p.subscribed:
+		p.read.Do(func() {
+			p.reading <- struct{}{}
+			<-p.release
+		})
+	default:
+	}
+	return p.Manager.Task(id)
+}
+
+// A listen never tells a task's state older than one it told: here the
+// task ends while the listen's subscription holds its earlier changes
+// and before the listen reads it, and the listen tells the end alone.
+// The listen ends with its session (the server's own close, not the
+// client's leaving).
+func TestAListenNeverGoesBack(t *testing.T) {
+	m, host, _ := server(t, bgtaskmcp.Options{})
+	p := &pausing{Manager: m, subscribed: make(chan struct{}), reading: make(chan struct{}), release: make(chan struct{})}
+	s, err := bgtaskmcp.New(p, bgtaskmcp.Options{Launch: func(_ context.Context, _ bgtaskmcp.Caller, in bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
+		return bgtask.Spec{Prompt: in.Prompt, Models: []bgtask.Model{{Provider: "a", ID: "one"}}}, nil
+	}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b := net.Pipe()
+	ss, err := s.Connect(ctx, &mcp.IOTransport{Reader: a, Writer: a}, nil)
+	require.NoError(t, err)
+	conn, err := (&mcp.IOTransport{Reader: b, Writer: b}).Connect(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	c := &wiretest.Conn{TB: t, C: conn}
+	created, werr := c.Call(ctx, "tools/call", map[string]any{"name": "launch_task", "arguments": map[string]any{"prompt": "work"}})
+	require.Nil(t, werr)
+	id := created["taskId"].(string)
+	running, err := bgtasktest.WaitStatus(ctx, m, id, bgtask.StatusRunning)
+	require.NoError(t, err)
+
+	c.Send(ctx, "subscriptions/listen", map[string]any{"notifications": map[string]any{"taskIds": []string{id}}})
+	<-p.reading // subscribed, about to read the task
+	require.NoError(t, host.Emit(bgtask.Event{SessionID: running.SessionID, Kind: bgtask.SessionBusy, Progress: "reading"}))
+	require.NoError(t, host.Idle(running.SessionID, "done"))
+	_, err = m.Wait(ctx, id)
+	require.NoError(t, err)
+	close(p.release)
+
+	next := func() *jsonrpc.Request {
+		t.Helper()
+		req, ok := c.Next(ctx).(*jsonrpc.Request)
+		require.True(t, ok)
+		return req
+	}
+	assert.Equal(t, "notifications/subscriptions/acknowledged", next().Method)
+	end := next()
+	assert.Equal(t, "notifications/tasks", end.Method)
+	assert.Contains(t, string(end.Params), `"status":"completed"`, "the state it read first: the end")
+
+	closed := make(chan error, 1)
+	go func() { closed <- ss.Close() }() // ends the listen, which only waits
+	for {
+		msg, err := conn.Read(ctx)
+		if err != nil {
+			break // the server closed the connection: nothing came after the end
+		}
+		if req, ok := msg.(*jsonrpc.Request); ok {
+			assert.NotEqual(t, "notifications/tasks", req.Method, "a state after the end: %s", req.Params)
+		}
+	}
+	select {
+	case err := <-closed:
+		assert.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("the session's close waited for the listen")
+	}
+}
+
+// tasks/result of the 2025-11-25 form waits at most Options.MaxWait, and
+// says the task still works; a listen may name at most 100 tasks.
+func TestTheWaitsAreBounded(t *testing.T) {
+	m, _, s := server(t, bgtaskmcp.Options{MaxWait: 50 * time.Millisecond})
+	srv := httptest.NewServer(s.Handler(nil))
+	t.Cleanup(func() { // after the session's end, a cleanup of the client's
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	c := &wiretest.Client{TB: t, URL: srv.URL, Version: "2025-11-25"}
+	c.Initialize(ctx)
+	id := c.Launch(ctx, "long", map[string]any{"task": map[string]any{}}).Result["task"].(map[string]any)["taskId"].(string)
+	_, err := bgtasktest.WaitStatus(ctx, m, id, bgtask.StatusRunning)
+	require.NoError(t, err)
+	a := c.Call(ctx, "tasks/result", map[string]any{"taskId": id}, "")
+	require.NotNil(t, a.Err)
+	assert.Contains(t, a.Err.Message, "still working")
+
+	_, _, conn, cctx := connected(t)
+	many := make([]string, 101)
+	for i := range many {
+		many[i] = fmt.Sprint("t-", i)
+	}
+	_, werr := conn.Call(cctx, "subscriptions/listen", map[string]any{"notifications": map[string]any{"taskIds": many}})
+	require.NotNil(t, werr)
+	assert.EqualValues(t, jsonrpc.CodeInvalidParams, werr.Code)
+	assert.Contains(t, werr.Message, "over the 100")
 }

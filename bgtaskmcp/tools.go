@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/bgtask/bgtask"
@@ -120,31 +121,57 @@ func (t *tools) launch(ctx context.Context, req *mcp.CallToolRequest, in LaunchI
 }
 
 // hold takes one of c's places under Options.MaxPerClient for a launch,
-// or says why there is none. A place is counted from the check until
-// release, so that launches at once cannot together pass the cap; a
-// launch that ended counts until then as its task too (never more).
-// No lock is held across the launch.
+// or says why there is none. The place is taken first, then the live
+// tasks counted, with the launches that had a place before it: a launch
+// that ended and left its place by then is counted live (it is live
+// before it leaves). Launches at once cannot together pass the cap (one
+// that ends meanwhile may count twice, never none). No lock is held
+// across a call of the Source's.
 func (t *tools) hold(c Caller) (release func(), err error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	before, release := t.take(&t.launching, c)
 	live, err := t.m.Tasks(bgtask.Query{Metadata: map[string]string{clientKey: c.ID}, Statuses: []bgtask.Status{bgtask.StatusPending, bgtask.StatusRunning}, Limit: t.o.MaxPerClient})
 	if err != nil {
+		release()
 		return nil, err
 	}
-	if n := len(live.Tasks) + t.launching[c.ID]; n >= t.o.MaxPerClient {
+	if n := len(live.Tasks) + before; n >= t.o.MaxPerClient {
+		release()
 		return nil, fmt.Errorf("you have %d tasks live or launching, the most this server runs for one client: wait for one to end, or cancel one", n)
 	}
-	if t.launching == nil {
-		t.launching = map[string]int{}
+	return release, nil
+}
+
+// holdListen takes one of c's places for a listen of tasks: as many as
+// Options.MaxPerClient at once.
+func (t *tools) holdListen(c Caller) (release func(), err error) {
+	before, release := t.take(&t.listening, c)
+	if before >= t.o.MaxPerClient {
+		release()
+		return nil, fmt.Errorf("you have %d listens of tasks open, the most this server keeps for one client", before)
 	}
-	t.launching[c.ID]++
-	return func() {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		if t.launching[c.ID]--; t.launching[c.ID] <= 0 {
-			delete(t.launching, c.ID)
-		}
-	}, nil
+	return release, nil
+}
+
+// take counts one more of c's in counts, and returns how many there were
+// before, and what gives it back.
+func (t *tools) take(counts *map[string]int, c Caller) (before int, release func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if *counts == nil {
+		*counts = map[string]int{}
+	}
+	before = (*counts)[c.ID]
+	(*counts)[c.ID]++
+	var once sync.Once
+	return before, func() {
+		once.Do(func() {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			if (*counts)[c.ID]--; (*counts)[c.ID] <= 0 {
+				delete(*counts, c.ID)
+			}
+		})
+	}
 }
 
 // launchSpec is Options.Launch's Spec, or its error; a Launch that
@@ -159,7 +186,7 @@ func (t *tools) launchSpec(ctx context.Context, c Caller, in LaunchInput) (spec 
 }
 
 func (t *tools) get(_ context.Context, req *mcp.CallToolRequest, in IDInput) (*mcp.CallToolResult, TaskView, error) {
-	task, err := t.own(req, in.ID)
+	_, task, err := t.mine(req, in.ID)
 	if err != nil {
 		return nil, TaskView{}, err
 	}
@@ -168,7 +195,7 @@ func (t *tools) get(_ context.Context, req *mcp.CallToolRequest, in IDInput) (*m
 }
 
 func (t *tools) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitInput) (*mcp.CallToolResult, TaskView, error) {
-	if _, err := t.own(req, in.ID); err != nil {
+	if _, _, err := t.mine(req, in.ID); err != nil {
 		return nil, TaskView{}, err
 	}
 	if in.Seconds < 0 {
@@ -253,7 +280,7 @@ func (t *tools) list(_ context.Context, req *mcp.CallToolRequest, in ListInput) 
 		q.Statuses = append(q.Statuses, bgtask.Status(s))
 	}
 	if in.After != "" {
-		if _, err := t.own(req, in.After); err != nil {
+		if _, err := t.own(c, in.After); err != nil {
 			return nil, ListOutput{}, fmt.Errorf("after: %w", err)
 		}
 		q.After = in.After
@@ -288,7 +315,7 @@ func (t *tools) stop(ctx context.Context, req *mcp.CallToolRequest, id string, t
 	if err != nil {
 		return nil, StopOutput{}, err
 	}
-	if _, err := t.own(req, id); err != nil {
+	if _, err := t.own(c, id); err != nil {
 		return nil, StopOutput{}, err
 	}
 	rep, err := t.m.Stop(bgtask.WithActor(ctx, c.ID), bgtask.Target{Task: id, Tree: tree})
@@ -326,7 +353,7 @@ func (t *tools) extend(ctx context.Context, req *mcp.CallToolRequest, in ExtendI
 	if err != nil {
 		return nil, ExtendOutput{}, err
 	}
-	if _, err := t.own(req, in.ID); err != nil {
+	if _, _, err := t.mine(req, in.ID); err != nil {
 		return nil, ExtendOutput{}, err
 	}
 	n, err := t.m.Extend(bgtask.WithActor(ctx, c.ID), in.ID, in.Prompt)
