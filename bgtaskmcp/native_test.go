@@ -52,8 +52,8 @@ func authed(t testing.TB, opts *mcp.StreamableHTTPOptions) *served {
 // reads cancelled; tasks/update is acknowledged; and the protocol's
 // errors are the extension's: a task of another caller or none is
 // -32602, a request that does not declare the extension -32021, a
-// routing header that does not name the task -32020, the 2025-11-25
-// form's methods not found.
+// routing header that names another task -32020 (one with none is
+// served), the 2025-11-25 form's methods not found.
 func TestTheTasksExtensionOverHTTP(t *testing.T) {
 	s := authed(t, &mcp.StreamableHTTPOptions{Stateless: true}) // the SDK takes 2026-07-28 on a stateless server only
 	alice := &wiretest.Client{TB: t, URL: s.url, Token: "alice", Version: "2026-07-28", Extension: true}
@@ -147,12 +147,13 @@ func TestTheTasksExtensionOverHTTP(t *testing.T) {
 	assert.NotEqual(t, "task", plain.Result["resultType"], "a client that did not declare the extension gets no task")
 	assert.Contains(t, plain.Result, "structuredContent")
 
-	for _, name := range []string{"", "another-id"} {
-		a := alice.Call(s.ctx, "tasks/get", map[string]any{"taskId": id}, name)
-		require.NotNil(t, a.Err, "Mcp-Name %q", name)
-		assert.EqualValues(t, mcp.CodeHeaderMismatch, a.Err.Code)
-		assert.Equal(t, http.StatusBadRequest, a.Status)
-	}
+	wrong := alice.Call(s.ctx, "tasks/get", map[string]any{"taskId": id}, "another-id")
+	require.NotNil(t, wrong.Err, "an Mcp-Name that is not the task's")
+	assert.EqualValues(t, mcp.CodeHeaderMismatch, wrong.Err.Code)
+	assert.Equal(t, http.StatusBadRequest, wrong.Status)
+	unnamed := alice.Call(s.ctx, "tasks/get", map[string]any{"taskId": id}, "")
+	require.Nil(t, unnamed.Err, "no Mcp-Name: this process answers it")
+	assert.Equal(t, "completed", unnamed.Result["status"])
 	for _, method := range []string{"tasks/list", "tasks/result"} {
 		a := alice.Call(s.ctx, method, map[string]any{"taskId": id}, id)
 		require.NotNil(t, a.Err, method)
@@ -574,4 +575,66 @@ func TestTheWaitsAreBounded(t *testing.T) {
 	require.NotNil(t, werr)
 	assert.EqualValues(t, jsonrpc.CodeInvalidParams, werr.Code)
 	assert.Contains(t, werr.Message, "over the 100")
+}
+
+// bearer adds a bearer token to each request.
+type bearer string
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(b))
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// getParams and getResult are tasks/get's, as a client of the go-sdk
+// declares them for mcp.CallCustomMethod.
+type getParams struct {
+	mcp.ParamsBase
+	TaskID string `json:"taskId"`
+}
+
+type getResult struct {
+	mcp.ResultBase
+	TaskID string              `json:"taskId"`
+	Status string              `json:"status"`
+	Result *mcp.CallToolResult `json:"result"`
+}
+
+// The SDK's own client, declaring the extension in its capabilities,
+// polls with tasks/get (mcp.CallCustomMethod) over streamable HTTP: the
+// task methods are the SDK's custom methods, and any client of it can
+// call them.
+func TestTheSDKsClientPollsWithTasksGet(t *testing.T) {
+	s := authed(t, &mcp.StreamableHTTPOptions{Stateless: true})
+	c := mcp.NewClient(&mcp.Implementation{Name: "sdk", Version: "v0"}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{Extensions: map[string]any{bgtaskmcp.Extension: map[string]any{}}}})
+	require.NoError(t, mcp.AddSendingCustomMethod[*getParams, *getResult](c, "tasks/get"))
+	cs, err := c.Connect(s.ctx, &mcp.StreamableClientTransport{Endpoint: s.url, HTTPClient: &http.Client{Transport: bearer("carol")}}, nil)
+	require.NoError(t, err)
+	defer cs.Close()
+	var list bgtaskmcp.ListOutput
+	_, isErr := call(t, cs, s.ctx, "launch_task", map[string]any{"prompt": "from the SDK"}, nil) // a task: the SDK's CallToolResult cannot hold its id
+	require.False(t, isErr)
+	_, isErr = call(t, cs, s.ctx, "list_tasks", map[string]any{}, &list)
+	require.False(t, isErr)
+	require.Len(t, list.Tasks, 1)
+	id := list.Tasks[0].ID
+
+	got, err := mcp.CallCustomMethod[*getParams, *getResult](s.ctx, cs, "tasks/get", &getParams{TaskID: id})
+	require.NoError(t, err)
+	assert.Equal(t, "working", got.Status)
+	running, err := bgtasktest.WaitStatus(s.ctx, s.m, id, bgtask.StatusRunning)
+	require.NoError(t, err)
+	require.NoError(t, s.host.Idle(running.SessionID, "hello from the task"))
+	_, err = s.m.Wait(s.ctx, id)
+	require.NoError(t, err)
+	got, err = mcp.CallCustomMethod[*getParams, *getResult](s.ctx, cs, "tasks/get", &getParams{TaskID: id})
+	require.NoError(t, err)
+	assert.Equal(t, "completed", got.Status)
+	require.NotNil(t, got.Result)
+	assert.Contains(t, got.Result.Content[0].(*mcp.TextContent).Text, "hello from the task")
+	_, err = mcp.CallCustomMethod[*getParams, *getResult](s.ctx, cs, "tasks/get", &getParams{TaskID: "not-mine"})
+	var werr *jsonrpc.Error
+	require.ErrorAs(t, err, &werr)
+	assert.EqualValues(t, jsonrpc.CodeInvalidParams, werr.Code)
 }

@@ -306,7 +306,10 @@ func front(next http.Handler, o *mcp.StreamableHTTPOptions) http.Handler {
 }
 
 // routed checks the routing header of a request of a task method: under
-// the 2026-07-28 protocol, Mcp-Name is its params.taskId.
+// the 2026-07-28 protocol, Mcp-Name, if it is there, is its
+// params.taskId. One without it is served: this process can answer it,
+// and the go-sdk client (v1.8.0) sends none for a custom method; a
+// balancer that routes by it needs it.
 func routed(h http.Header, req *jsonrpc.Request) error {
 	if req.Method != "tasks/get" && req.Method != "tasks/update" && req.Method != "tasks/cancel" {
 		return nil
@@ -318,8 +321,8 @@ func routed(h http.Header, req *jsonrpc.Request) error {
 		TaskID string `json:"taskId"`
 	}
 	_ = json.Unmarshal(req.Params, &p)
-	if got := h.Get("Mcp-Name"); got != p.TaskID {
-		return fmt.Errorf("header mismatch: Mcp-Name is %q and params.taskId %q: a request of %s names its task in both", got, p.TaskID, req.Method)
+	if got, ok := h["Mcp-Name"]; ok && (len(got) != 1 || got[0] != p.TaskID) {
+		return fmt.Errorf("header mismatch: Mcp-Name is %q and params.taskId %q: a request of %s names its task in both", strings.Join(got, ", "), p.TaskID, req.Method)
 	}
 	return nil
 }
