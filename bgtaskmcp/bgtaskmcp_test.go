@@ -397,13 +397,7 @@ func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, st, nil)
-	require.NoError(t, err)
-	defer ss.Close()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, ct, nil)
-	require.NoError(t, err)
-	defer cs.Close()
+	cs := inMemory(t, ctx, s)
 	text, isErr := call(t, cs, ctx, "launch_task", map[string]any{"prompt": "p", "agent": "ghost"}, nil)
 	assert.True(t, isErr)
 	assert.Contains(t, text, "no agent named ghost")
@@ -414,7 +408,7 @@ func TestALaunchFunctionThatFailsRefusesTheLaunch(t *testing.T) {
 	assert.False(t, isErr, "still serving: %s", text)
 	assert.Empty(t, m.Snapshot().Tasks, "nothing launched")
 
-	_, err = bgtaskmcp.New(nil, bgtaskmcp.Options{})
+	_, err := bgtaskmcp.New(nil, bgtaskmcp.Options{})
 	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
 	var none *bgtask.Manager
 	_, err = bgtaskmcp.New(none, bgtaskmcp.Options{Launch: func(context.Context, bgtaskmcp.Caller, bgtaskmcp.LaunchInput) (bgtask.Spec, error) {
@@ -456,13 +450,7 @@ func TestLaunchesAtOnceDoNotPassTheCap(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, st, nil)
-	require.NoError(t, err)
-	defer ss.Close()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, ct, nil)
-	require.NoError(t, err)
-	defer cs.Close()
+	cs := inMemory(t, ctx, s)
 	type result struct {
 		text  string
 		isErr bool
@@ -492,4 +480,18 @@ func TestLaunchesAtOnceDoNotPassTheCap(t *testing.T) {
 		assert.False(t, r.isErr, r.text)
 	}
 	assert.Len(t, m.Snapshot().Tasks, 2)
+}
+
+// inMemory connects the SDK's client to s in memory, both closed when
+// the test ends.
+func inMemory(t *testing.T, ctx context.Context, s *bgtaskmcp.Server) *mcp.ClientSession {
+	t.Helper()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := s.Connect(ctx, st, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ss.Close() })
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
 }

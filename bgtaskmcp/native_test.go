@@ -433,13 +433,19 @@ func TestTaskNotificationsOverAConnection(t *testing.T) {
 	assert.Equal(t, lid, resp.ID, "the listen ends with its result")
 }
 
-// connected is a Manager on a scripted host, served through
-// Server.Connect on an mcp.IOTransport over an in-memory pipe (the layer
-// wraps it, as it does stdio), and a client of the task methods on its
-// other end; all closed when the test ends.
+// connected is a Manager on a scripted host, served on a pipe (piped).
 func connected(t *testing.T) (*bgtask.Manager, *bgtasktest.Host, *wiretest.Conn, context.Context) {
 	t.Helper()
 	m, host, s := server(t, bgtaskmcp.Options{})
+	c, _, ctx := piped(t, s)
+	return m, host, c, ctx
+}
+
+// piped serves s through Server.Connect on an mcp.IOTransport over an
+// in-memory pipe (the layer wraps it, as it does stdio), with a client
+// of the task methods on its other end; all closed when the test ends.
+func piped(t *testing.T, s *bgtaskmcp.Server) (*wiretest.Conn, *mcp.ServerSession, context.Context) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	a, b := net.Pipe()
@@ -449,7 +455,7 @@ func connected(t *testing.T) (*bgtask.Manager, *bgtasktest.Host, *wiretest.Conn,
 	conn, err := (&mcp.IOTransport{Reader: b, Writer: b}).Connect(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	return m, host, &wiretest.Conn{TB: t, C: conn}, ctx
+	return &wiretest.Conn{TB: t, C: conn}, ss, ctx
 }
 
 // pausing is a Manager whose first read of a task after a subscription
@@ -493,15 +499,8 @@ func TestAListenNeverGoesBack(t *testing.T) {
 		return bgtask.Spec{Prompt: in.Prompt, Models: []bgtask.Model{{Provider: "a", ID: "one"}}}, nil
 	}})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	a, b := net.Pipe()
-	ss, err := s.Connect(ctx, &mcp.IOTransport{Reader: a, Writer: a}, nil)
-	require.NoError(t, err)
-	conn, err := (&mcp.IOTransport{Reader: b, Writer: b}).Connect(ctx)
-	require.NoError(t, err)
-	defer conn.Close()
-	c := &wiretest.Conn{TB: t, C: conn}
+	c, ss, ctx := piped(t, s)
+	conn := c.C
 	created, werr := c.Call(ctx, "tools/call", map[string]any{"name": "launch_task", "arguments": map[string]any{"prompt": "work"}})
 	require.Nil(t, werr)
 	id := created["taskId"].(string)
