@@ -395,6 +395,14 @@ func TestTaskNotificationsOverHTTP(t *testing.T) {
 	delete(end, "_meta")
 	assert.Equal(t, got, end, "identical to what tasks/get answers")
 
+	plain := authed(t, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true}) // a listen streams all the same
+	carol := &wiretest.Client{TB: t, URL: plain.url, Token: "carol", Version: "2026-07-28", Extension: true}
+	cid := carol.Launch(plain.ctx, "watched", nil).Result["taskId"].(string)
+	streamed := carol.Listen(plain.ctx, []string{cid})
+	defer streamed.Close()
+	assert.Equal(t, "notifications/subscriptions/acknowledged", recvMsg(t, plain.ctx, streamed.C)["method"])
+	assert.Equal(t, "notifications/tasks", recvMsg(t, plain.ctx, streamed.C)["method"])
+
 	undeclared := &wiretest.Client{TB: t, URL: s.url, Token: "alice", Version: "2026-07-28"}
 	refused := undeclared.Listen(s.ctx, []string{id})
 	defer refused.Close()
