@@ -10,7 +10,7 @@ import (
 )
 
 // What a poll costs over streamable HTTP (stateless, a bearer token; the
-// 2026-07-28 protocol): tasks/get through the renaming layer, beside the
+// 2026-07-28 protocol): tasks/get, a custom method of the SDK's, beside the
 // get_task tool the SDK serves alone, and a launch answered as a task.
 //
 //	go test -run '^$' -bench TheTaskMethods -benchtime 2000x .

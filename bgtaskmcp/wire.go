@@ -41,10 +41,10 @@ const (
 	metaNotify    = "bgtaskmcp/notify"    // a wrapped notification's method
 )
 
-// rename moves what the SDK would drop of req into its _meta; it reports
+// carry moves what the SDK would drop of req into its _meta; it reports
 // whether it changed req. Params it cannot read are left for the SDK to
 // refuse.
-func rename(req *jsonrpc.Request) bool {
+func carry(req *jsonrpc.Request) bool {
 	if req.Method != "tools/call" && req.Method != methodListen {
 		return false
 	}
@@ -140,12 +140,12 @@ func edit(line []byte, f func(*jsonrpc.Request) bool) []byte {
 func wrap(t mcp.Transport) mcp.Transport {
 	switch t := t.(type) {
 	case *mcp.StdioTransport:
-		return &mcp.IOTransport{Reader: renaming(os.Stdin, t.MaxLineLength), Writer: unwrapping(nopCloser{os.Stdout}), MaxLineLength: t.MaxLineLength}
+		return &mcp.IOTransport{Reader: carrying(os.Stdin, t.MaxLineLength), Writer: unwrapping(nopCloser{os.Stdout}), MaxLineLength: t.MaxLineLength}
 	case *mcp.IOTransport:
 		if _, done := t.Reader.(*lineReader); done {
 			return t
 		}
-		return &mcp.IOTransport{Reader: renaming(t.Reader, t.MaxLineLength), Writer: unwrapping(t.Writer), MaxLineLength: t.MaxLineLength}
+		return &mcp.IOTransport{Reader: carrying(t.Reader, t.MaxLineLength), Writer: unwrapping(t.Writer), MaxLineLength: t.MaxLineLength}
 	}
 	return t
 }
@@ -154,7 +154,7 @@ type nopCloser struct{ io.Writer }
 
 func (nopCloser) Close() error { return nil }
 
-// lineReader reads src a line at a time, each renamed (rename); a line
+// lineReader reads src a line at a time, each through carry; a line
 // over max bytes, and all after it, are passed on as they are (the SDK
 // refuses it).
 type lineReader struct {
@@ -167,7 +167,7 @@ type lineReader struct {
 	line []byte
 }
 
-func renaming(src io.ReadCloser, max int) *lineReader {
+func carrying(src io.ReadCloser, max int) *lineReader {
 	if max == 0 {
 		max = mcp.DefaultMaxLineLength
 	}
@@ -193,7 +193,7 @@ func (l *lineReader) Read(p []byte) (int, error) {
 		case err != nil:
 			l.out, l.line, l.err = l.line, nil, err
 		default:
-			l.out, l.line = edit(l.line, rename), nil
+			l.out, l.line = edit(l.line, carry), nil
 			if !bytes.HasSuffix(l.out, []byte("\n")) {
 				l.out = append(l.out, '\n')
 			}
@@ -288,7 +288,7 @@ func front(next http.Handler, o *mcp.StreamableHTTPOptions) http.Handler {
 						writeError(w, req.ID, mcp.CodeHeaderMismatch, err.Error(), http.StatusBadRequest)
 						return
 					}
-					if rename(req) {
+					if carry(req) {
 						if b, err := jsonrpc.EncodeMessage(req); err == nil {
 							body = b
 						}
