@@ -176,15 +176,7 @@ func TestARunThatEndedByItselfWasNotStopped(t *testing.T) {
 	ns := f.nodes(svc, 2, 0)
 	task := running(t, ns[1], "chat")
 	g := svc.hold(task.SessionID)
-	type result struct {
-		rep bgtask.ClosureReport
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		rep, err := ns[0].Stop(ctx(t), bgtask.Target{Task: task.ID})
-		done <- result{rep, err}
-	}()
+	done := stopping(t, ns[0], bgtask.Target{Task: task.ID})
 	recv(t, g.asked, "the owner to abort the run")
 	require.NoError(t, ns[1].Observe(ctx(t), bgtask.Event{SessionID: task.SessionID, Kind: bgtask.SessionIdle, Text: "finished first"}))
 	close(g.release)
@@ -218,4 +210,21 @@ func TestAnAskPastItsTimeIsNotActedOn(t *testing.T) {
 	assert.Equal(t, bgtask.StatusRunning, mustTask(t, ns[1], task.ID).Status)
 	assert.False(t, svc.aborted(task.SessionID))
 	inboxesEmpty(t, f)
+}
+
+// stopped is what a Stop returned.
+type stopped struct {
+	rep bgtask.ClosureReport
+	err error
+}
+
+// stopping calls n.Stop(t) on a goroutine of its own and delivers what
+// it returned, once it did.
+func stopping(t *testing.T, n *Node, target bgtask.Target) <-chan stopped {
+	done := make(chan stopped, 1)
+	go func() {
+		rep, err := n.Stop(ctx(t), target)
+		done <- stopped{rep, err}
+	}()
+	return done
 }

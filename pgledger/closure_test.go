@@ -85,16 +85,8 @@ func TestTheFenceHoldsInEveryProcess(t *testing.T) {
 	a, b := br[0], br[1]
 	g := svc.hold(b.SessionID)
 
-	type result struct {
-		rep bgtask.ClosureReport
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		rep, err := ns[2].Stop(ctx(t), bgtask.Target{Session: a.SessionID}) // a's session: the task as a unit
-		done <- result{rep, err}
-	}()
-	recv(t, g.asked, "w1 to be asked to stop b") // w1 heard and is stopping b
+	done := stopping(t, ns[2], bgtask.Target{Session: a.SessionID}) // a's session: the task as a unit
+	recv(t, g.asked, "w1 to be asked to stop b")                    // w1 heard and is stopping b
 	for i, n := range ns {
 		_, err := n.Launch(ctx(t), bgtask.Spec{ParentSessionID: b.SessionID, Models: spec.Models})
 		assert.ErrorIs(t, err, bgtask.ErrBranchClosing, "at w%d", i)
