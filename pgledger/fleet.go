@@ -601,9 +601,13 @@ func (n *Node) releaseKey(ctx context.Context, key, id string) error {
 // attempt or session, and otherwise routes it to the owner (see Node).
 // It returns bgtask.ErrStaleEvent for an attempt that is not its task's
 // current one in the database, and bgtask.ErrUnknownSession when no
-// member of the ledger knows the session or attempt. An event routed to
-// another process carries its error as text: the owner classifies that
-// text (DefaultRetryable reads status codes and phrases), not the value.
+// member of the ledger knows the session or attempt. An event for a
+// session no member has bound yet waits, within ctx, while a start is in
+// flight in the ledger, and is applied where that start binds it (no
+// process keeps it in memory for a start that may not be its own). An
+// event routed to another process carries its error as text: the owner
+// classifies that text (DefaultRetryable reads status codes and
+// phrases), not the value.
 //
 // ctx bounds the database's part (finding the owner, writing to its
 // inbox): a database that does not answer makes Observe return ctx's
@@ -626,12 +630,22 @@ func (n *Node) Observe(ctx context.Context, ev bgtask.Event) error {
 	switch {
 	case err != nil:
 		return err
-	case owner == "":
-		if ev.AttemptID == "" {
-			return n.observeHere(ctx, ev) // a start in flight here may still bind it
-		}
+	case owner == "" && ev.AttemptID != "":
 		return fmt.Errorf("%w: no member of ledger %s knows attempt %s", bgtask.ErrUnknownSession, n.o.Ledger, ev.AttemptID)
-	case !current && ev.Usage.IsZero():
+	case owner == "":
+		// No member has bound the session yet. A Manager here would hold
+		// the event for a start of its own in flight, and drop it once
+		// those starts returned: a session another process is binding
+		// would lose it, after Observe said nil. So it waits here for
+		// the binding, where the caller can see it fail.
+		if owner, current, err = n.awaitBinding(ctx, ev); err != nil {
+			return err
+		}
+	}
+	if !current && ev.Usage.IsZero() {
+		if ev.AttemptID == "" {
+			return fmt.Errorf("%w: session %s is not its task's current run", bgtask.ErrStaleEvent, ev.SessionID)
+		}
 		return fmt.Errorf("%w: attempt %s is not its task's current one", bgtask.ErrStaleEvent, ev.AttemptID)
 	}
 	// A stale event that carries usage goes to its owner all the same: the
@@ -709,6 +723,37 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 		return "", false, dbErr("routing an event", err)
 	}
 	return owner, current, nil
+}
+
+// awaitBinding waits until a member binds ev's session, while a start is
+// in flight in the ledger (a live task whose current attempt has no
+// session bound: the start may be binding this one), and returns its
+// owner as owner does. Once no start is in flight, or ctx ends, with the
+// session still unbound, it is ErrUnknownSession: the caller may send it
+// again.
+func (n *Node) awaitBinding(ctx context.Context, ev bgtask.Event) (owner string, current bool, err error) {
+	for wait := time.Duration(0); ; {
+		var starting bool
+		if err := n.pool.QueryRow(ctx, `
+SELECT EXISTS (SELECT 1 FROM bgtask_tasks t
+                WHERE t.ledger = $1 AND NOT t.ended AND t.attempt_id <> ''
+                  AND NOT EXISTS (SELECT 1 FROM bgtask_sessions s WHERE s.ledger = $1 AND s.attempt_id = t.attempt_id))`,
+			n.o.Ledger).Scan(&starting); err != nil {
+			return "", false, dbErr("routing an event", err)
+		}
+		// Looked up after the check: a start that bound it in between
+		// is seen.
+		if owner, current, err = n.owner(ctx, ev); err != nil || owner != "" {
+			return owner, current, err
+		}
+		if !starting {
+			return "", false, fmt.Errorf("%w: no member of ledger %s has bound session %s", bgtask.ErrUnknownSession, n.o.Ledger, ev.SessionID)
+		}
+		if wait = min(retryWait(wait), 100*time.Millisecond); !sleepCtx(ctx, wait) {
+			return "", false, fmt.Errorf("%w: no member of ledger %s bound session %s in time (starts were in flight): %w",
+				bgtask.ErrUnknownSession, n.o.Ledger, ev.SessionID, ctx.Err())
+		}
+	}
 }
 
 // wireEvent is an Event as the inbox keeps it (its error as text; Value

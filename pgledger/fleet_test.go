@@ -257,3 +257,100 @@ func TestAStaleOwnerStopsActingForItsMember(t *testing.T) {
 type tlog struct{ t *testing.T }
 
 func (w tlog) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// startGate is a service whose StartSession creates the session, says
+// its id on started, and returns it only once release is closed: the
+// start is in flight, and its session exists, but no member has bound
+// it yet.
+type startGate struct {
+	*service
+	started chan string
+	release chan struct{}
+}
+
+func (g startGate) StartSession(ctx context.Context, req bgtask.SessionRequest) (string, error) {
+	id, err := g.service.StartSession(ctx, req)
+	tell(g.started)(id)
+	select {
+	case <-g.release:
+		return id, err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// sawQuery is a tracer that says on seen when a statement containing sql
+// starts.
+type sawQuery struct {
+	sql  string
+	seen chan struct{}
+}
+
+func (s sawQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, s.sql) {
+		tell(s.seen)(struct{}{})
+	}
+	return ctx
+}
+
+func (sawQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// An event for a session whose binding is still on its way reaches its
+// owner even when it arrives first at another process with a start of
+// its own in flight. That process's Manager would hold it for its own
+// start and drop it once that start bound another session, after
+// Observe said nil: the task then ran for ever (TestChaosOfAFleet saw
+// it). It waits for the binding instead, and is applied by the owner.
+func TestAnEventArrivingBeforeItsBindingReachesItsOwner(t *testing.T) {
+	f := newFixture(t)
+	svc := newService()
+	g0 := startGate{svc, make(chan string, 1), make(chan struct{})}
+	g1 := startGate{svc, make(chan string, 1), make(chan struct{})}
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	lookup := sawQuery{sql: "FROM bgtask_sessions s JOIN bgtask_tasks t", seen: make(chan struct{}, 1)}
+	cfg.ConnConfig.Tracer = lookup
+	pool1, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool1.Close)
+	join := func(pool *pgxpool.Pool, member string, host bgtask.Host) *Node {
+		node, err := Join(context.Background(), pool, NodeOptions{Ledger: f.ledger, Member: member, Lease: longLease, Host: host,
+			Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
+		require.NoError(t, err)
+		closeAtEnd(t, node)
+		return node
+	}
+	w0, w1 := join(f.pool, "w0", g0), join(pool1, "w1", g1)
+
+	// w1 has a start in flight; so has w0, whose session exists but is
+	// bound nowhere yet.
+	other, err := w1.Launch(ctx(t), bgtask.Spec{ParentSessionID: "other", Models: spec.Models})
+	require.NoError(t, err)
+	recv(t, g1.started, "w1's start")
+	task, err := w0.Launch(ctx(t), spec)
+	require.NoError(t, err)
+	session := recv(t, g0.started, "w0's start")
+
+	// The session's answer comes at w1 first.
+	observed := make(chan error, 1)
+	go func() {
+		observed <- w1.Observe(context.Background(), bgtask.Event{SessionID: session, Kind: bgtask.SessionIdle, Text: "the answer"})
+	}()
+	recv(t, lookup.seen, "w1 to look the session's owner up")
+	// w1's own start binds its session; then w0's binds the answered one.
+	close(g1.release)
+	_, err = bgtasktest.WaitStatus(ctx(t), w1.Manager(), other.ID, bgtask.StatusRunning)
+	require.NoError(t, err)
+	close(g0.release)
+
+	require.NoError(t, recv(t, observed, "Observe to return"))
+	got, err := w0.Manager().Wait(ctx(t), task.ID)
+	require.NoError(t, err, "the answer reached w0")
+	assert.Equal(t, bgtask.StatusCompleted, got.Status)
+	assert.Equal(t, "the answer", got.Result)
+
+	// A session that no start is binding is unknown at once.
+	err = w1.Observe(ctx(t), bgtask.Event{SessionID: "nobody's", Kind: bgtask.SessionIdle})
+	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
+	assert.NotContains(t, err.Error(), "in flight", "nothing waited: no start was binding it")
+}

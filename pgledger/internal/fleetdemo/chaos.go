@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,7 +94,7 @@ func Chaos(ctx context.Context, cfg ChaosConfig) (rep ChaosReport, err error) {
 		return rep, err
 	}
 	defer svc.close()
-	c := &chaos{cfg: cfg, svc: svc, http: &http.Client{Timeout: cfg.Within + 10*time.Second}, back: map[string]time.Duration{}}
+	c := &chaos{cfg: cfg, svc: svc, http: &http.Client{Timeout: cfg.Within + 10*time.Second}, back: map[string]time.Duration{}, told: map[string]bool{}}
 	defer c.stopAll()
 	for i := range 3 {
 		if err := c.spawn(ctx, fmt.Sprintf("w%d", i)); err != nil {
@@ -191,7 +192,15 @@ type chaos struct {
 	next   int // the next worker's number
 	counts struct{ launched, refused, undecided, lost int }
 	worst  time.Duration
-	failed error // the first launch that failed as no launch may
+	failed error           // the first launch that failed as no launch may
+	told   map[string]bool // sessions whose answer a worker took (or found stale)
+}
+
+// sent reports whether a worker took session id's answer.
+func (c *chaos) sent(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.told[id]
 }
 
 func (c *chaos) spawn(ctx context.Context, member string) error {
@@ -362,7 +371,6 @@ func (c *chaos) launchesAgain(ctx context.Context) (time.Duration, error) {
 // and sends the answer to a random live worker until one takes it (or
 // finds it stale), until ctx ends.
 func (c *chaos) answer(ctx context.Context) {
-	sent := map[string]bool{}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -378,7 +386,7 @@ func (c *chaos) answer(ctx context.Context) {
 				s.state, s.end = bgtask.SessionStateEnded, bgtask.Event{Kind: bgtask.SessionIdle, Text: "answer of " + id}
 				c.svc.change()
 			}
-			if s.state == bgtask.SessionStateEnded && !s.aborted && !sent[id] {
+			if s.state == bgtask.SessionStateEnded && !s.aborted && !c.sent(id) {
 				due = append(due, id)
 			}
 		}
@@ -390,7 +398,9 @@ func (c *chaos) answer(ctx context.Context) {
 			var a answer
 			err := cl.call(ctx, "/observe", bgtask.Event{SessionID: id, Kind: bgtask.SessionIdle, Text: "answer of " + id}, &a)
 			if err == nil && (a.Err == "" || a.Kind == "stale") {
-				sent[id] = true
+				c.mu.Lock()
+				c.told[id] = true
+				c.mu.Unlock()
 			}
 		}
 	}
@@ -426,7 +436,7 @@ func (c *chaos) settle(ctx context.Context) error {
   (SELECT 'outbox: ' || string_agg(kind || ' ' || note_id, ', ') FROM bgtask_notes WHERE ledger = $1),
   (SELECT 'inbox: ' || count(*) || ' for ' || string_agg(DISTINCT member, ', ') FROM bgtask_inbox WHERE ledger = $1 HAVING count(*) > 0),
   (SELECT 'launching: ' || string_agg(task_id || ' of ' || member, ', ') FROM bgtask_launching WHERE ledger = $1))`, c.cfg.Ledger).Scan(&what)
-			return fmt.Errorf("the fleet did not settle in 90s: %s", what)
+			return fmt.Errorf("the fleet did not settle in 90s: %s%s", what, c.stuck(ctx, conn))
 		}
 		t := time.NewTimer(200 * time.Millisecond)
 		select {
@@ -436,6 +446,38 @@ func (c *chaos) settle(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// stuck describes the first few tasks left live, for a run that did not
+// settle: their records in the ledger, their sessions' bindings, and what
+// the service and the answerer know of their sessions.
+func (c *chaos) stuck(ctx context.Context, conn *pgx.Conn) string {
+	rows, err := conn.Query(ctx, `SELECT task_id FROM bgtask_tasks WHERE ledger = $1 AND NOT ended ORDER BY task_id LIMIT 3`, c.cfg.Ledger)
+	if err != nil {
+		return "; " + err.Error()
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "; " + err.Error()
+	}
+	var b strings.Builder
+	for _, id := range ids {
+		var recs, binds string
+		_ = conn.QueryRow(ctx, `SELECT coalesce(string_agg(member || '#' || seq || ' ' || kind || ' ' || attempt_id, ', ' ORDER BY member, seq), '')
+  FROM bgtask_records WHERE ledger = $1 AND task_id = $2`, c.cfg.Ledger, id).Scan(&recs)
+		_ = conn.QueryRow(ctx, `SELECT coalesce(string_agg(session_id || ' of ' || member || ' for ' || attempt_id, ', '), '')
+  FROM bgtask_sessions WHERE ledger = $1 AND task_id = $2`, c.cfg.Ledger, id).Scan(&binds)
+		fmt.Fprintf(&b, "\ntask %s: records [%s]; sessions bound [%s]", id, recs, binds)
+		c.svc.mu.Lock()
+		for sid, s := range c.svc.sessions {
+			if s.req.TaskID == id {
+				fmt.Fprintf(&b, "; the service's %s (attempt %s, started by %s %s ago): %s, aborted %t, asked %d, answer sent %t",
+					sid, s.req.AttemptID, s.owner, time.Since(s.at).Round(time.Millisecond), s.state, s.aborted, s.asked, c.sent(sid))
+			}
+		}
+		c.svc.mu.Unlock()
+	}
+	return b.String()
 }
 
 // check checks every promise of a settled run.
