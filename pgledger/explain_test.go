@@ -237,6 +237,8 @@ SELECT t.member, t.attempt_id = $2 AND ($3 = '' OR t.token = $3) AND NOT t.ended
 SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND NOT t.ended
   FROM bgtask_sessions s JOIN bgtask_tasks t ON t.ledger = s.ledger AND t.task_id = s.task_id
  WHERE s.ledger = $1 AND s.session_id = $2`, args: s("'big'", "'s-500'", "''")},
+		{name: "Observe: a start in flight", sql: startingSQL, args: s("'big'"),
+			reads: int64(n/50 + 500)}, // every live task (a hundredth of all) and its probe of the sessions, when each is bound
 		{name: "route: into the inbox", sql: `INSERT INTO bgtask_inbox (ledger, member, event) VALUES ($1, $2, $3)`, args: s("'big'", "'m-5'", "'{}'")},
 		{name: "claimKey", sql: claimKeySQL, args: s("'big'", "'k-500'", "'m-0'", "'t-new'", "'1 minute'")},
 		{name: "claimKey: its holder", sql: `SELECT task_id FROM bgtask_keys WHERE ledger = $1 AND key = $2`, args: s("'big'", "'k-500'")},

@@ -734,11 +734,7 @@ SELECT s.member, s.attempt_id = t.attempt_id AND ($3 = '' OR t.token = $3) AND N
 func (n *Node) awaitBinding(ctx context.Context, ev bgtask.Event) (owner string, current bool, err error) {
 	for wait := time.Duration(0); ; {
 		var starting bool
-		if err := n.pool.QueryRow(ctx, `
-SELECT EXISTS (SELECT 1 FROM bgtask_tasks t
-                WHERE t.ledger = $1 AND NOT t.ended AND t.attempt_id <> ''
-                  AND NOT EXISTS (SELECT 1 FROM bgtask_sessions s WHERE s.ledger = $1 AND s.attempt_id = t.attempt_id))`,
-			n.o.Ledger).Scan(&starting); err != nil {
+		if err := n.pool.QueryRow(ctx, startingSQL, n.o.Ledger).Scan(&starting); err != nil {
 			return "", false, dbErr("routing an event", err)
 		}
 		// Looked up after the check: a start that bound it in between
@@ -755,6 +751,16 @@ SELECT EXISTS (SELECT 1 FROM bgtask_tasks t
 		}
 	}
 }
+
+// startingSQL says whether a start may be in flight in ledger $1: a live
+// task whose current attempt has no session bound (a start requested, or
+// about to be; queued and retrying tasks count too). It reads the live
+// tasks until it finds one, all of them when none is: Observe asks it only
+// for an event whose session no member has bound.
+const startingSQL = `
+SELECT EXISTS (SELECT 1 FROM bgtask_tasks t
+                WHERE t.ledger = $1 AND NOT t.ended AND t.attempt_id <> ''
+                  AND NOT EXISTS (SELECT 1 FROM bgtask_sessions s WHERE s.ledger = $1 AND s.attempt_id = t.attempt_id))`
 
 // wireEvent is an Event as the inbox keeps it (its error as text; Value
 // is process-local and not carried).
