@@ -618,6 +618,9 @@ func (n *Node) Observe(ctx context.Context, ev bgtask.Event) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	if ev.SessionID == "" && ev.AttemptID == "" {
+		return fmt.Errorf("%w: no SessionID or AttemptID", bgtask.ErrInvalidArgument)
+	}
 	ctx, cancel := context.WithTimeout(ctx, routeFor)
 	defer cancel()
 	if ev.AttemptID != "" {

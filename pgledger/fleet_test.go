@@ -353,4 +353,7 @@ func TestAnEventArrivingBeforeItsBindingReachesItsOwner(t *testing.T) {
 	err = w1.Observe(ctx(t), bgtask.Event{SessionID: "nobody's", Kind: bgtask.SessionIdle})
 	assert.ErrorIs(t, err, bgtask.ErrUnknownSession)
 	assert.NotContains(t, err.Error(), "in flight", "nothing waited: no start was binding it")
+	// An event that names neither is refused as such, at once.
+	err = w1.Observe(ctx(t), bgtask.Event{Kind: bgtask.SessionIdle})
+	assert.ErrorIs(t, err, bgtask.ErrInvalidArgument)
 }
