@@ -194,6 +194,8 @@ type chaos struct {
 	worst  time.Duration
 	failed error           // the first launch that failed as no launch may
 	told   map[string]bool // sessions whose answer a worker took (or found stale)
+	// c.mu is taken with c.svc.mu held (answer, stuck), never the other
+	// way round.
 }
 
 // sent reports whether a worker took session id's answer.
